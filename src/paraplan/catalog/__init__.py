@@ -1,0 +1,20 @@
+"""The shipped catalog of GPUs, models and clusters (YAML data files), and job resolution."""
+
+from paraplan.catalog.jobs import load_job, resolve_job
+from paraplan.catalog.loader import (
+    catalog_names,
+    load_catalog_entry,
+    load_cluster,
+    load_gpu,
+    load_model,
+)
+
+__all__ = [
+    "catalog_names",
+    "load_catalog_entry",
+    "load_cluster",
+    "load_gpu",
+    "load_job",
+    "load_model",
+    "resolve_job",
+]

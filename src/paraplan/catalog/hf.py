@@ -1,0 +1,155 @@
+"""Read a Hugging Face ``config.json`` as a ModelSpec mapping.
+
+Supported ``model_type`` values: llama, mistral, qwen2 (gated SiLU MLP, RMSNorm, rotary),
+gpt_neox (GELU, LayerNorm, partial rotary, parallel residual) and gpt2 (GELU, LayerNorm,
+learned positions). Only the shape matters to the cost model, so tokenizer, RoPE scaling,
+dropout and initialisation fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from paraplan.specs import ConfigError
+
+_WHERE = "model.hf_config"
+_LLAMA_LIKE = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = (*_LLAMA_LIKE, "gpt_neox", "gpt2")
+
+
+def _fail(reason: str) -> ConfigError:
+    return ConfigError(f"{_WHERE}: {reason}")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise _fail(f"cannot read {path} ({err.strerror or err})") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _fail(f"{path} is not valid JSON (line {err.lineno}: {err.msg})") from None
+    if not isinstance(config, dict):
+        raise _fail(f"{path} is not a JSON object")
+    return config
+
+
+def _get(config: dict[str, Any], path: Path, *keys: str, default: Any = ...) -> Any:
+    """The first of ``keys`` present in ``config`` (HF renames fields between model types)."""
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    if default is ...:
+        raise _fail(f"{path.name} has no {' / '.join(repr(k) for k in keys)}")
+    return default
+
+
+def _gelu(act: str, path: Path) -> str:
+    if act.startswith("gelu"):
+        return "gelu"
+    raise _fail(f"hidden activation {act!r} in {path.name} is not supported (expected a GELU)")
+
+
+def _llama_like(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    hidden = _get(config, path, "hidden_size")
+    heads = _get(config, path, "num_attention_heads")
+    act = str(_get(config, path, "hidden_act", "hidden_activation", default="silu"))
+    if act not in ("silu", "swish"):
+        raise _fail(
+            f"hidden_act {act!r} in {path.name} is not supported for a gated MLP (expected silu)"
+        )
+    fields: dict[str, Any] = {
+        "num_layers": _get(config, path, "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_query_groups": _get(config, path, "num_key_value_heads", default=heads),
+        "ffn_hidden_size": _get(config, path, "intermediate_size"),
+        "seq_length": _get(config, path, "max_position_embeddings"),
+        "vocab_size": _get(config, path, "vocab_size"),
+        "activation": "swiglu",
+        "normalization": "rmsnorm" if "rms_norm_eps" in config else "layernorm",
+        "position_embedding": "rotary",
+        "rotary_percent": float(config.get("partial_rotary_factor") or 1.0),
+        "parallel_residual": False,
+        # LlamaConfig/MistralConfig/Qwen2Config all default tie_word_embeddings to False.
+        "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False),
+        # Qwen2 has a bias on the QKV projection only; it is negligible and has no
+        # separate field here, so only attention_bias / mlp_bias (Llama) count.
+        "add_bias_linear": bool(config.get("attention_bias") or config.get("mlp_bias")),
+    }
+    head_dim = config.get("head_dim")
+    if head_dim and head_dim * heads != hidden:
+        fields["kv_channels"] = head_dim
+    return fields
+
+
+def _gpt_neox(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    return {
+        "num_layers": _get(config, path, "num_hidden_layers"),
+        "hidden_size": _get(config, path, "hidden_size"),
+        "num_attention_heads": _get(config, path, "num_attention_heads"),
+        "ffn_hidden_size": _get(config, path, "intermediate_size"),
+        "seq_length": _get(config, path, "max_position_embeddings"),
+        "vocab_size": _get(config, path, "vocab_size"),
+        "activation": _gelu(str(_get(config, path, "hidden_act", default="gelu")), path),
+        "normalization": "layernorm",
+        "position_embedding": "rotary",
+        "rotary_percent": float(_get(config, path, "rotary_pct", "partial_rotary_factor", default=0.25)),
+        "parallel_residual": bool(config.get("use_parallel_residual", True)),
+        "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False),
+        "add_bias_linear": bool(config.get("attention_bias", True)),
+    }
+
+
+def _gpt2(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    hidden = _get(config, path, "n_embd", "hidden_size")
+    return {
+        "num_layers": _get(config, path, "n_layer", "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_attention_heads": _get(config, path, "n_head", "num_attention_heads"),
+        "ffn_hidden_size": _get(config, path, "n_inner", default=4 * hidden),
+        "seq_length": _get(config, path, "n_positions", "n_ctx", "max_position_embeddings"),
+        "vocab_size": _get(config, path, "vocab_size"),
+        "activation": _gelu(str(_get(config, path, "activation_function", default="gelu_new")), path),
+        "normalization": "layernorm",
+        "position_embedding": "learned",
+        "parallel_residual": False,
+        "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", True),
+        "add_bias_linear": True,
+    }
+
+
+_READERS = {
+    **{name: _llama_like for name in _LLAMA_LIKE},
+    "gpt_neox": _gpt_neox,
+    "gpt2": _gpt2,
+}
+
+
+def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """ModelSpec fields derived from a Hugging Face config.json, then ``overrides`` applied.
+
+    ``overrides`` is the job's model mapping; every key except ``hf_config`` replaces the
+    derived value (e.g. ``seq_length`` to train shorter than ``max_position_embeddings``).
+    ``path`` may also be a model directory holding ``config.json``.
+    """
+    path = Path(path)
+    config = _read(path)
+    model_type = config.get("model_type")
+    reader = _READERS.get(str(model_type))
+    if reader is None:
+        raise _fail(
+            f"model_type {model_type!r} in {path.name} is not supported "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    fields = reader(config, path)
+    source_dir = path if path.is_dir() else path.parent
+    fields["name"] = str(config.get("_name_or_path") or source_dir.name or "hf-model")
+    fields["source"] = f"Hugging Face config.json ({model_type}): {path}"
+    fields.update({k: v for k, v in overrides.items() if k != "hf_config"})
+    return fields

@@ -1,0 +1,188 @@
+"""Turn a job mapping (from YAML, flags or Python) into a validated Job, resolving catalog names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from paraplan.catalog.loader import load_catalog_entry, load_cluster, load_gpu, load_model
+from paraplan.specs import ConfigError, GpuSpec, Job, ModelSpec, format_validation_error
+
+_JOB_KEYS = {"name", "model", "cluster", "parallel", "precision", "train_tokens"}
+
+
+def _model(value: Any, base_dir: Path) -> ModelSpec | dict[str, Any]:
+    if isinstance(value, str):
+        return load_model(value)
+    if isinstance(value, dict) and "hf_config" in value:
+        from paraplan.catalog.hf import model_from_hf_config
+
+        path = Path(value["hf_config"])
+        return model_from_hf_config(path if path.is_absolute() else base_dir / path, value)
+    name = value.get("name") if isinstance(value, dict) else None
+    if isinstance(name, str) and _in_catalog("models", name):
+        # a catalog model with some fields changed: no longer the catalog entry
+        raw = load_catalog_entry("models", name)
+        changed = {k: v for k, v in value.items() if k != "name"}
+        raw.update(changed)
+        raw.pop("aliases", None)
+        if changed:
+            raw["name"] = f"{raw['name']} (modified)"
+        return raw
+    return value
+
+
+def _gpu(value: Any) -> GpuSpec | Any:
+    return load_gpu(value) if isinstance(value, str) else value
+
+
+def _cluster(value: Any) -> Any:
+    """A catalog name, or a mapping: with a catalog ``name`` its fields override that entry
+    (``{name: dgx-h100, num_nodes: 8}``); otherwise a cluster described in full."""
+    if isinstance(value, str):
+        return load_cluster(value)
+    if not isinstance(value, dict):
+        return value
+    value = dict(value)
+    name = value.get("name")
+    if isinstance(name, str) and _in_catalog("clusters", name):
+        value.pop("name")
+        return load_cluster(name, **value)
+    if "gpu" not in value and isinstance(name, str):
+        return load_cluster(name)  # not in the catalog: says so, with the closest names
+    if "gpu" in value:
+        value["gpu"] = _gpu(value["gpu"])
+    return value
+
+
+def _in_catalog(kind: str, name: str) -> bool:
+    try:
+        load_catalog_entry(kind, name)  # type: ignore[arg-type]
+    except ConfigError:
+        return False
+    return True
+
+
+def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job:
+    """A Job from a mapping whose model, cluster and GPU may be catalog names.
+
+    Every problem is raised as a one-line ConfigError naming the field.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError("job: expected a mapping with model, cluster and parallel")
+    unknown = sorted(set(raw) - _JOB_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{unknown[0]}: unknown key (expected one of: {', '.join(sorted(_JOB_KEYS))})"
+        )
+    for required in ("model", "cluster"):
+        if required not in raw:
+            raise ConfigError(f"{required}: required but missing")
+    data = dict(raw)
+    base = Path(base_dir)
+    try:
+        data["model"] = _model(data["model"], base)
+    except ConfigError as err:
+        raise ConfigError(f"model: {err}") from None
+    try:
+        data["cluster"] = _cluster(data["cluster"])
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith("cluster") else f"cluster: {message}") from None
+    try:
+        return Job.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+
+
+def load_job(path: Path | str) -> Job:
+    """Read a job file (YAML or JSON) and resolve it."""
+    path = Path(path)
+    return resolve_job(read_job_mapping(path), base_dir=path.parent)
+
+
+# Flags that go into the job's ``cluster`` and ``parallel`` mappings (Megatron-LM names).
+_CLUSTER_FLAGS = ("num_nodes", "gpus_per_node", "price_per_gpu_hour")
+_PARALLEL_FLAGS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "data_parallel_size",
+    "context_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "sequence_parallel",
+    "zero_stage",
+    "micro_batch_size",
+    "global_batch_size",
+    "recompute",
+    "schedule",
+    "framework",
+)
+_SHORT = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+          "dp": "data_parallel_size", "cp": "context_parallel_size",
+          "vpp": "virtual_pipeline_model_parallel_size"}
+
+
+def demo_job_mapping() -> dict[str, Any]:
+    """The built-in demo job (``paraplan predict`` with no file)."""
+    from importlib import resources
+
+    text = (resources.files("paraplan.catalog") / "demo-job.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def read_job_mapping(path: Path | str) -> dict[str, Any]:
+    """The raw mapping of a job file (YAML or JSON), before resolution."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the job file ({err.strerror})") from None
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        first = str(err).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML/JSON ({first})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping with model, cluster and parallel")
+    return raw
+
+
+def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """A job mapping with command-line values laid over it (``None`` means not given).
+
+    ``model`` and ``cluster`` replace the file's; ``gpu`` replaces the cluster's GPU, and
+    without a cluster takes its links from the GPU's reference node in the catalog; cluster
+    and parallel flags override single fields.
+    """
+    job = dict(raw)
+    given = {k: v for k, v in flags.items() if v is not None}
+    if "model" in given:
+        job["model"] = given["model"]
+    cluster = given.get("cluster", job.get("cluster"))
+    if "gpu" in given and "cluster" not in given:
+        gpu = load_gpu(given["gpu"])
+        if gpu.reference_node is None:
+            raise ConfigError(
+                f"gpu: the catalog has no reference node for {gpu.name}; name a --cluster too"
+            )
+        cluster = {"name": gpu.reference_node}
+    cluster = {"name": cluster} if isinstance(cluster, str) else dict(cluster or {})
+    if "gpu" in given:
+        cluster["gpu"] = given["gpu"]
+    for key in _CLUSTER_FLAGS:
+        if key in given:
+            cluster[key] = given[key]
+    job["cluster"] = cluster
+    parallel = {_SHORT.get(k, k): v for k, v in (job.get("parallel") or {}).items()}
+    for key in _PARALLEL_FLAGS:
+        if key in given:
+            parallel[key] = given[key]
+    job["parallel"] = parallel
+    for key in ("precision", "train_tokens", "name"):
+        if key in given:
+            job[key] = given[key]
+    return job

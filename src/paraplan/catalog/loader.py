@@ -1,0 +1,91 @@
+"""Read catalog entries (one YAML file per GPU, model or cluster) by name or alias.
+
+Names match case-insensitively and ignoring spaces, dashes and underscores, so
+"NVIDIA A100-SXM4-80GB", "a100_sxm4_80gb" and "A100-SXM4-80GB" are the same GPU.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError
+
+from paraplan.specs import ClusterSpec, ConfigError, GpuSpec, ModelSpec, format_validation_error
+
+Kind = Literal["gpus", "models", "clusters"]
+_SINGULAR = {"gpus": "GPU", "models": "model", "clusters": "cluster"}
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+@functools.cache
+def _index(kind: Kind) -> dict[str, tuple[str, dict[str, Any]]]:
+    """normalised name or alias -> (canonical name, raw mapping)."""
+    index: dict[str, tuple[str, dict[str, Any]]] = {}
+    folder = resources.files("paraplan.catalog") / kind
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith((".yaml", ".yml")):
+            continue
+        raw = yaml.load(entry.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
+        name = raw["name"]
+        for alias in [name, *raw.get("aliases", ())]:
+            index.setdefault(_key(str(alias)), (name, raw))
+    return index
+
+
+def catalog_names(kind: Kind) -> list[str]:
+    """Canonical names of every entry of one kind, sorted."""
+    return sorted({name for name, _ in _index(kind).values()})
+
+
+def load_catalog_entry(kind: Kind, name: str) -> dict[str, Any]:
+    """The raw mapping of one entry; a ConfigError with suggestions when it is unknown."""
+    index = _index(kind)
+    hit = index.get(_key(name))
+    if hit is None:
+        close = difflib.get_close_matches(_key(name), list(index), n=1, cutoff=0.5)
+        if close:
+            hint = f"; did you mean {index[close[0]][0]}?"
+        else:
+            hint = f"; known: {', '.join(catalog_names(kind))}"
+        raise ConfigError(f"unknown {_SINGULAR[kind]} {name!r}{hint}")
+    return dict(hit[1])
+
+
+def _validated(cls, raw: dict[str, Any], where: str):
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{where}.{format_validation_error(err)}") from None
+
+
+@functools.cache
+def load_gpu(name: str) -> GpuSpec:
+    return _validated(GpuSpec, load_catalog_entry("gpus", name), f"catalog gpus/{name}")
+
+
+@functools.cache
+def load_model(name: str) -> ModelSpec:
+    return _validated(ModelSpec, load_catalog_entry("models", name), f"catalog models/{name}")
+
+
+def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
+    """A catalog cluster, with its GPU resolved and any field overridden (e.g. num_nodes)."""
+    raw = load_catalog_entry("clusters", name)
+    raw.update(overrides)
+    if isinstance(raw.get("gpu"), str):
+        raw["gpu"] = load_gpu(raw["gpu"])
+    if "gpu" in overrides:  # the node's links with another GPU: no longer the catalog entry
+        gpu = raw["gpu"]
+        gpu_name = gpu.name if isinstance(gpu, GpuSpec) else dict(gpu).get("name", "custom GPU")
+        raw["name"] = f"{raw['name']} with {gpu_name}"
+        raw.pop("aliases", None)
+        raw.pop("price_per_gpu_hour", None)
+    return _validated(ClusterSpec, raw, "cluster")

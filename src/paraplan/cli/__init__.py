@@ -1,0 +1,1 @@
+"""The typer command-line interface: parse -> load -> predict -> render. No arithmetic here."""

@@ -1,0 +1,33 @@
+"""`paraplan catalog gpus|models|clusters`: what the shipped catalog knows."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import typer
+
+from paraplan.cli.common import OutputFormat, out, write_text
+
+
+class Kind(str, enum.Enum):
+    gpus = "gpus"
+    models = "models"
+    clusters = "clusters"
+
+
+def catalog_command(
+    kind: Annotated[Kind, typer.Argument(help="gpus | models | clusters")],
+    output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """List the catalog's GPUs, models or clusters with their key numbers."""
+    from paraplan.report.catalog import catalog_rows, render_catalog
+    from paraplan.report.formats import render_csv, render_json
+
+    rows = catalog_rows(kind.value)
+    if output is OutputFormat.json:
+        write_text(render_json(rows))
+    elif output is OutputFormat.csv:
+        write_text(render_csv(rows))
+    else:
+        out.print(render_catalog(kind.value, rows))

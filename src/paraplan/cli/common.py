@@ -1,0 +1,47 @@
+"""What every command shares: output consoles, formats, and turning bad input into exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import sys
+from collections.abc import Iterator
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from paraplan.specs import ConfigError, format_validation_error
+from paraplan.units import UnitError
+
+out = Console(soft_wrap=False)
+err = Console(stderr=True)
+
+
+class OutputFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Bad input ends with one line on stderr naming the field and the reason, exit code 2."""
+    try:
+        yield
+    except ConfigError as exc:
+        _fail(str(exc))
+    except ValidationError as exc:
+        _fail(format_validation_error(exc))
+    except UnitError as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def write_text(text: str) -> None:
+    """Machine-readable output goes to stdout untouched by rich."""
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -1,0 +1,81 @@
+"""`paraplan predict`: one job in, iteration time / breakdown / memory / cost out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from paraplan.cli.common import OutputFormat, out, user_errors, write_text
+
+Opt = typer.Option
+
+
+def predict_command(
+    job_file: Annotated[Path | None, typer.Argument(help="Job file (YAML/JSON). Omit for the built-in demo job.")] = None,
+    model: Annotated[str | None, Opt(help="Catalog model name, e.g. llama-3-70b.")] = None,
+    cluster: Annotated[str | None, Opt(help="Catalog cluster name, e.g. dgx-h100.")] = None,
+    gpu: Annotated[str | None, Opt(help="Catalog GPU name, e.g. H100-SXM5-80GB.")] = None,
+    num_nodes: Annotated[int | None, Opt(help="Number of nodes.")] = None,
+    gpus_per_node: Annotated[int | None, Opt(help="GPUs per node.")] = None,
+    price_per_gpu_hour: Annotated[str | None, Opt(help="e.g. '2.5 USD'.")] = None,
+    tp: Annotated[int | None, Opt("--tp", "--tensor-model-parallel-size", help="Tensor-parallel size.")] = None,
+    pp: Annotated[int | None, Opt("--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel size.")] = None,
+    dp: Annotated[int | None, Opt("--dp", "--data-parallel-size", help="Data-parallel size (derived when omitted).")] = None,
+    cp: Annotated[int | None, Opt("--cp", "--context-parallel-size", help="Context-parallel size.")] = None,
+    vpp: Annotated[int | None, Opt("--vpp", "--virtual-pipeline-model-parallel-size", help="Interleaved stages per GPU.")] = None,
+    sequence_parallel: Annotated[bool | None, Opt("--sequence-parallel/--no-sequence-parallel")] = None,
+    zero_stage: Annotated[int | None, Opt(help="ZeRO / distributed-optimizer stage 0-3.")] = None,
+    micro_batch_size: Annotated[int | None, Opt()] = None,
+    global_batch_size: Annotated[int | None, Opt()] = None,
+    recompute: Annotated[str | None, Opt(help="none | selective | full")] = None,
+    schedule: Annotated[str | None, Opt(help="gpipe | 1f1b | interleaved")] = None,
+    framework: Annotated[str | None, Opt(help="megatron | deepspeed")] = None,
+    precision: Annotated[str | None, Opt(help="fp32 | fp16 | bf16 | fp8")] = None,
+    train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T, for time and cost to train.")] = None,
+    backend: Annotated[str, Opt(help="Cost model: analytical (the learned backend plugs in here).")] = "analytical",
+    output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
+    explain: Annotated[bool, Opt("--explain", help="Also show the per-operator table of one layer.")] = False,
+) -> None:
+    """Predict one training iteration: time, breakdown, memory per GPU, MFU and cost."""
+    from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
+    from paraplan.prediction import predict
+    from paraplan.report.formats import render_csv, render_json
+
+    flags = dict(
+        model=model, cluster=cluster, gpu=gpu, num_nodes=num_nodes, gpus_per_node=gpus_per_node,
+        price_per_gpu_hour=price_per_gpu_hour, tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp, data_parallel_size=dp, context_parallel_size=cp,
+        virtual_pipeline_model_parallel_size=vpp, sequence_parallel=sequence_parallel,
+        zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+        global_batch_size=global_batch_size, recompute=recompute, schedule=schedule,
+        framework=framework, precision=precision, train_tokens=train_tokens,
+    )
+    with user_errors():
+        if backend != "analytical":
+            from paraplan.specs import ConfigError
+
+            raise ConfigError(f"backend: unknown backend {backend!r} (available: analytical)")
+        if job_file is not None:
+            raw, base = read_job_mapping(job_file), job_file.parent
+        else:
+            raw, base = demo_job_mapping(), Path(".")
+        job = resolve_job(apply_overrides(raw, flags), base_dir=base)
+        pred = predict(job)
+    if output is OutputFormat.json:
+        data = pred.to_dict()
+        if explain:
+            from dataclasses import asdict
+
+            data["layer_ops"] = [asdict(o) for o in pred.layer_ops]
+            data["layer_collectives"] = [asdict(c) for c in pred.layer_collectives]
+        write_text(render_json(data))
+    elif output is OutputFormat.csv:
+        write_text(render_csv([pred.to_dict()]))
+    else:
+        from paraplan.report.tables import render_explain, render_prediction
+
+        out.print(render_prediction(pred))
+        if explain:
+            out.print(render_explain(pred))

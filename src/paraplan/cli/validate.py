@@ -1,0 +1,30 @@
+"""`paraplan validate RUNS.json`: predict measured runs and print the error tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from paraplan.cli.common import OutputFormat, out, user_errors, write_text
+
+
+def validate_command(
+    runs_file: Annotated[Path, typer.Argument(help="runs_perlmutter.json (GPUModeling25 measured runs).")],
+    output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    components: Annotated[bool, typer.Option("--components/--no-components", help="Per-component tables.")] = True,
+) -> None:
+    """Predict measured runs from their configuration; print measured vs predicted and the error."""
+    from paraplan.report.formats import render_csv, render_json
+    from paraplan.report.validation import render_validation, validation_rows
+    from paraplan.validate import load_runs, validate_runs
+
+    with user_errors():
+        results = validate_runs(load_runs(runs_file))
+    if output is OutputFormat.json:
+        write_text(render_json(validation_rows(results, components=True)))
+    elif output is OutputFormat.csv:
+        write_text(render_csv(validation_rows(results, components=False)))
+    else:
+        out.print(render_validation(results, components=components))

@@ -1,0 +1,47 @@
+"""Alpha-beta times of NCCL collectives, in nccl-tests' bus-bandwidth convention.
+
+A ring all-reduce of S bytes over n ranks moves 2(n-1)/n * S bytes through each rank's
+link, an all-gather or reduce-scatter (n-1)/n * S; time = steps * latency + moved / busBw.
+Within a node the bus bandwidth is the intra-node link's (on a direct-link mesh, the share of
+it that reaches the group's peers); across nodes each of the group's k GPUs on a node drives
+its own NIC share, so the bus bandwidth is min(intra-node, k * per-GPU network bandwidth).
+"""
+
+from __future__ import annotations
+
+from paraplan.inventory import Collective, CollectiveKind, GroupLayout
+from paraplan.specs import ClusterSpec, LinkSpec
+
+
+def _intra_bus(link: LinkSpec, group_per_node: int, gpus_per_node: int) -> float:
+    bus = link.bus_bytes_per_s
+    if link.topology == "mesh" and gpus_per_node > 1:
+        bus *= (group_per_node - 1) / (gpus_per_node - 1)
+    return bus
+
+
+def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float:
+    """Seconds for one call of ``coll`` on a group laid out as ``layout``."""
+    n = layout.size
+    if n <= 1 or coll.bytes <= 0.0:
+        return 0.0
+    intra, inter = cluster.intra_node, cluster.inter_node
+    if coll.kind is CollectiveKind.SEND_RECV:
+        link = inter if layout.crosses_nodes else intra
+        assert link is not None
+        return link.latency_s + coll.bytes / link.p2p_bytes_per_s
+    if coll.kind is CollectiveKind.ALL_REDUCE:
+        moved, steps = 2.0 * (n - 1) / n * coll.bytes, 2 * (n - 1)
+    else:
+        moved, steps = (n - 1) / n * coll.bytes, n - 1
+    if layout.crosses_nodes:
+        assert inter is not None
+        bus = layout.per_node * inter.bus_bytes_per_s
+        if layout.per_node > 1 and intra is not None:
+            bus = min(bus, _intra_bus(intra, layout.per_node, cluster.gpus_per_node))
+        latency = inter.latency_s
+    else:
+        assert intra is not None
+        bus = _intra_bus(intra, layout.per_node, cluster.gpus_per_node)
+        latency = intra.latency_s
+    return steps * latency + moved / bus

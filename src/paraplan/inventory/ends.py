@@ -1,0 +1,93 @@
+"""Operators outside the transformer layers: embedding (first stage), LM head and loss (last)."""
+
+from __future__ import annotations
+
+import functools
+
+from paraplan.inventory.layer import elementwise, gemm, norm
+from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
+from paraplan.inventory.shapes import LocalShape
+from paraplan.specs import ModelSpec, ParallelPlan, Phase
+
+
+@functools.lru_cache(maxsize=256)
+def count_embedding_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """Vocab-parallel word embedding (+ learned positions) for one micro-batch."""
+    hidden = x.b * x.s * x.h
+    table = x.vocab * x.h
+    lookup = Op(
+        name="embedding",
+        kind=OpKind.EMBEDDING,
+        role="word embedding lookup (vocab-parallel)",
+        flops=hidden,
+        bytes=x.e * 2 * hidden,
+        bwd_flops=hidden,
+        # backward zero-fills and scatter-adds into the [vocab/tp, h] gradient
+        bwd_bytes=x.e * (2 * hidden + table),
+        params=table,
+        dims=(("tokens", x.b * x.s), ("vocab", x.vocab), ("dim", x.h)),
+    )
+    ops = [lookup]
+    if model.position_embedding == "learned":
+        ops.append(
+            elementwise(
+                "res_add",
+                OpKind.ELEMENTWISE,
+                "add learned position embedding",
+                hidden,
+                x.e,
+                reads=2.0,
+                params=model.seq_length * x.h,
+            )
+        )
+    return tuple(ops)
+
+
+@functools.lru_cache(maxsize=256)
+def count_head_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """Final norm, LM-head GEMM (vocab-parallel) and the vocab-parallel cross entropy."""
+    logits = x.b * x.s * x.vocab
+    return (
+        norm(model, x, "final norm"),
+        gemm(
+            "linear_final",
+            "LM head (output projection)",
+            x.tokens,
+            x.h,
+            x.vocab,
+            x.e,
+            bias=False,
+            saved=x.e * x.b * x.s_norm * x.h,
+        ),
+        Op(
+            name="cross_entropy",
+            kind=OpKind.LOSS,
+            role="vocab-parallel cross entropy (fp32)",
+            flops=5.0 * logits,
+            bytes=(x.e + 4.0 * 2) * logits,  # read logits, write fp32 exp-logits, read them back
+            bwd_flops=2.0 * logits,
+            bwd_bytes=(4.0 + x.e) * logits,
+            saved_bytes=4.0 * logits,  # fp32 softmax kept for the backward pass
+            dims=(("b", x.b), ("l", x.s), ("vocab", x.vocab)),
+        ),
+    )
+
+
+def count_end_collectives(
+    model: ModelSpec, plan: ParallelPlan, x: LocalShape, *, first: bool, last: bool
+) -> tuple[Collective, ...]:
+    """TP reductions of the embedding output and of the loss statistics."""
+    out: list[Collective] = []
+    if plan.tp > 1:
+        hidden = x.e * x.tokens * x.h
+        if first:
+            kind = CollectiveKind.REDUCE_SCATTER if plan.sequence_parallel else CollectiveKind.ALL_REDUCE
+            out.append(Collective("tp_allreduce", kind, ParallelDim.TP, hidden, Phase.FWD))
+        if last:
+            # max, sum-exp and target logit, each [s, b] in fp32
+            out.append(
+                Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0 * x.tokens, Phase.FWD, 3)
+            )
+            kind = CollectiveKind.REDUCE_SCATTER if plan.sequence_parallel else CollectiveKind.ALL_REDUCE
+            out.append(Collective("tp_allreduce", kind, ParallelDim.TP, hidden, Phase.BWD_INPUT))
+    return tuple(out)

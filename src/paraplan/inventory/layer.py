@@ -1,0 +1,280 @@
+"""The operators and collectives of one transformer layer (one micro-batch, one rank).
+
+Saved-activation bytes follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+Large Transformer Models", section 4.1) term by term: with dropout, unfused attention and
+tp = 1 they add up to s*b*h*(34 + 5*a*s/h) bytes; tests check the sum against that formula.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
+from paraplan.inventory.shapes import LocalShape
+from paraplan.specs import ModelSpec, ParallelPlan, Phase
+
+
+def gemm(name: str, role: str, m: int, k: int, n: int, e: int, *, bias: bool, saved: float) -> Op:
+    """Y[m,n] = X[m,k] @ W[k,n] (+ bias). Backward: dX = dY W^T and dW = X^T dY."""
+    flops = 2.0 * m * k * n
+    traffic = e * (m * k + k * n + m * n)
+    return Op(
+        name=name,
+        kind=OpKind.GEMM,
+        role=role,
+        flops=flops,
+        bytes=traffic,
+        bwd_flops=2.0 * flops,
+        bwd_bytes=2.0 * traffic,
+        bwd_weight_flops=flops,
+        bwd_weight_bytes=traffic,
+        params=k * n + (n if bias else 0),
+        saved_bytes=saved,
+        dims=(("m", m), ("k", k), ("n", n)),
+    )
+
+
+def elementwise(
+    name: str,
+    kind: OpKind,
+    role: str,
+    elements: float,
+    e: int,
+    *,
+    reads: float = 1.0,
+    flops_per_element: float = 1.0,
+    saved: float = 0.0,
+    params: float = 0.0,
+    selective: bool = False,
+    dims: tuple[tuple[str, int], ...] = (),
+) -> Op:
+    """A memory-bound kernel: reads ``reads`` tensors of ``elements`` and writes one.
+    Its backward reads the incoming gradient and what it saved, and writes one gradient."""
+    traffic = e * elements * (reads + 1.0) + e * params
+    return Op(
+        name=name,
+        kind=kind,
+        role=role,
+        flops=flops_per_element * elements,
+        bytes=traffic,
+        bwd_flops=2.0 * flops_per_element * elements,
+        bwd_bytes=e * elements * (reads + 2.0) + 2 * e * params,
+        params=params,
+        saved_bytes=saved,
+        selective_recompute=selective,
+        dims=dims,
+    )
+
+
+def norm(model: ModelSpec, x: LocalShape, role: str) -> Op:
+    n = x.b * x.s_norm * x.h
+    rms = model.normalization == "rmsnorm"
+    return elementwise(
+        "RMSlayernorm" if rms else "layernorm",
+        OpKind.NORM,
+        role,
+        n,
+        x.e,
+        flops_per_element=4.0 if rms else 5.0,
+        saved=x.e * n,
+        params=x.h if rms else 2 * x.h,
+        dims=(("b", x.b), ("l", x.s_norm), ("dim", x.h)),
+    )
+
+
+def _dropout(x: LocalShape, elements: float, role: str, *, selective: bool) -> Op:
+    # Saves a one-byte mask per element (Korthikanti et al. count it as 1 byte).
+    return elementwise(
+        "dropout", OpKind.ELEMENTWISE, role, elements, x.e, saved=elements, selective=selective
+    )
+
+
+def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
+    q_elems = x.b * x.s * x.heads * x.d
+    kv_elems = x.b * x.s_kv * x.groups * x.d
+    core_flops = 4.0 * x.b * x.heads * x.s * x.s_kv * x.d  # QK^T and PV, full square
+    head_dims = (("b", x.b), ("h", x.heads), ("l", x.s), ("l_kv", x.s_kv), ("d", x.d))
+    if model.attention == "flash":
+        traffic = x.e * (2 * q_elems + 2 * kv_elems)
+        lse = 4.0 * x.b * x.heads * x.s
+        return [
+            Op(
+                name="flash_atten",
+                kind=OpKind.ATTENTION,
+                role="attention core (flash, causal)",
+                flops=core_flops,
+                bytes=traffic,
+                bwd_flops=2.5 * core_flops,  # backward recomputes QK^T: 5 matmuls vs 2
+                bwd_bytes=2.0 * traffic,
+                saved_bytes=x.e * (q_elems + 2 * kv_elems) + lse,  # q, k, v, logsumexp
+                selective_recompute=True,
+                selective_kept_bytes=x.e * (q_elems + 2 * kv_elems),
+                exec_fraction=0.5,
+                dims=head_dims,
+            )
+        ]
+    scores = x.b * x.heads * x.s * x.s_kv
+    half = core_flops / 2.0
+    dropout = model.attention_dropout > 0
+    ops = [
+        Op(
+            name="baddbmm",
+            kind=OpKind.BMM,
+            role="attention scores Q K^T",
+            flops=half,
+            bytes=x.e * (q_elems + kv_elems + scores),
+            bwd_flops=2.0 * half,
+            bwd_bytes=2.0 * x.e * (q_elems + kv_elems + scores),
+            saved_bytes=x.e * (q_elems + kv_elems),
+            selective_recompute=True,
+            selective_kept_bytes=x.e * (q_elems + kv_elems),
+            dims=head_dims,
+        ),
+        elementwise(
+            "softmax",
+            OpKind.SOFTMAX,
+            "scaled causal-mask softmax",
+            scores,
+            x.e,
+            flops_per_element=5.0,
+            saved=x.e * scores,
+            selective=True,
+            dims=head_dims,
+        ),
+    ]
+    if dropout:
+        ops.append(_dropout(x, scores, "attention dropout", selective=True))
+    ops.append(
+        Op(
+            name="bmm",
+            kind=OpKind.BMM,
+            role="attention context P V",
+            flops=half,
+            bytes=x.e * (scores + kv_elems + q_elems),
+            bwd_flops=2.0 * half,
+            bwd_bytes=2.0 * x.e * (scores + kv_elems + q_elems),
+            # V, and the dropped-out probabilities when dropout made a new tensor
+            saved_bytes=x.e * (kv_elems + (scores if dropout else 0.0)),
+            selective_recompute=True,
+            selective_kept_bytes=x.e * kv_elems,
+            dims=head_dims,
+        )
+    )
+    return ops
+
+
+@functools.lru_cache(maxsize=256)
+def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """Every operator of one transformer layer, in execution order."""
+    e, tokens, bias = x.e, x.tokens, model.add_bias_linear
+    hidden_norm = x.b * x.s_norm * x.h  # what norms, dropout and residual adds touch
+    qkv_out = (x.heads + 2 * x.groups) * x.d
+    ops: list[Op] = [norm(model, x, "input norm")]
+    ops.append(
+        gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=bias, saved=e * hidden_norm)
+    )
+    if model.position_embedding == "rotary":
+        rotated = tokens * (x.heads + x.groups) * x.d * model.rotary_percent
+        ops.append(
+            elementwise(
+                "RoPE",
+                OpKind.ELEMENTWISE,
+                "rotary embedding of q and k",
+                rotated,
+                e,
+                flops_per_element=3.0,
+                dims=(("l", x.s), ("b", x.b), ("h", x.heads), ("d", x.d)),
+            )
+        )
+    ops.extend(_attention_core(model, x))
+    ops.append(
+        gemm(
+            "linear2",
+            "attention output projection",
+            tokens,
+            x.heads * x.d,
+            x.h,
+            e,
+            bias=bias,
+            saved=e * tokens * x.heads * x.d,
+        )
+    )
+    if model.hidden_dropout > 0:
+        ops.append(_dropout(x, hidden_norm, "attention output dropout", selective=False))
+    ops.append(
+        elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0)
+    )
+    ops.append(norm(model, x, "pre-MLP norm"))
+    swiglu = model.activation == "swiglu"
+    up_width = x.ffn * (2 if swiglu else 1)
+    ops.append(
+        gemm("linear3", "MLP up projection", tokens, x.h, up_width, e, bias=bias, saved=e * hidden_norm)
+    )
+    act_in = tokens * up_width
+    ops.append(
+        elementwise(
+            "swiglu" if swiglu else "gelu",
+            OpKind.ELEMENTWISE,
+            "MLP activation",
+            tokens * x.ffn,
+            e,
+            reads=2.0 if swiglu else 1.0,
+            flops_per_element=8.0,
+            saved=e * act_in,
+            dims=(("l", x.s), ("b", x.b), ("ffn", x.ffn)),
+        )
+    )
+    ops.append(
+        gemm(
+            "linear4",
+            "MLP down projection",
+            tokens,
+            x.ffn,
+            x.h,
+            e,
+            bias=bias,
+            saved=e * tokens * x.ffn,
+        )
+    )
+    if model.hidden_dropout > 0:
+        ops.append(_dropout(x, hidden_norm, "MLP output dropout", selective=False))
+    ops.append(
+        elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0)
+    )
+    return tuple(ops)
+
+
+def count_layer_collectives(
+    model: ModelSpec, plan: ParallelPlan, x: LocalShape
+) -> tuple[Collective, ...]:
+    """Tensor- and context-parallel communication of one layer.
+
+    Without sequence parallelism Megatron's f/g operators all-reduce the [s, b, h] activation
+    twice forward and twice backward (GPT-NeoX's parallel residual reduces attention and MLP
+    outputs together: once forward). With sequence parallelism each all-reduce becomes a
+    reduce-scatter plus an all-gather. Context parallelism passes K and V around a ring.
+    """
+    out: list[Collective] = []
+    if plan.tp > 1:
+        size = x.e * x.tokens * x.h
+        fwd_reductions = 1 if model.parallel_residual else 2
+        if plan.sequence_parallel:
+            out += [
+                Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, size, Phase.FWD, 2),
+                Collective("tp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.TP, size, Phase.FWD, fwd_reductions),
+                Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, size, Phase.BWD_INPUT, fwd_reductions),
+                Collective("tp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.TP, size, Phase.BWD_INPUT, 2),
+            ]
+        else:
+            out += [
+                Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.FWD, fwd_reductions),
+                Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.BWD_INPUT, 2),
+            ]
+    if plan.cp > 1:
+        kv = 2.0 * x.e * x.b * x.s * x.groups * x.d  # this rank's K and V chunk
+        out += [
+            Collective("cp_p2p", CollectiveKind.SEND_RECV, ParallelDim.CP, kv, Phase.FWD, plan.cp - 1),
+            # backward passes K, V and their gradients around the ring
+            Collective("cp_p2p", CollectiveKind.SEND_RECV, ParallelDim.CP, 2 * kv, Phase.BWD_INPUT, plan.cp - 1),
+        ]
+    return tuple(out)

@@ -1,0 +1,98 @@
+"""What the inventory is made of: operators and collectives, with their counted work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from paraplan.specs.enums import Phase
+
+
+class OpKind(str, Enum):
+    """The kind of kernel an operator runs; the cost model picks its efficiency curve by it."""
+
+    GEMM = "gemm"
+    BMM = "bmm"
+    ATTENTION = "attention"  # fused (flash) attention
+    SOFTMAX = "softmax"
+    NORM = "norm"
+    ELEMENTWISE = "elementwise"
+    EMBEDDING = "embedding"
+    LOSS = "loss"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operator of one micro-batch on one rank.
+
+    ``name`` matches the operator tags of the GPUModeling operator samples (linear1..4,
+    linear_final, baddbmm, bmm, softmax, flash_atten, layernorm, RMSlayernorm, RoPE, gelu,
+    res_add, embedding, cross_entropy, optimizer) so that sampled timings map onto it.
+    FLOPs are counted by the usual convention (2 per multiply-add, full attention square);
+    ``exec_fraction`` is the share of them the kernel really executes (0.5 for causal flash
+    attention, which skips masked tiles). Bytes are HBM traffic of the ideal kernel.
+    """
+
+    name: str
+    kind: OpKind
+    role: str
+    flops: float
+    bytes: float
+    bwd_flops: float
+    bwd_bytes: float
+    bwd_weight_flops: float = 0.0
+    bwd_weight_bytes: float = 0.0
+    params: float = 0.0
+    saved_bytes: float = 0.0
+    selective_recompute: bool = False
+    selective_kept_bytes: float = 0.0  # of saved_bytes, what stays saved under selective recompute
+    exec_fraction: float = 1.0
+    dims: tuple[tuple[str, int], ...] = field(default=())
+
+    @property
+    def kept_under_selective(self) -> float:
+        """Saved bytes under selective recompute: a recomputed operator keeps only its inputs
+        from outside the recomputed region (Q, K and V for the attention core)."""
+        return self.selective_kept_bytes if self.selective_recompute else self.saved_bytes
+
+    def work(self, phase: Phase) -> tuple[float, float]:
+        """(FLOPs, bytes) executed in ``phase``. The backward pass is split into the
+        input-gradient kernels (``BWD_INPUT``) and the weight-gradient kernels (``BWD_WEIGHT``);
+        together they are ``bwd_flops`` and ``bwd_bytes``."""
+        if phase is Phase.BWD_INPUT:
+            return (
+                (self.bwd_flops - self.bwd_weight_flops) * self.exec_fraction,
+                self.bwd_bytes - self.bwd_weight_bytes,
+            )
+        if phase is Phase.BWD_WEIGHT:
+            return self.bwd_weight_flops, self.bwd_weight_bytes
+        return self.flops * self.exec_fraction, self.bytes
+
+
+class CollectiveKind(str, Enum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    SEND_RECV = "send_recv"
+
+
+class ParallelDim(str, Enum):
+    TP = "tp"
+    CP = "cp"
+    DP = "dp"
+    PP = "pp"
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective call. ``bytes`` follows nccl-tests' size convention: the buffer for an
+    all-reduce, the whole output of an all-gather (input of a reduce-scatter), the message of
+    a send/recv. ``count`` is how many such calls one layer (or one stage) makes in ``phase``."""
+
+    name: str
+    kind: CollectiveKind
+    dim: ParallelDim
+    bytes: float
+    phase: Phase
+    count: int = 1

@@ -1,0 +1,51 @@
+"""Which GPUs a parallel group spans, for the Megatron-LM rank order tp-cp-dp-pp.
+
+Ranks are laid out with tensor parallelism fastest, then context, data and pipeline
+parallelism (Megatron-LM's default order, and DeepSpeed's (pipe, data, model) topology);
+consecutive ranks share a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.inventory.ops import ParallelDim
+from paraplan.specs import ParallelPlan
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLayout:
+    """A process group of ``size`` ranks over ``nodes`` nodes, ``per_node`` ranks on each."""
+
+    size: int
+    nodes: int
+    per_node: int
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.nodes > 1
+
+
+def _stride(dim: ParallelDim, plan: ParallelPlan) -> int:
+    if dim is ParallelDim.TP:
+        return 1
+    if dim is ParallelDim.CP:
+        return plan.tp
+    if dim is ParallelDim.DP:
+        return plan.tp * plan.cp
+    return plan.tp * plan.cp * plan.dp
+
+
+def _size(dim: ParallelDim, plan: ParallelPlan) -> int:
+    return {ParallelDim.TP: plan.tp, ParallelDim.CP: plan.cp, ParallelDim.DP: plan.dp, ParallelDim.PP: plan.pp}[dim]
+
+
+def group_layout(
+    dim: ParallelDim, plan: ParallelPlan, gpus_per_node: int, size: int | None = None
+) -> GroupLayout:
+    """Where the group of parallel dimension ``dim`` lies (``size`` overrides its size, e.g.
+    2 for a send/recv between neighbouring pipeline stages)."""
+    n = _size(dim, plan) if size is None else size
+    stride = _stride(dim, plan)
+    per_node = min(n, max(1, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    return GroupLayout(size=n, nodes=-(-n // per_node), per_node=per_node)

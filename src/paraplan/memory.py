@@ -1,0 +1,85 @@
+"""Per-GPU memory of each pipeline stage, read from the inventory.
+
+Weights, gradients and Adam states follow the ZeRO stages (Rajbhandari et al. 2020):
+stage 1 partitions optimizer states over data-parallel ranks, stage 2 also gradients,
+stage 3 also weights. Activations are the inventory's saved bytes per micro-batch times the
+micro-batches a stage holds at once under its schedule; full recompute keeps only each
+layer's input, plus one layer's activations while it is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.inventory import JobInventory, StageInventory
+from paraplan.inventory.job import ADAM_STATE_BYTES
+from paraplan.specs import Recompute, Schedule
+
+# CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
+# PyTorch's CUDA context alone takes 0.3-0.5 GiB; NCCL keeps a few hundred MiB per communicator.
+RUNTIME_RESERVE_BYTES = 1.0 * 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    stage: int
+    weights: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    buffers: float
+    in_flight_microbatches: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer_states + self.activations + self.buffers
+
+
+def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak (in units of its whole
+    layer stack; interleaving holds more, smaller chunks)."""
+    plan = inv.job.parallel
+    p, m = plan.pp, plan.num_microbatches
+    if plan.schedule is Schedule.GPIPE:
+        return float(m)
+    if plan.schedule is Schedule.INTERLEAVED:
+        v = plan.vpp
+        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+        return chunks / v
+    return float(min(p - stage, m))
+
+
+def _activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
+    """(bytes held per micro-batch in flight, extra working bytes for the one being processed)."""
+    policy = inv.job.parallel.recompute
+    layer_saved = sum(op.saved_bytes for op in st.layer_ops)
+    end_saved = sum(op.saved_bytes for op in st.end_ops)
+    if policy is Recompute.FULL:
+        x = inv.shape
+        layer_input = x.e * x.b * x.s_norm * x.h
+        return st.num_layers * layer_input, layer_saved + end_saved
+    if policy is Recompute.SELECTIVE:
+        layer_saved = sum(op.kept_under_selective for op in st.layer_ops)
+    return st.num_layers * layer_saved, end_saved
+
+
+def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
+    plan = inv.job.parallel
+    dp, zero = plan.dp, plan.zero_stage
+    params = st.params
+    held, working = _activations_per_microbatch(inv, st)
+    flight = in_flight_microbatches(inv, st.index)
+    return StageMemory(
+        stage=st.index,
+        weights=params * inv.param_bytes / (dp if zero >= 3 else 1),
+        gradients=params * inv.grad_bytes / (dp if zero >= 2 else 1),
+        optimizer_states=params * ADAM_STATE_BYTES / (dp if zero >= 1 else 1),
+        activations=held * flight + working,
+        buffers=RUNTIME_RESERVE_BYTES,
+        in_flight_microbatches=flight,
+    )
+
+
+def estimate_memory(inv: JobInventory) -> tuple[StageMemory, ...]:
+    """Memory of one GPU of every pipeline stage."""
+    return tuple(estimate_stage_memory(inv, st) for st in inv.stages)

@@ -1,0 +1,360 @@
+"""The facade: Job -> Prediction (iteration time, breakdown, memory, MFU, cost).
+
+Used by the CLI, the plan search, validation and the Python API (``paraplan.predict``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from paraplan.costmodel import AnalyticalCostModel, CostModel
+from paraplan.inventory import (
+    Collective,
+    JobInventory,
+    Op,
+    ParallelDim,
+    StageInventory,
+    count_job,
+    group_layout,
+)
+from paraplan.memory import StageMemory, estimate_memory
+from paraplan.schedule import PipelineResult, simulate_pipeline
+from paraplan.specs import Job, Phase, Recompute
+
+_BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Where one iteration's seconds go, on its critical path; the parts add up to it."""
+
+    forward_compute_s: float
+    backward_compute_s: float
+    recompute_s: float
+    tp_communication_s: float
+    pipeline_p2p_s: float
+    pipeline_bubble_s: float
+    dp_communication_s: float
+    optimizer_step_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True, slots=True)
+class StageTiming:
+    """One micro-batch on one stage (``*_mb_s``) and the once-per-iteration parts."""
+
+    stage: int
+    num_layers: int
+    forward_mb_s: float
+    backward_mb_s: float
+    recompute_mb_s: float
+    tp_fwd_mb_s: float
+    tp_bwd_mb_s: float
+    p2p_s: float
+    grad_reduce_s: float
+    param_gather_s: float
+    exposed_dp_s: float
+    optimizer_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class OpEstimate:
+    """One operator of one layer, with its work and its estimated seconds (``--explain``)."""
+
+    name: str
+    role: str
+    kind: str
+    flops: float
+    bytes: float
+    params: float
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveEstimate:
+    name: str
+    kind: str
+    dim: str
+    bytes: float
+    phase: str
+    count: int
+    group_size: int
+    group_nodes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Everything paraplan predicts for one job. ``to_dict()`` gives the JSON form."""
+
+    job: Job
+    backend: str
+    iteration_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    breakdown: Breakdown
+    stages: tuple[StageTiming, ...]
+    memory: tuple[StageMemory, ...]
+    params_total: float
+    model_flops_per_iteration: float
+    layer_ops: tuple[OpEstimate, ...] = field(repr=False)
+    layer_collectives: tuple[CollectiveEstimate, ...] = field(repr=False)
+    pipeline: PipelineResult | None = field(default=None, repr=False)
+
+    @property
+    def worst_memory(self) -> StageMemory:
+        return max(self.memory, key=lambda m: m.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.worst_memory.total <= self.job.cluster.gpu.hbm_bytes
+
+    @property
+    def cost_per_hour_usd(self) -> float | None:
+        price = self.job.cluster.price_per_gpu_hour
+        return None if price is None else price * self.job.cluster.num_gpus
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        hourly = self.cost_per_hour_usd
+        return None if hourly is None else hourly / 3600.0 / self.tokens_per_s * 1e6
+
+    @property
+    def time_to_train_s(self) -> float | None:
+        tokens = self.job.train_tokens
+        return None if tokens is None else tokens / self.tokens_per_s
+
+    @property
+    def cost_to_train_usd(self) -> float | None:
+        hourly, seconds = self.cost_per_hour_usd, self.time_to_train_s
+        return None if hourly is None or seconds is None else hourly * seconds / 3600.0
+
+    def to_dict(self) -> dict:
+        """A JSON-ready mapping; keys follow DESIGN.md's vocabulary (documented in the README)."""
+        job, plan = self.job, self.job.parallel
+        worst = self.worst_memory
+        return {
+            "job": job.name,
+            "backend": self.backend,
+            "model": job.model.name,
+            "gpu": job.cluster.gpu.name,
+            "num_gpus": job.cluster.num_gpus,
+            "parallel": {
+                "tp": plan.tp,
+                "pp": plan.pp,
+                "dp": plan.dp,
+                "cp": plan.cp,
+                "vpp": plan.vpp,
+                "sequence_parallel": plan.sequence_parallel,
+                "zero_stage": plan.zero_stage,
+                "micro_batch_size": plan.micro_batch_size,
+                "global_batch_size": plan.global_batch_size,
+                "num_microbatches": plan.num_microbatches,
+                "recompute": plan.recompute.value,
+                "schedule": plan.schedule.value,
+                "framework": plan.framework.value,
+                "layers_per_stage": [s.num_layers for s in self.stages],
+            },
+            "precision": job.precision.value,
+            "iteration_s": self.iteration_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "bubble_fraction": self.bubble_fraction,
+            "params_total": self.params_total,
+            "model_flops_per_iteration": self.model_flops_per_iteration,
+            "breakdown": asdict(self.breakdown),
+            "memory": {
+                "worst_stage": worst.stage,
+                "weights_bytes": worst.weights,
+                "gradients_bytes": worst.gradients,
+                "optimizer_states_bytes": worst.optimizer_states,
+                "activations_bytes": worst.activations,
+                "buffers_bytes": worst.buffers,
+                "total_bytes": worst.total,
+                "hbm_bytes": job.cluster.gpu.hbm_bytes,
+                "fits": self.fits,
+                "per_stage_total_bytes": [m.total for m in self.memory],
+            },
+            "cost": {
+                "price_per_gpu_hour_usd": job.cluster.price_per_gpu_hour,
+                "cost_per_hour_usd": self.cost_per_hour_usd,
+                "usd_per_million_tokens": self.usd_per_million_tokens,
+                "train_tokens": job.train_tokens,
+                "time_to_train_s": self.time_to_train_s,
+                "cost_to_train_usd": self.cost_to_train_usd,
+            },
+            "stages": [asdict(s) for s in self.stages],
+        }
+
+
+def _ops_s(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> float:
+    return sum(cm.estimate_op_s(op, ph) for op in ops for ph in phases)
+
+
+class _Comm:
+    """Collective times for one job, each group's layout computed once."""
+
+    def __init__(self, inv: JobInventory, cm: CostModel) -> None:
+        plan, gpn = inv.job.parallel, inv.job.cluster.gpus_per_node
+        self.cm = cm
+        self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
+        self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
+
+    def seconds(self, coll: Collective) -> float:
+        layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
+        return self.cm.estimate_collective_s(coll, layout) * coll.count
+
+    def total(self, colls: tuple[Collective, ...], phases: tuple[Phase, ...]) -> float:
+        return sum(self.seconds(c) for c in colls if c.phase in phases)
+
+
+def _stage_timing(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm) -> StageTiming:
+    plan = inv.job.parallel
+    n = st.num_layers
+    layer_f = _ops_s(cm, st.layer_ops, (Phase.FWD,))
+    layer_b = _ops_s(cm, st.layer_ops, _BACKWARD)
+    tp_f = n * comm.total(st.layer_collectives, (Phase.FWD,)) + comm.total(st.end_collectives, (Phase.FWD,))
+    tp_b = n * comm.total(st.layer_collectives, _BACKWARD) + comm.total(st.end_collectives, _BACKWARD)
+    if plan.recompute is Recompute.FULL:
+        recompute = n * (layer_f + comm.total(st.layer_collectives, (Phase.FWD,)))
+    elif plan.recompute is Recompute.SELECTIVE:
+        recompute = n * _ops_s(cm, tuple(o for o in st.layer_ops if o.selective_recompute), (Phase.FWD,))
+    else:
+        recompute = 0.0
+    forward = n * layer_f + _ops_s(cm, st.end_ops, (Phase.FWD,))
+    backward = n * layer_b + _ops_s(cm, st.end_ops, _BACKWARD)
+    if st.zero3_collectives:
+        # ZeRO-3 prefetches each layer's weights while the previous layer computes.
+        forward = max(forward + tp_f, comm.total(st.zero3_collectives, (Phase.FWD,))) - tp_f
+        backward = max(backward + tp_b, comm.total(st.zero3_collectives, _BACKWARD)) - tp_b
+    reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
+    gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
+    if plan.overlaps_grad_reduce:
+        # Buckets reduce while the last micro-batch's backward runs; the parameter
+        # all-gather overlaps the next iteration's first forward.
+        exposed = max(0.0, reduce_s - (backward + recompute + tp_b)) + max(0.0, gather_s - (forward + tp_f))
+    else:
+        exposed = reduce_s + gather_s
+    return StageTiming(
+        stage=st.index,
+        num_layers=n,
+        forward_mb_s=forward,
+        backward_mb_s=backward,
+        recompute_mb_s=recompute,
+        tp_fwd_mb_s=tp_f,
+        tp_bwd_mb_s=tp_b,
+        p2p_s=comm.seconds(inv.p2p) if inv.p2p is not None else 0.0,
+        grad_reduce_s=reduce_s,
+        param_gather_s=gather_s,
+        exposed_dp_s=exposed,
+        optimizer_s=cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER),
+    )
+
+
+def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm):
+    recompute = inv.job.parallel.recompute
+    ops = []
+    for op in st.layer_ops:
+        fwd = cm.estimate_op_s(op, Phase.FWD)
+        again = recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and op.selective_recompute)
+        ops.append(
+            OpEstimate(
+                name=op.name,
+                role=op.role,
+                kind=op.kind.value,
+                flops=op.flops,
+                bytes=op.bytes,
+                params=op.params,
+                fwd_s=fwd,
+                bwd_s=_ops_s(cm, (op,), _BACKWARD),
+                recompute_s=fwd if again else 0.0,
+                source=cm.source_of(op, Phase.FWD),
+            )
+        )
+    colls = []
+    for c in st.layer_collectives:
+        layout = comm.pair if c.dim is ParallelDim.PP else comm.layouts[c.dim]
+        colls.append(
+            CollectiveEstimate(
+                name=c.name,
+                kind=c.kind.value,
+                dim=c.dim.value,
+                bytes=c.bytes,
+                phase=c.phase.value,
+                count=c.count,
+                group_size=layout.size,
+                group_nodes=layout.nodes,
+                seconds=comm.seconds(c),
+            )
+        )
+    return tuple(ops), tuple(colls)
+
+
+def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
+    """Predict one training iteration of ``job`` (analytical backend unless one is given)."""
+    inv = count_job(job)
+    cm = cost_model if cost_model is not None else AnalyticalCostModel(job.cluster, job.precision)
+    comm = _Comm(inv, cm)
+    timings = tuple(_stage_timing(inv, st, cm, comm) for st in inv.stages)
+    plan = job.parallel
+    p2p = timings[0].p2p_s
+    pipe = simulate_pipeline(
+        [t.forward_mb_s + t.tp_fwd_mb_s for t in timings],
+        [t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s for t in timings],
+        p2p,
+        plan.num_microbatches,
+        plan.schedule,
+        plan.vpp,
+        keep_tasks=keep_timeline,
+    )
+    drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
+    crit = max(range(plan.pp), key=drain.__getitem__)
+    step = [t.optimizer_s for t in timings]
+    opt = max(range(plan.pp), key=step.__getitem__)
+    iteration = drain[crit] + step[opt]
+    m = plan.num_microbatches
+    tc = timings[crit]
+    sends = m * p2p * ((crit < plan.pp - 1) + (crit > 0))
+    busy = m * (tc.forward_mb_s + tc.backward_mb_s + tc.recompute_mb_s + tc.tp_fwd_mb_s + tc.tp_bwd_mb_s)
+    breakdown = Breakdown(
+        forward_compute_s=m * tc.forward_mb_s,
+        backward_compute_s=m * tc.backward_mb_s,
+        recompute_s=m * tc.recompute_mb_s,
+        tp_communication_s=m * (tc.tp_fwd_mb_s + tc.tp_bwd_mb_s),
+        pipeline_p2p_s=sends,
+        pipeline_bubble_s=max(0.0, pipe.finish[crit] - busy - sends),
+        dp_communication_s=tc.exposed_dp_s,
+        optimizer_step_s=step[opt],
+    )
+    num_gpus = job.cluster.num_gpus
+    peak = job.cluster.gpu.flops_for(job.precision)
+    layer_ops, layer_colls = _explain(inv, inv.stages[crit], cm, comm)
+    return Prediction(
+        job=job,
+        backend=cm.name,
+        iteration_s=iteration,
+        tokens_per_s=job.tokens_per_iteration / iteration,
+        tflops_per_gpu=inv.model_flops_per_iteration / iteration / num_gpus / 1e12,
+        mfu=inv.model_flops_per_iteration / (iteration * num_gpus * peak),
+        hfu=inv.hardware_flops_per_iteration / (iteration * num_gpus * peak),
+        bubble_fraction=pipe.bubble_fraction,
+        breakdown=breakdown,
+        stages=timings,
+        memory=estimate_memory(inv),
+        params_total=inv.params_total,
+        model_flops_per_iteration=inv.model_flops_per_iteration,
+        layer_ops=layer_ops,
+        layer_collectives=layer_colls,
+        pipeline=pipe if keep_timeline else None,
+    )

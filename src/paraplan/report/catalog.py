@@ -1,0 +1,66 @@
+"""Rows and tables for `paraplan catalog`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model
+
+
+def catalog_rows(kind: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name in catalog_names(kind):  # type: ignore[arg-type]
+        if kind == "gpus":
+            g = load_gpu(name)
+            rows.append(
+                {
+                    "name": g.name,
+                    "bf16_tflops": g.peak_flops.get("bf16", 0) / 1e12 if g.peak_flops else None,
+                    "fp8_tflops": (g.peak_flops.get("fp8") or 0) / 1e12 or None,
+                    "hbm_gib": g.hbm_bytes / 2**30,
+                    "hbm_bandwidth_gb_per_s": g.hbm_bandwidth_bytes_per_s / 1e9,
+                    "intra_node_gb_per_s": g.intra_node.bandwidth_bytes_per_s / 1e9 if g.intra_node else None,
+                    "aliases": ", ".join(g.aliases),
+                }
+            )
+        elif kind == "models":
+            m = load_model(name)
+            rows.append(
+                {
+                    "name": m.name,
+                    "num_layers": m.num_layers,
+                    "hidden_size": m.hidden_size,
+                    "num_attention_heads": m.num_attention_heads,
+                    "num_query_groups": m.num_query_groups,
+                    "ffn_hidden_size": m.ffn_hidden_size,
+                    "seq_length": m.seq_length,
+                    "vocab_size": m.vocab_size,
+                    "activation": m.activation,
+                }
+            )
+        else:
+            c = load_cluster(name)
+            rows.append(
+                {
+                    "name": c.name,
+                    "gpu": c.gpu.name,
+                    "gpus_per_node": c.gpus_per_node,
+                    "intra_node_gb_per_s": c.intra_node.bandwidth_bytes_per_s / 1e9 if c.intra_node else None,
+                    "inter_node_gb_per_s_per_gpu": c.inter_node.bandwidth_bytes_per_s / 1e9 if c.inter_node else None,
+                    "price_per_gpu_hour_usd": c.price_per_gpu_hour,
+                }
+            )
+    return rows
+
+
+def render_catalog(kind: str, rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"catalog: {kind}", title_justify="left")
+    if not rows:
+        return table
+    for column in rows[0]:
+        table.add_column(column, justify="left" if column in ("name", "gpu", "aliases", "activation") else "right")
+    for row in rows:
+        table.add_row(*("-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in row.values()))
+    return table

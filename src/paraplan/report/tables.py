@@ -1,0 +1,134 @@
+"""Rich tables for a person at a terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from paraplan.prediction import Prediction
+from paraplan.units import format_bytes, format_seconds
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _usd(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
+
+
+def render_prediction(pred: Prediction) -> Group:
+    """The summary, the breakdown, per-GPU memory and (when priced) cost."""
+    job, plan = pred.job, pred.job.parallel
+    head = Text.assemble(
+        (f"{job.model.name}", "bold"),
+        f" on {job.cluster.num_gpus} x {job.cluster.gpu.name} ({job.cluster.name}), ",
+        f"tp={plan.tp} pp={plan.pp} dp={plan.dp} cp={plan.cp}"
+        + (f" vpp={plan.vpp}" if plan.vpp > 1 else "")
+        + f", micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size}"
+        + f" ({plan.num_microbatches} micro-batches), {job.precision.value}, recompute {plan.recompute.value},"
+        + f" ZeRO-{plan.zero_stage}, {plan.schedule.value}, {plan.framework.value}",
+    )
+    summary = Table(title="Prediction", show_header=False, title_justify="left")
+    summary.add_column("metric")
+    summary.add_column("value", justify="right")
+    summary.add_row("iteration time", format_seconds(pred.iteration_s))
+    summary.add_row("tokens / s", f"{pred.tokens_per_s:,.0f}")
+    summary.add_row("model TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f}")
+    summary.add_row("MFU", _pct(pred.mfu))
+    if plan.recompute.value != "none":
+        summary.add_row("HFU (with recompute)", _pct(pred.hfu))
+    summary.add_row("pipeline bubble", _pct(pred.bubble_fraction))
+    summary.add_row("parameters", f"{pred.params_total / 1e9:.2f} B")
+    summary.add_row("backend", pred.backend)
+
+    parts = Table(title="Where one iteration goes (critical path)", title_justify="left")
+    parts.add_column("component")
+    parts.add_column("seconds", justify="right")
+    parts.add_column("share", justify="right")
+    rows = [
+        ("forward compute", pred.breakdown.forward_compute_s),
+        ("backward compute", pred.breakdown.backward_compute_s),
+        ("recompute", pred.breakdown.recompute_s),
+        ("TP communication", pred.breakdown.tp_communication_s),
+        ("pipeline p2p", pred.breakdown.pipeline_p2p_s),
+        ("pipeline bubble", pred.breakdown.pipeline_bubble_s),
+        ("exposed DP / ZeRO communication", pred.breakdown.dp_communication_s),
+        ("optimizer step", pred.breakdown.optimizer_step_s),
+    ]
+    for name, seconds in rows:
+        parts.add_row(name, f"{seconds:.4f}", _pct(seconds / pred.iteration_s))
+    parts.add_row(Text("iteration", style="bold"), f"{pred.breakdown.total_s:.4f}", "100.0 %")
+
+    worst = pred.worst_memory
+    mem = Table(title=f"Memory per GPU (worst stage: {worst.stage})", title_justify="left")
+    mem.add_column("part")
+    mem.add_column("size", justify="right")
+    for name, value in (
+        ("weights", worst.weights),
+        ("gradients", worst.gradients),
+        ("optimizer states", worst.optimizer_states),
+        (f"activations ({worst.in_flight_microbatches:g} micro-batches in flight)", worst.activations),
+        ("runtime buffers (allowance)", worst.buffers),
+    ):
+        mem.add_row(name, format_bytes(value))
+    verdict = Text("fits", style="green") if pred.fits else Text("DOES NOT FIT", style="bold red")
+    mem.add_row(Text("total", style="bold"), format_bytes(worst.total))
+    mem.add_row(Text.assemble("of ", format_bytes(job.cluster.gpu.hbm_bytes), " HBM: "), verdict)
+
+    items: list[Any] = [head, summary, parts, mem]
+    if pred.cost_per_hour_usd is not None or job.train_tokens is not None:
+        cost = Table(title="Cost", show_header=False, title_justify="left")
+        cost.add_column("metric")
+        cost.add_column("value", justify="right")
+        cost.add_row("cluster $ / hour", _usd(pred.cost_per_hour_usd))
+        cost.add_row("$ per million tokens", _usd(pred.usd_per_million_tokens))
+        if pred.time_to_train_s is not None:
+            cost.add_row(f"time to train {job.train_tokens:.3g} tokens", format_seconds(pred.time_to_train_s))
+            cost.add_row("cost to train", _usd(pred.cost_to_train_usd))
+        items.append(cost)
+    return Group(*items)
+
+
+def render_explain(pred: Prediction) -> Group:
+    """Per-operator table of one layer of the critical stage, then its collectives."""
+    ops = Table(title="One transformer layer, one micro-batch, one GPU", title_justify="left")
+    for col in ("operator", "role", "kind", "GFLOP", "MB", "fwd ms", "bwd ms", "recompute ms", "model"):
+        ops.add_column(col, justify="left" if col in ("operator", "role", "kind", "model") else "right")
+    for op in pred.layer_ops:
+        ops.add_row(
+            op.name,
+            op.role,
+            op.kind,
+            f"{op.flops / 1e9:.2f}",
+            f"{op.bytes / 1e6:.1f}",
+            f"{op.fwd_s * 1e3:.3f}",
+            f"{op.bwd_s * 1e3:.3f}",
+            f"{op.recompute_s * 1e3:.3f}",
+            op.source,
+        )
+    total_f = sum(o.fwd_s for o in pred.layer_ops)
+    total_b = sum(o.bwd_s for o in pred.layer_ops)
+    total_r = sum(o.recompute_s for o in pred.layer_ops)
+    ops.add_row("total", "", "", "", "", f"{total_f * 1e3:.3f}", f"{total_b * 1e3:.3f}", f"{total_r * 1e3:.3f}", "")
+    colls = Table(title="Collectives of one layer", title_justify="left")
+    for col in ("collective", "kind", "group", "phase", "calls", "MB", "ms (all calls)"):
+        colls.add_column(col, justify="right" if col in ("calls", "MB", "ms (all calls)") else "left")
+    for c in pred.layer_collectives:
+        colls.add_row(
+            c.name,
+            c.kind,
+            f"{c.dim} x{c.group_size} over {c.group_nodes} node(s)",
+            c.phase,
+            str(c.count),
+            f"{c.bytes / 1e6:.2f}",
+            f"{c.seconds * 1e3:.3f}",
+        )
+    if not pred.layer_collectives:
+        colls.add_row("(none: tp = cp = 1)", "", "", "", "", "", "")
+    return Group(ops, colls)

@@ -1,0 +1,144 @@
+"""Event simulation of GPipe, 1F1B and interleaved 1F1B with unequal stage times.
+
+Each stage runs a fixed sequence of tasks (forward or backward of one micro-batch on one
+model chunk), in the order Megatron-LM's schedules issue them. A task starts when its stage
+is free and its input has arrived: the previous chunk's forward output (``fwd`` of the stage
+before), or the next chunk's input gradient (``bwd`` of the stage after). Point-to-point
+transfers are blocking, as in Megatron-LM and DeepSpeed, so a task occupies its stage for its
+compute time plus its send time. With equal stages, no transfer time and 1F1B this gives the
+closed form (m + p - 1) * (f + b), a bubble fraction of (p - 1) / (m + p - 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.specs import Schedule
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One forward (``backward=False``) or backward of micro-batch ``mb`` on ``chunk``."""
+
+    stage: int
+    chunk: int
+    mb: int
+    backward: bool
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineResult:
+    makespan: float
+    finish: tuple[float, ...]  # when each stage finishes its last task
+    busy: tuple[float, ...]  # time each stage spends on tasks
+    tasks: tuple[Task, ...] | None  # the timeline, when asked for
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the busiest-finishing stage's time span."""
+        worst = max(range(len(self.finish)), key=lambda i: self.finish[i] - self.busy[i])
+        return (self.finish[worst] - self.busy[worst]) / self.makespan if self.makespan else 0.0
+
+
+def _order(schedule: Schedule, stage: int, p: int, m: int, v: int) -> list[tuple[bool, int, int]]:
+    """(backward, chunk, micro-batch) in the order stage ``stage`` issues them."""
+    if schedule is Schedule.GPIPE:
+        return [(False, 0, j) for j in range(m)] + [(True, 0, j) for j in range(m)]
+    total = m * v
+
+    def fwd(k: int) -> tuple[bool, int, int]:
+        return False, (k // p) % v, (k // (p * v)) * p + k % p
+
+    def bwd(k: int) -> tuple[bool, int, int]:
+        return True, v - 1 - (k // p) % v, (k // (p * v)) * p + k % p
+
+    if v == 1:
+        warmup = min(p - stage - 1, m)
+    else:
+        warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    order = [fwd(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order.append(fwd(warmup + k))
+        order.append(bwd(k))
+    order += [bwd(k) for k in range(total - warmup, total)]
+    return order
+
+
+def simulate_pipeline(
+    fwd_s: list[float],
+    bwd_s: list[float],
+    p2p_s: float,
+    num_microbatches: int,
+    schedule: Schedule = Schedule.ONE_F_ONE_B,
+    vpp: int = 1,
+    keep_tasks: bool = False,
+) -> PipelineResult:
+    """Simulate one iteration's pipeline.
+
+    ``fwd_s[i]`` and ``bwd_s[i]`` are stage i's times for one micro-batch over all of its
+    layers (all chunks together); ``p2p_s`` is one activation (or gradient) transfer between
+    neighbouring stages. Returns the makespan and per-stage finish and busy times.
+    """
+    p, m = len(fwd_s), num_microbatches
+    v = vpp if schedule is Schedule.INTERLEAVED else 1
+    if len(bwd_s) != p or p < 1 or m < 1 or v < 1:
+        raise ValueError("simulate_pipeline: need matching stage lists, m >= 1 and vpp >= 1")
+    orders = [_order(schedule, i, p, m, v) for i in range(p)]
+    last_chunk = v - 1
+    # A task's duration includes its blocking send (none out of the model's two ends).
+    dur_f = [
+        [fwd_s[i] / v + (p2p_s if not (i == p - 1 and c == last_chunk) else 0.0) for c in range(v)]
+        for i in range(p)
+    ]
+    dur_b = [[bwd_s[i] / v + (p2p_s if not (i == 0 and c == 0) else 0.0) for c in range(v)] for i in range(p)]
+    done_f: dict[tuple[int, int, int], float] = {}
+    done_b: dict[tuple[int, int, int], float] = {}
+    pos = [0] * p
+    clock = [0.0] * p
+    busy = [0.0] * p
+    tasks: list[Task] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            order = orders[i]
+            while pos[i] < len(order):
+                backward, c, j = order[pos[i]]
+                if not backward:
+                    if i > 0:
+                        ready = done_f.get((i - 1, c, j))
+                    elif c > 0:
+                        ready = done_f.get((p - 1, c - 1, j))
+                    else:
+                        ready = 0.0
+                    dur = dur_f[i][c]
+                else:
+                    if i < p - 1:
+                        ready = done_b.get((i + 1, c, j))
+                    elif c < last_chunk:
+                        ready = done_b.get((0, c + 1, j))
+                    else:
+                        ready = done_f.get((i, c, j))
+                    dur = dur_b[i][c]
+                if ready is None:
+                    break
+                start = clock[i] if clock[i] > ready else ready
+                end = start + dur
+                (done_b if backward else done_f)[(i, c, j)] = end
+                clock[i] = end
+                busy[i] += dur
+                if keep_tasks:
+                    tasks.append(Task(i, c, j, backward, start, end))
+                pos[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("simulate_pipeline: the schedule deadlocked (this is a bug)")
+    return PipelineResult(
+        makespan=max(clock),
+        finish=tuple(clock),
+        busy=tuple(busy),
+        tasks=tuple(tasks) if keep_tasks else None,
+    )

@@ -1,0 +1,26 @@
+"""Validated, frozen configuration types: what a job is made of."""
+
+from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
+from paraplan.specs.errors import ConfigError, format_validation_error
+from paraplan.specs.hardware import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, LinkSpec
+from paraplan.specs.job import Job
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+
+__all__ = [
+    "ClusterSpec",
+    "ConfigError",
+    "EfficiencyCurve",
+    "EfficiencySpec",
+    "Framework",
+    "GpuSpec",
+    "Job",
+    "LinkSpec",
+    "ModelSpec",
+    "ParallelPlan",
+    "Phase",
+    "Precision",
+    "Recompute",
+    "Schedule",
+    "format_validation_error",
+]

@@ -1,0 +1,142 @@
+"""GPUs, links and clusters as validated, frozen values."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from paraplan.specs._types import Bandwidth, Bytes, FlopRate, Seconds, Usd
+from paraplan.specs.enums import Precision
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class EfficiencyCurve(BaseModel):
+    """Achieved rate = peak * max_fraction * work / (work + half_work).
+
+    Equivalently time = (work + half_work) / (peak * max_fraction): a fixed start-up cost
+    (``half_work`` worth of work) plus a rate. ``work`` is FLOPs for compute curves and bytes
+    for memory curves. The two numbers are calibrated per GPU from single-operator timings.
+    """
+
+    model_config = _FROZEN
+    max_fraction: float = Field(gt=0, le=1.0)
+    half_work: float = Field(ge=0)
+
+
+class EfficiencySpec(BaseModel):
+    """How close to its datasheet peaks a GPU gets, per kind of kernel."""
+
+    model_config = _FROZEN
+    gemm: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=4.0e9)
+    attention: EfficiencyCurve = EfficiencyCurve(max_fraction=0.60, half_work=4.0e9)
+    memory: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=2.0e6)
+    kernel_overhead_s: Seconds = 4e-6
+    source: str = (
+        "generic defaults (no calibration for this GPU); see docs/calibration.md for the "
+        "calibrated GPUs"
+    )
+
+
+class LinkSpec(BaseModel):
+    """One kind of link, seen from one GPU.
+
+    ``bandwidth`` is the unidirectional bandwidth per GPU (for inter-node links: the node's
+    NIC bandwidth divided by its GPUs); ``efficiency`` is the fraction of it a large NCCL
+    collective reaches as bus bandwidth (NCCL's busBw convention), ``p2p_efficiency`` the
+    fraction one send/recv reaches (defaults to ``efficiency``). ``topology`` says how an
+    intra-node link is shared: ``switch`` (NVSwitch: every GPU reaches any peer at full
+    bandwidth) or ``mesh`` (direct links: a GPU's bandwidth is split evenly over its peers,
+    so a group of k GPUs in a node of n uses (k-1)/(n-1) of it).
+    """
+
+    model_config = _FROZEN
+    bandwidth_bytes_per_s: Bandwidth = Field(
+        validation_alias=AliasChoices("bandwidth_bytes_per_s", "bandwidth")
+    )
+    latency_s: Seconds = Field(default=5e-6, validation_alias=AliasChoices("latency_s", "latency"))
+    efficiency: float = Field(default=0.8, gt=0, le=1.0)
+    p2p_efficiency: float | None = Field(default=None, gt=0, le=1.0)
+    topology: Literal["switch", "mesh"] = "switch"
+    source: str | None = None
+
+    @property
+    def bus_bytes_per_s(self) -> float:
+        """What a large collective reaches per GPU, in NCCL's bus-bandwidth convention."""
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+    @property
+    def p2p_bytes_per_s(self) -> float:
+        """What one large send/recv between two GPUs reaches."""
+        return self.bandwidth_bytes_per_s * (self.p2p_efficiency or self.efficiency)
+
+
+class GpuSpec(BaseModel):
+    """One accelerator: peak dense FLOP/s per precision, HBM size and bandwidth."""
+
+    model_config = _FROZEN
+    name: str
+    aliases: tuple[str, ...] = ()
+    vendor: str = "unknown"
+    peak_flops: dict[Precision, FlopRate]
+    hbm_bytes: Bytes = Field(gt=0)
+    hbm_bandwidth_bytes_per_s: Bandwidth = Field(
+        validation_alias=AliasChoices("hbm_bandwidth_bytes_per_s", "hbm_bandwidth")
+    )
+    intra_node: LinkSpec | None = None
+    efficiency: EfficiencySpec = EfficiencySpec()
+    reference_node: str | None = None  # catalog cluster whose links a job naming only the GPU gets
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("peak_flops", mode="before")
+    @classmethod
+    def _drop_missing(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if v is not None and k in Precision._value2member_map_}
+        return value
+
+    def flops_for(self, precision: Precision) -> float:
+        """Peak dense FLOP/s in ``precision``; an error naming the GPU when it has none."""
+        try:
+            return self.peak_flops[precision]
+        except KeyError:
+            have = ", ".join(p.value for p in self.peak_flops)
+            raise ValueError(
+                f"GPU {self.name} has no {precision.value} peak (it has: {have})"
+            ) from None
+
+
+class ClusterSpec(BaseModel):
+    """Nodes of identical GPUs joined by one network."""
+
+    model_config = _FROZEN
+    name: str = "custom"
+    aliases: tuple[str, ...] = ()
+    gpu: GpuSpec
+    num_nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(ge=1)
+    intra_node: LinkSpec | None = None
+    inter_node: LinkSpec | None = None
+    price_per_gpu_hour: Usd | None = None
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _intra_link(self) -> ClusterSpec:
+        if self.intra_node is None and self.gpus_per_node > 1:
+            if self.gpu.intra_node is None:
+                raise ValueError(
+                    f"intra_node: cluster {self.name!r} has {self.gpus_per_node} GPUs per node "
+                    f"but neither it nor GPU {self.gpu.name} names an intra-node link"
+                )
+            object.__setattr__(self, "intra_node", self.gpu.intra_node)
+        if self.inter_node is None and self.num_nodes > 1:
+            raise ValueError(
+                f"cluster.inter_node: cluster {self.name!r} has {self.num_nodes} nodes but no "
+                "inter-node link (give bandwidth and latency)"
+            )
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node

@@ -1,0 +1,97 @@
+"""A whole training job: model + cluster + parallel plan + precision, checked for consistency."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from paraplan.specs._types import Count
+from paraplan.specs.enums import Precision, Schedule
+from paraplan.specs.hardware import ClusterSpec
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+
+
+class Job(BaseModel):
+    """Everything needed to predict one training iteration.
+
+    Validation checks every divisibility rule Megatron-LM checks, and names the field.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "job"
+    model: ModelSpec
+    cluster: ClusterSpec
+    parallel: ParallelPlan = ParallelPlan()
+    precision: Precision = Precision.BF16
+    train_tokens: Count | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Job:
+        p, m, c = self.parallel, self.model, self.cluster
+        model_parallel = p.tp * p.pp * p.cp
+        if p.data_parallel_size is None:
+            if c.num_gpus % model_parallel:
+                raise ValueError(
+                    f"parallel: tp*pp*cp = {model_parallel} does not divide the cluster's "
+                    f"{c.num_gpus} GPUs"
+                )
+            p = p.model_copy(update={"data_parallel_size": c.num_gpus // model_parallel})
+        if model_parallel * p.dp != c.num_gpus:
+            raise ValueError(
+                f"parallel: tp*pp*dp*cp = {model_parallel * p.dp} but the cluster has "
+                f"{c.num_gpus} GPUs"
+            )
+        if p.global_batch_size is None:
+            p = p.model_copy(update={"global_batch_size": p.micro_batch_size * p.dp})
+        if p.global_batch_size % (p.micro_batch_size * p.dp):
+            raise ValueError(
+                f"parallel.global_batch_size: {p.global_batch_size} is not divisible by "
+                f"micro_batch_size*dp = {p.micro_batch_size}*{p.dp}"
+            )
+        _check_divisible("parallel.tp", "num_attention_heads", m.num_attention_heads, p.tp)
+        _check_divisible("parallel.tp", "num_query_groups", m.num_query_groups, p.tp)
+        _check_divisible("parallel.tp", "ffn_hidden_size", m.ffn_hidden_size, p.tp)
+        _check_divisible("parallel.cp", "seq_length", m.seq_length, p.cp)
+        if p.sequence_parallel:
+            _check_divisible("parallel.sequence_parallel", "seq_length", m.seq_length, p.tp * p.cp)
+        if p.layers_per_stage is not None:
+            if sum(p.layers_per_stage) != m.num_layers:
+                raise ValueError(
+                    f"parallel.layers_per_stage: sums to {sum(p.layers_per_stage)} but the model "
+                    f"has num_layers={m.num_layers}"
+                )
+        elif m.num_layers < p.pp:
+            raise ValueError(
+                f"parallel.pp: pp={p.pp} is larger than num_layers={m.num_layers}"
+            )
+        if p.vpp > 1:
+            chunks = p.pp * p.vpp
+            if p.layers_per_stage is not None or m.num_layers % chunks:
+                raise ValueError(
+                    f"parallel.vpp: num_layers={m.num_layers} is not divisible by pp*vpp = {chunks}"
+                )
+            if p.schedule is Schedule.INTERLEAVED and p.num_microbatches % p.pp:
+                raise ValueError(
+                    f"parallel.vpp: the interleaved schedule needs the number of micro-batches "
+                    f"({p.num_microbatches}) to be a multiple of pp={p.pp}"
+                )
+        if self.precision not in c.gpu.peak_flops:
+            have = ", ".join(x.value for x in c.gpu.peak_flops)
+            raise ValueError(
+                f"precision: GPU {c.gpu.name} has no {self.precision.value} peak (it has: {have})"
+            )
+        if p is not self.parallel:
+            object.__setattr__(self, "parallel", p)
+        return self
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.parallel.global_batch_size * self.model.seq_length
+
+
+def _check_divisible(field: str, what: str, value: int, by: int) -> None:
+    if value % by:
+        raise ValueError(f"{field}: {what}={value} is not divisible by {by}")
+
+

@@ -1,0 +1,74 @@
+"""The architecture of a decoder-only transformer, named as Megatron-LM names its arguments."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+
+class ModelSpec(BaseModel):
+    """A GPT-style decoder. Optional fields are derived as Megatron-LM derives them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str = "custom"
+    aliases: tuple[str, ...] = ()
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_query_groups: int | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("num_query_groups", "num_kv_heads")
+    )
+    kv_channels: int | None = Field(default=None, ge=1)
+    ffn_hidden_size: int | None = Field(default=None, ge=1)
+    seq_length: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    padded_vocab_size: int | None = Field(default=None, ge=1)
+    make_vocab_size_divisible_by: int = Field(default=128, ge=1)
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position_embedding: Literal["rotary", "learned", "alibi", "none"] = "learned"
+    rotary_percent: float = Field(default=1.0, gt=0, le=1.0)
+    attention: Literal["flash", "unfused"] = "flash"
+    parallel_residual: bool = False
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True
+    attention_dropout: float = Field(default=0.0, ge=0, lt=1.0)
+    hidden_dropout: float = Field(default=0.0, ge=0, lt=1.0)
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _derive(self) -> ModelSpec:
+        fields = {}
+        if self.num_query_groups is None:
+            fields["num_query_groups"] = self.num_attention_heads
+        if self.kv_channels is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by "
+                    f"num_attention_heads={self.num_attention_heads}; give kv_channels"
+                )
+            fields["kv_channels"] = self.hidden_size // self.num_attention_heads
+        if self.ffn_hidden_size is None:
+            if self.activation == "swiglu":
+                # Megatron-LM's default for SwiGLU keeps the parameter count of a 4h GELU MLP.
+                fields["ffn_hidden_size"] = int(4 * self.hidden_size * 2 / 3 / 64) * 64
+            else:
+                fields["ffn_hidden_size"] = 4 * self.hidden_size
+        for key, value in fields.items():
+            object.__setattr__(self, key, value)
+        groups = self.num_query_groups or self.num_attention_heads
+        if self.num_attention_heads % groups:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not divisible by "
+                f"num_query_groups={groups}"
+            )
+        return self
+
+    def vocab_for(self, tp: int) -> int:
+        """The vocabulary rows the model really holds, padded as Megatron-LM pads it for ``tp``."""
+        if self.padded_vocab_size is not None:
+            return self.padded_vocab_size
+        multiple = self.make_vocab_size_divisible_by * tp
+        return -(-self.vocab_size // multiple) * multiple

@@ -1,0 +1,98 @@
+"""How a job is parallelised: degrees, batch sizes, ZeRO stage, recompute, schedule."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from paraplan.specs.enums import Framework, Recompute, Schedule
+
+
+class ParallelPlan(BaseModel):
+    """Megatron-LM argument names, with the short aliases tp, pp, dp, cp and vpp."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    tensor_model_parallel_size: int = Field(
+        default=1, ge=1, validation_alias=AliasChoices("tensor_model_parallel_size", "tp")
+    )
+    pipeline_model_parallel_size: int = Field(
+        default=1, ge=1, validation_alias=AliasChoices("pipeline_model_parallel_size", "pp")
+    )
+    data_parallel_size: int | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("data_parallel_size", "dp")
+    )
+    context_parallel_size: int = Field(
+        default=1, ge=1, validation_alias=AliasChoices("context_parallel_size", "cp")
+    )
+    sequence_parallel: bool = False
+    virtual_pipeline_model_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        validation_alias=AliasChoices("virtual_pipeline_model_parallel_size", "vpp"),
+    )
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    micro_batch_size: int = Field(default=1, ge=1)
+    global_batch_size: int | None = Field(default=None, ge=1)
+    recompute: Recompute = Recompute.NONE
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    layers_per_stage: tuple[int, ...] | None = None
+    framework: Framework = Framework.MEGATRON
+    overlap_grad_reduce: bool | None = None
+
+    @model_validator(mode="after")
+    def _schedule_matches_vpp(self) -> ParallelPlan:
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp is not None and vpp > 1 and self.schedule is Schedule.ONE_F_ONE_B:
+            object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
+        if self.schedule is Schedule.INTERLEAVED and (vpp is None or vpp < 2):
+            raise ValueError(
+                "parallel.schedule: 'interleaved' needs virtual_pipeline_model_parallel_size >= 2"
+            )
+        if self.layers_per_stage is not None:
+            if len(self.layers_per_stage) != self.pipeline_model_parallel_size:
+                raise ValueError(
+                    f"parallel.layers_per_stage: {len(self.layers_per_stage)} stages given but "
+                    f"pp={self.pipeline_model_parallel_size}"
+                )
+            if min(self.layers_per_stage) < 0:
+                raise ValueError("parallel.layers_per_stage: layer counts must be >= 0")
+        return self
+
+    # Short names used throughout the code.
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_model_parallel_size
+
+    @property
+    def dp(self) -> int:
+        if self.data_parallel_size is None:
+            raise ValueError("parallel.data_parallel_size is not resolved yet")
+        return self.data_parallel_size
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def vpp(self) -> int:
+        return self.virtual_pipeline_model_parallel_size or 1
+
+    @property
+    def num_microbatches(self) -> int:
+        assert self.global_batch_size is not None
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def overlaps_grad_reduce(self) -> bool:
+        """Whether DP gradient reduction overlaps the last micro-batch's backward pass.
+
+        Megatron-LM's distributed optimizer / DDP with ``--overlap-grad-reduce`` does;
+        DeepSpeed's pipeline engine reduces gradients after the whole pipeline has drained.
+        """
+        if self.overlap_grad_reduce is not None:
+            return self.overlap_grad_reduce
+        return self.framework is Framework.MEGATRON

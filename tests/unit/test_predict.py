@@ -1,0 +1,83 @@
+"""Properties of whole predictions (analytical backend)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import paraplan
+from paraplan.catalog import resolve_job
+from paraplan.prediction import predict
+
+
+def _job(**overrides):
+    raw = {
+        "model": {"name": "gpt-neox-20b", **overrides.pop("model", {})},
+        "cluster": {"name": "dgx-a100", "num_nodes": 4},
+        "parallel": {"tp": 4, "pp": 4, "micro_batch_size": 1, "global_batch_size": 64, **overrides.pop("parallel", {})},
+        **overrides,
+    }
+    return resolve_job(raw)
+
+
+def test_the_breakdown_adds_up_to_the_iteration_time():
+    pred = predict(_job(parallel={"recompute": "full", "zero_stage": 1}))
+    assert pred.breakdown.total_s == pytest.approx(pred.iteration_s, rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(4, 40))
+def test_more_layers_never_take_less_time(layers):
+    fewer = predict(_job(model={"num_layers": layers}))
+    more = predict(_job(model={"num_layers": layers + 4}))
+    assert more.iteration_s >= fewer.iteration_s
+
+
+@settings(max_examples=20, deadline=None)
+@given(policy=st.sampled_from(["none", "selective", "full"]))
+def test_recompute_trades_time_for_memory(policy):
+    base = predict(_job())
+    other = predict(_job(parallel={"recompute": policy}))
+    assert other.iteration_s >= base.iteration_s - 1e-12
+    assert other.worst_memory.activations <= base.worst_memory.activations + 1e-6
+
+
+def test_zero_stages_shrink_memory_monotonically():
+    totals = [predict(_job(parallel={"zero_stage": z})).worst_memory.total for z in range(4)]
+    assert totals == sorted(totals, reverse=True)
+    assert totals[0] > totals[3]
+
+
+def test_mfu_is_model_flops_over_time_and_peak():
+    pred = predict(_job())
+    peak = pred.job.cluster.gpu.flops_for(pred.job.precision)
+    assert pred.mfu == pytest.approx(pred.model_flops_per_iteration / pred.iteration_s / 32 / peak)
+    assert pred.hfu == pytest.approx(pred.mfu)  # no recompute: hardware FLOPs = model FLOPs
+
+
+def test_a_job_that_does_not_fit_says_so():
+    pred = predict(_job(model={"seq_length": 16384}, parallel={"micro_batch_size": 8, "global_batch_size": 64}))
+    assert not pred.fits
+    assert pred.to_dict()["memory"]["fits"] is False
+
+
+def test_priced_jobs_report_time_and_cost_to_train():
+    job = resolve_job(
+        {
+            "model": "llama-2-7b",
+            "cluster": {"name": "aws-p4de.24xlarge", "num_nodes": 2},
+            "parallel": {"tp": 2, "micro_batch_size": 1, "global_batch_size": 64},
+            "train_tokens": "1T",
+        }
+    )
+    pred = predict(job)
+    assert pred.time_to_train_s == pytest.approx(1e12 / pred.tokens_per_s)
+    hourly = job.cluster.price_per_gpu_hour * 16
+    assert pred.cost_to_train_usd == pytest.approx(hourly * pred.time_to_train_s / 3600)
+
+
+def test_the_python_api_accepts_a_mapping_and_returns_json_ready_values():
+    pred = paraplan.predict({"model": "gpt2", "cluster": "dgx-a100"})
+    data = pred.to_dict()
+    for key in ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "memory", "breakdown"):
+        assert key in data
+    assert data["memory"]["fits"] is True
