@@ -202,6 +202,20 @@ def _ops_s(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> flo
     return sum(cm.estimate_op_s(op, ph) for op in ops for ph in phases)
 
 
+@dataclass(frozen=True, slots=True)
+class _LayerCost:
+    """Seconds of each operator of one layer (the same on every stage), costed once."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+
+    @classmethod
+    def of(cls, ops: tuple[Op, ...], cm: CostModel) -> _LayerCost:
+        fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
+        bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        return cls(fwd, bwd)
+
+
 class _Comm:
     """Collective times for one job, each group's layout computed once."""
 
@@ -219,17 +233,19 @@ class _Comm:
         return sum(self.seconds(c) for c in colls if c.phase in phases)
 
 
-def _stage_timing(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm) -> StageTiming:
+def _stage_timing(
+    inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, layer: _LayerCost
+) -> StageTiming:
     plan = inv.job.parallel
     n = st.num_layers
-    layer_f = _ops_s(cm, st.layer_ops, (Phase.FWD,))
-    layer_b = _ops_s(cm, st.layer_ops, _BACKWARD)
+    layer_f = sum(layer.fwd)
+    layer_b = sum(layer.bwd)
     tp_f = n * comm.total(st.layer_collectives, (Phase.FWD,)) + comm.total(st.end_collectives, (Phase.FWD,))
     tp_b = n * comm.total(st.layer_collectives, _BACKWARD) + comm.total(st.end_collectives, _BACKWARD)
     if plan.recompute is Recompute.FULL:
         recompute = n * (layer_f + comm.total(st.layer_collectives, (Phase.FWD,)))
     elif plan.recompute is Recompute.SELECTIVE:
-        recompute = n * _ops_s(cm, tuple(o for o in st.layer_ops if o.selective_recompute), (Phase.FWD,))
+        recompute = n * sum(t for o, t in zip(st.layer_ops, layer.fwd) if o.selective_recompute)
     else:
         recompute = 0.0
     forward = n * layer_f + _ops_s(cm, st.end_ops, (Phase.FWD,))
@@ -262,11 +278,10 @@ def _stage_timing(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _C
     )
 
 
-def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm):
+def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, layer: _LayerCost):
     recompute = inv.job.parallel.recompute
     ops = []
-    for op in st.layer_ops:
-        fwd = cm.estimate_op_s(op, Phase.FWD)
+    for op, fwd, bwd in zip(st.layer_ops, layer.fwd, layer.bwd):
         again = recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and op.selective_recompute)
         ops.append(
             OpEstimate(
@@ -277,7 +292,7 @@ def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm):
                 bytes=op.bytes,
                 params=op.params,
                 fwd_s=fwd,
-                bwd_s=_ops_s(cm, (op,), _BACKWARD),
+                bwd_s=bwd,
                 recompute_s=fwd if again else 0.0,
                 source=cm.source_of(op, Phase.FWD),
             )
@@ -306,7 +321,8 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     inv = count_job(job)
     cm = cost_model if cost_model is not None else AnalyticalCostModel(job.cluster, job.precision)
     comm = _Comm(inv, cm)
-    timings = tuple(_stage_timing(inv, st, cm, comm) for st in inv.stages)
+    layer = _LayerCost.of(inv.stages[0].layer_ops, cm)
+    timings = tuple(_stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
     plan = job.parallel
     p2p = timings[0].p2p_s
     pipe = simulate_pipeline(
@@ -339,7 +355,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     )
     num_gpus = job.cluster.num_gpus
     peak = job.cluster.gpu.flops_for(job.precision)
-    layer_ops, layer_colls = _explain(inv, inv.stages[crit], cm, comm)
+    layer_ops, layer_colls = _explain(inv, inv.stages[crit], cm, comm, layer)
     return Prediction(
         job=job,
         backend=cm.name,

@@ -1,7 +1,7 @@
 """The pipeline simulation reproduces the schedules' closed forms."""
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.schedule import simulate_pipeline
@@ -52,3 +52,46 @@ def test_a_timeline_lists_every_task_once():
     result = simulate_pipeline([1.0] * 3, [2.0] * 3, 0.1, 5, keep_tasks=True)
     assert len(result.tasks) == 3 * 5 * 2
     assert max(t.end for t in result.tasks) == pytest.approx(result.makespan)
+
+
+def _reference_makespan(fwd, bwd, c, m, v):
+    """A direct, slow event loop over Megatron's interleaved order (independent of the
+    cached task graph): repeat until every stage has issued all of its tasks."""
+    from paraplan.schedule.pipeline import _order
+
+    p = len(fwd)
+    sched = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
+    orders = [_order(sched, i, p, m, v) for i in range(p)]
+    done, clock, pos = {}, [0.0] * p, [0] * p
+    while any(pos[i] < len(orders[i]) for i in range(p)):
+        for i in range(p):
+            while pos[i] < len(orders[i]):
+                back, ch, j = orders[i][pos[i]]
+                if not back:
+                    key = (i - 1, ch, j, False) if i else ((p - 1, ch - 1, j, False) if ch else None)
+                    d = fwd[i] / v + (0 if (i == p - 1 and ch == v - 1) else c)
+                else:
+                    key = (i + 1, ch, j, True) if i < p - 1 else ((0, ch + 1, j, True) if ch < v - 1 else (i, ch, j, False))
+                    d = bwd[i] / v + (0 if (i == 0 and ch == 0) else c)
+                if key is not None and key not in done:
+                    break
+                clock[i] = max(clock[i], done.get(key, 0.0)) + d
+                done[(i, ch, j, back)] = clock[i]
+                pos[i] += 1
+    return max(clock)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    p=st.integers(2, 6),
+    groups=st.integers(1, 8),
+    times=st.lists(st.floats(0.1, 3.0), min_size=12, max_size=12),
+    c=st.floats(0.0, 0.5),
+    v=st.integers(1, 3),
+)
+def test_the_cached_task_graph_simulates_like_a_direct_event_loop(p, groups, times, c, v):
+    fwd, bwd = times[:p], [2 * t for t in times[6 : 6 + p]]
+    m = groups * p
+    sched = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
+    result = simulate_pipeline(fwd, bwd, c, m, sched, v)
+    assert result.makespan == pytest.approx(_reference_makespan(fwd, bwd, c, m, v), rel=1e-12)

@@ -11,6 +11,7 @@ closed form (m + p - 1) * (f + b), a bubble fraction of (p - 1) / (m + p - 1).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from paraplan.specs import Schedule
@@ -66,6 +67,42 @@ def _order(schedule: Schedule, stage: int, p: int, m: int, v: int) -> list[tuple
     return order
 
 
+@functools.lru_cache(maxsize=64)
+def _structure(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[int, int, bool, int, int, int], ...]:
+    """The task graph in a topological order: (stage, chunk, backward, micro-batch,
+    index of the stage's previous task, index of the task whose output it waits for).
+    It depends only on the schedule's shape, never on durations, so it is built once."""
+    orders = [_order(schedule, i, p, m, v) for i in range(p)]
+    where: dict[tuple[int, int, int, bool], int] = {}
+    out: list[tuple[int, int, bool, int, int, int]] = []
+    pos, last = [0] * p, [-1] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            order = orders[i]
+            while pos[i] < len(order):
+                backward, c, j = order[pos[i]]
+                if not backward:
+                    key = (i - 1, c, j, False) if i > 0 else (p - 1, c - 1, j, False) if c > 0 else None
+                elif i < p - 1:
+                    key = (i + 1, c, j, True)
+                else:
+                    key = (0, c + 1, j, True) if c < v - 1 else (i, c, j, False)
+                dep = -1 if key is None else where.get(key, -2)
+                if dep == -2:
+                    break
+                where[(i, c, j, backward)] = len(out)
+                out.append((i, c, backward, j, last[i], dep))
+                last[i] = len(out) - 1
+                pos[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("simulate_pipeline: the schedule deadlocked (this is a bug)")
+    return tuple(out)
+
+
 def simulate_pipeline(
     fwd_s: list[float],
     bwd_s: list[float],
@@ -85,60 +122,31 @@ def simulate_pipeline(
     v = vpp if schedule is Schedule.INTERLEAVED else 1
     if len(bwd_s) != p or p < 1 or m < 1 or v < 1:
         raise ValueError("simulate_pipeline: need matching stage lists, m >= 1 and vpp >= 1")
-    orders = [_order(schedule, i, p, m, v) for i in range(p)]
+    if p == 1 and not keep_tasks:  # no pipeline: the micro-batches run back to back
+        total = m * (fwd_s[0] + bwd_s[0])
+        return PipelineResult(makespan=total, finish=(total,), busy=(total,), tasks=None)
     last_chunk = v - 1
     # A task's duration includes its blocking send (none out of the model's two ends).
-    dur_f = [
-        [fwd_s[i] / v + (p2p_s if not (i == p - 1 and c == last_chunk) else 0.0) for c in range(v)]
-        for i in range(p)
-    ]
-    dur_b = [[bwd_s[i] / v + (p2p_s if not (i == 0 and c == 0) else 0.0) for c in range(v)] for i in range(p)]
-    done_f: dict[tuple[int, int, int], float] = {}
-    done_b: dict[tuple[int, int, int], float] = {}
-    pos = [0] * p
-    clock = [0.0] * p
+    dur = {}
+    for i in range(p):
+        for c in range(v):
+            dur[(i, c, False)] = fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else p2p_s)
+            dur[(i, c, True)] = bwd_s[i] / v + (0.0 if (i == 0 and c == 0) else p2p_s)
+    structure = _structure(schedule, p, m, v)
+    end = [0.0] * len(structure)
     busy = [0.0] * p
-    tasks: list[Task] = []
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            order = orders[i]
-            while pos[i] < len(order):
-                backward, c, j = order[pos[i]]
-                if not backward:
-                    if i > 0:
-                        ready = done_f.get((i - 1, c, j))
-                    elif c > 0:
-                        ready = done_f.get((p - 1, c - 1, j))
-                    else:
-                        ready = 0.0
-                    dur = dur_f[i][c]
-                else:
-                    if i < p - 1:
-                        ready = done_b.get((i + 1, c, j))
-                    elif c < last_chunk:
-                        ready = done_b.get((0, c + 1, j))
-                    else:
-                        ready = done_f.get((i, c, j))
-                    dur = dur_b[i][c]
-                if ready is None:
-                    break
-                start = clock[i] if clock[i] > ready else ready
-                end = start + dur
-                (done_b if backward else done_f)[(i, c, j)] = end
-                clock[i] = end
-                busy[i] += dur
-                if keep_tasks:
-                    tasks.append(Task(i, c, j, backward, start, end))
-                pos[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("simulate_pipeline: the schedule deadlocked (this is a bug)")
-    return PipelineResult(
-        makespan=max(clock),
-        finish=tuple(clock),
-        busy=tuple(busy),
-        tasks=tuple(tasks) if keep_tasks else None,
-    )
+    clock = [0.0] * p
+    for k, (i, c, backward, _, prev, dep) in enumerate(structure):
+        t0 = end[prev] if prev >= 0 else 0.0
+        if dep >= 0 and end[dep] > t0:
+            t0 = end[dep]
+        d = dur[(i, c, backward)]
+        end[k] = clock[i] = t0 + d
+        busy[i] += d
+    tasks = None
+    if keep_tasks:
+        tasks = tuple(
+            Task(i, c, j, backward, end[k] - dur[(i, c, backward)], end[k])
+            for k, (i, c, backward, j, _, _) in enumerate(structure)
+        )
+    return PipelineResult(makespan=max(clock), finish=tuple(clock), busy=tuple(busy), tasks=tasks)
