@@ -5,6 +5,8 @@ Used by the CLI, the plan search, validation and the Python API (``paraplan.pred
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from paraplan.costmodel import AnalyticalCostModel, CostModel
@@ -106,9 +108,24 @@ class Prediction:
     memory: tuple[StageMemory, ...]
     params_total: float
     model_flops_per_iteration: float
-    layer_ops: tuple[OpEstimate, ...] = field(repr=False)
-    layer_collectives: tuple[CollectiveEstimate, ...] = field(repr=False)
     pipeline: PipelineResult | None = field(default=None, repr=False)
+    _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    @functools.cached_property
+    def _explained(self) -> tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]:
+        return self._explain() if self._explain is not None else ((), ())
+
+    @property
+    def layer_ops(self) -> tuple[OpEstimate, ...]:
+        """The operators of one layer of the critical stage, with their seconds."""
+        return self._explained[0]
+
+    @property
+    def layer_collectives(self) -> tuple[CollectiveEstimate, ...]:
+        """The collectives of one layer of the critical stage, with their seconds."""
+        return self._explained[1]
 
     @property
     def worst_memory(self) -> StageMemory:
@@ -355,7 +372,6 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     )
     num_gpus = job.cluster.num_gpus
     peak = job.cluster.gpu.flops_for(job.precision)
-    layer_ops, layer_colls = _explain(inv, inv.stages[crit], cm, comm, layer)
     return Prediction(
         job=job,
         backend=cm.name,
@@ -370,7 +386,6 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
         memory=estimate_memory(inv),
         params_total=inv.params_total,
         model_flops_per_iteration=inv.model_flops_per_iteration,
-        layer_ops=layer_ops,
-        layer_collectives=layer_colls,
         pipeline=pipe if keep_timeline else None,
+        _explain=functools.partial(_explain, inv, inv.stages[crit], cm, comm, layer),
     )

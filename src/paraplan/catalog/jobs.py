@@ -87,7 +87,8 @@ def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job:
     try:
         data["model"] = _model(data["model"], base)
     except ConfigError as err:
-        raise ConfigError(f"model: {err}") from None
+        message = str(err)
+        raise ConfigError(message if message.startswith("model") else f"model: {message}") from None
     try:
         data["cluster"] = _cluster(data["cluster"])
     except ConfigError as err:

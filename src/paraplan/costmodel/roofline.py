@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
 from paraplan.inventory import Collective, GroupLayout, Op, OpKind
-from paraplan.specs import ClusterSpec, EfficiencyCurve, GpuSpec, Phase, Precision
+from paraplan.specs import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, Phase, Precision
 
 _COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "attention"}
 
@@ -21,19 +21,35 @@ def _seconds(work: float, rate: float, curve: EfficiencyCurve) -> float:
     return (work + curve.half_work) / (rate * curve.max_fraction)
 
 
+def op_curves(
+    op: Op, phase: Phase, eff: EfficiencySpec
+) -> tuple[EfficiencyCurve | None, EfficiencyCurve, bool]:
+    """(compute curve or None for memory-bound kinds, memory curve, whether a per-operator
+    curve from ``eff.ops`` applied). A per-operator curve replaces the compute curve of a
+    compute kind and the memory curve of a memory-bound kind."""
+    direction = "fwd" if phase in (Phase.FWD, Phase.RECOMPUTE, Phase.OPTIMIZER) else "bwd"
+    special = eff.ops.get(f"{op.name}:{direction}") or eff.ops.get(op.name) if eff.ops else None
+    kind = _COMPUTE_KINDS.get(op.kind)
+    compute = None if kind is None else getattr(eff, kind)
+    memory = eff.memory
+    if special is not None:
+        if compute is None:
+            memory = special
+        else:
+            compute = special
+    return compute, memory, special is not None
+
+
 def estimate_op_s(op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float) -> float:
     """Seconds one rank spends on ``op`` in ``phase`` on ``gpu`` at ``peak_flops``."""
     flops, traffic = op.work(phase)
     if flops <= 0.0 and traffic <= 0.0:
         return 0.0
     eff = gpu.efficiency
-    memory_s = _seconds(traffic, gpu.hbm_bandwidth_bytes_per_s, eff.memory)
-    curve_name = _COMPUTE_KINDS.get(op.kind)
-    if curve_name is None:
-        compute_s = 0.0
-    else:
-        compute_s = _seconds(flops, peak_flops, getattr(eff, curve_name))
-    return max(compute_s, memory_s) + eff.kernel_overhead_s
+    compute, memory, _ = op_curves(op, phase, eff)
+    memory_s = _seconds(traffic, gpu.hbm_bandwidth_bytes_per_s, memory)
+    compute_s = 0.0 if compute is None else _seconds(flops, peak_flops, compute)
+    return (compute_s if compute_s > memory_s else memory_s) + eff.kernel_overhead_s
 
 
 class AnalyticalCostModel:
@@ -53,4 +69,5 @@ class AnalyticalCostModel:
         return _collective_s(coll, layout, self.cluster)
 
     def source_of(self, op: Op, phase: Phase) -> str:
-        return "roofline"
+        special = op_curves(op, phase, self.gpu.efficiency)[2]
+        return f"roofline ({op.name} curve)" if special else "roofline"

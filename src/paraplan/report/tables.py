@@ -73,7 +73,7 @@ def render_prediction(pred: Prediction) -> Group:
         ("weights", worst.weights),
         ("gradients", worst.gradients),
         ("optimizer states", worst.optimizer_states),
-        (f"activations ({worst.in_flight_microbatches:g} micro-batches in flight)", worst.activations),
+        (f"activations ({worst.in_flight_microbatches:g} micro-batch(es) in flight)", worst.activations),
         ("runtime buffers (allowance)", worst.buffers),
     ):
         mem.add_row(name, format_bytes(value))
@@ -99,7 +99,12 @@ def render_explain(pred: Prediction) -> Group:
     """Per-operator table of one layer of the critical stage, then its collectives."""
     ops = Table(title="One transformer layer, one micro-batch, one GPU", title_justify="left")
     for col in ("operator", "role", "kind", "GFLOP", "MB", "fwd ms", "bwd ms", "recompute ms", "model"):
-        ops.add_column(col, justify="left" if col in ("operator", "role", "kind", "model") else "right")
+        ops.add_column(
+            col,
+            justify="left" if col in ("operator", "role", "kind", "model") else "right",
+            no_wrap=col == "operator",
+            max_width=22 if col == "role" else None,
+        )
     for op in pred.layer_ops:
         ops.add_row(
             op.name,

@@ -103,6 +103,23 @@ def _structure(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[int, i
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=64)
+def _flat_structure(schedule: Schedule, p: int, m: int, v: int) -> tuple[list[int], list[int], list[int]]:
+    """_structure as three flat lists: duration index, previous task, awaited task."""
+    structure = _structure(schedule, p, m, v)
+    kinds = [(i * v + c) * 2 + int(backward) for i, c, backward, _, _, _ in structure]
+    return kinds, [t[4] for t in structure], [t[5] for t in structure]
+
+
+@functools.lru_cache(maxsize=64)
+def _last_task(schedule: Schedule, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Index of each stage's last task."""
+    last = [0] * p
+    for k, task in enumerate(_structure(schedule, p, m, v)):
+        last[task[0]] = k
+    return tuple(last)
+
+
 def simulate_pipeline(
     fwd_s: list[float],
     bwd_s: list[float],
@@ -127,26 +144,35 @@ def simulate_pipeline(
         return PipelineResult(makespan=total, finish=(total,), busy=(total,), tasks=None)
     last_chunk = v - 1
     # A task's duration includes its blocking send (none out of the model's two ends).
-    dur = {}
+    # Durations are indexed (stage * v + chunk) * 2 + backward, as in _flat_structure.
+    dur = []
     for i in range(p):
         for c in range(v):
-            dur[(i, c, False)] = fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else p2p_s)
-            dur[(i, c, True)] = bwd_s[i] / v + (0.0 if (i == 0 and c == 0) else p2p_s)
-    structure = _structure(schedule, p, m, v)
-    end = [0.0] * len(structure)
-    busy = [0.0] * p
-    clock = [0.0] * p
-    for k, (i, c, backward, _, prev, dep) in enumerate(structure):
+            dur.append(fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else p2p_s))
+            dur.append(bwd_s[i] / v + (0.0 if (i == 0 and c == 0) else p2p_s))
+    kinds, prevs, deps = _flat_structure(schedule, p, m, v)
+    end = [0.0] * len(kinds)
+    k = 0
+    for kind, prev, dep in zip(kinds, prevs, deps):
         t0 = end[prev] if prev >= 0 else 0.0
-        if dep >= 0 and end[dep] > t0:
-            t0 = end[dep]
-        d = dur[(i, c, backward)]
-        end[k] = clock[i] = t0 + d
-        busy[i] += d
+        if dep >= 0:
+            t_dep = end[dep]
+            if t_dep > t0:
+                t0 = t_dep
+        end[k] = t0 + dur[kind]
+        k += 1
+    clock, busy = [0.0] * p, [0.0] * p
+    for i in range(p):
+        clock[i] = end[_last_task(schedule, p, m, v)[i]]
+    for i in range(p):
+        for c in range(v):
+            for backward in (0, 1):
+                busy[i] += dur[(i * v + c) * 2 + backward] * m
     tasks = None
     if keep_tasks:
+        structure = _structure(schedule, p, m, v)
         tasks = tuple(
-            Task(i, c, j, backward, end[k] - dur[(i, c, backward)], end[k])
+            Task(i, c, j, backward, end[k] - dur[(i * v + c) * 2 + backward], end[k])
             for k, (i, c, backward, j, _, _) in enumerate(structure)
         )
     return PipelineResult(makespan=max(clock), finish=tuple(clock), busy=tuple(busy), tasks=tasks)

@@ -32,6 +32,10 @@ class EfficiencySpec(BaseModel):
     gemm: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=4.0e9)
     attention: EfficiencyCurve = EfficiencyCurve(max_fraction=0.60, half_work=4.0e9)
     memory: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=2.0e6)
+    # Per-operator curves that replace the kind's curve for one operator ("RMSlayernorm") or
+    # one operator in one direction ("RMSlayernorm:bwd"): operators whose implementation runs
+    # several kernels (an unfused norm) reach a different share of the peaks than one kernel.
+    ops: dict[str, EfficiencyCurve] = Field(default_factory=dict)
     kernel_overhead_s: Seconds = 4e-6
     source: str = (
         "generic defaults (no calibration for this GPU); see docs/calibration.md for the "

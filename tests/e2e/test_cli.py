@@ -1,0 +1,108 @@
+"""The command line as a user runs it: results on stdout, one-line errors with exit code 2."""
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from paraplan.cli.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def test_predict_with_no_file_runs_the_built_in_demo_job():
+    result = run("predict")
+    assert result.exit_code == 0, result.output
+    assert "iteration time" in result.output
+    assert "Memory per GPU" in result.output
+
+
+def test_predict_json_has_the_documented_keys():
+    result = run("predict", "--format", "json")
+    data = json.loads(result.stdout)
+    for key in ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "breakdown", "memory", "cost"):
+        assert key in data
+    assert set(data["breakdown"]) == {
+        "forward_compute_s", "backward_compute_s", "recompute_s", "tp_communication_s",
+        "pipeline_p2p_s", "pipeline_bubble_s", "dp_communication_s", "optimizer_step_s",
+    }
+    assert data["memory"]["fits"] in (True, False)
+    assert data["cost"]["cost_to_train_usd"] > 0  # the demo has a price and a token budget
+
+
+def test_predict_from_flags_matches_the_issue_example():
+    result = run(
+        "predict", "--model", "llama-3-70b", "--gpu", "H100-SXM5-80GB", "--num-nodes", "8",
+        "--gpus-per-node", "8", "--tp", "8", "--pp", "4", "--micro-batch-size", "1",
+        "--global-batch-size", "512", "--format", "json",
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["parallel"]["dp"] == 2
+    assert data["num_gpus"] == 64
+    assert data["gpu"] == "H100-SXM5-80GB"
+
+
+def test_every_example_job_predicts():
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        result = run("predict", str(path), "--format", "json")
+        assert result.exit_code == 0, f"{path.name}: {result.output}"
+        assert json.loads(result.stdout)["iteration_s"] > 0
+
+
+def test_csv_output_is_one_header_and_one_row():
+    result = run("predict", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(rows) == 1
+    assert float(rows[0]["iteration_s"]) > 0
+    assert "breakdown.forward_compute_s" in rows[0]
+
+
+def test_explain_lists_the_operators_of_one_layer():
+    result = run("predict", "--explain")
+    for name in ("linear1", "flash_atten", "linear4", "tp_"):
+        assert name in result.output
+    data = json.loads(run("predict", "--explain", "--format", "json").stdout)
+    assert [op["name"] for op in data["layer_ops"]][:2] == ["RMSlayernorm", "linear1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("predict", "--gpu", "A1000"), "unknown GPU 'A1000'; did you mean A100-SXM4-80GB?"),
+        (("predict", "--tp", "3"), "parallel: tp*pp*cp = 3 does not divide the cluster's 32 GPUs"),
+        (("predict", "--model", "llama-3-8b", "--tp", "16", "--num-nodes", "4"), "parallel.tp: num_query_groups=8 is not divisible by 16"),
+        (("predict", "no-such-file.yaml"), "no-such-file.yaml: cannot read the job file"),
+        (("predict", "--price-per-gpu-hour", "two dollars"), "cannot read 'two dollars'"),
+        (("predict", "--backend", "magic"), "backend: unknown backend 'magic'"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field_with_exit_code_2(args, message):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_bad_job_file_names_the_field(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: gpt2\ncluster: dgx-a100\nparallel: {tp: 2, pipline: 2}\n")
+    result = run("predict", str(job))
+    assert result.exit_code == 2
+    assert "parallel.pipline: unknown key" in result.output
+
+
+def test_catalog_lists_gpus_models_and_clusters():
+    for kind, expected in (("gpus", "H100-SXM5-80GB"), ("models", "llama-3-70b"), ("clusters", "dgx-h100")):
+        result = run("catalog", kind, "--format", "json")
+        assert result.exit_code == 0
+        assert expected in [row["name"] for row in json.loads(result.stdout)]
