@@ -225,12 +225,24 @@ class _LayerCost:
 
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
+    fwd_total: float
+    bwd_total: float
+    comm_fwd: float  # the layer's TP/CP collectives
+    comm_bwd: float
 
     @classmethod
-    def of(cls, ops: tuple[Op, ...], cm: CostModel) -> _LayerCost:
+    def of(cls, st: StageInventory, cm: CostModel, comm: _Comm) -> _LayerCost:
+        ops = st.layer_ops
         fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
         bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
-        return cls(fwd, bwd)
+        return cls(
+            fwd,
+            bwd,
+            sum(fwd),
+            sum(bwd),
+            comm.total(st.layer_collectives, (Phase.FWD,)),
+            comm.total(st.layer_collectives, _BACKWARD),
+        )
 
 
 class _Comm:
@@ -255,12 +267,11 @@ def _stage_timing(
 ) -> StageTiming:
     plan = inv.job.parallel
     n = st.num_layers
-    layer_f = sum(layer.fwd)
-    layer_b = sum(layer.bwd)
-    tp_f = n * comm.total(st.layer_collectives, (Phase.FWD,)) + comm.total(st.end_collectives, (Phase.FWD,))
-    tp_b = n * comm.total(st.layer_collectives, _BACKWARD) + comm.total(st.end_collectives, _BACKWARD)
+    layer_f, layer_b = layer.fwd_total, layer.bwd_total
+    tp_f = n * layer.comm_fwd + comm.total(st.end_collectives, (Phase.FWD,))
+    tp_b = n * layer.comm_bwd + comm.total(st.end_collectives, _BACKWARD)
     if plan.recompute is Recompute.FULL:
-        recompute = n * (layer_f + comm.total(st.layer_collectives, (Phase.FWD,)))
+        recompute = n * (layer_f + layer.comm_fwd)
     elif plan.recompute is Recompute.SELECTIVE:
         recompute = n * sum(t for o, t in zip(st.layer_ops, layer.fwd) if o.selective_recompute)
     else:
@@ -338,7 +349,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     inv = count_job(job)
     cm = cost_model if cost_model is not None else AnalyticalCostModel(job.cluster, job.precision)
     comm = _Comm(inv, cm)
-    layer = _LayerCost.of(inv.stages[0].layer_ops, cm)
+    layer = _LayerCost.of(inv.stages[0], cm, comm)
     timings = tuple(_stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
     plan = job.parallel
     p2p = timings[0].p2p_s

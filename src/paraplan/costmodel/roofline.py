@@ -61,9 +61,21 @@ class AnalyticalCostModel:
         self.cluster = cluster
         self.gpu = cluster.gpu
         self.peak_flops = cluster.gpu.flops_for(precision)
+        self._curves: dict[tuple[str, OpKind, Phase], tuple] = {}
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
-        return estimate_op_s(op, phase, self.gpu, self.peak_flops)
+        """Same as the module's ``estimate_op_s``, with each operator's curves looked up once."""
+        flops, traffic = op.work(phase)
+        if flops <= 0.0 and traffic <= 0.0:
+            return 0.0
+        key = (op.name, op.kind, phase)
+        curves = self._curves.get(key)
+        if curves is None:
+            curves = self._curves[key] = op_curves(op, phase, self.gpu.efficiency)
+        compute, memory, _ = curves
+        memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory)
+        compute_s = 0.0 if compute is None else _seconds(flops, self.peak_flops, compute)
+        return (compute_s if compute_s > memory_s else memory_s) + self.gpu.efficiency.kernel_overhead_s
 
     def estimate_collective_s(self, coll: Collective, layout: GroupLayout) -> float:
         return _collective_s(coll, layout, self.cluster)

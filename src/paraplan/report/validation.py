@@ -67,6 +67,8 @@ def render_validation(results: list[RunValidation], *, components: bool = True) 
     items: list[Any] = [summary]
     if components:
         for r in results:
+            if not r.components:
+                continue
             table = Table(title=f"{r.run_id}: components of the fastest iteration", title_justify="left")
             for col in ("component", "stage", "measured ms", "predicted ms", "error"):
                 table.add_column(col, justify="left" if col in ("component", "stage") else "right")

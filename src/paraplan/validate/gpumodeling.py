@@ -31,7 +31,9 @@ def load_runs(path: Path | str) -> list[dict[str, Any]]:
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
     if not isinstance(runs, list) or not all(isinstance(r, dict) and "parallel" in r for r in runs):
-        raise ConfigError(f"{path}: expected a list of run records as in runs_perlmutter.json")
+        raise ConfigError(
+            f"{path}: expected a list of run records as in runs_perlmutter.json or runs_dev.json"
+        )
     return runs
 
 
@@ -146,7 +148,13 @@ def _compare(run: dict[str, Any], pred: Prediction) -> tuple[ComponentError, ...
 
 
 def validate_runs(runs: list[dict[str, Any]]) -> list[RunValidation]:
-    """Predict every run from its configuration and compare with what was measured."""
+    """Predict every run from its configuration and compare with what was measured.
+    Accepts GPUModeling25 records (runs_perlmutter.json) and published Megatron-LM records
+    (runs_dev.json)."""
+    from paraplan.validate.published import is_published_record, validate_published
+
+    if runs and all(is_published_record(r) for r in runs):
+        return validate_published(runs)
     results = []
     for run in runs:
         job = resolve_job(job_mapping_from_run(run))
