@@ -273,7 +273,7 @@ def _stage_timing(
     if plan.recompute is Recompute.FULL:
         recompute = n * (layer_f + layer.comm_fwd)
     elif plan.recompute is Recompute.SELECTIVE:
-        recompute = n * sum(t for o, t in zip(st.layer_ops, layer.fwd) if o.selective_recompute)
+        recompute = n * sum(t for o, t in zip(st.layer_ops, layer.fwd, strict=True) if o.selective_recompute)
     else:
         recompute = 0.0
     forward = n * layer_f + _ops_s(cm, st.end_ops, (Phase.FWD,))
@@ -309,7 +309,7 @@ def _stage_timing(
 def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, layer: _LayerCost):
     recompute = inv.job.parallel.recompute
     ops = []
-    for op, fwd, bwd in zip(st.layer_ops, layer.fwd, layer.bwd):
+    for op, fwd, bwd in zip(st.layer_ops, layer.fwd, layer.bwd, strict=True):
         again = recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and op.selective_recompute)
         ops.append(
             OpEstimate(

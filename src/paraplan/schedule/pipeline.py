@@ -153,7 +153,7 @@ def simulate_pipeline(
     kinds, prevs, deps = _flat_structure(schedule, p, m, v)
     end = [0.0] * len(kinds)
     k = 0
-    for kind, prev, dep in zip(kinds, prevs, deps):
+    for kind, prev, dep in zip(kinds, prevs, deps, strict=True):
         t0 = end[prev] if prev >= 0 else 0.0
         if dep >= 0:
             t_dep = end[dep]
