@@ -9,6 +9,10 @@ from rich.table import Table
 from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model
 
 
+def _tflops(value: float | None) -> float | None:
+    return None if value is None else round(value / 1e12, 1)
+
+
 def catalog_rows(kind: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in catalog_names(kind):  # type: ignore[arg-type]
@@ -17,11 +21,11 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "name": g.name,
-                    "bf16_tflops": g.peak_flops.get("bf16", 0) / 1e12 if g.peak_flops else None,
-                    "fp8_tflops": (g.peak_flops.get("fp8") or 0) / 1e12 or None,
-                    "hbm_gib": g.hbm_bytes / 2**30,
+                    **{f"{p}_tflops": _tflops(g.peak_flops.get(p)) for p in ("fp16", "bf16", "fp8")},
+                    "hbm_gib": round(g.hbm_bytes / 2**30, 1),
                     "hbm_bandwidth_gb_per_s": g.hbm_bandwidth_bytes_per_s / 1e9,
                     "intra_node_gb_per_s": g.intra_node.bandwidth_bytes_per_s / 1e9 if g.intra_node else None,
+                    "efficiency": "calibrated" if g.efficiency.source.startswith("fitted") else "generic",
                     "aliases": ", ".join(g.aliases),
                 }
             )
@@ -60,7 +64,9 @@ def render_catalog(kind: str, rows: list[dict[str, Any]]) -> Table:
     if not rows:
         return table
     for column in rows[0]:
-        table.add_column(column, justify="left" if column in ("name", "gpu", "aliases", "activation") else "right")
+        table.add_column(
+            column, justify="left" if column in ("name", "gpu", "aliases", "activation", "efficiency") else "right"
+        )
     for row in rows:
         table.add_row(*("-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in row.values()))
     return table
