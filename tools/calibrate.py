@@ -6,14 +6,19 @@ Two commands (run from the repository root with ``PYTHONPATH=src``):
 ``operators DIR --gpu NAME``
     Reads every GPUModeling operator CSV in DIR, maps each row onto the inventory operator
     paraplan uses (``paraplan.inventory.samples.op_for_sample``) and fits the GPU's
-    ``EfficiencySpec`` (gemm, attention and memory curves plus the per-kernel overhead) with
-    ``scipy.optimize.least_squares`` on log(predicted / measured), forward and backward
-    samples alike. Every prediction goes through ``paraplan.costmodel.estimate_op_s`` with a
-    copy of the catalog GPU whose ``efficiency`` is the trial value, so the fitted numbers mean
-    exactly what the cost model does with them. Reports per-operator, per-phase errors on a
-    random 20 % hold-out (fit on the other 80 %), refits on everything and prints the YAML
-    ``efficiency:`` block (``--update-catalog`` also writes it into the GPU's catalog file,
-    replacing only that block).
+    ``EfficiencySpec`` with ``scipy.optimize.least_squares`` on log(predicted / measured),
+    forward and backward samples alike: the gemm, attention and memory curves, the per-kernel
+    overhead and, by default (``--op-curves memory+bmm``), one per-operator curve
+    (``EfficiencySpec.ops["<op>:<fwd|bwd>"]``) for every memory-bound operator and direction
+    with at least 40 samples and for bmm/baddbmm. The kind-level memory curve, the default of
+    memory-bound operators without a curve of their own, is fitted on the single-kernel
+    operators (gelu, res_add, softmax). Every prediction goes through
+    ``paraplan.costmodel.estimate_op_s`` with a copy of the catalog GPU whose ``efficiency`` is
+    the trial value, so the fitted numbers mean exactly what the cost model does with them.
+    Reports per-operator, per-phase errors on a random 20 % hold-out (fit on the other 80 %),
+    side by side with a comparison fit (``--compare``, default kind curves only), refits on
+    everything and prints the YAML ``efficiency:`` block (``--update-catalog`` also writes it
+    into the GPU's catalog file, replacing only that block).
 
 ``links DIR --cluster NAME``
     Reads the NCCL CSVs (``<GPU>_<collective>_fp16_<N>_<M>.csv``), converts each row to a
@@ -36,16 +41,18 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
+from scipy.sparse import lil_matrix
 
 from paraplan.catalog import load_cluster, load_gpu
 from paraplan.catalog.loader import _key as _catalog_key
 from paraplan.costmodel import estimate_collective_s, estimate_op_s
+from paraplan.costmodel.roofline import op_curves
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout, Op, OpKind, ParallelDim
 from paraplan.inventory.samples import SAMPLE_TAGS, op_for_sample
 from paraplan.specs import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, LinkSpec, Phase, Precision
@@ -238,26 +245,165 @@ def load_operator_samples(
 
 
 # Parameter vector: [gemm max_fraction, log10 gemm half_work, attention ..., memory ...,
-# kernel overhead in us].
+# kernel overhead in us], then (max_fraction, log10 half_work) of every per-operator curve in
+# ``ParamLayout.keys`` order.
 _CURVES = ("gemm", "attention", "memory")
-_LOWER = np.array([0.01, 0.0, 0.01, 0.0, 0.01, 0.0, 0.0])
-_UPPER = np.array([1.0, 13.0, 1.0, 13.0, 1.0, 10.0, 100.0])
+_OVERHEAD = 6
+_KIND_LOWER = np.array([0.01, 0.0, 0.01, 0.0, 0.01, 0.0, 0.0])
+_KIND_UPPER = np.array([1.0, 13.0, 1.0, 13.0, 1.0, 10.0, 100.0])
+# A per-operator curve: max_fraction in [0.005, 1] (GPT-NeoX's unfused RMSNorm backward reaches
+# ~0.05 of HBM bandwidth on the inventory's bytes), log10 half_work in FLOPs (compute kinds) or
+# bytes (memory-bound kinds).
+_OP_LOWER = (0.005, 0.0)
+_OP_UPPER = {True: (1.0, 13.0), False: (1.0, 10.0)}
+
+#: Operator tags whose pooled samples fit the kind-level ``memory`` curve, the default for a
+#: memory-bound operator without a curve of its own: the memory-bound operators that run as a
+#: single kernel (GELU, the residual add, the softmax; the fused and the plain softmax both map
+#: onto the inventory's ``softmax``). The unfused multi-kernel operators (RMSNorm, RoPE, ...)
+#: would drag a shared curve down to a fraction no single kernel runs at.
+DEFAULT_MEMORY_TAGS = ("gelu", "res_add", "softmax", "ScaledUpperTriangMaskedSoftmax")
+
+#: ``--op-curves`` modes: which (operator, direction) groups get a per-operator curve
+#: (``EfficiencySpec.ops``) when they have at least ``--min-samples`` samples.
+#: none = kind curves only (the fit before per-operator curves existed); memory = every
+#: memory-bound operator; memory+bmm = those plus bmm/baddbmm (default); all = every operator,
+#: GEMMs and flash attention included.
+OP_CURVE_MODES = ("none", "memory", "memory+bmm", "all")
+
+#: The two sampled implementations of the inventory's one ``softmax`` operator: PyTorch's
+#: softmax (GPT-NeoX's default path, ``scaled_upper_triang_masked_softmax_fusion = False``,
+#: sampled over the whole grid; the mask is a separate ``fillmask`` kernel) and Megatron's fused
+#: causal-mask softmax (``mp`` = 1, ``l`` <= 2048 only). Only one of them can own the
+#: ``softmax`` curve (``--softmax-curve``); the other still fits the kind-level memory curve.
+SOFTMAX_TAGS = ("softmax", "ScaledUpperTriangMaskedSoftmax")
+
+_COMPUTE = GEMM_KINDS | ATTENTION_KINDS
 
 
-def _spec_from(theta: np.ndarray, source: str) -> EfficiencySpec:
-    curves = {
-        name: EfficiencyCurve(max_fraction=float(theta[2 * i]), half_work=float(10.0 ** theta[2 * i + 1]))
-        for i, name in enumerate(_CURVES)
-    }
-    return EfficiencySpec(**curves, kernel_overhead_s=float(theta[6]) * US, source=source)
+def _wants_curve(op: Op, mode: str) -> bool:
+    if mode == "none":
+        return False
+    if op.kind not in _COMPUTE:
+        return True
+    return mode == "all" or (mode == "memory+bmm" and op.kind is OpKind.BMM)
 
 
-def _theta_from(spec: EfficiencySpec) -> np.ndarray:
-    out = []
-    for name in _CURVES:
-        curve: EfficiencyCurve = getattr(spec, name)
-        out += [curve.max_fraction, math.log10(max(curve.half_work, 1.0))]
-    return np.clip(np.array([*out, spec.kernel_overhead_s / US]), _LOWER, _UPPER)
+def op_curve_keys(
+    samples: OpSamples, mode: str, min_samples: int, excluded_tags: Collection[str] = ()
+) -> dict[str, bool]:
+    """``"<op name>:<fwd|bwd>"`` -> whether its curve is a compute (FLOPs) curve, for every
+    (operator, direction) of ``samples`` that ``mode`` selects and that has at least
+    ``min_samples`` samples. Keyed by the inventory operator's name (what the cost model looks
+    up), so tags that map onto the same operator (both softmax implementations) share one.
+    Samples of ``excluded_tags`` do not count."""
+    counts: Counter[tuple[str, str]] = Counter()
+    first: dict[str, Op] = {}
+    for tag, op, ph in zip(samples.tag, samples.ops, samples.phase, strict=True):
+        if tag in excluded_tags:
+            continue
+        counts[(op.name, ph)] += 1
+        first.setdefault(op.name, op)
+    keys = {}
+    for (name, ph), n in sorted(counts.items()):
+        op = first[name]
+        if n >= min_samples and _wants_curve(op, mode):
+            keys[f"{name}:{ph}"] = op.kind in _COMPUTE
+    return keys
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamLayout:
+    """Where each free number of an ``EfficiencySpec`` sits in the fit's parameter vector."""
+
+    keys: tuple[str, ...] = ()
+    compute: tuple[bool, ...] = ()  # per key: half_work in FLOPs (True) or bytes
+
+    @classmethod
+    def for_keys(cls, keys: dict[str, bool]) -> ParamLayout:
+        return cls(tuple(keys), tuple(keys.values()))
+
+    @property
+    def size(self) -> int:
+        return 7 + 2 * len(self.keys)
+
+    def index(self, key: str) -> int:
+        """Index of the max_fraction of per-operator curve ``key`` (its log10 half_work follows)."""
+        return 7 + 2 * self.keys.index(key)
+
+    @property
+    def lower(self) -> np.ndarray:
+        return np.concatenate([_KIND_LOWER, np.tile(_OP_LOWER, len(self.keys))])
+
+    @property
+    def upper(self) -> np.ndarray:
+        return np.concatenate([_KIND_UPPER, *(np.array(_OP_UPPER[c]) for c in self.compute)])
+
+    def spec(self, theta: np.ndarray, source: str) -> EfficiencySpec:
+        curves = {
+            name: EfficiencyCurve(max_fraction=float(theta[2 * i]), half_work=float(10.0 ** theta[2 * i + 1]))
+            for i, name in enumerate(_CURVES)
+        }
+        ops = {
+            key: EfficiencyCurve(
+                max_fraction=float(theta[self.index(key)]),
+                half_work=float(10.0 ** theta[self.index(key) + 1]),
+            )
+            for key in self.keys
+        }
+        return EfficiencySpec(
+            **curves, ops=ops, kernel_overhead_s=float(theta[_OVERHEAD]) * US, source=source
+        )
+
+    def theta(self, spec: EfficiencySpec, init: dict[str, EfficiencyCurve] | None = None) -> np.ndarray:
+        """``spec`` as a parameter vector; a key missing from ``spec.ops`` starts at ``init[key]``."""
+        out: list[float] = []
+        for name in _CURVES:
+            curve: EfficiencyCurve = getattr(spec, name)
+            out += [curve.max_fraction, math.log10(max(curve.half_work, 1.0))]
+        out.append(spec.kernel_overhead_s / US)
+        for key in self.keys:
+            curve = spec.ops.get(key) or (init or {}).get(key) or spec.memory
+            out += [curve.max_fraction, math.log10(max(curve.half_work, 1.0))]
+        return np.clip(np.array(out), self.lower, self.upper)
+
+    def sentinel(self) -> EfficiencySpec:
+        """A spec whose every curve has a distinct half_work (its parameter index), so that
+        ``op_curves`` tells which parameters an operator's time depends on."""
+        theta = np.full(self.size, 0.5)
+        theta[_OVERHEAD] = 1.0
+        half_work_idx = [1, 3, 5] + [self.index(key) + 1 for key in self.keys]
+        for i in half_work_idx:
+            theta[i] = math.log10(i)  # half_work = the parameter index of that half_work
+        return self.spec(theta, "sentinel")
+
+    def depends(self, op: Op, phase: str, *, kind_curves_only: bool = False) -> list[int]:
+        """Parameter indices the cost model's time of ``op`` in ``phase`` depends on, as
+        ``paraplan.costmodel.roofline.op_curves`` picks the curves."""
+        eff = self.sentinel()
+        if kind_curves_only:
+            eff = eff.model_copy(update={"ops": {}})
+        phases = [Phase.FWD] if phase == _FWD else [Phase.BWD_INPUT, Phase.BWD_WEIGHT]
+        idx = {_OVERHEAD}
+        for ph in phases:
+            flops, traffic = op.work(ph)
+            compute, memory, _ = op_curves(op, ph, eff)
+            if compute is not None and flops > 0:
+                i = round(compute.half_work)
+                idx |= {i - 1, i}
+            if traffic > 0:
+                i = round(memory.half_work)
+                idx |= {i - 1, i}
+        return sorted(idx)
+
+    def names(self) -> list[str]:
+        out = []
+        for name in _CURVES:
+            out += [f"{name}.max_fraction", f"{name}.log10_half_work"]
+        out.append("kernel_overhead_us")
+        for key in self.keys:
+            out += [f"ops[{key}].max_fraction", f"ops[{key}].log10_half_work"]
+        return out
 
 
 def predict_ops(samples: OpSamples, gpu: GpuSpec, peak: float) -> np.ndarray:
@@ -281,19 +427,116 @@ def _group_weights(groups: Sequence[object]) -> np.ndarray:
     return 1.0 / np.sqrt(np.array([counts[g] for g in groups], dtype=float))
 
 
-def fit_efficiency(
-    samples: OpSamples, gpu: GpuSpec, peak: float, start: EfficiencySpec, *, loss: str, max_nfev: int
-) -> tuple[EfficiencySpec, object]:
-    """least_squares on weighted log(pred/measured); curves without samples stay at ``start``."""
+def _per_op_start(
+    samples: OpSamples,
+    layout: ParamLayout,
+    gpu: GpuSpec,
+    peak: float,
+    start: EfficiencySpec,
+    excluded_tags: Collection[str] = (),
+) -> dict[str, EfficiencyCurve]:
+    """Starting curve of each per-operator key: the median fraction of peak (FLOP/s for compute
+    curves, HBM bandwidth for memory curves) its slower half of samples reached, and the kind
+    curve's half_work."""
+    out = {}
+    names, phases = [op.name for op in samples.ops], samples.phase
     meas = np.asarray(samples.measured)
-    weights = _group_weights(list(zip(samples.tag, samples.phase, strict=True)))
-    kinds = {op.kind for op in samples.ops}
-    theta0 = _theta_from(start)
-    free = np.ones(7, dtype=bool)
-    if not kinds & GEMM_KINDS:
-        free[0:2] = False
-    if not kinds & ATTENTION_KINDS:
-        free[2:4] = False
+    for key, compute in zip(layout.keys, layout.compute, strict=True):
+        name, ph = key.rsplit(":", 1)
+        idx = [
+            i
+            for i in range(len(samples))
+            if names[i] == name and phases[i] == ph and samples.tag[i] not in excluded_tags
+        ]
+        works = []
+        for i in idx:
+            op = samples.ops[i]
+            parts = (
+                [op.work(Phase.FWD)] if ph == _FWD else [op.work(Phase.BWD_INPUT), op.work(Phase.BWD_WEIGHT)]
+            )
+            works.append(sum(w[0 if compute else 1] for w in parts))
+        w, t = np.array(works), meas[idx]
+        big = t >= np.median(t)
+        rate = peak if compute else gpu.hbm_bandwidth_bytes_per_s
+        frac = float(np.clip(np.median(w[big] / t[big]) / rate, 0.02, 1.0))
+        kind = start.gemm if compute else start.memory
+        out[key] = EfficiencyCurve(max_fraction=frac, half_work=kind.half_work)
+    return out
+
+
+@dataclasses.dataclass
+class _Group:
+    """One (tag, phase) group of samples in the loss; its predictions are cached per value of
+    the parameters it depends on, so a finite-difference step in one per-operator curve
+    re-evaluates only the groups that use it."""
+
+    samples: OpSamples
+    meas: np.ndarray
+    weight: float
+    params: np.ndarray
+    kind_curves_only: bool
+    cache: dict = dataclasses.field(default_factory=dict)
+
+
+def fit_efficiency(
+    samples: OpSamples,
+    gpu: GpuSpec,
+    peak: float,
+    start: EfficiencySpec,
+    *,
+    loss: str,
+    max_nfev: int,
+    layout: ParamLayout | None = None,
+    default_memory_tags: Sequence[str] = DEFAULT_MEMORY_TAGS,
+    fix_overhead: bool = False,
+    curve_excluded_tags: Collection[str] = (),
+) -> tuple[EfficiencySpec, object]:
+    """least_squares on weighted log(pred/measured) over the kind curves, the kernel overhead
+    and the per-operator curves of ``layout``; curves no sample depends on stay at ``start``.
+
+    The residuals are every sample predicted by ``estimate_op_s`` with the trial spec, plus,
+    for the tags in ``default_memory_tags`` whose operator has a curve of its own, the same
+    samples predicted with the kind curves only (``ops`` emptied): that second block is what
+    fits the kind-level ``memory`` curve, the default of memory-bound operators without a
+    curve (it also bounds the GEMM-like kernels through the roofline max()). Each (tag, phase)
+    group of each block weighs the same (1/sqrt(n) per sample). ``fix_overhead`` keeps
+    ``start.kernel_overhead_s`` instead of fitting it. Samples of ``curve_excluded_tags``
+    (an implementation that does not own its operator's curve) stay out of the first block
+    when their operator has a curve.
+    """
+    layout = layout or ParamLayout()
+    theta0 = layout.theta(start, _per_op_start(samples, layout, gpu, peak, start, curve_excluded_tags))
+    tags, phases = np.asarray(samples.tag), np.asarray(samples.phase)
+    groups: list[_Group] = []
+    for tag in dict.fromkeys(samples.tag):
+        for ph in (_FWD, _BWD):
+            m = (tags == tag) & (phases == ph)
+            if not m.any():
+                continue
+            sub = samples.subset(m)
+            meas = np.asarray(sub.measured)
+            weight = 1.0 / math.sqrt(len(sub))
+            params = layout.depends(sub.ops[0], ph)
+            kind_params = layout.depends(sub.ops[0], ph, kind_curves_only=True)
+            if tag not in curve_excluded_tags or kind_params == params:
+                groups.append(_Group(sub, meas, weight, np.array(params), False))
+            if tag in default_memory_tags and kind_params != params:
+                groups.append(_Group(sub, meas, weight, np.array(kind_params), True))
+    used = sorted(set().union(*(set(g.params.tolist()) for g in groups)))
+    free = np.zeros(layout.size, dtype=bool)
+    free[used] = True
+    if fix_overhead:
+        free[_OVERHEAD] = False
+    col = -np.ones(layout.size, dtype=int)
+    col[free] = np.arange(int(free.sum()))
+
+    rows = sum(len(g.samples) for g in groups)
+    sparsity = lil_matrix((rows, int(free.sum())), dtype=int)
+    r = 0
+    for g in groups:
+        for p in g.params:
+            sparsity[r : r + len(g.samples), col[p]] = 1
+        r += len(g.samples)
 
     def full(x: np.ndarray) -> np.ndarray:
         theta = theta0.copy()
@@ -301,20 +544,34 @@ def fit_efficiency(
         return theta
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        trial = gpu.model_copy(update={"efficiency": _spec_from(full(x), start.source)})
-        return weights * np.log(predict_ops(samples, trial, peak) / meas)
+        theta = full(x)
+        spec = layout.spec(theta, start.source)
+        trial = gpu.model_copy(update={"efficiency": spec})
+        kind_only = gpu.model_copy(update={"efficiency": spec.model_copy(update={"ops": {}})})
+        out = []
+        for g in groups:
+            key = tuple(theta[g.params])
+            pred = g.cache.get(key)
+            if pred is None:
+                pred = predict_ops(g.samples, kind_only if g.kind_curves_only else trial, peak)
+                if len(g.cache) >= 8:
+                    g.cache.pop(next(iter(g.cache)))
+                g.cache[key] = pred
+            out.append(g.weight * np.log(pred / g.meas))
+        return np.concatenate(out)
 
     result = least_squares(
         residuals,
         theta0[free],
-        bounds=(_LOWER[free], _UPPER[free]),
+        jac_sparsity=sparsity.tocsr(),
+        bounds=(layout.lower[free], layout.upper[free]),
         loss=loss,
         f_scale=0.1,
         diff_step=1e-4,
         x_scale="jac",
         max_nfev=max_nfev,
     )
-    return _spec_from(full(result.x), start.source), result
+    return layout.spec(full(result.x), start.source), result
 
 
 def _error_rows(samples: OpSamples, pred: np.ndarray) -> list[list[object]]:
@@ -380,26 +637,67 @@ _ACHIEVED_HEADER = (
 _ERR_HEADER = ("operator", "phase", "samples", "median |err| %", "mean |err| %", "median err %")
 
 
-def _fmt_spec(spec: EfficiencySpec) -> str:
+def _fmt_spec(
+    spec: EfficiencySpec, flops_keys: Sequence[str] = (), rates: tuple[float, float] | None = None
+) -> str:
+    """The fitted numbers; with ``rates`` = (peak FLOP/s, HBM bytes/s) also each curve's fixed
+    time per kernel, half_work / (rate * max_fraction), which adds to kernel_overhead_s."""
+
+    def fixed(c: EfficiencyCurve, compute: bool) -> str:
+        if rates is None:
+            return ""
+        return f"{c.half_work / (rates[0 if compute else 1] * c.max_fraction) / US:.2f}"
+
     lines = []
     for name in _CURVES:
         c: EfficiencyCurve = getattr(spec, name)
-        lines.append(f"  {name}: max_fraction={c.max_fraction:.4f} half_work={c.half_work:.4g}")
-    lines.append(f"  kernel_overhead_s={spec.kernel_overhead_s:.3g}")
+        extra = f" (fixed {fixed(c, name != 'memory')} us)" if rates else ""
+        lines.append(f"  {name}: max_fraction={c.max_fraction:.4f} half_work={c.half_work:.4g}{extra}")
+    lines.append(f"  kernel_overhead_s={spec.kernel_overhead_s:.3g} ({spec.kernel_overhead_s / US:.2f} us)")
+    if spec.ops:
+        rows = [
+            [
+                key,
+                "FLOPs" if key in flops_keys else "bytes",
+                f"{c.max_fraction:.4f}",
+                f"{c.half_work:.4g}",
+                *([fixed(c, key in flops_keys)] if rates else []),
+            ]
+            for key, c in spec.ops.items()
+        ]
+        lines.append("  ops:")
+        header = ("curve", "work", "max_fraction", "half_work", *(["fixed us"] if rates else []))
+        lines.append(_table(rows, header))
     return "\n".join(lines)
 
 
-def efficiency_yaml(spec: EfficiencySpec) -> str:
-    """The ``efficiency:`` block of a GPU catalog file."""
+def efficiency_yaml(spec: EfficiencySpec, flops_keys: Sequence[str] = ()) -> str:
+    """The ``efficiency:`` block of a GPU catalog file (``flops_keys``: per-operator curves
+    whose half_work is in FLOPs; the others are in bytes)."""
     units = {"gemm": "FLOPs", "attention": "FLOPs", "memory": "bytes"}
     lines = ["efficiency:                 # fitted by tools/calibrate.py operators (see docs/calibration.md)"]
     for name in _CURVES:
         c: EfficiencyCurve = getattr(spec, name)
+        note = f"# half_work in {units[name]}"
+        if name == "memory" and spec.ops:
+            note += "; memory-bound operators without an ops: curve"
         lines.append(
             f"  {name}: {{max_fraction: {c.max_fraction:.4f}, half_work: {c.half_work:.4g}}}"
-            f"{' ' * max(1, 20 - len(f'{c.half_work:.4g}') - len(name))}# half_work in {units[name]}"
+            f"{' ' * max(1, 20 - len(f'{c.half_work:.4g}') - len(name))}{note}"
         )
     lines.append(f"  kernel_overhead_s: {spec.kernel_overhead_s / US:.2f} us")
+    if spec.ops:
+        lines.append(
+            "  ops:                      # per-operator curves (GPT-NeoX kernels as sampled); "
+            "half_work in FLOPs for bmm/baddbmm/GEMM/attention, else bytes"
+        )
+        width = max(len(k) for k in spec.ops) + 3
+        for key, c in spec.ops.items():
+            lines.append(
+                f"    {(chr(34) + key + chr(34) + ':').ljust(width)} "
+                f"{{max_fraction: {c.max_fraction:.4f}, half_work: {c.half_work:.4g}}}"
+                + ("  # FLOPs" if key in flops_keys else "")
+            )
     escaped = spec.source.replace('"', "'")
     lines.append(f'  source: "{escaped}"')
     return "\n".join(lines)
@@ -433,16 +731,90 @@ def _catalog_file(kind: str, name: str) -> Path:
     raise SystemExit(f"no catalog {kind} file named {name}")
 
 
+def _compare_rows(samples: OpSamples, preds: Sequence[np.ndarray]) -> list[list[object]]:
+    """Per tag and phase (then per phase and overall): median |err|, mean |err| and median
+    signed err of each prediction in ``preds``, side by side."""
+    meas = np.asarray(samples.measured)
+    tags, phases = np.asarray(samples.tag), np.asarray(samples.phase)
+    masks: list[tuple[str, str, np.ndarray]] = []
+    for tag in dict.fromkeys(samples.tag):
+        for ph in (_FWD, _BWD):
+            m = (tags == tag) & (phases == ph)
+            if m.any():
+                masks.append((tag, ph, m))
+    for ph in (_FWD, _BWD):
+        m = phases == ph
+        if m.any():
+            masks.append((f"ALL {ph}", ph, m))
+    masks.append(("ALL", "both", np.ones(len(meas), dtype=bool)))
+    rows = []
+    for tag, ph, m in masks:
+        row: list[object] = [tag, ph, int(m.sum())]
+        for pred in preds:
+            med, mean, bias = _err_stats(pred[m], meas[m])
+            row += [f"{med:.1f}", f"{mean:.1f}", f"{bias:+.1f}"]
+        rows.append(row)
+    return rows
+
+
+def _compare_header(labels: Sequence[str]) -> tuple[str, ...]:
+    out = ["operator", "phase", "samples"]
+    for label in labels:
+        out += [f"{label}: median |err| %", "mean |err| %", "median err %"]
+    return tuple(out)
+
+
+def _fit_with_mode(
+    samples: OpSamples, gpu: GpuSpec, peak: float, mode: str, args: argparse.Namespace, start: EfficiencySpec
+) -> tuple[EfficiencySpec, object, ParamLayout]:
+    excluded = _curve_excluded_tags(args)
+    keys = op_curve_keys(samples, mode, args.min_samples, excluded)
+    layout = ParamLayout.for_keys(keys)
+    fixed = args.kernel_overhead_us is not None
+    if fixed:
+        start = start.model_copy(update={"kernel_overhead_s": args.kernel_overhead_us * US})
+    spec, res = fit_efficiency(
+        samples,
+        gpu,
+        peak,
+        start,
+        loss=args.loss,
+        max_nfev=args.max_nfev,
+        layout=layout,
+        fix_overhead=fixed,
+        curve_excluded_tags=excluded,
+    )
+    return spec, res, layout
+
+
+def _curve_excluded_tags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The softmax implementation(s) that do not own the ``softmax`` curve."""
+    if args.softmax_curve == "both":
+        return ()
+    return tuple(t for t in SOFTMAX_TAGS if t != args.softmax_curve)
+
+
+def _flops_keys(layout: ParamLayout) -> list[str]:
+    return [k for k, c in zip(layout.keys, layout.compute, strict=True) if c]
+
+
 def cmd_operators(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     folder = Path(args.dir)
     gpu = load_gpu(args.gpu)
     precision = Precision(args.precision)
     peak = gpu.flops_for(precision)
+    mode = args.op_curves
+    rates = (peak, gpu.hbm_bandwidth_bytes_per_s)
     print(f"# operators: {_rel_path(folder)} on {gpu.name}")
     print(
         f"# peak {precision.value} {peak / 1e12:.1f} TFLOP/s, HBM {gpu.hbm_bandwidth_bytes_per_s / 1e9:.0f} GB/s "
         f"(catalog); seed {args.seed}, hold-out {args.holdout:.0%}, loss {args.loss}"
+    )
+    print(
+        f"# per-operator curves: {mode} (operator and direction with >= {args.min_samples} samples); "
+        f"kind-level memory curve fitted on {', '.join(DEFAULT_MEMORY_TAGS)}; softmax curve fitted on "
+        f"{args.softmax_curve}"
     )
     excluded: list[str] = []
     samples = load_operator_samples(folder, gpu, print, excluded)
@@ -455,42 +827,76 @@ def cmd_operators(args: argparse.Namespace) -> int:
     print("\n## achieved fraction of peak (median over each group's slower half; inventory FLOPs and bytes)")
     print(_table(_achieved_rows(samples, gpu, peak), _ACHIEVED_HEADER))
 
-    start = EfficiencySpec()
     test = _split_mask(samples.key, args.holdout, args.seed)
     train_set, test_set = samples.subset(~test), samples.subset(test)
-    spec80, res80 = fit_efficiency(train_set, gpu, peak, start, loss=args.loss, max_nfev=args.max_nfev)
-    print(f"\n## fit on {len(train_set)} samples (80 %): {res80.nfev} evaluations, status {res80.status}")
-    print(_fmt_spec(spec80))
-    fitted80 = gpu.model_copy(update={"efficiency": spec80})
-    test_pred = predict_ops(test_set, fitted80, peak)
-    print(f"\n## hold-out errors ({len(test_set)} samples never fitted; err = predicted/measured - 1)")
-    hold_rows = _error_rows(test_set, test_pred)
-    print(_table(hold_rows, _ERR_HEADER))
+    t1 = time.perf_counter()
+    spec80, res80, layout80 = _fit_with_mode(train_set, gpu, peak, mode, args, EfficiencySpec())
+    print(
+        f"\n## fit on {len(train_set)} samples (80 %), op curves {mode}: {layout80.size} parameters, "
+        f"{res80.nfev} evaluations, status {res80.status}, {time.perf_counter() - t1:.0f} s"
+    )
+    print(_fmt_spec(spec80, _flops_keys(layout80), rates))
+    test_pred = predict_ops(test_set, gpu.model_copy(update={"efficiency": spec80}), peak)
     hold_med, hold_mean, _ = _err_stats(test_pred, np.asarray(test_set.measured))
 
+    preds, labels = [test_pred], [mode]
+    if args.compare != "off" and args.compare != mode:
+        t1 = time.perf_counter()
+        spec_c, res_c, layout_c = _fit_with_mode(train_set, gpu, peak, args.compare, args, EfficiencySpec())
+        print(
+            f"\n## comparison fit on the same 80 %, op curves {args.compare}: {layout_c.size} parameters, "
+            f"{res_c.nfev} evaluations, status {res_c.status}, {time.perf_counter() - t1:.0f} s"
+        )
+        print(_fmt_spec(spec_c, _flops_keys(layout_c), rates))
+        preds.insert(0, predict_ops(test_set, gpu.model_copy(update={"efficiency": spec_c}), peak))
+        labels.insert(0, args.compare)
+    print(
+        f"\n## hold-out errors ({len(test_set)} samples never fitted; err = predicted/measured - 1; "
+        f"columns per op-curves mode: {', '.join(labels)})"
+    )
+    print(_table(_compare_rows(test_set, preds), _compare_header(labels)))
+
+    if spec80.ops:
+        memory_bound = np.array([op.kind not in _COMPUTE for op in test_set.ops])
+        if memory_bound.any():
+            sub = test_set.subset(memory_bound)
+            kind_only = gpu.model_copy(update={"efficiency": spec80.model_copy(update={"ops": {}})})
+            print(
+                "\n## hold-out errors of the memory-bound operators on the kind-level memory curve alone "
+                "(what a memory-bound operator without a curve of its own gets)"
+            )
+            print(_table(_compare_rows(sub, [predict_ops(sub, kind_only, peak)]), _ERR_HEADER))
+
     date = args.date or _dt.date.today().isoformat()
+    curves_note = (
+        f"kind curves + {len(layout80.keys)} per-operator curves ({mode}, >= {args.min_samples} samples; "
+        f"softmax curve from {args.softmax_curve}; memory curve from {', '.join(DEFAULT_MEMORY_TAGS)})"
+        if layout80.keys
+        else "kind curves only"
+    )
+    if args.kernel_overhead_us is not None:
+        curves_note += f"; kernel overhead fixed at {args.kernel_overhead_us:g} us"
     source = (
-        f"fitted by {SCRIPT} operators {_rel_path(folder)} --gpu {gpu.name} on {date}: "
+        f"fitted by {SCRIPT} operators {_rel_path(folder)} --gpu {gpu.name} --op-curves {mode} on {date}: "
         f"{len(samples)} fwd/bwd samples of {len(set(samples.tag))} operator tags (GPUModeling25, fp16), "
-        f"excluded {'; '.join(excluded) or 'nothing'}; "
+        f"excluded {'; '.join(excluded) or 'nothing'}; {curves_note}; "
         f"least_squares on log(pred/measured) via estimate_op_s; 20% hold-out (seed {args.seed}) "
         f"median |err| {hold_med:.1f}%, mean |err| {hold_mean:.1f}%"
     )
-    spec, res = fit_efficiency(
-        samples,
-        gpu,
-        peak,
-        spec80.model_copy(update={"source": source}),
-        loss=args.loss,
-        max_nfev=args.max_nfev,
+    t1 = time.perf_counter()
+    spec, res, layout = _fit_with_mode(
+        samples, gpu, peak, mode, args, spec80.model_copy(update={"source": source})
     )
-    print(f"\n## final fit on all {len(samples)} samples: {res.nfev} evaluations, status {res.status}")
-    print(_fmt_spec(spec))
+    print(
+        f"\n## final fit on all {len(samples)} samples: {layout.size} parameters, {res.nfev} evaluations, "
+        f"status {res.status}, {time.perf_counter() - t1:.0f} s"
+    )
+    print(_fmt_spec(spec, _flops_keys(layout), rates))
     fitted = gpu.model_copy(update={"efficiency": spec})
     all_pred = predict_ops(samples, fitted, peak)
     print("\n## in-sample errors of the final fit")
     print(_table(_error_rows(samples, all_pred), _ERR_HEADER))
-    block = efficiency_yaml(spec)
+    block = efficiency_yaml(spec, _flops_keys(layout))
     print("\n" + block)
     if args.update_catalog:
         path = _catalog_file("gpus", gpu.name)
@@ -883,6 +1289,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     ops.add_argument("--gpu", required=True, help="catalog GPU name, e.g. A100-SXM4-80GB")
     ops.add_argument("--precision", default="fp16", help="precision whose peak FLOP/s applies (default fp16)")
     ops.add_argument("--max-nfev", type=int, default=400, help="cap on residual evaluations per fit")
+    ops.add_argument(
+        "--op-curves",
+        default="memory+bmm",
+        choices=OP_CURVE_MODES,
+        help="which operators get a curve of their own: none (kind curves only), memory (memory-bound "
+        "operators), memory+bmm (those and bmm/baddbmm; default), all (GEMMs and flash attention too)",
+    )
+    ops.add_argument(
+        "--min-samples",
+        type=int,
+        default=40,
+        help="fewest samples of an operator and direction that get a curve of their own (default 40)",
+    )
+    ops.add_argument(
+        "--softmax-curve",
+        default="softmax",
+        choices=[*SOFTMAX_TAGS, "both"],
+        help="which sampled softmax implementation fits the inventory's one softmax curve: softmax "
+        "(PyTorch's, GPT-NeoX's default; default), ScaledUpperTriangMaskedSoftmax (Megatron's fused "
+        "kernel) or both pooled",
+    )
+    ops.add_argument(
+        "--kernel-overhead-us",
+        type=float,
+        default=None,
+        help="keep kernel_overhead_s at this many us instead of fitting it (default: fitted)",
+    )
+    ops.add_argument(
+        "--compare",
+        default="none",
+        choices=[*OP_CURVE_MODES, "off"],
+        help="also fit this --op-curves mode on the same 80 %% and print its hold-out errors side by "
+        "side (default none = kind curves only; off to skip)",
+    )
     ops.add_argument(
         "--update-catalog",
         action="store_true",
