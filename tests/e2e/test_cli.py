@@ -106,3 +106,9 @@ def test_catalog_lists_gpus_models_and_clusters():
         result = run("catalog", kind, "--format", "json")
         assert result.exit_code == 0
         assert expected in [row["name"] for row in json.loads(result.stdout)]
+
+
+def test_version_prints_and_exits_zero():
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.output.startswith("paraplan ")

@@ -20,15 +20,21 @@ app.command("catalog")(catalog_command)
 app.command("validate")(validate_command)
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from paraplan import __version__
 
         typer.echo(f"paraplan {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    """Predict LLM training iteration time, memory and cost for a parallel plan."""
 
 
 def main() -> None:
