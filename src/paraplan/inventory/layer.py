@@ -89,6 +89,23 @@ def _dropout(x: LocalShape, elements: float, role: str, *, selective: bool) -> O
     )
 
 
+def _bmm(name: str, role: str, flops: float, traffic: float, *, saved: float, kept: float, dims) -> Op:
+    """A batched matmul of the unfused attention core; its backward runs two (dA and dB)."""
+    return Op(
+        name=name,
+        kind=OpKind.BMM,
+        role=role,
+        flops=flops,
+        bytes=traffic,
+        bwd_flops=2.0 * flops,
+        bwd_bytes=2.0 * traffic,
+        saved_bytes=saved,
+        selective_recompute=True,
+        selective_kept_bytes=kept,
+        dims=dims,
+    )
+
+
 def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
     q_elems = x.b * x.s * x.heads * x.d
     kv_elems = x.b * x.s_kv * x.groups * x.d
@@ -116,18 +133,15 @@ def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
     scores = x.b * x.heads * x.s * x.s_kv
     half = core_flops / 2.0
     dropout = model.attention_dropout > 0
+    # V, and for P V the dropped-out probabilities when dropout made a new tensor
     ops = [
-        Op(
-            name="baddbmm",
-            kind=OpKind.BMM,
-            role="attention scores Q K^T",
-            flops=half,
-            bytes=x.e * (q_elems + kv_elems + scores),
-            bwd_flops=2.0 * half,
-            bwd_bytes=2.0 * x.e * (q_elems + kv_elems + scores),
-            saved_bytes=x.e * (q_elems + kv_elems),
-            selective_recompute=True,
-            selective_kept_bytes=x.e * (q_elems + kv_elems),
+        _bmm(
+            "baddbmm",
+            "attention scores Q K^T",
+            half,
+            x.e * (q_elems + kv_elems + scores),
+            saved=x.e * (q_elems + kv_elems),
+            kept=x.e * (q_elems + kv_elems),
             dims=head_dims,
         ),
         elementwise(
@@ -145,18 +159,13 @@ def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
     if dropout:
         ops.append(_dropout(x, scores, "attention dropout", selective=True))
     ops.append(
-        Op(
-            name="bmm",
-            kind=OpKind.BMM,
-            role="attention context P V",
-            flops=half,
-            bytes=x.e * (scores + kv_elems + q_elems),
-            bwd_flops=2.0 * half,
-            bwd_bytes=2.0 * x.e * (scores + kv_elems + q_elems),
-            # V, and the dropped-out probabilities when dropout made a new tensor
-            saved_bytes=x.e * (kv_elems + (scores if dropout else 0.0)),
-            selective_recompute=True,
-            selective_kept_bytes=x.e * kv_elems,
+        _bmm(
+            "bmm",
+            "attention context P V",
+            half,
+            x.e * (scores + kv_elems + q_elems),
+            saved=x.e * (kv_elems + (scores if dropout else 0.0)),
+            kept=x.e * kv_elems,
             dims=head_dims,
         )
     )
@@ -170,9 +179,7 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     hidden_norm = x.b * x.s_norm * x.h  # what norms, dropout and residual adds touch
     qkv_out = (x.heads + 2 * x.groups) * x.d
     ops: list[Op] = [norm(model, x, "input norm")]
-    ops.append(
-        gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=bias, saved=e * hidden_norm)
-    )
+    ops.append(gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=bias, saved=e * hidden_norm))
     if model.position_embedding == "rotary":
         rotated = tokens * (x.heads + x.groups) * x.d * model.rotary_percent
         ops.append(
@@ -201,9 +208,7 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     )
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "attention output dropout", selective=False))
-    ops.append(
-        elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0)
-    )
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
     ops.append(norm(model, x, "pre-MLP norm"))
     swiglu = model.activation == "swiglu"
     up_width = x.ffn * (2 if swiglu else 1)
@@ -238,15 +243,11 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     )
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "MLP output dropout", selective=False))
-    ops.append(
-        elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0)
-    )
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
     return tuple(ops)
 
 
-def count_layer_collectives(
-    model: ModelSpec, plan: ParallelPlan, x: LocalShape
-) -> tuple[Collective, ...]:
+def count_layer_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -> tuple[Collective, ...]:
     """Tensor- and context-parallel communication of one layer.
 
     Without sequence parallelism Megatron's f/g operators all-reduce the [s, b, h] activation
@@ -261,20 +262,47 @@ def count_layer_collectives(
         if plan.sequence_parallel:
             out += [
                 Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, size, Phase.FWD, 2),
-                Collective("tp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.TP, size, Phase.FWD, fwd_reductions),
-                Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, size, Phase.BWD_INPUT, fwd_reductions),
-                Collective("tp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.TP, size, Phase.BWD_INPUT, 2),
+                Collective(
+                    "tp_reducescatter",
+                    CollectiveKind.REDUCE_SCATTER,
+                    ParallelDim.TP,
+                    size,
+                    Phase.FWD,
+                    fwd_reductions,
+                ),
+                Collective(
+                    "tp_allgather",
+                    CollectiveKind.ALL_GATHER,
+                    ParallelDim.TP,
+                    size,
+                    Phase.BWD_INPUT,
+                    fwd_reductions,
+                ),
+                Collective(
+                    "tp_reducescatter",
+                    CollectiveKind.REDUCE_SCATTER,
+                    ParallelDim.TP,
+                    size,
+                    Phase.BWD_INPUT,
+                    2,
+                ),
             ]
         else:
             out += [
-                Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.FWD, fwd_reductions),
-                Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.BWD_INPUT, 2),
+                Collective(
+                    "tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.FWD, fwd_reductions
+                ),
+                Collective(
+                    "tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.BWD_INPUT, 2
+                ),
             ]
     if plan.cp > 1:
         kv = 2.0 * x.e * x.b * x.s * x.groups * x.d  # this rank's K and V chunk
         out += [
             Collective("cp_p2p", CollectiveKind.SEND_RECV, ParallelDim.CP, kv, Phase.FWD, plan.cp - 1),
             # backward passes K, V and their gradients around the ring
-            Collective("cp_p2p", CollectiveKind.SEND_RECV, ParallelDim.CP, 2 * kv, Phase.BWD_INPUT, plan.cp - 1),
+            Collective(
+                "cp_p2p", CollectiveKind.SEND_RECV, ParallelDim.CP, 2 * kv, Phase.BWD_INPUT, plan.cp - 1
+            ),
         ]
     return tuple(out)
