@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.inventory import JobInventory, StageInventory
-from paraplan.inventory.job import ADAM_STATE_BYTES
+from paraplan.inventory.job import adam_state_bytes
 from paraplan.specs import Recompute, Schedule
 
 # CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
@@ -65,15 +65,20 @@ def _activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[
 
 def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     plan = inv.job.parallel
-    dp, zero = plan.dp, plan.zero_stage
+    dp, zero = plan.grad_group, plan.zero_stage
     params = st.params
     held, working = _activations_per_microbatch(inv, st)
     flight = in_flight_microbatches(inv, st.index)
+    if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
+        # every micro-batch's forward finishes before any backward: the LM head's and the
+        # loss's saved tensors are held for all of them, not just the one being processed
+        held += working
+        working = 0.0
     return StageMemory(
         stage=st.index,
         weights=params * inv.param_bytes / (dp if zero >= 3 else 1),
         gradients=params * inv.grad_bytes / (dp if zero >= 2 else 1),
-        optimizer_states=params * ADAM_STATE_BYTES / (dp if zero >= 1 else 1),
+        optimizer_states=params * adam_state_bytes(inv.job.precision) / (dp if zero >= 1 else 1),
         activations=held * flight + working,
         buffers=RUNTIME_RESERVE_BYTES,
         in_flight_microbatches=flight,

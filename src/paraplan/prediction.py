@@ -14,6 +14,7 @@ from paraplan.inventory import (
     Collective,
     JobInventory,
     Op,
+    OpKind,
     ParallelDim,
     StageInventory,
     count_job,
@@ -21,9 +22,10 @@ from paraplan.inventory import (
 )
 from paraplan.memory import StageMemory, estimate_memory
 from paraplan.schedule import PipelineResult, simulate_pipeline
-from paraplan.specs import Job, Phase, Recompute
+from paraplan.specs import Job, Phase, Recompute, Schedule
 
 _BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
+_ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,13 +237,21 @@ class _LayerCost:
         ops = st.layer_ops
         fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
         bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        tp = tuple(c for c in st.layer_collectives if c.dim is not ParallelDim.CP)
+        cp = tuple(c for c in st.layer_collectives if c.dim is ParallelDim.CP)
+        # Context parallelism passes K/V chunks around a ring while attention runs on the
+        # chunk already there (TransformerEngine overlaps them): only the excess is exposed.
+        attn_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind in _ATTENTION_KINDS)
+        attn_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind in _ATTENTION_KINDS)
+        cp_f = max(0.0, comm.total(cp, (Phase.FWD,)) - attn_f)
+        cp_b = max(0.0, comm.total(cp, _BACKWARD) - attn_b)
         return cls(
             fwd,
             bwd,
             sum(fwd),
             sum(bwd),
-            comm.total(st.layer_collectives, (Phase.FWD,)),
-            comm.total(st.layer_collectives, _BACKWARD),
+            comm.total(tp, (Phase.FWD,)) + cp_f,
+            comm.total(tp, _BACKWARD) + cp_b,
         )
 
 
@@ -278,10 +288,16 @@ def _stage_timing(
         recompute = 0.0
     forward = n * layer_f + _ops_s(cm, st.end_ops, (Phase.FWD,))
     backward = n * layer_b + _ops_s(cm, st.end_ops, _BACKWARD)
-    if st.zero3_collectives:
-        # ZeRO-3 prefetches each layer's weights while the previous layer computes.
-        forward = max(forward + tp_f, comm.total(st.zero3_collectives, (Phase.FWD,))) - tp_f
-        backward = max(backward + tp_b, comm.total(st.zero3_collectives, _BACKWARD)) - tp_b
+    if st.per_microbatch_dp:
+        dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
+        dp_b = comm.total(st.per_microbatch_dp, _BACKWARD)
+        if plan.overlaps_grad_reduce:
+            # ZeRO-3 prefetches each layer's weights while the previous layer computes, and
+            # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on.
+            forward = max(forward + tp_f, dp_f) - tp_f
+            backward = max(backward + tp_b, dp_b) - tp_b
+        else:
+            forward, backward = forward + dp_f, backward + dp_b
     reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
     gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
     if plan.overlaps_grad_reduce:
@@ -348,6 +364,9 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     """Predict one training iteration of ``job`` (analytical backend unless one is given)."""
     inv = count_job(job)
     cm = cost_model if cost_model is not None else AnalyticalCostModel(job.cluster, job.precision)
+    prepare = getattr(cm, "prepare", None)
+    if prepare is not None:  # batched backends estimate the whole job's operators at once
+        prepare(inv)
     comm = _Comm(inv, cm)
     layer = _LayerCost.of(inv.stages[0], cm, comm)
     timings = tuple(_stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
@@ -369,7 +388,11 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     iteration = drain[crit] + step[opt]
     m = plan.num_microbatches
     tc = timings[crit]
-    sends = m * p2p * ((crit < plan.pp - 1) + (crit > 0))
+    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
+    # each of the stage's v chunks sends forward and backward, except out of the model's ends
+    sends = p2p * ((m * v - (m if crit == plan.pp - 1 else 0)) + (m * v - (m if crit == 0 else 0)))
+    if plan.pp == 1:
+        sends = 0.0
     busy = m * (tc.forward_mb_s + tc.backward_mb_s + tc.recompute_mb_s + tc.tp_fwd_mb_s + tc.tp_bwd_mb_s)
     breakdown = Breakdown(
         forward_compute_s=m * tc.forward_mb_s,

@@ -7,6 +7,7 @@ Every parser also accepts a plain number, taken to be in the base unit already.
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = [
@@ -46,13 +47,18 @@ def _split(text: object, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise UnitError(f"expected {what}, got {text!r}")
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):
+            raise UnitError(f"expected {what}, got {text!r} (not a finite number)")
         return float(text), ""
     if not isinstance(text, str):
         raise UnitError(f"expected {what}, got {text!r}")
     match = _QUANTITY.match(text)
     if match is None:
         raise UnitError(f"cannot read {text!r} as {what}")
-    return float(match.group(1)), match.group(2)
+    value = float(match.group(1))
+    if not math.isfinite(value):
+        raise UnitError(f"cannot read {text!r} as {what} (not a finite number)")
+    return value, match.group(2)
 
 
 def _prefix(prefix: str, text: object, what: str) -> float:

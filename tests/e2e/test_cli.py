@@ -112,3 +112,31 @@ def test_version_prints_and_exits_zero():
     result = run("--version")
     assert result.exit_code == 0
     assert result.output.startswith("paraplan ")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model: gpt2\ncluster: 7\n", "cluster: expected a catalog cluster name or a mapping"),
+        ("model: gpt2\ncluster: dgx-a100\nparallel: [1]\n", "parallel: expected a mapping"),
+        ("model: {hf_config: 5}\ncluster: dgx-a100\n", "model.hf_config: expected the path of a config.json"),
+        ("model: gpt2\ncluster: {name: dgx-h100, gpu: [a]}\n", "cluster.gpu: expected a catalog GPU name"),
+        ("model: gpt2\ncluster: dgx-a100\ntrain_tokens: .inf\n", "train_tokens: expected a count"),
+        ("model: gpt2\ncluster: dgx-a100\nparallel: {tp: 2, tensor_model_parallel_size: 4}\n", "parallel.tp: given twice"),
+    ],
+)
+def test_malformed_job_files_get_one_line_and_exit_code_2(tmp_path, text, message):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    result = run("predict", str(path))
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_job_file_that_is_not_text_is_rejected(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"\xff\xfe\x00\x01")
+    result = run("predict", str(path))
+    assert result.exit_code == 2
+    assert "not a text file" in result.output

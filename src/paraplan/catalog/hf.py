@@ -147,7 +147,10 @@ def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any
             f"model_type {model_type!r} in {path.name} is not supported "
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    fields = reader(config, path)
+    try:
+        fields = reader(config, path)
+    except (TypeError, ValueError, ArithmeticError) as err:
+        raise _fail(f"{path.name} has a value of the wrong type ({err})") from None
     source_dir = path if path.is_dir() else path.parent
     fields["name"] = str(config.get("_name_or_path") or source_dir.name or "hf-model")
     fields["source"] = f"Hugging Face config.json ({model_type}): {path}"

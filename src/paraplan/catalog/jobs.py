@@ -21,6 +21,8 @@ def _model(value: Any, base_dir: Path) -> ModelSpec | dict[str, Any]:
     if isinstance(value, dict) and "hf_config" in value:
         from paraplan.catalog.hf import model_from_hf_config
 
+        if not isinstance(value["hf_config"], str):
+            raise ConfigError("model.hf_config: expected the path of a config.json (a string)")
         path = Path(value["hf_config"])
         return model_from_hf_config(path if path.is_absolute() else base_dir / path, value)
     name = value.get("name") if isinstance(value, dict) else None
@@ -37,7 +39,11 @@ def _model(value: Any, base_dir: Path) -> ModelSpec | dict[str, Any]:
 
 
 def _gpu(value: Any) -> GpuSpec | Any:
-    return load_gpu(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return load_gpu(value)
+    if not isinstance(value, dict | GpuSpec):
+        raise ConfigError("cluster.gpu: expected a catalog GPU name or a mapping of GPU fields")
+    return value
 
 
 def _cluster(value: Any) -> Any:
@@ -46,16 +52,27 @@ def _cluster(value: Any) -> Any:
     if isinstance(value, str):
         return load_cluster(value)
     if not isinstance(value, dict):
-        return value
+        raise ConfigError("cluster: expected a catalog cluster name or a mapping (gpu, num_nodes, ...)")
     value = dict(value)
+    if "gpu" in value:
+        value["gpu"] = _gpu(value["gpu"])
     name = value.get("name")
     if isinstance(name, str) and _in_catalog("clusters", name):
         value.pop("name")
         return load_cluster(name, **value)
     if "gpu" not in value and isinstance(name, str):
         return load_cluster(name)  # not in the catalog: says so, with the closest names
-    if "gpu" in value:
-        value["gpu"] = _gpu(value["gpu"])
+    return value
+
+
+def _parallel(value: Any) -> Any:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError("parallel: expected a mapping (tp, pp, micro_batch_size, ...)")
+    for short, long in _SHORT.items():
+        if short in value and long in value:
+            raise ConfigError(f"parallel.{short}: given twice, as {short} and as {long}")
     return value
 
 
@@ -94,6 +111,7 @@ def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job:
     except ConfigError as err:
         message = str(err)
         raise ConfigError(message if message.startswith("cluster") else f"cluster: {message}") from None
+    data["parallel"] = _parallel(data.get("parallel"))
     try:
         return Job.model_validate(data)
     except ValidationError as err:
@@ -142,6 +160,8 @@ def read_job_mapping(path: Path | str) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the job file ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:
@@ -171,6 +191,8 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
                 f"gpu: the catalog has no reference node for {gpu.name}; name a --cluster too"
             )
         cluster = {"name": gpu.reference_node}
+    if cluster is not None and not isinstance(cluster, str | dict):
+        raise ConfigError("cluster: expected a catalog cluster name or a mapping (gpu, num_nodes, ...)")
     cluster = {"name": cluster} if isinstance(cluster, str) else dict(cluster or {})
     if "gpu" in given:
         cluster["gpu"] = given["gpu"]
@@ -178,7 +200,7 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         if key in given:
             cluster[key] = given[key]
     job["cluster"] = cluster
-    parallel = {_SHORT.get(k, k): v for k, v in (job.get("parallel") or {}).items()}
+    parallel = {_SHORT.get(k, k): v for k, v in _parallel(job.get("parallel")).items()}
     for key in _PARALLEL_FLAGS:
         if key in given:
             parallel[key] = given[key]

@@ -29,7 +29,10 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
     if coll.kind is CollectiveKind.SEND_RECV:
         link = inter if layout.crosses_nodes else intra
         assert link is not None
-        return link.latency_s + coll.bytes / link.p2p_bytes_per_s
+        rate = link.p2p_bytes_per_s
+        if not layout.crosses_nodes and link.topology == "mesh" and cluster.gpus_per_node > 2:
+            rate /= cluster.gpus_per_node - 1  # only the direct link to that one peer
+        return link.latency_s + coll.bytes / rate
     if coll.kind is CollectiveKind.ALL_REDUCE:
         moved, steps = 2.0 * (n - 1) / n * coll.bytes, 2 * (n - 1)
     else:

@@ -76,18 +76,28 @@ def count_head_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
 def count_end_collectives(
     model: ModelSpec, plan: ParallelPlan, x: LocalShape, *, first: bool, last: bool
 ) -> tuple[Collective, ...]:
-    """TP reductions of the embedding output and of the loss statistics."""
+    """TP communication of the vocab-parallel embedding and LM head.
+
+    The embedding's partial outputs are all-reduced (reduce-scattered with sequence
+    parallelism, whose backward then all-gathers the gradient). The LM head's input is
+    replicated (all-gathered from the sequence shards with sequence parallelism) and its
+    input gradient all-reduced (reduce-scattered); the loss all-reduces three [s, b] fp32
+    statistics (max, sum of exponentials, target logit).
+    """
     out: list[Collective] = []
     if plan.tp > 1:
         hidden = x.e * x.tokens * x.h
+        sp = plan.sequence_parallel
+        reduce = CollectiveKind.REDUCE_SCATTER if sp else CollectiveKind.ALL_REDUCE
         if first:
-            kind = CollectiveKind.REDUCE_SCATTER if plan.sequence_parallel else CollectiveKind.ALL_REDUCE
-            out.append(Collective("tp_allreduce", kind, ParallelDim.TP, hidden, Phase.FWD))
+            out.append(Collective("tp_allreduce", reduce, ParallelDim.TP, hidden, Phase.FWD))
+            if sp:
+                out.append(Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.BWD_INPUT))
         if last:
-            # max, sum-exp and target logit, each [s, b] in fp32
+            if sp:
+                out.append(Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.FWD))
             out.append(
                 Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0 * x.tokens, Phase.FWD, 3)
             )
-            kind = CollectiveKind.REDUCE_SCATTER if plan.sequence_parallel else CollectiveKind.ALL_REDUCE
-            out.append(Collective("tp_allreduce", kind, ParallelDim.TP, hidden, Phase.BWD_INPUT))
+            out.append(Collective("tp_allreduce", reduce, ParallelDim.TP, hidden, Phase.BWD_INPUT))
     return tuple(out)

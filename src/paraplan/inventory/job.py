@@ -11,9 +11,23 @@ from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
 from paraplan.specs import Framework, Job, Phase, Precision, Recompute
 
-# Bytes per parameter of the fp32 Adam state kept by mixed-precision training:
-# master weights, first and second moments.
-ADAM_STATE_BYTES = 12.0
+def adam_state_bytes(precision: Precision) -> float:
+    """Bytes per parameter of Adam's state: fp32 first and second moments, plus an fp32
+    master copy of the weights in mixed-precision training (fp32 training has none)."""
+    return 8.0 if precision is Precision.FP32 else 12.0
+
+
+def param_bytes(precision: Precision) -> float:
+    return 4.0 if precision is Precision.FP32 else 2.0
+
+
+def grad_bytes(job: Job) -> float:
+    """Megatron-LM accumulates and reduces bf16 models' gradients in fp32 (it forces
+    ``accumulate_allreduce_grads_in_fp32`` for bf16); fp16 models and DeepSpeed keep them in
+    the model's dtype."""
+    if job.precision is Precision.BF16 and job.parallel.framework is Framework.MEGATRON:
+        return 4.0
+    return param_bytes(job.precision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +42,7 @@ class StageInventory:
     end_collectives: tuple[Collective, ...]
     params: float
     grad_sync: tuple[Collective, ...]
-    zero3_collectives: tuple[Collective, ...]
+    per_microbatch_dp: tuple[Collective, ...]  # ZeRO-2/3 communication of every micro-batch
     optimizer: Op
 
     @property
@@ -52,14 +66,11 @@ class JobInventory:
 
     @property
     def param_bytes(self) -> float:
-        return 4.0 if self.job.precision is Precision.FP32 else 2.0
+        return param_bytes(self.job.precision)
 
     @property
     def grad_bytes(self) -> float:
-        """Megatron-LM accumulates and reduces gradients in fp32; DeepSpeed in the model dtype."""
-        if self.job.parallel.framework is Framework.MEGATRON:
-            return 4.0
-        return self.param_bytes
+        return grad_bytes(self.job)
 
 
 def _layer_params(ops: tuple[Op, ...]) -> float:
@@ -67,27 +78,47 @@ def _layer_params(ops: tuple[Op, ...]) -> float:
 
 
 def _grad_sync(job: Job, params: float, grad_e: float, param_e: float) -> tuple[Collective, ...]:
+    """Once-per-iteration data-parallel communication (ZeRO-2/3 reduce per micro-batch:
+    see ``_per_microbatch_dp``)."""
     zero, framework = job.parallel.zero_stage, job.parallel.framework
-    if job.parallel.dp == 1:
+    if job.parallel.grad_group == 1:
         return ()
     grads, weights = params * grad_e, params * param_e
+    gather = Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.OPTIMIZER)
     if zero == 0:
         return (Collective("dp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP, grads, Phase.BWD_WEIGHT),)
-    if zero == 1 and framework is Framework.DEEPSPEED:
-        # DeepSpeed's pipeline engine all-reduces gradients, then ZeRO-1 all-gathers the
-        # updated fp16 weights (the trace shows c10d::allreduce_ then all_gather).
-        reduce = Collective("dp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
-    else:
-        reduce = Collective("dp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
-    if zero == 3:
-        return (reduce,)
-    return (reduce, Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.OPTIMIZER))
+    if zero == 1:
+        if framework is Framework.DEEPSPEED:
+            # DeepSpeed's pipeline engine all-reduces gradients, then ZeRO-1 all-gathers the
+            # updated fp16 weights (the trace shows c10d::allreduce_ then all_gather).
+            reduce = Collective("dp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
+        else:
+            reduce = Collective("dp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
+        return (reduce, gather)
+    return (gather,) if zero == 2 else ()
 
 
-def _optimizer_op(params_updated: float, grad_e: float, param_e: float) -> Op:
+def _per_microbatch_dp(job: Job, params: float, grad_e: float, param_e: float) -> tuple[Collective, ...]:
+    """ZeRO-2 and ZeRO-3 partition gradients, so every micro-batch's backward reduce-scatters
+    them (DeepSpeed reduces "after every backward"); ZeRO-3 also all-gathers each layer's
+    weights for the forward and again for the backward pass."""
+    plan = job.parallel
+    if plan.zero_stage < 2 or plan.grad_group == 1:
+        return ()
+    out = [Collective("dp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.DP, params * grad_e, Phase.BWD_WEIGHT)]
+    if plan.zero_stage == 3:
+        weights = params * param_e
+        out += [
+            Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.FWD),
+            Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.BWD_INPUT),
+        ]
+    return tuple(out)
+
+
+def _optimizer_op(params_updated: float, grad_e: float, param_e: float, state_e: float) -> Op:
     """Adam step over the parameters this rank owns: reads the gradient, reads and writes the
-    fp32 master weight and both moments, writes the model-dtype weight."""
-    traffic = params_updated * (grad_e + 2 * ADAM_STATE_BYTES + param_e)
+    fp32 state (moments, and the master weight in mixed precision), writes the weight."""
+    traffic = params_updated * (grad_e + 2 * state_e + param_e)
     return Op(
         name="optimizer",
         kind=OpKind.OPTIMIZER,
@@ -147,8 +178,7 @@ def count_job(job: Job) -> JobInventory:
     layer_coll = count_layer_collectives(model, plan, x)
     layer_params = _layer_params(layer_ops)
     emb_ops, head_ops = count_embedding_ops(model, x), count_head_ops(model, x)
-    param_e = 4.0 if job.precision is Precision.FP32 else 2.0
-    grad_e = 4.0 if plan.framework is Framework.MEGATRON else param_e
+    param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     split = count_layers_per_stage(model, plan)
     last = plan.pp - 1
     stages = []
@@ -168,14 +198,7 @@ def count_job(job: Job) -> JobInventory:
             grad_sync += (
                 Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, x.vocab * x.h * grad_e, Phase.BWD_WEIGHT),
             )
-        zero3: tuple[Collective, ...] = ()
-        if plan.zero_stage == 3 and plan.dp > 1:
-            weights = params * param_e
-            zero3 = (
-                Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.FWD),
-                Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.BWD_INPUT),
-            )
-        updated = params / plan.dp if plan.zero_stage >= 1 else params
+        updated = params / plan.grad_group if plan.zero_stage >= 1 else params
         stages.append(
             StageInventory(
                 index=i,
@@ -186,15 +209,15 @@ def count_job(job: Job) -> JobInventory:
                 end_collectives=count_end_collectives(model, plan, x, first=i == 0, last=i == last),
                 params=params,
                 grad_sync=grad_sync,
-                zero3_collectives=zero3,
-                optimizer=_optimizer_op(updated, grad_e, param_e),
+                per_microbatch_dp=_per_microbatch_dp(job, params, grad_e, param_e),
+                optimizer=_optimizer_op(updated, grad_e, param_e, adam_state_bytes(job.precision)),
             )
         )
     p2p = None
     if plan.pp > 1:
-        # Megatron-LM (scatter-gather) and DeepSpeed (partitioned activations) both send one
-        # 1/tp slice of the [s, b, h] activation and all-gather it inside the receiving stage.
-        message = x.e * x.tokens * x.h / plan.tp
+        # The [s/cp, b, h] activation, or one 1/tp slice of it that the receiving stage
+        # all-gathers (sequence parallelism, DeepSpeed, Megatron-LM's 2021 scatter-gather).
+        message = x.e * x.tokens * x.h / (plan.tp if plan.scatters_p2p else 1)
         p2p = Collective("pp_p2p", CollectiveKind.SEND_RECV, ParallelDim.PP, message, Phase.FWD)
     full = _unsharded(job)
     model_flops, hardware_flops = _count_flops(job, full)

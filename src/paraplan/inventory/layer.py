@@ -108,7 +108,8 @@ def _bmm(name: str, role: str, flops: float, traffic: float, *, saved: float, ke
 
 def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
     q_elems = x.b * x.s * x.heads * x.d
-    kv_elems = x.b * x.s_kv * x.groups * x.d
+    kv_elems = x.b * x.s_kv * x.groups * x.d  # K and V a rank attends to (all chunks under CP)
+    kv_kept = x.b * x.s * x.groups * x.d  # its own chunk: context parallelism re-gathers the rest
     core_flops = 4.0 * x.b * x.heads * x.s * x.s_kv * x.d  # QK^T and PV, full square
     head_dims = (("b", x.b), ("h", x.heads), ("l", x.s), ("l_kv", x.s_kv), ("d", x.d))
     if model.attention == "flash":
@@ -123,9 +124,9 @@ def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
                 bytes=traffic,
                 bwd_flops=2.5 * core_flops,  # backward recomputes QK^T: 5 matmuls vs 2
                 bwd_bytes=2.0 * traffic,
-                saved_bytes=x.e * (q_elems + 2 * kv_elems) + lse,  # q, k, v, logsumexp
+                saved_bytes=x.e * (q_elems + 2 * kv_kept) + lse,  # q, k, v, logsumexp
                 selective_recompute=True,
-                selective_kept_bytes=x.e * (q_elems + 2 * kv_elems),
+                selective_kept_bytes=x.e * (q_elems + 2 * kv_kept),
                 exec_fraction=0.5,
                 dims=head_dims,
             )
@@ -140,8 +141,8 @@ def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
             "attention scores Q K^T",
             half,
             x.e * (q_elems + kv_elems + scores),
-            saved=x.e * (q_elems + kv_elems),
-            kept=x.e * (q_elems + kv_elems),
+            saved=x.e * (q_elems + kv_kept),
+            kept=x.e * (q_elems + kv_kept),
             dims=head_dims,
         ),
         elementwise(
@@ -164,8 +165,8 @@ def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
             "attention context P V",
             half,
             x.e * (scores + kv_elems + q_elems),
-            saved=x.e * (kv_elems + (scores if dropout else 0.0)),
-            kept=x.e * kv_elems,
+            saved=x.e * (kv_kept + (scores if dropout else 0.0)),
+            kept=x.e * kv_kept,
             dims=head_dims,
         )
     )

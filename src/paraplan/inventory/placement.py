@@ -29,15 +29,16 @@ class GroupLayout:
 def _stride(dim: ParallelDim, plan: ParallelPlan) -> int:
     if dim is ParallelDim.TP:
         return 1
-    if dim is ParallelDim.CP:
+    if dim is ParallelDim.CP or dim is ParallelDim.DP:
         return plan.tp
-    if dim is ParallelDim.DP:
-        return plan.tp * plan.cp
     return plan.tp * plan.cp * plan.dp
 
 
 def _size(dim: ParallelDim, plan: ParallelPlan) -> int:
-    return {ParallelDim.TP: plan.tp, ParallelDim.CP: plan.cp, ParallelDim.DP: plan.dp, ParallelDim.PP: plan.pp}[dim]
+    """The DP group is the gradient group: Megatron-LM reduces gradients and shards the
+    distributed optimizer over data x context parallel ranks (``with_context_parallel``)."""
+    sizes = {ParallelDim.TP: plan.tp, ParallelDim.CP: plan.cp, ParallelDim.DP: plan.dp * plan.cp, ParallelDim.PP: plan.pp}
+    return sizes[dim]
 
 
 def group_layout(

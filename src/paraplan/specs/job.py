@@ -53,6 +53,8 @@ class Job(BaseModel):
         _check_divisible("parallel.tp", "num_query_groups", m.num_query_groups, p.tp)
         _check_divisible("parallel.tp", "ffn_hidden_size", m.ffn_hidden_size, p.tp)
         _check_divisible("parallel.cp", "seq_length", m.seq_length, p.cp)
+        if m.padded_vocab_size is not None:
+            _check_divisible("parallel.tp", "padded_vocab_size", m.padded_vocab_size, p.tp)
         if p.sequence_parallel:
             _check_divisible("parallel.sequence_parallel", "seq_length", m.seq_length, p.tp * p.cp)
         if p.layers_per_stage is not None:

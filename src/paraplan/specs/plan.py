@@ -38,15 +38,28 @@ class ParallelPlan(BaseModel):
     layers_per_stage: tuple[int, ...] | None = None
     framework: Framework = Framework.MEGATRON
     overlap_grad_reduce: bool | None = None
+    scatter_gather_p2p: bool | None = None
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
         vpp = self.virtual_pipeline_model_parallel_size
-        if vpp is not None and vpp > 1 and self.schedule is Schedule.ONE_F_ONE_B:
+        if vpp is not None and vpp > 1:
+            if self.pp < 2:
+                raise ValueError("parallel.vpp: interleaving needs pipeline_model_parallel_size >= 2")
+            if "schedule" in self.model_fields_set and self.schedule is not Schedule.INTERLEAVED:
+                raise ValueError(
+                    f"parallel.schedule: {self.schedule.value!r} does not interleave; "
+                    f"vpp={vpp} needs schedule 'interleaved' (or leave schedule out)"
+                )
             object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
         if self.schedule is Schedule.INTERLEAVED and (vpp is None or vpp < 2):
             raise ValueError(
                 "parallel.schedule: 'interleaved' needs virtual_pipeline_model_parallel_size >= 2"
+            )
+        if self.framework is Framework.DEEPSPEED and self.pp > 1 and self.zero_stage > 1:
+            raise ValueError(
+                f"parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1, "
+                f"not {self.zero_stage}, with pp={self.pp}"
             )
         if self.layers_per_stage is not None:
             if len(self.layers_per_stage) != self.pipeline_model_parallel_size:
@@ -80,6 +93,20 @@ class ParallelPlan(BaseModel):
     @property
     def vpp(self) -> int:
         return self.virtual_pipeline_model_parallel_size or 1
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks that hold the same weights: gradients are reduced and ZeRO shards over them."""
+        return self.dp * self.cp
+
+    @property
+    def scatters_p2p(self) -> bool:
+        """Whether pipeline sends carry 1/tp of the activation: with sequence parallelism the
+        activation is already split; DeepSpeed's pipeline engine partitions it over the
+        model-parallel ranks; Megatron-LM 2021 did it with ``scatter_gather_tensors_in_pipeline``."""
+        if self.scatter_gather_p2p is not None:
+            return self.scatter_gather_p2p
+        return self.sequence_parallel or self.framework is Framework.DEEPSPEED
 
     @property
     def num_microbatches(self) -> int:

@@ -62,6 +62,9 @@ def job_mapping_from_published(run: dict[str, Any]) -> dict[str, Any]:
             "global_batch_size": p["global_batch_size"],
             "recompute": run["recompute"],
             "framework": "megatron",
+            # Megatron-LM of 2021-22 sent 1/tp of the activation between stages and
+            # all-gathered it (Narayanan et al. SC'21, section 4.1, scatter/gather).
+            "scatter_gather_p2p": True,
         },
         "precision": "fp16" if run["precision"].startswith("fp16") else "bf16",
     }

@@ -1,0 +1,109 @@
+"""How Megatron-LM and DeepSpeed really parallelise, as the inventory and schedule model it."""
+
+import pytest
+
+from paraplan.catalog import resolve_job
+from paraplan.inventory import CollectiveKind, count_job
+from paraplan.prediction import predict
+from paraplan.specs import ConfigError
+
+
+def job(model="llama-2-7b", nodes=4, precision="bf16", **parallel):
+    plan = {"micro_batch_size": 1, "global_batch_size": 64, **parallel}
+    return resolve_job(
+        {"model": model, "cluster": {"name": "dgx-a100", "num_nodes": nodes}, "parallel": plan, "precision": precision}
+    )
+
+
+def test_context_parallel_ranks_share_the_zero_shards_of_the_gradient_group():
+    # Megatron-LM reduces gradients and shards the distributed optimizer over dp x cp.
+    one = predict(job(tp=2, cp=1, zero_stage=1)).worst_memory
+    two = predict(job(tp=2, cp=2, zero_stage=1)).worst_memory
+    assert two.optimizer_states == pytest.approx(one.optimizer_states)
+
+
+def test_context_parallel_ranks_keep_only_their_own_chunk_of_activations():
+    one = predict(job(tp=2, cp=1, micro_batch_size=1)).worst_memory.activations
+    two = predict(job(tp=2, cp=2, micro_batch_size=1)).worst_memory.activations
+    assert two == pytest.approx(one / 2, rel=1e-6)
+
+
+def test_deepspeed_zero_3_is_not_faster_than_zero_1():
+    times = [
+        predict(job(model="gpt2-xl", nodes=4, zero_stage=z, framework="deepspeed", global_batch_size=128)).iteration_s
+        for z in (1, 2, 3)
+    ]
+    assert times[0] <= times[1] <= times[2]
+
+
+def test_deepspeed_pipelines_accept_only_zero_0_or_1():
+    with pytest.raises(ConfigError, match="parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1"):
+        job(pp=4, zero_stage=2, framework="deepspeed")
+
+
+@pytest.mark.parametrize(
+    ("extra", "divided"),
+    [({}, False), ({"sequence_parallel": True}, True), ({"framework": "deepspeed"}, True), ({"scatter_gather_p2p": True}, True)],
+)
+def test_pipeline_messages_are_split_over_tp_only_when_the_framework_splits_them(extra, divided):
+    inv = count_job(job(tp=8, pp=4, **extra))
+    full = 2 * 4096 * 4096  # bf16 [s, b=1, h] of llama-2-7b
+    assert inv.p2p.bytes == (full / 8 if divided else full)
+
+
+def test_gpipe_holds_the_loss_activations_of_every_micro_batch():
+    gpipe = predict(job(model="gpt2", nodes=1, pp=2, schedule="gpipe", global_batch_size=32)).memory[-1]
+    inv = count_job(job(model="gpt2", nodes=1, pp=2, schedule="gpipe", global_batch_size=32))
+    logits_fp32 = next(op for op in inv.stages[-1].end_ops if op.name == "cross_entropy").saved_bytes
+    assert gpipe.activations >= 8 * logits_fp32  # 32 / dp=4 = 8 micro-batches in flight
+
+
+def test_sequence_parallelism_gathers_the_lm_head_input_and_the_embedding_gradient():
+    inv = count_job(job(tp=8, pp=2, sequence_parallel=True))
+    last = [(c.kind, c.phase.value) for c in inv.stages[-1].end_collectives]
+    first = [(c.kind, c.phase.value) for c in inv.stages[0].end_collectives]
+    assert (CollectiveKind.ALL_GATHER, "fwd") in last
+    assert (CollectiveKind.ALL_GATHER, "bwd_input") in first
+
+
+def test_a_send_inside_a_direct_link_mesh_gets_one_pair_of_links():
+    from paraplan.catalog import load_cluster
+    from paraplan.costmodel import estimate_collective_s
+    from paraplan.inventory import Collective, GroupLayout, ParallelDim
+    from paraplan.specs import Phase
+
+    send = Collective("x", CollectiveKind.SEND_RECV, ParallelDim.PP, 1e9, Phase.FWD)
+    pair = GroupLayout(size=2, nodes=1, per_node=2)
+    mesh = estimate_collective_s(send, pair, load_cluster("perlmutter"))
+    switch = estimate_collective_s(send, pair, load_cluster("dgx-a100"))
+    assert mesh == pytest.approx(3 * switch, rel=0.01)  # same 300 GB/s per GPU, split over 3 peers
+
+
+def test_interleaved_stages_send_once_per_chunk():
+    pred = predict(job(model="llama-2-7b", nodes=4, tp=8, pp=4, vpp=2, global_batch_size=32))
+    m, v = pred.job.parallel.num_microbatches, 2
+    p2p = pred.stages[0].p2p_s
+    # the first stage sends every chunk's activation forward and all but its first chunk's gradient back
+    assert pred.breakdown.pipeline_p2p_s == pytest.approx(p2p * (m * v + m * v - m))
+
+
+def test_fp32_training_keeps_no_master_weights_and_megatron_fp16_keeps_fp16_gradients():
+    fp32 = predict(job(model="gpt2", nodes=1, precision="fp32")).worst_memory
+    assert fp32.optimizer_states == pytest.approx(8 * predict(job(model="gpt2", nodes=1, precision="fp32")).params_total)
+    fp16 = count_job(job(model="gpt2", nodes=1, precision="fp16"))
+    bf16 = count_job(job(model="gpt2", nodes=1, precision="bf16"))
+    assert fp16.grad_bytes == 2.0
+    assert bf16.grad_bytes == 4.0  # Megatron-LM accumulates bf16 gradients in fp32
+
+
+@pytest.mark.parametrize(
+    ("parallel", "message"),
+    [
+        ({"vpp": 2}, "parallel.vpp: interleaving needs pipeline_model_parallel_size >= 2"),
+        ({"pp": 2, "vpp": 2, "schedule": "gpipe"}, "parallel.schedule: 'gpipe' does not interleave"),
+        ({"tp": 2, "tensor_model_parallel_size": 4}, "parallel.tp: given twice"),
+    ],
+)
+def test_contradictory_plans_are_rejected(parallel, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        job(**parallel)
