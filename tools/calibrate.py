@@ -53,8 +53,15 @@ from paraplan.catalog import load_cluster, load_gpu
 from paraplan.catalog.loader import _key as _catalog_key
 from paraplan.costmodel import estimate_collective_s, estimate_op_s
 from paraplan.costmodel.roofline import op_curves
-from paraplan.inventory import Collective, CollectiveKind, GroupLayout, Op, OpKind, ParallelDim
+from paraplan.inventory import Collective, CollectiveKind, GroupLayout, Op, OpKind
 from paraplan.inventory.samples import SAMPLE_TAGS, op_for_sample
+from paraplan.samples.gpumodeling import (
+    NCCL_FILE,
+    NCCL_KINDS,
+    collective_for_row,
+    group_layout,
+    ideal_cluster,
+)
 from paraplan.specs import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, LinkSpec, Phase, Precision
 
 SCRIPT = "tools/calibrate.py"
@@ -910,15 +917,7 @@ def cmd_operators(args: argparse.Namespace) -> int:
 # links
 # ----------------------------------------------------------------------------------------
 
-_NCCL_FILE = re.compile(r"^(?P<gpu>[^_]+)_(?P<tag>.+)_fp16_(?P<n>\d+)_(?P<m>\d+)\.csv$")
-_NCCL_KINDS = {
-    "allreduce": CollectiveKind.ALL_REDUCE,
-    "allreduce_large": CollectiveKind.ALL_REDUCE,
-    "allgather_large": CollectiveKind.ALL_GATHER,
-    "p2p": CollectiveKind.SEND_RECV,
-}
 _FIT_KINDS = {CollectiveKind.ALL_REDUCE, CollectiveKind.SEND_RECV}
-FP16_BYTES = 2.0
 
 
 @dataclasses.dataclass
@@ -943,27 +942,6 @@ class CollSamples:
         return len(self.coll)
 
 
-def collective_for_row(kind: CollectiveKind, shape: float, nodes: int, per_node: int) -> Collective:
-    """One NCCL sample as a paraplan Collective. GPUModeling's ``shape`` counts fp16 elements of
-    the per-rank tensor: the buffer of an all-reduce, the message of a send/recv, but each
-    rank's INPUT chunk of an all-gather, whose paraplan size is the whole output (x N*M)."""
-    size = shape * FP16_BYTES
-    if kind is CollectiveKind.ALL_GATHER:
-        size *= nodes * per_node
-    dim = ParallelDim.PP if kind is CollectiveKind.SEND_RECV else ParallelDim.DP
-    return Collective(f"nccl_{kind.value}", kind, dim, size, Phase.FWD)
-
-
-def _ideal_cluster(cluster: ClusterSpec) -> ClusterSpec:
-    """The cluster at 100 % of its links' nominal bandwidth with zero latency."""
-    upd = {}
-    for side in ("intra_node", "inter_node"):
-        link: LinkSpec | None = getattr(cluster, side)
-        if link is not None:
-            upd[side] = link.model_copy(update={"efficiency": 1.0, "p2p_efficiency": 1.0, "latency_s": 0.0})
-    return cluster.model_copy(update=upd)
-
-
 def load_collective_samples(
     folder: Path, cluster: ClusterSpec, log: Callable[[str], None]
 ) -> tuple[CollSamples, dict[tuple[str, str], dict[str, int]]]:
@@ -978,27 +956,27 @@ def load_collective_samples(
       physically impossible and excluded. This is what catches the GH200 all-gather rows that
       report ~117 us whatever the size.
     """
-    ideal = _ideal_cluster(cluster)
+    ideal = ideal_cluster(cluster)
     rows: dict[str, list] = {"config": [], "tag": [], "coll": [], "layout": [], "measured": []}
     counts: dict[tuple[str, str], dict[str, int]] = {}
     for path in sorted(folder.glob("*.csv")):
-        match = _NCCL_FILE.match(path.name)
+        match = NCCL_FILE.match(path.name)
         if match is None:
             kind = "pooled union of the _N_M files" if "_fp16" in path.name else "regressor tuning table"
             log(f"  skip {path.name}: {kind}")
             continue
         tag, n, m = match["tag"], int(match["n"]), int(match["m"])
-        if tag not in _NCCL_KINDS:
+        if tag not in NCCL_KINDS:
             log(f"  skip {path.name}: unknown collective {tag!r}")
             continue
         if m > cluster.gpus_per_node:
             raise SystemExit(f"{path.name}: {m} GPUs per node but {cluster.name} has {cluster.gpus_per_node}")
-        kind = _NCCL_KINDS[tag]
+        kind = NCCL_KINDS[tag]
         frame = pd.read_csv(path)
         frame.columns = [c.strip() for c in frame.columns]
         if (frame["nodes"] != n).any() or (frame["GPUsPerNode"] != m).any():
             raise SystemExit(f"{path.name}: nodes/GPUsPerNode columns disagree with the file name")
-        layout = GroupLayout(size=n * m, nodes=n, per_node=m)
+        layout = group_layout(n, m)
         config = f"{n}_{m}"
         c = counts.setdefault((config, tag), {"rows": 0, "nan": 0, "impossible": 0, "used": 0})
         impossible_durs = []
@@ -1121,7 +1099,7 @@ def _coll_error_rows(
     configs, tags = np.asarray(samples.config), np.asarray(samples.tag)
     for (config, tag), c in sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         m = (configs == config) & (tags == tag)
-        fitted = _NCCL_KINDS[tag] in _FIT_KINDS
+        fitted = NCCL_KINDS[tag] in _FIT_KINDS
         excluded = c["nan"] + c["impossible"]
         if not m.any():
             rows.append([config, tag, c["rows"], excluded, "-", "-", "-", "-", "-"])
@@ -1166,7 +1144,7 @@ def cmd_links(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     folder = Path(args.dir)
     base = load_cluster(args.cluster)
-    probe = [_NCCL_FILE.match(p.name) for p in folder.glob("*.csv")]
+    probe = [NCCL_FILE.match(p.name) for p in folder.glob("*.csv")]
     max_nodes = max((int(mt["n"]) for mt in probe if mt), default=1)
     base = load_cluster(args.cluster, num_nodes=max(max_nodes, base.num_nodes))
     print(
