@@ -11,11 +11,15 @@ if TYPE_CHECKING:
     from paraplan.prediction import Prediction
     from paraplan.specs import Job
 
-__all__ = ["__version__", "load_job", "predict"]
+__all__ = ["__version__", "load_job", "one_batch_predict", "predict"]
 
 
-def predict(job: Job | dict[str, Any] | str, **kwargs: Any) -> Prediction:
-    """Predict one iteration. ``job`` is a Job, a job mapping, or the path of a job file."""
+def predict(
+    job: Job | dict[str, Any] | str, *, backend: str | None = None, models: str | None = None, **kwargs: Any
+) -> Prediction:
+    """Predict one iteration. ``job`` is a Job, a job mapping, or the path of a job file;
+    ``models`` (a file from ``paraplan fit``) selects the learned backend."""
+    from paraplan.backends import load_model_file, make_cost_model
     from paraplan.catalog import load_job, resolve_job
     from paraplan.prediction import predict as _predict
 
@@ -23,7 +27,15 @@ def predict(job: Job | dict[str, Any] | str, **kwargs: Any) -> Prediction:
         job = load_job(job)
     elif isinstance(job, dict):
         job = resolve_job(job)
-    return _predict(job, **kwargs)
+    backend = backend or ("learned" if models is not None else "analytical")
+    fitted = load_model_file(models)[0] if models is not None else None
+    return _predict(job, make_cost_model(job, backend, fitted), **kwargs)
+
+
+def one_batch_predict(job: Job | dict[str, Any] | str, models: str | None = None) -> float:
+    """Microseconds of one training iteration (one global batch), as the Distributed Training
+    Estimator's ``one_batch_predict`` returns; learned backend when ``models`` is given."""
+    return predict(job, models=models).iteration_s * 1e6
 
 
 def load_job(path: str) -> Job:

@@ -37,7 +37,7 @@ def test_deepspeed_zero_3_is_not_faster_than_zero_1():
 
 
 def test_deepspeed_pipelines_accept_only_zero_0_or_1():
-    with pytest.raises(ConfigError, match="parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1"):
+    with pytest.raises(ConfigError, match=r"parallel\.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1"):
         job(pp=4, zero_stage=2, framework="deepspeed")
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import typer
 
 from paraplan.cli.catalog import catalog_command
+from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
+from paraplan.cli.samples import samples_app
 from paraplan.cli.validate import validate_command
 
 app = typer.Typer(
@@ -18,6 +20,8 @@ app = typer.Typer(
 app.command("predict")(predict_command)
 app.command("catalog")(catalog_command)
 app.command("validate")(validate_command)
+app.add_typer(samples_app, name="samples")
+app.command("fit")(fit_command)
 
 
 def _print_version(value: bool) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from paraplan.cli.common import OutputFormat, out, user_errors, write_text
+from paraplan.cli.common import OutputFormat, err, out, user_errors, write_text
 
 Opt = typer.Option
 
@@ -34,7 +34,8 @@ def predict_command(
     framework: Annotated[str | None, Opt(help="megatron | deepspeed")] = None,
     precision: Annotated[str | None, Opt(help="fp32 | fp16 | bf16 | fp8")] = None,
     train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T, for time and cost to train.")] = None,
-    backend: Annotated[str, Opt(help="Cost model: analytical (the learned backend plugs in here).")] = "analytical",
+    backend: Annotated[str, Opt(help="Cost model: analytical | learned (needs --models).")] = "analytical",
+    models: Annotated[Path | None, Opt(help="Models file from `paraplan fit` (learned backend).")] = None,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
     explain: Annotated[bool, Opt("--explain", help="Also show the per-operator table of one layer.")] = False,
 ) -> None:
@@ -52,17 +53,28 @@ def predict_command(
         global_batch_size=global_batch_size, recompute=recompute, schedule=schedule,
         framework=framework, precision=precision, train_tokens=train_tokens,
     )
+    from paraplan.backends import BACKENDS, load_model_file, make_cost_model
+
     with user_errors():
-        if backend != "analytical":
+        if backend not in BACKENDS:
             from paraplan.specs import ConfigError
 
-            raise ConfigError(f"backend: unknown backend {backend!r} (available: analytical)")
+            raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
         if job_file is not None:
             raw, base = read_job_mapping(job_file), job_file.parent
         else:
             raw, base = demo_job_mapping(), Path(".")
         job = resolve_job(apply_overrides(raw, flags), base_dir=base)
-        pred = predict(job)
+        fitted = load_model_file(models)[0] if models is not None else None
+        cost_model = make_cost_model(job, backend, fitted)
+        pred = predict(job, cost_model)
+    coverage = getattr(cost_model, "coverage", None)
+    if coverage is not None:
+        ops, colls = coverage()
+        if not ops:
+            err.print(f"note: {models} has no operator regressors for {job.cluster.gpu.name}; operators use the roofline")
+        if not colls:
+            err.print(f"note: {models} has no collective regressors for cluster {job.cluster.name}; collectives use alpha-beta")
     if output is OutputFormat.json:
         data = pred.to_dict()
         if explain:

@@ -11,6 +11,7 @@ from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
 from paraplan.specs import Framework, Job, Phase, Precision, Recompute
 
+
 def adam_state_bytes(precision: Precision) -> float:
     """Bytes per parameter of Adam's state: fp32 first and second moments, plus an fp32
     master copy of the weights in mixed-precision training (fp32 training has none)."""

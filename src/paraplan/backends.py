@@ -1,0 +1,31 @@
+"""Choose a cost model by name: ``analytical`` (default) or ``learned`` (with a models file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from paraplan.costmodel import AnalyticalCostModel, CostModel
+from paraplan.specs import ConfigError, Job
+
+BACKENDS = ("analytical", "learned")
+
+
+def load_model_file(path: Path | str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Regressors and metadata of a models file written by ``paraplan fit``."""
+    from paraplan.regress.store import load_models
+
+    return load_models(path)
+
+
+def make_cost_model(job: Job, backend: str, models: dict[str, Any] | None = None) -> CostModel:
+    """The cost model for ``job``: the roofline, or learned residuals on top of it."""
+    if backend == "analytical":
+        return AnalyticalCostModel(job.cluster, job.precision)
+    if backend == "learned":
+        if models is None:
+            raise ConfigError("models: the learned backend needs a models file (paraplan fit ... --out FILE)")
+        from paraplan.costmodel.learned import LearnedCostModel
+
+        return LearnedCostModel(job.cluster, job.precision, models)
+    raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")

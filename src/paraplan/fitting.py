@@ -1,0 +1,183 @@
+"""Fit the learned backend's regressors on sample records (``paraplan fit``).
+
+For every (GPU, operator, direction) and every (cluster, collective kind) in a samples file,
+the sampled shapes become inventory operators (``op_for_sample``) or collectives, the
+analytical cost model gives each a baseline, and a residual regressor learns
+log(measured / baseline) from inventory features. Only single-operator and collective
+samples are used: measured end-to-end runs never reach this module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from paraplan.catalog import load_cluster, load_gpu
+from paraplan.costmodel import AnalyticalCostModel
+from paraplan.costmodel.collectives import estimate_collective_s
+from paraplan.costmodel.features import (
+    COLLECTIVE_FEATURES,
+    collective_features,
+    collective_key,
+    op_feature_names,
+    op_features,
+    op_key,
+)
+from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim
+from paraplan.inventory.samples import op_for_sample
+from paraplan.specs import ClusterSpec, Phase, Precision
+
+# Which sampled implementation an inventory operator is fitted on when the samples hold
+# several: Megatron-LM and the GPUModeling25 runs use the fused scale-mask-softmax kernel.
+PREFERRED_VARIANT = {"softmax": "ScaledUpperTriangMaskedSoftmax"}
+# Operators the inventory has no counterpart for (fillmask is fused into the softmax) or
+# whose sampled setting differs from training (the optimizer files: fp16 without master
+# weights, whole stage on one GPU) are not fitted; they stay analytical.
+SKIPPED_NAMES = {"fillmask", "optimizer"}
+
+
+@dataclass(frozen=True)
+class FitTask:
+    key: str
+    X: Any
+    baseline: Any
+    measured: Any
+    feature_names: list[str]
+    groups: Any
+
+
+def _op_tasks(samples) -> list[FitTask]:
+    import numpy as np
+
+    tasks = []
+    ops = samples[samples["kind"] == "op"]
+    for (device, name, phase), group in ops.groupby(["device", "name", "phase"], sort=True):
+        if name in SKIPPED_NAMES:
+            continue
+        variants = set(group["variant"])
+        wanted = PREFERRED_VARIANT.get(name)
+        variant = wanted if wanted in variants else ("" if "" in variants else sorted(variants)[0])
+        group = group[group["variant"] == variant]
+        cluster = ClusterSpec(gpu=load_gpu(device), gpus_per_node=1)
+        cm = AnalyticalCostModel(cluster, Precision(group["dtype"].iloc[0]))
+        rows, base, names = [], [], None
+        for record in group.itertuples(index=False):
+            row = {k: getattr(record, k) for k in ("mp", "b", "h", "l", "dim") if not _missing(getattr(record, k))}
+            if not _missing(record.vp):
+                row["Vp"] = record.vp
+            op = op_for_sample(variant or name, row)
+            way_phases = (Phase.FWD,) if phase == "fwd" else (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
+            b = sum(cm.estimate_op_s(op, ph) for ph in way_phases)
+            rows.append(op_features(op, phase, b))
+            base.append(b)
+            names = names or op_feature_names(op)
+        X = np.asarray(rows, dtype=float)
+        groups = [hash(tuple(r)) for r in X.round(9).tolist()]
+        tasks.append(
+            FitTask(op_key(device, name, phase), X, np.asarray(base), group["time_s"].to_numpy(), names, groups)
+        )
+    return tasks
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _collective_tasks(samples) -> list[FitTask]:
+    import numpy as np
+
+    tasks = []
+    colls = samples[samples["kind"] == "collective"]
+    for (cluster_name, name), group in colls.groupby(["cluster", "name"], sort=True):
+        kind = CollectiveKind(name)
+        rows, base = [], []
+        clusters: dict[int, ClusterSpec] = {}
+        for record in group.itertuples(index=False):
+            nodes, per_node = int(record.nodes), int(record.gpus_per_node)
+            if nodes not in clusters:
+                clusters[nodes] = load_cluster(cluster_name, num_nodes=nodes)
+            dim = ParallelDim.PP if kind is CollectiveKind.SEND_RECV else ParallelDim.DP
+            coll = Collective(f"sample_{name}", kind, dim, float(record.bytes), Phase.FWD)
+            layout = GroupLayout(size=nodes * per_node, nodes=nodes, per_node=per_node)
+            b = estimate_collective_s(coll, layout, clusters[nodes])
+            rows.append(collective_features(coll, layout, b))
+            base.append(b)
+        X = np.asarray(rows, dtype=float)
+        groups = [f"{r[2]:g}x{r[3]:g}" for r in rows]  # keep each topology on one side
+        tasks.append(
+            FitTask(
+                collective_key(cluster_name, name), X, np.asarray(base), group["time_s"].to_numpy(),
+                list(COLLECTIVE_FEATURES), None if len(set(groups)) < 3 else groups,
+            )
+        )
+    return tasks
+
+
+def fit_tasks(samples) -> list[FitTask]:
+    """The regression problems a samples table defines (one per regressor)."""
+    return _op_tasks(samples) + _collective_tasks(samples)
+
+
+def fit_models(
+    tasks: list[FitTask],
+    budget: str = "default",
+    random_state: int = 0,
+    progress: Callable[[str], None] | None = None,
+    done: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Fit one residual regressor per task (see :func:`fit_tasks`); {key: FittedRegressor}."""
+    from paraplan.regress.select import fit_best
+
+    models = {}
+    for task in tasks:
+        if progress is not None:
+            progress(task.key)
+        models[task.key] = fit_best(
+            task.key,
+            task.X,
+            task.baseline,
+            task.measured,
+            task.feature_names,
+            budget=budget,
+            random_state=random_state,
+            groups=task.groups,
+        )
+        if done is not None:
+            done()
+    return models
+
+
+def learning_curves_for(
+    tasks: list[FitTask], models: dict[str, Any], random_state: int = 0
+) -> dict[str, list[tuple[float, int, float]]]:
+    """Held-out error of each kept regressor trained on 10, 25, 50 and 100 % of its samples."""
+    from paraplan.regress.select import learning_curve
+
+    curves = {}
+    for task in tasks:
+        model = models[task.key]
+        curves[task.key] = learning_curve(
+            task.X, task.baseline, task.measured, algorithm=model.algorithm, params=model.params,
+            random_state=random_state, groups=task.groups, key=task.key,
+        )
+    return curves
+
+
+def training_metadata(samples_path, samples, budget: str, seed: int) -> dict[str, Any]:
+    """What a models file records about how it was made."""
+    from paraplan import __version__
+
+    meta = dict(samples.attrs.get("samples_metadata", {}))
+    return {
+        "samples_file": str(samples_path),
+        "samples_sources": meta.get("sources"),
+        "samples_excluded": meta.get("excluded"),
+        "devices": sorted(set(samples.loc[samples["kind"] == "op", "device"])),
+        "clusters": sorted(set(samples.loc[samples["kind"] == "collective", "cluster"])),
+        "budget": budget,
+        "seed": seed,
+        "paraplan_version": __version__,
+        "target": "log(measured / analytical estimate)",
+    }

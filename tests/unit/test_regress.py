@@ -1,0 +1,389 @@
+"""Residual regressors: learning, bounded extrapolation, tuning, safe model files, learning curves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import subprocess
+import sys
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("xgboost")
+pytest.importorskip("skops")
+
+from paraplan.regress.estimators import ResidualRegressor
+from paraplan.regress.select import (
+    FittedRegressor,
+    fit_best,
+    holdout_split,
+    learning_curve,
+    row_groups,
+    time_error,
+)
+from paraplan.regress.store import load_models, read_manifest, save_models
+from paraplan.specs import ConfigError
+
+NAMES = ["x", "log_scale"]
+
+
+def distorted(n: int = 600, seed: int = 0, noise: float = 0.0):
+    """A baseline b and a measured t = b * (1 + 0.3 sin x), with features (x, log b)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.0, 10.0, n)
+    scale = rng.uniform(-2.0, 2.0, n)
+    b = 1e-4 * np.exp(scale)
+    t = b * (1.0 + 0.3 * np.sin(x)) * np.exp(noise * rng.standard_normal(n))
+    return np.column_stack([x, scale]), b, t
+
+
+@pytest.fixture(scope="module")
+def data():
+    return distorted(noise=0.01)  # 1 % measurement noise
+
+
+@pytest.fixture(scope="module")
+def best(data):
+    X, b, t = data
+    return fit_best("op/a/fwd", X, b, t, NAMES, budget="quick")
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    X, b, t = data
+    return {
+        "op/a/fwd": fit_best("op/a/fwd", X, b, t, NAMES, budget="quick", algorithms=["xgboost"]),
+        "collective/b": fit_best("collective/b", X, b, t, NAMES, budget="quick", algorithms=["rforest"]),
+    }
+
+
+def one_line_config_error(excinfo, path) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg and msg.startswith(str(path))
+    return msg
+
+
+# --- learning ------------------------------------------------------------------------------
+
+
+def test_a_residual_regressor_learns_a_multiplicative_distortion_of_the_baseline(data, best):
+    X, b, t = data
+    assert best.holdout_error < 0.03
+    assert best.baseline_holdout_error > 0.1  # the distortion is up to ±30 %
+    assert best.holdout_error < best.baseline_holdout_error / 5
+    pred = best.predict_time(X[:50], b[:50])
+    assert np.mean(np.abs(pred - t[:50]) / t[:50]) < 0.03
+
+
+@pytest.mark.parametrize("algorithm", ["xgboost", "rforest"])
+def test_far_outside_the_training_range_the_prediction_is_the_baseline_times_a_training_residual(
+    data, algorithm
+):
+    X, b, t = data
+    y = np.log(t / b)
+    est = ResidualRegressor(algorithm, {"n_estimators": 50}).fit(X, y)
+    far = np.array([[1e3, 50.0], [-1e3, -50.0], [1e6, 0.0], [5.0, 1e4]])
+    b_far = 1e-4 * np.exp(far[:, 1].clip(-700, 700))  # baselines far beyond the sampled ones
+    predicted_time = b_far * np.exp(est.predict(far))
+    ratio = predicted_time / b_far
+    assert np.all((ratio >= (t / b).min()) & (ratio <= (t / b).max()))
+
+
+def test_fit_best_reports_cv_and_holdout_errors_and_keeps_the_better_algorithm(data, best):
+    X, _, t = data
+    assert set(best.cv_errors) == {"xgboost", "rforest"}  # both ran
+    assert best.algorithm == min(best.cv_errors, key=best.cv_errors.get)
+    assert best.cv_error == best.cv_errors[best.algorithm]
+    assert 0 < best.cv_error < 0.05 and 0 < best.holdout_error < 0.05
+    assert best.n_samples == len(t) and best.feature_names == NAMES
+    assert best.params and best.estimator.algorithm == best.algorithm
+    np.testing.assert_allclose(best.x_min, X.min(axis=0))
+    np.testing.assert_allclose(best.x_max, X.max(axis=0))
+    assert best.outside_range(np.array([[5.0, 0.0], [11.0, 0.0]])).tolist() == [False, True]
+
+
+def test_duplicate_grid_points_stay_on_one_side_of_the_hold_out():
+    X, _, _ = distorted(200)
+    X = np.repeat(X, 3, axis=0)  # every shape timed three times
+    groups = row_groups(X)
+    train, test = holdout_split(groups, random_state=0)
+    assert not set(map(tuple, X[train])) & set(map(tuple, X[test]))
+    assert 0.15 < len(test) / len(X) < 0.25
+
+
+def test_the_time_error_compares_predicted_and_measured_seconds():
+    b, t = np.array([1.0, 2.0]), np.array([1.1, 1.8])
+    y = np.log(t / b)
+    assert time_error(y, np.zeros(2)) == pytest.approx(np.mean(np.abs(b - t) / t))
+    assert time_error(y, y) == 0.0
+
+
+def test_bad_inputs_are_one_line_config_errors():
+    X, b, t = distorted(50)
+    with pytest.raises(ConfigError, match=r"^op/k: measured time t must be finite and > 0"):
+        fit_best("op/k", X, b, np.where(np.arange(50) == 3, 0.0, t), NAMES, budget="quick")
+    with pytest.raises(ConfigError, match=r"^op/k: 5 distinct samples, need at least 10"):
+        fit_best("op/k", X[:5], b[:5], t[:5], NAMES, budget="quick")
+    with pytest.raises(ConfigError, match=r"^op/k: X has shape"):
+        fit_best("op/k", X, b, t, ["only_one"], budget="quick")
+    with pytest.raises(ConfigError, match=r"^budget: 'huge' is not one of"):
+        fit_best("op/k", X, b, t, NAMES, budget="huge")
+
+
+# --- scikit-learn conventions --------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.SkipTestWarning")
+@pytest.mark.parametrize("algorithm", ["xgboost", "rforest"])
+def test_the_residual_regressor_passes_scikit_learns_estimator_checks(algorithm):
+    from sklearn.utils.estimator_checks import check_estimator
+
+    results = check_estimator(ResidualRegressor(algorithm, {"n_estimators": 5}), on_fail=None)
+    failed = [r["check_name"] for r in results if r["status"] == "failed"]
+    assert failed == []
+
+
+def test_the_fast_forest_prediction_equals_scikit_learns(data):
+    X, b, t = data
+    est = ResidualRegressor("rforest", {"n_estimators": 20}).fit(X, np.log(t / b))
+    raw = np.clip(est.estimator_.predict(X), est.residual_min_, est.residual_max_)
+    np.testing.assert_allclose(est.predict(X), raw, rtol=0, atol=1e-12)
+    staged = est.staged_predict(X, [20])[20]
+    np.testing.assert_allclose(staged, raw, rtol=0, atol=1e-12)
+
+
+# --- model files ---------------------------------------------------------------------------
+
+
+def test_save_then_load_gives_identical_predictions_for_both_algorithms(tmp_path, data, fitted):
+    X, _, _ = data
+    path = tmp_path / "a100.models"
+    save_models(path, fitted, {"gpu": "A100", "samples": "a100.samples", "rows": np.int64(600)})
+    models, metadata = load_models(path)
+    assert metadata == {"gpu": "A100", "samples": "a100.samples", "rows": 600}
+    assert list(models) == list(fitted)
+    for key, original in fitted.items():
+        loaded = models[key]
+        assert loaded.algorithm == original.algorithm
+        assert loaded.params == original.params and loaded.feature_names == NAMES
+        assert loaded.holdout_error == original.holdout_error and loaded.n_samples == original.n_samples
+        np.testing.assert_array_equal(loaded.x_min, original.x_min)
+        np.testing.assert_array_equal(loaded.predict_log_ratio(X), original.predict_log_ratio(X))
+    assert {m.algorithm for m in models.values()} == {"xgboost", "rforest"}
+    manifest = read_manifest(path)
+    assert manifest["format_version"] == 1 and manifest["paraplan_version"]
+
+
+def test_an_existing_model_file_is_not_overwritten_unless_asked(tmp_path, fitted):
+    path = tmp_path / "a100.models"
+    save_models(path, fitted, {"run": 1})
+    with pytest.raises(ConfigError, match="already exists") as excinfo:
+        save_models(path, fitted, {"run": 2})
+    one_line_config_error(excinfo, path)
+    assert load_models(path)[1] == {"run": 1}
+    save_models(path, fitted, {"run": 2}, overwrite=True)
+    assert load_models(path)[1] == {"run": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a100.models"]  # no temp files left
+
+
+def rewrite(path, change):
+    """Rewrite the archive at ``path`` with ``change(members)`` applied to its {name: bytes}."""
+    with zipfile.ZipFile(path) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    change(members)
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+
+
+def edit_manifest(members, edit):
+    manifest = json.loads(members["manifest.json"])
+    edit(manifest)
+    members["manifest.json"] = json.dumps(manifest).encode()
+
+
+def replace_member(members, key, data):
+    """Swap a model member's bytes and update its checksum (a consistent tamper)."""
+    manifest = json.loads(members["manifest.json"])
+    entry = manifest["models"][key]
+    members[entry["file"]] = data
+    entry["sha256"] = hashlib.sha256(data).hexdigest()
+    members["manifest.json"] = json.dumps(manifest).encode()
+
+
+def member_of(path, key):
+    with zipfile.ZipFile(path) as zf:
+        return zf.read(json.loads(zf.read("manifest.json"))["models"][key]["file"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: m.update({"manifest.json": b"{not json"}), "manifest.json is not valid JSON"),
+        (lambda m: m.pop("manifest.json"), "manifest.json is missing"),
+        (
+            lambda m: edit_manifest(m, lambda d: d.update(format_version=99)),
+            "format_version 99 is not supported",
+        ),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["op/a/fwd"].update(feature_names="x")),
+            "models.op/a/fwd.feature_names: must be a list of strings",
+        ),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["op/a/fwd"].update(x_min=[0.0])),
+            "models.op/a/fwd.x_min: must be 2 finite numbers",
+        ),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["op/a/fwd"].update(file="../../x.json")),
+            "is not a .json member under models/",
+        ),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["collective/b"].update(algorithm="xgboost")),
+            "is not a .json member under models/",
+        ),
+    ],
+)
+def test_a_tampered_manifest_is_a_one_line_config_error(tmp_path, fitted, change, message):
+    path = tmp_path / "a100.models"
+    save_models(path, fitted, {})
+    rewrite(path, change)
+    with pytest.raises(ConfigError) as excinfo:
+        load_models(path)
+    assert message in one_line_config_error(excinfo, path)
+
+
+def test_a_truncated_or_altered_model_file_is_a_one_line_config_error(tmp_path, fitted):
+    path = tmp_path / "a100.models"
+    save_models(path, fitted, {})
+    xgb_json = member_of(path, "op/a/fwd")
+
+    rewrite(path, lambda m: replace_member(m, "op/a/fwd", xgb_json[: len(xgb_json) // 2]))
+    with pytest.raises(ConfigError) as excinfo:
+        load_models(path)
+    assert one_line_config_error(excinfo, path) == (
+        f"{path}: model file 'op/a/fwd' is not a valid XGBoost JSON model"
+    )
+
+    save_models(path, fitted, {}, overwrite=True)
+    rewrite(path, lambda m: m.update({"models/000.json": xgb_json.replace(b"1", b"2", 1)}))
+    with pytest.raises(ConfigError, match="does not match its checksum") as excinfo:
+        load_models(path)
+    one_line_config_error(excinfo, path)
+
+    save_models(path, fitted, {}, overwrite=True)
+    forest = member_of(path, "collective/b")
+    rewrite(path, lambda m: replace_member(m, "collective/b", forest[:-100]))
+    with pytest.raises(ConfigError, match="'collective/b' is not a valid skops") as excinfo:
+        load_models(path)
+    one_line_config_error(excinfo, path)
+
+    path.write_bytes(path.read_bytes()[:200])  # the archive itself cut short
+    with pytest.raises(ConfigError) as excinfo:
+        load_models(path)
+    one_line_config_error(excinfo, path)
+
+
+class Payload:
+    """Unpickling this creates ``marker``: the proof that a loader ran a pickle."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_is_never_loaded(tmp_path, fitted):
+    marker = tmp_path / "pickle-ran"
+    payload = pickle.dumps(Payload(marker))
+
+    path = tmp_path / "evil.models"
+    path.write_bytes(payload)  # a pickle where the model file should be
+    with pytest.raises(ConfigError, match="not a paraplan model file") as excinfo:
+        load_models(path)
+    one_line_config_error(excinfo, path)
+
+    save_models(path, fitted, {}, overwrite=True)  # a pickle as the random-forest member
+    rewrite(path, lambda m: replace_member(m, "collective/b", payload))
+    with pytest.raises(ConfigError, match="is not a valid skops file"):
+        load_models(path)
+
+    save_models(path, fitted, {}, overwrite=True)  # a pickle as the XGBoost member
+    rewrite(path, lambda m: replace_member(m, "op/a/fwd", payload))
+    with pytest.raises(ConfigError, match="is not a valid XGBoost JSON model"):
+        load_models(path)
+
+    def pkl_member(members):  # a manifest pointing at a .pkl member
+        members["models/000.pkl"] = payload
+        edit_manifest(members, lambda d: d["models"]["op/a/fwd"].update(file="models/000.pkl"))
+
+    save_models(path, fitted, {}, overwrite=True)
+    rewrite(path, pkl_member)
+    with pytest.raises(ConfigError, match=r"is not a \.json member"):
+        load_models(path)
+    assert not marker.exists()
+
+
+def test_a_skops_file_with_untrusted_types_is_refused_before_loading(tmp_path, fitted):
+    import skops.io as sio
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import FunctionTransformer
+
+    path = tmp_path / "a100.models"
+    save_models(path, fitted, {})
+    hostile = sio.dumps(
+        make_pipeline(FunctionTransformer(print), fitted["collective/b"].estimator.estimator_)
+    )
+    rewrite(path, lambda m: replace_member(m, "collective/b", hostile))
+    with pytest.raises(
+        ConfigError, match=r"holds types paraplan does not trust: builtins\.print$"
+    ) as excinfo:
+        load_models(path)
+    one_line_config_error(excinfo, path)
+
+
+def test_a_missing_model_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such model file"):
+        load_models(tmp_path / "nothing.models")
+
+
+# --- learning curves and speed -------------------------------------------------------------
+
+
+def test_learning_curves_use_nested_training_fractions_and_one_hold_out(tmp_path, data):
+    X, b, t = data
+    rows = learning_curve(X, b, t, algorithm="xgboost", params={"n_estimators": 60})
+    assert [r[0] for r in rows] == [0.1, 0.25, 0.5, 1.0]
+    n = [r[1] for r in rows]
+    assert n == sorted(n) and n[-1] == len(holdout_split(row_groups(X))[0])
+    errors = [r[2] for r in rows]
+    assert all(0 < e < 0.3 for e in errors)
+    assert errors[-1] < 0.03 and errors[-1] < errors[0]
+
+    from paraplan.regress.plot import plot_learning_curves
+
+    out = plot_learning_curves({"op/a/fwd": rows, "collective/b": rows[:2]}, tmp_path / "curves.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_quick_budget_fits_one_regressor_in_seconds():
+    X, b, t = distorted(2000, seed=3, noise=0.01)
+    start = time.perf_counter()
+    best = fit_best("op/speed", X, b, t, NAMES, budget="quick")
+    elapsed = time.perf_counter() - start
+    assert elapsed < 15.0  # ~1.5 s on the 2-core machine; generous for a loaded CI box
+    assert isinstance(best, FittedRegressor) and best.fit_seconds <= elapsed
+
+
+def test_importing_paraplan_does_not_load_the_machine_learning_libraries():
+    code = (
+        "import sys, paraplan, paraplan.regress; "
+        "heavy = {'sklearn', 'xgboost', 'skops', 'matplotlib'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
