@@ -9,7 +9,6 @@ samples are used: measured end-to-end runs never reach this module.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +81,9 @@ def _op_tasks(samples) -> list[FitTask]:
 
 
 def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    import pandas as pd
+
+    return bool(pd.isna(value))
 
 
 def _collective_tasks(samples) -> list[FitTask]:
@@ -105,11 +106,10 @@ def _collective_tasks(samples) -> list[FitTask]:
             rows.append(collective_features(coll, layout, b))
             base.append(b)
         X = np.asarray(rows, dtype=float)
-        groups = [f"{r[2]:g}x{r[3]:g}" for r in rows]  # keep each topology on one side
         tasks.append(
             FitTask(
                 collective_key(cluster_name, name), X, np.asarray(base), group["time_s"].to_numpy(),
-                list(COLLECTIVE_FEATURES), None if len(set(groups)) < 3 else groups,
+                list(COLLECTIVE_FEATURES), None,
             )
         )
     return tasks

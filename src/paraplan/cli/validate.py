@@ -14,14 +14,21 @@ def validate_command(
     runs_file: Annotated[Path, typer.Argument(help="runs_perlmutter.json (GPUModeling25 measured runs).")],
     output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
     components: Annotated[bool, typer.Option("--components/--no-components", help="Per-component tables.")] = True,
+    backend: Annotated[str, typer.Option(help="analytical | learned (needs --models).")] = "analytical",
+    models: Annotated[Path | None, typer.Option(help="Models file from `paraplan fit`.")] = None,
 ) -> None:
     """Predict measured runs from their configuration; print measured vs predicted and the error."""
     from paraplan.report.formats import render_csv, render_json
     from paraplan.report.validation import render_validation, validation_rows
     from paraplan.validate import load_runs, validate_runs
 
+    from paraplan.backends import load_model_file
+
+    if models is not None and backend == "analytical":
+        backend = "learned"
     with user_errors():
-        results = validate_runs(load_runs(runs_file))
+        fitted = load_model_file(models)[0] if models is not None else None
+        results = validate_runs(load_runs(runs_file), backend, fitted)
     if output is OutputFormat.json:
         write_text(render_json(validation_rows(results, components=True)))
     elif output is OutputFormat.csv:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paraplan.backends import make_cost_model
 from paraplan.catalog import resolve_job
 from paraplan.prediction import Prediction, StageTiming, predict
 from paraplan.specs import ConfigError
@@ -147,18 +148,20 @@ def _compare(run: dict[str, Any], pred: Prediction) -> tuple[ComponentError, ...
     return tuple(out)
 
 
-def validate_runs(runs: list[dict[str, Any]]) -> list[RunValidation]:
+def validate_runs(
+    runs: list[dict[str, Any]], backend: str = "analytical", models: dict[str, Any] | None = None
+) -> list[RunValidation]:
     """Predict every run from its configuration and compare with what was measured.
     Accepts GPUModeling25 records (runs_perlmutter.json) and published Megatron-LM records
-    (runs_dev.json)."""
+    (runs_dev.json); ``backend``/``models`` choose the cost model."""
     from paraplan.validate.published import is_published_record, validate_published
 
     if runs and all(is_published_record(r) for r in runs):
-        return validate_published(runs)
+        return validate_published(runs, backend, models)
     results = []
     for run in runs:
         job = resolve_job(job_mapping_from_run(run))
-        pred = predict(job)
+        pred = predict(job, make_cost_model(job, backend, models))
         their = run.get("their_prediction", {}).get("derived_error_vs_statistics_pct", {}).get("vs_min")
         results.append(
             RunValidation(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from paraplan.backends import make_cost_model
 from paraplan.catalog import resolve_job
 from paraplan.prediction import predict
 from paraplan.validate.gpumodeling import RunValidation
@@ -75,10 +76,13 @@ def measured_iteration_s(run: dict[str, Any]) -> float:
     return measured if measured is not None else run["derived"]["iteration_time_s"]
 
 
-def validate_published(runs: list[dict[str, Any]]) -> list[RunValidation]:
+def validate_published(
+    runs: list[dict[str, Any]], backend: str = "analytical", models: dict[str, Any] | None = None
+) -> list[RunValidation]:
     results = []
     for run in runs:
-        pred = predict(resolve_job(job_mapping_from_published(run)))
+        job = resolve_job(job_mapping_from_published(run))
+        pred = predict(job, make_cost_model(job, backend, models))
         results.append(
             RunValidation(
                 run_id=run["id"],
