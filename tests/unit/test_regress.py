@@ -160,10 +160,14 @@ def test_the_fast_forest_prediction_equals_scikit_learns(data):
 # --- model files ---------------------------------------------------------------------------
 
 
-def test_save_then_load_gives_identical_predictions_for_both_algorithms(tmp_path, data, fitted):
+@pytest.mark.parametrize("xgboost_format", ["ubj", "json"])
+def test_save_then_load_gives_identical_predictions_for_both_algorithms(
+    tmp_path, data, fitted, xgboost_format
+):
     X, _, _ = data
     path = tmp_path / "a100.models"
-    save_models(path, fitted, {"gpu": "A100", "samples": "a100.samples", "rows": np.int64(600)})
+    metadata = {"gpu": "A100", "samples": "a100.samples", "rows": np.int64(600)}
+    save_models(path, fitted, metadata, xgboost_format=xgboost_format)
     models, metadata = load_models(path)
     assert metadata == {"gpu": "A100", "samples": "a100.samples", "rows": 600}
     assert list(models) == list(fitted)
@@ -177,6 +181,7 @@ def test_save_then_load_gives_identical_predictions_for_both_algorithms(tmp_path
     assert {m.algorithm for m in models.values()} == {"xgboost", "rforest"}
     manifest = read_manifest(path)
     assert manifest["format_version"] == 1 and manifest["paraplan_version"]
+    assert manifest["models"]["op/a/fwd"]["file"].endswith(f".{xgboost_format}")
 
 
 def test_an_existing_model_file_is_not_overwritten_unless_asked(tmp_path, fitted):
@@ -240,11 +245,11 @@ def member_of(path, key):
         ),
         (
             lambda m: edit_manifest(m, lambda d: d["models"]["op/a/fwd"].update(file="../../x.json")),
-            "is not a .json member under models/",
+            "is not a .ubj or .json member under models/",
         ),
         (
             lambda m: edit_manifest(m, lambda d: d["models"]["collective/b"].update(algorithm="xgboost")),
-            "is not a .json member under models/",
+            "is not a .ubj or .json member under models/",
         ),
     ],
 )
@@ -257,20 +262,24 @@ def test_a_tampered_manifest_is_a_one_line_config_error(tmp_path, fitted, change
     assert message in one_line_config_error(excinfo, path)
 
 
-def test_a_truncated_or_altered_model_file_is_a_one_line_config_error(tmp_path, fitted):
+@pytest.mark.parametrize(("xgboost_format", "kind"), [("json", "JSON"), ("ubj", "UBJSON")])
+def test_a_truncated_xgboost_model_is_a_one_line_config_error(tmp_path, fitted, xgboost_format, kind):
     path = tmp_path / "a100.models"
-    save_models(path, fitted, {})
-    xgb_json = member_of(path, "op/a/fwd")
-
-    rewrite(path, lambda m: replace_member(m, "op/a/fwd", xgb_json[: len(xgb_json) // 2]))
+    save_models(path, fitted, {}, xgboost_format=xgboost_format)
+    model = member_of(path, "op/a/fwd")
+    rewrite(path, lambda m: replace_member(m, "op/a/fwd", model[: len(model) // 2]))
     with pytest.raises(ConfigError) as excinfo:
         load_models(path)
     assert one_line_config_error(excinfo, path) == (
-        f"{path}: model file 'op/a/fwd' is not a valid XGBoost JSON model"
+        f"{path}: model file 'op/a/fwd' is not a valid XGBoost {kind} model"
     )
 
-    save_models(path, fitted, {}, overwrite=True)
-    rewrite(path, lambda m: m.update({"models/000.json": xgb_json.replace(b"1", b"2", 1)}))
+
+def test_an_altered_or_truncated_model_file_is_a_one_line_config_error(tmp_path, fitted):
+    path = tmp_path / "a100.models"
+    save_models(path, fitted, {})
+    model = member_of(path, "op/a/fwd")
+    rewrite(path, lambda m: m.update({"models/000.ubj": model.replace(b"1", b"2", 1)}))
     with pytest.raises(ConfigError, match="does not match its checksum") as excinfo:
         load_models(path)
     one_line_config_error(excinfo, path)
@@ -315,7 +324,7 @@ def test_a_pickle_is_never_loaded(tmp_path, fitted):
 
     save_models(path, fitted, {}, overwrite=True)  # a pickle as the XGBoost member
     rewrite(path, lambda m: replace_member(m, "op/a/fwd", payload))
-    with pytest.raises(ConfigError, match="is not a valid XGBoost JSON model"):
+    with pytest.raises(ConfigError, match="is not a valid XGBoost UBJSON model"):
         load_models(path)
 
     def pkl_member(members):  # a manifest pointing at a .pkl member
@@ -324,7 +333,7 @@ def test_a_pickle_is_never_loaded(tmp_path, fitted):
 
     save_models(path, fitted, {}, overwrite=True)
     rewrite(path, pkl_member)
-    with pytest.raises(ConfigError, match=r"is not a \.json member"):
+    with pytest.raises(ConfigError, match=r"is not a \.ubj or \.json member"):
         load_models(path)
     assert not marker.exists()
 
@@ -343,6 +352,18 @@ def test_a_skops_file_with_untrusted_types_is_refused_before_loading(tmp_path, f
     with pytest.raises(
         ConfigError, match=r"holds types paraplan does not trust: builtins\.print$"
     ) as excinfo:
+        load_models(path)
+    one_line_config_error(excinfo, path)
+
+
+def test_a_forest_whose_trees_point_out_of_bounds_is_refused(tmp_path, data, fitted):
+    X, b, t = data
+    est = ResidualRegressor("rforest", {"n_estimators": 3}).fit(X, np.log(t / b))
+    est.estimator_.estimators_[1].tree_.children_left[0] = 10**6  # crafted: predict would segfault
+    crafted = {"collective/b": FittedRegressor(**{**vars(fitted["collective/b"]), "estimator": est})}
+    path = tmp_path / "a100.models"
+    save_models(path, crafted, {})
+    with pytest.raises(ConfigError, match=r"tree 1 has out-of-range node or feature indices") as excinfo:
         load_models(path)
     one_line_config_error(excinfo, path)
 

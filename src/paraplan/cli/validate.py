@@ -18,11 +18,10 @@ def validate_command(
     models: Annotated[Path | None, typer.Option(help="Models file from `paraplan fit`.")] = None,
 ) -> None:
     """Predict measured runs from their configuration; print measured vs predicted and the error."""
+    from paraplan.backends import load_model_file
     from paraplan.report.formats import render_csv, render_json
     from paraplan.report.validation import render_validation, validation_rows
     from paraplan.validate import load_runs, validate_runs
-
-    from paraplan.backends import load_model_file
 
     if models is not None and backend == "analytical":
         backend = "learned"
