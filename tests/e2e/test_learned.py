@@ -23,12 +23,12 @@ def _write_linear1_samples(folder):
     """A GPUModeling-style linear1 file whose times are the roofline's times, distorted."""
     cm = AnalyticalCostModel(ClusterSpec(gpu=load_gpu("A100-SXM4-80GB"), gpus_per_node=1), Precision.FP16)
     lines = ["mp,b,l,dim,F_dur(us),B_dur(us)"]
-    for mp, b, l, dim in itertools.product((1, 2, 4), (2, 4), (1024, 2048, 3072), (2048, 4096, 6144)):
-        op = op_for_sample("linear1", {"mp": mp, "b": b, "l": l, "dim": dim})
+    for mp, b, seq, dim in itertools.product((1, 2, 4), (2, 4), (1024, 2048, 3072), (2048, 4096, 6144)):
+        op = op_for_sample("linear1", {"mp": mp, "b": b, "l": seq, "dim": dim})
         scale = DISTORTION * (1 + 0.2 * math.log10(1e12 / op.flops))
         fwd = cm.estimate_op_s(op, Phase.FWD) * scale * 1e6
         bwd = (cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT)) * scale * 1e6
-        lines.append(f"{mp}.0,{b}.0,{l}.0,{dim}.0,{fwd:.1f},{bwd:.1f}")
+        lines.append(f"{mp}.0,{b}.0,{seq}.0,{dim}.0,{fwd:.1f},{bwd:.1f}")
     folder.mkdir()
     (folder / "NVIDIAA100-SXM4-80GB_linear1_fp16.csv").write_text("\n".join(lines) + "\n")
 
