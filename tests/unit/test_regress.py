@@ -87,11 +87,11 @@ def test_far_outside_the_training_range_the_prediction_is_the_baseline_times_a_t
     X, b, t = data
     y = np.log(t / b)
     est = ResidualRegressor(algorithm, {"n_estimators": 50}).fit(X, y)
-    far = np.array([[1e3, 50.0], [-1e3, -50.0], [1e6, 0.0], [5.0, 1e4]])
-    b_far = 1e-4 * np.exp(far[:, 1].clip(-700, 700))  # baselines far beyond the sampled ones
-    predicted_time = b_far * np.exp(est.predict(far))
-    ratio = predicted_time / b_far
-    assert np.all((ratio >= (t / b).min()) & (ratio <= (t / b).max()))
+    far = np.array([[1e3, 50.0], [-1e3, -50.0], [1e6, 0.0], [5.0, 1e4]])  # x trained on [0, 10]
+    pred = est.predict(far)
+    # predicted time = b * exp(pred): the baseline times a residual seen in training (±30 %)
+    assert np.all((pred >= y.min()) & (pred <= y.max()))
+    assert np.all(np.abs(np.exp(pred) - 1) < 0.33)
 
 
 def test_fit_best_reports_cv_and_holdout_errors_and_keeps_the_better_algorithm(data, best):
