@@ -8,6 +8,7 @@ from paraplan.cli.catalog import catalog_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
 from paraplan.cli.samples import samples_app
+from paraplan.cli.search import search_command
 from paraplan.cli.validate import validate_command
 
 app = typer.Typer(
@@ -22,6 +23,7 @@ app.command("catalog")(catalog_command)
 app.command("validate")(validate_command)
 app.add_typer(samples_app, name="samples")
 app.command("fit")(fit_command)
+app.command("search")(search_command)
 
 
 def _print_version(value: bool) -> None:
