@@ -79,3 +79,26 @@ def test_search_command_prints_plans_and_rejects_bad_objectives():
     bad = runner.invoke(app, ["search", "--model", "gpt3-1.3b", "--objective", "speed"])
     assert bad.exit_code == 2
     assert "objective: 'speed' is not one of time, cost" in bad.output
+
+
+def test_the_pareto_front_keeps_exactly_the_undominated_points():
+    from paraplan.search import pareto_front
+
+    points = [(1, 9), (2, 5), (3, 6), (4, 1), (2, 7), (5, 1)]
+    front = pareto_front(points, lambda p: p[0], lambda p: p[1])
+    assert front == [(1, 9), (2, 5), (4, 1)]
+    for p in points:
+        dominated = any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)
+        assert (p in front) == (not dominated)
+
+
+def test_cluster_sizing_compares_sizes_and_writes_a_pareto_chart(tmp_path):
+    runner = CliRunner()
+    chart = tmp_path / "pareto.png"
+    result = runner.invoke(app, ["search", "--model", "gpt3-1.3b", "--cluster", "aws-p4de.24xlarge", "--sizes", "1,2",
+                                 "--global-batch-size", "64", "--train-tokens", "10B", "--pareto", str(chart),
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {p["gpus"] for p in data["plans"]} <= {"8 x A100-SXM4-80GB", "16 x A100-SXM4-80GB"}
+    assert data["pareto"] and chart.stat().st_size > 10_000

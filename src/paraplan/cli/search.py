@@ -28,6 +28,9 @@ def search_command(
     deadline: Annotated[str | None, Opt(help="Deadline for train_tokens, e.g. 14d.")] = None,
     framework: Annotated[str, Opt(help="megatron | deepspeed")] = "megatron",
     allow_tp_across_nodes: Annotated[bool, Opt(help="Also try tensor parallelism across nodes.")] = False,
+    sizes: Annotated[str | None, Opt(help="Cluster sizing: node counts to try, e.g. 4,8,16,32.")] = None,
+    clusters: Annotated[str | None, Opt(help="GPU/cluster types to compare, e.g. dgx-a100,dgx-h100.")] = None,
+    pareto: Annotated[Path | None, Opt(help="Write the time-vs-cost Pareto chart to this PNG.")] = None,
     top: Annotated[int, Opt(help="How many plans to show.")] = 10,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
 ) -> None:
@@ -35,7 +38,7 @@ def search_command(
     and memory (saying why), time the rest and rank them."""
     from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
     from paraplan.report.search import render_search, search_rows
-    from paraplan.search import SearchSpace, search_plans
+    from paraplan.search import SearchSpace, merge_results, search_plans
     from paraplan.search.run import OBJECTIVES
     from paraplan.specs import ConfigError
     from paraplan.units import parse_seconds, parse_usd
@@ -60,24 +63,73 @@ def search_command(
             if num_gpus % node.gpus_per_node:
                 raise ConfigError(f"num_gpus: {num_gpus} is not a multiple of {node.gpus_per_node} GPUs per node")
             mapping["cluster"] = {**mapping["cluster"], "num_nodes": num_gpus // node.gpus_per_node}
-        base = resolve_job({**mapping, "parallel": {}}, base_dir=job_file.parent if job_file else ".")
+        base_dir = job_file.parent if job_file else "."
+        base = resolve_job({**mapping, "parallel": {}}, base_dir=base_dir)
         gbs = mapping["parallel"]["global_batch_size"] or base.parallel.global_batch_size
-        with err.status(f"searching plans for {base.model.name} on {base.cluster.num_gpus} x {base.cluster.gpu.name}"):
-            result = search_plans(
-                base.model, base.cluster, gbs, base.precision,
-                SearchSpace(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes),
-                objective=objective, train_tokens=base.train_tokens,
-                budget_usd=parse_usd(budget) if budget else None,
-                deadline_s=parse_seconds(deadline) if deadline else None,
-            )
+        bases = []
+        for name in (clusters.split(",") if clusters else [None]):
+            for nodes in (_ints("sizes", sizes) if sizes else [None]):
+                c = dict(mapping["cluster"]) if name is None else {"name": name.strip()}
+                if nodes is not None:
+                    c["num_nodes"] = nodes
+                elif name is not None:
+                    c["num_nodes"] = base.cluster.num_nodes
+                bases.append(resolve_job({**mapping, "cluster": c, "parallel": {}}, base_dir=base_dir))
+        results = []
+        for b in bases:
+            with err.status(f"searching plans for {b.model.name} on {b.cluster.num_gpus} x {b.cluster.gpu.name}"):
+                results.append(
+                    search_plans(
+                        b.model, b.cluster, gbs, b.precision,
+                        SearchSpace(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes),
+                        objective=objective, train_tokens=b.train_tokens,
+                        budget_usd=parse_usd(budget) if budget else None,
+                        deadline_s=parse_seconds(deadline) if deadline else None,
+                    )
+                )
+        result = merge_results(results)
+        front = None
+        if pareto is not None:
+            from paraplan.report.pareto import plot_pareto
+            from paraplan.search import pareto_front
+
+            priced = [p for p in result.ranked if p.usd_per_million_tokens is not None]
+            if not priced:
+                raise ConfigError("pareto: needs clusters with a price_per_gpu_hour")
+            to_train = all(p.time_to_train_s is not None for p in priced)
+            if to_train:
+                front = pareto_front(priced, lambda p: p.time_to_train_s, lambda p: p.cost_to_train_usd)
+            else:
+                front = pareto_front(priced, lambda p: 1 / p.tokens_per_s, lambda p: p.usd_per_million_tokens)
+            plot_pareto(priced, front, pareto, to_train=to_train)
     rows = search_rows(result, top)
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
 
-        write_text(render_json({"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}))
+        data = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
+        if front is not None:
+            data["pareto"] = search_rows(type(result)(front, result.excluded, result.considered, objective), len(front))
+        write_text(render_json(data))
     elif output is OutputFormat.csv:
         from paraplan.report.formats import render_csv
 
         write_text(render_csv(rows))
     else:
         out.print(render_search(result, rows))
+        if front is not None:
+            out.print(render_search(type(result)(front, result.excluded, result.considered, objective),
+                                    search_rows(type(result)(front, result.excluded, result.considered, objective), len(front)),
+                                    title="Pareto front (time against cost)"))
+            err.print(f"wrote {pareto}")
+
+
+def _ints(name: str, text: str) -> list[int]:
+    from paraplan.specs import ConfigError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{name}: expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{name}: expected positive whole numbers, got {text!r}")
+    return values

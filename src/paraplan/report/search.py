@@ -18,6 +18,8 @@ def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
         rows.append(
             {
                 "rank": rank,
+                "gpus": f"{pred.job.cluster.num_gpus} x {pred.job.cluster.gpu.name}",
+                "cluster": pred.job.cluster.name,
                 "tp": plan.tp,
                 "pp": plan.pp,
                 "dp": plan.dp,
@@ -39,21 +41,23 @@ def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
     return rows
 
 
-def render_search(result: SearchResult, rows: list[dict[str, Any]]) -> Group:
-    title = f"Best plans by {result.objective} ({len(result.ranked)} feasible of {result.considered} considered)"
+def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str | None = None) -> Group:
+    title = title or f"Best plans by {result.objective} ({len(result.ranked)} feasible of {result.considered} considered)"
     table = Table(title=title, title_justify="left")
-    for col in ("#", "tp", "pp", "dp", "cp", "sp", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU", "$/M tok", "to train", "cost"):
+    for col in ("#", "GPUs", "tp", "pp", "dp", "cp", "sp", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU", "$/M tok", "to train", "cost"):
         table.add_column(col, justify="left" if col in ("recompute", "sp") else "right")
     for r in rows:
         usd = r["usd_per_million_tokens"]
         table.add_row(
-            str(r["rank"]), str(r["tp"]), str(r["pp"]), str(r["dp"]), str(r["cp"]),
+            str(r["rank"]), r["gpus"], str(r["tp"]), str(r["pp"]), str(r["dp"]), str(r["cp"]),
             "on" if r["sequence_parallel"] else "off", str(r["micro_batch_size"]), str(r["zero_stage"]),
             r["recompute"], f"{r['iteration_s']:.2f}", f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f} %",
             f"{r['memory_per_gpu_bytes'] / 2**30:.1f}", "-" if usd is None else f"${usd:.2f}",
             "-" if r["time_to_train_s"] is None else format_seconds(r["time_to_train_s"]),
             "-" if r["cost_to_train_usd"] is None else f"${r['cost_to_train_usd']:,.0f}",
         )
+    if title is not None:
+        return Group(table)
     why = Table(title="Excluded plans", title_justify="left")
     why.add_column("reason")
     why.add_column("plans", justify="right")

@@ -23,6 +23,16 @@ class SearchResult:
     objective: str
 
 
+def merge_results(results: list[SearchResult]) -> SearchResult:
+    """One ranking over several searches (e.g. cluster sizes or GPU types)."""
+    objective = results[0].objective
+    ranked = sorted((p for r in results for p in r.ranked), key=lambda p: _score(p, objective))
+    excluded: Counter = Counter()
+    for r in results:
+        excluded.update(r.excluded)
+    return SearchResult(ranked, excluded, sum(r.considered for r in results), objective)
+
+
 def _score(pred: Prediction, objective: str) -> float:
     if objective == "cost":
         usd = pred.usd_per_million_tokens
