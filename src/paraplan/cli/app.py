@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from paraplan.cli.catalog import catalog_command
+from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
 from paraplan.cli.samples import samples_app
@@ -24,6 +25,7 @@ app.command("validate")(validate_command)
 app.add_typer(samples_app, name="samples")
 app.command("fit")(fit_command)
 app.command("search")(search_command)
+app.command("export")(export_command)
 
 
 def _print_version(value: bool) -> None:

@@ -1,0 +1,116 @@
+"""What every launch recipe shares: the plan in one line, the prediction in a few, notes, numbers."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from paraplan.inventory.partition import count_layers_per_stage
+from paraplan.specs import Job
+
+if TYPE_CHECKING:
+    from paraplan.prediction import Prediction
+
+NOTE = "NOTE(paraplan):"  # a plan feature the target expresses differently, or not at all
+EDIT = "EDIT:"  # a value the plan does not know (data, tokenizer, learning rate...); the user sets it
+PLACEHOLDER = "EDIT-ME"  # a value left for the user; every target rejects it until it is replaced
+
+
+def check_prediction(job: Job, prediction: Prediction | None) -> None:
+    """A recipe's numbers must describe the job it launches."""
+    if prediction is not None and prediction.job != job:
+        raise ValueError("export: the prediction was made for a different job than the one exported")
+
+
+def plan_summary(job: Job) -> str:
+    """The resolved plan in one line, in paraplan's vocabulary."""
+    p = job.parallel
+    parts = [
+        f"tp={p.tp}", f"pp={p.pp}", f"dp={p.dp}", f"cp={p.cp}", f"vpp={p.vpp}",
+        f"sequence_parallel={'on' if p.sequence_parallel else 'off'}", f"zero_stage={p.zero_stage}",
+        f"micro_batch_size={p.micro_batch_size}", f"global_batch_size={p.global_batch_size}",
+        f"({micro_batches(job)})", f"recompute={p.recompute.value}",
+        f"schedule={p.schedule.value}", f"framework={p.framework.value}",
+        f"precision={job.precision.value}",
+    ]
+    if p.layers_per_stage is not None:
+        parts.insert(5, f"layers_per_stage={list(p.layers_per_stage)}")
+    return " ".join(parts)
+
+
+def header_lines(job: Job, prediction: Prediction | None, what: str) -> list[str]:
+    """The comment lines that open a recipe: what it is, the job, the plan, the prediction."""
+    from paraplan import __version__
+
+    c = job.cluster
+    lines = [
+        f"{what}, exported by paraplan {__version__}",
+        f"job {job.name!r}: model {job.model.name} on {c.num_nodes} node(s) x {c.gpus_per_node} "
+        f"{c.gpu.name} ({c.num_gpus} GPUs, cluster {c.name})",
+        f"plan: {plan_summary(job)}",
+    ]
+    if prediction is not None:
+        mem = prediction.worst_memory
+        lines.append(
+            f"predicted ({prediction.backend} backend): {prediction.iteration_s:.3g} s per iteration, "
+            f"{prediction.tokens_per_s:,.0f} tokens/s, MFU {prediction.mfu:.1%}, "
+            f"{mem.total / 2**30:.1f} GiB of {c.gpu.hbm_bytes / 2**30:.0f} GiB per GPU "
+            f"({'fits' if prediction.fits else 'does NOT fit'})"
+        )
+        if prediction.time_to_train_s is not None:
+            lines.append(
+                f"predicted time to train {job.train_tokens:.3g} tokens: "
+                f"{format_duration(prediction.time_to_train_s)}"
+            )
+    return lines
+
+
+def common_notes(job: Job, prediction: Prediction | None) -> list[str]:
+    """Notes that hold whatever the target: a plan that does not fit is still exported."""
+    notes = []
+    if prediction is not None and not prediction.fits:
+        mem = prediction.worst_memory
+        notes.append(
+            f"the plan does not fit: the worst stage needs {mem.total / 2**30:.1f} GiB per GPU, "
+            f"the {job.cluster.gpu.name} has {job.cluster.gpu.hbm_bytes / 2**30:.0f} GiB; expect out-of-memory"
+        )
+    return notes
+
+
+def layer_split(job: Job) -> tuple[int, ...]:
+    """Transformer layers per pipeline stage, as paraplan predicted them."""
+    return count_layers_per_stage(job.model, job.parallel)
+
+
+def layers_per_virtual_stage(job: Job) -> int:
+    """Layers in one model chunk of the interleaved schedule (num_layers / (pp * vpp))."""
+    p = job.parallel
+    return job.model.num_layers // (p.pp * p.vpp)
+
+
+def train_iterations(job: Job) -> int | None:
+    """Iterations (global batches) to consume ``train_tokens``, rounded up; None without them."""
+    if job.train_tokens is None:
+        return None
+    return math.ceil(job.train_tokens / job.tokens_per_iteration)
+
+
+def micro_batches(job: Job) -> str:
+    """``16 micro-batches`` (or ``1 micro-batch``) per iteration."""
+    n = job.parallel.num_microbatches
+    return f"{n} micro-batch{'' if n == 1 else 'es'}"
+
+
+def format_duration(seconds: float) -> str:
+    """``1d 02:03:04`` style, for comments."""
+    total = round(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}d {clock}" if days else clock
+
+
+def comment(lines: list[str], prefix: str = "# ") -> str:
+    """Lines as comments; long notes stay on one line each so that a grep finds them whole."""
+    return "\n".join(f"{prefix}{line}".rstrip() for line in lines)

@@ -1,0 +1,155 @@
+"""A plan as a DeepSpeed config JSON (``ds_config.json``).
+
+Keys checked against deepspeedai/DeepSpeed ``deepspeed/runtime/config.py`` (``DeepSpeedConfig``):
+``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps`` (it
+asserts train_batch_size = micro batch x accumulation steps x world size, where the world size
+is ``mpu.get_data_parallel_world_size()`` when the launching framework passes its model-parallel
+unit, i.e. the data-parallel size), ``gradient_clipping``, ``zero_optimization.stage`` (+
+``overlap_comm``), ``fp16`` / ``bf16`` ``enabled`` (both enabled is an error),
+``activation_checkpointing`` (``partition_activations``, ``contiguous_memory_optimization``,
+``cpu_checkpointing``), ``steps_per_print``, ``wall_clock_breakdown``. ``DeepSpeedConfig`` reads
+only the keys it knows, so the ``_paraplan`` block below is ignored by DeepSpeed.
+
+What DeepSpeed's JSON cannot hold, and where it comes from instead (recorded in
+``_paraplan.launcher`` so that nothing is dropped silently):
+
+- tensor parallelism: DeepSpeed's pipeline engine and ZeRO take TP from the launching
+  framework's model-parallel unit (Megatron-DeepSpeed ``--tensor-model-parallel-size``, GPT-NeoX
+  ``model_parallel_size``). DeepSpeed's own AutoTP (``"tensor_parallel": {"autotp_size": N}``,
+  deepspeed/runtime/tensor_parallel/config.py) shards Hugging Face modules instead; it is not
+  used here because it would conflict with the framework's TP.
+- pipeline parallelism: ``PipelineModule(num_stages=pp)`` in the framework's code
+  (GPT-NeoX ``pipe_parallel_size``); DeepSpeed's ``pipeline`` config block holds only
+  partitioning options. Its engine runs 1F1B: no GPipe and no interleaved (vpp) schedule.
+- recompute: the framework decides what to wrap in ``deepspeed.checkpointing``; the JSON only
+  configures how the checkpoints are stored.
+- context parallelism and FP8: not DeepSpeed features (Ulysses sequence parallelism is a
+  different algorithm; FP8 GEMMs come from Transformer Engine in the framework).
+
+ZeRO-2/3 together with pipeline parallelism is refused with a ConfigError: DeepSpeed's pipeline
+engine supports ZeRO stage 0 or 1 only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from paraplan.export._common import (
+    check_prediction,
+    common_notes,
+    header_lines,
+    layer_split,
+    train_iterations,
+)
+from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
+
+if TYPE_CHECKING:
+    from paraplan.prediction import Prediction
+
+
+def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
+    """What the DeepSpeed config cannot say, or DeepSpeed will do differently."""
+    p = job.parallel
+    out = common_notes(job, prediction)
+    out.append(f"tp={p.tp} and pp={p.pp} are set in the launching framework, not in this file "
+               "(see _paraplan.launcher)")
+    if p.recompute is not Recompute.NONE:
+        out.append(f"parallel.recompute: {p.recompute.value} recompute is switched on in the launching "
+                   "framework (Megatron-DeepSpeed --recompute-granularity, GPT-NeoX checkpoint_activations); "
+                   "this file only configures how checkpoints are stored")
+    if p.schedule is Schedule.INTERLEAVED:
+        out.append(f"parallel.vpp: DeepSpeed's pipeline engine has no interleaved schedule; vpp={p.vpp} "
+                   "needs a launching framework with its own interleaved 1F1B")
+    elif p.schedule is Schedule.GPIPE and p.pp > 1:
+        out.append("parallel.schedule: DeepSpeed's pipeline engine runs 1F1B, not GPipe "
+                   "(same bubble, fewer activations in flight than predicted)")
+    if p.cp > 1:
+        out.append(f"parallel.cp: DeepSpeed has no context parallelism of its own; cp={p.cp} must come "
+                   "from the launching framework (DeepSpeed-Ulysses is a different algorithm)")
+    if job.precision is Precision.FP8:
+        out.append("precision: DeepSpeed has no FP8 switch; bf16 is enabled here and FP8 GEMMs must come "
+                   "from Transformer Engine in the launching framework")
+    if p.pp > 1 and p.overlaps_grad_reduce:
+        out.append("parallel.framework: the prediction overlapped gradient reduction with the last backward "
+                   "(framework=megatron); DeepSpeed's pipeline engine reduces after the pipeline drains; "
+                   "re-predict with framework: deepspeed")
+    return out
+
+
+def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str, Any]:
+    """The config as a mapping (what ``render_deepspeed`` writes as JSON)."""
+    p = job.parallel
+    if p.pp > 1 and p.zero_stage > 1:
+        raise ConfigError(
+            f"parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1, "
+            f"not {p.zero_stage}, with pp={p.pp}"
+        )
+    zero: dict[str, Any] = {"stage": p.zero_stage}
+    if p.zero_stage > 0:
+        zero["overlap_comm"] = p.overlaps_grad_reduce and p.pp == 1
+    config: dict[str, Any] = {
+        "train_batch_size": p.global_batch_size,
+        "train_micro_batch_size_per_gpu": p.micro_batch_size,
+        "gradient_accumulation_steps": p.num_microbatches,
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
+        "fp16": _fp16(job),
+        "bf16": {"enabled": job.precision in (Precision.BF16, Precision.FP8)},
+    }
+    if p.recompute is not Recompute.NONE:
+        config["activation_checkpointing"] = {
+            "partition_activations": p.sequence_parallel and p.tp > 1,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    config["steps_per_print"] = 10
+    config["wall_clock_breakdown"] = False
+    config["_paraplan"] = {
+        "comment": [*header_lines(job, prediction, "DeepSpeed config"),
+                    "DeepSpeed ignores this block (DeepSpeedConfig reads only its own keys); for GPT-NeoX "
+                    "copy the other keys into your NeoX YAML and drop this one.",
+                    "gradient_clipping 1.0 and steps_per_print are defaults, not part of the plan."],
+        "launcher": _launcher(job),
+        "notes": notes(job, prediction),
+    }
+    return config
+
+
+def render_deepspeed(job: Job, prediction: Prediction | None = None) -> str:
+    """``ds_config.json`` text."""
+    check_prediction(job, prediction)
+    return json.dumps(deepspeed_config(job, prediction), indent=2) + "\n"
+
+
+def _fp16(job: Job) -> dict[str, Any]:
+    if job.precision is not Precision.FP16:
+        return {"enabled": False}
+    # dynamic loss scaling with DeepSpeed's defaults
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+            "hysteresis": 2, "min_loss_scale": 1}
+
+
+def _launcher(job: Job) -> dict[str, Any]:
+    """The plan's settings that the launching framework, not DeepSpeed's JSON, applies."""
+    p = job.parallel
+    iterations = train_iterations(job)
+    return {
+        "how": "Megatron-DeepSpeed: --tensor-model-parallel-size / --pipeline-model-parallel-size / "
+               "--sequence-parallel / --recompute-granularity; GPT-NeoX: model_parallel_size / "
+               "pipe_parallel_size / checkpoint_activations",
+        "tensor_model_parallel_size": p.tp,
+        "pipeline_model_parallel_size": p.pp,
+        "data_parallel_size": p.dp,
+        "context_parallel_size": p.cp,
+        "virtual_pipeline_model_parallel_size": p.vpp if p.vpp > 1 else None,
+        "sequence_parallel": p.sequence_parallel,
+        "layers_per_stage": list(layer_split(job)),
+        "recompute": p.recompute.value,
+        "schedule": p.schedule.value,
+        "num_microbatches": p.num_microbatches,
+        "framework_predicted": p.framework.value,
+        "precision": job.precision.value,
+        "seq_length": job.model.seq_length,
+        "train_iters": iterations,
+    }

@@ -1,0 +1,252 @@
+"""A plan as Megatron-LM command-line arguments for ``pretrain_gpt.py``.
+
+Every flag emitted here was checked against ``megatron/training/arguments.py`` of
+NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4ac):
+
+- ``_add_network_size_args``: --num-layers, --hidden-size, --ffn-hidden-size,
+  --num-attention-heads, --kv-channels, --group-query-attention, --num-query-groups (default 1,
+  so it is always given with GQA), --max-position-embeddings, --position-embedding-type
+  (choices learned_absolute | rope | mrope | relative | none: no ALiBi), --rotary-percent,
+  --make-vocab-size-divisible-by, --normalization (LayerNorm | RMSNorm), --swiglu,
+  --untie-embeddings-and-output-weights, --attention-backend (flash | fused | unfused | local |
+  auto). There is no flag for GPT-NeoX's parallel residual.
+- ``_add_regularization_args``: --attention-dropout and --hidden-dropout default to 0.1, so
+  the model's own values are always given.
+- ``_add_training_args``: --micro-batch-size, --global-batch-size, --recompute-granularity
+  (full | selective), --recompute-method (uniform | block), --recompute-num-layers,
+  --disable-bias-linear, --sequence-parallel, --train-samples. ``--use-flash-attn`` still
+  exists but only steers the legacy models; Megatron-Core picks its kernel with
+  --attention-backend, which is what is emitted.
+- ``_add_mixed_precision_args``: --fp16, --bf16; ``_add_transformer_engine_args``:
+  --fp8-format (e4m3 | hybrid) on top of --bf16.
+- ``_add_distributed_args``: --tensor-model-parallel-size, --pipeline-model-parallel-size,
+  --context-parallel-size, --num-layers-per-virtual-pipeline-stage,
+  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers,
+  --pipeline-model-parallel-layout, --use-distributed-optimizer, --overlap-grad-reduce,
+  --use-megatron-fsdp, --data-parallel-sharding-strategy (no_shard | optim | optim_grads |
+  optim_grads_params); ``_add_checkpointing_args``: --ckpt-format fsdp_dtensor.
+- ``validate_args``: vpp = layers per stage / --num-layers-per-virtual-pipeline-stage; only one
+  of that flag, --num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout;
+  seq_length divisible by 2*cp when cp > 1; Megatron-FSDP needs --ckpt-format fsdp_dtensor and
+  CUDA_DEVICE_MAX_CONNECTIONS != 1, while tp > 1 or cp > 1 (before Blackwell) needs it = 1;
+  --recompute-method only with full recompute. ``PipelineParallelLayerLayout.parse_str_to_list``
+  (megatron/core/transformer/pipeline_parallel_layer_layout.py): layout strings such as
+  ``Et*11|t*12|t*12|t*9L``.
+
+The recipe is a bash array (``MEGATRON_ARGS=( ... )``) so that comments can sit beside the
+flags and a launcher can pass ``"${MEGATRON_ARGS[@]}"``. Data, tokenizer and optimiser
+arguments are not part of a parallel plan; the recipe says so instead of inventing them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from paraplan.export._common import (
+    EDIT,
+    NOTE,
+    check_prediction,
+    comment,
+    common_notes,
+    header_lines,
+    layer_split,
+    layers_per_virtual_stage,
+    micro_batches,
+    train_iterations,
+)
+from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
+
+if TYPE_CHECKING:
+    from paraplan.prediction import Prediction
+
+_POSITION = {"rotary": "rope", "learned": "learned_absolute", "none": "none", "alibi": "none"}
+_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP's names for ZeRO-2 / ZeRO-3
+
+
+def megatron_args(job: Job) -> list[str]:
+    """The flags as argv tokens (what ``"${MEGATRON_ARGS[@]}"`` expands to)."""
+    return [token for _, flags in _groups(job) for flag in flags for token in flag]
+
+
+def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
+    """What Megatron-LM will do differently from the plan paraplan predicted."""
+    m, p = job.model, job.parallel
+    out = common_notes(job, prediction)
+    if m.parallel_residual:
+        out.append("model.parallel_residual: Megatron-LM's GPT has no parallel-residual flag; "
+                   "it runs sequential attention -> MLP (same FLOPs and parameters, different model)")
+    if m.position_embedding == "alibi":
+        out.append("model.position_embedding: Megatron-LM has no ALiBi; the recipe uses "
+                   "--position-embedding-type none")
+    if p.schedule is Schedule.GPIPE and p.pp > 1:
+        out.append("parallel.schedule: Megatron-LM has no GPipe schedule; it runs 1F1B (same bubble, "
+                   "fewer activations in flight than predicted)")
+    if p.zero_stage >= 2:
+        out.append(f"parallel.zero_stage: ZeRO-{p.zero_stage} maps to Megatron-FSDP "
+                   f"(--data-parallel-sharding-strategy {_SHARDING[p.zero_stage]}); it needs "
+                   "--ckpt-format fsdp_dtensor and CUDA_DEVICE_MAX_CONNECTIONS unset")
+    if p.framework is Framework.DEEPSPEED:
+        out.append("parallel.framework: the prediction followed DeepSpeed (gradients reduced after the "
+                   "pipeline drains); Megatron-LM overlaps them only with --overlap-grad-reduce, left out "
+                   "to match; re-predict with framework: megatron for Megatron-LM's own behaviour")
+    if m.padded_vocab_size is not None and m.padded_vocab_size != _megatron_padded_vocab(job):
+        out.append(f"model.padded_vocab_size: the prediction used {m.padded_vocab_size} rows; Megatron-LM "
+                   f"pads the tokenizer's vocabulary to {_megatron_padded_vocab(job)} "
+                   f"(--make-vocab-size-divisible-by {m.make_vocab_size_divisible_by} x tp)")
+    split = layer_split(job)
+    if p.pp > 1 and len(set(split)) > 1 and _first_last(split) is None:
+        out.append("parallel.layers_per_stage: expressed with --pipeline-model-parallel-layout, "
+                   "which needs a 2025 or newer Megatron-LM")
+    return out
+
+
+def render_megatron(job: Job, prediction: Prediction | None = None) -> str:
+    """A bash snippet defining ``MEGATRON_ARGS`` for ``pretrain_gpt.py``."""
+    check_prediction(job, prediction)
+    head = header_lines(job, prediction, "Megatron-LM arguments for pretrain_gpt.py")
+    head += [f"{NOTE} {n}" for n in notes(job, prediction)]
+    head += [
+        "Flag names checked against NVIDIA/Megatron-LM megatron/training/arguments.py.",
+        f"{EDIT} data (--data-path ... or --mock-data), tokenizer (--tokenizer-type ...) and the optimiser",
+        "      (--lr, --min-lr, --lr-decay-style, --weight-decay, ...) are not part of the plan; add them.",
+        "Use: source this file, then",
+        '  torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data, tokenizer and optimiser arguments>',
+    ]
+    body = ["MEGATRON_ARGS=("]
+    for title, flags in _groups(job):
+        if not flags:
+            continue
+        body.append(f"    # {title}")
+        body += ["    " + " ".join(_quote(t) for t in flag) for flag in flags]
+    body.append(")")
+    return comment(head) + "\n" + "\n".join(body) + "\n"
+
+
+def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
+    m, p = job.model, job.parallel
+    model: list[list[str]] = [
+        ["--num-layers", str(m.num_layers)],
+        ["--hidden-size", str(m.hidden_size)],
+        ["--ffn-hidden-size", str(m.ffn_hidden_size)],
+        ["--num-attention-heads", str(m.num_attention_heads)],
+    ]
+    if m.num_query_groups != m.num_attention_heads:
+        model += [["--group-query-attention"], ["--num-query-groups", str(m.num_query_groups)]]
+    if m.kv_channels != m.hidden_size // m.num_attention_heads:
+        model.append(["--kv-channels", str(m.kv_channels)])
+    model += [
+        ["--seq-length", str(m.seq_length)],
+        ["--max-position-embeddings", str(m.seq_length)],
+        ["--position-embedding-type", _POSITION[m.position_embedding]],
+    ]
+    if m.position_embedding == "rotary" and m.rotary_percent != 1.0:
+        model.append(["--rotary-percent", f"{m.rotary_percent:g}"])
+    model.append(["--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"])
+    if m.activation == "swiglu":
+        model.append(["--swiglu"])
+    if m.untie_embeddings_and_output_weights:
+        model.append(["--untie-embeddings-and-output-weights"])
+    if not m.add_bias_linear:
+        model.append(["--disable-bias-linear"])
+    model += [
+        ["--attention-dropout", f"{m.attention_dropout:g}"],
+        ["--hidden-dropout", f"{m.hidden_dropout:g}"],
+        ["--attention-backend", "flash" if m.attention == "flash" else "unfused"],
+        ["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)],
+    ]
+
+    if p.cp > 1 and m.seq_length % (2 * p.cp):
+        raise ConfigError(
+            f"parallel.cp: Megatron-LM needs seq_length ({m.seq_length}) divisible by 2*cp = {2 * p.cp}"
+        )
+    par: list[list[str]] = [
+        ["--tensor-model-parallel-size", str(p.tp)],
+        ["--pipeline-model-parallel-size", str(p.pp)],
+        ["--context-parallel-size", str(p.cp)],
+    ]
+    if p.sequence_parallel and p.tp > 1:
+        par.append(["--sequence-parallel"])
+    if p.vpp > 1:
+        par.append(["--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(job))])
+    par += _uneven_split(job)
+    if p.zero_stage == 1:
+        par.append(["--use-distributed-optimizer"])
+    elif p.zero_stage >= 2:
+        par += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", _SHARDING[p.zero_stage]],
+                ["--ckpt-format", "fsdp_dtensor"]]
+    if p.overlaps_grad_reduce and p.grad_group > 1:
+        par.append(["--overlap-grad-reduce"])
+
+    batch = [["--micro-batch-size", str(p.micro_batch_size)], ["--global-batch-size", str(p.global_batch_size)]]
+
+    memory: list[list[str]] = []
+    if p.recompute is Recompute.FULL:
+        memory += [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
+                   ["--recompute-num-layers", "1"]]
+    elif p.recompute is Recompute.SELECTIVE:
+        memory.append(["--recompute-granularity", "selective"])
+    if job.precision is Precision.BF16:
+        memory.append(["--bf16"])
+    elif job.precision is Precision.FP16:
+        memory.append(["--fp16"])
+    elif job.precision is Precision.FP8:
+        memory += [["--bf16"], ["--fp8-format", "hybrid"]]
+
+    length: list[list[str]] = []
+    iterations = train_iterations(job)
+    if iterations is not None:
+        length.append(["--train-samples", str(iterations * p.global_batch_size)])
+
+    return [
+        ("model", model),
+        (f"parallelism (data-parallel size {p.dp} = {job.cluster.num_gpus} GPUs / (tp*pp*cp); "
+         "Megatron-LM derives it)", par),
+        (f"batch ({micro_batches(job)} per iteration)", batch),
+        ("recompute and precision", memory),
+        (f"training length: {job.train_tokens:.4g} tokens = {iterations} iterations" if iterations else "", length),
+    ]
+
+
+def _uneven_split(job: Job) -> list[list[str]]:
+    """Flags for a pipeline split that is not num_layers/pp everywhere (none when it is)."""
+    split = layer_split(job)
+    if job.parallel.pp == 1 or len(set(split)) == 1:
+        return []
+    first_last = _first_last(split)
+    if first_last is not None:
+        first, last = first_last
+        flags = []
+        if first is not None:
+            flags.append(["--decoder-first-pipeline-num-layers", str(first)])
+        if last is not None:
+            flags.append(["--decoder-last-pipeline-num-layers", str(last)])
+        return flags
+    stages = [f"t*{n}" if n else "" for n in split]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return [["--pipeline-model-parallel-layout", "|".join(stages)]]
+
+
+def _first_last(split: tuple[int, ...]) -> tuple[int | None, int | None] | None:
+    """(first, last) layer counts when the middle stages are equal (Megatron-LM's uneven split)."""
+    if len(split) == 2:
+        return split[0], split[1]
+    middle = set(split[1:-1])
+    if len(middle) != 1:
+        return None
+    even = middle.pop()
+    if even == 0:
+        return None
+    return (split[0] if split[0] != even else None), (split[-1] if split[-1] != even else None)
+
+
+def _megatron_padded_vocab(job: Job) -> int:
+    m = job.model
+    multiple = m.make_vocab_size_divisible_by * job.parallel.tp
+    return -(-m.vocab_size // multiple) * multiple
+
+
+def _quote(token: str) -> str:
+    import shlex
+
+    return shlex.quote(token)

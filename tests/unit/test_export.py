@@ -1,0 +1,426 @@
+"""Launch recipes: each target's file parses back to the plan's degrees, batch sizes and precision,
+and what a target cannot express is stated, never dropped."""
+
+import argparse
+import itertools
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from paraplan.catalog import load_job, resolve_job
+from paraplan.catalog.jobs import read_job_mapping
+from paraplan.cli.export import export_command
+from paraplan.export import (
+    export_notes,
+    render,
+    render_deepspeed,
+    render_megatron,
+    render_slurm,
+    render_torchtitan,
+)
+from paraplan.export.megatron import megatron_args
+from paraplan.export.slurm import TIME_MARGIN
+from paraplan.prediction import predict
+from paraplan.specs import ConfigError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 cannot read TOML back; those checks skip there
+    tomllib = None
+needs_tomllib = pytest.mark.skipif(tomllib is None, reason="tomllib is in the standard library from Python 3.11")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LLAMA = EXAMPLES / "llama-3-70b-dgx-h100-tp8-pp4.yaml"
+NEOX = EXAMPLES / "gpt-neox-20b-perlmutter-pp4-tp4-dp8.yaml"
+MISTRAL = EXAMPLES / "mistral-7b-one-node.yaml"
+
+
+def job_from(path, **parallel):
+    """An example job with some of its plan changed (``precision`` changes the precision)."""
+    raw = read_job_mapping(path)
+    precision = parallel.pop("precision", None)
+    raw["parallel"] = {**raw["parallel"], **parallel}
+    if precision:
+        raw["precision"] = precision
+    return resolve_job(raw, base_dir=path.parent)
+
+
+def megatron_parser():
+    """Megatron-LM's definitions of the flags paraplan emits, as in megatron/training/arguments.py.
+
+    An unknown flag, a wrong choice or a value of the wrong type fails here as it would there.
+    """
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+                 "--kv-channels", "--seq-length", "--max-position-embeddings",
+                 "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
+                 "--pipeline-model-parallel-size", "--context-parallel-size",
+                 "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+                 "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
+                 "--recompute-num-layers", "--train-samples", "--train-iters", "--vocab-size",
+                 "--log-interval"):
+        p.add_argument(flag, type=int, default=None)
+    p.add_argument("--num-query-groups", type=int, default=1)
+    for flag in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
+                 "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                 "--use-megatron-fsdp", "--bf16", "--fp16", "--mock-data"):
+        p.add_argument(flag, action="store_true")
+    p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    for flag, default in (("--rotary-percent", 1.0), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
+                          ("--lr", None), ("--min-lr", 0.0), ("--lr-warmup-fraction", None),
+                          ("--weight-decay", 0.01), ("--adam-beta1", 0.9), ("--adam-beta2", 0.999),
+                          ("--clip-grad", 1.0)):
+        p.add_argument(flag, type=float, default=default)
+    choices = {
+        "--position-embedding-type": ["learned_absolute", "rope", "mrope", "relative", "none"],
+        "--normalization": ["LayerNorm", "RMSNorm"],
+        "--attention-backend": ["flash", "fused", "unfused", "local", "auto"],
+        "--recompute-granularity": ["full", "selective"],
+        "--recompute-method": ["uniform", "block"],
+        "--fp8-format": ["e4m3", "hybrid"],
+        "--data-parallel-sharding-strategy": ["no_shard", "optim", "optim_grads", "optim_grads_params"],
+        "--ckpt-format": ["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
+        "--lr-decay-style": ["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+        "--tokenizer-type": ["GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer"],
+    }
+    for flag, options in choices.items():
+        p.add_argument(flag, choices=options, default=None)
+    p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
+    return p
+
+
+def bash_array(text, name):
+    """The argv tokens of ``NAME=( ... )`` in a bash script (comments dropped, as bash does)."""
+    match = re.search(rf"^{name}=\((.*?)^\)", text, re.M | re.S)
+    assert match, f"no {name} array"
+    return shlex.split(match.group(1), comments=True)
+
+
+def parse_megatron(text, *extra_arrays):
+    tokens = bash_array(text, "MEGATRON_ARGS")
+    for name in extra_arrays:
+        tokens += bash_array(text, name)
+    return megatron_parser().parse_args(tokens)
+
+
+def megatron_vpp(args):
+    """Megatron-LM's validate_args: vpp = (num_layers / pp) / num_layers_per_virtual_pipeline_stage."""
+    if args.num_layers_per_virtual_pipeline_stage is None:
+        return 1
+    per_stage, rest = divmod(args.num_layers, args.pipeline_model_parallel_size)
+    assert rest == 0 and per_stage % args.num_layers_per_virtual_pipeline_stage == 0
+    return per_stage // args.num_layers_per_virtual_pipeline_stage
+
+
+def megatron_layout(layout):
+    """Layers per stage from a --pipeline-model-parallel-layout string, parsed as
+    PipelineParallelLayerLayout.parse_str_to_list does."""
+    layout = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        layout = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), layout)
+    stages = layout.split("|")
+    assert stages[0].startswith("E") and stages[-1].endswith("L")
+    return [stage.count("t") for stage in stages]
+
+
+# ---------------------------------------------------------------- Megatron-LM
+
+
+def test_megatron_arguments_for_llama_3_70b_parse_back_to_its_degrees_batch_and_precision():
+    job = load_job(LLAMA)
+    args = parse_megatron(render_megatron(job, predict(job)))
+    p = job.parallel
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size) == (8, 4, 1)
+    world = job.cluster.num_gpus
+    assert world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+                     * args.context_parallel_size) == p.dp == 2
+    assert (args.micro_batch_size, args.global_batch_size) == (1, 512)
+    assert args.bf16 and not args.fp16
+    assert args.sequence_parallel and args.use_distributed_optimizer and args.overlap_grad_reduce
+    assert args.recompute_granularity == "selective" and args.recompute_method is None
+    assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads) == (80, 8192, 28672, 64)
+    assert args.group_query_attention and args.num_query_groups == 8
+    assert (args.position_embedding_type, args.normalization, args.swiglu) == ("rope", "RMSNorm", True)
+    assert args.untie_embeddings_and_output_weights and not args.add_bias_linear
+    assert args.attention_dropout == 0.0 and args.hidden_dropout == 0.0  # Megatron-LM's default is 0.1
+    assert args.train_samples * job.model.seq_length >= job.train_tokens
+
+
+def test_vpp_becomes_layers_per_virtual_stage_and_megatron_recovers_vpp_from_it():
+    job = load_job(LLAMA)  # 80 layers, pp=4, vpp=5
+    args = parse_megatron(render_megatron(job))
+    assert args.num_layers_per_virtual_pipeline_stage == 80 // (4 * 5) == 4
+    assert megatron_vpp(args) == 5
+    two = job_from(LLAMA, vpp=2)
+    args = parse_megatron(render_megatron(two))
+    assert args.num_layers_per_virtual_pipeline_stage == 10 and megatron_vpp(args) == 2
+    plain = job_from(LLAMA, vpp=None, schedule="1f1b")
+    assert parse_megatron(render_megatron(plain)).num_layers_per_virtual_pipeline_stage is None
+
+
+def test_megatron_arguments_for_gpt_neox_keep_its_uneven_split_fp16_and_full_recompute():
+    job = load_job(NEOX)
+    args = parse_megatron(render_megatron(job))
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (4, 4)
+    assert job.cluster.num_gpus // (4 * 4) == 8
+    assert (args.micro_batch_size, args.global_batch_size) == (4, 512)
+    assert args.fp16 and not args.bf16
+    assert (args.recompute_granularity, args.recompute_method, args.recompute_num_layers) == ("full", "uniform", 1)
+    # Megatron-LM: first and last stage given, the middle stages split the rest evenly
+    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
+    middle = (args.num_layers - first - last) // (args.pipeline_model_parallel_size - 2)
+    assert [first, middle, middle, last] == [11, 12, 12, 9]
+    assert args.rotary_percent == 0.25 and args.normalization == "LayerNorm" and args.add_bias_linear
+    assert not args.overlap_grad_reduce  # the prediction followed DeepSpeed, which does not overlap
+    assert any(n.startswith("model.parallel_residual") for n in export_notes("megatron", job))
+
+
+def test_a_split_that_first_and_last_cannot_express_becomes_a_pipeline_layout():
+    job = job_from(NEOX, layers_per_stage=[10, 12, 11, 11])
+    args = parse_megatron(render_megatron(job))
+    assert args.decoder_first_pipeline_num_layers is None
+    assert megatron_layout(args.pipeline_model_parallel_layout) == [10, 12, 11, 11]
+
+
+def test_zero_3_becomes_megatron_fsdp_with_the_checkpoint_format_it_requires():
+    args = parse_megatron(render_megatron(load_job(MISTRAL)))
+    assert args.use_megatron_fsdp and args.data_parallel_sharding_strategy == "optim_grads_params"
+    assert args.ckpt_format == "fsdp_dtensor" and not args.use_distributed_optimizer
+
+
+def test_megatron_refuses_context_parallelism_that_does_not_go_twice_into_the_sequence():
+    job = resolve_job({"model": {"name": "gpt3-125m", "seq_length": 2052}, "cluster": "dgx-a100",
+                       "parallel": {"cp": 4}})
+    with pytest.raises(ConfigError, match=r"^parallel\.cp: .*2\*cp = 8"):
+        render_megatron(job)
+
+
+# ---------------------------------------------------------------- DeepSpeed
+
+
+@pytest.mark.parametrize("path", [LLAMA, NEOX, MISTRAL], ids=["llama-3-70b", "gpt-neox-20b", "mistral-7b"])
+def test_deepspeed_config_round_trips_batch_sizes_zero_stage_and_precision(path):
+    job = load_job(path)
+    p = job.parallel
+    config = json.loads(render_deepspeed(job, predict(job)))
+    launcher = config["_paraplan"]["launcher"]
+    # DeepSpeedConfig._batch_assertion, with the data-parallel world size from the framework's mpu
+    assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
+                                          * config["gradient_accumulation_steps"] * launcher["data_parallel_size"])
+    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"]) == (p.global_batch_size, p.micro_batch_size)
+    assert config["gradient_accumulation_steps"] == p.num_microbatches
+    assert config["zero_optimization"]["stage"] == p.zero_stage
+    assert config["fp16"]["enabled"] == (job.precision.value == "fp16")
+    assert config["bf16"]["enabled"] == (job.precision.value == "bf16")
+    assert not (config["fp16"]["enabled"] and config["bf16"]["enabled"])
+    assert (launcher["tensor_model_parallel_size"], launcher["pipeline_model_parallel_size"]) == (p.tp, p.pp)
+    assert launcher["tensor_model_parallel_size"] * launcher["pipeline_model_parallel_size"] \
+        * launcher["context_parallel_size"] * launcher["data_parallel_size"] == job.cluster.num_gpus
+    assert ("activation_checkpointing" in config) == (p.recompute.value != "none")
+
+
+def test_deepspeed_states_the_degrees_and_schedule_it_takes_from_the_launching_framework():
+    config = json.loads(render_deepspeed(load_job(LLAMA)))
+    notes = config["_paraplan"]["notes"]
+    assert any("tp=8 and pp=4" in n for n in notes)
+    assert any(n.startswith("parallel.vpp:") for n in notes)
+    assert config["_paraplan"]["launcher"]["virtual_pipeline_model_parallel_size"] == 5
+    assert config["_paraplan"]["launcher"]["layers_per_stage"] == [20, 20, 20, 20]
+    assert json.loads(render_deepspeed(load_job(NEOX)))["_paraplan"]["launcher"]["layers_per_stage"] == [11, 12, 12, 9]
+
+
+def test_deepspeed_refuses_zero_3_with_pipeline_parallelism():
+    job = job_from(LLAMA, zero_stage=3)
+    with pytest.raises(ConfigError, match=r"^parallel\.zero_stage: DeepSpeed's pipeline engine"):
+        render_deepspeed(job)
+
+
+# ---------------------------------------------------------------- torchtitan
+
+
+@needs_tomllib
+def test_torchtitan_toml_for_llama_3_70b_round_trips_degrees_batches_and_stages():
+    job = load_job(LLAMA)
+    p = job.parallel
+    config = tomllib.loads(render_torchtitan(job, predict(job)))
+    par, training = config["parallelism"], config["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert par["tensor_parallel_degree"] == 8
+    assert (par["pipeline_parallel_degree"], par["context_parallel_degree"], dp) == (4, 1, 2)
+    assert 8 * 4 * 1 * dp == job.cluster.num_gpus
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    stages = par["module_fqns_per_model_part"]
+    assert len(stages) == p.pp * p.vpp == 20
+    layers = [name for stage in stages for name in stage if name.startswith("layers.")]
+    assert layers == [f"layers.{i}" for i in range(80)]
+    assert all(sum(n.startswith("layers.") for n in stage) == 4 for stage in stages)
+    assert stages[0][0] == "tok_embeddings" and stages[-1][-2:] == ["norm", "output"]
+    # one step pushes all micro-batches of a DP rank through the pipeline, no extra accumulation
+    assert training["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == p.num_microbatches
+    assert training["global_batch_size"] == 512
+    assert training["global_batch_size"] // (training["local_batch_size"] * dp) == 1
+    assert training["seq_len"] == 8192 and training["mixed_precision_param"] == "bfloat16"
+    assert (config["model"]["name"], config["model"]["flavor"]) == ("llama3", "70B")
+    assert config["activation_checkpoint"]["mode"] == "selective"
+
+
+@needs_tomllib
+def test_torchtitan_states_that_it_has_no_zero_1():
+    job = load_job(LLAMA)
+    text = render_torchtitan(job)
+    assert "# NOTE(paraplan): parallel.zero_stage: torchtitan has no ZeRO-1" in text
+    assert tomllib.loads(text)["parallelism"]["fsdp_reshard_after_forward"] == "never"
+
+
+def test_torchtitan_refuses_fp16_naming_the_precision():
+    with pytest.raises(ConfigError, match=r"^precision: torchtitan trains in bfloat16 or float32"):
+        render_torchtitan(load_job(NEOX))
+
+
+@needs_tomllib
+def test_torchtitan_renders_gpt_neox_in_bf16_with_marked_placeholders_for_the_model():
+    job = job_from(NEOX, precision="bf16")
+    text = render_torchtitan(job)
+    config = tomllib.loads(text)
+    assert config["model"]["flavor"] == "EDIT-ME" and "# NOTE(paraplan): model:" in text
+    par, training = config["parallelism"], config["training"]
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (4, 4)
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == 8
+    assert [sum(n.startswith("layers.") for n in s) for s in par["module_fqns_per_model_part"]] == [11, 12, 12, 9]
+    assert par["pipeline_parallel_schedule"] == "1F1B"
+    assert training["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == 16
+    assert (training["global_batch_size"], training["mixed_precision_param"]) == (512, "bfloat16")
+    assert config["activation_checkpoint"]["mode"] == "full"
+
+
+@needs_tomllib
+def test_torchtitan_without_pipelining_accumulates_gradients_over_the_micro_batches():
+    job = load_job(MISTRAL)  # dp=8, ZeRO-3, micro-batch 2, global 64 -> 4 micro-batches
+    config = tomllib.loads(render_torchtitan(job))
+    par, training = config["parallelism"], config["training"]
+    assert (par["data_parallel_shard_degree"], par["fsdp_reshard_after_forward"]) == (8, "always")
+    assert training["local_batch_size"] == 2
+    assert training["global_batch_size"] // (training["local_batch_size"] * 8) == job.parallel.num_microbatches == 4
+
+
+# ---------------------------------------------------------------- SLURM
+
+
+def sbatch(text):
+    return dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)$", text, re.M))
+
+
+def torchrun(text):
+    line = next(line for line in text.replace("\\\n", " ").splitlines() if "torchrun" in line)
+    return shlex.split(line, comments=True)
+
+
+def slurm_seconds(value):
+    days, clock = value.split("-")
+    h, m, s = (int(x) for x in clock.split(":"))
+    return int(days) * 86400 + h * 3600 + m * 60 + s
+
+
+def test_slurm_script_for_llama_3_70b_has_its_nodes_walltime_and_torchrun_line():
+    job = load_job(LLAMA)
+    pred = predict(job)
+    text = render_slurm(job, pred)
+    lines = sbatch(text)
+    assert (lines["nodes"], lines["ntasks-per-node"], lines["gpus-per-node"]) == ("8", "1", "8")
+    walltime = slurm_seconds(lines["time"])
+    assert pred.time_to_train_s * TIME_MARGIN <= walltime < pred.time_to_train_s * TIME_MARGIN + 60
+    argv = torchrun(text)
+    flags = dict(itertools.pairwise(argv))
+    assert flags["--nnodes"] == "$SLURM_NNODES" and flags["--nproc-per-node"] == "8"
+    assert flags["--rdzv-backend"] == "c10d" and flags["--rdzv-endpoint"] == "$MASTER_ADDR:29500"
+    assert any(a.endswith("/pretrain_gpt.py") for a in argv) and "${MEGATRON_ARGS[@]}" in argv
+    args = parse_megatron(text, "DATA_ARGS", "TRAIN_ARGS")
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, megatron_vpp(args)) == (8, 4, 5)
+    assert (args.micro_batch_size, args.global_batch_size, args.bf16) == (1, 512, True)
+    assert args.mock_data and args.tokenizer_type == "NullTokenizer" and args.vocab_size == 128256
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+
+
+def test_slurm_script_makes_its_own_prediction_when_none_is_given():
+    job = load_job(LLAMA)
+    assert sbatch(render_slurm(job))["time"] == sbatch(render_slurm(job, predict(job)))["time"]
+
+
+def test_slurm_script_for_gpt_neox_without_train_tokens_has_a_marked_time_placeholder():
+    job = load_job(NEOX)
+    text = render_slurm(job, predict(job))
+    lines = sbatch(text)
+    assert (lines["nodes"], lines["gpus-per-node"], lines["time"]) == ("32", "4", "EDIT-ME")
+    assert "# EDIT: --time: the job has no train_tokens" in text
+    assert dict(itertools.pairwise(torchrun(text)))["--nproc-per-node"] == "4"
+    args = parse_megatron(text, "DATA_ARGS", "TRAIN_ARGS")
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.fp16) == (4, 4, True)
+    assert args.train_iters == 100 and args.train_samples is None
+    assert "# NOTE(paraplan): model.parallel_residual" in text
+
+
+def test_slurm_script_passes_exactly_the_megatron_recipe():
+    for path in (LLAMA, NEOX):
+        job = load_job(path)
+        assert bash_array(render_slurm(job), "MEGATRON_ARGS") == megatron_args(job)
+        assert bash_array(render_megatron(job), "MEGATRON_ARGS") == megatron_args(job)
+
+
+# ---------------------------------------------------------------- API and CLI
+
+
+def test_a_prediction_for_another_job_is_refused():
+    with pytest.raises(ValueError, match="different job"):
+        render("megatron", load_job(LLAMA), predict(load_job(NEOX)))
+
+
+def test_an_unknown_target_is_a_config_error_naming_the_target():
+    with pytest.raises(ConfigError, match=r"^target: unknown export target 'nemo'"):
+        render("nemo", load_job(LLAMA))
+
+
+def cli():
+    app = typer.Typer()
+    app.command()(export_command)
+    return app
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli(), [str(a) for a in args], env={"COLUMNS": "200"})
+
+
+@needs_tomllib
+def test_export_writes_the_recipe_to_stdout_and_the_notes_to_stderr():
+    result = invoke("torchtitan", LLAMA)
+    assert result.exit_code == 0, result.output
+    assert tomllib.loads(result.stdout)["parallelism"]["pipeline_parallel_degree"] == 4
+    assert "note: parallel.zero_stage: torchtitan has no ZeRO-1" in result.stderr
+
+
+def test_export_refuses_to_overwrite_an_existing_file_without_force(tmp_path):
+    target = tmp_path / "ds_config.json"
+    target.write_text("precious\n")
+    result = invoke("deepspeed", NEOX, "--out", target)
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [f"error: out: {target} already exists; pass --force to overwrite it"]
+    assert target.read_text() == "precious\n"
+    result = invoke("deepspeed", NEOX, "--out", target, "--force")
+    assert result.exit_code == 0, result.output
+    assert json.loads(target.read_text())["train_batch_size"] == 512
+
+
+def test_export_writes_a_new_file_and_bad_input_is_one_line_with_exit_2(tmp_path):
+    target = tmp_path / "run.sbatch"
+    assert invoke("slurm", LLAMA, "-o", target).exit_code == 0
+    assert sbatch(target.read_text())["nodes"] == "8"
+    for args, message in [(("nemo", LLAMA), "error: target: unknown export target 'nemo'"),
+                          (("torchtitan", NEOX), "error: precision: torchtitan trains in bfloat16"),
+                          (("megatron", EXAMPLES / "missing.yaml"), "cannot read the job file")]:
+        result = invoke(*args)
+        assert result.exit_code == 2
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
