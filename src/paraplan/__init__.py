@@ -28,8 +28,13 @@ def predict(
     elif isinstance(job, dict):
         job = resolve_job(job)
     backend = backend or ("learned" if models is not None else "analytical")
-    fitted = load_model_file(models)[0] if models is not None else None
-    return _predict(job, make_cost_model(job, backend, fitted), **kwargs)
+    fitted = load_model_file(models) if models is not None else None
+    cost_model = make_cost_model(job, backend, fitted)
+    for note in getattr(cost_model, "notes", ()):
+        import warnings
+
+        warnings.warn(f"{models}: {note}", stacklevel=2)
+    return _predict(job, cost_model, **kwargs)
 
 
 def one_batch_predict(job: Job | dict[str, Any] | str, models: str | None = None) -> float:

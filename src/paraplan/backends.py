@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +12,27 @@ from paraplan.specs import ConfigError, Job
 BACKENDS = ("analytical", "learned")
 
 
-def load_model_file(path: Path | str) -> tuple[dict[str, Any], dict[str, Any]]:
+@dataclass(frozen=True)
+class ModelSet:
+    """The regressors of a models file and what it records about how they were fitted."""
+
+    models: dict[str, Any]
+    metadata: dict[str, Any]
+
+    @property
+    def fingerprints(self) -> dict[str, str]:
+        return dict(self.metadata.get("fingerprints") or {})
+
+
+def load_model_file(path: Path | str) -> ModelSet:
     """Regressors and metadata of a models file written by ``paraplan fit``."""
     from paraplan.regress.store import load_models
 
-    return load_models(path)
+    models, metadata = load_models(path)
+    return ModelSet(models, metadata)
 
 
-def make_cost_model(job: Job, backend: str, models: dict[str, Any] | None = None) -> CostModel:
+def make_cost_model(job: Job, backend: str, models: ModelSet | None = None) -> CostModel:
     """The cost model for ``job``: the roofline, or learned residuals on top of it."""
     if backend == "analytical":
         return AnalyticalCostModel(job.cluster, job.precision)
@@ -27,5 +41,5 @@ def make_cost_model(job: Job, backend: str, models: dict[str, Any] | None = None
             raise ConfigError("models: the learned backend needs a models file (paraplan fit ... --out FILE)")
         from paraplan.costmodel.learned import LearnedCostModel
 
-        return LearnedCostModel(job.cluster, job.precision, models)
+        return LearnedCostModel(job.cluster, job.precision, models.models, models.fingerprints)
     raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")

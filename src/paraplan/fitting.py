@@ -52,7 +52,7 @@ def _op_tasks(samples) -> list[FitTask]:
 
     tasks = []
     ops = samples[samples["kind"] == "op"]
-    for (device, name, phase), group in ops.groupby(["device", "name", "phase"], sort=True):
+    for (device, dtype, name, phase), group in ops.groupby(["device", "dtype", "name", "phase"], sort=True):
         if name in SKIPPED_NAMES:
             continue
         variants = set(group["variant"])
@@ -60,7 +60,7 @@ def _op_tasks(samples) -> list[FitTask]:
         variant = wanted if wanted in variants else ("" if "" in variants else sorted(variants)[0])
         group = group[group["variant"] == variant]
         cluster = ClusterSpec(gpu=load_gpu(device), gpus_per_node=1)
-        cm = AnalyticalCostModel(cluster, Precision(group["dtype"].iloc[0]))
+        cm = AnalyticalCostModel(cluster, Precision(dtype))
         rows, base, names = [], [], None
         for record in group.itertuples(index=False):
             row = {k: getattr(record, k) for k in ("mp", "b", "h", "l", "dim") if not _missing(getattr(record, k))}
@@ -75,7 +75,7 @@ def _op_tasks(samples) -> list[FitTask]:
         X = np.asarray(rows, dtype=float)
         groups = [hash(tuple(r)) for r in X.round(9).tolist()]
         tasks.append(
-            FitTask(op_key(device, name, phase), X, np.asarray(base), group["time_s"].to_numpy(), names, groups)
+            FitTask(op_key(device, dtype, name, phase), X, np.asarray(base), group["time_s"].to_numpy(), names, groups)
         )
     return tasks
 
@@ -93,7 +93,7 @@ def _collective_tasks(samples) -> list[FitTask]:
     colls = samples[samples["kind"] == "collective"]
     for (cluster_name, name), group in colls.groupby(["cluster", "name"], sort=True):
         kind = CollectiveKind(name)
-        rows, base = [], []
+        per_link: dict[str, tuple[list, list, list]] = {}
         clusters: dict[int, ClusterSpec] = {}
         for record in group.itertuples(index=False):
             nodes, per_node = int(record.nodes), int(record.gpus_per_node)
@@ -103,15 +103,17 @@ def _collective_tasks(samples) -> list[FitTask]:
             coll = Collective(f"sample_{name}", kind, dim, float(record.bytes), Phase.FWD)
             layout = GroupLayout(size=nodes * per_node, nodes=nodes, per_node=per_node)
             b = estimate_collective_s(coll, layout, clusters[nodes])
+            rows, base, measured = per_link.setdefault(collective_key(cluster_name, name, layout), ([], [], []))
             rows.append(collective_features(coll, layout, b))
             base.append(b)
-        X = np.asarray(rows, dtype=float)
-        tasks.append(
-            FitTask(
-                collective_key(cluster_name, name), X, np.asarray(base), group["time_s"].to_numpy(),
-                list(COLLECTIVE_FEATURES), None,
+            measured.append(record.time_s)
+        for key, (rows, base, measured) in sorted(per_link.items()):
+            tasks.append(
+                FitTask(
+                    key, np.asarray(rows, dtype=float), np.asarray(base), np.asarray(measured),
+                    list(COLLECTIVE_FEATURES), None,
+                )
             )
-        )
     return tasks
 
 
@@ -180,4 +182,18 @@ def training_metadata(samples_path, samples, budget: str, seed: int) -> dict[str
         "seed": seed,
         "paraplan_version": __version__,
         "target": "log(measured / analytical estimate)",
+        "fingerprints": fingerprints(samples),
     }
+
+
+def fingerprints(samples) -> dict[str, str]:
+    """The baselines the residuals are relative to: each sampled GPU's catalog peaks and
+    efficiency curves, each sampled cluster's links, as the catalog has them now."""
+    from paraplan.costmodel.features import cluster_fingerprint, gpu_fingerprint
+
+    out = {}
+    for device in sorted(set(samples.loc[samples["kind"] == "op", "device"])):
+        out[f"gpu/{device}"] = gpu_fingerprint(load_gpu(device))
+    for name in sorted(set(samples.loc[samples["kind"] == "collective", "cluster"])):
+        out[f"cluster/{name}"] = cluster_fingerprint(load_cluster(name))
+    return out

@@ -91,6 +91,7 @@ class CollectiveEstimate:
     group_size: int
     group_nodes: int
     seconds: float
+    source: str = "alpha-beta"
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,11 @@ def _stage_timing(
     )
 
 
+def _source(cm: CostModel, op: Op) -> str:
+    fwd, bwd = cm.source_of(op, Phase.FWD), cm.source_of(op, Phase.BWD_INPUT)
+    return fwd if fwd == bwd or (op.bwd_flops == 0 and op.bwd_bytes == 0) else f"fwd: {fwd}; bwd: {bwd}"
+
+
 def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, layer: _LayerCost):
     recompute = inv.job.parallel.recompute
     ops = []
@@ -338,7 +344,7 @@ def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, 
                 fwd_s=fwd,
                 bwd_s=bwd,
                 recompute_s=fwd if again else 0.0,
-                source=cm.source_of(op, Phase.FWD),
+                source=_source(cm, op),
             )
         )
     colls = []
@@ -355,6 +361,7 @@ def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, 
                 group_size=layout.size,
                 group_nodes=layout.nodes,
                 seconds=comm.seconds(c),
+                source=cm.collective_source(c, layout) if hasattr(cm, "collective_source") else "alpha-beta",
             )
         )
     return tuple(ops), tuple(colls)

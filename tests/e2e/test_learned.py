@@ -48,7 +48,7 @@ def fitted(tmp_path_factory):
 def test_fit_reports_a_held_out_error_better_than_the_analytical_baseline(fitted):
     _, report = fitted
     rows = {r["key"]: r for r in report["models"]}
-    fwd = rows["op/A100-SXM4-80GB/linear1/fwd"]
+    fwd = rows["op/A100-SXM4-80GB/fp16/linear1/fwd"]
     assert fwd["holdout_error"] < 0.05
     assert fwd["analytical_holdout_error"] > 0.25
 
@@ -90,3 +90,45 @@ def test_one_batch_predict_returns_microseconds(fitted):
     pred = paraplan.predict(EXAMPLE, models=str(models))
     assert us == pytest.approx(pred.iteration_s * 1e6)
     assert pred.backend == "learned"
+
+
+def _learned(models_path, job):
+    from paraplan.backends import load_model_file, make_cost_model
+
+    return make_cost_model(job, "learned", load_model_file(models_path))
+
+
+def test_regressors_are_not_used_for_another_precision(fitted):
+    from paraplan.catalog import load_job
+
+    models, _ = fitted
+    job = load_job(EXAMPLE).model_copy(update={"precision": Precision.FP32})
+    cm = _learned(models, job)
+    assert any("no operator regressors for A100-SXM4-80GB in fp32" in n for n in cm.notes)
+
+
+def test_regressors_are_not_used_when_the_cluster_has_other_links(fitted):
+    from paraplan.catalog import load_job, resolve_job
+
+    models, _ = fitted
+    same = load_job(EXAMPLE)
+    other = resolve_job({
+        "model": "gpt2",
+        "cluster": {"name": "perlmutter-gpumodeling", "num_nodes": 2, "inter_node": {"bandwidth": "2.5 GB/s"}},
+    })
+    assert _learned(models, same).ops_usable
+    # the synthetic samples have no collectives; a changed link must not match a fingerprint either way
+    assert not _learned(models, other).colls_usable
+
+
+def test_rotary_operators_say_how_much_of_each_head_rotates():
+    from paraplan.inventory import count_layer_ops, shard_shape
+    from paraplan.specs import ModelSpec
+
+    def rope_dims(percent):
+        model = ModelSpec(num_layers=1, hidden_size=1024, num_attention_heads=8, seq_length=128,
+                          vocab_size=1000, position_embedding="rotary", rotary_percent=percent)
+        op = next(o for o in count_layer_ops(model, shard_shape(model, 1, 1, False, 1, Precision.FP16)) if o.name == "RoPE")
+        return dict(op.dims)
+
+    assert rope_dims(1.0)["d_rot"] == 128 and rope_dims(0.25)["d_rot"] == 32

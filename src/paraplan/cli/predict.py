@@ -65,16 +65,11 @@ def predict_command(
         else:
             raw, base = demo_job_mapping(), Path(".")
         job = resolve_job(apply_overrides(raw, flags), base_dir=base)
-        fitted = load_model_file(models)[0] if models is not None else None
+        fitted = load_model_file(models) if models is not None else None
         cost_model = make_cost_model(job, backend, fitted)
         pred = predict(job, cost_model)
-    coverage = getattr(cost_model, "coverage", None)
-    if coverage is not None:
-        ops, colls = coverage()
-        if not ops:
-            err.print(f"note: {models} has no operator regressors for {job.cluster.gpu.name}; operators use the roofline")
-        if not colls:
-            err.print(f"note: {models} has no collective regressors for cluster {job.cluster.name}; collectives use alpha-beta")
+    for note in getattr(cost_model, "notes", ()):
+        err.print(f"note: {models}: {note}", highlight=False)
     if output is OutputFormat.json:
         data = pred.to_dict()
         if explain:

@@ -26,7 +26,7 @@ def validate_command(
     if models is not None and backend == "analytical":
         backend = "learned"
     with user_errors():
-        fitted = load_model_file(models)[0] if models is not None else None
+        fitted = load_model_file(models) if models is not None else None
         results = validate_runs(load_runs(runs_file), backend, fitted)
     if output is OutputFormat.json:
         write_text(render_json(validation_rows(results, components=True)))

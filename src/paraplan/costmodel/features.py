@@ -7,10 +7,12 @@ log scales) and the analytical estimate, not raw columns of a sample file.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 from paraplan.inventory import Collective, GroupLayout, Op
-from paraplan.specs import Phase
+from paraplan.specs import ClusterSpec, GpuSpec, Phase
 
 _LOG_FLOOR = 1.0
 
@@ -63,9 +65,24 @@ def collective_features(coll: Collective, layout: GroupLayout, baseline_s: float
     ]
 
 
-def op_key(device: str, name: str, phase_direction: str) -> str:
-    return f"op/{device}/{name}/{phase_direction}"
+def op_key(device: str, dtype: str, name: str, phase_direction: str) -> str:
+    return f"op/{device}/{dtype}/{name}/{phase_direction}"
 
 
-def collective_key(cluster: str, kind: str) -> str:
-    return f"collective/{cluster}/{kind}"
+def collective_key(cluster: str, kind: str, layout: GroupLayout) -> str:
+    """Collectives inside a node and across nodes get separate regressors: their residuals
+    come from different links (and on Perlmutter, from anomalies of one of them)."""
+    return f"collective/{cluster}/{kind}/{'inter' if layout.crosses_nodes else 'intra'}"
+
+
+def gpu_fingerprint(gpu: GpuSpec) -> str:
+    """What an operator residual is relative to: the GPU's peaks and efficiency curves."""
+    data = gpu.model_dump(mode="json", include={"name", "peak_flops", "hbm_bandwidth_bytes_per_s", "efficiency"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cluster_fingerprint(cluster: ClusterSpec) -> str:
+    """What a collective residual is relative to: the node's GPUs and links (not its size)."""
+    data = cluster.model_dump(mode="json", include={"gpus_per_node", "intra_node", "inter_node"})
+    data["gpu"] = cluster.gpu.name
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

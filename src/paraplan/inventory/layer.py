@@ -191,7 +191,14 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
                 rotated,
                 e,
                 flops_per_element=3.0,
-                dims=(("l", x.s), ("b", x.b), ("h", x.heads), ("d", x.d)),
+                dims=(
+                    ("l", x.s),
+                    ("b", x.b),
+                    ("h", x.heads),
+                    ("g", x.groups),
+                    ("d", x.d),
+                    ("d_rot", max(1, round(x.d * model.rotary_percent))),
+                ),
             )
         )
     ops.extend(_attention_core(model, x))

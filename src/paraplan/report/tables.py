@@ -122,7 +122,7 @@ def render_explain(pred: Prediction) -> Group:
     total_r = sum(o.recompute_s for o in pred.layer_ops)
     ops.add_row("total", "", "", "", "", f"{total_f * 1e3:.3f}", f"{total_b * 1e3:.3f}", f"{total_r * 1e3:.3f}", "")
     colls = Table(title="Collectives of one layer", title_justify="left")
-    for col in ("collective", "kind", "group", "phase", "calls", "MB", "ms (all calls)"):
+    for col in ("collective", "kind", "group", "phase", "calls", "MB", "ms (all calls)", "model"):
         colls.add_column(col, justify="right" if col in ("calls", "MB", "ms (all calls)") else "left")
     for c in pred.layer_collectives:
         colls.add_row(
@@ -133,7 +133,8 @@ def render_explain(pred: Prediction) -> Group:
             str(c.count),
             f"{c.bytes / 1e6:.2f}",
             f"{c.seconds * 1e3:.3f}",
+            c.source,
         )
     if not pred.layer_collectives:
-        colls.add_row("(none: tp = cp = 1)", "", "", "", "", "", "")
+        colls.add_row("(none: tp = cp = 1)", "", "", "", "", "", "", "")
     return Group(ops, colls)

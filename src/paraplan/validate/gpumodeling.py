@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paraplan.backends import make_cost_model
+from paraplan.backends import ModelSet, make_cost_model
 from paraplan.catalog import resolve_job
 from paraplan.prediction import Prediction, StageTiming, predict
 from paraplan.specs import ConfigError
@@ -149,7 +149,7 @@ def _compare(run: dict[str, Any], pred: Prediction) -> tuple[ComponentError, ...
 
 
 def validate_runs(
-    runs: list[dict[str, Any]], backend: str = "analytical", models: dict[str, Any] | None = None
+    runs: list[dict[str, Any]], backend: str = "analytical", models: ModelSet | None = None
 ) -> list[RunValidation]:
     """Predict every run from its configuration and compare with what was measured.
     Accepts GPUModeling25 records (runs_perlmutter.json) and published Megatron-LM records

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paraplan.backends import make_cost_model
+from paraplan.backends import ModelSet, make_cost_model
 from paraplan.catalog import resolve_job
 from paraplan.prediction import predict
 from paraplan.validate.gpumodeling import RunValidation
@@ -77,7 +77,7 @@ def measured_iteration_s(run: dict[str, Any]) -> float:
 
 
 def validate_published(
-    runs: list[dict[str, Any]], backend: str = "analytical", models: dict[str, Any] | None = None
+    runs: list[dict[str, Any]], backend: str = "analytical", models: ModelSet | None = None
 ) -> list[RunValidation]:
     results = []
     for run in runs:
