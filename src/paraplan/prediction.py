@@ -158,9 +158,29 @@ class Prediction:
         hourly, seconds = self.cost_per_hour_usd, self.time_to_train_s
         return None if hourly is None or seconds is None else hourly * seconds / 3600.0
 
+    def plan_dict(self) -> dict:
+        """The resolved parallel plan, as JSON keys (also the columns of search results)."""
+        plan = self.job.parallel
+        return {
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "dp": plan.dp,
+            "cp": plan.cp,
+            "vpp": plan.vpp,
+            "sequence_parallel": plan.sequence_parallel,
+            "zero_stage": plan.zero_stage,
+            "micro_batch_size": plan.micro_batch_size,
+            "global_batch_size": plan.global_batch_size,
+            "num_microbatches": plan.num_microbatches,
+            "recompute": plan.recompute.value,
+            "schedule": plan.schedule.value,
+            "framework": plan.framework.value,
+            "layers_per_stage": [s.num_layers for s in self.stages],
+        }
+
     def to_dict(self) -> dict:
         """A JSON-ready mapping; keys follow DESIGN.md's vocabulary (documented in the README)."""
-        job, plan = self.job, self.job.parallel
+        job = self.job
         worst = self.worst_memory
         return {
             "job": job.name,
@@ -168,22 +188,7 @@ class Prediction:
             "model": job.model.name,
             "gpu": job.cluster.gpu.name,
             "num_gpus": job.cluster.num_gpus,
-            "parallel": {
-                "tp": plan.tp,
-                "pp": plan.pp,
-                "dp": plan.dp,
-                "cp": plan.cp,
-                "vpp": plan.vpp,
-                "sequence_parallel": plan.sequence_parallel,
-                "zero_stage": plan.zero_stage,
-                "micro_batch_size": plan.micro_batch_size,
-                "global_batch_size": plan.global_batch_size,
-                "num_microbatches": plan.num_microbatches,
-                "recompute": plan.recompute.value,
-                "schedule": plan.schedule.value,
-                "framework": plan.framework.value,
-                "layers_per_stage": [s.num_layers for s in self.stages],
-            },
+            "parallel": self.plan_dict(),
             "precision": job.precision.value,
             "iteration_s": self.iteration_s,
             "tokens_per_s": self.tokens_per_s,

@@ -14,21 +14,12 @@ from paraplan.units import format_seconds
 def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
     rows = []
     for rank, pred in enumerate(result.ranked[:top], start=1):
-        plan = pred.job.parallel
         rows.append(
             {
                 "rank": rank,
                 "gpus": f"{pred.job.cluster.num_gpus} x {pred.job.cluster.gpu.name}",
                 "cluster": pred.job.cluster.name,
-                "tp": plan.tp,
-                "pp": plan.pp,
-                "dp": plan.dp,
-                "cp": plan.cp,
-                "vpp": plan.vpp,
-                "sequence_parallel": plan.sequence_parallel,
-                "micro_batch_size": plan.micro_batch_size,
-                "zero_stage": plan.zero_stage,
-                "recompute": plan.recompute.value,
+                **pred.plan_dict(),
                 "iteration_s": pred.iteration_s,
                 "tokens_per_s": pred.tokens_per_s,
                 "mfu": pred.mfu,
