@@ -33,7 +33,10 @@ def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
 
 
 def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str | None = None) -> Group:
-    title = title or f"Best plans by {result.objective} ({len(result.ranked)} feasible of {result.considered} considered)"
+    title = title or (
+        f"Best plans by {result.objective} ({len(result.ranked)} timed exactly after the screen; "
+        f"{result.considered} considered)"
+    )
     table = Table(title=title, title_justify="left")
     for col in ("#", "GPUs", "tp", "pp", "dp", "cp", "sp", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU", "$/M tok", "to train", "cost"):
         table.add_column(col, justify="left" if col in ("recompute", "sp") else "right")

@@ -42,6 +42,11 @@ class SearchSpace:
     allow_tp_across_nodes: bool = False
     framework: str = "megatron"
     extra: dict[str, Any] = field(default_factory=dict)
+    # Global batch sizes to try (ranked by tokens/s); ``None``: the one the search is given.
+    global_batch_sizes: tuple[int, ...] | None = None
+
+    def batch_sizes(self, global_batch_size: int) -> tuple[int, ...]:
+        return self.global_batch_sizes or (global_batch_size,)
 
 
 @dataclass
@@ -57,6 +62,67 @@ def _reason(message: str) -> str:
     return f"{field_name}: {rest}" if rest else message
 
 
+def plan_axes(
+    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool | None, ...]]:
+    """The tp, pp and sequence-parallel values the space tries (``None``: on with tp > 1)."""
+    n = cluster.num_gpus
+    tps = space.tp or tuple(_powers_of_two(n))
+    pps = space.pp or tuple(p for p in range(1, min(model.num_layers, n) + 1) if n % p == 0)
+    sps: tuple[bool | None, ...] = (True, False) if space.sequence_parallel == "both" else (None,)
+    return tps, pps, sps
+
+
+def plan_job(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    precision: Precision,
+    space: SearchSpace,
+    train_tokens: float | None,
+    *,
+    global_batch_size: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    vpp: int,
+    micro_batch_size: int,
+    zero_stage: int,
+    recompute: Recompute,
+    sequence_parallel: bool | None,
+) -> Job:
+    """The Job of one point of the space (raises ValidationError / ConfigError when the Job
+    validator rejects it). ``sequence_parallel=None`` means on whenever tp > 1."""
+    dp = cluster.num_gpus // (tp * pp * cp)
+    sp = sequence_parallel
+    plan = {
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "cp": cp,
+        "vpp": vpp if vpp > 1 else None,
+        "sequence_parallel": (tp > 1) if sp is None else (sp and tp > 1),
+        "micro_batch_size": micro_batch_size,
+        "global_batch_size": global_batch_size,
+        "zero_stage": zero_stage,
+        "recompute": recompute,
+        "framework": space.framework,
+        **space.extra,
+    }
+    name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
+    if space.global_batch_sizes:
+        name += f"-gbs{global_batch_size}"
+    return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens)
+
+
+def rejection_reason(err: ValidationError | ConfigError) -> str:
+    """The family reason under which a plan the Job validator rejects is counted."""
+    if isinstance(err, ValidationError):
+        from paraplan.specs import format_validation_error
+
+        return _reason(format_validation_error(err))
+    return _reason(str(err))
+
+
 def enumerate_plans(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -65,15 +131,15 @@ def enumerate_plans(
     space: SearchSpace,
     train_tokens: float | None = None,
 ) -> Candidates:
-    """Every plan of ``space`` that passes the divisibility and placement rules."""
+    """Every plan of ``space`` that passes the divisibility and placement rules (one Job per
+    plan; :mod:`paraplan.search.screen` applies the same rules to arrays)."""
     n = cluster.num_gpus
-    tps = space.tp or tuple(_powers_of_two(n))
-    pps = space.pp or tuple(p for p in range(1, min(model.num_layers, n) + 1) if n % p == 0)
-    sps = (True, False) if space.sequence_parallel == "both" else (None,)
+    tps, pps, sps = plan_axes(model, cluster, space)
     excluded: Counter = Counter()
     jobs: list[Job] = []
-    for tp, pp, cp, vpp, mbs, zero, recompute, sp in itertools.product(
-        tps, pps, space.cp, space.vpp, space.micro_batch_size, space.zero_stage, space.recompute, sps
+    for gbs, tp, pp, cp, vpp, mbs, zero, recompute, sp in itertools.product(
+        space.batch_sizes(global_batch_size),
+        tps, pps, space.cp, space.vpp, space.micro_batch_size, space.zero_stage, space.recompute, sps,
     ):
         if n % (tp * pp * cp):
             excluded["tp*pp*cp does not divide the number of GPUs"] += 1
@@ -82,46 +148,25 @@ def enumerate_plans(
         if tp > cluster.gpus_per_node and not space.allow_tp_across_nodes:
             excluded[f"tp > {cluster.gpus_per_node} crosses the node's NVLink domain"] += 1
             continue
-        if global_batch_size % (mbs * dp):
+        if gbs % (mbs * dp):
             excluded["global batch is not a multiple of micro-batch x dp"] += 1
             continue
-        if vpp > 1 and (pp < 2 or model.num_layers % (pp * vpp) or (global_batch_size // (mbs * dp)) % pp):
+        if vpp > 1 and (pp < 2 or model.num_layers % (pp * vpp) or (gbs // (mbs * dp)) % pp):
             excluded["interleaving needs layers divisible by pp*vpp and micro-batches by pp"] += 1
             continue
         if model.num_layers % pp:
             excluded["pp does not divide the layers evenly (uneven splits are off)"] += 1
             continue
-        plan = {
-            "tp": tp,
-            "pp": pp,
-            "dp": dp,
-            "cp": cp,
-            "vpp": vpp if vpp > 1 else None,
-            "sequence_parallel": (tp > 1) if sp is None else (sp and tp > 1),
-            "micro_batch_size": mbs,
-            "global_batch_size": global_batch_size,
-            "zero_stage": zero,
-            "recompute": recompute,
-            "framework": space.framework,
-            **space.extra,
-        }
         try:
             jobs.append(
-                Job(
-                    name=f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else ""),
-                    model=model,
-                    cluster=cluster,
-                    parallel=plan,
-                    precision=precision,
-                    train_tokens=train_tokens,
+                plan_job(
+                    model, cluster, precision, space, train_tokens,
+                    global_batch_size=gbs, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
+                    zero_stage=zero, recompute=recompute, sequence_parallel=sp,
                 )
             )
-        except ValidationError as err:
-            from paraplan.specs import format_validation_error
-
-            excluded[_reason(format_validation_error(err))] += 1
-        except ConfigError as err:
-            excluded[_reason(str(err))] += 1
+        except (ValidationError, ConfigError) as err:
+            excluded[rejection_reason(err)] += 1
     return Candidates(jobs=jobs, excluded=excluded)
 
 

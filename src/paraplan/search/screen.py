@@ -1,0 +1,420 @@
+"""The vectorised screen: every plan of a space timed and sized at once with numpy.
+
+Nothing here counts FLOPs, bytes or collective volumes. The space's plans differ along a few
+axes, and each quantity the exact prediction uses depends on only some of them, so each is
+costed once per distinct value of its axes with the same code the exact path runs:
+
+- a *shard shape* (tp, cp, sequence parallelism, micro-batch) fixes one layer's operators
+  and TP/CP collectives, the embedding and LM-head operators and collectives, the pipeline
+  message and the saved activations: one representative Job of the space is inventoried
+  (``count_job``) and costed with ``AnalyticalCostModel`` through the prediction's own
+  ``_LayerCost`` and ``_Comm``, and its activations through ``memory``'s own function;
+- a *layout* (tp, cp, pp, ZeRO stage, hence dp) fixes every stage's parameters, its
+  data-parallel collectives (``group_layout``), its optimizer step and its weight, gradient
+  and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
+
+The remaining axes (pp, dp, ZeRO, vpp, recompute, global batch, number of micro-batches) are
+combined with arrays, following ``prediction._stage_timing`` and ``memory.estimate_stage_memory``
+term by term. Memory is the exact formula (the screen's verdict equals ``estimate_memory``'s;
+tests check it). Time differs from ``predict`` only in the pipeline: the event simulation is
+replaced by closed forms that are exact for equal stages without transfers --
+``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved, the flow-shop
+sum for GPipe -- generalised to the unequal first and last stages and the blocking sends by
+summing every stage once and repeating the slowest (see ``_finish``). The search times the
+screen's shortlist exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import ValidationError
+
+from paraplan.costmodel import AnalyticalCostModel
+from paraplan.inventory import JobInventory, count_job
+from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
+from paraplan.memory import _activations_per_microbatch, estimate_stage_memory
+from paraplan.prediction import _BACKWARD, _Comm, _LayerCost, _ops_s
+from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason
+from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Phase, Precision, Recompute, Schedule
+
+#: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
+#: exact path (e.g. ``layers_per_stage``: uneven stages).
+SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule"})
+
+_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
+_FIRST, _MID, _LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
+
+
+def screenable(space: SearchSpace) -> bool:
+    return set(space.extra) <= SCREENABLE_EXTRA
+
+
+@dataclass
+class Screen:
+    """Every valid, distinct plan of a space (in enumeration order) with its screened time and
+    exact worst-stage memory, plus the plans the rules and the Job validator excluded."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    precision: Precision
+    space: SearchSpace
+    train_tokens: float | None
+    plans: dict[str, np.ndarray]  # gbs tp pp dp cp vpp mbs zero recompute (index) sp (raw: 0 off, 1 on, 2 with tp)
+    iteration_s: np.ndarray
+    memory_bytes: np.ndarray  # worst stage, bytes per GPU
+    excluded: Counter  # reason -> plans removed by the divisibility rules and the Job validator
+    considered: int  # points of the space, duplicates counted once
+    timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase
+
+    def __len__(self) -> int:
+        return len(self.iteration_s)
+
+    @property
+    def seconds_per_token(self) -> np.ndarray:
+        return self.iteration_s / (self.plans["gbs"] * self.model.seq_length)
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.memory_bytes <= self.cluster.gpu.hbm_bytes
+
+    def job(self, i: int) -> Job:
+        """The Job of plan ``i`` (the same Job ``enumerate_plans`` builds for it)."""
+        p = {k: int(v[i]) for k, v in self.plans.items()}
+        sp = None if p["sp"] == 2 else bool(p["sp"])
+        return plan_job(
+            self.model, self.cluster, self.precision, self.space, self.train_tokens,
+            global_batch_size=p["gbs"], tp=p["tp"], pp=p["pp"], cp=p["cp"], vpp=p["vpp"],
+            micro_batch_size=p["mbs"], zero_stage=p["zero"], recompute=_RECOMPUTE[p["recompute"]],
+            sequence_parallel=sp,
+        )
+
+
+def _codes(values: np.ndarray) -> np.ndarray:
+    """Dense integer codes of ``values`` (equal values, equal codes)."""
+    return np.unique(values, return_inverse=True)[1].reshape(values.shape)
+
+
+def _mix(*codes: np.ndarray) -> np.ndarray:
+    """One int64 key per row from several code arrays."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    for c in codes:
+        key = key * (int(c.max(initial=0)) + 1) + c
+    return key
+
+
+def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space: SearchSpace):
+    """The space's points after the divisibility and placement rules of ``enumerate_plans``
+    (same order, same reasons), as arrays, and the exclusion counts."""
+    n, gpn, layers = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
+    tps, pps, sps = plan_axes(model, cluster, space)
+    outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, space.vpp, space.micro_batch_size)
+    rc = tuple(_RECOMPUTE.index(Recompute(r)) for r in space.recompute)
+    inner = (space.zero_stage, rc, tuple(2 if s is None else int(s) for s in sps))
+    n_inner = int(np.prod([len(a) for a in inner]))
+    idx = np.indices([len(a) for a in outer]).reshape(len(outer), -1)
+    gbs, tp, pp, cp, vpp, mbs = (np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
+    excluded: Counter = Counter()
+    alive = np.ones(len(gbs), dtype=bool)
+
+    def rule(mask: np.ndarray, reason: str) -> None:
+        hit = alive & mask
+        count = int(hit.sum())
+        if count:
+            excluded[reason] += count * n_inner
+            alive[hit] = False
+
+    mp = tp * pp * cp
+    rule(n % mp != 0, "tp*pp*cp does not divide the number of GPUs")
+    dp = np.where(alive, n // np.maximum(mp, 1), 1)
+    if not space.allow_tp_across_nodes:
+        rule(tp > gpn, f"tp > {gpn} crosses the node's NVLink domain")
+    rule(gbs % (mbs * dp) != 0, "global batch is not a multiple of micro-batch x dp")
+    m = gbs // (mbs * dp)
+    rule(
+        (vpp > 1) & ((pp < 2) | (layers % (pp * vpp) != 0) | (m % pp != 0)),
+        "interleaving needs layers divisible by pp*vpp and micro-batches by pp",
+    )
+    rule(layers % pp != 0, "pp does not divide the layers evenly (uneven splits are off)")
+    keep = np.flatnonzero(alive)
+    inner_idx = np.indices([len(a) for a in inner]).reshape(len(inner), -1)
+    o = np.repeat(keep, n_inner)
+    k = np.tile(np.arange(n_inner), len(keep))
+    plans = {name: a[o] for name, a in (("gbs", gbs), ("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("vpp", vpp), ("mbs", mbs))}
+    plans["zero"], plans["recompute"], plans["sp"] = (
+        np.asarray(a, dtype=np.int64)[i][k] for a, i in zip(inner, inner_idx, strict=True)
+    )
+    return plans, excluded
+
+
+def _job_at(model, cluster, precision, space, train_tokens, plans, i: int) -> Job:
+    sp = int(plans["sp"][i])
+    return plan_job(
+        model, cluster, precision, space, train_tokens,
+        global_batch_size=int(plans["gbs"][i]), tp=int(plans["tp"][i]), pp=int(plans["pp"][i]),
+        cp=int(plans["cp"][i]), vpp=int(plans["vpp"][i]), micro_batch_size=int(plans["mbs"][i]),
+        zero_stage=int(plans["zero"][i]), recompute=_RECOMPUTE[int(plans["recompute"][i])],
+        sequence_parallel=None if sp == 2 else bool(sp),
+    )
+
+
+def _representatives(key: np.ndarray, prefer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(index of one plan per distinct key, each plan's key number); with ``prefer``, a plan
+    where it is true when the key has one."""
+    if prefer is None:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        return first, inverse
+    _, inverse = np.unique(key, return_inverse=True)
+    order = np.lexsort((~prefer, inverse))  # by key, preferred plans first, then enumeration order
+    starts = np.flatnonzero(np.r_[True, inverse[order][1:] != inverse[order][:-1]])
+    return order[starts], inverse
+
+
+def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
+    """Per shard shape: one layer's seconds, the ends' seconds, and the activation bytes per
+    layer and at the ends under each recompute policy."""
+    rows: list[dict[str, float]] = []
+    for inv in invs:
+        job = inv.job
+        st, x, plan = inv.stages[0], inv.shape, job.parallel
+        comm = _Comm(inv, cm)
+        layer = _LayerCost.of(st, cm, comm)
+        emb, head = count_embedding_ops(model, x), count_head_ops(model, x)
+        row = {
+            "layer_f": layer.fwd_total,
+            "layer_b": layer.bwd_total,
+            "comm_f": layer.comm_fwd,
+            "comm_b": layer.comm_bwd,
+            "rc_selective": sum(t for o, t in zip(st.layer_ops, layer.fwd, strict=True) if o.selective_recompute),
+        }
+        ends = {_FIRST: emb, _MID: (), _LAST: head, 3: emb + head}  # 3: pp = 1, both ends
+        flags = {_FIRST: (True, False), _MID: (False, False), _LAST: (False, True), 3: (True, True)}
+        for c, ops in ends.items():
+            colls = count_end_collectives(model, plan, x, first=flags[c][0], last=flags[c][1])
+            row[f"end_f{c}"] = _ops_s(cm, ops, (Phase.FWD,))
+            row[f"end_b{c}"] = _ops_s(cm, ops, _BACKWARD)
+            row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
+            row[f"endc_b{c}"] = comm.total(colls, _BACKWARD)
+        for r, policy in enumerate(_RECOMPUTE):
+            job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
+            inv_r = dataclasses.replace(inv, job=job_r)
+            for c, ops in ends.items():
+                held, working = _activations_per_microbatch(inv_r, dataclasses.replace(st, num_layers=1, end_ops=ops))
+                row[f"held{r}"] = held  # per layer: the same whatever the ends
+                row[f"work{r}_{c}"] = working
+        rows.append(row)
+    return {k: np.array([r[k] for r in rows]) for k in rows[0]}
+
+
+def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
+    """Per layout and stage class: layers, DP communication, optimizer step, and the memory
+    that does not depend on the micro-batch (weights, gradients, optimizer states, buffers)."""
+    keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "buffers")
+    out = {k: np.zeros((len(invs), 3)) for k in keys}
+    for j, inv in enumerate(invs):
+        comm = _Comm(inv, cm)
+        pp = len(inv.stages)
+        for c, s in ((_FIRST, 0), (_MID, min(1, pp - 1)), (_LAST, pp - 1)):
+            st = inv.stages[s]
+            mem = estimate_stage_memory(inv, st)
+            out["layers"][j, c] = st.num_layers
+            out["reduce"][j, c] = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
+            out["gather"][j, c] = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
+            out["dp_f"][j, c] = comm.total(st.per_microbatch_dp, (Phase.FWD,))
+            out["dp_b"][j, c] = comm.total(st.per_microbatch_dp, _BACKWARD)
+            out["optimizer"][j, c] = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER)
+            out["static"][j, c] = mem.weights + mem.gradients + mem.optimizer_states
+            out["buffers"][j, c] = mem.buffers
+    return out
+
+
+def screen_plans(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch_size: int,
+    precision: Precision = Precision.BF16,
+    space: SearchSpace | None = None,
+    train_tokens: float | None = None,
+) -> Screen:
+    """Screen every plan of ``space`` (see the module docstring)."""
+    space = space or SearchSpace()
+    if not screenable(space):
+        raise ConfigError(f"search: the screen does not model {sorted(set(space.extra) - SCREENABLE_EXTRA)}")
+    clock = {"start": time.perf_counter()}
+    plans, excluded = _grid(model, cluster, global_batch_size, space)
+    clock["grid"] = time.perf_counter()
+    args = (model, cluster, precision, space, train_tokens)
+    tp, pp, cp, zero, vpp = plans["tp"], plans["pp"], plans["cp"], plans["zero"], plans["vpp"]
+    sp_on = np.where(plans["sp"] == 2, tp > 1, (plans["sp"] == 1) & (tp > 1))
+
+    # The Job validator: its verdict depends on these axes only (the batch rules ran above).
+    vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero))
+    reps, vinv = _representatives(vkey)
+    ok = np.zeros(len(reps), dtype=bool)
+    schedule = np.zeros(len(reps), dtype=np.int64)
+    overlap = True
+    per_key = np.bincount(vinv, minlength=len(reps))
+    for j, i in enumerate(reps):
+        try:
+            job = _job_at(*args, plans, int(i))
+        except (ValidationError, ConfigError) as err:
+            excluded[rejection_reason(err)] += int(per_key[j])
+            continue
+        ok[j] = True
+        schedule[j] = _SCHEDULES.index(job.parallel.schedule)
+        overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
+    valid = ok[vinv]
+    sched = schedule[vinv]
+    # Distinct plans (sequence parallelism "both" repeats the tp = 1 plans), first kept.
+    rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "zero", "recompute")),
+                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64))
+    first = np.zeros(len(rkey), dtype=bool)
+    first[np.unique(rkey, return_index=True)[1]] = True
+    keep = np.flatnonzero(valid & first)
+    plans = {k: v[keep] for k, v in plans.items()}
+    sp_on, sched = sp_on[keep], sched[keep]
+    considered = len(keep) + sum(excluded.values())
+    clock["validate"] = time.perf_counter()
+
+    tp, pp, cp, zero, mbs = (plans[k] for k in ("tp", "pp", "cp", "zero", "mbs"))
+    if len(keep) == 0:
+        empty = np.zeros(0)
+        return Screen(*args, plans, empty, empty, excluded, considered)
+    cm = AnalyticalCostModel(cluster, precision)
+    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs))
+    a_reps, a = _representatives(akey, prefer=pp > 1)
+    a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
+    A = _shard_table(model, cm, a_invs)
+    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero))
+    b_reps, b = _representatives(bkey)
+    b_invs = [count_job(_job_at(*args, plans, int(i))) for i in b_reps]
+    B = _layout_table(cm, b_invs)
+    # The pipeline message of a shard shape between neighbouring stages of a layout (its
+    # time depends on where the pair of stages lies, hence on pp).
+    ab, ab_inv = np.unique(a * len(b_reps) + b, return_inverse=True)
+    p2p_ab = np.zeros(len(ab))
+    comms: dict[int, _Comm] = {}
+    for j, key in enumerate(ab):
+        ai, bi = divmod(int(key), len(b_reps))
+        message = a_invs[ai].p2p
+        if b_invs[bi].job.parallel.pp > 1 and message is not None:
+            comm = comms.get(bi)
+            if comm is None:
+                comm = comms[bi] = _Comm(b_invs[bi], cm)
+            p2p_ab[j] = comm.seconds(message)
+    p2p = p2p_ab[ab_inv]
+    clock["cost"] = time.perf_counter()
+
+    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p)
+    clock["combine"] = time.perf_counter()
+    names = ("grid", "validate", "cost", "combine")
+    timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
+    return Screen(*args, plans, iteration, memory, excluded, considered, timings)
+
+
+def _combine(plans, sched, overlap, A, a, B, b, p2p):
+    """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
+    rc = plans["recompute"]
+    pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
+    m = (gbs // (mbs * dp)).astype(np.float64)
+    p = pp.astype(np.float64)
+    v = np.where(sched == 1, np.maximum(vpp, 1), 1).astype(np.float64)
+    single = pp == 1
+    classes = (_FIRST, _MID, _LAST)
+    exists = {_FIRST: np.ones(len(pp), dtype=bool), _MID: pp >= 3, _LAST: pp >= 2}
+    full, selective = rc == 2, rc == 1
+    gpipe, interleaved = sched == 2, sched == 1
+
+    def ends(name: str, c: int) -> np.ndarray:
+        # stage 0 carries both ends when there is one stage
+        return np.where(single, A[f"{name}3"][a], A[f"{name}{c}"][a]) if c == _FIRST else A[f"{name}{c}"][a]
+
+    layer_f, layer_b, comm_f, comm_b = A["layer_f"][a], A["layer_b"][a], A["comm_f"][a], A["comm_b"][a]
+    rc_layer = np.where(full, layer_f + comm_f, np.where(selective, A["rc_selective"][a], 0.0))
+    held1 = np.choose(rc, [A["held0"][a], A["held1"][a], A["held2"][a]])
+    f, bw, drain_extra, opt, mem = {}, {}, {}, {}, {}
+    for c in classes:
+        n = B["layers"][b, c]
+        tp_f = n * comm_f + ends("endc_f", c)
+        tp_b = n * comm_b + ends("endc_b", c)
+        recompute = n * rc_layer
+        forward = n * layer_f + ends("end_f", c)
+        backward = n * layer_b + ends("end_b", c)
+        dp_f, dp_b = B["dp_f"][b, c], B["dp_b"][b, c]
+        reduce_s, gather_s = B["reduce"][b, c], B["gather"][b, c]
+        if overlap:  # prediction._stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
+            forward = np.maximum(forward + tp_f, dp_f) - tp_f
+            backward = np.maximum(backward + tp_b, dp_b) - tp_b
+            exposed = np.maximum(0.0, reduce_s - (backward + recompute + tp_b)) + np.maximum(
+                0.0, gather_s - (forward + tp_f)
+            )
+        else:
+            forward, backward = forward + dp_f, backward + dp_b
+            exposed = reduce_s + gather_s
+        f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
+        drain_extra[c], opt[c] = exposed, B["optimizer"][b, c]
+        # memory.estimate_stage_memory, with the stage's micro-batches in flight
+        work = np.choose(rc, [ends(f"work{r}_", c) for r in range(3)])
+        held = n * held1
+        fold = gpipe & ~full
+        held = np.where(fold, held + work, held)
+        work = np.where(fold, 0.0, work)
+        stage = np.where(c == _LAST, p - 1, float(c))
+        chunks = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+        flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))
+        mem[c] = B["static"][b, c] + (held * flight + work) + B["buffers"][b, c]
+    finish = _finish(f, bw, p2p, m, p, v, gpipe)
+    neg = -np.inf
+    drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
+    step = np.max([np.where(exists[c], opt[c], neg) for c in classes], axis=0)
+    worst = np.max([np.where(exists[c], mem[c], neg) for c in classes], axis=0)
+    return drain + step, worst
+
+
+def _finish(f, b, x, m, p, v, gpipe):
+    """When stage 0, stage 1 and the last stage finish their last task, from each class's
+    forward ``f`` and backward ``b`` seconds per micro-batch and the send time ``x``.
+
+    A task holds its stage for its compute and its blocking send (none out of the model's
+    ends), as in ``schedule.simulate_pipeline``. GPipe is two flow shops of identical jobs:
+    forwards end at sum(F) + (m - 1) max(F), backwards from the last stage down to stage i add
+    sum(B[i:]) + (m - 1) max(B[i:]) (exact). 1F1B and interleaved: every stage's work once plus
+    m v - 1 chunk-periods of the slowest stage; a stage finishes when the last backward has
+    yet to cross the stages before it. Exact for equal stages without sends; with unequal
+    ends and sends it is an estimate (the search's shortlist absorbs the difference).
+    """
+    mid = p - 2  # middle stages (all equal)
+    has_mid = mid > 0
+    one = p == 1
+    Fs = {_FIRST: f[_FIRST] + x, _MID: f[_MID] + x, _LAST: f[_LAST]}
+    Bs = {_FIRST: b[_FIRST], _MID: b[_MID] + x, _LAST: b[_LAST] + x}
+    neg = -np.inf
+    # GPipe
+    f_max = np.maximum(np.maximum(Fs[_FIRST], Fs[_LAST]), np.where(has_mid, Fs[_MID], neg))
+    t_fwd = Fs[_FIRST] + mid * Fs[_MID] + Fs[_LAST] + (m - 1) * f_max
+    max_from_mid = np.where(has_mid, np.maximum(Bs[_MID], Bs[_LAST]), Bs[_LAST])
+    g = {
+        _LAST: t_fwd + m * Bs[_LAST],
+        _MID: t_fwd + mid * Bs[_MID] + Bs[_LAST] + (m - 1) * max_from_mid,
+        _FIRST: t_fwd + Bs[_FIRST] + mid * Bs[_MID] + Bs[_LAST] + (m - 1) * np.maximum(max_from_mid, Bs[_FIRST]),
+    }
+    # 1F1B (v = 1) and interleaved: per micro-batch and stage, compute plus 2v - 1 or 2v sends
+    s = {
+        _FIRST: f[_FIRST] + b[_FIRST] + (2 * v - 1) * x,
+        _MID: f[_MID] + b[_MID] + 2 * v * x,
+        _LAST: f[_LAST] + b[_LAST] + (2 * v - 1) * x,
+    }
+    s_max = np.maximum(np.maximum(s[_FIRST], s[_LAST]), np.where(has_mid, s[_MID], neg))
+    t = (s[_FIRST] + mid * s[_MID] + s[_LAST]) / v + (m - 1 / v) * s_max
+    b0 = b[_FIRST] / v
+    k = {_FIRST: t, _MID: t - b0, _LAST: t - b0 - mid * (b[_MID] / v + x)}
+    out = {}
+    for c in (_FIRST, _MID, _LAST):
+        out[c] = np.where(gpipe, g[c], k[c])
+    out[_FIRST] = np.where(one, m * (f[_FIRST] + b[_FIRST]), out[_FIRST])
+    return out
