@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +32,10 @@ from paraplan.regress.store import load_models, read_manifest, save_models
 from paraplan.specs import ConfigError
 
 NAMES = ["x", "log_scale"]
+# A model file checks that op regressors carry op features and collective ones collective features.
+OP_NAMES = ["log_flops", "log_scale"]
+COLLECTIVE_NAMES = ["log_bytes", "log_scale"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def distorted(n: int = 600, seed: int = 0, noise: float = 0.0):
@@ -57,8 +63,8 @@ def best(data):
 def fitted(data):
     X, b, t = data
     return {
-        "op/a/fwd": fit_best("op/a/fwd", X, b, t, NAMES, budget="quick", algorithms=["xgboost"]),
-        "collective/b": fit_best("collective/b", X, b, t, NAMES, budget="quick", algorithms=["rforest"]),
+        "op/a/fwd": fit_best("op/a/fwd", X, b, t, OP_NAMES, budget="quick", algorithms=["xgboost"]),
+        "collective/b": fit_best("collective/b", X, b, t, COLLECTIVE_NAMES, budget="quick", algorithms=["rforest"]),
     }
 
 
@@ -174,7 +180,7 @@ def test_save_then_load_gives_identical_predictions_for_both_algorithms(
     for key, original in fitted.items():
         loaded = models[key]
         assert loaded.algorithm == original.algorithm
-        assert loaded.params == original.params and loaded.feature_names == NAMES
+        assert loaded.params == original.params and loaded.feature_names == original.feature_names
         assert loaded.holdout_error == original.holdout_error and loaded.n_samples == original.n_samples
         np.testing.assert_array_equal(loaded.x_min, original.x_min)
         np.testing.assert_array_equal(loaded.predict_log_ratio(X), original.predict_log_ratio(X))
@@ -221,6 +227,14 @@ def replace_member(members, key, data):
     members["manifest.json"] = json.dumps(manifest).encode()
 
 
+def nested(depth):
+    """A mapping ``depth`` levels deep."""
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
 def member_of(path, key):
     with zipfile.ZipFile(path) as zf:
         return zf.read(json.loads(zf.read("manifest.json"))["models"][key]["file"])
@@ -250,6 +264,24 @@ def member_of(path, key):
         (
             lambda m: edit_manifest(m, lambda d: d["models"]["collective/b"].update(algorithm="xgboost")),
             "is not a .ubj or .json member under models/",
+        ),
+        (lambda m: m.update({"manifest.json": b"[" * 200_000 + b"]" * 200_000}), "manifest.json is nested too deeply"),
+        (lambda m: edit_manifest(m, lambda d: d.update(metadata=nested(100))), "manifest.json is nested too deeply"),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["op/a/fwd"].update(residual_range=[800.0, 900.0])),
+            "models.op/a/fwd.residual_range: [800, 900] would scale the analytical time by more than 1000x",
+        ),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["collective/b"].update(residual_range=[-9.0, 0.1])),
+            "models.collective/b.residual_range: [-9, 0.1] would scale",
+        ),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["op/a/fwd"].update(feature_names=COLLECTIVE_NAMES)),
+            "models.op/a/fwd.feature_names: an op regressor's features include log_flops",
+        ),
+        (
+            lambda m: edit_manifest(m, lambda d: d["models"]["collective/b"].update(feature_names=OP_NAMES)),
+            "models.collective/b.feature_names: a collective regressor's features include log_bytes and not log_flops",
         ),
     ],
 )
@@ -366,6 +398,178 @@ def test_a_forest_whose_trees_point_out_of_bounds_is_refused(tmp_path, data, fit
     with pytest.raises(ConfigError, match=r"tree 1 has out-of-range node or feature indices") as excinfo:
         load_models(path)
     one_line_config_error(excinfo, path)
+
+
+def test_a_regressor_a_model_file_would_refuse_is_not_saved(tmp_path, fitted):
+    import copy
+
+    wild = copy.copy(fitted["op/a/fwd"].estimator)
+    wild.residual_max_ = 50.0  # exp(50): no measured time is that far from the roofline
+    models = {"op/a/fwd": FittedRegressor(**{**vars(fitted["op/a/fwd"]), "estimator": wild})}
+    path = tmp_path / "a100.models"
+    with pytest.raises(ConfigError, match=r"cannot save: models\.op/a/fwd\.residual_range") as excinfo:
+        save_models(path, models, {})
+    one_line_config_error(excinfo, path)
+    mislabelled = {"collective/b": FittedRegressor(**{**vars(fitted["op/a/fwd"]), "key": "collective/b"})}
+    with pytest.raises(ConfigError, match="a collective regressor's features include log_bytes"):
+        save_models(path, mislabelled, {})
+    with pytest.raises(ConfigError, match="cannot save: metadata is nested more than 64 levels deep"):
+        save_models(path, fitted, nested(100))
+    assert not path.exists()
+
+
+# --- crafted XGBoost models ----------------------------------------------------------------
+# predict walks XGBoost's trees without bounds checks and XGBoost's loader trusts its input,
+# so a crafted model must be refused by load_models before XGBoost parses or walks it. Cases
+# that only crash when predicting are loaded in this process (the refusal comes first); cases
+# that would crash XGBoost's loader itself run in a subprocess.
+
+
+def first_tree(doc):
+    return doc["learner"]["gradient_booster"]["model"]["trees"][0]
+
+
+def crafted_xgboost(tmp_path, fitted, edit=None, raw=None):
+    """A model file whose XGBoost member (JSON) is edited by ``edit(doc)``, or replaced by
+    ``raw`` bytes, with the checksum updated: what an attacker would write."""
+    path = tmp_path / "crafted.models"
+    save_models(path, fitted, {}, xgboost_format="json", overwrite=True)
+    if raw is None:
+        doc = json.loads(member_of(path, "op/a/fwd"))
+        edit(doc)
+        raw = json.dumps(doc).encode()
+    rewrite(path, lambda m: replace_member(m, "op/a/fwd", raw))
+    return path
+
+
+def set_nodes(field, values):
+    def edit(doc):
+        first_tree(doc)[field][: len(values)] = values
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (set_nodes("left_children", [10**8]), "tree 0 node 0 has a child index that is not a later node"),
+        (
+            lambda d: first_tree(d).update(left_children=[0, *first_tree(d)["left_children"][1:]],
+                                           right_children=[0, *first_tree(d)["right_children"][1:]]),
+            "tree 0 node 0 has a child index that is not a later node",
+        ),  # a self-loop: predict would never return
+        (set_nodes("split_indices", [10**6]), "tree 0 node 0 has a split feature outside 0..1"),
+        (set_nodes("split_conditions", [float("nan")]), "tree 0 node 0 has a NaN or infinite threshold"),
+        (set_nodes("split_conditions", [1e39]), "tree 0 node 0 has a NaN or infinite threshold"),
+        (set_nodes("split_type", [1]), "tree 0 node 0 has a categorical split"),
+        (
+            lambda d: first_tree(d).update(left_children=first_tree(d)["left_children"][:-1]),
+            "tree 0 has inconsistent node arrays",
+        ),
+        (
+            lambda d: d["learner"]["gradient_booster"]["model"]["tree_info"].__setitem__(0, 5),
+            "tree_info does not assign every tree to the one output",
+        ),
+        (
+            lambda d: d["learner"]["learner_model_param"].update(num_feature="9"),
+            "9 features, the manifest names 2",
+        ),
+        (lambda d: d["learner"].update(attributes={"best_iteration": "1000000000"}), "unexpected booster attributes"),
+    ],
+)
+def test_a_crafted_xgboost_tree_is_refused_before_it_is_used(tmp_path, fitted, edit, message):
+    path = crafted_xgboost(tmp_path, fitted, edit)
+    with pytest.raises(ConfigError) as excinfo:
+        load_models(path)
+    assert one_line_config_error(excinfo, path).startswith(
+        f"{path}: model file 'op/a/fwd' is not a valid XGBoost model ({message}"
+    )
+
+
+def test_a_repeated_key_cannot_show_the_check_one_tree_and_xgboost_another(tmp_path, fitted):
+    """XGBoost keeps a key's first value and Python's json its last: a crafted file could pass
+    a check on the one and load the other."""
+    path = tmp_path / "clean.models"
+    save_models(path, fitted, {}, xgboost_format="json")
+    text = member_of(path, "op/a/fwd").decode()
+    raw = text.replace('"left_children":', '"left_children":[100000000],"left_children":', 1).encode()
+    path = crafted_xgboost(tmp_path, fitted, raw=raw)
+    with pytest.raises(ConfigError, match=r"'op/a/fwd' is not a valid XGBoost JSON model$"):
+        load_models(path)
+
+
+def test_the_booster_xgboost_built_is_checked_from_its_own_dump(fitted):
+    from paraplan.regress.store import _booster_problem, _decode_ubjson
+
+    booster = fitted["op/a/fwd"].estimator.estimator_.get_booster()
+    dump = _decode_ubjson(bytes(booster.save_raw(raw_format="ubj")))
+    assert _booster_problem(dump, 2) is None
+    tree = dump["learner"]["gradient_booster"]["model"]["trees"][3]
+    left = tree["left_children"].copy()
+    left[0] = 0
+    tree["left_children"] = left
+    assert _booster_problem(dump, 2) == "tree 3 node 0 has a child index that is not a later node of the tree"
+    assert _booster_problem(dump, 3).startswith("2 features, the manifest names 3")
+
+
+UBJ_KEY = b"L" + (7).to_bytes(8, "big") + b"learner"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"{" + UBJ_KEY + b"[" * 100_000,  # deep nesting: XGBoost's recursive parser overflows the stack
+        b"{" + UBJ_KEY + b"SL" + (10**6).to_bytes(8, "big") + b"abc}",  # a string past the end
+        b"{" + UBJ_KEY + b"[$d#L" + (10**6).to_bytes(8, "big") + b"\0\0\0\0]}",  # an array past the end
+        b"{" + UBJ_KEY + b"{}" + UBJ_KEY + b"{}}",  # a repeated key
+        b"{" + UBJ_KEY + b"{}}trailing",
+        b"{" + UBJ_KEY + b"N}",  # a marker XGBoost does not read
+    ],
+)
+def test_the_ubjson_decoder_refuses_what_xgboost_would_read_out_of_bounds(data):
+    from paraplan.regress.store import _decode_ubjson
+
+    with pytest.raises(ValueError):
+        _decode_ubjson(data)
+
+
+def test_the_ubjson_decoder_reads_what_xgboost_writes(fitted):
+    from paraplan.regress.store import _decode_ubjson
+
+    booster = fitted["op/a/fwd"].estimator.estimator_.get_booster()
+    from_ubj = _decode_ubjson(bytes(booster.save_raw(raw_format="ubj")))
+    from_json = json.loads(bytes(booster.save_raw(raw_format="json")))
+    assert json.dumps(from_ubj, sort_keys=True, default=lambda a: a.tolist()) == json.dumps(
+        from_json, sort_keys=True
+    )
+
+
+def parents_out_of_range(doc):
+    first_tree(doc)["parents"][1] = 10**8  # followed by XGBoost's tree loader
+
+
+def repeated_tree_id(doc):
+    doc["learner"]["gradient_booster"]["model"]["trees"][1]["id"] = 0  # leaves a null tree
+
+
+@pytest.mark.parametrize(
+    ("edit", "raw", "message"),
+    [
+        (set_nodes("left_children", [10**8]), None, "is not a valid XGBoost model (tree 0 node 0"),
+        (parents_out_of_range, None, "is not a valid XGBoost model (tree 0 has inconsistent parent indices)"),
+        (repeated_tree_id, None, "is not a valid XGBoost model (tree 1 has id 0)"),
+        (None, b'{"learner":' + b"[" * 200_000 + b"]" * 200_000 + b"}", "is not a valid XGBoost JSON model"),
+    ],
+)
+def test_paraplan_predict_refuses_a_crafted_xgboost_model_with_exit_code_2(tmp_path, fitted, edit, raw, message):
+    """Without the checks these crash the process (segfault) or hang, so they run in a child."""
+    path = crafted_xgboost(tmp_path, fitted, edit, raw)
+    example = REPO / "examples" / "gpt-neox-20b-perlmutter-pp4-tp4-dp8.yaml"
+    args = [sys.executable, "-m", "paraplan.cli", "predict", str(example), "--backend", "learned", "--models", str(path)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert f"{path}: model file 'op/a/fwd' {message}" in result.stderr
 
 
 def test_a_missing_model_file_is_a_config_error(tmp_path):

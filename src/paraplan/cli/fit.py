@@ -16,7 +16,8 @@ def fit_command(
     quick: Annotated[bool, typer.Option("--quick", help="Tiny tuning grid: seconds, for tests and previews.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing models file.")] = False,
     learning_curves: Annotated[
-        Path | None, typer.Option(help="Also write learning curves (10/25/50/100 % of samples) to this PNG.")
+        Path | None,
+        typer.Option(help="Also write learning curves (10/25/50/100 % of samples) to this .png, .svg or .pdf."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the hold-out split and the regressors.")] = 0,
     output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
@@ -26,15 +27,20 @@ def fit_command(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from paraplan.fitting import fit_models, fit_tasks, learning_curves_for, training_metadata
-    from paraplan.regress.store import save_models
+    from paraplan.regress.plot import check_plot_path
+    from paraplan.regress.store import check_output_path, save_models
     from paraplan.report.fitting import fit_rows, render_fit, render_learning_curves
     from paraplan.samples import load_samples
     from paraplan.specs import ConfigError
 
     budget = "quick" if quick else "default"
     with user_errors():
-        if out_file.exists() and not force:
-            raise ConfigError(f"{out_file}: already exists (pass --force to replace it)")
+        # Every output path is checked before minutes of fitting, not after.
+        check_output_path(out_file, overwrite=force, flag="--force")
+        if learning_curves is not None:
+            check_plot_path(learning_curves, overwrite=force, flag="--force")
+            if learning_curves.resolve() == out_file.resolve():
+                raise ConfigError(f"{learning_curves}: --learning-curves and --out name the same file")
         samples = load_samples(samples_file)
         tasks = fit_tasks(samples)
         if not tasks:

@@ -6,7 +6,26 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from paraplan.specs import ConfigError
+
 Curve = Sequence[tuple[float, int, float]]
+#: The formats :func:`plot_learning_curves` writes, by file suffix.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "--force") -> None:
+    """Raise a one-line ConfigError unless a plot can be written to ``path``: a .png, .svg or
+    .pdf name in an existing folder, not a folder, and not an existing file unless
+    ``overwrite`` (``flag`` names the option that allows replacing it)."""
+    target = Path(path)
+    if target.suffix.lower() not in PLOT_SUFFIXES:
+        raise ConfigError(f"{path}: a plot file name ends in {', '.join(PLOT_SUFFIXES)}")
+    if target.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a plot file")
+    if target.exists() and not overwrite:
+        raise ConfigError(f"{path}: already exists (pass {flag} to replace it)")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{path}: directory {str(target.parent)!r} does not exist")
 
 
 def plot_learning_curves(
@@ -16,7 +35,10 @@ def plot_learning_curves(
 
     ``rows`` is one curve, or a mapping from regressor key to its curve. The x axis is the
     number of training samples (log scale), the y axis the held-out error on time in percent.
+    An existing file at ``path`` is replaced; any other unusable path is a one-line ConfigError
+    (see :func:`check_plot_path`).
     """
+    check_plot_path(path, overwrite=True)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -5,13 +5,19 @@ A model file (``a100.models``) is a single zip archive, read in memory and never
     manifest.json        format and versions, training metadata, and per key: the member file,
                          its sha256, algorithm, params, feature names, training ranges, errors
     models/000.ubj       an XGBoost model in XGBoost's own format: UBJSON (binary JSON, the
-                         default; loads ~6x faster) or, with ``xgboost_format="json"``, JSON
+                         default; loads ~6x faster) or, with ``xgboost_format="json"``, JSON;
+                         decoded and checked here before XGBoost parses it (XGBoost's parsers
+                         and tree loader trust their input: deep nesting, a length past the end
+                         or a node index out of range crash the process), and the booster XGBoost
+                         built is dumped and checked again before it is used
     models/001.skops     a random forest in skops format, loaded with an explicit trusted-types
                          list (:data:`TRUSTED_SKOPS_TYPES`), then its trees' node indices are
                          bounds-checked (skops cannot: a crafted Tree could read out of bounds)
 
-Nothing is ever unpickled. Any problem (not a zip, a tampered manifest, a checksum mismatch, a
-truncated model, an unexpected type in a skops file) raises a one-line
+Nothing is ever unpickled. The manifest's sha256 only detects accidents (whoever crafts a file
+recomputes it), so every model is validated as if hostile. Any problem (not a zip, a tampered
+manifest, a checksum mismatch, a truncated model, an unexpected type in a skops file, a tree
+whose indices point outside it) raises a one-line
 :class:`paraplan.specs.ConfigError` that starts with the path. ``unzip -p a100.models
 manifest.json`` shows what a file holds.
 """
@@ -24,6 +30,7 @@ import json
 import math
 import os
 import re
+import struct
 import tempfile
 import zipfile
 from datetime import datetime, timezone
@@ -36,7 +43,7 @@ from paraplan.regress.estimators import ALGORITHMS, ResidualRegressor
 from paraplan.regress.select import FittedRegressor
 from paraplan.specs import ConfigError
 
-__all__ = ["TRUSTED_SKOPS_TYPES", "load_models", "read_manifest", "save_models"]
+__all__ = ["TRUSTED_SKOPS_TYPES", "check_output_path", "load_models", "read_manifest", "save_models"]
 
 FORMAT = "paraplan-models"
 FORMAT_VERSION = 1
@@ -47,6 +54,12 @@ SUFFIXES = {"xgboost": (".ubj", ".json"), "rforest": (".skops",)}
 # estimators, numpy arrays and builtins). Anything else in a file is refused before loading.
 TRUSTED_SKOPS_TYPES = frozenset({"sklearn.tree._tree.Tree"})
 MAX_MEMBER_BYTES = 512 * 2**20  # refuse zip members that would expand beyond this
+# A regressor corrects the analytical time by a factor exp(r) with r clipped to the training
+# residual range. Fitted models stay within ~40x (the A100 all-gathers); a file claiming more than
+# a thousandfold correction either way is tampered with or fitted on broken samples.
+MAX_ABS_RESIDUAL = math.log(1000.0)
+MAX_MANIFEST_DEPTH = 64  # nesting of manifest.json (the metadata is a few levels deep)
+MAX_XGBOOST_DEPTH = 32  # nesting of an XGBoost model document (XGBoost writes 7 levels)
 _MEMBER = re.compile(r"^models/\d{3,6}\.(ubj|json|skops)$")
 
 
@@ -65,13 +78,8 @@ def save_models(
     """
     if xgboost_format not in XGBOOST_FORMATS:
         raise ValueError(f"xgboost_format: {xgboost_format!r} is not one of {', '.join(XGBOOST_FORMATS)}")
+    check_output_path(path, overwrite=overwrite)
     target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"{path}: is a directory, not a model file")
-    if target.exists() and not overwrite:
-        raise ConfigError(f"{path}: already exists (pass overwrite=True to replace it)")
-    if not target.parent.is_dir():
-        raise ConfigError(f"{path}: directory {str(target.parent)!r} does not exist")
 
     entries: dict[str, Any] = {}
     members: dict[str, bytes] = {}
@@ -82,6 +90,9 @@ def save_models(
         member = f"models/{i:03d}{suffix}"
         members[member] = _estimator_bytes(fitted.estimator, xgboost_format)
         entries[key] = _entry(fitted, member, members[member])
+    bad = lambda msg: ConfigError(f"{path}: cannot save: {msg}")  # noqa: E731
+    for key, entry in entries.items():  # never write a file that load_models would refuse
+        _check_entry(bad, key, json.loads(json.dumps(entry, default=_json_default)))
 
     import sklearn
     import skops
@@ -104,6 +115,8 @@ def save_models(
         "models": entries,
     }
     text = json.dumps(manifest, indent=1, allow_nan=False, default=_json_default)
+    if _depth(json.loads(text)) > MAX_MANIFEST_DEPTH:
+        raise ConfigError(f"{path}: cannot save: metadata is nested more than {MAX_MANIFEST_DEPTH} levels deep")
 
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -118,6 +131,19 @@ def save_models(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_output_path(path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "overwrite=True") -> None:
+    """Raise a one-line ConfigError unless a model file can be written to ``path``: its folder
+    exists, it is not a folder, and it does not exist unless ``overwrite`` (``flag`` names the
+    option that allows replacing it, e.g. ``--force``)."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a model file")
+    if target.exists() and not overwrite:
+        raise ConfigError(f"{path}: already exists (pass {flag} to replace it)")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{path}: directory {str(target.parent)!r} does not exist")
 
 
 def load_models(path: str | os.PathLike[str]) -> tuple[dict[str, FittedRegressor], dict[str, Any]]:
@@ -209,8 +235,12 @@ def _manifest(path: Any, zf: zipfile.ZipFile) -> dict[str, Any]:
     raw = _read(path, zf, MANIFEST, "manifest.json")
     try:
         manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise ConfigError(f"{path}: manifest.json is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{path}: manifest.json is not valid JSON ({_short(exc)})") from None
+    if _depth(manifest) > MAX_MANIFEST_DEPTH:
+        raise ConfigError(f"{path}: manifest.json is nested too deeply")
     bad = lambda msg: ConfigError(f"{path}: manifest.json: {msg}")  # noqa: E731
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise bad(f"not a {FORMAT} manifest")
@@ -276,6 +306,19 @@ def _check_entry(bad: Any, key: str, entry: Any) -> None:
     low, high = entry["residual_range"]
     if low > high:
         raise bad(f"{where}.residual_range: lower bound above upper bound")
+    if max(abs(low), abs(high)) > MAX_ABS_RESIDUAL:
+        raise bad(
+            f"{where}.residual_range: [{low:.4g}, {high:.4g}] would scale the analytical time by more "
+            f"than 1000x (|log ratio| <= {MAX_ABS_RESIDUAL:.3f})"
+        )
+    kind = key.split("/", 1)[0]
+    if kind == "op" and "log_flops" not in names:
+        raise bad(f"{where}.feature_names: an op regressor's features include log_flops (got {', '.join(names)})")
+    if kind == "collective" and ("log_bytes" not in names or "log_flops" in names):
+        raise bad(
+            f"{where}.feature_names: a collective regressor's features include log_bytes and not "
+            f"log_flops (got {', '.join(names)})"
+        )
 
 
 def _member(path: Any, zf: zipfile.ZipFile, key: str, entry: dict[str, Any]) -> bytes:
@@ -289,7 +332,7 @@ def _fitted(path: Any, key: str, entry: dict[str, Any], data: bytes) -> FittedRe
     algorithm = entry["algorithm"]
     names = entry["feature_names"]
     if algorithm == "xgboost":
-        inner = _load_xgboost(path, key, data, entry["file"].endswith(".json"))
+        inner = _load_xgboost(path, key, data, entry["file"].endswith(".json"), len(names))
     else:
         inner = _load_forest(path, key, data, len(names))
     if int(getattr(inner, "n_features_in_", -1)) != len(names):
@@ -317,22 +360,298 @@ def _fitted(path: Any, key: str, entry: dict[str, Any], data: bytes) -> FittedRe
     )
 
 
-def _load_xgboost(path: Any, key: str, data: bytes, is_json: bool) -> Any:
+def _load_xgboost(path: Any, key: str, data: bytes, is_json: bool, n_features: int) -> Any:
     kind = "JSON" if is_json else "UBJSON"
     bad = ConfigError(f"{path}: model file {key!r} is not a valid XGBoost {kind} model")
-    # XGBoost's own parser validates the document (a Python json.loads would double the load
-    # time); it only builds trees from it and executes nothing.
     head = data[:32]
-    if not (head.startswith(b'{"learner"') if is_json else head[:1] == b"{" and b"learner" in head):
+    if not (head.startswith(b'{"learner"') if is_json else head.startswith(b"{L") and b"learner" in head):
         raise bad
+    # XGBoost's parsers and tree loader trust their input (a deep nesting overflows the stack, a
+    # UBJSON length past the end reads beyond the buffer, a parent index out of range is followed
+    # while loading), so only a document decoded strictly here and checked reaches them.
+    try:
+        doc = _decode_xgboost_json(data) if is_json else _decode_ubjson(data)
+    except (ValueError, IndexError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise bad from None
+    _check_booster(path, key, doc, n_features)
     from xgboost import XGBRegressor
 
     model = XGBRegressor(n_jobs=1)
     try:
         model.load_model(bytearray(data))
+        dump = bytes(model.get_booster().save_raw(raw_format="ubj"))
     except Exception:  # XGBoostError carries a multi-line C++ stack trace
         raise bad from None
+    # What XGBoost built is what predict walks: check its own dump too. A UBJSON file XGBoost
+    # wrote round-trips byte for byte, and then the dump is the document checked above.
+    if dump != data:
+        try:
+            doc = _decode_ubjson(dump)
+        except (ValueError, IndexError):
+            raise bad from None
+        _check_booster(path, key, doc, n_features)
     return model
+
+
+# --- XGBoost model documents ---------------------------------------------------------------
+
+_INT64 = struct.Struct(">q")
+_UBJ_SCALARS = {
+    ord(marker): struct.Struct(fmt)
+    for marker, fmt in (("i", ">b"), ("U", ">B"), ("I", ">h"), ("l", ">i"), ("L", ">q"), ("d", ">f"), ("C", ">b"))
+}
+# the typed arrays XGBoost's UBJSON reader accepts: f32, u8, i32, i64 (big-endian)
+_UBJ_TYPED = {ord("d"): np.dtype(">f4"), ord("U"): np.dtype(">u1"), ord("l"): np.dtype(">i4"), ord("L"): np.dtype(">i8")}
+_OBJ, _OBJ_END, _ARR, _ARR_END, _TYPE, _COUNT, _LEN, _STR, _NULL, _TRUE, _FALSE = (
+    ord(c) for c in "{}[]$#LSZTF"
+)
+
+
+def _decode_ubjson(data: bytes) -> Any:
+    """The UBJSON document ``data`` as dicts, lists, scalars and (typed arrays) numpy arrays.
+
+    Strict: the subset XGBoost's reader accepts, every length within the data, at most
+    :data:`MAX_XGBOOST_DEPTH` levels, no repeated key (XGBoost keeps the first, a dict the
+    last), nothing after the document. Raises ValueError otherwise.
+    """
+    n = len(data)
+    int64 = _INT64.unpack_from
+    typed = _UBJ_TYPED.get
+    scalars = _UBJ_SCALARS.get
+
+    def length(pos: int) -> tuple[int, int]:
+        if pos + 9 > n or data[pos] != _LEN:
+            raise ValueError("a length is not an int64")
+        (value,) = int64(data, pos + 1)
+        pos += 9
+        if value < 0 or value > n - pos:
+            raise ValueError("a length runs past the end")
+        return value, pos
+
+    def parse(pos: int, depth: int) -> tuple[Any, int]:
+        # every read is guarded by the caller's pos < n or by an explicit bound
+        c = data[pos]
+        pos += 1
+        if c == _ARR and data[pos : pos + 1] == b"$":  # typed array: the bulk of a model
+            dtype = typed(data[pos + 1]) if pos + 3 < n else None
+            if dtype is None or data[pos + 2] != _COUNT:
+                raise ValueError("unsupported typed array")
+            count, pos = length(pos + 3)
+            end = pos + count * dtype.itemsize
+            if end > n:
+                raise ValueError("truncated")
+            return np.frombuffer(data, dtype=dtype, count=count, offset=pos), end
+        if c == _OBJ or c == _ARR:
+            if depth >= MAX_XGBOOST_DEPTH:
+                raise ValueError("nested too deeply")
+            if pos >= n:
+                raise ValueError("truncated")
+        if c == _OBJ:
+            obj: dict[bytes, Any] = {}
+            while data[pos] != _OBJ_END:
+                size, pos = length(pos)
+                name = data[pos : pos + size]
+                pos += size
+                if name in obj or pos >= n:
+                    raise ValueError("a key is repeated or truncated")
+                obj[name], pos = parse(pos, depth + 1)
+                if pos >= n:
+                    raise ValueError("truncated")
+            return {name.decode("utf-8"): v for name, v in obj.items()}, pos + 1
+        if c == _ARR:
+            items: list[Any] = []
+            if data[pos] == _COUNT:
+                count, pos = length(pos + 1)
+                for _ in range(count):
+                    if pos >= n:
+                        raise ValueError("truncated")
+                    item, pos = parse(pos, depth + 1)
+                    items.append(item)
+                return items, pos
+            while data[pos] != _ARR_END:
+                item, pos = parse(pos, depth + 1)
+                items.append(item)
+                if pos >= n:
+                    raise ValueError("truncated")
+            return items, pos + 1
+        if c == _STR:
+            if pos >= n:
+                raise ValueError("truncated")
+            size, pos = length(pos)
+            return data[pos : pos + size].decode("utf-8"), pos + size
+        scalar = scalars(c)
+        if scalar is not None:
+            if pos + scalar.size > n:
+                raise ValueError("truncated")
+            return scalar.unpack_from(data, pos)[0], pos + scalar.size
+        if c == _NULL:
+            return None, pos
+        if c == _TRUE or c == _FALSE:
+            return c == _TRUE, pos
+        raise ValueError("unsupported marker")
+
+    if not n:
+        raise ValueError("empty")
+    doc, end = parse(0, 0)
+    if end != n:
+        raise ValueError("data after the document")
+    return doc
+
+
+_JSON_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
+_BRACKET_STEP = np.zeros(256, dtype=np.int64)
+_BRACKET_STEP[list(b"{[")] = 1
+_BRACKET_STEP[list(b"}]")] = -1
+
+
+def _decode_xgboost_json(data: bytes) -> Any:
+    """The JSON document ``data``, strictly: no escapes (XGBoost writes none, and its reader
+    might decode them differently), no repeated key, at most :data:`MAX_XGBOOST_DEPTH` levels
+    (measured before parsing). Raises ValueError otherwise."""
+    if b"\\" in data:
+        raise ValueError("escapes in strings")
+    brackets = np.frombuffer(_JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS), dtype=np.uint8)
+    if brackets.size and int(np.cumsum(_BRACKET_STEP[brackets]).max()) > MAX_XGBOOST_DEPTH:
+        raise ValueError("nested too deeply")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            raise ValueError("a key is repeated")
+        return obj
+
+    return json.loads(data.decode("utf-8"), object_pairs_hook=unique)
+
+
+_INT_ARRAYS = ("left_children", "right_children", "parents", "split_indices")
+_FLOAT_ARRAYS = ("split_conditions", "base_weights", "loss_changes", "sum_hessian")
+_CATEGORY_ARRAYS = ("categories", "categories_nodes", "categories_segments", "categories_sizes")
+_ROOT_PARENT = 2**31 - 1  # XGBoost's "no parent" (-1 without its left-child flag bit)
+_BASE_SCORE = re.compile(r"\[?[-+0-9.eE]{1,40}\]?")
+
+
+def _check_booster(path: Any, key: str, doc: Any, n_features: int) -> None:
+    problem = _booster_problem(doc, n_features)
+    if problem:
+        raise ConfigError(f"{path}: model file {key!r} is not a valid XGBoost model ({problem})")
+
+
+def _count(value: Any) -> int:
+    """A count XGBoost stores as a decimal string ("60")."""
+    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9):
+        raise ValueError(f"{value!r} is not a count")
+    return int(value)
+
+
+def _booster_problem(doc: Any, n_features: int) -> str | None:
+    """Why the XGBoost model document cannot be loaded and walked safely, or None.
+
+    Accepted: what paraplan fits (one squared-error regression target, one tree per round, numeric
+    splits, no attributes) with every tree a proper binary tree: node arrays as long as
+    ``num_nodes``, each inner node's children after it, within the tree and naming it as their
+    parent, every node but the root some node's child, split features below ``n_features``, and
+    finite thresholds and leaf values.
+    """
+    try:
+        learner = doc["learner"]
+        params = learner["learner_model_param"]
+        if _count(params["num_feature"]) != n_features:
+            return f"{params['num_feature']} features, the manifest names {n_features}"
+        if params.get("num_target", "1") != "1" or params.get("num_class", "0") != "0":
+            return "not a single-target regressor"
+        if not _BASE_SCORE.fullmatch(str(params.get("base_score", "0"))):
+            return "base_score is not a number"
+        if learner["objective"]["name"] != "reg:squarederror":
+            return f"objective {learner['objective']['name']!r} is not reg:squarederror"
+        if learner.get("attributes", {}) != {}:
+            return "unexpected booster attributes"
+        for field in ("feature_names", "feature_types"):
+            names = learner.get(field, [])
+            if not (isinstance(names, list) and len(names) in (0, n_features)):
+                return f"{field} does not match {n_features} features"
+            if not all(isinstance(name, str) and name != "c" for name in names):
+                return f"{field} must be strings, none categorical"
+        booster = learner["gradient_booster"]
+        if booster["name"] != "gbtree":
+            return f"booster {booster['name']!r} is not gbtree"
+        model = booster["model"]
+        n_trees = _count(model["gbtree_model_param"]["num_trees"])
+        if model["gbtree_model_param"].get("num_parallel_tree", "1") != "1":
+            return "more than one tree per round"
+        trees = model["trees"]
+        if not isinstance(trees, list) or len(trees) != n_trees or n_trees < 1:
+            return f"{n_trees} trees declared, {len(trees) if isinstance(trees, list) else 0} present"
+        info = np.asarray(model["tree_info"])
+        if info.shape != (n_trees,) or info.dtype.kind not in "iu" or info.any():
+            return "tree_info does not assign every tree to the one output"
+        if "iteration_indptr" in model:
+            indptr = np.asarray(model["iteration_indptr"])
+            if indptr.dtype.kind not in "iu" or not np.array_equal(indptr, np.arange(n_trees + 1)):
+                return "iteration_indptr does not list one tree per round"
+        cats = model.get("cats", {})
+        if not isinstance(cats, dict) or any(len(v) for v in cats.values()):
+            return "categorical features are not supported"
+        return _trees_problem(trees, n_features)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return f"unexpected layout: {_short(exc)}"
+
+
+def _trees_problem(trees: list[Any], n_features: int) -> str | None:
+    sizes, arrays = [], {name: [] for name in (*_INT_ARRAYS, *_FLOAT_ARRAYS, "default_left", "split_type")}
+    for i, tree in enumerate(trees):
+        param = tree["tree_param"]
+        if tree["id"] != i or isinstance(tree["id"], bool):
+            return f"tree {i} has id {tree['id']!r}"
+        n = _count(param["num_nodes"])
+        if n < 1 or _count(param["num_feature"]) != n_features:
+            return f"tree {i} does not match {n_features} features"
+        if param.get("num_deleted", "0") != "0" or param.get("size_leaf_vector", "1") not in ("0", "1"):
+            return f"tree {i} has deleted nodes or vector leaves"
+        for name in _CATEGORY_ARRAYS:
+            if len(tree.get(name, ())):
+                return f"tree {i} has categorical splits"
+        for name, parts in arrays.items():
+            values = np.asarray(tree.get(name, np.zeros(n, np.uint8)) if name == "split_type" else tree[name])
+            if values.shape != (n,) or values.dtype.kind not in ("iu" if name in _INT_ARRAYS else "iufb"):
+                return f"tree {i} has inconsistent node arrays"
+            parts.append(values)
+        sizes.append(n)
+    # all trees at once: node j of tree t is row start[t] + j
+    size = np.asarray(sizes)
+    start = np.concatenate([[0], np.cumsum(size)[:-1]])
+    tree_of = np.repeat(np.arange(len(size)), size)
+    own = np.arange(int(size.sum())) - start[tree_of]
+    left, right, parent, feature = (np.concatenate(arrays[name]).astype(np.int64) for name in _INT_ARRAYS)
+    inner = left != -1
+    children_bad = inner != (right != -1)
+    for child in (left, right):
+        children_bad |= inner & ((child <= own) | (child >= size[tree_of]))
+    with np.errstate(over="ignore", invalid="ignore"):  # XGBoost holds thresholds as float32
+        finite = np.isfinite(np.concatenate(arrays["split_conditions"]).astype(np.float32))
+    checks = (
+        (children_bad, "a child index that is not a later node of the tree"),
+        (inner & ((feature < 0) | (feature >= n_features)), f"a split feature outside 0..{n_features - 1}"),
+        (~finite, "a NaN or infinite threshold or leaf value"),
+        (np.concatenate(arrays["split_type"]) != 0, "a categorical split"),
+        ((own == 0) & (parent != _ROOT_PARENT), "a root with a parent"),
+    )
+    for mask, what in checks:
+        if mask.any():
+            return f"tree {int(tree_of[np.argmax(mask)])} node {int(own[np.argmax(mask)])} has {what}"
+    # each child names its parent, and every node but a root is exactly one node's child
+    rows = np.flatnonzero(inner)
+    for child in (left, right):
+        at = start[tree_of[rows]] + child[rows]
+        wrong = parent[at] != own[rows]
+        if wrong.any():
+            return f"tree {int(tree_of[rows[np.argmax(wrong)]])} has inconsistent parent indices"
+    base = start[tree_of[rows]]
+    children = np.bincount(np.concatenate([base + left[rows], base + right[rows]]), minlength=len(own))
+    orphan = children != (own != 0)
+    if orphan.any():
+        return f"tree {int(tree_of[np.argmax(orphan)])} has nodes outside the tree"
+    return None
 
 
 def _load_forest(path: Any, key: str, data: bytes, n_features: int) -> Any:
@@ -400,6 +719,20 @@ def _forest_problem(model: Any, n_features: int) -> str | None:
         ):
             return f"tree {i} has out-of-range node or feature indices"
     return None
+
+
+def _depth(obj: Any) -> int:
+    """Nesting depth of a decoded JSON document (containers only), without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, level)
+        stack.extend((v, level + 1) for v in item if isinstance(v, (dict, list)))
+    return deepest
 
 
 def _no_constant(name: str) -> Any:

@@ -14,23 +14,29 @@ this order:
 1. ``undocumented file layout``: a file whose columns are not the documented ones or whose
    operator or collective tag is unknown (the A100 ``optimizer_fp16.csv`` sweep: unlabelled
    ``dur`` column, ``num_layers``/``params`` instead of the grid, producing code not public).
-2. ``shape not a positive integer``: a NaN, zero, negative or fractional shape value.
-3. ``nodes/GPUsPerNode disagree with the file name`` (NCCL).
-4. ``time NaN or not positive``.
-5. ``bwd equals fwd (copied, not measured)``: a backward time exactly equal to the forward
+   A file that cannot be read as CSV at all (empty, binary, not UTF-8, ragged rows) is excluded
+   under this reason too and counts as one record, since its rows are unknown; the notes name
+   it and say why.
+2. ``non-numeric value``: a cell of the shape columns (or the NCCL ``nodes``/``GPUsPerNode``),
+   or the record's own time cell, holding text that is not a number (``abc``). Cells are read
+   with ``pd.to_numeric(errors="coerce")``; an empty cell is NaN and falls under rule 3 or 5.
+3. ``shape not a positive integer``: a NaN, zero, negative or fractional shape value.
+4. ``nodes/GPUsPerNode disagree with the file name`` (NCCL).
+5. ``time NaN or not positive``.
+6. ``bwd equals fwd (copied, not measured)``: a backward time exactly equal to the forward
    time of the same row. Two timings at the source's full precision do not coincide; the
    sampler wrote F_dur into B_dur (every ``res_add`` row, part of GH200 ``softmax`` and
    ``layernorm``). At the A100 files' 0.2 us resolution a rare equal pair may be chance; it
    cannot be told from a copy and is excluded too.
-6. ``bwd faster than fwd (not fully captured)``: for an operator whose backward does at least
+7. ``bwd faster than fwd (not fully captured)``: for an operator whose backward does at least
    the forward's FLOPs and is compute-bound in the inventory (GEMM, batched GEMM, flash
    attention), a file whose median B/F ratio is below 1 cannot have timed the whole backward;
    every backward record of that file is excluded (GH200 ``flash_atten``: median 0.11).
-7. ``faster than the links' peak bandwidth`` (NCCL): a time shorter than
+8. ``faster than the links' peak bandwidth`` (NCCL): a time shorter than
    :func:`paraplan.costmodel.estimate_collective_s` on the row's catalog cluster at 100 % of its
    links' nominal bandwidth with zero latency (:func:`ideal_cluster`) is physically impossible
    (GH200 all-gather rows at a constant ~117 us).
-8. ``outlier (>10x its trend and its file's median)``: per file and phase, a robust
+9. ``outlier (>10x its trend and its file's median)``: per file and phase, a robust
    least-squares fit of log(time) on the logs of the shape columns (refitted on the rows within
    3 MADs of it until stable) over the records left by the rules above; a record more than 10x
    away from that trend AND more than 10x away from the median time of its file and phase is
@@ -109,10 +115,11 @@ _OP_SHAPE = {"mp": "mp", "b": "b", "h": "h", "l": "l", "dim": "dim", "Vp": "vp",
 _OP_TIMES = ({"F_dur(us)": "fwd", "B_dur(us)": "bwd"}, {"dur(us)": "step"})
 _NCCL_COLUMNS = ("shape", "nodes", "GPUsPerNode", "dur(us)")
 _BWD_AT_LEAST_FWD_KINDS = {OpKind.GEMM, OpKind.BMM, OpKind.ATTENTION}
-#: Rule 8: how far from its trend and from its file's median a time must be to be an outlier.
+#: Rule 9: how far from its trend and from its file's median a time must be to be an outlier.
 OUTLIER_FACTOR = 10.0
 
 EXCLUDE_LAYOUT = "undocumented file layout"
+EXCLUDE_NUMBER = "non-numeric value"
 EXCLUDE_SHAPE = "shape not a positive integer"
 EXCLUDE_TOPOLOGY = "nodes/GPUsPerNode disagree with the file name"
 EXCLUDE_TIME = "time NaN or not positive"
@@ -123,6 +130,7 @@ EXCLUDE_BANDWIDTH = "faster than the links' peak bandwidth"
 #: Every exclusion reason, in the order the rules are applied.
 EXCLUSION_REASONS = (
     EXCLUDE_LAYOUT,
+    EXCLUDE_NUMBER,
     EXCLUDE_SHAPE,
     EXCLUDE_TOPOLOGY,
     EXCLUDE_TIME,
@@ -171,7 +179,7 @@ def ideal_cluster(cluster: ClusterSpec) -> ClusterSpec:
 
 
 def outlier_mask(shape: np.ndarray, seconds: np.ndarray, factor: float = OUTLIER_FACTOR) -> np.ndarray:
-    """Rule 8: True where ``seconds`` is more than ``factor`` x away from both the robust
+    """Rule 9: True where ``seconds`` is more than ``factor`` x away from both the robust
     log-log trend over ``shape`` (rows x shape columns, all positive) and the median.
 
     The trend is least squares of log(time) on 1 and the logs of the columns that vary,
@@ -203,7 +211,7 @@ def _positive_int(values: np.ndarray) -> np.ndarray:
 
 
 def _bwd_at_least_fwd(tag: str, frame: pd.DataFrame, ok: np.ndarray) -> bool:
-    """Rule 6 applies: the inventory operator of ``tag`` (built from the first valid row) is a
+    """Rule 7 applies: the inventory operator of ``tag`` (built from the first valid row) is a
     compute kind whose backward does at least the forward's FLOPs."""
     if tag not in SAMPLE_TAGS or not ok.any():
         return False
@@ -281,11 +289,36 @@ def _reject_file(source: str, frame: pd.DataFrame, why: str, **ids: Any) -> _Fil
     return _FileResult([], [_Chunk(n, cols)], f"{source}: {n} rows excluded ({EXCLUDE_LAYOUT}: {why})")
 
 
-def _op_file(path: Path, source: str, tag: str, device: str) -> _FileResult:
-    frame = pd.read_csv(path)
+def _read_csv(path: Path, source: str, ids: dict[str, Any]) -> pd.DataFrame | _FileResult:
+    """The file's rows with stripped column names, or (unreadable) the whole file excluded."""
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:  # EmptyDataError, ParserError, UnicodeDecodeError
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        cols = {**ids, "source": source, "row": np.nan, "time_s": np.nan, "reason": EXCLUDE_LAYOUT}
+        note = f"{source}: not readable as CSV, excluded whole and counted as 1 record ({EXCLUDE_LAYOUT}: {why})"
+        return _FileResult([], [_Chunk(1, cols)], note)
     frame.columns = [str(c).strip() for c in frame.columns]
+    return frame
+
+
+def _numeric(frame: pd.DataFrame, columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Make ``columns`` of ``frame`` float in place (text that is not a number becomes NaN);
+    per column, where a cell held such text (rule 2). Empty cells are NaN but not text."""
+    text = {}
+    for col in columns:
+        values = pd.to_numeric(frame[col], errors="coerce")
+        text[col] = (values.isna() & frame[col].notna()).to_numpy(bool)
+        frame[col] = values.astype(float)
+    return text
+
+
+def _op_file(path: Path, source: str, tag: str, device: str) -> _FileResult:
     name, variant = OP_TAGS.get(tag, (tag, ""))
     ids = {"kind": "op", "name": name, "variant": variant, "phase": "", "device": device}
+    frame = _read_csv(path, source, ids)
+    if isinstance(frame, _FileResult):
+        return frame
     times = next((t for t in _OP_TIMES if set(t) <= set(frame.columns)), None)
     shape_cols = [c for c in frame.columns if c in _OP_SHAPE]
     if times is None or len(shape_cols) + len(times) != len(frame.columns):
@@ -295,10 +328,17 @@ def _op_file(path: Path, source: str, tag: str, device: str) -> _FileResult:
     if (name == "optimizer") != ("dur(us)" in times):
         return _reject_file(source, frame, f"{tag} with columns {', '.join(times)}", **ids)
 
+    text = _numeric(frame, [*shape_cols, *times])
+    text_row = np.zeros(len(frame), dtype=bool)
+    for col in shape_cols:
+        text_row |= text[col]
     shape = frame[shape_cols].to_numpy(float)
     shape_ok = _positive_int(shape).all(axis=1)
     raw = {phase: frame[col].to_numpy(float) for col, phase in times.items()}
-    reason = {phase: np.where(shape_ok, "", EXCLUDE_SHAPE).astype(object) for phase in raw}
+    reason = {
+        phase: np.where(text_row | text[col], EXCLUDE_NUMBER, np.where(shape_ok, "", EXCLUDE_SHAPE)).astype(object)
+        for col, phase in times.items()
+    }
     for phase, t in raw.items():
         reason[phase][(reason[phase] == "") & ~(np.isfinite(t) & (t > 0))] = EXCLUDE_TIME
     extra: list[str] = []
@@ -336,8 +376,6 @@ def _op_file(path: Path, source: str, tag: str, device: str) -> _FileResult:
 def _nccl_file(
     path: Path, source: str, tag: str, device: str, nodes: int, per_node: int, cluster: ClusterSpec
 ) -> _FileResult:
-    frame = pd.read_csv(path)
-    frame.columns = [str(c).strip() for c in frame.columns]
     kind = NCCL_KINDS.get(tag)
     ids = {
         "kind": "collective",
@@ -346,6 +384,9 @@ def _nccl_file(
         "phase": "",
         "device": device,
     }
+    frame = _read_csv(path, source, ids)
+    if isinstance(frame, _FileResult):
+        return frame
     if kind is None:
         return _reject_file(source, frame, f"unknown collective tag {tag!r}", **ids)
     if sorted(frame.columns) != sorted(_NCCL_COLUMNS):
@@ -356,9 +397,11 @@ def _nccl_file(
         )
     layout = group_layout(nodes, per_node)
     ideal = ideal_cluster(cluster)
+    text = _numeric(frame, _NCCL_COLUMNS)
     shape = frame["shape"].to_numpy(float)
     t = frame["dur(us)"].to_numpy(float)
-    reason = np.where(_positive_int(shape), "", EXCLUDE_SHAPE).astype(object)
+    text_row = np.logical_or.reduce([text[col] for col in _NCCL_COLUMNS])
+    reason = np.where(text_row, EXCLUDE_NUMBER, np.where(_positive_int(shape), "", EXCLUDE_SHAPE)).astype(object)
     topo = (frame["nodes"].to_numpy(float) != nodes) | (frame["GPUsPerNode"].to_numpy(float) != per_node)
     reason[(reason == "") & topo] = EXCLUDE_TOPOLOGY
     reason[(reason == "") & ~(np.isfinite(t) & (t > 0))] = EXCLUDE_TIME

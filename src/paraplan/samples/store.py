@@ -36,6 +36,8 @@ __all__ = ["METADATA_KEY", "load_samples", "read_samples_metadata", "save_sample
 METADATA_KEY = b"paraplan.samples"
 #: Where :func:`load_samples` puts the metadata on the returned frame.
 ATTRS_KEY = "samples_metadata"
+#: Deepest nesting accepted in the metadata (an importer writes three levels).
+MAX_METADATA_DEPTH = 32
 
 
 def tool_versions() -> dict[str, str]:
@@ -100,8 +102,10 @@ def save_samples(
     meta = _metadata(metadata)
     try:
         encoded = json.dumps(meta, sort_keys=True, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: metadata is not JSON-serialisable: {exc}") from None
+    if _depth(json.loads(encoded)) > MAX_METADATA_DEPTH:
+        raise ConfigError(f"{path}: metadata is nested more than {MAX_METADATA_DEPTH} levels deep")
     table = pa.Table.from_pandas(frame, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: encoded})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -111,6 +115,20 @@ def save_samples(
     finally:
         tmp.unlink(missing_ok=True)
     return meta
+
+
+def _depth(obj: Any) -> int:
+    """Nesting depth of decoded JSON (containers only), without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, level)
+        stack.extend((v, level + 1) for v in item if isinstance(v, (dict, list)))
+    return deepest
 
 
 def _open_error(path: Path, exc: BaseException) -> ConfigError:
@@ -129,10 +147,14 @@ def _decode(path: Path, raw: Mapping[bytes, bytes] | None) -> dict[str, Any]:
         )
     try:
         meta = json.loads(raw[METADATA_KEY])
-    except ValueError:
+    except RecursionError:
+        raise ConfigError(f"{path}: corrupt samples metadata (nested too deeply)") from None
+    except ValueError:  # also UnicodeDecodeError
         raise ConfigError(f"{path}: corrupt samples metadata (not JSON)") from None
     if not isinstance(meta, dict):
         raise ConfigError(f"{path}: corrupt samples metadata (not a mapping)")
+    if _depth(meta) > MAX_METADATA_DEPTH:
+        raise ConfigError(f"{path}: corrupt samples metadata (nested too deeply)")
     version = meta.get("schema_version")
     if not isinstance(version, int):
         raise ConfigError(f"{path}: samples metadata has no schema_version")
