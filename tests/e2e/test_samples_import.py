@@ -166,3 +166,42 @@ def test_samples_help_lists_the_import_command():
     assert result.exit_code == 0
     assert "gpumodeling" in result.output
 
+
+
+def test_malformed_csvs_are_excluded_and_counted_not_a_traceback(tmp_path):
+    folder = tmp_path / "ops"
+    folder.mkdir()
+    rows = [{"b": b, "l": 1024 * b, "dim": 2048, "F_dur(us)": 10.0 * b, "B_dur(us)": 17.0 * b} for b in (1, 2, 4)]
+    rows[1]["l"] = "abc"
+    pd.DataFrame(rows).to_csv(folder / "NVIDIAA100-SXM4-80GB_gelu_fp16.csv", index=False)
+    (folder / "NVIDIAA100-SXM4-80GB_layernorm_fp16.csv").write_bytes(b"")
+    (folder / "NVIDIAA100-SXM4-80GB_softmax_fp16.csv").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" * 50)
+    nccl = tmp_path / "nccl"
+    nccl.mkdir()
+    (nccl / "NVIDIAA100-SXM4-80GB_allreduce_fp16_1_4.csv").write_text(
+        "shape,nodes,GPUsPerNode,dur(us)\nx,1,4,100\n134217728,1,4,2000\n"
+    )
+    out = tmp_path / "a.samples"
+    result = run("import", "gpumodeling", str(folder), str(nccl), "--out", str(out), "--format", "json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["excluded_total"] == {gm.EXCLUDE_LAYOUT: 2, gm.EXCLUDE_NUMBER: 2 + 1}
+    assert summary["records"] == 4 + 1
+    notes = load_samples(out).attrs["samples_metadata"]["notes"]
+    assert any(n.startswith("ops/NVIDIAA100-SXM4-80GB_softmax_fp16.csv: not readable as CSV") for n in notes)
+    assert any(n.startswith("ops/NVIDIAA100-SXM4-80GB_layernorm_fp16.csv: not readable as CSV") for n in notes)
+
+
+def test_an_unwritable_out_is_refused_before_importing(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("imported before checking --out")
+
+    monkeypatch.setattr(gm, "import_gpumodeling", never)
+    folder = tmp_path / "ops"
+    folder.mkdir()
+    pd.DataFrame([{"b": 1, "l": 1024, "dim": 2048, "F_dur(us)": 10.0, "B_dur(us)": 17.0}]).to_csv(
+        folder / "NVIDIAA100-SXM4-80GB_gelu_fp16.csv", index=False
+    )
+    missing = tmp_path / "nowhere" / "a.samples"
+    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(missing)), "nowhere does not exist")
+    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(tmp_path), "--force"), "is a folder")

@@ -525,6 +525,7 @@ UBJ_KEY = b"L" + (7).to_bytes(8, "big") + b"learner"
         b"{" + UBJ_KEY + b"{}}trailing",
         b"{" + UBJ_KEY + b"N}",  # a marker XGBoost does not read
     ],
+    ids=["deep-nesting", "string-past-end", "array-past-end", "repeated-key", "trailing-bytes", "unknown-marker"],
 )
 def test_the_ubjson_decoder_refuses_what_xgboost_would_read_out_of_bounds(data):
     from paraplan.regress.store import _decode_ubjson
@@ -539,9 +540,17 @@ def test_the_ubjson_decoder_reads_what_xgboost_writes(fitted):
     booster = fitted["op/a/fwd"].estimator.estimator_.get_booster()
     from_ubj = _decode_ubjson(bytes(booster.save_raw(raw_format="ubj")))
     from_json = json.loads(bytes(booster.save_raw(raw_format="json")))
-    assert json.dumps(from_ubj, sort_keys=True, default=lambda a: a.tolist()) == json.dumps(
-        from_json, sort_keys=True
-    )
+
+    def same(a, b):
+        if isinstance(a, np.ndarray):  # typed arrays: float32 values, big-endian integers
+            return np.array_equal(a, np.asarray(b, dtype=a.dtype.newbyteorder("=")))
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+        return a == b or np.float32(a) == np.float32(b)
+
+    assert same(from_ubj, from_json)
 
 
 def parents_out_of_range(doc):
@@ -560,6 +569,7 @@ def repeated_tree_id(doc):
         (repeated_tree_id, None, "is not a valid XGBoost model (tree 1 has id 0)"),
         (None, b'{"learner":' + b"[" * 200_000 + b"]" * 200_000 + b"}", "is not a valid XGBoost JSON model"),
     ],
+    ids=["child-out-of-range", "parent-out-of-range", "repeated-tree-id", "deep-nesting"],
 )
 def test_paraplan_predict_refuses_a_crafted_xgboost_model_with_exit_code_2(tmp_path, fitted, edit, raw, message):
     """Without the checks these crash the process (segfault) or hang, so they run in a child."""
@@ -594,6 +604,82 @@ def test_learning_curves_use_nested_training_fractions_and_one_hold_out(tmp_path
 
     out = plot_learning_curves({"op/a/fwd": rows, "collective/b": rows[:2]}, tmp_path / "curves.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_learning_curve_plot_needs_a_plot_file_name(tmp_path):
+    from paraplan.regress.plot import plot_learning_curves
+
+    rows = [(0.5, 100, 0.1), (1.0, 200, 0.05)]
+    for name, message in (("curves.txt", "a plot file name ends in .png, .svg, .pdf"), ("no/curves.png", "does not exist")):
+        with pytest.raises(ConfigError, match=message) as excinfo:
+            plot_learning_curves(rows, tmp_path / name)
+        one_line_config_error(excinfo, tmp_path / name)
+    (tmp_path / "dir.png").mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        plot_learning_curves(rows, tmp_path / "dir.png")
+    assert plot_learning_curves(rows, tmp_path / "c.svg").read_text().startswith("<?xml")
+
+
+@pytest.fixture
+def samples_file(tmp_path):
+    """A small samples file (linear1 on the A100) to point ``paraplan fit`` at."""
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from paraplan.samples import import_gpumodeling, save_samples
+
+    folder = tmp_path / "ops"
+    folder.mkdir()
+    rows = [
+        {"mp": mp, "b": b, "l": seq, "dim": dim, "F_dur(us)": 20 + seq * b * dim / mp / 1e5, "B_dur(us)": 40 + seq * b * dim / mp / 5e4}
+        for mp in (1, 2, 4) for b in (2, 4) for seq in (1024, 2048) for dim in (2048, 4096)
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_csv(folder / "NVIDIAA100-SXM4-80GB_linear1_fp16.csv", index=False)
+    result = import_gpumodeling([folder])
+    save_samples(result.samples, tmp_path / "a100.samples", result.metadata())
+    return tmp_path / "a100.samples"
+
+
+@pytest.mark.parametrize(
+    ("out", "curves", "message"),
+    [
+        ("nowhere/a.models", None, "nowhere/a.models: directory"),
+        (".", None, "is a directory, not a model file"),
+        ("a.models", "nowhere/c.png", "nowhere/c.png: directory"),
+        ("a.models", "curves.txt", "curves.txt: a plot file name ends in .png, .svg, .pdf"),
+        ("a.models", "dir.png", "dir.png: is a directory, not a plot file"),
+        ("a.models", "old.png", "old.png: already exists (pass --force to replace it)"),
+    ],
+)
+def test_paraplan_fit_checks_its_output_paths_before_fitting(tmp_path, samples_file, monkeypatch, out, curves, message):
+    from typer.testing import CliRunner
+
+    import paraplan.fitting
+    from paraplan.cli.app import app
+
+    def never(*args, **kwargs):
+        raise AssertionError("fitted before checking the output paths")
+
+    monkeypatch.setattr(paraplan.fitting, "fit_models", never)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir.png").mkdir()
+    (tmp_path / "old.png").write_bytes(b"keep me")
+    args = ["fit", str(samples_file), "--out", out, "--quick"]
+    if curves is not None:
+        args += ["--learning-curves", curves]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert (tmp_path / "old.png").read_bytes() == b"keep me" and not (tmp_path / "a.models").exists()
+
+
+def test_paraplan_fit_refuses_the_same_file_for_models_and_curves(tmp_path, samples_file, monkeypatch):
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["fit", str(samples_file), "--out", "a.png", "--learning-curves", "a.png"])
+    assert result.exit_code == 2 and "--learning-curves and --out name the same file" in result.output
 
 
 def test_the_quick_budget_fits_one_regressor_in_seconds():

@@ -125,6 +125,40 @@ def test_a_file_from_a_newer_schema_asks_for_an_upgrade(tmp_path):
         load_samples(tmp_path / "new.samples")
 
 
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        b"[" * 200_000 + b"]" * 200_000,  # deeper than Python's recursion limit
+        json.dumps({"schema_version": 1, "sources": _nested(100)}).encode(),
+        b"\xff\xfe",  # not UTF-8
+    ],
+    ids=["past-the-recursion-limit", "deep-mapping", "not-utf8"],
+)
+def test_corrupt_or_deeply_nested_metadata_is_a_one_line_error(tmp_path, metadata):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(_samples(), preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({b"paraplan.samples": metadata}), tmp_path / "x.samples")
+    for read in (load_samples, read_samples_metadata):
+        with pytest.raises(ConfigError, match=r"x\.samples: corrupt samples metadata") as err:
+            read(tmp_path / "x.samples")
+        assert "\n" not in str(err.value)
+
+
+def test_metadata_nested_deeper_than_a_reader_accepts_is_not_written(tmp_path):
+    with pytest.raises(ConfigError, match="metadata is nested more than 32 levels deep"):
+        save_samples(_samples(), tmp_path / "deep.samples", {"notes": _nested(40)})
+    assert not (tmp_path / "deep.samples").exists()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -343,6 +377,43 @@ def test_a_file_with_undocumented_columns_is_excluded_whole_and_counted(tmp_path
     assert any("unknown operator tag 'mystery'" in note for note in result.notes)
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"", "No columns to parse from file"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xd8" * 20, "'utf-8' codec can't decode"),
+        (b"b,l,dim,F_dur(us),B_dur(us)\n1,2,3,4,5\n1,2,3,4,5,6,7\n", "Expected 5 fields in line 3, saw 7"),
+    ],
+    ids=["empty", "binary", "ragged"],
+)
+def test_a_file_that_cannot_be_read_as_csv_is_excluded_whole_and_counted(tmp_path, content, why):
+    _write(tmp_path / "ops", f"{A100}_linear1_fp16.csv", _gemm_rows())
+    (tmp_path / "ops" / f"{A100}_gelu_fp16.csv").write_bytes(content)
+    result = import_gpumodeling([tmp_path / "ops"])
+    assert result.excluded == {gm.EXCLUDE_LAYOUT: 1}  # one record stands for the unreadable file
+    assert len(result.samples) == 48 and set(result.samples["name"]) == {"linear1"}
+    note = next(n for n in result.notes if "gelu" in n)
+    assert note.startswith(f"ops/{A100}_gelu_fp16.csv: not readable as CSV, excluded whole") and why in note
+    assert result.metadata()["excluded_by_source"] == {f"ops/{A100}_gelu_fp16.csv": {gm.EXCLUDE_LAYOUT: 1}}
+
+
+def test_non_numeric_cells_exclude_their_records_under_their_own_rule(tmp_path):
+    rows = _gemm_rows()
+    rows[0]["l"] = "abc"  # a shape cell: both records of the row
+    rows[1]["F_dur(us)"] = "12,5"  # a time cell: only its own record
+    rows[2]["B_dur(us)"] = " "
+    rows[3]["dim"] = math.nan  # an empty cell stays under the shape rule
+    _write(tmp_path / "ops", f"{A100}_linear1_fp16.csv", rows)
+    _write(tmp_path / "ops", f"{A100}_gelu_fp16.csv", [{**r, "mp": "1e0"} for r in _gemm_rows()])  # a number
+    result = import_gpumodeling([tmp_path / "ops"])
+    assert result.excluded == {gm.EXCLUDE_NUMBER: 2 + 1 + 1, gm.EXCLUDE_SHAPE: 2}
+    rejected = result.rejected[result.rejected["reason"] == gm.EXCLUDE_NUMBER]
+    assert sorted(zip(rejected["row"], rejected["phase"], strict=True)) == [(0, "bwd"), (0, "fwd"), (1, "fwd"), (2, "bwd")]
+    assert len(_one(result, name="linear1")) == 48 - 6 and len(_one(result, name="gelu")) == 48
+    assert _one(result, name="linear1", row=1, phase="bwd")["time_s"].iloc[0] == pytest.approx(rows[1]["B_dur(us)"] * 1e-6)
+    assert gm.EXCLUSION_REASONS.index(gm.EXCLUDE_NUMBER) == 1
+
+
 def test_an_unknown_gpu_in_a_file_name_fails_visibly(tmp_path):
     _write(tmp_path / "ops", "NVIDIAA1000_linear1_fp16.csv", _gemm_rows())
     with pytest.raises(ConfigError, match=r"NVIDIAA1000_linear1_fp16\.csv: unknown GPU"):
@@ -439,6 +510,18 @@ def test_topology_columns_that_disagree_with_the_file_name_are_excluded(tmp_path
     _write(tmp_path / "vista", f"{GH200}_allreduce_fp16_2_1.csv", rows)
     result = import_gpumodeling([tmp_path / "vista"])
     assert result.excluded == {gm.EXCLUDE_TOPOLOGY: 1}
+
+
+def test_non_numeric_nccl_cells_exclude_their_row(tmp_path):
+    rows = _nccl_rows(2, 1, 1 / 40e9)
+    rows[0]["shape"] = "x"
+    rows[1]["dur(us)"] = "slow"  # ("n/a" is one of the empty markers pandas reads as NaN)
+    rows[2]["GPUsPerNode"] = "one"
+    _write(tmp_path / "vista", f"{GH200}_allreduce_fp16_2_1.csv", rows)
+    (tmp_path / "vista" / f"{GH200}_p2p_fp16_2_1.csv").write_bytes(b"")
+    result = import_gpumodeling([tmp_path / "vista"])
+    assert result.excluded == {gm.EXCLUDE_LAYOUT: 1, gm.EXCLUDE_NUMBER: 3}
+    assert len(result.samples) == len(rows) - 3
 
 
 def test_more_gpus_per_node_than_the_cluster_has_fails_visibly(tmp_path):
