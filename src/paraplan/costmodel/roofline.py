@@ -52,6 +52,20 @@ def estimate_op_s(op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float) -> floa
     return (compute_s if compute_s > memory_s else memory_s) + eff.kernel_overhead_s
 
 
+# Curves per efficiency spec, shared by every cost model of the same (catalog) GPU. The spec
+# is kept in the value so that its id cannot be reused while the entry exists.
+_CURVE_CACHES: dict[int, tuple[EfficiencySpec, dict]] = {}
+
+
+def _curve_cache(eff: EfficiencySpec) -> dict[tuple[str, OpKind, Phase], tuple]:
+    hit = _CURVE_CACHES.get(id(eff))
+    if hit is None or hit[0] is not eff:
+        if len(_CURVE_CACHES) > 64:
+            _CURVE_CACHES.clear()
+        hit = _CURVE_CACHES[id(eff)] = (eff, {})
+    return hit[1]
+
+
 class AnalyticalCostModel:
     """Roofline operators and alpha-beta collectives for one cluster and precision."""
 
@@ -61,7 +75,7 @@ class AnalyticalCostModel:
         self.cluster = cluster
         self.gpu = cluster.gpu
         self.peak_flops = cluster.gpu.flops_for(precision)
-        self._curves: dict[tuple[str, OpKind, Phase], tuple] = {}
+        self._curves = _curve_cache(cluster.gpu.efficiency)
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
         """Same as the module's ``estimate_op_s``, with each operator's curves looked up once."""
