@@ -102,3 +102,12 @@ def test_cluster_sizing_compares_sizes_and_writes_a_pareto_chart(tmp_path):
     data = json.loads(result.stdout)
     assert {p["gpus"] for p in data["plans"]} <= {"8 x A100-SXM4-80GB", "16 x A100-SXM4-80GB"}
     assert data["pareto"] and chart.stat().st_size > 10_000
+
+
+def test_the_search_table_shows_why_plans_were_excluded():
+    runner = CliRunner()
+    result = runner.invoke(app, ["search", "--model", "llama-2-70b", "--cluster", "dgx-a100", "--num-nodes", "1",
+                                 "--global-batch-size", "64"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "Excluded plans" in result.output
+    assert "does not fit in 80 GiB per GPU" in result.output

@@ -33,24 +33,43 @@ def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
 
 
 def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str | None = None) -> Group:
+    """The ranked plans (columns that say nothing for these rows are left out), then the
+    excluded families; with ``title`` (e.g. the Pareto front) only the plans."""
+    plans_only = title is not None
     title = title or (
         f"Best plans by {result.objective} ({len(result.ranked)} timed exactly after the screen; "
         f"{result.considered} considered)"
     )
+    columns: list[tuple[str, Any]] = [("#", lambda r: str(r["rank"]))]
+    if len({r["gpus"] for r in rows}) > 1:
+        columns.append(("GPUs", lambda r: r["gpus"]))
+    columns += [
+        ("tp", lambda r: str(r["tp"])),
+        ("pp", lambda r: str(r["pp"])),
+        ("dp", lambda r: str(r["dp"])),
+        ("cp", lambda r: str(r["cp"])),
+        ("vpp", lambda r: str(r["vpp"])),
+        ("sp", lambda r: "on" if r["sequence_parallel"] else "off"),
+        ("mbs", lambda r: str(r["micro_batch_size"])),
+        ("ZeRO", lambda r: str(r["zero_stage"])),
+        ("recompute", lambda r: r["recompute"]),
+        ("iter s", lambda r: f"{r['iteration_s']:.2f}"),
+        ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+        ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
+        ("GiB/GPU", lambda r: f"{r['memory_per_gpu_bytes'] / 2**30:.1f}"),
+    ]
+    if any(r["usd_per_million_tokens"] is not None for r in rows):
+        columns.append(("$/M tok", lambda r: f"${r['usd_per_million_tokens']:.2f}"))
+    if any(r["time_to_train_s"] is not None for r in rows):
+        columns.append(("to train", lambda r: format_seconds(r["time_to_train_s"])))
+    if any(r["cost_to_train_usd"] is not None for r in rows):
+        columns.append(("cost", lambda r: f"${r['cost_to_train_usd']:,.0f}"))
     table = Table(title=title, title_justify="left")
-    for col in ("#", "GPUs", "tp", "pp", "dp", "cp", "sp", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU", "$/M tok", "to train", "cost"):
-        table.add_column(col, justify="left" if col in ("recompute", "sp") else "right")
+    for name, _ in columns:
+        table.add_column(name, justify="left" if name in ("recompute", "sp", "GPUs") else "right")
     for r in rows:
-        usd = r["usd_per_million_tokens"]
-        table.add_row(
-            str(r["rank"]), r["gpus"], str(r["tp"]), str(r["pp"]), str(r["dp"]), str(r["cp"]),
-            "on" if r["sequence_parallel"] else "off", str(r["micro_batch_size"]), str(r["zero_stage"]),
-            r["recompute"], f"{r['iteration_s']:.2f}", f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f} %",
-            f"{r['memory_per_gpu_bytes'] / 2**30:.1f}", "-" if usd is None else f"${usd:.2f}",
-            "-" if r["time_to_train_s"] is None else format_seconds(r["time_to_train_s"]),
-            "-" if r["cost_to_train_usd"] is None else f"${r['cost_to_train_usd']:,.0f}",
-        )
-    if title is not None:
+        table.add_row(*(cell(r) for _, cell in columns))
+    if plans_only:
         return Group(table)
     why = Table(title="Excluded plans", title_justify="left")
     why.add_column("reason")
