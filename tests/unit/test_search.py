@@ -111,3 +111,32 @@ def test_the_search_table_shows_why_plans_were_excluded():
     assert result.exit_code == 0, result.output
     assert "Excluded plans" in result.output
     assert "does not fit in 80 GiB per GPU" in result.output
+
+
+def test_the_processes_executor_returns_the_same_results_as_serial():
+    from paraplan.search.executors import run_searches
+
+    model = load_model("gpt3-1.3b")
+    searches = [
+        dict(model=model, cluster=load_cluster("dgx-a100", num_nodes=n), global_batch_size=64, space=SPACE)
+        for n in (1, 2)
+    ]
+    serial = run_searches(searches, "serial")
+    parallel = run_searches(searches, "processes", workers=2)
+    for a, b in zip(serial, parallel, strict=True):
+        assert [p.job.parallel for p in a.ranked] == [p.job.parallel for p in b.ranked]
+        assert [p.iteration_s for p in a.ranked] == [p.iteration_s for p in b.ranked]
+        assert a.excluded == b.excluded
+
+
+def test_an_unknown_or_missing_executor_is_a_one_line_error():
+    from paraplan.search.executors import run_searches
+
+    with pytest.raises(ConfigError, match="executor: 'threads' is not one of serial, processes, ray"):
+        run_searches([{}, {}], "threads")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        model = load_model("gpt2")
+        with pytest.raises(ConfigError, match="Ray is not installed"):
+            run_searches([dict(model=model, cluster=load_cluster("dgx-a100"), global_batch_size=8)] * 2, "ray")

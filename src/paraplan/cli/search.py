@@ -31,6 +31,7 @@ def search_command(
     sizes: Annotated[str | None, Opt(help="Cluster sizing: node counts to try, e.g. 4,8,16,32.")] = None,
     clusters: Annotated[str | None, Opt(help="GPU/cluster types to compare, e.g. dgx-a100,dgx-h100.")] = None,
     pareto: Annotated[Path | None, Opt(help="Write the time-vs-cost Pareto chart to this PNG.")] = None,
+    executor: Annotated[str, Opt(help="serial | processes (local cores) | ray (RAY_ADDRESS or a local Ray).")] = "serial",
     top: Annotated[int, Opt(help="How many plans to show.")] = 10,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
 ) -> None:
@@ -38,7 +39,8 @@ def search_command(
     and memory (saying why), time the rest and rank them."""
     from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
     from paraplan.report.search import render_search, search_rows
-    from paraplan.search import SearchSpace, merge_results, search_plans
+    from paraplan.search import SearchSpace, merge_results
+    from paraplan.search.executors import run_searches
     from paraplan.search.run import OBJECTIVES
     from paraplan.specs import ConfigError
     from paraplan.units import parse_seconds, parse_usd
@@ -75,19 +77,18 @@ def search_command(
                 elif name is not None:
                     c["num_nodes"] = base.cluster.num_nodes
                 bases.append(resolve_job({**mapping, "cluster": c, "parallel": {}}, base_dir=base_dir))
-        results = []
-        for b in bases:
-            with err.status(f"searching plans for {b.model.name} on {b.cluster.num_gpus} x {b.cluster.gpu.name}"):
-                results.append(
-                    search_plans(
-                        b.model, b.cluster, gbs, b.precision,
-                        SearchSpace(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes),
-                        objective=objective, train_tokens=b.train_tokens,
-                        budget_usd=parse_usd(budget) if budget else None,
-                        deadline_s=parse_seconds(deadline) if deadline else None,
-                    )
-                )
-        result = merge_results(results)
+        space = SearchSpace(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes)
+        searches = [
+            dict(
+                model=b.model, cluster=b.cluster, global_batch_size=gbs, precision=b.precision, space=space,
+                objective=objective, train_tokens=b.train_tokens,
+                budget_usd=parse_usd(budget) if budget else None,
+                deadline_s=parse_seconds(deadline) if deadline else None,
+            )
+            for b in bases
+        ]
+        with err.status(f"searching plans for {base.model.name} on {len(bases)} cluster configuration(s)"):
+            result = merge_results(run_searches(searches, executor))
         front = None
         if pareto is not None:
             from paraplan.report.pareto import plot_pareto
