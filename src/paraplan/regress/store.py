@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from paraplan.jsonsafe import json_depth
 from paraplan.regress.estimators import ALGORITHMS, ResidualRegressor
 from paraplan.regress.select import FittedRegressor
 from paraplan.specs import ConfigError
@@ -115,7 +116,7 @@ def save_models(
         "models": entries,
     }
     text = json.dumps(manifest, indent=1, allow_nan=False, default=_json_default)
-    if _depth(json.loads(text)) > MAX_MANIFEST_DEPTH:
+    if json_depth(json.loads(text)) > MAX_MANIFEST_DEPTH:
         raise ConfigError(f"{path}: cannot save: metadata is nested more than {MAX_MANIFEST_DEPTH} levels deep")
 
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -239,7 +240,7 @@ def _manifest(path: Any, zf: zipfile.ZipFile) -> dict[str, Any]:
         raise ConfigError(f"{path}: manifest.json is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{path}: manifest.json is not valid JSON ({_short(exc)})") from None
-    if _depth(manifest) > MAX_MANIFEST_DEPTH:
+    if json_depth(manifest) > MAX_MANIFEST_DEPTH:
         raise ConfigError(f"{path}: manifest.json is nested too deeply")
     bad = lambda msg: ConfigError(f"{path}: manifest.json: {msg}")  # noqa: E731
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -719,20 +720,6 @@ def _forest_problem(model: Any, n_features: int) -> str | None:
         ):
             return f"tree {i} has out-of-range node or feature indices"
     return None
-
-
-def _depth(obj: Any) -> int:
-    """Nesting depth of a decoded JSON document (containers only), without recursion."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        elif not isinstance(item, list):
-            continue
-        deepest = max(deepest, level)
-        stack.extend((v, level + 1) for v in item if isinstance(v, (dict, list)))
-    return deepest
 
 
 def _no_constant(name: str) -> Any:

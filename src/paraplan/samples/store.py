@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paraplan.jsonsafe import json_depth
 from paraplan.samples.schema import SCHEMA_VERSION, validate_samples
 from paraplan.specs import ConfigError
 
@@ -104,7 +105,7 @@ def save_samples(
         encoded = json.dumps(meta, sort_keys=True, allow_nan=False).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: metadata is not JSON-serialisable: {exc}") from None
-    if _depth(json.loads(encoded)) > MAX_METADATA_DEPTH:
+    if json_depth(json.loads(encoded)) > MAX_METADATA_DEPTH:
         raise ConfigError(f"{path}: metadata is nested more than {MAX_METADATA_DEPTH} levels deep")
     table = pa.Table.from_pandas(frame, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: encoded})
@@ -115,20 +116,6 @@ def save_samples(
     finally:
         tmp.unlink(missing_ok=True)
     return meta
-
-
-def _depth(obj: Any) -> int:
-    """Nesting depth of decoded JSON (containers only), without recursion."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        elif not isinstance(item, list):
-            continue
-        deepest = max(deepest, level)
-        stack.extend((v, level + 1) for v in item if isinstance(v, (dict, list)))
-    return deepest
 
 
 def _open_error(path: Path, exc: BaseException) -> ConfigError:
@@ -153,7 +140,7 @@ def _decode(path: Path, raw: Mapping[bytes, bytes] | None) -> dict[str, Any]:
         raise ConfigError(f"{path}: corrupt samples metadata (not JSON)") from None
     if not isinstance(meta, dict):
         raise ConfigError(f"{path}: corrupt samples metadata (not a mapping)")
-    if _depth(meta) > MAX_METADATA_DEPTH:
+    if json_depth(meta) > MAX_METADATA_DEPTH:
         raise ConfigError(f"{path}: corrupt samples metadata (nested too deeply)")
     version = meta.get("schema_version")
     if not isinstance(version, int):
