@@ -112,13 +112,10 @@ def import_gpumodeling_command(
     """
     t0 = time.perf_counter()
     with user_errors():
-        # the same checks as save_samples, before the import rather than after it
-        if out_file.is_dir():
-            raise ConfigError(f"{out_file}: is a folder, not a file name")
-        if out_file.exists() and not force:
-            raise ConfigError(f"{out_file}: exists; pass --force to replace it")
-        if not out_file.parent.is_dir():
-            raise ConfigError(f"{out_file}: folder {out_file.parent} does not exist")
+        from paraplan.samples.store import check_samples_path
+
+        # the checks save_samples makes, before the import rather than after it
+        check_samples_path(out_file, overwrite=force, flag="--force to replace it")
         try:
             from paraplan.samples.gpumodeling import gpumodeling_files, import_gpumodeling, summarize_import
             from paraplan.samples.store import save_samples

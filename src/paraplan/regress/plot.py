@@ -17,15 +17,11 @@ def check_plot_path(path: str | os.PathLike[str], *, overwrite: bool = False, fl
     """Raise a one-line ConfigError unless a plot can be written to ``path``: a .png, .svg or
     .pdf name in an existing folder, not a folder, and not an existing file unless
     ``overwrite`` (``flag`` names the option that allows replacing it)."""
-    target = Path(path)
-    if target.suffix.lower() not in PLOT_SUFFIXES:
+    from paraplan.regress.store import check_output_path
+
+    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"{path}: a plot file name ends in {', '.join(PLOT_SUFFIXES)}")
-    if target.is_dir():
-        raise ConfigError(f"{path}: is a directory, not a plot file")
-    if target.exists() and not overwrite:
-        raise ConfigError(f"{path}: already exists (pass {flag} to replace it)")
-    if not target.parent.is_dir():
-        raise ConfigError(f"{path}: directory {str(target.parent)!r} does not exist")
+    check_output_path(path, overwrite=overwrite, flag=flag, what="plot file")
 
 
 def plot_learning_curves(

@@ -134,13 +134,15 @@ def save_models(
         raise
 
 
-def check_output_path(path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "overwrite=True") -> None:
-    """Raise a one-line ConfigError unless a model file can be written to ``path``: its folder
+def check_output_path(
+    path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "overwrite=True", what: str = "model file"
+) -> None:
+    """Raise a one-line ConfigError unless a ``what`` can be written to ``path``: its folder
     exists, it is not a folder, and it does not exist unless ``overwrite`` (``flag`` names the
     option that allows replacing it, e.g. ``--force``)."""
     target = Path(path)
     if target.is_dir():
-        raise ConfigError(f"{path}: is a directory, not a model file")
+        raise ConfigError(f"{path}: is a directory, not a {what}")
     if target.exists() and not overwrite:
         raise ConfigError(f"{path}: already exists (pass {flag} to replace it)")
     if not target.parent.is_dir():

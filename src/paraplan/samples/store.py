@@ -31,7 +31,7 @@ from paraplan.specs import ConfigError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["METADATA_KEY", "load_samples", "read_samples_metadata", "save_samples", "tool_versions"]
+__all__ = ["METADATA_KEY", "check_samples_path", "load_samples", "read_samples_metadata", "save_samples", "tool_versions"]
 
 #: The Parquet schema-metadata key holding paraplan's JSON metadata.
 METADATA_KEY = b"paraplan.samples"
@@ -77,6 +77,20 @@ def _metadata(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     return meta
 
 
+def check_samples_path(
+    path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "overwrite=True / --force"
+) -> None:
+    """Raise a one-line ConfigError unless a samples file can be written to ``path``: its
+    folder exists, it is not a folder, and it does not exist unless ``overwrite``."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a file name")
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path}: exists; pass {flag}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{path}: folder {path.parent} does not exist")
+
+
 def save_samples(
     frame: pd.DataFrame,
     path: str | os.PathLike[str],
@@ -93,12 +107,7 @@ def save_samples(
     import pyarrow.parquet as pq
 
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a folder, not a file name")
-    if path.exists() and not overwrite:
-        raise ConfigError(f"{path}: exists; pass overwrite=True / --force")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{path}: folder {path.parent} does not exist")
+    check_samples_path(path, overwrite=overwrite)
     frame = validate_samples(frame, where=str(path))
     meta = _metadata(metadata)
     try:
