@@ -94,6 +94,18 @@ class CollectiveEstimate:
     source: str = "alpha-beta"
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the stages of a plan on a heterogeneous cluster run."""
+
+    cluster: str
+    node_order: tuple[str, ...]  # the GPU of every node, in rank order
+    stage_gpus: tuple[str, ...]  # the GPU type(s) of every stage, "A100-SXM4-40GB+A10" when mixed
+    stage_hbm_bytes: tuple[float, ...]  # the smallest HBM among each stage's GPUs
+    gpus: tuple[tuple[str, int], ...]  # (GPU, how many) per node group
+    price_per_hour_usd: float | None
+
+
 @dataclass(frozen=True)
 class Prediction:
     """Everything paraplan predicts for one job. ``to_dict()`` gives the JSON form."""
@@ -112,6 +124,7 @@ class Prediction:
     params_total: float
     model_flops_per_iteration: float
     pipeline: PipelineResult | None = field(default=None, repr=False)
+    placement: Placement | None = None
     _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -136,10 +149,25 @@ class Prediction:
 
     @property
     def fits(self) -> bool:
-        return self.worst_memory.total <= self.job.cluster.gpu.hbm_bytes
+        return all(m.total <= hbm for m, hbm in zip(self.memory, self.hbm_bytes, strict=True))
+
+    @property
+    def hbm_bytes(self) -> tuple[float, ...]:
+        """Each stage's GPU memory (the smallest, for a stage on mixed GPUs)."""
+        if self.placement is not None:
+            return self.placement.stage_hbm_bytes
+        return (self.job.cluster.gpu.hbm_bytes,) * len(self.memory)
+
+    @property
+    def gpu_name(self) -> str:
+        if self.placement is not None:
+            return " + ".join(f"{n} x {gpu}" for gpu, n in self.placement.gpus)
+        return self.job.cluster.gpu.name
 
     @property
     def cost_per_hour_usd(self) -> float | None:
+        if self.placement is not None:
+            return self.placement.price_per_hour_usd
         price = self.job.cluster.price_per_gpu_hour
         return None if price is None else price * self.job.cluster.num_gpus
 
@@ -176,6 +204,7 @@ class Prediction:
             "schedule": plan.schedule.value,
             "framework": plan.framework.value,
             "layers_per_stage": [s.num_layers for s in self.stages],
+            **({"node_order": list(self.placement.node_order)} if self.placement is not None else {}),
         }
 
     def to_dict(self) -> dict:
@@ -186,7 +215,7 @@ class Prediction:
             "job": job.name,
             "backend": self.backend,
             "model": job.model.name,
-            "gpu": job.cluster.gpu.name,
+            "gpu": self.gpu_name,
             "num_gpus": job.cluster.num_gpus,
             "parallel": self.plan_dict(),
             "precision": job.precision.value,
@@ -207,12 +236,12 @@ class Prediction:
                 "activations_bytes": worst.activations,
                 "buffers_bytes": worst.buffers,
                 "total_bytes": worst.total,
-                "hbm_bytes": job.cluster.gpu.hbm_bytes,
+                "hbm_bytes": self.hbm_bytes[worst.stage],
                 "fits": self.fits,
                 "per_stage_total_bytes": [m.total for m in self.memory],
             },
             "cost": {
-                "price_per_gpu_hour_usd": job.cluster.price_per_gpu_hour,
+                "price_per_gpu_hour_usd": None if self.placement else job.cluster.price_per_gpu_hour,
                 "cost_per_hour_usd": self.cost_per_hour_usd,
                 "usd_per_million_tokens": self.usd_per_million_tokens,
                 "train_tokens": job.train_tokens,
@@ -220,6 +249,7 @@ class Prediction:
                 "cost_to_train_usd": self.cost_to_train_usd,
             },
             "stages": [asdict(s) for s in self.stages],
+            **({"placement": asdict(self.placement)} if self.placement is not None else {}),
         }
 
 
@@ -333,7 +363,7 @@ def _source(cm: CostModel, op: Op) -> str:
     return fwd if fwd == bwd or (op.bwd_flops == 0 and op.bwd_bytes == 0) else f"fwd: {fwd}; bwd: {bwd}"
 
 
-def _explain(inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, layer: _LayerCost):
+def _explain(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: _Comm, layer: _LayerCost):
     recompute = inv.job.parallel.recompute
     ops = []
     for op, fwd, bwd in zip(st.layer_ops, layer.fwd, layer.bwd, strict=True):
@@ -382,8 +412,27 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     comm = _Comm(inv, cm)
     layer = _LayerCost.of(inv.stages[0], cm, comm)
     timings = tuple(_stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
+    crit_explain = functools.partial(_explain, inv, cm=cm, comm=comm, layer=layer)
+    peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
+    return assemble_prediction(job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline)
+
+
+def assemble_prediction(
+    job: Job,
+    inv: JobInventory,
+    timings: tuple[StageTiming, ...],
+    backend: str,
+    peak_flops_total: float,
+    explain: Callable[[StageInventory], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]],
+    *,
+    keep_timeline: bool = False,
+    placement: Placement | None = None,
+) -> Prediction:
+    """The iteration from per-stage timings: the pipeline schedule, the critical stage's
+    breakdown, memory, MFU. ``peak_flops_total`` is the sum of every GPU's peak;
+    ``explain(stage)`` lists the critical stage's operators on demand."""
     plan = job.parallel
-    p2p = timings[0].p2p_s
+    p2p = max(t.p2p_s for t in timings)
     pipe = simulate_pipeline(
         [t.forward_mb_s + t.tp_fwd_mb_s for t in timings],
         [t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s for t in timings],
@@ -417,15 +466,14 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
         optimizer_step_s=step[opt],
     )
     num_gpus = job.cluster.num_gpus
-    peak = job.cluster.gpu.flops_for(job.precision)
     return Prediction(
         job=job,
-        backend=cm.name,
+        backend=backend,
         iteration_s=iteration,
         tokens_per_s=job.tokens_per_iteration / iteration,
         tflops_per_gpu=inv.model_flops_per_iteration / iteration / num_gpus / 1e12,
-        mfu=inv.model_flops_per_iteration / (iteration * num_gpus * peak),
-        hfu=inv.hardware_flops_per_iteration / (iteration * num_gpus * peak),
+        mfu=inv.model_flops_per_iteration / (iteration * peak_flops_total),
+        hfu=inv.hardware_flops_per_iteration / (iteration * peak_flops_total),
         bubble_fraction=pipe.bubble_fraction,
         breakdown=breakdown,
         stages=timings,
@@ -433,5 +481,6 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
         params_total=inv.params_total,
         model_flops_per_iteration=inv.model_flops_per_iteration,
         pipeline=pipe if keep_timeline else None,
-        _explain=functools.partial(_explain, inv, inv.stages[crit], cm, comm, layer),
+        placement=placement,
+        _explain=functools.partial(explain, inv.stages[crit]),
     )

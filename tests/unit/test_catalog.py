@@ -11,7 +11,7 @@ import yaml
 
 from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model, resolve_job
 from paraplan.catalog.hf import model_from_hf_config
-from paraplan.catalog.loader import _key
+from paraplan.catalog.loader import _key, load_any_cluster, load_catalog_entry
 from paraplan.specs import ConfigError, ModelSpec, Precision
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -142,7 +142,11 @@ def test_every_model_file_validates_and_cites_a_source(name):
     assert model.kv_channels * model.num_attention_heads >= model.hidden_size * 0.99
 
 
-@pytest.mark.parametrize("name", catalog_names("clusters"))
+HOMOGENEOUS = [n for n in catalog_names("clusters") if "node_groups" not in load_catalog_entry("clusters", n)]
+HETEROGENEOUS = sorted(set(catalog_names("clusters")) - set(HOMOGENEOUS))
+
+
+@pytest.mark.parametrize("name", HOMOGENEOUS)
 def test_every_cluster_resolves_its_gpu(name):
     cluster = load_cluster(name)
     assert cluster.gpu.name in catalog_names("gpus")
@@ -154,13 +158,39 @@ def test_every_cluster_resolves_its_gpu(name):
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in catalog_names("clusters") if load_cluster(n).inter_node is not None]
+    "name", [n for n in HOMOGENEOUS if load_cluster(n).inter_node is not None]
 )
 def test_every_cluster_with_a_network_scales_to_many_nodes(name):
     cluster = load_cluster(name, num_nodes=4)
     assert cluster.num_gpus == 4 * cluster.gpus_per_node
     if cluster.intra_node is not None:
         assert cluster.inter_node.bandwidth_bytes_per_s < cluster.intra_node.bandwidth_bytes_per_s
+
+
+@pytest.mark.parametrize("name", HETEROGENEOUS)
+def test_every_heterogeneous_cluster_resolves_its_node_groups_and_cites_a_source(name):
+    cluster = load_any_cluster(name)
+    assert len(cluster.node_groups) > 1
+    assert cluster.sources
+    for group in cluster.node_groups:
+        assert group.gpu.name in catalog_names("gpus")
+    assert cluster.fabric is not None
+
+
+def test_fasops_case_is_one_a100_node_and_seven_a10_nodes_of_four_gpus():
+    cluster = load_any_cluster("fasop-a100-a10")
+    assert [(g.gpu.name, g.num_nodes, g.gpus_per_node) for g in cluster.node_groups] == [
+        ("A100-SXM4-40GB", 1, 4),
+        ("A10G", 7, 4),
+    ]
+    # 4 A100 at p4d's per-GPU price + 28 A10G at g5.12xlarge's
+    assert cluster.price_per_hour_usd == pytest.approx(4 * 32.7726 / 8 + 28 * 5.672 / 4, rel=1e-4)
+    assert cluster.fabric.bandwidth_bytes_per_s == 1.25e9  # the slower NIC (40 Gbps / 4)
+
+
+def test_a_heterogeneous_cluster_is_refused_where_one_gpu_type_is_needed():
+    with pytest.raises(ConfigError, match=r"node groups of different GPUs.*paraplan search"):
+        load_cluster("hetero-a100-a10")
 
 
 def test_a_single_node_cloud_instance_refuses_many_nodes_without_a_network():

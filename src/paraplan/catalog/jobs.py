@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from paraplan.catalog.loader import load_catalog_entry, load_cluster, load_gpu, load_model
-from paraplan.specs import ConfigError, GpuSpec, Job, ModelSpec, format_validation_error
+from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
+from paraplan.specs import ConfigError, GpuSpec, HeteroClusterSpec, Job, ModelSpec, format_validation_error
 
 _JOB_KEYS = {"name", "model", "cluster", "parallel", "precision", "train_tokens"}
 
@@ -209,3 +209,42 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         if key in given:
             job[key] = given[key]
     return job
+
+
+_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def expand_cluster(cluster: dict[str, Any], base_dir: Path | str = ".") -> dict[str, Any]:
+    """A cluster mapping whose ``name`` may be the path of a cluster file (YAML/JSON): the
+    file's mapping with the other keys laid over it."""
+    name = cluster.get("name")
+    if isinstance(name, str) and name.endswith(_FILE_SUFFIXES):
+        path = Path(name) if Path(name).is_absolute() else Path(base_dir) / name
+        if not path.exists() and Path(name).exists():
+            path = Path(name)
+        try:
+            raw = read_job_mapping(path)
+        except ConfigError as err:
+            raise ConfigError(f"cluster: {err}") from None
+        return {**raw, **{k: v for k, v in cluster.items() if k != "name"}}
+    return cluster
+
+
+def is_hetero(cluster: dict[str, Any]) -> bool:
+    """Whether a (expanded) cluster mapping describes node groups of different GPUs."""
+    if "node_groups" in cluster:
+        return True
+    name = cluster.get("name")
+    return isinstance(name, str) and _in_catalog("clusters", name) and "node_groups" in load_catalog_entry("clusters", name)
+
+
+def resolve_hetero(cluster: dict[str, Any]) -> HeteroClusterSpec:
+    """A heterogeneous cluster from a catalog name with node groups, or a mapping with them."""
+    raw = dict(cluster)
+    name = raw.get("name")
+    if "node_groups" not in raw and isinstance(name, str):
+        raw = {**load_catalog_entry("clusters", name), **{k: v for k, v in raw.items() if k != "name"}}
+    for key in ("num_nodes", "gpus_per_node", "gpu", "price_per_gpu_hour"):
+        if key in raw:
+            raise ConfigError(f"cluster.{key}: a heterogeneous cluster sets it per node group (node_groups)")
+    return hetero_cluster(raw)

@@ -15,7 +15,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from paraplan.specs import ClusterSpec, ConfigError, GpuSpec, ModelSpec, format_validation_error
+from paraplan.specs import (
+    ClusterSpec,
+    ConfigError,
+    GpuSpec,
+    HeteroClusterSpec,
+    ModelSpec,
+    format_validation_error,
+)
 
 Kind = Literal["gpus", "models", "clusters"]
 _SINGULAR = {"gpus": "GPU", "models": "model", "clusters": "cluster"}
@@ -79,6 +86,11 @@ def load_model(name: str) -> ModelSpec:
 def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
     """A catalog cluster, with its GPU resolved and any field overridden (e.g. num_nodes)."""
     raw = load_catalog_entry("clusters", name)
+    if "node_groups" in raw:
+        raise ConfigError(
+            f"cluster {raw['name']!r} has node groups of different GPUs; `paraplan search --cluster "
+            f"{raw['name']}` plans for it, predict takes a cluster of one GPU type"
+        )
     raw.update(overrides)
     if isinstance(raw.get("gpu"), str):
         raw["gpu"] = load_gpu(raw["gpu"])
@@ -89,3 +101,38 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
         raw.pop("aliases", None)
         raw.pop("price_per_gpu_hour", None)
     return _validated(ClusterSpec, raw, "cluster")
+
+
+def load_any_cluster(name: str) -> ClusterSpec | HeteroClusterSpec:
+    """A catalog cluster, homogeneous or with node groups of different GPUs."""
+    raw = load_catalog_entry("clusters", name)
+    return hetero_cluster(raw) if "node_groups" in raw else load_cluster(name)
+
+
+def hetero_cluster(raw: dict[str, Any]) -> HeteroClusterSpec:
+    """A heterogeneous cluster from a mapping whose ``node_groups`` are catalog cluster names,
+    catalog names with fields changed (``{name: aws-g5.12xlarge, num_nodes: 7}``), or
+    clusters described in full."""
+    groups = raw.get("node_groups")
+    if not isinstance(groups, list | tuple) or not groups:
+        raise ConfigError("cluster.node_groups: expected a list of node groups (catalog cluster names or mappings)")
+    resolved = []
+    for i, group in enumerate(groups):
+        where = f"cluster.node_groups.{i}"
+        if isinstance(group, str):
+            group = {"name": group}
+        if not isinstance(group, dict):
+            raise ConfigError(f"{where}: expected a catalog cluster name or a mapping (gpu, num_nodes, ...)")
+        group = dict(group)
+        if isinstance(group.get("gpu"), str):
+            group["gpu"] = load_gpu(group["gpu"])
+        name = group.get("name")
+        try:
+            if isinstance(name, str) and "gpu" not in group:
+                resolved.append(load_cluster(group.pop("name"), **group))
+            else:
+                resolved.append(_validated(ClusterSpec, group, where))
+        except ConfigError as err:
+            message = str(err).removeprefix("cluster.").removeprefix("cluster: ")
+            raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
+    return _validated(HeteroClusterSpec, {**raw, "node_groups": resolved}, "cluster")

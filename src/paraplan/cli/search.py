@@ -15,7 +15,7 @@ Opt = typer.Option
 def search_command(
     job_file: Annotated[Path | None, typer.Argument(help="Job file whose model, cluster and batch to search for.")] = None,
     model: Annotated[str | None, Opt(help="Catalog model name.")] = None,
-    cluster: Annotated[str | None, Opt(help="Catalog cluster name.")] = None,
+    cluster: Annotated[str | None, Opt(help="Catalog cluster name or cluster file (node_groups: heterogeneous).")] = None,
     gpu: Annotated[str | None, Opt(help="Catalog GPU name (its reference node's links).")] = None,
     num_gpus: Annotated[int | None, Opt(help="GPUs in all (a multiple of the node size).")] = None,
     num_nodes: Annotated[int | None, Opt(help="Nodes.")] = None,
@@ -28,6 +28,7 @@ def search_command(
     deadline: Annotated[str | None, Opt(help="Deadline for train_tokens, e.g. 14d.")] = None,
     framework: Annotated[str, Opt(help="megatron | deepspeed")] = "megatron",
     allow_tp_across_nodes: Annotated[bool, Opt(help="Also try tensor parallelism across nodes.")] = False,
+    uneven_layers: Annotated[bool, Opt(help="Let stages hold unequal layer counts (exact partition; always on for node groups).")] = False,
     sizes: Annotated[str | None, Opt(help="Cluster sizing: node counts to try, e.g. 4,8,16,32.")] = None,
     clusters: Annotated[str | None, Opt(help="GPU/cluster types to compare, e.g. dgx-a100,dgx-h100.")] = None,
     pareto: Annotated[Path | None, Opt(help="Write the time-vs-cost Pareto chart to this PNG.")] = None,
@@ -37,7 +38,15 @@ def search_command(
 ) -> None:
     """Enumerate tp x pp x dp x micro-batch x ZeRO x recompute plans; prune by divisibility
     and memory (saying why), time the rest and rank them."""
-    from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
+    from paraplan.catalog.jobs import (
+        apply_overrides,
+        demo_job_mapping,
+        expand_cluster,
+        is_hetero,
+        read_job_mapping,
+        resolve_hetero,
+        resolve_job,
+    )
     from paraplan.report.search import render_search, search_rows
     from paraplan.search import SearchSpace, merge_results
     from paraplan.search.executors import run_searches
@@ -60,32 +69,35 @@ def search_command(
                      global_batch_size=global_batch_size)
         mapping = apply_overrides(raw, flags)
         mapping["parallel"] = {"global_batch_size": mapping["parallel"].get("global_batch_size")}
-        if num_gpus is not None:
-            node = resolve_job({**mapping, "parallel": {}}).cluster
-            if num_gpus % node.gpus_per_node:
-                raise ConfigError(f"num_gpus: {num_gpus} is not a multiple of {node.gpus_per_node} GPUs per node")
-            mapping["cluster"] = {**mapping["cluster"], "num_nodes": num_gpus // node.gpus_per_node}
-        base_dir = job_file.parent if job_file else "."
-        base = resolve_job({**mapping, "parallel": {}}, base_dir=base_dir)
+        base_dir = job_file.parent if job_file else Path(".")
+        mapping["cluster"] = expand_cluster(mapping["cluster"], base_dir)
+        targets = []  # (cluster mapping or heterogeneous cluster, node counts to try)
+        for name in ([c.strip() for c in clusters.split(",")] if clusters else [None]):
+            c = mapping["cluster"] if name is None else expand_cluster({"name": name}, base_dir)
+            if is_hetero(c):
+                if sizes or num_gpus is not None:
+                    raise ConfigError("sizes: a heterogeneous cluster's size is set by its node groups")
+                targets.append(resolve_hetero(c))
+            elif name is not None:  # another GPU type at the size of the job's cluster
+                main = mapping["cluster"]
+                nodes = None if is_hetero(main) else resolve_job({**mapping, "parallel": {}}, base_dir=base_dir).cluster.num_nodes
+                targets.append({**c, "num_nodes": c.get("num_nodes", nodes)})
+            else:
+                targets.append(c)
+        bases = [_base(mapping, t, num_gpus, sizes, base_dir) for t in targets]
+        bases = [b for group in bases for b in group]
+        base = bases[0][1]
         gbs = mapping["parallel"]["global_batch_size"] or base.parallel.global_batch_size
-        bases = []
-        for name in (clusters.split(",") if clusters else [None]):
-            for nodes in (_ints("sizes", sizes) if sizes else [None]):
-                c = dict(mapping["cluster"]) if name is None else {"name": name.strip()}
-                if nodes is not None:
-                    c["num_nodes"] = nodes
-                elif name is not None:
-                    c["num_nodes"] = base.cluster.num_nodes
-                bases.append(resolve_job({**mapping, "cluster": c, "parallel": {}}, base_dir=base_dir))
-        space = SearchSpace(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes)
+        space = SearchSpace(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes,
+                            uneven_layers=uneven_layers)
         searches = [
             dict(
-                model=b.model, cluster=b.cluster, global_batch_size=gbs, precision=b.precision, space=space,
+                model=b.model, cluster=target, global_batch_size=gbs, precision=b.precision, space=space,
                 objective=objective, train_tokens=b.train_tokens,
                 budget_usd=parse_usd(budget) if budget else None,
                 deadline_s=parse_seconds(deadline) if deadline else None,
             )
-            for b in bases
+            for target, b in bases
         ]
         with err.status(f"searching plans for {base.model.name} on {len(bases)} cluster configuration(s)"):
             result = merge_results(run_searches(searches, executor))
@@ -134,3 +146,26 @@ def _ints(name: str, text: str) -> list[int]:
     if not values or min(values) < 1:
         raise ConfigError(f"{name}: expected positive whole numbers, got {text!r}")
     return values
+
+
+def _base(mapping, target, num_gpus, sizes, base_dir):
+    """(cluster to search, resolved job for its model, precision and tokens) per node count."""
+    from paraplan.catalog.jobs import resolve_job
+    from paraplan.specs import ConfigError, HeteroClusterSpec
+
+    if isinstance(target, HeteroClusterSpec):
+        view = target.view(0).model_dump()
+        return [(target, resolve_job({**mapping, "cluster": view, "parallel": {}}, base_dir=base_dir))]
+    if num_gpus is not None:
+        node = resolve_job({**mapping, "cluster": target, "parallel": {}}, base_dir=base_dir).cluster
+        if num_gpus % node.gpus_per_node:
+            raise ConfigError(f"num_gpus: {num_gpus} is not a multiple of {node.gpus_per_node} GPUs per node")
+        target = {**target, "num_nodes": num_gpus // node.gpus_per_node}
+    out = []
+    for nodes in (_ints("sizes", sizes) if sizes else [None]):
+        c = dict(target) if nodes is None else {**target, "num_nodes": nodes}
+        if c.get("num_nodes") is None:
+            c.pop("num_nodes", None)
+        job = resolve_job({**mapping, "cluster": c, "parallel": {}}, base_dir=base_dir)
+        out.append((job.cluster, job))
+    return out

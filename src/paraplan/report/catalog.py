@@ -6,7 +6,9 @@ from typing import Any
 
 from rich.table import Table
 
-from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model
+from paraplan.catalog import catalog_names, load_gpu, load_model
+from paraplan.catalog.loader import load_any_cluster
+from paraplan.specs import HeteroClusterSpec
 
 
 def _tflops(value: float | None) -> float | None:
@@ -44,8 +46,19 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
                     "activation": m.activation,
                 }
             )
+        elif isinstance(c := load_any_cluster(name), HeteroClusterSpec):
+            price = c.price_per_hour_usd
+            rows.append(
+                {
+                    "name": c.name,
+                    "gpu": " + ".join(f"{g.num_nodes}x{g.gpus_per_node} {g.gpu.name}" for g in c.node_groups),
+                    "gpus_per_node": c.gpus_per_node,
+                    "intra_node_gb_per_s": None,
+                    "inter_node_gb_per_s_per_gpu": c.fabric.bandwidth_bytes_per_s / 1e9 if c.fabric else None,
+                    "price_per_gpu_hour_usd": None if price is None else price / c.num_gpus,
+                }
+            )
         else:
-            c = load_cluster(name)
             rows.append(
                 {
                     "name": c.name,

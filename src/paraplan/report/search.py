@@ -17,8 +17,8 @@ def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
         rows.append(
             {
                 "rank": rank,
-                "gpus": f"{pred.job.cluster.num_gpus} x {pred.job.cluster.gpu.name}",
-                "cluster": pred.job.cluster.name,
+                "gpus": pred.gpu_name if pred.placement else f"{pred.job.cluster.num_gpus} x {pred.gpu_name}",
+                "cluster": pred.placement.cluster if pred.placement else pred.job.cluster.name,
                 **pred.plan_dict(),
                 "iteration_s": pred.iteration_s,
                 "tokens_per_s": pred.tokens_per_s,
@@ -30,6 +30,17 @@ def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _runs(values: list, sep: str = ", ") -> str:
+    """Runs of equal values: [2, 2, 2, 11, 9] -> "2 (x3), 11, 9"."""
+    out: list[list] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return sep.join(f"{v} (x{n})" if n > 1 else str(v) for v, n in out)
 
 
 def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str | None = None) -> Group:
@@ -53,6 +64,12 @@ def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str |
         ("mbs", lambda r: str(r["micro_batch_size"])),
         ("ZeRO", lambda r: str(r["zero_stage"])),
         ("recompute", lambda r: r["recompute"]),
+    ]
+    if any(len(set(r["layers_per_stage"])) > 1 for r in rows):
+        columns.append(("layers/stage", lambda r: _runs(r["layers_per_stage"])))
+    if any("node_order" in r for r in rows):
+        columns.append(("node order", lambda r: _runs(r.get("node_order", []))))
+    columns += [
         ("iter s", lambda r: f"{r['iteration_s']:.2f}"),
         ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
         ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
@@ -66,7 +83,7 @@ def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str |
         columns.append(("cost", lambda r: f"${r['cost_to_train_usd']:,.0f}"))
     table = Table(title=title, title_justify="left")
     for name, _ in columns:
-        table.add_column(name, justify="left" if name in ("recompute", "sp", "GPUs") else "right")
+        table.add_column(name, justify="left" if name in ("recompute", "sp", "GPUs", "layers/stage", "node order") else "right")
     for r in rows:
         table.add_row(*(cell(r) for _, cell in columns))
     if plans_only:

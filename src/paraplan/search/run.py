@@ -13,7 +13,7 @@ from paraplan.memory import estimate_memory
 from paraplan.prediction import Prediction, predict
 from paraplan.search.screen import screen_plans, screenable
 from paraplan.search.space import SearchSpace, enumerate_plans, iter_unique
-from paraplan.specs import ClusterSpec, ConfigError, ModelSpec, Precision
+from paraplan.specs import ClusterSpec, ConfigError, HeteroClusterSpec, ModelSpec, Precision
 
 OBJECTIVES = ("time", "cost")
 
@@ -52,7 +52,7 @@ SCREENED_OUT = "slower than the shortlist (screened, not timed exactly)"
 
 def search_plans(
     model: ModelSpec,
-    cluster: ClusterSpec,
+    cluster: ClusterSpec | HeteroClusterSpec,
     global_batch_size: int,
     precision: Precision = Precision.BF16,
     space: SearchSpace | None = None,
@@ -82,10 +82,17 @@ def search_plans(
         raise ConfigError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
     if (budget_usd is not None or deadline_s is not None) and train_tokens is None:
         raise ConfigError("train_tokens: a budget or a deadline needs the number of tokens to train")
-    if budget_usd is not None and cluster.price_per_gpu_hour is None:
-        raise ConfigError("budget: the cluster has no price_per_gpu_hour")
     space = space or SearchSpace()
     limits = (train_tokens, budget_usd, deadline_s)
+    if isinstance(cluster, HeteroClusterSpec) or space.uneven_layers:
+        if isinstance(cluster, ClusterSpec):
+            cluster = HeteroClusterSpec(name=cluster.name, node_groups=(cluster,))
+        if budget_usd is not None and cluster.price_per_hour_usd is None:
+            raise ConfigError("budget: a node group of the cluster has no price_per_gpu_hour")
+        return _uneven_search(model, cluster, global_batch_size, precision, space, objective, limits,
+                              progress, shortlist, shortlist_within)
+    if budget_usd is not None and cluster.price_per_gpu_hour is None:
+        raise ConfigError("budget: the cluster has no price_per_gpu_hour")
     if screen and screenable(space):
         return _screened_search(model, cluster, global_batch_size, precision, space, objective, limits,
                                 progress, shortlist, shortlist_within)
@@ -171,3 +178,25 @@ def _screened_search(model, cluster, global_batch_size, precision, space, object
             reasons[SCREENED_OUT] = len(rest)
         excluded.update(reasons)
     return SearchResult(ranked=[t[2] for t in ranked], excluded=excluded, considered=sc.considered, objective=objective)
+
+
+def _uneven_search(model, cluster, global_batch_size, precision, space, objective, limits, progress,
+                   shortlist, shortlist_within) -> SearchResult:
+    from paraplan.search.hetero import enumerate_hetero, rank_candidates
+
+    train_tokens = limits[0]
+    cands, excluded, considered = enumerate_hetero(model, cluster, global_batch_size, precision, space, train_tokens)
+    preds, left = rank_candidates(model, cluster, precision, train_tokens, cands, shortlist, shortlist_within, progress)
+    ranked = []
+    for pred in preds:
+        reason = _over_limits(pred.time_to_train_s, pred.cost_to_train_usd, limits)
+        if reason:
+            excluded[reason] += 1
+        elif not pred.fits:  # the partition's memory is exact; kept as a guard
+            excluded[_no_fit(min(pred.hbm_bytes))] += 1
+        else:
+            ranked.append(pred)
+    if left:
+        excluded[SCREENED_OUT] += left
+    ranked.sort(key=lambda p: _score(p, objective))
+    return SearchResult(ranked=ranked, excluded=excluded, considered=considered, objective=objective)

@@ -42,6 +42,10 @@ class SearchSpace:
     allow_tp_across_nodes: bool = False
     framework: str = "megatron"
     extra: dict[str, Any] = field(default_factory=dict)
+    # Let stages hold unequal layer counts, chosen by the exact partition (always on for
+    # heterogeneous clusters): pp need not divide the layers, and the embedding and LM-head
+    # stages may take fewer.
+    uneven_layers: bool = False
     # Global batch sizes to try (ranked by tokens/s); ``None``: the one the search is given.
     global_batch_sizes: tuple[int, ...] | None = None
 

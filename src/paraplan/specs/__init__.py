@@ -3,6 +3,7 @@
 from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
 from paraplan.specs.errors import ConfigError, format_validation_error
 from paraplan.specs.hardware import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, LinkSpec
+from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
 from paraplan.specs.job import Job
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
@@ -14,6 +15,8 @@ __all__ = [
     "EfficiencySpec",
     "Framework",
     "GpuSpec",
+    "HeteroClusterSpec",
+    "HeteroJob",
     "Job",
     "LinkSpec",
     "ModelSpec",

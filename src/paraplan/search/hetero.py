@@ -1,0 +1,245 @@
+"""Search plans whose stages hold unequal layer counts, on heterogeneous or homogeneous clusters.
+
+For every point of the space (tp, pp, cp, micro-batch, ZeRO 0/1, recompute, global batch) and
+every distinct placement of the stages on the node groups (node orders, FASOP's device
+placement; permutations of the node multiset, or of whole groups when those are too many),
+the layers are split across the stages by the exact method of
+:mod:`paraplan.search.partition`, fed with each stage's time per micro-batch as a function of
+its layer count on its GPUs and its memory limit. Both are exact straight lines in the layer
+count (a stage's busy time and memory grow by the same amount per layer; ZeRO 0 and 1 keep it
+so), costed with the prediction's own ``_stage_timing`` and ``estimate_stage_memory`` at one and
+two layers. The best plans by that estimate are then predicted in full (``predict_hetero``:
+the event simulation of the pipeline with data-parallel communication and the optimizer step)
+and ranked by the exact numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import ValidationError
+
+from paraplan.costmodel import AnalyticalCostModel
+from paraplan.hetero import predict_hetero
+from paraplan.inventory import count_job
+from paraplan.inventory.partition import count_layers_per_stage
+from paraplan.memory import estimate_stage_memory
+from paraplan.prediction import Prediction, StageTiming, _Comm, _LayerCost, _stage_timing
+from paraplan.search.partition import closed_form_s, partition_layers
+from paraplan.search.space import SearchSpace, rejection_reason
+from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision
+from paraplan.specs.hetero import stage_groups
+
+MAX_NODE_ORDERS = 512  # beyond this many node orders, only orders that keep each group together
+
+
+def node_orders(cluster: HeteroClusterSpec) -> list[tuple[int, ...]]:
+    """Distinct orders of the cluster's nodes (group index per node), declared order first."""
+    counts = [g.num_nodes for g in cluster.node_groups]
+    total = math.factorial(sum(counts)) // math.prod(math.factorial(c) for c in counts)
+    if total > MAX_NODE_ORDERS:
+        return [tuple(g for g in perm for _ in range(counts[g])) for perm in itertools.permutations(range(len(counts)))]
+    return list(_multiset_orders(counts))
+
+
+def _multiset_orders(counts: list[int]) -> Iterator[tuple[int, ...]]:
+    if sum(counts) == 0:
+        yield ()
+        return
+    for g, c in enumerate(counts):
+        if c:
+            counts[g] -= 1
+            for rest in _multiset_orders(counts):
+                yield (g, *rest)
+            counts[g] += 1
+
+
+def _busy(t: StageTiming) -> float:
+    return t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.tp_fwd_mb_s + t.tp_bwd_mb_s
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: dict
+    node_order: tuple[int, ...]
+    layers: tuple[int, ...]
+    estimate_s: float  # iteration seconds by the closed form plus the once-per-iteration parts
+
+
+def _lines(job: HeteroJob):
+    """Per node group: per stage, (seconds with one layer, seconds per extra layer) of one
+    micro-batch, and the stage's once-per-iteration seconds; per stage, memory (bytes with
+    one layer, bytes per extra layer). Stages between the first and the last differ only in
+    memory (micro-batches in flight), so their timing is costed once."""
+    inv = count_job(job.view_job(0))
+    layer_params = sum(op.params for op in inv.stages[0].layer_ops)
+    pp = len(inv.stages)
+    classes = sorted({0, min(1, pp - 1), pp - 1})
+    time_lines, once = {}, {}
+    for g in range(len(job.cluster.node_groups)):
+        cm = AnalyticalCostModel(job.cluster.view(g), job.precision)
+        comm = _Comm(inv, cm)
+        layer = _LayerCost.of(inv.stages[0], cm, comm)
+        rows, per_iter = {}, {}
+        for c in classes:
+            st = inv.stages[c]
+            one = _busy(_stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer))
+            two = _busy(_stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer))
+            full = _stage_timing(inv, st, cm, comm, layer)
+            # blocking sends hold the stage too: two per micro-batch, one out of either end
+            sends = 0 if pp == 1 else 2 - (c == 0) - (c == pp - 1)
+            rows[c] = (one + sends * full.p2p_s, two - one)
+            per_iter[c] = full.exposed_dp_s + full.optimizer_s
+        pick = [0] + [min(1, pp - 1)] * (pp - 2) + [pp - 1] if pp > 1 else [0]
+        time_lines[g] = np.array([rows[c] for c in pick])
+        once[g] = np.array([per_iter[c] for c in pick])
+    mem = []
+    for st in inv.stages:
+        m1 = estimate_stage_memory(inv, _with_layers(st, 1, layer_params)).total
+        m2 = estimate_stage_memory(inv, _with_layers(st, 2, layer_params)).total
+        mem.append((m1, m2 - m1))
+    return time_lines, once, np.array(mem)
+
+
+def _with_layers(st, k: int, layer_params: float):
+    return dataclasses.replace(st, num_layers=k, params=st.params + (k - st.num_layers) * layer_params)
+
+
+def plan_candidates(
+    model: ModelSpec, cluster: HeteroClusterSpec, job: HeteroJob, orders: list[tuple[int, ...]], plan_args: dict
+) -> tuple[list[Candidate], int]:
+    """The best layer partition of ``job``'s plan (given as ``plan_args``) for every distinct
+    stage placement among ``orders``; and how many placements had no partition that fits."""
+    time_lines, once, mem = _lines(job)
+    plan = job.parallel
+    L, S, m = model.num_layers, plan.pp, plan.num_microbatches
+    k = np.arange(1, L + 1, dtype=float)
+    hbm = [g.gpu.hbm_bytes for g in cluster.node_groups]
+    per_stage_gpus = plan.tp * plan.cp * plan.dp
+    seen, out, no_fit = set(), [], 0
+    for order in orders:
+        groups = stage_groups(order, per_stage_gpus, cluster.gpus_per_node, S)
+        if groups in seen:
+            continue
+        seen.add(groups)
+        T = np.full((S, L), -np.inf)
+        limit = np.full(S, np.inf)
+        for g in {g for gs in groups for g in gs}:
+            on = np.array([g in gs for gs in groups])
+            line = time_lines[g][on]
+            T[on] = np.maximum(T[on], line[:, :1] + (k - 1) * line[:, 1:])
+            limit[on] = np.minimum(limit[on], hbm[g])
+        T[mem[:, :1] + (k - 1) * mem[:, 1:] > limit[:, None]] = np.inf
+        part = partition_layers(T, m)
+        if part is None:
+            no_fit += 1
+            continue
+        per_iter = max(once[g][s] for s, gs in enumerate(groups) for g in gs)
+        out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter))
+        # Megatron-LM's even split too, when it fits and differs: the partition is optimal
+        # for the closed form, the exact simulation may still prefer equal stages
+        even = count_layers_per_stage(model, job.parallel)
+        if even != part.layers and L % S == 0:
+            t = T[np.arange(S), np.array(even) - 1]
+            if np.all(np.isfinite(t)):
+                out.append(Candidate(plan_args, order, even, closed_form_s(t, m) + per_iter))
+    return out, no_fit
+
+
+def enumerate_hetero(
+    model: ModelSpec,
+    cluster: HeteroClusterSpec,
+    global_batch_size: int,
+    precision: Precision,
+    space: SearchSpace,
+    train_tokens: float | None = None,
+) -> tuple[list[Candidate], Counter, int]:
+    """Every plan of ``space`` on ``cluster`` with its best placement-and-partition
+    candidates; the excluded plans by reason; the number considered (a point of the space
+    the rules exclude counts once, a point that passes them once per candidate: node order
+    and layer split)."""
+    n, gpn = cluster.num_gpus, cluster.gpus_per_node
+    tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16) if t <= gpn)
+    pps = space.pp or tuple(p for p in range(1, min(model.num_layers, n) + 1) if n % p == 0)
+    orders = node_orders(cluster)
+    excluded: Counter = Counter()
+    cands: list[Candidate] = []
+    sps = (True, False) if space.sequence_parallel == "both" else (None,)
+    for gbs, tp, pp, cp, vpp, mbs, zero, recompute, sp in itertools.product(
+        space.batch_sizes(global_batch_size), tps, pps, space.cp, space.vpp, space.micro_batch_size,
+        space.zero_stage, space.recompute, sps,
+    ):
+        if n % (tp * pp * cp):
+            excluded["tp*pp*cp does not divide the number of GPUs"] += 1
+            continue
+        dp = n // (tp * pp * cp)
+        if gpn % tp:
+            excluded[f"tp does not divide the node's {gpn} GPUs (a TP group would span two nodes)"] += 1
+            continue
+        if gbs % (mbs * dp):
+            excluded["global batch is not a multiple of micro-batch x dp"] += 1
+            continue
+        if vpp > 1:
+            excluded["interleaving (vpp > 1) is not searched with uneven stages"] += 1
+            continue
+        if zero > 1:
+            excluded["ZeRO-2/3 is not searched with uneven stages (stage time is then not linear in layers)"] += 1
+            continue
+        plan = {
+            "tp": tp, "pp": pp, "dp": dp, "cp": cp, "micro_batch_size": mbs, "global_batch_size": gbs,
+            "zero_stage": zero, "recompute": recompute, "framework": space.framework,
+            "sequence_parallel": (tp > 1) if sp is None else (sp and tp > 1), **space.extra,
+        }
+        try:
+            job = HeteroJob(model=model, cluster=cluster, parallel=plan, precision=precision,
+                            train_tokens=train_tokens)
+        except (ValidationError, ConfigError) as err:
+            excluded[rejection_reason(err)] += 1
+            continue
+        found, _ = plan_candidates(model, cluster, job, orders, plan)
+        if not found:
+            hbm = min(g.gpu.hbm_bytes for g in cluster.node_groups)
+            excluded[f"does not fit in memory with any layer partition (smallest GPU {hbm / 2**30:.0f} GiB)"] += 1
+        cands += found
+    return cands, excluded, len(cands) + sum(excluded.values())
+
+
+def hetero_job(model, cluster, precision, train_tokens, cand: Candidate) -> HeteroJob:
+    p = plan = dict(cand.plan, layers_per_stage=cand.layers)
+    name = f"tp{p['tp']}-pp{p['pp']}-dp{p['dp']}"
+    if len(cluster.node_groups) > 1:
+        name += "-" + "".join(str(g) for g in cand.node_order)
+    return HeteroJob(name=name, model=model, cluster=cluster, parallel=plan, precision=precision,
+                     train_tokens=train_tokens, node_order=cand.node_order)
+
+
+def rank_candidates(
+    model: ModelSpec,
+    cluster: HeteroClusterSpec,
+    precision: Precision,
+    train_tokens: float | None,
+    cands: list[Candidate],
+    shortlist: int,
+    shortlist_within: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[Prediction], int]:
+    """Exact predictions of the best candidates by estimated seconds per token (at least
+    ``shortlist``, and all within ``shortlist_within`` of the best); the number left out."""
+    if not cands:
+        return [], 0
+    per_token = np.array([c.estimate_s / c.plan["global_batch_size"] for c in cands])
+    order = np.argsort(per_token, kind="stable")
+    within = int(np.count_nonzero(per_token <= per_token.min() * (1.0 + shortlist_within)))
+    chosen = np.sort(order[: max(shortlist, within)])
+    preds = []
+    for n, i in enumerate(chosen):
+        if progress is not None:
+            progress(n, len(chosen))
+        preds.append(predict_hetero(hetero_job(model, cluster, precision, train_tokens, cands[int(i)])))
+    return preds, len(cands) - len(chosen)
