@@ -27,6 +27,12 @@ def predict(
         job = load_job(job)
     elif isinstance(job, dict):
         job = resolve_job(job)
+    from paraplan.specs import HeteroJob
+
+    if isinstance(job, HeteroJob):
+        from paraplan.hetero import predict_hetero
+
+        return predict_hetero(job, **kwargs)
     backend = backend or ("learned" if models is not None else "analytical")
     fitted = load_model_file(models) if models is not None else None
     cost_model = make_cost_model(job, backend, fitted)

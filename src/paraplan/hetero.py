@@ -50,6 +50,7 @@ def placement_of(job: HeteroJob) -> Placement:
         stage_hbm_bytes=tuple(min(c.node_groups[g].gpu.hbm_bytes for g in gs) for gs in stage_groups),
         gpus=tuple((g.gpu.name, g.num_gpus) for g in c.node_groups),
         price_per_hour_usd=c.price_per_hour_usd,
+        job=job,
     )
 
 

@@ -22,7 +22,7 @@ from paraplan.inventory import (
 )
 from paraplan.memory import StageMemory, estimate_memory
 from paraplan.schedule import PipelineResult, simulate_pipeline
-from paraplan.specs import Job, Phase, Recompute, Schedule
+from paraplan.specs import HeteroJob, Job, Phase, Recompute, Schedule
 
 _BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 _ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
@@ -104,6 +104,7 @@ class Placement:
     stage_hbm_bytes: tuple[float, ...]  # the smallest HBM among each stage's GPUs
     gpus: tuple[tuple[str, int], ...]  # (GPU, how many) per node group
     price_per_hour_usd: float | None
+    job: HeteroJob | None = field(default=None, repr=False, compare=False)  # the job predicted
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,13 @@ class Prediction:
                 "cost_to_train_usd": self.cost_to_train_usd,
             },
             "stages": [asdict(s) for s in self.stages],
-            **({"placement": asdict(self.placement)} if self.placement is not None else {}),
+            **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
         }
+
+
+def _placement_dict(placement: Placement) -> dict:
+    return {f: getattr(placement, f) for f in ("cluster", "node_order", "stage_gpus", "stage_hbm_bytes", "gpus",
+                                               "price_per_hour_usd")}
 
 
 def _ops_s(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> float:

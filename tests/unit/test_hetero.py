@@ -266,3 +266,40 @@ def test_bad_heterogeneous_input_is_a_one_line_error(tmp_path):
         assert len(result.output.strip().splitlines()) == 1, result.output
     with pytest.raises(ConfigError):
         load_cluster(FASOP)
+
+
+# --- job files: search -> predict -> export ---------------------------------------------------
+
+
+def test_a_job_file_round_trips_for_both_kinds_of_cluster():
+    from paraplan.catalog import resolve_job
+    from paraplan.catalog.jobs import job_mapping
+
+    hetero = gpt2xl_job((1, 1, 1, 0, 1, 1, 1, 1), layers=(6,) * 8)
+    plain = resolve_job({"model": "gpt3-1.3b", "cluster": {"name": "dgx-a100", "num_nodes": 2},
+                         "parallel": {"tp": 2, "pp": 2, "layers_per_stage": [10, 14]}})
+    for job in (hetero, plain):
+        assert resolve_job(job_mapping(job)) == job
+    assert job_mapping(hetero)["node_order"][3] == "aws-p4d.24xlarge"
+
+
+def test_the_best_plan_is_saved_predicted_and_exported_with_its_node_order(tmp_path):
+    runner = CliRunner()
+    best = tmp_path / "best.yaml"
+    args = ["search", "--model", "gpt2-xl", "--cluster", FASOP, "--global-batch-size", "64", "--save-best", str(best)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "already exists" in again.output
+    predicted = runner.invoke(app, ["predict", str(best), "--format", "json"])
+    assert predicted.exit_code == 0, predicted.output
+    import json
+
+    data = json.loads(predicted.stdout)
+    assert data["placement"]["cluster"] == FASOP and sum(data["parallel"]["layers_per_stage"]) == 48
+    exported = runner.invoke(app, ["export", "megatron", str(best)])
+    assert exported.exit_code == 0, exported.output
+    assert "--pipeline-model-parallel-layout" in exported.stdout
+    assert "NOTE(paraplan): node_order:" in exported.stdout
+    learned = runner.invoke(app, ["predict", str(best), "--backend", "learned"])
+    assert learned.exit_code == 2 and len(learned.output.strip().splitlines()) == 1

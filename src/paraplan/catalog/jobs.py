@@ -10,9 +10,17 @@ import yaml
 from pydantic import ValidationError
 
 from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
-from paraplan.specs import ConfigError, GpuSpec, HeteroClusterSpec, Job, ModelSpec, format_validation_error
+from paraplan.specs import (
+    ConfigError,
+    GpuSpec,
+    HeteroClusterSpec,
+    HeteroJob,
+    Job,
+    ModelSpec,
+    format_validation_error,
+)
 
-_JOB_KEYS = {"name", "model", "cluster", "parallel", "precision", "train_tokens"}
+_JOB_KEYS = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order"}
 
 
 def _model(value: Any, base_dir: Path) -> ModelSpec | dict[str, Any]:
@@ -84,8 +92,9 @@ def _in_catalog(kind: str, name: str) -> bool:
     return True
 
 
-def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job:
-    """A Job from a mapping whose model, cluster and GPU may be catalog names.
+def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job | HeteroJob:
+    """A Job from a mapping whose model, cluster and GPU may be catalog names (a HeteroJob
+    when the cluster has node groups of different GPUs; ``node_order`` then orders its nodes).
 
     Every problem is raised as a one-line ConfigError naming the field.
     """
@@ -101,24 +110,99 @@ def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job:
             raise ConfigError(f"{required}: required but missing")
     data = dict(raw)
     base = Path(base_dir)
+    cluster = data["cluster"]
+    cluster = expand_cluster({"name": cluster} if isinstance(cluster, str) else cluster, base)
+    data["cluster"] = cluster if set(cluster) != {"name"} else cluster["name"]
+    hetero = isinstance(cluster, dict) and is_hetero(cluster)
+    if "node_order" in data and not hetero:
+        raise ConfigError("node_order: only a cluster with node groups (node_groups) has a node order")
     try:
         data["model"] = _model(data["model"], base)
     except ConfigError as err:
         message = str(err)
         raise ConfigError(message if message.startswith("model") else f"model: {message}") from None
     try:
-        data["cluster"] = _cluster(data["cluster"])
+        data["cluster"] = resolve_hetero(cluster) if hetero else _cluster(data["cluster"])
     except ConfigError as err:
         message = str(err)
         raise ConfigError(message if message.startswith("cluster") else f"cluster: {message}") from None
     data["parallel"] = _parallel(data.get("parallel"))
+    if hetero and "node_order" in data:
+        data["node_order"] = _node_order(data["node_order"], data["cluster"])
     try:
-        return Job.model_validate(data)
+        return (HeteroJob if hetero else Job).model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
 
 
-def load_job(path: Path | str) -> Job:
+def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:
+    """Group indices from a list of indices or of node-group names."""
+    names = [g.name for g in cluster.node_groups]
+    if not isinstance(value, list | tuple):
+        raise ConfigError("node_order: expected a list with one node group (index or name) per node")
+    out = []
+    for v in value:
+        if isinstance(v, int) and 0 <= v < len(names):
+            out.append(v)
+        elif isinstance(v, str) and names.count(v) == 1:
+            out.append(names.index(v))
+        else:
+            raise ConfigError(f"node_order: {v!r} is not a node group (indices 0-{len(names) - 1} or one of: "
+                              f"{', '.join(names)})")
+    return out
+
+
+def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
+    """A job file's mapping that ``resolve_job`` turns back into ``job``: catalog names where
+    the catalog entry is what the job uses, the full description otherwise."""
+    model = job.model.name if _catalog_equal("models", job.model.name, job.model) else job.model.model_dump(mode="json")
+    if isinstance(job, HeteroJob):
+        c = job.cluster
+        cluster: Any = c.name if _catalog_equal("clusters", c.name, c) else c.model_dump(mode="json")
+    else:
+        c = job.cluster
+        cluster = {"name": c.name, "num_nodes": c.num_nodes}
+        if not _catalog_equal("clusters", c.name, c, num_nodes=c.num_nodes):
+            cluster = c.model_dump(mode="json")
+    p = job.parallel
+    parallel = {
+        "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "sequence_parallel": p.sequence_parallel,
+        "zero_stage": p.zero_stage, "micro_batch_size": p.micro_batch_size,
+        "global_batch_size": p.global_batch_size, "recompute": p.recompute.value, "schedule": p.schedule.value,
+        "framework": p.framework.value,
+    }
+    if p.vpp > 1:
+        parallel["vpp"] = p.vpp
+    for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p"):
+        value = getattr(p, key)
+        if value is not None:
+            parallel[key] = list(value) if isinstance(value, tuple) else value
+    out: dict[str, Any] = {"name": job.name, "model": model, "cluster": cluster, "parallel": parallel,
+                           "precision": job.precision.value}
+    if job.train_tokens is not None:
+        out["train_tokens"] = job.train_tokens
+    if isinstance(job, HeteroJob):
+        names = [g.name for g in job.cluster.node_groups]
+        unique = len(set(names)) == len(names)
+        out["node_order"] = [names[g] if unique else g for g in job.node_order]
+    return out
+
+
+def _catalog_equal(kind: str, name: str, value: Any, **overrides: Any) -> bool:
+    from paraplan.catalog.loader import load_any_cluster
+
+    if not _in_catalog(kind, name):
+        return False
+    try:
+        if kind == "models":
+            return load_model(name) == value
+        entry = load_any_cluster(name) if not overrides else load_cluster(name, **overrides)
+    except ConfigError:
+        return False
+    return entry == value
+
+
+def load_job(path: Path | str) -> Job | HeteroJob:
     """Read a job file (YAML or JSON) and resolve it."""
     path = Path(path)
     return resolve_job(read_job_mapping(path), base_dir=path.parent)

@@ -22,7 +22,7 @@ def export_command(
     from paraplan.catalog import load_job
     from paraplan.export import TARGETS, export_notes, render
     from paraplan.prediction import predict
-    from paraplan.specs import ConfigError
+    from paraplan.specs import ConfigError, HeteroJob
 
     with user_errors():
         render_target = target.lower()
@@ -31,7 +31,13 @@ def export_command(
         if out is not None and out.exists() and not force:
             raise ConfigError(f"out: {out} already exists; pass --force to overwrite it")
         job = load_job(job_file)
-        prediction = predict(job)
+        if isinstance(job, HeteroJob):  # node groups: the same arguments on every node, in node order
+            from paraplan.hetero import predict_hetero
+
+            prediction = predict_hetero(job)
+            job = prediction.job
+        else:
+            prediction = predict(job)
         text = render(render_target, job, prediction)
         notes = export_notes(render_target, job, prediction)
         if out is not None:

@@ -54,20 +54,26 @@ def predict_command(
         framework=framework, precision=precision, train_tokens=train_tokens,
     )
     from paraplan.backends import BACKENDS, load_model_file, make_cost_model
+    from paraplan.specs import ConfigError, HeteroJob
 
     with user_errors():
         if backend not in BACKENDS:
-            from paraplan.specs import ConfigError
-
             raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
         if job_file is not None:
             raw, base = read_job_mapping(job_file), job_file.parent
         else:
             raw, base = demo_job_mapping(), Path(".")
         job = resolve_job(apply_overrides(raw, flags), base_dir=base)
-        fitted = load_model_file(models) if models is not None else None
-        cost_model = make_cost_model(job, backend, fitted)
-        pred = predict(job, cost_model)
+        if isinstance(job, HeteroJob):  # node groups of different GPUs
+            if backend != "analytical" or models is not None:
+                raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
+            from paraplan.hetero import predict_hetero
+
+            cost_model, pred = None, predict_hetero(job)
+        else:
+            fitted = load_model_file(models) if models is not None else None
+            cost_model = make_cost_model(job, backend, fitted)
+            pred = predict(job, cost_model)
     for note in getattr(cost_model, "notes", ()):
         err.print(f"note: {models}: {note}", highlight=False)
     if output is OutputFormat.json:

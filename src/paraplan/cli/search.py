@@ -34,6 +34,8 @@ def search_command(
     pareto: Annotated[Path | None, Opt(help="Write the time-vs-cost Pareto chart to this PNG.")] = None,
     executor: Annotated[str, Opt(help="serial | processes (local cores) | ray (RAY_ADDRESS or a local Ray).")] = "serial",
     top: Annotated[int, Opt(help="How many plans to show.")] = 10,
+    save_best: Annotated[Path | None, Opt(help="Write the best plan as a job file (for predict and export).")] = None,
+    force: Annotated[bool, Opt("--force", help="Overwrite --save-best / --pareto files that exist.")] = False,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
 ) -> None:
     """Enumerate tp x pp x dp x micro-batch x ZeRO x recompute plans; prune by divisibility
@@ -99,6 +101,10 @@ def search_command(
             )
             for target, b in bases
         ]
+        for path in (save_best, pareto):
+            if path is not None and path.exists() and not force:
+                raise ConfigError(f"{'save_best' if path is save_best else 'pareto'}: {path} already exists; "
+                                  "pass --force to overwrite it")
         with err.status(f"searching plans for {base.model.name} on {len(bases)} cluster configuration(s)"):
             result = merge_results(run_searches(searches, executor))
         front = None
@@ -115,6 +121,8 @@ def search_command(
             else:
                 front = pareto_front(priced, lambda p: 1 / p.tokens_per_s, lambda p: p.usd_per_million_tokens)
             plot_pareto(priced, front, pareto, to_train=to_train)
+        if save_best is not None:
+            _save_best(result, save_best)
     rows = search_rows(result, top)
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
@@ -129,6 +137,8 @@ def search_command(
         write_text(render_csv(rows))
     else:
         out.print(render_search(result, rows))
+        if save_best is not None:
+            err.print(f"wrote {save_best}")
         if front is not None:
             out.print(render_search(type(result)(front, result.excluded, result.considered, objective),
                                     search_rows(type(result)(front, result.excluded, result.considered, objective), len(front)),
@@ -169,3 +179,21 @@ def _base(mapping, target, num_gpus, sizes, base_dir):
         job = resolve_job({**mapping, "cluster": c, "parallel": {}}, base_dir=base_dir)
         out.append((job.cluster, job))
     return out
+
+
+def _save_best(result, path: Path) -> None:
+    import yaml
+
+    from paraplan.catalog.jobs import job_mapping
+    from paraplan.specs import ConfigError
+
+    if not result.ranked:
+        raise ConfigError("save_best: no plan fits; nothing to save")
+    best = result.ranked[0]
+    job = best.placement.job if best.placement is not None else best.job
+    text = "# the best plan found by `paraplan search`; run `paraplan predict` or `paraplan export` on it\n"
+    text += yaml.safe_dump(job_mapping(job), sort_keys=False, default_flow_style=None)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"save_best: cannot write {path} ({exc.strerror})") from None

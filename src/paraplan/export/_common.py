@@ -43,10 +43,13 @@ def header_lines(job: Job, prediction: Prediction | None, what: str) -> list[str
     from paraplan import __version__
 
     c = job.cluster
+    place = prediction.placement if prediction is not None else None
+    gpus = c.gpu.name if place is None else prediction.gpu_name
+    name = c.name if place is None else place.cluster
     lines = [
         f"{what}, exported by paraplan {__version__}",
-        f"job {job.name!r}: model {job.model.name} on {c.num_nodes} node(s) x {c.gpus_per_node} "
-        f"{c.gpu.name} ({c.num_gpus} GPUs, cluster {c.name})",
+        f"job {job.name!r}: model {job.model.name} on {c.num_nodes} node(s) x {c.gpus_per_node} GPUs "
+        f"({gpus}; {c.num_gpus} GPUs, cluster {name})",
         f"plan: {plan_summary(job)}",
     ]
     if prediction is not None:
@@ -54,7 +57,7 @@ def header_lines(job: Job, prediction: Prediction | None, what: str) -> list[str
         lines.append(
             f"predicted ({prediction.backend} backend): {prediction.iteration_s:.3g} s per iteration, "
             f"{prediction.tokens_per_s:,.0f} tokens/s, MFU {prediction.mfu:.1%}, "
-            f"{mem.total / 2**30:.1f} GiB of {c.gpu.hbm_bytes / 2**30:.0f} GiB per GPU "
+            f"{mem.total / 2**30:.1f} GiB of {prediction.hbm_bytes[mem.stage] / 2**30:.0f} GiB per GPU "
             f"({'fits' if prediction.fits else 'does NOT fit'})"
         )
         if prediction.time_to_train_s is not None:
@@ -72,9 +75,26 @@ def common_notes(job: Job, prediction: Prediction | None) -> list[str]:
         mem = prediction.worst_memory
         notes.append(
             f"the plan does not fit: the worst stage needs {mem.total / 2**30:.1f} GiB per GPU, "
-            f"the {job.cluster.gpu.name} has {job.cluster.gpu.hbm_bytes / 2**30:.0f} GiB; expect out-of-memory"
+            f"the {prediction.gpu_name} has {prediction.hbm_bytes[mem.stage] / 2**30:.0f} GiB; expect out-of-memory"
         )
+    if prediction is not None and prediction.placement is not None:
+        notes.append(placement_note(prediction))
     return notes
+
+
+def placement_note(prediction: Prediction) -> str:
+    """Node groups of different GPUs: every node runs the same arguments; the order of the
+    nodes (node rank 0 first) decides which GPUs each pipeline stage gets."""
+    place = prediction.placement
+    runs: list[list] = []
+    for gpu in place.node_order:
+        if runs and runs[-1][0] == gpu:
+            runs[-1][1] += 1
+        else:
+            runs.append([gpu, 1])
+    order = ", ".join(f"{n} x {gpu}" for gpu, n in runs)
+    return (f"node_order: the nodes must be ranked in this order (node rank 0 first; the hostfile / SLURM "
+            f"nodelist order): {order} nodes; pipeline stages then run on {', '.join(place.stage_gpus)}")
 
 
 def layer_split(job: Job) -> tuple[int, ...]:

@@ -22,12 +22,19 @@ def _usd(x: float | None) -> str:
     return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
 
 
+def _gpus(pred: Prediction) -> str:
+    if pred.placement is not None:
+        return f"{pred.gpu_name} ({pred.placement.cluster})"
+    c = pred.job.cluster
+    return f"{c.num_gpus} x {c.gpu.name} ({c.name})"
+
+
 def render_prediction(pred: Prediction) -> Group:
     """The summary, the breakdown, per-GPU memory and (when priced) cost."""
     job, plan = pred.job, pred.job.parallel
     head = Text.assemble(
         (f"{job.model.name}", "bold"),
-        f" on {job.cluster.num_gpus} x {job.cluster.gpu.name} ({job.cluster.name}), ",
+        f" on {_gpus(pred)}, ",
         f"tp={plan.tp} pp={plan.pp} dp={plan.dp} cp={plan.cp}"
         + (f" vpp={plan.vpp}" if plan.vpp > 1 else "")
         + f", micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size}"
@@ -79,9 +86,18 @@ def render_prediction(pred: Prediction) -> Group:
         mem.add_row(name, format_bytes(value))
     verdict = Text("fits", style="green") if pred.fits else Text("DOES NOT FIT", style="bold red")
     mem.add_row(Text("total", style="bold"), format_bytes(worst.total))
-    mem.add_row(Text.assemble("of ", format_bytes(job.cluster.gpu.hbm_bytes), " HBM: "), verdict)
+    mem.add_row(Text.assemble("of ", format_bytes(pred.hbm_bytes[worst.stage]), " HBM: "), verdict)
 
     items: list[Any] = [head, summary, parts, mem]
+    if pred.placement is not None:
+        stages = Table(title="Stages on node groups", title_justify="left")
+        for column in ("stage", "GPUs", "layers", "fwd+bwd ms / micro-batch", "memory"):
+            stages.add_column(column, justify="left" if column == "GPUs" else "right")
+        for t, gpus, m, hbm in zip(pred.stages, pred.placement.stage_gpus, pred.memory, pred.hbm_bytes, strict=True):
+            busy = t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.tp_fwd_mb_s + t.tp_bwd_mb_s
+            stages.add_row(str(t.stage), gpus, str(t.num_layers), f"{busy * 1e3:.2f}",
+                           f"{format_bytes(m.total)} of {format_bytes(hbm)}")
+        items.append(stages)
     if pred.cost_per_hour_usd is not None or job.train_tokens is not None:
         cost = Table(title="Cost", show_header=False, title_justify="left")
         cost.add_column("metric")
