@@ -15,14 +15,14 @@ import dataclasses
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
 from paraplan.prediction import (
+    CommCosts,
+    LayerCost,
     Placement,
     Prediction,
     StageTiming,
-    _Comm,
-    _explain,
-    _LayerCost,
-    _stage_timing,
     assemble_prediction,
+    explain_layer,
+    stage_timing,
 )
 from paraplan.specs import HeteroJob
 
@@ -63,17 +63,17 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
     costs = {}
     for g in used:
         cm = AnalyticalCostModel(views[g].cluster, job.precision)
-        comm = _Comm(inv, cm)
-        costs[g] = {"cm": cm, "comm": comm, "layer": _LayerCost.of(inv.stages[0], cm, comm)}
+        comm = CommCosts(inv, cm)
+        costs[g] = {"cm": cm, "comm": comm, "layer": LayerCost.of(inv.stages[0], cm, comm)}
     timings, slowest_group = [], []
     for st, groups in zip(inv.stages, stage_groups, strict=True):
-        options = [_stage_timing(inv, st, **costs[g]) for g in groups]
+        options = [stage_timing(inv, st, **costs[g]) for g in groups]
         slowest_group.append(groups[max(range(len(groups)), key=lambda i: _busy(options[i]))])
         timings.append(_slowest(options))
     peak = sum(g.gpu.flops_for(job.precision) * g.num_gpus for g in job.cluster.node_groups)
 
     def explain(st):
-        return _explain(inv, st, **costs[slowest_group[st.index]])
+        return explain_layer(inv, st, **costs[slowest_group[st.index]])
 
     return assemble_prediction(
         views[stage_groups[0][0]], inv, tuple(timings), "analytical", peak, explain,

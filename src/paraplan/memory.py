@@ -49,7 +49,7 @@ def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
     return float(min(p - stage, m))
 
 
-def _activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
+def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
     """(bytes held per micro-batch in flight, extra working bytes for the one being processed)."""
     policy = inv.job.parallel.recompute
     layer_saved = sum(op.saved_bytes for op in st.layer_ops)
@@ -67,7 +67,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     plan = inv.job.parallel
     dp, zero = plan.grad_group, plan.zero_stage
     params = st.params
-    held, working = _activations_per_microbatch(inv, st)
+    held, working = activations_per_microbatch(inv, st)
     flight = in_flight_microbatches(inv, st.index)
     if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
         # every micro-batch's forward finishes before any backward: the LM head's and the

@@ -24,7 +24,7 @@ from paraplan.memory import StageMemory, estimate_memory
 from paraplan.schedule import PipelineResult, simulate_pipeline
 from paraplan.specs import HeteroJob, Job, Phase, Recompute, Schedule
 
-_BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
+BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 _ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
 
 
@@ -259,12 +259,13 @@ def _placement_dict(placement: Placement) -> dict:
                                                "price_per_hour_usd")}
 
 
-def _ops_s(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> float:
+def ops_seconds(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> float:
+    """Seconds of ``ops`` in ``phases`` (one rank, one micro-batch)."""
     return sum(cm.estimate_op_s(op, ph) for op in ops for ph in phases)
 
 
 @dataclass(frozen=True, slots=True)
-class _LayerCost:
+class LayerCost:
     """Seconds of each operator of one layer (the same on every stage), costed once."""
 
     fwd: tuple[float, ...]
@@ -275,7 +276,7 @@ class _LayerCost:
     comm_bwd: float
 
     @classmethod
-    def of(cls, st: StageInventory, cm: CostModel, comm: _Comm) -> _LayerCost:
+    def of(cls, st: StageInventory, cm: CostModel, comm: CommCosts) -> LayerCost:
         ops = st.layer_ops
         fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
         bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
@@ -286,18 +287,18 @@ class _LayerCost:
         attn_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind in _ATTENTION_KINDS)
         attn_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind in _ATTENTION_KINDS)
         cp_f = max(0.0, comm.total(cp, (Phase.FWD,)) - attn_f)
-        cp_b = max(0.0, comm.total(cp, _BACKWARD) - attn_b)
+        cp_b = max(0.0, comm.total(cp, BACKWARD) - attn_b)
         return cls(
             fwd,
             bwd,
             sum(fwd),
             sum(bwd),
             comm.total(tp, (Phase.FWD,)) + cp_f,
-            comm.total(tp, _BACKWARD) + cp_b,
+            comm.total(tp, BACKWARD) + cp_b,
         )
 
 
-class _Comm:
+class CommCosts:
     """Collective times for one job, each group's layout computed once."""
 
     def __init__(self, inv: JobInventory, cm: CostModel) -> None:
@@ -314,25 +315,28 @@ class _Comm:
         return sum(self.seconds(c) for c in colls if c.phase in phases)
 
 
-def _stage_timing(
-    inv: JobInventory, st: StageInventory, cm: CostModel, comm: _Comm, layer: _LayerCost
+def stage_timing(
+    inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layer: LayerCost
 ) -> StageTiming:
+    """One stage's seconds per micro-batch and once per iteration (the parts the pipeline
+    schedule, the DP overlap and the optimizer step are built from). The plan search costs
+    stages with it too (``search.screen``, ``search.hetero``)."""
     plan = inv.job.parallel
     n = st.num_layers
     layer_f, layer_b = layer.fwd_total, layer.bwd_total
     tp_f = n * layer.comm_fwd + comm.total(st.end_collectives, (Phase.FWD,))
-    tp_b = n * layer.comm_bwd + comm.total(st.end_collectives, _BACKWARD)
+    tp_b = n * layer.comm_bwd + comm.total(st.end_collectives, BACKWARD)
     if plan.recompute is Recompute.FULL:
         recompute = n * (layer_f + layer.comm_fwd)
     elif plan.recompute is Recompute.SELECTIVE:
         recompute = n * sum(t for o, t in zip(st.layer_ops, layer.fwd, strict=True) if o.selective_recompute)
     else:
         recompute = 0.0
-    forward = n * layer_f + _ops_s(cm, st.end_ops, (Phase.FWD,))
-    backward = n * layer_b + _ops_s(cm, st.end_ops, _BACKWARD)
+    forward = n * layer_f + ops_seconds(cm, st.end_ops, (Phase.FWD,))
+    backward = n * layer_b + ops_seconds(cm, st.end_ops, BACKWARD)
     if st.per_microbatch_dp:
         dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
-        dp_b = comm.total(st.per_microbatch_dp, _BACKWARD)
+        dp_b = comm.total(st.per_microbatch_dp, BACKWARD)
         if plan.overlaps_grad_reduce:
             # ZeRO-3 prefetches each layer's weights while the previous layer computes, and
             # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on.
@@ -369,7 +373,8 @@ def _source(cm: CostModel, op: Op) -> str:
     return fwd if fwd == bwd or (op.bwd_flops == 0 and op.bwd_bytes == 0) else f"fwd: {fwd}; bwd: {bwd}"
 
 
-def _explain(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: _Comm, layer: _LayerCost):
+def explain_layer(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layer: LayerCost):
+    """The operators and collectives of one layer of stage ``st`` with their seconds (``--explain``)."""
     recompute = inv.job.parallel.recompute
     ops = []
     for op, fwd, bwd in zip(st.layer_ops, layer.fwd, layer.bwd, strict=True):
@@ -415,10 +420,10 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     prepare = getattr(cm, "prepare", None)
     if prepare is not None:  # batched backends estimate the whole job's operators at once
         prepare(inv)
-    comm = _Comm(inv, cm)
-    layer = _LayerCost.of(inv.stages[0], cm, comm)
-    timings = tuple(_stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
-    crit_explain = functools.partial(_explain, inv, cm=cm, comm=comm, layer=layer)
+    comm = CommCosts(inv, cm)
+    layer = LayerCost.of(inv.stages[0], cm, comm)
+    timings = tuple(stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
+    crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layer=layer)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
     return assemble_prediction(job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline)
 

@@ -7,7 +7,7 @@ the layers are split across the stages by the exact method of
 :mod:`paraplan.search.partition`, fed with each stage's time per micro-batch as a function of
 its layer count on its GPUs and its memory limit. Both are exact straight lines in the layer
 count (a stage's busy time and memory grow by the same amount per layer; ZeRO 0 and 1 keep it
-so), costed with the prediction's own ``_stage_timing`` and ``estimate_stage_memory`` at one and
+so), costed with the prediction's own ``stage_timing`` and ``estimate_stage_memory`` at one and
 two layers. The best plans by that estimate are then predicted in full (``predict_hetero``:
 the event simulation of the pipeline with data-parallel communication and the optimizer step)
 and ranked by the exact numbers.
@@ -30,7 +30,7 @@ from paraplan.hetero import predict_hetero
 from paraplan.inventory import count_job
 from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.memory import estimate_stage_memory
-from paraplan.prediction import Prediction, StageTiming, _Comm, _LayerCost, _stage_timing
+from paraplan.prediction import CommCosts, LayerCost, Prediction, StageTiming, stage_timing
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.search.space import SearchSpace, rejection_reason
 from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision
@@ -84,14 +84,14 @@ def _lines(job: HeteroJob):
     time_lines, once = {}, {}
     for g in range(len(job.cluster.node_groups)):
         cm = AnalyticalCostModel(job.cluster.view(g), job.precision)
-        comm = _Comm(inv, cm)
-        layer = _LayerCost.of(inv.stages[0], cm, comm)
+        comm = CommCosts(inv, cm)
+        layer = LayerCost.of(inv.stages[0], cm, comm)
         rows, per_iter = {}, {}
         for c in classes:
             st = inv.stages[c]
-            one = _busy(_stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer))
-            two = _busy(_stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer))
-            full = _stage_timing(inv, st, cm, comm, layer)
+            one = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer))
+            two = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer))
+            full = stage_timing(inv, st, cm, comm, layer)
             # blocking sends hold the stage too: two per micro-batch, one out of either end
             sends = 0 if pp == 1 else 2 - (c == 0) - (c == pp - 1)
             rows[c] = (one + sends * full.p2p_s, two - one)

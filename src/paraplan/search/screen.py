@@ -8,13 +8,13 @@ costed once per distinct value of its axes with the same code the exact path run
   and TP/CP collectives, the embedding and LM-head operators and collectives, the pipeline
   message and the saved activations: one representative Job of the space is inventoried
   (``count_job``) and costed with ``AnalyticalCostModel`` through the prediction's own
-  ``_LayerCost`` and ``_Comm``, and its activations through ``memory``'s own function;
+  ``LayerCost`` and ``CommCosts``, and its activations through ``memory``'s own function;
 - a *layout* (tp, cp, pp, ZeRO stage, hence dp) fixes every stage's parameters, its
   data-parallel collectives (``group_layout``), its optimizer step and its weight, gradient
   and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
 
 The remaining axes (pp, dp, ZeRO, vpp, recompute, global batch, number of micro-batches) are
-combined with arrays, following ``prediction._stage_timing`` and ``memory.estimate_stage_memory``
+combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
 term by term. Memory is the exact formula (the screen's verdict equals ``estimate_memory``'s;
 tests check it). Time differs from ``predict`` only in the pipeline: the event simulation is
 replaced by closed forms that are exact for equal stages without transfers --
@@ -37,8 +37,8 @@ from pydantic import ValidationError
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import JobInventory, count_job
 from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
-from paraplan.memory import _activations_per_microbatch, estimate_stage_memory
-from paraplan.prediction import _BACKWARD, _Comm, _LayerCost, _ops_s
+from paraplan.memory import activations_per_microbatch, estimate_stage_memory
+from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason
 from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Phase, Precision, Recompute, Schedule
 
@@ -182,8 +182,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
     for inv in invs:
         job = inv.job
         st, x, plan = inv.stages[0], inv.shape, job.parallel
-        comm = _Comm(inv, cm)
-        layer = _LayerCost.of(st, cm, comm)
+        comm = CommCosts(inv, cm)
+        layer = LayerCost.of(st, cm, comm)
         emb, head = count_embedding_ops(model, x), count_head_ops(model, x)
         row = {
             "layer_f": layer.fwd_total,
@@ -196,15 +196,15 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         flags = {_FIRST: (True, False), _MID: (False, False), _LAST: (False, True), 3: (True, True)}
         for c, ops in ends.items():
             colls = count_end_collectives(model, plan, x, first=flags[c][0], last=flags[c][1])
-            row[f"end_f{c}"] = _ops_s(cm, ops, (Phase.FWD,))
-            row[f"end_b{c}"] = _ops_s(cm, ops, _BACKWARD)
+            row[f"end_f{c}"] = ops_seconds(cm, ops, (Phase.FWD,))
+            row[f"end_b{c}"] = ops_seconds(cm, ops, BACKWARD)
             row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
-            row[f"endc_b{c}"] = comm.total(colls, _BACKWARD)
+            row[f"endc_b{c}"] = comm.total(colls, BACKWARD)
         for r, policy in enumerate(_RECOMPUTE):
             job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
             inv_r = dataclasses.replace(inv, job=job_r)
             for c, ops in ends.items():
-                held, working = _activations_per_microbatch(inv_r, dataclasses.replace(st, num_layers=1, end_ops=ops))
+                held, working = activations_per_microbatch(inv_r, dataclasses.replace(st, num_layers=1, end_ops=ops))
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
                 row[f"work{r}_{c}"] = working
         rows.append(row)
@@ -217,7 +217,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str
     keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "buffers")
     out = {k: np.zeros((len(invs), 3)) for k in keys}
     for j, inv in enumerate(invs):
-        comm = _Comm(inv, cm)
+        comm = CommCosts(inv, cm)
         pp = len(inv.stages)
         for c, s in ((_FIRST, 0), (_MID, min(1, pp - 1)), (_LAST, pp - 1)):
             st = inv.stages[s]
@@ -226,7 +226,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str
             out["reduce"][j, c] = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
             out["gather"][j, c] = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
             out["dp_f"][j, c] = comm.total(st.per_microbatch_dp, (Phase.FWD,))
-            out["dp_b"][j, c] = comm.total(st.per_microbatch_dp, _BACKWARD)
+            out["dp_b"][j, c] = comm.total(st.per_microbatch_dp, BACKWARD)
             out["optimizer"][j, c] = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER)
             out["static"][j, c] = mem.weights + mem.gradients + mem.optimizer_states
             out["buffers"][j, c] = mem.buffers
@@ -298,14 +298,14 @@ def screen_plans(
     # time depends on where the pair of stages lies, hence on pp).
     ab, ab_inv = np.unique(a * len(b_reps) + b, return_inverse=True)
     p2p_ab = np.zeros(len(ab))
-    comms: dict[int, _Comm] = {}
+    comms: dict[int, CommCosts] = {}
     for j, key in enumerate(ab):
         ai, bi = divmod(int(key), len(b_reps))
         message = a_invs[ai].p2p
         if b_invs[bi].job.parallel.pp > 1 and message is not None:
             comm = comms.get(bi)
             if comm is None:
-                comm = comms[bi] = _Comm(b_invs[bi], cm)
+                comm = comms[bi] = CommCosts(b_invs[bi], cm)
             p2p_ab[j] = comm.seconds(message)
     p2p = p2p_ab[ab_inv]
     clock["cost"] = time.perf_counter()
@@ -347,7 +347,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p):
         backward = n * layer_b + ends("end_b", c)
         dp_f, dp_b = B["dp_f"][b, c], B["dp_b"][b, c]
         reduce_s, gather_s = B["reduce"][b, c], B["gather"][b, c]
-        if overlap:  # prediction._stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
+        if overlap:  # prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
             forward = np.maximum(forward + tp_f, dp_f) - tp_f
             backward = np.maximum(backward + tp_b, dp_b) - tp_b
             exposed = np.maximum(0.0, reduce_s - (backward + recompute + tp_b)) + np.maximum(
