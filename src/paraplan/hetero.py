@@ -1,16 +1,20 @@
 """Predict a job on a heterogeneous cluster: every stage costed on the GPUs it runs on.
 
 Each node group is costed on its *view* of the cluster (``HeteroClusterSpec.view``: its GPU,
-its intra-node link, the slower of its NIC and the network between groups), with the same
-inventory, cost model and stage timing as a homogeneous job. A stage whose ranks span two
-groups (its data-parallel replicas sit on different GPUs) runs at the pace of the slower one:
-every part of its timing is the larger of the groups' (the replicas meet at each gradient
-reduction, so the slow one sets the pace). Its memory must fit the smallest GPU.
+its intra-node link, its own NIC for traffic that stays inside the group, the slower of its NIC
+and the network between groups for traffic that crosses), with the same inventory, cost model
+and stage timing as a homogeneous job. A stage whose ranks span two groups (its data-parallel
+replicas sit on different GPUs) runs at the pace of the slower one: it takes the whole timing
+of the group with the longest busy time per micro-batch (the replicas meet at each gradient
+reduction, so the slow one sets the pace), its collectives cross groups, and its memory must fit
+the smallest GPU. A pipeline send crosses groups when the two stages are not on the same single
+group; the schedule uses the slowest send.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
@@ -25,14 +29,6 @@ from paraplan.prediction import (
     stage_timing,
 )
 from paraplan.specs import HeteroJob
-
-
-def _slowest(options: list[StageTiming]) -> StageTiming:
-    first = options[0]
-    if len(options) == 1:
-        return first
-    fields = {f.name: max(getattr(o, f.name) for o in options) for f in dataclasses.fields(first)}
-    return StageTiming(**fields)
 
 
 def _busy(t: StageTiming) -> float:
@@ -54,29 +50,42 @@ def placement_of(job: HeteroJob) -> Placement:
     )
 
 
+def _explain(inv, costs, slowest_group, st):
+    return explain_layer(inv, st, **costs[slowest_group[st.index]])
+
+
 def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction:
     """Predict one iteration of ``job`` with the analytical backend (see the module docstring)."""
     stage_groups = job.stage_groups()
-    used = sorted({g for gs in stage_groups for g in gs})
-    views = {g: job.view_job(g) for g in used}
-    inv = count_job(views[used[0]])  # the inventory does not depend on the GPU
+    pp = len(stage_groups)
+    inv = count_job(job.view_job(stage_groups[0][0]))  # the inventory does not depend on the GPU
     costs = {}
-    for g in used:
-        cm = AnalyticalCostModel(views[g].cluster, job.precision)
-        comm = CommCosts(inv, cm)
-        costs[g] = {"cm": cm, "comm": comm, "layer": LayerCost.of(inv.stages[0], cm, comm)}
+
+    def cost(g: int, crossing: bool) -> dict:
+        key = (g, crossing)
+        if key not in costs:
+            cm = AnalyticalCostModel(job.cluster.view(g, crossing), job.precision)
+            comm = CommCosts(inv, cm)
+            costs[key] = {"cm": cm, "comm": comm, "layer": LayerCost.of(inv.stages[0], cm, comm)}
+        return costs[key]
+
+    crosses = [len(gs) > 1 or (s + 1 < pp and stage_groups[s + 1] != gs) for s, gs in enumerate(stage_groups)]
+    p2p = 0.0
+    if inv.p2p is not None:
+        for s, gs in enumerate(stage_groups[:-1]):
+            for g in set(gs) | set(stage_groups[s + 1]):
+                p2p = max(p2p, cost(g, crosses[s])["comm"].seconds(inv.p2p))
     timings, slowest_group = [], []
     for st, groups in zip(inv.stages, stage_groups, strict=True):
-        options = [stage_timing(inv, st, **costs[g]) for g in groups]
-        slowest_group.append(groups[max(range(len(groups)), key=lambda i: _busy(options[i]))])
-        timings.append(_slowest(options))
+        mixed = len(groups) > 1
+        options = [stage_timing(inv, st, **cost(g, mixed)) for g in groups]
+        i = max(range(len(groups)), key=lambda i: _busy(options[i]))
+        slowest_group.append((groups[i], mixed))
+        timings.append(dataclasses.replace(options[i], p2p_s=p2p if pp > 1 else 0.0))
     peak = sum(g.gpu.flops_for(job.precision) * g.num_gpus for g in job.cluster.node_groups)
-
-    def explain(st):
-        return explain_layer(inv, st, **costs[slowest_group[st.index]])
-
     return assemble_prediction(
-        views[stage_groups[0][0]], inv, tuple(timings), "analytical", peak, explain,
+        job.view_job(stage_groups[0][0]), inv, tuple(timings), "analytical", peak,
+        functools.partial(_explain, inv, costs, slowest_group),
         keep_timeline=keep_timeline,
         placement=placement_of(job) if len(job.cluster.node_groups) > 1 else None,
     )

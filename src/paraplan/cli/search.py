@@ -82,7 +82,13 @@ def search_command(
                 targets.append(resolve_hetero(c))
             elif name is not None:  # another GPU type at the size of the job's cluster
                 main = mapping["cluster"]
-                nodes = None if is_hetero(main) else resolve_job({**mapping, "parallel": {}}, base_dir=base_dir).cluster.num_nodes
+                if is_hetero(main):  # as many GPUs as the heterogeneous cluster
+                    gpus = resolve_hetero(main).num_gpus
+                    per_node = resolve_job({**mapping, "cluster": {**c, "num_nodes": 1}, "parallel": {}},
+                                           base_dir=base_dir).cluster.gpus_per_node
+                    nodes = max(1, gpus // per_node)
+                else:
+                    nodes = resolve_job({**mapping, "parallel": {}}, base_dir=base_dir).cluster.num_nodes
                 targets.append({**c, "num_nodes": c.get("num_nodes", nodes)})
             else:
                 targets.append(c)
@@ -164,8 +170,12 @@ def _base(mapping, target, num_gpus, sizes, base_dir):
     from paraplan.specs import ConfigError, HeteroClusterSpec
 
     if isinstance(target, HeteroClusterSpec):
-        view = target.view(0).model_dump()
-        return [(target, resolve_job({**mapping, "cluster": view, "parallel": {}}, base_dir=base_dir))]
+        # the model, precision and tokens, resolved against each group (a saved plan's node_order
+        # and split do not belong to the search)
+        plain = {k: v for k, v in mapping.items() if k != "node_order"}
+        jobs = [resolve_job({**plain, "cluster": target.view(g).model_dump(), "parallel": {}}, base_dir=base_dir)
+                for g in range(len(target.node_groups))]
+        return [(target, jobs[0])]
     if num_gpus is not None:
         node = resolve_job({**mapping, "cluster": target, "parallel": {}}, base_dir=base_dir).cluster
         if num_gpus % node.gpus_per_node:

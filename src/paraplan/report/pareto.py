@@ -7,9 +7,14 @@ from pathlib import Path
 from paraplan.prediction import Prediction
 
 
+def _cluster(p: Prediction) -> str:
+    return p.placement.cluster if p.placement is not None else p.job.cluster.name
+
+
 def _label(p: Prediction) -> str:
     q = p.job.parallel
-    return f"{p.job.cluster.num_gpus}x{p.job.cluster.gpu.name} tp{q.tp} pp{q.pp} dp{q.dp}"
+    gpus = p.gpu_name if p.placement is not None else f"{p.job.cluster.num_gpus}x{p.gpu_name}"
+    return f"{gpus} tp{q.tp} pp{q.pp} dp{q.dp}"
 
 
 def plot_pareto(plans: list[Prediction], front: list[Prediction], path: Path, *, to_train: bool) -> Path:
@@ -26,9 +31,9 @@ def plot_pareto(plans: list[Prediction], front: list[Prediction], path: Path, *,
 
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     try:
-        gpus = sorted({p.job.cluster.name for p in plans})
+        gpus = sorted({_cluster(p) for p in plans})
         for name in gpus:
-            pts = [xy(p) for p in plans if p.job.cluster.name == name]
+            pts = [xy(p) for p in plans if _cluster(p) == name]
             ax.scatter([x for x, _ in pts], [y for _, y in pts], s=10, alpha=0.4, label=name)
         fx = [xy(p) for p in front]
         ax.plot([x for x, _ in fx], [y for _, y in fx], color="black", marker="o", linewidth=1.2, label="Pareto front")

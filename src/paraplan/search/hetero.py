@@ -72,39 +72,56 @@ class Candidate:
     estimate_s: float  # iteration seconds by the closed form plus the once-per-iteration parts
 
 
-def _lines(job: HeteroJob):
-    """Per node group: per stage, (seconds with one layer, seconds per extra layer) of one
-    micro-batch, and the stage's once-per-iteration seconds; per stage, memory (bytes with
-    one layer, bytes per extra layer). Stages between the first and the last differ only in
-    memory (micro-batches in flight), so their timing is costed once."""
+def _lines(job: HeteroJob, layer_costs: dict | None = None):
+    """Per (node group, crossing): per stage, (seconds with one layer, seconds per extra
+    layer) of one micro-batch's compute and TP/CP communication, and the stage's
+    once-per-iteration seconds (exposed DP and optimizer); per (group, crossing) the pipeline
+    send; per stage, memory (bytes with one layer, bytes per extra layer). ``crossing``: the
+    traffic goes over the network between groups (``HeteroClusterSpec.view``). Stages between
+    the first and the last differ only in memory (micro-batches in flight), so their timing is
+    costed once."""
     inv = count_job(job.view_job(0))
     layer_params = sum(op.params for op in inv.stages[0].layer_ops)
     pp = len(inv.stages)
     classes = sorted({0, min(1, pp - 1), pp - 1})
-    time_lines, once = {}, {}
+    pick = [0] + [min(1, pp - 1)] * (pp - 2) + [pp - 1] if pp > 1 else [0]
+    time_lines, once, p2p = {}, {}, {}
     for g in range(len(job.cluster.node_groups)):
-        cm = AnalyticalCostModel(job.cluster.view(g), job.precision)
-        comm = CommCosts(inv, cm)
-        layer = LayerCost.of(inv.stages[0], cm, comm)
-        rows, per_iter = {}, {}
-        for c in classes:
-            st = inv.stages[c]
-            one = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer))
-            two = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer))
-            full = stage_timing(inv, st, cm, comm, layer)
-            # blocking sends hold the stage too: two per micro-batch, one out of either end
-            sends = 0 if pp == 1 else 2 - (c == 0) - (c == pp - 1)
-            rows[c] = (one + sends * full.p2p_s, two - one)
-            per_iter[c] = full.exposed_dp_s + full.optimizer_s
-        pick = [0] + [min(1, pp - 1)] * (pp - 2) + [pp - 1] if pp > 1 else [0]
-        time_lines[g] = np.array([rows[c] for c in pick])
-        once[g] = np.array([per_iter[c] for c in pick])
+        for crossing in (False, True):
+            view = job.cluster.view(g, crossing)
+            if crossing and view.inter_node == job.cluster.view(g).inter_node:  # the fabric is its NIC
+                for table in (time_lines, once, p2p):
+                    table[g, True] = table[g, False]
+                continue
+            cm = AnalyticalCostModel(view, job.precision)
+            comm = CommCosts(inv, cm)
+            # one layer's operators and TP/CP collectives depend on the shard shape only
+            p = job.parallel
+            shape = (g, crossing, p.tp, p.cp, p.sequence_parallel, p.micro_batch_size)
+            if layer_costs is None or shape not in layer_costs:
+                layer = LayerCost.of(inv.stages[0], cm, comm)
+                if layer_costs is not None:
+                    layer_costs[shape] = layer
+            else:
+                layer = layer_costs[shape]
+            rows, per_iter = {}, {}
+            for c in classes:
+                st = inv.stages[c]
+                one = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer))
+                two = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer))
+                full = stage_timing(inv, st, cm, comm, layer)
+                rows[c] = (one, two - one)
+                per_iter[c] = full.exposed_dp_s + full.optimizer_s
+            key = (g, crossing)
+            time_lines[key] = np.array([rows[c] for c in pick])
+            once[key] = np.array([per_iter[c] for c in pick])
+            p2p[key] = comm.seconds(inv.p2p) if inv.p2p is not None else 0.0
     mem = []
     for st in inv.stages:
         m1 = estimate_stage_memory(inv, _with_layers(st, 1, layer_params)).total
         m2 = estimate_stage_memory(inv, _with_layers(st, 2, layer_params)).total
         mem.append((m1, m2 - m1))
-    return time_lines, once, np.array(mem)
+    return time_lines, once, p2p, np.array(mem)
 
 
 def _with_layers(st, k: int, layer_params: float):
@@ -112,11 +129,13 @@ def _with_layers(st, k: int, layer_params: float):
 
 
 def plan_candidates(
-    model: ModelSpec, cluster: HeteroClusterSpec, job: HeteroJob, orders: list[tuple[int, ...]], plan_args: dict
+    model: ModelSpec, cluster: HeteroClusterSpec, job: HeteroJob, orders: list[tuple[int, ...]], plan_args: dict,
+    cache: dict | None = None,
 ) -> tuple[list[Candidate], int]:
     """The best layer partition of ``job``'s plan (given as ``plan_args``) for every distinct
     stage placement among ``orders``; and how many placements had no partition that fits."""
-    time_lines, once, mem = _lines(job)
+    cache = {} if cache is None else cache
+    time_lines, once, p2p_of, mem = _lines(job, cache.setdefault("layer_costs", {}))
     plan = job.parallel
     L, S, m = model.num_layers, plan.pp, plan.num_microbatches
     k = np.arange(1, L + 1, dtype=float)
@@ -128,19 +147,31 @@ def plan_candidates(
         if groups in seen:
             continue
         seen.add(groups)
+        # as predict_hetero: mixed stages and sends between different groups cross groups
+        mixed = [len(gs) > 1 for gs in groups]
+        crosses = [mixed[s] or (s + 1 < S and groups[s + 1] != gs) for s, gs in enumerate(groups)]
+        p2p = max((p2p_of[g, crosses[s]] for s in range(S - 1) for g in set(groups[s]) | set(groups[s + 1])),
+                  default=0.0)
+        # blocking sends hold the stage too: two per micro-batch, one out of either end
+        sends = np.array([0.0 if S == 1 else 2.0 - (s == 0) - (s == S - 1) for s in range(S)])
         T = np.full((S, L), -np.inf)
         limit = np.full(S, np.inf)
         for g in {g for gs in groups for g in gs}:
-            on = np.array([g in gs for gs in groups])
-            line = time_lines[g][on]
-            T[on] = np.maximum(T[on], line[:, :1] + (k - 1) * line[:, 1:])
-            limit[on] = np.minimum(limit[on], hbm[g])
+            for crossing in (False, True):
+                on = np.array([g in gs and mixed[s] == crossing for s, gs in enumerate(groups)])
+                if not on.any():
+                    continue
+                line = time_lines[g, crossing][on]
+                T[on] = np.maximum(T[on], line[:, :1] + (k - 1) * line[:, 1:])
+                limit[on] = np.minimum(limit[on], hbm[g])
+        T += (sends * p2p)[:, None]
         T[mem[:, :1] + (k - 1) * mem[:, 1:] > limit[:, None]] = np.inf
-        part = partition_layers(T, m)
+        key = (T.tobytes(), m)  # plans that differ only where memory is not binding share it
+        part = cache[key] if key in cache else cache.setdefault(key, partition_layers(T, m))
         if part is None:
             no_fit += 1
             continue
-        per_iter = max(once[g][s] for s, gs in enumerate(groups) for g in gs)
+        per_iter = max(once[g, mixed[s]][s] for s, gs in enumerate(groups) for g in gs)
         out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter))
         # Megatron-LM's even split too, when it fits and differs: the partition is optimal
         # for the closed form, the exact simulation may still prefer equal stages
@@ -170,6 +201,7 @@ def enumerate_hetero(
     orders = node_orders(cluster)
     excluded: Counter = Counter()
     cands: list[Candidate] = []
+    partitions: dict = {}
     sps = (True, False) if space.sequence_parallel == "both" else (None,)
     for gbs, tp, pp, cp, vpp, mbs, zero, recompute, sp in itertools.product(
         space.batch_sizes(global_batch_size), tps, pps, space.cp, space.vpp, space.micro_batch_size,
@@ -202,7 +234,7 @@ def enumerate_hetero(
         except (ValidationError, ConfigError) as err:
             excluded[rejection_reason(err)] += 1
             continue
-        found, _ = plan_candidates(model, cluster, job, orders, plan)
+        found, _ = plan_candidates(model, cluster, job, orders, plan, partitions)
         if not found:
             hbm = min(g.gpu.hbm_bytes for g in cluster.node_groups)
             excluded[f"does not fit in memory with any layer partition (smallest GPU {hbm / 2**30:.0f} GiB)"] += 1
@@ -219,6 +251,9 @@ def hetero_job(model, cluster, precision, train_tokens, cand: Candidate) -> Hete
                      train_tokens=train_tokens, node_order=cand.node_order)
 
 
+REFINE_MOVES = 16  # at most this many one-layer moves between neighbouring stages on the best plan
+
+
 def rank_candidates(
     model: ModelSpec,
     cluster: HeteroClusterSpec,
@@ -228,11 +263,12 @@ def rank_candidates(
     shortlist: int,
     shortlist_within: float,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[list[Prediction], int]:
+) -> tuple[list[Prediction], list[Candidate]]:
     """Exact predictions of the best candidates by estimated seconds per token (at least
-    ``shortlist``, and all within ``shortlist_within`` of the best); the number left out."""
+    ``shortlist``, and all within ``shortlist_within`` of the best), the best of them refined
+    (:func:`refine_split`); and the candidates left out."""
     if not cands:
-        return [], 0
+        return [], []
     per_token = np.array([c.estimate_s / c.plan["global_batch_size"] for c in cands])
     order = np.argsort(per_token, kind="stable")
     within = int(np.count_nonzero(per_token <= per_token.min() * (1.0 + shortlist_within)))
@@ -242,4 +278,42 @@ def rank_candidates(
         if progress is not None:
             progress(n, len(chosen))
         preds.append(predict_hetero(hetero_job(model, cluster, precision, train_tokens, cands[int(i)])))
-    return preds, len(cands) - len(chosen)
+    fits = [i for i, p in enumerate(preds) if p.fits]
+    if fits:
+        best = min(fits, key=lambda i: (preds[i].iteration_s / preds[i].job.parallel.global_batch_size, i))
+        taken = {(p.placement.job.node_order if p.placement else None, p.job.parallel) for p in preds}
+        preds[best] = refine_split(preds[best], taken)
+    return preds, [cands[int(i)] for i in order[max(shortlist, within):]]
+
+
+def refine_split(pred: Prediction, taken: set) -> Prediction:
+    """Move one layer at a time between neighbouring stages while the full prediction gets
+    faster (first improvement, at most :data:`REFINE_MOVES` moves): the partition is optimal for the pipeline's
+    closed form, the full prediction also sees the exact 1F1B schedule with unequal stages and
+    the exposed data-parallel reduction. Splits in ``taken`` (already ranked) are skipped."""
+    job = pred.placement.job if pred.placement is not None else None
+    if job is None:
+        from paraplan.specs import HeteroClusterSpec as _H
+
+        base = pred.job
+        job = HeteroJob(name=base.name, model=base.model, cluster=_H(name=base.cluster.name, node_groups=(base.cluster,)),
+                        parallel=base.parallel, precision=base.precision, train_tokens=base.train_tokens)
+    moves = 0
+    improved = True
+    while improved and moves < REFINE_MOVES:
+        improved = False  # one pass over the boundaries, taking each move that helps at once
+        for i in range(job.parallel.pp - 1):
+            for src, dst in ((i, i + 1), (i + 1, i)):
+                split = list(job.parallel.layers_per_stage or count_layers_per_stage(job.model, job.parallel))
+                if split[src] <= 1 or moves >= REFINE_MOVES:
+                    continue
+                split[src] -= 1
+                split[dst] += 1
+                parallel = job.parallel.model_copy(update={"layers_per_stage": tuple(split)})
+                if (job.node_order if pred.placement else None, parallel) in taken:
+                    continue
+                trial = predict_hetero(job.model_copy(update={"parallel": parallel}))
+                if trial.fits and trial.iteration_s < pred.iteration_s * (1 - 1e-9):
+                    pred, job, improved = trial, job.model_copy(update={"parallel": parallel}), True
+                    moves += 1
+    return pred

@@ -7,7 +7,10 @@ layers (``inf`` where they do not fit in its memory), choose ``k_s >= 1`` with
     sum_s T[s, k_s - 1] + (m - 1) * max_s T[s, k_s - 1]
 
 (the fill and drain pass every stage once; the slowest stage paces the other m - 1
-micro-batches -- exact for GPipe and 1F1B without transfers, as in the screen).
+micro-batches). This is the screen's closed form: exact for equal stages, an estimate for
+unequal ones (a slow first stage hides part of the fill, so it can overestimate the 1F1B
+schedule by up to ~20 % on small m). The search therefore predicts the chosen splits in full
+and refines the best one with the full prediction (``search.hetero.refine_split``).
 
 Method: for a bottleneck ``B``, each stage may hold at most ``K_s(B)`` layers (those with
 ``T <= B``); among those partitions the smallest sum is found greedily, which is exact
@@ -16,7 +19,8 @@ its layers on one GPU type, the slowest type on a mixed stage) -- the cheapest
 ``L - S`` of the allowed marginal costs, taken in increasing order, form a prefix of every
 row. The objective is then minimised over the finitely many bottlenecks (the values of ``T``)
 from the smallest feasible one upward, stopping once ``(m - 1) B`` alone exceeds the best
-found. Rows that are not convex are rejected. Tests compare it with brute force.
+found. Rows that are not convex are rejected. Tests compare it with brute force (exact for
+this objective).
 """
 
 from __future__ import annotations

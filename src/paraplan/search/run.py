@@ -187,6 +187,7 @@ def _uneven_search(model, cluster, global_batch_size, precision, space, objectiv
     train_tokens = limits[0]
     cands, excluded, considered = enumerate_hetero(model, cluster, global_batch_size, precision, space, train_tokens)
     preds, left = rank_candidates(model, cluster, precision, train_tokens, cands, shortlist, shortlist_within, progress)
+    price = cluster.price_per_hour_usd
     ranked = []
     for pred in preds:
         reason = _over_limits(pred.time_to_train_s, pred.cost_to_train_usd, limits)
@@ -196,7 +197,10 @@ def _uneven_search(model, cluster, global_batch_size, precision, space, objectiv
             excluded[_no_fit(min(pred.hbm_bytes))] += 1
         else:
             ranked.append(pred)
-    if left:
-        excluded[SCREENED_OUT] += left
+    for cand in left:  # by their estimate, as the screened plans of the homogeneous search
+        tokens_per_s = cand.plan["global_batch_size"] * model.seq_length / cand.estimate_s
+        seconds = None if train_tokens is None else train_tokens / tokens_per_s
+        usd = None if seconds is None or price is None else price * seconds / 3600.0
+        excluded[(_over_limits(seconds, usd, limits) if seconds is not None else None) or SCREENED_OUT] += 1
     ranked.sort(key=lambda p: _score(p, objective))
     return SearchResult(ranked=ranked, excluded=excluded, considered=considered, objective=objective)

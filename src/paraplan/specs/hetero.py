@@ -90,12 +90,13 @@ class HeteroClusterSpec(BaseModel):
         """The group index of every node, groups in the order they are declared."""
         return tuple(i for i, g in enumerate(self.node_groups) for _ in range(g.num_nodes))
 
-    def view(self, group: int) -> ClusterSpec:
+    def view(self, group: int, crossing: bool = False) -> ClusterSpec:
         """The whole cluster as if every node were of ``group``: its GPU and intra-node link,
-        and the slower of its NIC and the network between groups (collectives of a stage
-        are costed on the view of each GPU type the stage holds)."""
+        and its own NIC -- or, for traffic ``crossing`` into another group, the slower of its
+        NIC and the network between groups. A stage's collectives are costed on the view of
+        each GPU type the stage holds."""
         g = self.node_groups[group]
-        inter = g.inter_node if len(self.node_groups) == 1 else _slower(g.inter_node, self.fabric)
+        inter = _slower(g.inter_node, self.fabric) if crossing else (g.inter_node or self.fabric)
         return g.model_copy(update={
             "name": g.name if len(self.node_groups) == 1 else f"{self.name}[{g.name}]",
             "num_nodes": self.num_nodes,
