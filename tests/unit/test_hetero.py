@@ -190,7 +190,7 @@ def test_fasops_case_is_searched_in_under_a_second_and_puts_more_layers_on_the_a
     start = time.perf_counter()
     result = search_plans(model, cluster, 64)
     elapsed = time.perf_counter() - start
-    assert elapsed < 2.0  # 1.0 s measured on the 2-core CI machine (benchmarks/bench_search.py)
+    assert elapsed < 2.5  # 0.9-1.2 s measured on this 2-core machine (benchmarks/bench_hetero.py)
     best = result.ranked[0]
     layers = best.plan_dict()["layers_per_stage"]
     gpus = best.placement.stage_gpus
@@ -209,7 +209,8 @@ def test_every_distinct_node_order_is_tried():
 
 def test_the_best_split_is_within_a_few_percent_of_brute_force_over_every_split():
     """The partition is exact for the pipeline's closed form; the full prediction adds the
-    data-parallel reduction, which the closed form leaves out (2.3 % measured here)."""
+    data-parallel reduction, which the closed form leaves out; the best split is refined (0.0 % here,
+    0.8 % at 16 layers in benchmarks/bench_hetero.py)."""
     model = load_model("gpt2-xl").model_copy(update={"num_layers": 12, "name": "gpt2-xl-12"})
     cluster = fasop()
     space = SearchSpace(tp=(1,), pp=(4, 8), micro_batch_size=(1, 2), zero_stage=(1,), recompute=("none",))
