@@ -1,0 +1,179 @@
+"""A step function's graph as ParallelBlocks (CFP): tensor contractions with a parameter
+operand, each grown along the operators through which its sharding propagates with no
+communication, and the repeated block sequence (the layers) found once.
+
+The graph is the function's jaxpr (``jax.make_jaxpr``), with calls (``pjit``, custom
+derivative rules, ``checkpoint``) inlined. The function's first argument holds the parameters
+(a pytree), as in ``train_step(params, batch)``.
+
+A block starts at a ``dot_general`` one of whose operands is a parameter (possibly reshaped,
+transposed or cast) and takes in every later operator whose inputs all come from the block, a
+parameter, or constants, and that keeps the layout of its input: elementwise operators,
+casts, and reductions or reshapes that a sharding of the contraction's batch dimension passes
+through (CFP's rule, simplified: we keep what an entry strategy can reach without
+resharding; strategies and their costs come next, issue 5).
+Operators that belong to no block (the loss, norms' statistics over the whole batch) are kept
+as glue between blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Operators through which a sharding passes unchanged (elementwise and layout-preserving).
+ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "max", "min", "neg", "exp", "log", "tanh", "logistic", "erf", "sqrt", "rsqrt",
+    "integer_pow", "pow", "convert_element_type", "select_n", "abs", "sign", "square", "exp2", "log1p", "erf_inv",
+    "stop_gradient", "copy", "copy_p", "add_any", "cos", "sin", "ge", "gt", "le", "lt", "eq", "ne", "and", "or", "not",
+})
+#: Operators a parameter may pass through and still count as the contraction's weight.
+WEIGHT_VIEWS = frozenset({"convert_element_type", "reshape", "transpose", "copy", "copy_p"})
+#: Operators whose sub-graphs are inlined.
+CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+@dataclass
+class Eqn:
+    """One operator of the flattened graph: its primitive, input and output variable ids,
+    output shapes and parameters."""
+
+    index: int
+    primitive: str
+    inputs: tuple[int | None, ...]  # variable ids; None for literals
+    outputs: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]  # of the outputs
+    params: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+@dataclass
+class Graph:
+    eqns: list[Eqn]
+    param_vars: set[int]  # variable ids of the parameter leaves
+    param_shapes: dict[int, tuple[int, ...]]
+
+
+@dataclass(eq=False)
+class ParallelBlock:
+    """A contraction with a parameter operand and the operators its sharding reaches free."""
+
+    index: int
+    entry: Eqn  # the dot_general
+    weight: int  # the parameter variable id it contracts with
+    members: list[Eqn]
+
+    def signature(self) -> tuple:
+        """What makes two blocks the same: operators, output shapes, weight shape."""
+        return tuple((e.primitive, e.shapes) for e in self.members)
+
+
+def trace(fn: Callable, *args: Any) -> Graph:
+    """The flattened graph of ``fn(*args)``; ``args[0]`` holds the parameters."""
+    import jax
+
+    closed = jax.make_jaxpr(fn)(*args)
+    n_params = len(jax.tree_util.tree_leaves(args[0]))
+    ids: dict[Any, int] = {}
+
+    def vid(var) -> int | None:
+        if type(var).__name__ == "Literal":
+            return None
+        if var not in ids:
+            ids[var] = len(ids)
+        return ids[var]
+
+    invars = [vid(v) for v in closed.jaxpr.invars]
+    params = set(invars[:n_params])
+    shapes = {invars[i]: tuple(closed.jaxpr.invars[i].aval.shape) for i in range(n_params)}
+    eqns: list[Eqn] = []
+    _flatten(closed.jaxpr, eqns, vid, {})
+    return Graph(eqns, params, shapes)
+
+
+def _flatten(jaxpr, out: list[Eqn], vid, rename: dict) -> None:
+    def resolve(var):
+        i = vid(var)
+        return rename.get(i, i)
+
+    for eqn in jaxpr.eqns:
+        sub = next((eqn.params[k] for k in CALLS if k in eqn.params), None)
+        if sub is not None:
+            inner = getattr(sub, "jaxpr", sub)
+            mapping = dict(rename)
+            for inner_var, outer_var in zip(inner.invars, eqn.invars, strict=False):
+                mapping[vid(inner_var)] = resolve(outer_var)
+            _flatten(inner, out, vid, mapping)
+            for inner_var, outer_var in zip(inner.outvars, eqn.outvars, strict=False):
+                rename[vid(outer_var)] = mapping.get(vid(inner_var), vid(inner_var))
+            continue
+        out.append(Eqn(
+            index=len(out),
+            primitive=eqn.primitive.name,
+            inputs=tuple(resolve(v) for v in eqn.invars),
+            outputs=tuple(vid(v) for v in eqn.outvars),
+            shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars),
+            params=dict(eqn.params),
+        ))
+
+
+def parallel_blocks(graph: Graph) -> list[ParallelBlock]:
+    """The graph's ParallelBlocks in program order (see the module docstring)."""
+    weight_of: dict[int, int] = {v: v for v in graph.param_vars}  # variable -> parameter it views
+    blocks: list[ParallelBlock] = []
+    owner: dict[int, ParallelBlock] = {}  # variable -> block that produced it
+    for eqn in graph.eqns:
+        ins = [v for v in eqn.inputs if v is not None]
+        if eqn.primitive in WEIGHT_VIEWS and len(ins) == 1 and ins[0] in weight_of:
+            weight_of[eqn.outputs[0]] = weight_of[ins[0]]
+            continue
+        if eqn.primitive == "dot_general":
+            weights = [weight_of[v] for v in ins if v in weight_of]
+            if weights:
+                block = ParallelBlock(len(blocks), eqn, weights[0], [eqn])
+                blocks.append(block)
+                owner[eqn.outputs[0]] = block
+                continue
+        sources = {owner[v] for v in ins if v in owner}
+        if eqn.primitive in ELEMENTWISE and len(sources) == 1:
+            block = sources.pop()
+            if all((v in owner and owner[v] is block) or v in weight_of for v in ins):
+                block.members.append(eqn)
+                for o in eqn.outputs:
+                    owner[o] = block
+    return blocks
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The block sequence as ``prefix + segment * repeats + suffix`` (block indices)."""
+
+    prefix: tuple[int, ...]
+    segment: tuple[int, ...]  # the first occurrence
+    repeats: int
+    suffix: tuple[int, ...]
+
+    @property
+    def unique_blocks(self) -> tuple[int, ...]:
+        return self.prefix + self.segment + self.suffix
+
+
+def find_segments(blocks: Sequence[ParallelBlock]) -> Segments:
+    """The longest run of one repeated block sequence (the layers), so that a model of many
+    layers is analysed as one segment; the blocks before and after it stay as they are."""
+    sig = [b.signature() for b in blocks]
+    n = len(sig)
+    best = (0, 0, 1)  # (covered blocks, start, period) -> repeats
+    best_repeats = 1
+    for period in range(1, n // 2 + 1):
+        for start in range(n - 2 * period + 1):
+            reps = 1
+            while start + (reps + 1) * period <= n and sig[start + reps * period:start + (reps + 1) * period] == sig[start:start + period]:
+                reps += 1
+            if reps > 1 and reps * period > best[0]:
+                best, best_repeats = (reps * period, start, period), reps
+    covered, start, period = best
+    if covered == 0:
+        return Segments(tuple(range(n)), (), 0, ())
+    return Segments(tuple(range(start)), tuple(range(start, start + period)), best_repeats,
+                    tuple(range(start + covered, n)))

@@ -1,0 +1,65 @@
+"""The step function's graph as ParallelBlocks (issue 5, part 1): contractions with a parameter
+operand, grown along communication-free operators, and the layers found as one repeated segment."""
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from paraplan.sharding.graph import find_segments, parallel_blocks, trace  # noqa: E402
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "sharding" / "gpt_block.py"
+
+
+def gpt():
+    spec = importlib.util.spec_from_file_location("gpt_block", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpt_block"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_weight_matrix_of_a_gpt_layer_opens_one_block():
+    g = gpt()
+    graph = trace(g.loss, g.init_params(2), jnp.ones((2, 16, 64)))
+    blocks = parallel_blocks(graph)
+    assert len(blocks) == 2 * 4  # qkv, proj, fc1, fc2 per layer
+    shapes = [graph.param_shapes[b.weight] for b in blocks[:4]]
+    assert shapes == [(64, 192), (64, 64), (64, 256), (256, 64)]
+    # the MLP's GELU joins fc1's block: its sharding passes through without communication
+    fc1 = blocks[2]
+    assert {"tanh", "mul", "add"} <= {e.primitive for e in fc1.members}
+
+
+def test_the_layers_are_found_as_one_repeated_segment():
+    g = gpt()
+    for layers in (1, 3, 6):
+        blocks = parallel_blocks(trace(g.loss, g.init_params(layers), jnp.ones((2, 16, 64))))
+        seg = find_segments(blocks)
+        if layers == 1:
+            assert seg.repeats == 0 and len(seg.unique_blocks) == 4
+        else:
+            assert seg.repeats == layers and len(seg.segment) == 4 and seg.prefix == seg.suffix == ()
+
+
+def test_a_training_step_with_gradients_is_traced_through_the_backward_pass():
+    g = gpt()
+    graph = trace(g.train_step, g.init_params(2), jnp.ones((2, 16, 64)))
+    blocks = parallel_blocks(graph)
+    # forward contractions plus the backward ones that multiply by a weight (input gradients)
+    assert len(blocks) >= 2 * 4 * 2
+    assert find_segments(blocks).repeats >= 2
+
+
+def test_analysing_a_32_layer_gpt_is_fast():
+    g = gpt()
+    start = time.perf_counter()
+    graph = trace(g.loss, g.init_params(32), jnp.ones((2, 16, 64)))
+    seg = find_segments(parallel_blocks(graph))
+    assert seg.repeats == 32
+    assert time.perf_counter() - start < 5.0
