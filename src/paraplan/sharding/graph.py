@@ -44,6 +44,7 @@ class Eqn:
     inputs: tuple[int | None, ...]  # variable ids; None for literals
     outputs: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...]  # of the outputs
+    in_shapes: tuple[tuple[int, ...], ...] = ()  # of the inputs
     params: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -62,6 +63,7 @@ class ParallelBlock:
     entry: Eqn  # the dot_general
     weight: int  # the parameter variable id it contracts with
     members: list[Eqn]
+    weight_operand: int = 1  # which operand of the entry is (a view of) the weight
 
     def signature(self) -> tuple:
         """What makes two blocks the same: operators, output shapes, weight shape."""
@@ -113,6 +115,7 @@ def _flatten(jaxpr, out: list[Eqn], vid, rename: dict) -> None:
             inputs=tuple(resolve(v) for v in eqn.invars),
             outputs=tuple(vid(v) for v in eqn.outvars),
             shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars),
+            in_shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.invars),
             params=dict(eqn.params),
         ))
 
@@ -128,9 +131,10 @@ def parallel_blocks(graph: Graph) -> list[ParallelBlock]:
             weight_of[eqn.outputs[0]] = weight_of[ins[0]]
             continue
         if eqn.primitive == "dot_general":
-            weights = [weight_of[v] for v in ins if v in weight_of]
-            if weights:
-                block = ParallelBlock(len(blocks), eqn, weights[0], [eqn])
+            operands = [i for i, v in enumerate(eqn.inputs[:2]) if v in weight_of]
+            if operands:
+                w = operands[-1]
+                block = ParallelBlock(len(blocks), eqn, weight_of[eqn.inputs[w]], [eqn], weight_operand=w)
                 blocks.append(block)
                 owner[eqn.outputs[0]] = block
                 continue

@@ -1,0 +1,108 @@
+"""Strategies, analytic costs and the chain search of the sharding planner (issue 5, parts 2-4)."""
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from paraplan.catalog import load_cluster  # noqa: E402
+from paraplan.sharding.graph import find_segments, parallel_blocks, trace  # noqa: E402
+from paraplan.sharding.search import chain_costs, expand, pairs_of, search, solve  # noqa: E402
+from paraplan.sharding.strategies import Mesh, Shape, block_cost, strategies  # noqa: E402
+from paraplan.specs import Precision  # noqa: E402
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "sharding" / "gpt_block.py"
+
+
+def gpt():
+    spec = importlib.util.spec_from_file_location("gpt_block", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpt_block"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def analysed(layers=2, hidden=64, batch=(4, 32), cluster="dgx-h100", nodes=1, mesh=(("data", 2), ("model", 4))):
+    g = gpt()
+    params = jax.eval_shape(lambda: g.init_params(layers, hidden=hidden))
+    x = jax.ShapeDtypeStruct((*batch, hidden), jnp.float32)
+    graph = trace(g.loss, params, x)
+    blocks = parallel_blocks(graph)
+    seg = find_segments(blocks)
+    order = expand(seg)
+    c = load_cluster(cluster, num_nodes=nodes)
+    m = Mesh(mesh, c)
+    costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(Precision.FP32), pairs_of(order))
+    return blocks, order, costs, m
+
+
+def test_a_contraction_has_the_shape_of_its_activation_and_weight():
+    blocks, *_ = analysed()
+    assert Shape.of(blocks[0]) == Shape(m=4 * 32, k=64, n=192)  # x[b*s, h] @ qkv[h, 3h]
+    assert Shape.of(blocks[3]) == Shape(m=4 * 32, k=256, n=64)  # fc2
+
+
+def test_strategies_split_only_dimensions_they_divide():
+    mesh = Mesh((("data", 2), ("model", 4)), load_cluster("dgx-h100"))
+    for s in strategies(Shape(m=6, k=8, n=2), mesh):
+        assert not (s[1] == "M") and not (s[1] == "N")  # 4 does not divide 6 or 2
+    assert (None, None) in strategies(Shape(6, 8, 2), mesh)
+
+
+def test_each_placement_pays_the_collective_megatron_and_gspmd_pay():
+    mesh = Mesh((("model", 4),), load_cluster("dgx-h100"))
+    shape, peak = Shape(m=1024, k=512, n=2048), 1e15
+    dp, row, col = (block_cost(shape, (d,), mesh, peak) for d in ("M", "K", "N"))
+    assert dp.comm_bytes["all_reduce"] == 512 * 2048 * 4  # the weight gradient
+    assert row.comm_bytes["all_reduce"] == 1024 * 2048 * 4  # y, a partial sum
+    assert col.comm_bytes["all_reduce"] == 1024 * 512 * 4  # dx, a partial sum
+    replicated = block_cost(shape, (None,), mesh, peak)
+    assert replicated.comm_s == 0 and replicated.compute_s == pytest.approx(4 * dp.compute_s)
+
+
+def test_the_chain_search_equals_brute_force():
+    _blocks, order, costs, _mesh = analysed(layers=1)
+    value, choice = solve(order, costs)
+    best = None
+    for combo in itertools.product(*(range(len(costs.options[b])) for b in order)):
+        total = sum(costs.time[b][c] for b, c in zip(order, combo, strict=True))
+        total += sum(costs.edge[a, b][i, j] for a, b, i, j in zip(order, order[1:], combo, combo[1:], strict=False))
+        best = total if best is None else min(best, total)
+    assert value == pytest.approx(best)
+    assert len(choice) == len(order)
+
+
+def test_a_memory_budget_is_met_at_some_cost_in_time():
+    _, order, costs, _ = analysed(layers=4, hidden=256)
+    free = search(order, costs)
+    tight = search(order, costs, memory_budget=0.6 * free.memory_bytes)
+    assert tight.fits and tight.memory_bytes <= 0.6 * free.memory_bytes
+    assert tight.time_s >= free.time_s
+    # splitting the weights (K or N) is how memory is saved
+    split = sum(1 for s in tight.strategies for c in s if c in ("K", "N"))
+    assert split > sum(1 for s in free.strategies for c in s if c in ("K", "N"))
+
+
+def test_with_a_slow_network_the_model_axis_stays_off_it():
+    """Two 8-GPU nodes, mesh (node 2, gpu 8): weights are not split across the slow network."""
+    _, order, costs, _ = analysed(layers=2, hidden=512, batch=(16, 128), cluster="aws-p4d.24xlarge", nodes=2,
+                                  mesh=(("node", 2), ("gpu", 8)))
+    plan = search(order, costs)
+    assert all(s[0] in ("M", None) for s in plan.strategies)
+
+
+def test_a_32_layer_gpt_is_analysed_and_searched_in_under_five_seconds():
+    import time
+
+    start = time.perf_counter()
+    _, order, costs, _ = analysed(layers=32, hidden=1024, batch=(8, 512))
+    search(order, costs)
+    assert len(order) == 128
+    assert time.perf_counter() - start < 5.0
+    assert np.isfinite(costs.time[0]).all()
