@@ -12,8 +12,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from paraplan.catalog import load_cluster  # noqa: E402
+from paraplan.sharding.chain import chain_costs, expand, pairs_of, search, solve  # noqa: E402
 from paraplan.sharding.graph import find_segments, parallel_blocks, trace  # noqa: E402
-from paraplan.sharding.search import chain_costs, expand, pairs_of, search, solve  # noqa: E402
 from paraplan.sharding.strategies import Mesh, Shape, block_cost, strategies  # noqa: E402
 from paraplan.specs import Precision  # noqa: E402
 

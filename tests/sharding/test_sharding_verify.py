@@ -56,3 +56,16 @@ def test_megatron_forward_all_reduces_exactly_the_analytic_bytes(model):
     analytic = 2 * 2 * tokens_per_data_shard * 64 * 4  # proj and fc2 outputs (row parallel), 2 layers, fp32
     # plus the 4-byte loss, averaged over the data axis
     assert result.xla_collective_bytes["all-reduce"] == analytic + 4
+
+
+def test_the_python_entry_point_returns_partition_specs_that_compile(model):
+    import paraplan.sharding
+
+    g, params, x = model
+    plan = paraplan.sharding.search(g.train_step, (params, x), {"data": 2, "model": 4})
+    specs = plan.partition_specs()
+    assert jax.tree_util.tree_structure(specs, is_leaf=lambda v: v is None or hasattr(v, "index")) is not None
+    assert len(plan.strategies) == 2 * 4 * 2 or len(plan.strategies) >= 8
+    assert plan.verify(g.train_step, (params, x)).matches
+    tight = paraplan.sharding.search(g.loss, (params, x), {"data": 2, "model": 4}, memory_budget=plan.memory_bytes / 3)
+    assert tight.verify(g.loss, (params, x)).matches

@@ -1,6 +1,15 @@
 """Intra-operator sharding search over communication-free blocks (CFP), on a JAX graph.
 
-Work in progress (issue 5): :mod:`paraplan.sharding.graph` traces a step function and groups
-its operators into ParallelBlocks with the repeated segment (the layers) found once. JAX is an
-optional extra (``pip install -e ".[sharding]"``), imported inside functions.
+``search(fn, example_args, mesh)`` traces the step (:mod:`.graph`), costs every block's
+strategies (:mod:`.strategies`), picks the cheapest chain (:mod:`.chain`) and returns a
+:class:`~paraplan.sharding.plan.ShardingPlan` whose ``verify`` compiles it (:mod:`.verify`).
+JAX is an optional extra (``pip install -e ".[sharding]"``), imported inside functions.
+Work in progress (issue 5).
 """
+
+
+def search(fn, example_args, mesh, **kwargs):
+    """See :func:`paraplan.sharding.plan.search`."""
+    from paraplan.sharding.plan import search as _search
+
+    return _search(fn, example_args, mesh, **kwargs)

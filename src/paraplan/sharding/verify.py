@@ -39,8 +39,8 @@ def weight_specs(graph: Graph, blocks: list[ParallelBlock], strategies, axis_nam
         (lc, rc), _ = eqn.params["dimension_numbers"]
         contract = (lc, rc)[block.weight_operand]
         shape = eqn.in_shapes[block.weight_operand]
-        if graph.param_shapes.get(block.weight) != shape:
-            continue  # the weight is reshaped before use: left replicated
+        if graph.param_shapes.get(block.weight) != shape or block.weight in out:
+            continue  # reshaped before use: left replicated; used again (backward): its first use rules
         spec = []
         for d in range(len(shape)):
             want = "K" if d in contract else "N"
