@@ -22,9 +22,14 @@ from paraplan.search.space import enumerate_plans, iter_unique
 from paraplan.specs import Precision, Recompute
 
 #: Largest relative difference allowed between the screened and the exact iteration time.
-#: The closed forms are exact for 1F1B and GPipe in these spaces (~1e-15); interleaved
-#: schedules with unequal end stages and sends differ by up to ~0.8 % in the benchmarks.
-TIME_TOLERANCE = 0.02
+#: The closed forms are exact for equal stages without sends; 1F1B and GPipe with unequal end
+#: stages and sends differ by < 0.1 % here (0.04 % the largest seen); interleaved schedules
+#: are a coarser estimate: ~0.8 % in the benchmarks, and
+#: 3.7 % on a case hypothesis found (gpt3-125m, tp4 pp2 vpp2 on two p3dn nodes, whose sends
+#: cross a 1.56 GB/s network). The search predicts its shortlist exactly, so this only
+#: decides which plans make the shortlist (docs/LOG.md).
+TIME_TOLERANCE = 0.005
+INTERLEAVED_TOLERANCE = 0.05
 
 MODELS = ("gpt3-125m", "gpt3-1.3b", "llama-3-8b", "gpt2-xl", "gpt-neox-20b")
 CLUSTERS = {  # name -> (node counts, precisions)
@@ -87,7 +92,8 @@ def test_the_screen_matches_the_exact_prediction_on_every_plan(case):
         worst = max(m.total for m in pred.memory)
         assert screen.memory_bytes[i] == pytest.approx(worst, rel=1e-12)
         assert bool(screen.fits[i]) == pred.fits
-        assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=TIME_TOLERANCE), job.name
+        tolerance = INTERLEAVED_TOLERANCE if job.parallel.vpp > 1 else TIME_TOLERANCE
+        assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=tolerance), job.name
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
