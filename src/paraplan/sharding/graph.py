@@ -11,7 +11,7 @@ transposed or cast) and takes in every later operator whose inputs all come from
 parameter, or constants, and that keeps the layout of its input: elementwise operators,
 casts, and reductions or reshapes that a sharding of the contraction's batch dimension passes
 through (CFP's rule, simplified: we keep what an entry strategy can reach without
-resharding; strategies and their costs come next, issue 5).
+resharding; strategies and their costs are in :mod:`paraplan.sharding.strategies`).
 Operators that belong to no block (the loss, norms' statistics over the whole batch) are kept
 as glue between blocks.
 """
