@@ -23,16 +23,11 @@ from paraplan.prediction import (
     LayerCost,
     Placement,
     Prediction,
-    StageTiming,
     assemble_prediction,
     explain_layer,
     stage_timing,
 )
 from paraplan.specs import HeteroJob
-
-
-def _busy(t: StageTiming) -> float:
-    return t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.tp_fwd_mb_s + t.tp_bwd_mb_s
 
 
 def placement_of(job: HeteroJob) -> Placement:
@@ -79,7 +74,7 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
     for st, groups in zip(inv.stages, stage_groups, strict=True):
         mixed = len(groups) > 1
         options = [stage_timing(inv, st, **cost(g, mixed)) for g in groups]
-        i = max(range(len(groups)), key=lambda i: _busy(options[i]))
+        i = max(range(len(groups)), key=lambda i: options[i].busy_mb_s)
         slowest_group.append((groups[i], mixed))
         timings.append(dataclasses.replace(options[i], p2p_s=p2p if pp > 1 else 0.0))
     peak = sum(g.gpu.flops_for(job.precision) * g.num_gpus for g in job.cluster.node_groups)

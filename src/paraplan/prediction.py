@@ -63,6 +63,11 @@ class StageTiming:
     exposed_dp_s: float
     optimizer_s: float
 
+    @property
+    def busy_mb_s(self) -> float:
+        """Seconds the stage is busy with one micro-batch: compute, recompute and TP/CP traffic."""
+        return self.forward_mb_s + self.backward_mb_s + self.recompute_mb_s + self.tp_fwd_mb_s + self.tp_bwd_mb_s
+
 
 @dataclass(frozen=True, slots=True)
 class OpEstimate:
@@ -465,7 +470,7 @@ def assemble_prediction(
     sends = p2p * ((m * v - (m if crit == plan.pp - 1 else 0)) + (m * v - (m if crit == 0 else 0)))
     if plan.pp == 1:
         sends = 0.0
-    busy = m * (tc.forward_mb_s + tc.backward_mb_s + tc.recompute_mb_s + tc.tp_fwd_mb_s + tc.tp_bwd_mb_s)
+    busy = m * tc.busy_mb_s
     breakdown = Breakdown(
         forward_compute_s=m * tc.forward_mb_s,
         backward_compute_s=m * tc.backward_mb_s,

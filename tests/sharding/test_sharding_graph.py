@@ -1,27 +1,15 @@
 """The step function's graph as ParallelBlocks (issue 5, part 1): contractions with a parameter
 operand, grown along communication-free operators, and the layers found as one repeated segment."""
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from gpt_example import gpt  # noqa: E402
 
 from paraplan.sharding.graph import find_segments, parallel_blocks, trace  # noqa: E402
-
-EXAMPLE = Path(__file__).parents[2] / "examples" / "sharding" / "gpt_block.py"
-
-
-def gpt():
-    spec = importlib.util.spec_from_file_location("gpt_block", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpt_block"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_weight_matrix_of_a_gpt_layer_opens_one_block():

@@ -1,31 +1,19 @@
 """Strategies, analytic costs and the chain search of the sharding planner (issue 5, parts 2-4)."""
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from gpt_example import gpt  # noqa: E402
 
 from paraplan.catalog import load_cluster  # noqa: E402
 from paraplan.sharding.chain import chain_costs, expand, pairs_of, search, solve  # noqa: E402
 from paraplan.sharding.graph import find_segments, parallel_blocks, trace  # noqa: E402
 from paraplan.sharding.strategies import Mesh, Shape, block_cost, strategies  # noqa: E402
 from paraplan.specs import Precision  # noqa: E402
-
-EXAMPLE = Path(__file__).parents[2] / "examples" / "sharding" / "gpt_block.py"
-
-
-def gpt():
-    spec = importlib.util.spec_from_file_location("gpt_block", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpt_block"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def analysed(layers=2, hidden=64, batch=(4, 32), cluster="dgx-h100", nodes=1, mesh=(("data", 2), ("model", 4))):

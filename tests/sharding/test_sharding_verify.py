@@ -1,28 +1,17 @@
 """Compiling a plan on 8 CPU devices (issue 5, part 5): the sharded step equals the unsharded one,
 and XLA's all-reduce bytes equal the analytic ones for Megatron's tensor parallelism."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 jax = pytest.importorskip("jax")
+from gpt_example import gpt  # noqa: E402
 
 from paraplan.sharding.graph import parallel_blocks, trace  # noqa: E402
 from paraplan.sharding.verify import verify, weight_specs  # noqa: E402
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "sharding" / "gpt_block.py"
 AXES = (("data", 2), ("model", 4))
 MEGATRON = [("M", "N"), ("M", "K"), ("M", "N"), ("M", "K")]  # column, row, column, row
-
-
-def gpt():
-    spec = importlib.util.spec_from_file_location("gpt_block", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpt_block"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

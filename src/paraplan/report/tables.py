@@ -94,8 +94,7 @@ def render_prediction(pred: Prediction) -> Group:
         for column in ("stage", "GPUs", "layers", "fwd+bwd ms / micro-batch", "memory"):
             stages.add_column(column, justify="left" if column == "GPUs" else "right")
         for t, gpus, m, hbm in zip(pred.stages, pred.placement.stage_gpus, pred.memory, pred.hbm_bytes, strict=True):
-            busy = t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.tp_fwd_mb_s + t.tp_bwd_mb_s
-            stages.add_row(str(t.stage), gpus, str(t.num_layers), f"{busy * 1e3:.2f}",
+            stages.add_row(str(t.stage), gpus, str(t.num_layers), f"{t.busy_mb_s * 1e3:.2f}",
                            f"{format_bytes(m.total)} of {format_bytes(hbm)}")
         items.append(stages)
     if pred.cost_per_hour_usd is not None or job.train_tokens is not None:

@@ -30,7 +30,7 @@ from paraplan.hetero import predict_hetero
 from paraplan.inventory import count_job
 from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.memory import estimate_stage_memory
-from paraplan.prediction import CommCosts, LayerCost, Prediction, StageTiming, stage_timing
+from paraplan.prediction import CommCosts, LayerCost, Prediction, stage_timing
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.search.space import SearchSpace, rejection_reason
 from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision
@@ -58,10 +58,6 @@ def _multiset_orders(counts: list[int]) -> Iterator[tuple[int, ...]]:
             for rest in _multiset_orders(counts):
                 yield (g, *rest)
             counts[g] += 1
-
-
-def _busy(t: StageTiming) -> float:
-    return t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.tp_fwd_mb_s + t.tp_bwd_mb_s
 
 
 @dataclass(frozen=True)
@@ -107,8 +103,8 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
             rows, per_iter = {}, {}
             for c in classes:
                 st = inv.stages[c]
-                one = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer))
-                two = _busy(stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer))
+                one = stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer).busy_mb_s
+                two = stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer).busy_mb_s
                 full = stage_timing(inv, st, cm, comm, layer)
                 rows[c] = (one, two - one)
                 per_iter[c] = full.exposed_dp_s + full.optimizer_s
@@ -293,10 +289,8 @@ def refine_split(pred: Prediction, taken: set) -> Prediction:
     the exposed data-parallel reduction. Splits in ``taken`` (already ranked) are skipped."""
     job = pred.placement.job if pred.placement is not None else None
     if job is None:
-        from paraplan.specs import HeteroClusterSpec as _H
-
         base = pred.job
-        job = HeteroJob(name=base.name, model=base.model, cluster=_H(name=base.cluster.name, node_groups=(base.cluster,)),
+        job = HeteroJob(name=base.name, model=base.model, cluster=HeteroClusterSpec(name=base.cluster.name, node_groups=(base.cluster,)),
                         parallel=base.parallel, precision=base.precision, train_tokens=base.train_tokens)
     moves = 0
     improved = True
