@@ -35,13 +35,24 @@ def test_the_layers_are_found_as_one_repeated_segment():
             assert seg.repeats == layers and len(seg.segment) == 4 and seg.prefix == seg.suffix == ()
 
 
-def test_a_training_step_with_gradients_is_traced_through_the_backward_pass():
+def test_a_training_step_folds_each_backward_contraction_into_its_forward_block():
     g = gpt()
     graph = trace(g.train_step, g.init_params(2), jnp.ones((2, 16, 64)))
     blocks = parallel_blocks(graph)
-    # forward contractions plus the backward ones that multiply by a weight (input gradients)
-    assert len(blocks) >= 2 * 4 * 2
-    assert find_segments(blocks).repeats >= 2
+    # one block per weight; the input gradient dx = dy @ W.T is the same block's backward
+    assert len(blocks) == 2 * 4
+    assert all(len(b.later_uses) == 1 for b in blocks)
+    assert all(b.later_uses[0].index > blocks[-1].entry.index for b in blocks)
+    assert find_segments(blocks).repeats == 2
+
+
+def test_head_alignment_comes_from_the_reshapes_into_and_out_of_heads():
+    g = gpt()
+    blocks = parallel_blocks(trace(g.loss, g.init_params(1), jnp.ones((2, 16, 64))))
+    qkv, proj, fc1, fc2 = blocks
+    assert qkv.n_outer == g.heads_for(64) == 4  # (b, s, 3h) -> (b, s, heads, 3 * head_dim)
+    assert proj.k_outer == 4  # (b, s, heads, head_dim) -> (b, s, h)
+    assert fc1.n_outer is None and fc2.k_outer is None
 
 
 def test_analysing_a_32_layer_gpt_is_fast():

@@ -12,7 +12,7 @@ from gpt_example import gpt  # noqa: E402
 from paraplan.catalog import load_cluster  # noqa: E402
 from paraplan.sharding.chain import chain_costs, expand, pairs_of, search, solve  # noqa: E402
 from paraplan.sharding.graph import find_segments, parallel_blocks, trace  # noqa: E402
-from paraplan.sharding.strategies import Mesh, Shape, block_cost, strategies  # noqa: E402
+from paraplan.sharding.strategies import Mesh, Shape, block_cost, shape_of, strategies  # noqa: E402
 from paraplan.specs import Precision  # noqa: E402
 
 
@@ -32,8 +32,9 @@ def analysed(layers=2, hidden=64, batch=(4, 32), cluster="dgx-h100", nodes=1, me
 
 def test_a_contraction_has_the_shape_of_its_activation_and_weight():
     blocks, *_ = analysed()
-    assert Shape.of(blocks[0]) == Shape(m=4 * 32, k=64, n=192)  # x[b*s, h] @ qkv[h, 3h]
-    assert Shape.of(blocks[3]) == Shape(m=4 * 32, k=256, n=64)  # fc2
+    assert shape_of(blocks[0]) == Shape(m=4 * 32, k=64, n=192, m_outer=4, k_outer=64, n_outer=4)  # qkv: 4 heads
+    assert shape_of(blocks[1]) == Shape(m=4 * 32, k=64, n=64, m_outer=4, k_outer=4, n_outer=64)  # proj
+    assert shape_of(blocks[3]) == Shape(m=4 * 32, k=256, n=64, m_outer=4, k_outer=256, n_outer=64)  # fc2
 
 
 def test_strategies_split_only_dimensions_they_divide():
@@ -41,17 +42,35 @@ def test_strategies_split_only_dimensions_they_divide():
     for s in strategies(Shape(m=6, k=8, n=2), mesh):
         assert not (s[1] == "M") and not (s[1] == "N")  # 4 does not divide 6 or 2
     assert (None, None) in strategies(Shape(6, 8, 2), mesh)
+    # head alignment: 2 heads of 64 features cannot be split 4 ways
+    assert all(s[1] != "N" for s in strategies(Shape(m=8, k=8, n=128, n_outer=2), mesh))
+    # batch dimensions (experts) are split only when the contraction has them
+    assert all("B" not in s for s in strategies(Shape(8, 8, 8), mesh))
+    assert ("B", "B") in strategies(Shape(8, 8, 8, b=8), mesh)
 
 
 def test_each_placement_pays_the_collective_megatron_and_gspmd_pay():
     mesh = Mesh((("model", 4),), load_cluster("dgx-h100"))
     shape, peak = Shape(m=1024, k=512, n=2048), 1e15
     dp, row, col = (block_cost(shape, (d,), mesh, peak) for d in ("M", "K", "N"))
-    assert dp.comm_bytes["all_reduce"] == 512 * 2048 * 4  # the weight gradient
-    assert row.comm_bytes["all_reduce"] == 1024 * 2048 * 4  # y, a partial sum
-    assert col.comm_bytes["all_reduce"] == 1024 * 512 * 4  # dx, a partial sum
+    assert dp.comm_bytes["all-reduce"] == 512 * 2048 * 4  # the weight gradient
+    assert row.comm_bytes["all-reduce"] == 1024 * 2048 * 4  # y, a partial sum
+    assert col.comm_bytes["all-reduce"] == 1024 * 512 * 4  # dx, a partial sum
     replicated = block_cost(shape, (None,), mesh, peak)
     assert replicated.comm_s == 0 and replicated.compute_s == pytest.approx(4 * dp.compute_s)
+    experts = block_cost(Shape(m=1024, k=512, n=2048, b=4), ("B",), mesh, peak)
+    assert experts.comm_bytes == {}  # each device owns one expert: its whole work, no partial sums
+    assert experts.compute_s == pytest.approx(replicated.compute_s)
+
+
+def test_axes_on_one_dimension_share_one_collective_over_their_group():
+    """data=2 x model=4 both on M: one all-reduce of dW over all 8 devices, not one per axis."""
+    mesh = Mesh((("data", 2), ("model", 4)), load_cluster("dgx-h100"))
+    cost = block_cost(Shape(m=1024, k=512, n=2048), ("M", "M"), mesh, 1e15)
+    assert cost.comm_bytes["all-reduce"] == 512 * 2048 * 4
+    assert mesh.group_layout((0, 1)).size == 8 and mesh.group_layout((0, 1)).nodes == 1
+    two_nodes = Mesh((("data", 2), ("model", 8)), load_cluster("dgx-h100", num_nodes=2))
+    assert two_nodes.layout("data").nodes == 2 and two_nodes.layout("model").nodes == 1
 
 
 def test_the_chain_search_equals_brute_force():

@@ -16,33 +16,65 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paraplan.sharding.graph import ParallelBlock, Segments
-from paraplan.sharding.strategies import Mesh, Shape, Strategy, block_cost, reshard_s, strategies
+from paraplan.sharding.graph import Graph, ParallelBlock, Segments, dataflow
+from paraplan.sharding.strategies import (
+    BlockCost,
+    Mesh,
+    Relation,
+    Shape,
+    Strategy,
+    block_cost,
+    reshard,
+    shape_of,
+    strategies,
+)
 
 
 @dataclass
 class ChainCosts:
-    """Per unique block: its strategies, their node costs (time, memory); per neighbouring
-    pair: the edge costs (resharding seconds)."""
+    """Per unique block: its shape, strategies and their costs (node time, memory); per
+    neighbouring pair: the resharding seconds (edges)."""
 
     options: dict[int, list[Strategy]]
     time: dict[int, np.ndarray]
     memory: dict[int, np.ndarray]
     edge: dict[tuple[int, int], np.ndarray]
+    shapes: dict[int, Shape]
+    details: dict[int, list[BlockCost]]
+    relations: dict[tuple[int, int], Relation]
 
 
-def chain_costs(blocks: list[ParallelBlock], mesh: Mesh, peak_flops: float, pairs) -> ChainCosts:
-    options, time, memory, edge = {}, {}, {}, {}
-    shapes = {}
+def relations(graph: Graph, blocks: list[ParallelBlock], order: list[int]) -> dict[tuple[int, int], Relation]:
+    """Per neighbouring pair of unique block ids in ``order``: how the two relate in the
+    dataflow (:class:`~paraplan.sharding.strategies.Relation`), read at the pair's first
+    occurrence in the chain (``blocks``: every block, in the chain's order)."""
+    source, joins = dataflow(graph, blocks)
+    out: dict[tuple[int, int], Relation] = {}
+    for pos, pair in enumerate(itertools.pairwise(order)):
+        if pair in out:
+            continue
+        p, q = blocks[pos], blocks[pos + 1]
+        sibling = source[q.index] != p.index and source[q.index] == source[p.index]
+        out[pair] = Relation("sibling" if sibling else "direct", (p.index, q.index) in joins)
+    return out
+
+
+def chain_costs(blocks: list[ParallelBlock], mesh: Mesh, peak_flops: float,
+                pairs: dict[tuple[int, int], Relation]) -> ChainCosts:
+    """Node and edge costs of the unique ``blocks`` for the neighbouring ``pairs`` (with their
+    dataflow relation; a plain set of pairs means every one is ``direct``)."""
+    if not isinstance(pairs, dict):
+        pairs = {pair: Relation() for pair in pairs}
+    options, time, memory, edge, shapes, details = {}, {}, {}, {}, {}, {}
     for b in blocks:
-        shapes[b.index] = Shape.of(b)
+        shapes[b.index] = shape_of(b)
         options[b.index] = strategies(shapes[b.index], mesh)
-        costs = [block_cost(shapes[b.index], s, mesh, peak_flops) for s in options[b.index]]
-        time[b.index] = np.array([c.total_s for c in costs])
-        memory[b.index] = np.array([c.memory_bytes for c in costs])
-    for a, b in pairs:
-        edge[a, b] = np.array([[reshard_s(p, q, shapes[a], mesh)[0] for q in options[b]] for p in options[a]])
-    return ChainCosts(options, time, memory, edge)
+        details[b.index] = [block_cost(shapes[b.index], s, mesh, peak_flops) for s in options[b.index]]
+        time[b.index] = np.array([c.total_s for c in details[b.index]])
+        memory[b.index] = np.array([c.memory_bytes for c in details[b.index]])
+    for (a, b), rel in pairs.items():
+        edge[a, b] = np.array([[reshard(p, q, shapes[b], mesh, rel)[0] for q in options[b]] for p in options[a]])
+    return ChainCosts(options, time, memory, edge, shapes, details, dict(pairs))
 
 
 def solve(order: list[int], costs: ChainCosts, lam: float = 0.0) -> tuple[float, list[int]]:
@@ -74,6 +106,7 @@ def pairs_of(order: list[int]) -> set[tuple[int, int]]:
 @dataclass
 class Plan:
     strategies: list[Strategy]  # per position of the chain
+    choice: list[int]  # the strategy index per position
     time_s: float
     memory_bytes: float  # per device, the sum over blocks
     fits: bool
@@ -88,7 +121,7 @@ def search(order: list[int], costs: ChainCosts, memory_budget: float | None = No
         time += sum(costs.edge[a, b][i, j] for (a, b), (i, j) in zip(itertools.pairwise(order),
                                                                  itertools.pairwise(choice), strict=True))
         mem = sum(costs.memory[b][c] for b, c in zip(order, choice, strict=True))
-        return Plan([costs.options[b][c] for b, c in zip(order, choice, strict=True)], float(time), float(mem),
+        return Plan([costs.options[b][c] for b, c in zip(order, choice, strict=True)], choice, float(time), float(mem),
                     memory_budget is None or mem <= memory_budget)
 
     best = plan_for(0.0)

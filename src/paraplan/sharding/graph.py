@@ -18,6 +18,8 @@ as glue between blocks.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,7 @@ class Eqn:
     outputs: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...]  # of the outputs
     in_shapes: tuple[tuple[int, ...], ...] = ()  # of the inputs
+    in_itemsize: tuple[int, ...] = ()  # bytes per element of the inputs
     params: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -64,6 +67,9 @@ class ParallelBlock:
     weight: int  # the parameter variable id it contracts with
     members: list[Eqn]
     weight_operand: int = 1  # which operand of the entry is (a view of) the weight
+    later_uses: list[Eqn] = field(default_factory=list)  # the weight's other contractions (backward)
+    k_outer: int | None = None  # a reshape splits the input's contracted dim into (k_outer, ...)
+    n_outer: int | None = None  # a reshape splits the output's last dim into (n_outer, ...)
 
     def signature(self) -> tuple:
         """What makes two blocks the same: operators, output shapes, weight shape."""
@@ -116,14 +122,21 @@ def _flatten(jaxpr, out: list[Eqn], vid, rename: dict) -> None:
             outputs=tuple(vid(v) for v in eqn.outvars),
             shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars),
             in_shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.invars),
+            in_itemsize=tuple(_itemsize(v.aval) for v in eqn.invars),
             params=dict(eqn.params),
         ))
+
+
+def _itemsize(aval) -> int:
+    dtype = getattr(aval, "dtype", None)
+    return int(getattr(dtype, "itemsize", 4) or 4)
 
 
 def parallel_blocks(graph: Graph) -> list[ParallelBlock]:
     """The graph's ParallelBlocks in program order (see the module docstring)."""
     weight_of: dict[int, int] = {v: v for v in graph.param_vars}  # variable -> parameter it views
     blocks: list[ParallelBlock] = []
+    first_use: dict[int, ParallelBlock] = {}  # parameter -> the block of its first contraction
     owner: dict[int, ParallelBlock] = {}  # variable -> block that produced it
     for eqn in graph.eqns:
         ins = [v for v in eqn.inputs if v is not None]
@@ -134,8 +147,13 @@ def parallel_blocks(graph: Graph) -> list[ParallelBlock]:
             operands = [i for i, v in enumerate(eqn.inputs[:2]) if v in weight_of]
             if operands:
                 w = operands[-1]
+                first = first_use.get(weight_of[eqn.inputs[w]])
+                if first is not None:  # the weight's input gradient in the backward pass
+                    first.later_uses.append(eqn)
+                    continue
                 block = ParallelBlock(len(blocks), eqn, weight_of[eqn.inputs[w]], [eqn], weight_operand=w)
                 blocks.append(block)
+                first_use[block.weight] = block
                 owner[eqn.outputs[0]] = block
                 continue
         sources = {owner[v] for v in ins if v in owner}
@@ -145,7 +163,45 @@ def parallel_blocks(graph: Graph) -> list[ParallelBlock]:
                 block.members.append(eqn)
                 for o in eqn.outputs:
                     owner[o] = block
+    _outer_factors(graph, blocks, owner)
     return blocks
+
+
+def _trailing_factor(dims: tuple[int, ...], size: int) -> int | None:
+    """The first of the trailing ``dims`` whose product is ``size`` (a reshape's outer factor),
+    or None when no run of two or more trailing dims multiplies to it."""
+    prod = 1
+    for i in range(len(dims) - 1, -1, -1):
+        prod *= dims[i]
+        if prod == size:
+            return dims[i] if i < len(dims) - 1 else None
+        if prod > size:
+            return None
+    return None
+
+
+def _outer_factors(graph: Graph, blocks: list[ParallelBlock], owner: dict[int, ParallelBlock]) -> None:
+    """Head alignment: a reshape that splits a block's output features into (heads, ...) means a
+    split of N must divide the heads; one that merges (heads, ...) into a block's input features
+    means the same for K. Other reshapes leave the whole dimension as the factor."""
+    producer = {o: e for e in graph.eqns for o in e.outputs}
+    for eqn in graph.eqns:
+        if eqn.primitive != "reshape" or not eqn.in_shapes or not eqn.in_shapes[0]:
+            continue
+        block = owner.get(eqn.inputs[0]) if eqn.inputs[0] is not None else None
+        if block is not None:
+            factor = _trailing_factor(eqn.shapes[0], eqn.in_shapes[0][-1])
+            if factor is not None:
+                block.n_outer = math.gcd(block.n_outer or 0, factor)
+    for block in blocks:
+        x = block.entry.inputs[1 - block.weight_operand]
+        eqn = producer.get(x)
+        while eqn is not None and eqn.primitive in ELEMENTWISE and len([v for v in eqn.inputs if v is not None]) == 1:
+            eqn = producer.get(next(v for v in eqn.inputs if v is not None))
+        if eqn is not None and eqn.primitive == "reshape" and eqn.shapes[0]:
+            factor = _trailing_factor(eqn.in_shapes[0], eqn.shapes[0][-1])
+            if factor is not None:
+                block.k_outer = factor
 
 
 @dataclass(frozen=True)
@@ -181,3 +237,32 @@ def find_segments(blocks: Sequence[ParallelBlock]) -> Segments:
         return Segments(tuple(range(n)), (), 0, ())
     return Segments(tuple(range(start)), tuple(range(start, start + period)), best_repeats,
                     tuple(range(start + covered, n)))
+
+
+def dataflow(graph: Graph, blocks: list[ParallelBlock]) -> tuple[dict[int, int | None], set[tuple[int, int]]]:
+    """Per block: the latest block its input derives from (None: only the step's inputs); and
+    the pairs of blocks whose outputs meet in one operator outside both. One pass over the
+    forward part of the graph (up to the first backward contraction)."""
+    owner: dict[int, int] = {}
+    for b in blocks:
+        for e in b.members:
+            for o in e.outputs:
+                owner[o] = b.index
+    end = min((u.index for b in blocks for u in b.later_uses), default=len(graph.eqns))
+    latest: dict[int, int] = {}
+    joins: set[tuple[int, int]] = set()
+    for eqn in graph.eqns[:end]:
+        found = {latest[v] for v in eqn.inputs if v is not None and v in latest}
+        for o in eqn.outputs:
+            if o in owner:
+                latest[o] = owner[o]
+            elif found:
+                latest[o] = max(found)
+        if len(found) >= 2 and not all(o in owner for o in eqn.outputs):
+            ordered = sorted(found)
+            joins.update(itertools.combinations(ordered, 2))
+    source = {}
+    for b in blocks:
+        x = b.entry.inputs[1 - b.weight_operand]
+        source[b.index] = latest.get(x) if x is not None else None
+    return source, joins

@@ -1,16 +1,40 @@
 """``paraplan.sharding.search(fn, example_args, mesh)``: trace, block, cost, search -- a plan
-whose ``PartitionSpec``s apply to the user's arrays."""
+whose ``PartitionSpec``s apply to the user's arrays, with its per-block report and a
+``verify`` that compiles it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from paraplan.sharding.chain import chain_costs, expand, pairs_of
+from paraplan.sharding.chain import ChainCosts, chain_costs, expand, relations
 from paraplan.sharding.chain import search as search_chain
 from paraplan.sharding.graph import Graph, ParallelBlock, find_segments, parallel_blocks, trace
-from paraplan.sharding.strategies import Mesh, Strategy
+from paraplan.sharding.strategies import Mesh, Strategy, reshard
 from paraplan.sharding.verify import Verification, plan_inputs, verify, weight_specs
+
+#: How each placement of a mesh axis reads in the report.
+ROLE = {"B": "expert", "M": "batch", "K": "row", "N": "column", None: "replicated"}
+
+
+def describe(strategy: Strategy, axis_names: tuple[str, ...]) -> str:
+    """``data=batch model=column``: the role of every mesh axis for one block."""
+    return " ".join(f"{a}={ROLE[c]}" for a, c in zip(axis_names, strategy, strict=True))
+
+
+@dataclass
+class BlockReport:
+    """One block of the chosen plan: its weight, strategy and analytic costs per device."""
+
+    weight: str  # the parameter's path in the pytree, e.g. ['layers'][0]['qkv']
+    shape: tuple[int, ...]
+    strategy: str
+    time_s: float  # compute + its collectives + the resharding into it
+    comm_bytes: dict[str, float]
+    memory_bytes: float
+    flops: float
 
 
 @dataclass
@@ -26,6 +50,30 @@ class ShardingPlan:
     fits: bool
     blocks: list[ParallelBlock]
     graph: Graph
+    reports: list[BlockReport] = field(default_factory=list)
+    cluster: str = ""
+    memory_budget: float | None = None
+    analysis_s: float = 0.0  # tracing, costing and search
+    repeats: int = 0  # how many times the repeated segment (the layers) occurs
+    unique_blocks: int = 0  # blocks costed (the segment once)
+
+    @property
+    def comm_bytes(self) -> dict[str, float]:
+        """Analytic bytes of collective results per device per step, by XLA's collective name."""
+        out: dict[str, float] = {}
+        for r in self.reports:
+            for k, v in r.comm_bytes.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    @property
+    def flops(self) -> float:
+        return sum(r.flops for r in self.reports)
+
+    @property
+    def tflops(self) -> float:
+        """Achieved TFLOP/s per device: the blocks' contraction FLOPs over the estimated time."""
+        return self.flops / self.time_s / 1e12 if self.time_s > 0 else 0.0
 
     def partition_specs(self):
         """The parameters' ``jax.sharding.PartitionSpec`` pytree."""
@@ -34,35 +82,124 @@ class ShardingPlan:
 
         return jax.tree_util.tree_map(lambda spec: P(*spec), self.param_specs, is_leaf=lambda v: isinstance(v, tuple))
 
+    def batch_spec(self):
+        """The ``PartitionSpec`` of the batch (the step's second argument)."""
+        from jax.sharding import PartitionSpec as P
+
+        axes = self.batch_axes
+        return P(axes if len(axes) > 1 else (axes[0] if axes else None))
+
     def verify(self, fn, example_args) -> Verification:
-        """Compile ``fn`` with this plan on the first devices and compare with the unsharded run."""
+        """Compile ``fn`` with this plan on the first devices, compare it with the unsharded run
+        (concrete arguments) and diff XLA's collective bytes against the analytic ones."""
         specs = weight_specs(self.graph, self.blocks, self.strategies, tuple(a for a, _ in self.mesh_axes))
-        return verify(fn, tuple(example_args), self.mesh_axes, specs, self.batch_axes, self.graph)
+        return verify(fn, tuple(example_args), self.mesh_axes, specs, self.batch_axes, self.graph, self.comm_bytes)
+
+
+@dataclass
+class Analysis:
+    """A traced step with its blocks, segments and every strategy's cost on a mesh."""
+
+    graph: Graph
+    blocks: list[ParallelBlock]
+    order: list[int]  # unique block id per position of the chain
+    costs: ChainCosts
+    mesh: Mesh
+    repeats: int
+    cluster: str
+    params: Any  # the example parameters (a pytree of arrays or shapes)
+
+
+def analyse(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "dgx-h100",
+            precision: str = "fp32") -> Analysis:
+    """Trace ``fn(params, batch, ...)``, find its blocks and cost every strategy of each unique
+    block on ``mesh`` (axis name -> size, outermost first) of the catalog ``cluster``."""
+    from paraplan.catalog import load_cluster
+    from paraplan.specs import ConfigError, Precision
+
+    axes = tuple(mesh.items()) if isinstance(mesh, dict) else tuple(mesh)
+    if not axes or any(not isinstance(n, int) or n < 1 for _, n in axes):
+        raise ConfigError(f"mesh: {axes!r} needs at least one axis, each of size >= 1")
+    gpn = load_cluster(cluster).gpus_per_node
+    c = load_cluster(cluster, num_nodes=max(1, -(-math.prod(n for _, n in axes) // gpn)))
+    graph = trace(fn, *example_args)
+    blocks = parallel_blocks(graph)
+    if not blocks:
+        raise ConfigError("fn: no contraction with a parameter (a leaf of the first argument) to shard")
+    seg = find_segments(blocks)
+    order = expand(seg)
+    m = Mesh(axes, c)
+    costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(Precision(precision)),
+                        relations(graph, blocks, order))
+    return Analysis(graph, blocks, order, costs, m, seg.repeats, cluster, example_args[0])
 
 
 def search(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "dgx-h100", precision: str = "fp32",
            memory_budget: float | None = None) -> ShardingPlan:
     """The fastest per-block sharding of ``fn(params, batch, ...)`` on ``mesh`` (axis name ->
-    size, outermost first) of the catalog ``cluster``, within ``memory_budget`` bytes per device."""
+    size, outermost first) of the catalog ``cluster``, within ``memory_budget`` bytes per device.
+    The arguments may be arrays or ``jax.ShapeDtypeStruct``s (tracing needs only shapes)."""
+    start = time.perf_counter()
+    a = analyse(fn, example_args, mesh, cluster=cluster, precision=precision)
+    best = search_chain(a.order, a.costs, memory_budget)
+    plan = assemble(a, best.choice, memory_budget)
+    plan.analysis_s = time.perf_counter() - start
+    return plan
+
+
+def assemble(a: Analysis, choice: list[int], memory_budget: float | None = None) -> ShardingPlan:
+    """The plan that takes strategy ``choice[i]`` (an index into ``a.costs.options``) at each
+    position of the chain: its specs, per-block report and totals."""
     import jax
 
-    from paraplan.catalog import load_cluster
-    from paraplan.specs import Precision
+    strategies = [a.costs.options[b][c] for b, c in zip(a.order, choice, strict=True)]
+    names = a.mesh.names
+    specs = weight_specs(a.graph, a.blocks, strategies, names)
+    paths, tree = jax.tree_util.tree_flatten_with_path(a.params)
+    ids = sorted(a.graph.param_vars)[: len(paths)]
+    per_leaf = [specs.get(i, (None,) * len(getattr(leaf, "shape", ()))) for i, (_, leaf) in zip(ids, paths, strict=True)]
+    names_of = {i: jax.tree_util.keystr(p) for i, (p, _) in zip(ids, paths, strict=True)}
+    reports = _reports(a.order, choice, a.costs, a.mesh, a.blocks, a.graph, names_of)
+    memory = sum(r.memory_bytes for r in reports)
+    return ShardingPlan(a.mesh.axes, strategies, jax.tree_util.tree_unflatten(tree, per_leaf),
+                        plan_inputs(a.blocks, strategies, a.mesh.axes), sum(r.time_s for r in reports), memory,
+                        memory_budget is None or memory <= memory_budget, a.blocks, a.graph, reports, a.cluster,
+                        memory_budget, 0.0, a.repeats, len(a.costs.options))
 
-    axes = tuple(mesh.items()) if isinstance(mesh, dict) else tuple(mesh)
-    graph = trace(fn, *example_args)
-    blocks = parallel_blocks(graph)
-    seg = find_segments(blocks)
-    order = expand(seg)
-    c = load_cluster(cluster)
-    m = Mesh(axes, c)
-    costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(Precision(precision)), pairs_of(order))
-    best = search_chain(order, costs, memory_budget)
-    names = tuple(a for a, _ in axes)
-    specs = weight_specs(graph, blocks, best.strategies, names)
-    leaves, tree = jax.tree_util.tree_flatten(example_args[0])
-    ids = sorted(graph.param_vars)[: len(leaves)]
-    per_leaf = [specs.get(i, (None,) * len(getattr(leaf, "shape", ()))) for i, leaf in zip(ids, leaves, strict=True)]
-    return ShardingPlan(axes, best.strategies, jax.tree_util.tree_unflatten(tree, per_leaf),
-                        plan_inputs(blocks, best.strategies, axes), best.time_s, best.memory_bytes, best.fits,
-                        blocks, graph)
+
+def plan_of(a: Analysis, strategies: list[Strategy], memory_budget: float | None = None) -> ShardingPlan:
+    """A hand-written plan (one strategy per block, e.g. Megatron's column/row pattern) costed
+    like a searched one, to compare with it or to verify it."""
+    from paraplan.specs import ConfigError
+
+    if len(strategies) != len(a.order):
+        raise ConfigError(f"strategies: {len(strategies)} given for {len(a.order)} blocks")
+    choice = []
+    for pos, (b, s) in enumerate(zip(a.order, strategies, strict=True)):
+        if tuple(s) not in a.costs.options[b]:
+            raise ConfigError(f"strategies[{pos}]: {s!r} is not a valid strategy of this block on the mesh")
+        choice.append(a.costs.options[b].index(tuple(s)))
+    return assemble(a, choice, memory_budget)
+
+
+def _reports(order: list[int], choice: list[int], costs: ChainCosts, mesh: Mesh, blocks: list[ParallelBlock],
+             graph: Graph, names_of: dict[int, str]) -> list[BlockReport]:
+    """Per position of the chain: the block's own cost plus the resharding into it."""
+    reports = []
+    previous, prev_id = None, None
+    for pos, (b, c) in enumerate(zip(order, choice, strict=True)):
+        cost = costs.details[b][c]
+        strategy = costs.options[b][c]
+        volume = dict(cost.comm_bytes)
+        seconds = cost.total_s
+        if previous is not None:
+            extra_s, extra = reshard(previous, strategy, costs.shapes[b], mesh, costs.relations[prev_id, b])
+            seconds += extra_s
+            for k, v in extra.items():
+                volume[k] = volume.get(k, 0.0) + v
+        block = blocks[pos]
+        reports.append(BlockReport(names_of.get(block.weight, f"block {pos}"), graph.param_shapes.get(block.weight, ()),
+                                   describe(strategy, mesh.names), seconds, volume, cost.memory_bytes, cost.flops))
+        previous, prev_id = strategy, b
+    return reports
+

@@ -1,44 +1,58 @@
-"""Sharding strategies of a ParallelBlock and what each costs, analytically (issue 5, part 2-3).
+"""Sharding strategies of a ParallelBlock and what each costs, analytically (issue 5, parts 2-3).
 
-A block's entry contraction is ``y[M, N] = x[M, K] @ W[K, N]`` (M: every dimension of the
-activation that is not contracted -- batch and sequence; K: the contracted dimensions; N: the
-weight's other dimensions). A strategy puts each mesh axis on M, K, N or nowhere (replicated),
-where the axes on a dimension must divide it. What each placement costs per step (forward and
-backward, Megatron/GSPMD conventions):
+A block's entry contraction is ``y[B, M, N] = x[B, M, K] @ W[B, K, N]`` (B: batch dimensions
+of the contraction, shared by the activation and the weight -- the experts of an MoE layer;
+M: the activation's other free dimensions -- batch and sequence; K: the contracted dimensions;
+N: the weight's other dimensions). A strategy puts each mesh axis on B, M, K, N or nowhere
+(replicated), where the axes on a dimension must divide its *outer factor* (the batch for M,
+the heads for a K or N that a reshape splits into heads -- head alignment). What each placement
+costs per training step (forward and backward, Megatron/GSPMD conventions), one collective
+over the group of all the axes on that dimension:
 
-- axis on M (data parallel): the weight gradient is a partial sum -> all-reduce of dW over it;
-- axis on K (row parallel): y is a partial sum -> all-reduce of y (forward);
-- axis on N (column parallel): the input gradient dx is a partial sum -> all-reduce of dx
+- axes on M (data parallel): the weight gradient is a partial sum -> all-reduce of dW,
+  overlapped with the block's backward compute (as Megatron-LM and DDP bucket it): only what
+  outlasts the backward is exposed;
+- axes on K (row parallel): y is a partial sum -> all-reduce of y (forward);
+- axes on N (column parallel): the input gradient dx is a partial sum -> all-reduce of dx
   (backward);
+- axes on B (expert parallel): nothing -- each device owns its experts' weights;
 - replicated: no communication; the work is repeated.
 
-Compute is the contraction's FLOPs (forward 2MKN, backward twice that) divided over the axes
+Compute is the contraction's FLOPs (forward 2BMKN, backward twice that) divided over the axes
 that split it, through the roofline of the mesh's GPU; communication goes through paraplan's
 collective cost model on the mesh's links (the last mesh axis is innermost, so it stays inside a
 node when it fits). Memory per device: the weight with its gradient and Adam state, split over
-the axes on K and N, plus the block's saved activations (``x``) split over the axes on M and K.
-Between blocks, the activation moves from the layout one block leaves to the one the next wants
-(:func:`reshard_s`).
+the axes on B, K and N, plus the block's saved input ``x`` split over the axes on B, M and K.
+Between blocks, the next block's input moves from the layout the previous block leaves to the
+one it wants (:func:`reshard`). Bytes are counted as XLA's collectives report them: the size of
+each collective's result on one device (``comm_bytes``), so that a compiled plan can be diffed
+against them (:mod:`paraplan.sharding.verify`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from paraplan.costmodel.collectives import estimate_collective_s
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim
 from paraplan.sharding.graph import ParallelBlock
 from paraplan.specs import ClusterSpec, Phase
 
-DIMS = ("M", "K", "N")
-BYTES = 4.0  # float32 activations and weights in the examples; Adam adds 8 bytes per parameter
+DIMS = ("B", "M", "K", "N")
+ADAM_BYTES = 8.0  # two fp32 moments per parameter
+
+Strategy = tuple[str | None, ...]  # per mesh axis: "B", "M", "K", "N" or None
 
 
 @dataclass(frozen=True)
 class Mesh:
-    """Named mesh axes (outermost first) on a cluster."""
+    """Named mesh axes (outermost first) on a cluster; device ``i`` (row-major over the axes)
+    sits on node ``i // gpus_per_node``."""
 
     axes: tuple[tuple[str, int], ...]
     cluster: ClusterSpec
@@ -47,48 +61,72 @@ class Mesh:
     def size(self) -> int:
         return math.prod(n for _, n in self.axes)
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.axes)
+
     def layout(self, axis: str) -> GroupLayout:
-        """Where a group along ``axis`` lies: axes after it are laid out inside it."""
-        names = [a for a, _ in self.axes]
-        i = names.index(axis)
-        n = self.axes[i][1]
-        stride = math.prod(m for _, m in self.axes[i + 1:])
-        gpn = self.cluster.gpus_per_node
-        per_node = min(n, max(1, gpn // stride)) if stride < gpn else 1
-        return GroupLayout(size=n, nodes=-(-n // per_node), per_node=per_node)
+        """Where a group along one axis lies."""
+        return self.group_layout((self.names.index(axis),))
+
+    def group_layout(self, axes: tuple[int, ...]) -> GroupLayout:
+        """Where the group spanned by the mesh axes at positions ``axes`` lies (the group of
+        device 0; every group of a row-major mesh on equal nodes looks the same)."""
+        return _group_layout(tuple(n for _, n in self.axes), tuple(sorted(axes)), self.cluster.gpus_per_node)
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_layout(sizes: tuple[int, ...], axes: tuple[int, ...], gpus_per_node: int) -> GroupLayout:
+    strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    members = [sum(c * strides[a] for c, a in zip(coords, axes, strict=True))
+               for coords in itertools.product(*(range(sizes[a]) for a in axes))]
+    nodes = np.bincount(np.asarray(members) // gpus_per_node)
+    return GroupLayout(size=len(members), nodes=int((nodes > 0).sum()), per_node=int(nodes.max()))
 
 
 @dataclass(frozen=True)
 class Shape:
+    """A block's contraction sizes, the outer factor a split must divide per dimension, and the
+    element size in bytes."""
+
     m: int
     k: int
     n: int
+    b: int = 1
+    m_outer: int | None = None  # None: the whole dimension
+    k_outer: int | None = None
+    n_outer: int | None = None
+    itemsize: int = 4
 
-    @classmethod
-    def of(cls, block: ParallelBlock) -> Shape:
-        eqn = block.entry
-        (lc, rc), _batch = eqn.params["dimension_numbers"]
-        w = block.weight_operand
-        x_shape, w_shape = eqn.in_shapes[1 - w], eqn.in_shapes[w]
-        x_contract = (lc, rc)[1 - w]
-        w_contract = (lc, rc)[w]
-        k = math.prod(w_shape[d] for d in w_contract)
-        n = math.prod(s for d, s in enumerate(w_shape) if d not in w_contract)
-        m = math.prod(s for d, s in enumerate(x_shape) if d not in x_contract)
-        return cls(m, k, n)
+    def outer(self, dim: str) -> int:
+        whole = {"B": self.b, "M": self.m, "K": self.k, "N": self.n}[dim]
+        part = {"B": None, "M": self.m_outer, "K": self.k_outer, "N": self.n_outer}[dim]
+        return whole if part is None else part
+
+    @property
+    def flops(self) -> float:
+        """Forward and backward FLOPs of the contraction: 2BMKN + 4BMKN."""
+        return 6.0 * self.b * self.m * self.k * self.n
+
+    @property
+    def x_bytes(self) -> float:
+        return float(self.b * self.m * self.k * self.itemsize)
 
 
-Strategy = tuple[str | None, ...]  # per mesh axis: "M", "K", "N" or None
+def splits(strategy: Strategy, mesh: Mesh) -> dict[str, int]:
+    """How many ways each dimension is split."""
+    return {d: math.prod(n for (_, n), c in zip(mesh.axes, strategy, strict=True) if c == d) for d in DIMS}
 
 
 def strategies(shape: Shape, mesh: Mesh) -> list[Strategy]:
-    """Every placement of the mesh axes on M, K, N or nowhere whose split divides the dims."""
+    """Every placement of the mesh axes on B, M, K, N or nowhere whose split divides the
+    dimensions' outer factors (B only for contractions with batch dimensions)."""
+    dims = DIMS if shape.b > 1 else DIMS[1:]
     out = []
-    for combo in itertools.product((*DIMS, None), repeat=len(mesh.axes)):
-        split = {d: math.prod(n for (_, n), c in zip(mesh.axes, combo, strict=True) if c == d) for d in DIMS}
-        if shape.m % split["M"] or shape.k % split["K"] or shape.n % split["N"]:
-            continue
-        out.append(combo)
+    for combo in itertools.product((*dims, None), repeat=len(mesh.axes)):
+        split = splits(combo, mesh)
+        if all(shape.outer(d) % split[d] == 0 for d in DIMS):
+            out.append(combo)
     return out
 
 
@@ -96,8 +134,9 @@ def strategies(shape: Shape, mesh: Mesh) -> list[Strategy]:
 class BlockCost:
     compute_s: float
     comm_s: float
-    comm_bytes: dict[str, float]  # collective kind -> bytes per device per step
+    comm_bytes: dict[str, float]  # XLA collective name -> bytes of results per device per step
     memory_bytes: float
+    flops: float  # on one device, forward and backward
 
     @property
     def total_s(self) -> float:
@@ -108,56 +147,113 @@ def _coll(kind: CollectiveKind, nbytes: float, layout: GroupLayout, cluster: Clu
     return estimate_collective_s(Collective("sharding", kind, ParallelDim.TP, nbytes, Phase.FWD), layout, cluster)
 
 
+def _axes_on(strategy: Strategy, dim: str | None) -> tuple[int, ...]:
+    return tuple(i for i, c in enumerate(strategy) if c == dim)
+
+
 def block_cost(shape: Shape, strategy: Strategy, mesh: Mesh, peak_flops: float) -> BlockCost:
-    split = {d: math.prod(n for (_, n), c in zip(mesh.axes, strategy, strict=True) if c == d) for d in DIMS}
-    m, k, n = shape.m / split["M"], shape.k / split["K"], shape.n / split["N"]
+    split = splits(strategy, mesh)
+    b, m, k, n = (shape.b / split["B"], shape.m / split["M"], shape.k / split["K"], shape.n / split["N"])
     gpu = mesh.cluster.gpu
-    flops = 6.0 * m * k * n  # forward 2mkn + backward 4mkn, on this device's shard
+    flops = 6.0 * b * m * k * n  # forward 2bmkn + backward 4bmkn, on this device's shard
     compute = flops / (peak_flops * gpu.efficiency.gemm.max_fraction)
-    comm, volume = 0.0, {"all_reduce": 0.0}
-    for (axis, _), c in zip(mesh.axes, strategy, strict=True):
-        if c is None:
-            continue
-        buffer = {"M": k * n, "K": m * n, "N": m * k}[c] * BYTES  # dW, y or dx: the partial sum
-        comm += _coll(CollectiveKind.ALL_REDUCE, buffer, mesh.layout(axis), mesh.cluster)
-        volume["all_reduce"] += buffer
-    weights = shape.k * shape.n / (split["K"] * split["N"]) * (BYTES * 2 + 8.0)
-    activations = m * k * BYTES
-    return BlockCost(compute, comm, volume, weights + activations)
+    comm, volume = 0.0, {}
+    for dim, partial in (("M", k * n), ("K", m * n), ("N", m * k)):  # dW, y, dx: partial sums
+        axes = _axes_on(strategy, dim)
+        if axes:
+            buffer = b * partial * shape.itemsize
+            seconds = _coll(CollectiveKind.ALL_REDUCE, buffer, mesh.group_layout(axes), mesh.cluster)
+            if dim == "M":  # the gradient all-reduce overlaps the block's backward compute
+                seconds = max(0.0, seconds - compute * 4.0 / 6.0)
+            comm += seconds
+            volume["all-reduce"] = volume.get("all-reduce", 0.0) + buffer
+    weights = shape.b * shape.k * shape.n / (split["B"] * split["K"] * split["N"]) * (2 * shape.itemsize + ADAM_BYTES)
+    activations = b * m * k * shape.itemsize
+    return BlockCost(compute, comm, volume, weights + activations, flops)
 
 
 def _output_layout(strategy: Strategy) -> tuple[str | None, ...]:
-    """Which dimension of y[M, N] each axis splits after the block (K partial sums are reduced)."""
-    return tuple(c if c in ("M", "N") else None for c in strategy)
+    """Which dimension of the next block's x[B, M, K] each axis splits as this block leaves its
+    y[B, M, N] (N becomes the next K; partial sums over K are reduced inside the block)."""
+    return tuple({"B": "B", "M": "M", "N": "K"}.get(c) if c else None for c in strategy)
 
 
 def _input_layout(strategy: Strategy) -> tuple[str | None, ...]:
-    """Which dimension of x[M, K] each axis must split for the block; K of x is N of the previous."""
-    return tuple({"M": "M", "K": "N"}.get(c) if c else None for c in strategy)
+    """Which dimension of x[B, M, K] each axis must split for the block."""
+    return tuple(c if c in ("B", "M", "K") else None for c in strategy)
 
 
-def reshard_s(prev: Strategy, nxt: Strategy, shape_out: Shape, mesh: Mesh) -> tuple[float, dict[str, float]]:
-    """Seconds (forward and backward) and bytes to move y of the previous block, [M, N], into
-    the layout the next block's x wants: per axis, kept (free), dropped (all-gather; backward
-    reduce-scatter), added (a slice, free; backward all-gather), or moved to the other
-    dimension (all-to-all both ways, costed as an all-gather of 1/n of the tensor)."""
-    have, want = _output_layout(prev), _input_layout(nxt)
-    local = shape_out.m * shape_out.n * BYTES
-    for (_, n), h in zip(mesh.axes, have, strict=True):
-        if h:
-            local /= n
-    seconds, volume = 0.0, {"all_gather": 0.0, "all_to_all": 0.0}
-    for (axis, n), h, w in zip(mesh.axes, have, want, strict=True):
-        if h == w:
-            continue
-        layout = mesh.layout(axis)
-        if h is not None and w is None:
-            seconds += 2 * _coll(CollectiveKind.ALL_GATHER, local * n, layout, mesh.cluster)
-            volume["all_gather"] += local * n
-        elif h is None and w is not None:
-            seconds += _coll(CollectiveKind.ALL_GATHER, local, layout, mesh.cluster)  # backward
-            volume["all_gather"] += local
-        else:
-            seconds += 2 * _coll(CollectiveKind.ALL_GATHER, local, layout, mesh.cluster)
-            volume["all_to_all"] += local
+def move(have: tuple[str | None, ...], want: tuple[str | None, ...], nbytes: float,
+         mesh: Mesh) -> tuple[float, dict[str, float]]:
+    """Seconds (forward and backward) and result bytes to bring a tensor of ``nbytes`` (whole)
+    from layout ``have`` to ``want`` (per mesh axis, the dimension it splits). Axes dropped are
+    all-gathered (forward; the backward is a free slice), axes added are sliced (free; the
+    backward all-gathers the gradient), axes moved to another dimension are an all-to-all both
+    ways (timed as an all-gather of the local piece: the same bytes cross the links)."""
+    local = nbytes / math.prod(n for (_, n), h in zip(mesh.axes, have, strict=True) if h)
+    dropped = tuple(i for i, (h, w) in enumerate(zip(have, want, strict=True)) if h and not w)
+    added = tuple(i for i, (h, w) in enumerate(zip(have, want, strict=True)) if w and not h)
+    moved = tuple(i for i, (h, w) in enumerate(zip(have, want, strict=True)) if h and w and h != w)
+    seconds, volume = 0.0, {}
+    if moved:
+        seconds += 2 * _coll(CollectiveKind.ALL_GATHER, local, mesh.group_layout(moved), mesh.cluster)
+        volume["all-to-all"] = 2 * local
+    if dropped:
+        gathered = local * math.prod(mesh.axes[i][1] for i in dropped)
+        seconds += _coll(CollectiveKind.ALL_GATHER, gathered, mesh.group_layout(dropped), mesh.cluster)
+        volume["all-gather"] = gathered
+        local = gathered
+    if added:
+        seconds += _coll(CollectiveKind.ALL_GATHER, local, mesh.group_layout(added), mesh.cluster)  # backward
+        volume["all-gather"] = volume.get("all-gather", 0.0) + local
     return seconds, volume
+
+
+@dataclass(frozen=True)
+class Relation:
+    """How the next block of the chain relates to the previous one in the dataflow: its input
+    comes from the previous block's output (``direct``) or from the same value as the previous
+    block's input (``sibling``: Q and K/V, gate and up); ``join``: their outputs meet in one
+    operator (q and k in attention, SwiGLU's product), so they must share a layout."""
+
+    kind: str = "direct"
+    join: bool = False
+
+
+def reshard(prev: Strategy, nxt: Strategy, x_next: Shape, mesh: Mesh,
+            relation: Relation = Relation()) -> tuple[float, dict[str, float]]:
+    """Seconds and result bytes of moving data between two neighbouring blocks of the chain:
+    the next block's input x into the layout it wants (from the previous block's output, or
+    from the layout the previous block read the same value in), and, for a join, the next
+    block's output into the previous one's."""
+    have = _input_layout(prev) if relation.kind == "sibling" else _output_layout(prev)
+    seconds, volume = move(have, _input_layout(nxt), x_next.x_bytes, mesh)
+    if relation.join:
+        y_bytes = float(x_next.b * x_next.m * x_next.n * x_next.itemsize)
+        extra_s, extra = move(_output_layout(nxt), _output_layout(prev), y_bytes, mesh)
+        seconds += extra_s
+        for k, v in extra.items():
+            volume[k] = volume.get(k, 0.0) + v
+    return seconds, volume
+
+
+def shape_of(block: ParallelBlock) -> Shape:
+    """The contraction sizes of a block's entry, with the outer factors the graph found."""
+    eqn = block.entry
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    w = block.weight_operand
+    x_shape, w_shape = eqn.in_shapes[1 - w], eqn.in_shapes[w]
+    x_contract, w_contract = (lc, rc)[1 - w], (lc, rc)[w]
+    x_batch, w_batch = (lb, rb)[1 - w], (lb, rb)[w]
+    x_free = [d for d in range(len(x_shape)) if d not in x_contract and d not in x_batch]
+    w_free = [d for d in range(len(w_shape)) if d not in w_contract and d not in w_batch]
+    return Shape(
+        m=math.prod(x_shape[d] for d in x_free),
+        k=math.prod(w_shape[d] for d in w_contract),
+        n=math.prod(w_shape[d] for d in w_free),
+        b=math.prod(w_shape[d] for d in w_batch),
+        m_outer=x_shape[x_free[0]] if x_free else None,
+        k_outer=math.gcd(block.k_outer or 0, w_shape[w_contract[0]]),
+        n_outer=math.gcd(block.n_outer or 0, w_shape[w_free[0]]) if w_free else None,
+        itemsize=eqn.in_itemsize[w] if eqn.in_itemsize else 4,
+    )
