@@ -21,7 +21,7 @@ def abstract(module, layers, hidden, batch, seq):
 
 
 def weight_name(report):
-    return report.weight.rsplit("'", 2)[-2]
+    return report.weight.rsplit(".", 1)[-1]
 
 
 @pytest.mark.parametrize("name", [*DENSE, "moe_layer"])

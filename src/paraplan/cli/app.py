@@ -10,6 +10,7 @@ from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
+from paraplan.cli.sharding import sharding_command
 from paraplan.cli.validate import validate_command
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app.add_typer(samples_app, name="samples")
 app.command("fit")(fit_command)
 app.command("search")(search_command)
 app.command("export")(export_command)
+app.command("sharding")(sharding_command)
 
 
 def _print_version(value: bool) -> None:

@@ -32,7 +32,10 @@ ELEMENTWISE = frozenset({
 })
 #: Operators a parameter may pass through and still count as the contraction's weight.
 WEIGHT_VIEWS = frozenset({"convert_element_type", "reshape", "transpose", "copy", "copy_p"})
-#: Operators whose sub-graphs are inlined.
+#: Call-like operators whose sub-graphs are inlined (loops and conditionals are not: they stay
+#: single operators, and contractions inside them are not blocks).
+CALL_PRIMITIVES = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+                             "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"})
 CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
@@ -49,6 +52,8 @@ class Eqn:
     in_shapes: tuple[tuple[int, ...], ...] = ()  # of the inputs
     in_itemsize: tuple[int, ...] = ()  # bytes per element of the inputs
     params: dict[str, Any] = field(repr=False, default_factory=dict)
+    prim: Any = field(repr=False, default=None)  # the JAX primitive, to evaluate the graph again
+    literals: tuple[Any, ...] = field(repr=False, default=())  # per input: its value if a literal
 
 
 @dataclass
@@ -56,6 +61,10 @@ class Graph:
     eqns: list[Eqn]
     param_vars: set[int]  # variable ids of the parameter leaves
     param_shapes: dict[int, tuple[int, ...]]
+    invars: list[int] = field(default_factory=list)  # every input leaf: parameters, then the rest
+    outvars: list[int] = field(default_factory=list)
+    consts: dict[int, Any] = field(repr=False, default_factory=dict)  # constants and literal outputs
+    out_tree: Any = None  # the structure of fn's result
 
 
 @dataclass(eq=False)
@@ -80,50 +89,83 @@ def trace(fn: Callable, *args: Any) -> Graph:
     """The flattened graph of ``fn(*args)``; ``args[0]`` holds the parameters."""
     import jax
 
-    closed = jax.make_jaxpr(fn)(*args)
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     n_params = len(jax.tree_util.tree_leaves(args[0]))
     ids: dict[Any, int] = {}
+    consts: dict[int, Any] = {}
+    scopes = [0]
 
-    def vid(var) -> int | None:
+    def vid(var, scope: int = 0) -> int | None:
+        """A variable's id; ``scope`` tells apart the inlinings of one sub-graph (JAX caches a
+        function's jaxpr, so two calls share its variable objects)."""
         if type(var).__name__ == "Literal":
             return None
-        if var not in ids:
-            ids[var] = len(ids)
-        return ids[var]
+        key = (scope, var)
+        if key not in ids:
+            ids[key] = len(ids)
+        return ids[key]
 
+    def new_scope() -> int:
+        scopes[0] += 1
+        return scopes[0]
+
+    vid.new_scope = new_scope  # type: ignore[attr-defined]
     invars = [vid(v) for v in closed.jaxpr.invars]
+    for var, value in zip(closed.jaxpr.constvars, closed.consts, strict=True):
+        consts[vid(var)] = value
     params = set(invars[:n_params])
     shapes = {invars[i]: tuple(closed.jaxpr.invars[i].aval.shape) for i in range(n_params)}
     eqns: list[Eqn] = []
-    _flatten(closed.jaxpr, eqns, vid, {})
-    return Graph(eqns, params, shapes)
+    rename: dict[int, int] = {}
+    _flatten(closed.jaxpr, eqns, vid, rename, consts, 0)
+    outvars = [_out_id(v, rename, vid, consts, 0) for v in closed.jaxpr.outvars]
+    return Graph(eqns, params, shapes, [i for i in invars if i is not None], outvars, consts,
+                 jax.tree_util.tree_structure(out_shape))
 
 
-def _flatten(jaxpr, out: list[Eqn], vid, rename: dict) -> None:
+def _out_id(var, rename: dict, vid, consts: dict, scope: int) -> int:
+    """The id of an output variable, or of a fresh constant for a literal output."""
+    if type(var).__name__ == "Literal":
+        i = -(len(consts) + 1)
+        consts[i] = var.val
+        return i
+    i = vid(var, scope)
+    return rename.get(i, i)
+
+
+def _flatten(jaxpr, out: list[Eqn], vid, rename: dict, consts: dict, scope: int) -> None:
     def resolve(var):
-        i = vid(var)
+        i = vid(var, scope)
         return rename.get(i, i)
 
     for eqn in jaxpr.eqns:
         sub = next((eqn.params[k] for k in CALLS if k in eqn.params), None)
-        if sub is not None:
+        if sub is not None and eqn.primitive.name in CALL_PRIMITIVES:
             inner = getattr(sub, "jaxpr", sub)
+            inner_scope = vid.new_scope()
+            for var, value in zip(inner.constvars, getattr(sub, "consts", ()), strict=False):
+                consts[vid(var, inner_scope)] = value
             mapping = dict(rename)
             for inner_var, outer_var in zip(inner.invars, eqn.invars, strict=False):
-                mapping[vid(inner_var)] = resolve(outer_var)
-            _flatten(inner, out, vid, mapping)
+                if type(outer_var).__name__ == "Literal":
+                    mapping[vid(inner_var, inner_scope)] = _out_id(outer_var, rename, vid, consts, scope)
+                else:
+                    mapping[vid(inner_var, inner_scope)] = resolve(outer_var)
+            _flatten(inner, out, vid, mapping, consts, inner_scope)
             for inner_var, outer_var in zip(inner.outvars, eqn.outvars, strict=False):
-                rename[vid(outer_var)] = mapping.get(vid(inner_var), vid(inner_var))
+                rename[vid(outer_var, scope)] = _out_id(inner_var, mapping, vid, consts, inner_scope)
             continue
         out.append(Eqn(
             index=len(out),
             primitive=eqn.primitive.name,
             inputs=tuple(resolve(v) for v in eqn.invars),
-            outputs=tuple(vid(v) for v in eqn.outvars),
+            outputs=tuple(vid(v, scope) for v in eqn.outvars),
             shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars),
             in_shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.invars),
             in_itemsize=tuple(_itemsize(v.aval) for v in eqn.invars),
             params=dict(eqn.params),
+            prim=eqn.primitive,
+            literals=tuple(v.val if type(v).__name__ == "Literal" else None for v in eqn.invars),
         ))
 
 

@@ -28,7 +28,7 @@ def describe(strategy: Strategy, axis_names: tuple[str, ...]) -> str:
 class BlockReport:
     """One block of the chosen plan: its weight, strategy and analytic costs per device."""
 
-    weight: str  # the parameter's path in the pytree, e.g. ['layers'][0]['qkv']
+    weight: str  # the parameter's path in the pytree, e.g. layers.0.qkv
     shape: tuple[int, ...]
     strategy: str
     time_s: float  # compute + its collectives + the resharding into it
@@ -75,6 +75,32 @@ class ShardingPlan:
         """Achieved TFLOP/s per device: the blocks' contraction FLOPs over the estimated time."""
         return self.flops / self.time_s / 1e12 if self.time_s > 0 else 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain data (the ``--format json`` output)."""
+        return {
+            "mesh": dict(self.mesh_axes),
+            "cluster": self.cluster,
+            "time_s": self.time_s,
+            "memory_bytes": self.memory_bytes,
+            "memory_budget_bytes": self.memory_budget,
+            "fits": self.fits,
+            "tflops_per_device": self.tflops,
+            "comm_bytes": self.comm_bytes,
+            "batch_axes": list(self.batch_axes),
+            "blocks_costed": self.unique_blocks,
+            "layers_found": self.repeats,
+            "analysis_s": self.analysis_s,
+            "blocks": [{
+                "weight": r.weight, "shape": list(r.shape), "strategy": r.strategy,
+                "partition_spec": [list(d) if isinstance(d, tuple) else d for d in spec],
+                "time_s": r.time_s, "comm_bytes": r.comm_bytes, "memory_bytes": r.memory_bytes, "flops": r.flops,
+            } for r, spec in zip(self.reports, self._block_specs(), strict=True)],
+        }
+
+    def _block_specs(self) -> list[tuple]:
+        specs = weight_specs(self.graph, self.blocks, self.strategies, tuple(a for a, _ in self.mesh_axes))
+        return [specs.get(b.weight, ()) for b in self.blocks]
+
     def partition_specs(self):
         """The parameters' ``jax.sharding.PartitionSpec`` pytree."""
         import jax
@@ -89,11 +115,22 @@ class ShardingPlan:
         axes = self.batch_axes
         return P(axes if len(axes) > 1 else (axes[0] if axes else None))
 
-    def verify(self, fn, example_args) -> Verification:
-        """Compile ``fn`` with this plan on the first devices, compare it with the unsharded run
+    def verify(self, fn, example_args, pin_activations: bool = True) -> Verification:
+        """Compile ``fn`` with this plan on the first devices (every block's input pinned to the
+        plan's layout unless ``pin_activations`` is False), compare it with the unsharded run
         (concrete arguments) and diff XLA's collective bytes against the analytic ones."""
         specs = weight_specs(self.graph, self.blocks, self.strategies, tuple(a for a, _ in self.mesh_axes))
-        return verify(fn, tuple(example_args), self.mesh_axes, specs, self.batch_axes, self.graph, self.comm_bytes)
+        pins = (self.blocks, self.strategies) if pin_activations else None
+        return verify(fn, tuple(example_args), self.mesh_axes, specs, self.batch_axes, self.graph, self.comm_bytes,
+                      pins)
+
+    def apply(self, mesh):
+        """The step as a function of the same arguments with every block's input pinned to this
+        plan's layout on ``mesh`` (a ``jax.sharding.Mesh`` with this plan's axis names): jit it
+        with ``in_shardings`` from :meth:`partition_specs` and :meth:`batch_spec`."""
+        from paraplan.sharding.apply import constrained
+
+        return constrained(self.graph, self.blocks, self.strategies, mesh)
 
 
 @dataclass
@@ -158,7 +195,7 @@ def assemble(a: Analysis, choice: list[int], memory_budget: float | None = None)
     paths, tree = jax.tree_util.tree_flatten_with_path(a.params)
     ids = sorted(a.graph.param_vars)[: len(paths)]
     per_leaf = [specs.get(i, (None,) * len(getattr(leaf, "shape", ()))) for i, (_, leaf) in zip(ids, paths, strict=True)]
-    names_of = {i: jax.tree_util.keystr(p) for i, (p, _) in zip(ids, paths, strict=True)}
+    names_of = {i: jax.tree_util.keystr(p, simple=True, separator=".") for i, (p, _) in zip(ids, paths, strict=True)}
     reports = _reports(a.order, choice, a.costs, a.mesh, a.blocks, a.graph, names_of)
     memory = sum(r.memory_bytes for r in reports)
     return ShardingPlan(a.mesh.axes, strategies, jax.tree_util.tree_unflatten(tree, per_leaf),

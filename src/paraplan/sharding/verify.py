@@ -39,6 +39,14 @@ class Verification:
     xla_memory_bytes: float | None  # XLA's memory_analysis: arguments + outputs + temporaries
     compile_s: float
 
+    def to_dict(self) -> dict:
+        return {"matches": self.matches, "max_abs_error": self.max_abs_error,
+                "xla_collective_bytes": self.xla_collective_bytes,
+                "analytic_collective_bytes": self.analytic_collective_bytes,
+                "bytes_difference": self.bytes_difference, "flag": self.flag,
+                "compiled_flops": self.compiled_flops, "xla_memory_bytes": self.xla_memory_bytes,
+                "compile_s": self.compile_s}
+
     @property
     def bytes_difference(self) -> float:
         """(XLA - analytic) / the larger of the two totals; 0 when both are 0."""
@@ -102,9 +110,12 @@ def collective_bytes(hlo_text: str) -> dict[str, float]:
 
 
 def verify(fn, args: tuple, mesh_axes: tuple[tuple[str, int], ...], specs: dict[int, tuple],
-           batch_axes: tuple[str, ...], graph: Graph, analytic_bytes: dict[str, float] | None = None) -> Verification:
+           batch_axes: tuple[str, ...], graph: Graph, analytic_bytes: dict[str, float] | None = None,
+           pins: tuple[list[ParallelBlock], list] | None = None) -> Verification:
     """Compile ``fn(*args)`` with the plan's shardings on the first devices; when the arguments
-    are concrete arrays, run it and compare with the unsharded run."""
+    are concrete arrays, run it and compare with the unsharded run. With ``pins`` (blocks and
+    their strategies) every block's input is pinned to the plan's layout
+    (:func:`paraplan.sharding.apply.constrained`); without, GSPMD propagates the rest."""
     import time
 
     import jax
@@ -129,8 +140,13 @@ def verify(fn, args: tuple, mesh_axes: tuple[tuple[str, int], ...], specs: dict[
     batch, replicated = NamedSharding(mesh, batch_spec), NamedSharding(mesh, P())
     rest = [jax.tree_util.tree_map(lambda _, s=(batch if i == 0 else replicated): s, a) for i, a in enumerate(args[1:])]
     in_shardings = (jax.tree_util.tree_unflatten(tree, shardings), *rest)
+    step = fn
+    if pins is not None:
+        from paraplan.sharding.apply import constrained
+
+        step = constrained(graph, pins[0], pins[1], mesh)
     start = time.perf_counter()
-    compiled = jax.jit(fn, in_shardings=in_shardings).lower(*args).compile()
+    compiled = jax.jit(step, in_shardings=in_shardings).lower(*args).compile()
     compile_s = time.perf_counter() - start
     error = matches = None
     if all(hasattr(leaf, "__array__") for leaf in jax.tree_util.tree_leaves(args)):
@@ -150,7 +166,11 @@ def verify(fn, args: tuple, mesh_axes: tuple[tuple[str, int], ...], specs: dict[
 
 
 def plan_inputs(blocks: list[ParallelBlock], strategies, mesh_axes) -> tuple[str, ...]:
-    """Mesh axes the batch is sharded over: the first block's M axes."""
-    return tuple(a for (a, _), c in zip(mesh_axes, strategies[0], strict=True) if c == "M")
+    """Mesh axes the batch is sharded over: the axes most blocks put on their batch dimension
+    M (the residual stream keeps the input's layout through every layer, so the common layout
+    is the one that costs least to keep; the first block's on a tie)."""
+    from collections import Counter
 
-
+    layouts = [tuple(a for (a, _), c in zip(mesh_axes, s, strict=True) if c == "M") for s in strategies]
+    counts = Counter(layouts)
+    return max(layouts, key=lambda lay: (counts[lay], -layouts.index(lay)))

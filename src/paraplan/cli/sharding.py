@@ -1,0 +1,102 @@
+"""`paraplan sharding FILE.py:FUNCTION --mesh data=2,model=4`: the per-block sharding of a JAX
+step function (CFP-style), proved by compiling it."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from paraplan.cli.common import OutputFormat, err, out, user_errors, write_text
+
+Opt = typer.Option
+
+
+def sharding_command(
+    target: Annotated[str, typer.Argument(help="The step function: FILE.py:FUNCTION or MODULE:FUNCTION, "
+                                               "e.g. examples/sharding/gpt_block.py:train_step.")],
+    mesh: Annotated[str, Opt(help="Mesh axes, outermost first, e.g. data=2,model=4.")] = "data=2,model=4",
+    memory_budget: Annotated[str | None, Opt(help="Memory per device, e.g. 60GB, or 'none' "
+                                                  "(default: the cluster GPU's memory).")] = None,
+    cluster: Annotated[str, Opt(help="Catalog cluster whose GPUs and links cost the plan.")] = "dgx-h100",
+    precision: Annotated[str, Opt(help="Peak FLOPs to use: fp32 | tf32 | bf16 | fp16 | fp8.")] = "fp32",
+    args: Annotated[str | None, Opt("--args", help="Keyword arguments for the example-args function, "
+                                                    "e.g. num_layers=32,hidden=1024.")] = None,
+    example_args: Annotated[str, Opt(help="Function of the same module returning (params, batch, ...).")] = "example_args",
+    shapes_only: Annotated[bool, Opt("--shapes-only", help="Trace with shapes only (big models): the plan is "
+                                                            "compiled but not run.")] = False,
+    verify: Annotated[bool, Opt("--verify/--no-verify", help="Compile the plan, compare it with the unsharded "
+                                                             "step and diff its collectives.")] = True,
+    output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json")] = OutputFormat.table,
+) -> None:
+    """Trace the step, group its operators into communication-free blocks, cost every block's
+    strategies on the mesh, pick the cheapest chain within the memory budget, and compile it."""
+    from paraplan.specs import ConfigError
+    from paraplan.units import parse_bytes
+
+    with user_errors():
+        axes = _parse_mesh(mesh)
+        size = 1
+        for _, n in axes:
+            size *= n
+        if verify:
+            _ask_for_cpu_devices(size)
+        if memory_budget is None:
+            from paraplan.catalog import load_cluster
+
+            budget = float(load_cluster(cluster).gpu.hbm_bytes)
+            memory_budget = f"{budget / 2**30:.0f} GiB (the GPU's memory)"
+        elif memory_budget.strip().lower() == "none":
+            budget = None
+        else:
+            budget = parse_bytes(memory_budget)
+        if output is OutputFormat.csv:
+            raise ConfigError("format: sharding writes table or json")
+        try:
+            import jax  # noqa: F401
+        except ImportError:
+            raise ConfigError('sharding: needs JAX; install the extra: pip install -e ".[sharding]"') from None
+        from paraplan.sharding.plan import search
+        from paraplan.sharding.target import example_args as make_args
+        from paraplan.sharding.target import load_target, parse_kwargs
+
+        step = load_target(target)
+        call_args = make_args(step, example_args, parse_kwargs(args), shapes_only)
+        with err.status(f"tracing and searching {target} on {mesh}"):
+            plan = search(step.fn, call_args, axes, cluster=cluster, precision=precision, memory_budget=budget)
+        check = None
+        if verify:
+            with err.status(f"compiling the plan on {size} devices"):
+                check = plan.verify(step.fn, call_args)
+    data = plan.to_dict()
+    if output is OutputFormat.json:
+        from paraplan.report.formats import render_json
+
+        write_text(render_json({"plan": data, "verification": None if check is None else check.to_dict()}))
+    else:
+        from paraplan.report.sharding import render_sharding
+
+        out.print(render_sharding(data, None if check is None else check.to_dict()))
+    if not plan.fits:
+        from paraplan.units import format_bytes
+
+        err.print(f"[bold red]error:[/] memory_budget: the smallest plan found needs {format_bytes(data['memory_bytes'])} "
+                  f"per device, over the budget {memory_budget}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+    if check is not None and check.matches is False:
+        raise typer.Exit(code=1)
+
+
+def _parse_mesh(text: str):
+    from paraplan.sharding.target import parse_mesh
+
+    return parse_mesh(text)
+
+
+def _ask_for_cpu_devices(count: int) -> None:
+    """On a machine without accelerators JAX has one CPU device; ask XLA for ``count`` (only
+    takes effect before JAX starts, and only for the host platform)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()

@@ -1,0 +1,92 @@
+"""Tables of a sharding plan: the plan's totals, its blocks (layers folded), and the check of
+the compiled plan against the analytic model."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from paraplan.units import format_bytes, format_seconds
+
+_LAYER = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
+
+
+def _comm(volume: dict[str, float]) -> str:
+    return ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(volume.items()) if v) or "-"
+
+
+def fold_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Blocks whose weight differs only by layer index and that share a strategy, as one row
+    (``layers.*.qkv``) with their count and summed costs."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for b in blocks:
+        key = (_LAYER.sub("*", b["weight"]), b["strategy"])
+        row = rows.setdefault(key, {"weight": key[0], "strategy": key[1], "count": 0, "time_s": 0.0,
+                                    "memory_bytes": 0.0, "comm_bytes": {}, "partition_spec": b["partition_spec"],
+                                    "shape": b["shape"]})
+        row["count"] += 1
+        row["time_s"] += b["time_s"]
+        row["memory_bytes"] += b["memory_bytes"]
+        for k, v in b["comm_bytes"].items():
+            row["comm_bytes"][k] = row["comm_bytes"].get(k, 0.0) + v
+    return list(rows.values())
+
+
+def _spec(spec: list) -> str:
+    if not spec:
+        return "replicated"
+    return "P(" + ", ".join("None" if d is None else (repr(d) if isinstance(d, str) else repr(tuple(d))) for d in spec) + ")"
+
+
+def render_sharding(plan: dict[str, Any], check: dict[str, Any] | None) -> Group:
+    mesh = " x ".join(f"{k}={v}" for k, v in plan["mesh"].items())
+    budget = plan["memory_budget_bytes"]
+    fits = "" if budget is None else (f" (budget {format_bytes(budget)}" + (")" if plan["fits"] else ", DOES NOT FIT)"))
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("mesh", f"{mesh} on {plan['cluster']}; batch sharded over {', '.join(plan['batch_axes']) or 'nothing'}")
+    summary.add_row("time per step", f"{format_seconds(plan['time_s'])} (analytic: contractions, their collectives, resharding)")
+    summary.add_row("memory per device", f"{format_bytes(plan['memory_bytes'])}{fits} (weights, grads, Adam, saved inputs)")
+    summary.add_row("throughput", f"{plan['tflops_per_device']:.1f} TFLOP/s per device (contraction FLOPs)")
+    summary.add_row("communication", _comm(plan["comm_bytes"]) + " per device per step")
+    summary.add_row("analysis", f"{len(plan['blocks'])} blocks, {plan['blocks_costed']} costed "
+                                f"(layers found: {plan['layers_found'] or 'none'}), {format_seconds(plan['analysis_s'])}")
+    table = Table(title="Strategy per block (roles of the mesh axes; layers with the same strategy folded)")
+    for name, justify in (("weight", "left"), ("blocks", "right"), ("strategy", "left"), ("PartitionSpec", "left"),
+                          ("time", "right"), ("collectives", "left"), ("memory", "right")):
+        table.add_column(name, justify=justify, no_wrap=name == "weight")
+    for row in fold_blocks(plan["blocks"]):
+        table.add_row(row["weight"], str(row["count"]), row["strategy"], _spec(row["partition_spec"]),
+                      format_seconds(row["time_s"]), _comm(row["comm_bytes"]), format_bytes(row["memory_bytes"]))
+    parts: list[Any] = [summary, table]
+    if check is not None:
+        parts.append(render_check(check))
+    return Group(*parts)
+
+
+def render_check(check: dict[str, Any]) -> Group:
+    table = Table(title=f"Compiled plan against the analytic model (compile {format_seconds(check['compile_s'])})")
+    for name in ("collective", "XLA (compiled)", "analytic", "difference"):
+        table.add_column(name, justify="left" if name == "collective" else "right")
+    kinds = sorted(set(check["xla_collective_bytes"]) | set(check["analytic_collective_bytes"]))
+    for kind in kinds:
+        x, a = check["xla_collective_bytes"].get(kind, 0.0), check["analytic_collective_bytes"].get(kind, 0.0)
+        diff = "-" if max(x, a) == 0 else f"{(x - a) / max(x, a):+.1%}"
+        table.add_row(kind, format_bytes(x), format_bytes(a), diff)
+    x, a = sum(check["xla_collective_bytes"].values()), sum(check["analytic_collective_bytes"].values())
+    table.add_row("total", format_bytes(x), format_bytes(a), f"{check['bytes_difference']:+.1%}", style="bold")
+    if check["matches"] is None:
+        numerics = Text("numerics: not run (shapes only); the plan compiled")
+    elif check["matches"]:
+        numerics = Text(f"numerics: the sharded step equals the unsharded one (max |error| {check['max_abs_error']:.1e})",
+                        style="green")
+    else:
+        numerics = Text(f"numerics: MISMATCH (max |error| {check['max_abs_error']:.1e})", style="bold red")
+    flag = Text(f"flagged: {check['flag']}", style="bold yellow") if check["flag"] else Text(
+        "not flagged: compiled collectives within 5 % of the analytic bytes", style="green")
+    return Group(table, numerics, flag)

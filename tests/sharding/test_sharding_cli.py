@@ -1,0 +1,77 @@
+"""`paraplan sharding FILE.py:FUNCTION --mesh ...` (issue 5): the plan, its blocks and the check
+of the compiled plan, as a table or JSON; bad input is one line and exit code 2."""
+
+import json
+
+import pytest
+
+jax = pytest.importorskip("jax")
+from gpt_example import EXAMPLES  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from paraplan.cli.app import app  # noqa: E402
+
+GPT = f"{EXAMPLES / 'gpt_block.py'}:train_step"
+SMALL = "num_layers=2,hidden=64,batch=8,seq=16"
+
+
+def run(*args):
+    return CliRunner().invoke(app, ["sharding", *args])
+
+
+@pytest.fixture(scope="module")
+def devices():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)")
+
+
+def test_the_json_output_has_every_block_its_strategy_and_the_compiled_check(devices):
+    result = run(GPT, "--mesh", "data=2,model=4", "--args", SMALL, "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    plan, check = data["plan"], data["verification"]
+    assert plan["mesh"] == {"data": 2, "model": 4} and plan["layers_found"] == 2
+    assert [b["weight"] for b in plan["blocks"][:4]] == ["layers.0.qkv", "layers.0.proj", "layers.0.fc1", "layers.0.fc2"]
+    assert all(set(b) >= {"strategy", "partition_spec", "comm_bytes", "memory_bytes", "time_s"} for b in plan["blocks"])
+    assert plan["fits"] and plan["time_s"] > 0 and plan["tflops_per_device"] > 0
+    assert check["matches"] is True and check["flag"] is None
+    assert check["analytic_collective_bytes"] == plan["comm_bytes"]
+
+
+def test_the_table_folds_the_layers_and_reports_the_check(devices):
+    result = run(GPT, "--mesh", "data=2,model=4", "--args", SMALL, "--memory-budget", "60GB")
+    assert result.exit_code == 0, result.output
+    assert "layers.*.qkv" in result.stdout and "numerics: the sharded step equals the unsharded one" in result.stdout
+
+
+def test_shapes_only_analyses_without_running():
+    result = run(GPT, "--args", "num_layers=4,hidden=512,batch=8,seq=128", "--shapes-only", "--no-verify",
+                 "--format", "json", "--mesh", "data=8")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["verification"] is None
+
+
+def test_a_budget_no_plan_meets_is_an_error_after_the_smallest_plan():
+    result = run(GPT, "--args", SMALL, "--no-verify", "--memory-budget", "1KB")
+    assert result.exit_code == 1
+    assert "memory_budget:" in result.stderr and "over the budget" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--mesh", "data=two"], "mesh:"),
+    (["--mesh", "data=2,data=4"], "mesh:"),
+    (["--args", "layers"], "args:"),
+    (["--args", "no_such_argument=3"], "args:"),
+    (["--memory-budget", "lots"], "lots"),
+    (["--example-args", "missing"], "example_args:"),
+])
+def test_bad_input_is_one_line_naming_the_field(args, field):
+    result = run(GPT, "--no-verify", *args)
+    assert result.exit_code == 2, result.output
+    assert field in result.stderr and "Traceback" not in result.output
+
+
+def test_a_target_that_is_not_file_and_function_is_one_line():
+    for target in ("examples/sharding/none.py:train_step", "gpt_block.py", f"{EXAMPLES / 'gpt_block.py'}:nothing"):
+        result = run(target, "--no-verify")
+        assert result.exit_code == 2 and "target:" in result.stderr
