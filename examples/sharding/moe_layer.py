@@ -4,7 +4,8 @@ Switch-Transformer MoE MLP (a router, top-1 gating with a capacity, experts as b
 ``example_args()`` gives the arguments ``paraplan sharding`` traces it with.
 
 The experts' contractions have the experts as a batch dimension, so a mesh axis can split them
-(expert parallelism): tokens then reach their experts through an all-to-all.
+(expert parallelism): tokens, routed within their group (GShard), then reach their experts
+through an all-to-all.
 
     paraplan sharding examples/sharding/moe_layer.py:train_step --mesh data=2,model=4
 """
@@ -39,25 +40,25 @@ def _norm(x, g):
 
 
 def moe(p: dict, x: jax.Array) -> jax.Array:
-    """Top-1 (Switch) routing of tokens x[T, h] to the experts, with a fixed capacity per expert."""
-    tokens, experts = x.shape[0], p["router"].shape[1]
+    """Top-1 (Switch) routing of x[G, S, h] -- G groups (sequences) of S tokens, as GShard groups
+    them -- to the experts, with a fixed capacity per expert and group: routing never mixes
+    groups, so with the groups split over devices the dispatch is an all-to-all."""
+    tokens, experts = x.shape[1], p["router"].shape[1]
     capacity = int(CAPACITY_FACTOR * tokens / experts)
-    probs = jax.nn.softmax(x @ p["router"], axis=-1)
+    probs = jax.nn.softmax(x @ p["router"], axis=-1)  # [G, S, E]
     expert = jnp.argmax(probs, axis=-1)
-    mask = jax.nn.one_hot(expert, experts, dtype=x.dtype)  # [T, E]
-    position = (jnp.cumsum(mask, axis=0) - 1.0) * mask  # slot of each token in its expert
+    mask = jax.nn.one_hot(expert, experts, dtype=x.dtype)
+    position = (jnp.cumsum(mask, axis=1) - 1.0) * mask  # slot of each token in its expert, per group
     keep = mask * (position < capacity)
-    dispatch = keep[:, :, None] * jax.nn.one_hot(position.astype(jnp.int32), capacity, dtype=x.dtype)  # [T, E, C]
-    combine = dispatch * (probs * keep)[:, :, None]
-    x_e = jnp.einsum("tec,th->ech", dispatch, x)
-    h = jax.nn.gelu(jnp.einsum("ech,ehf->ecf", x_e, p["w_in"]))
-    y_e = jnp.einsum("ecf,efh->ech", h, p["w_out"])
-    return jnp.einsum("tec,ech->th", combine, y_e)
+    dispatch = keep[..., None] * jax.nn.one_hot(position.astype(jnp.int32), capacity, dtype=x.dtype)  # [G,S,E,C]
+    combine = dispatch * (probs * keep)[..., None]
+    x_e = jnp.einsum("gsec,gsh->egch", dispatch, x)
+    h = jax.nn.gelu(jnp.einsum("egch,ehf->egcf", x_e, p["w_in"]))
+    y_e = jnp.einsum("egcf,efh->egch", h, p["w_out"])
+    return jnp.einsum("gsec,egch->gsh", combine, y_e)
 
 
 def loss(params: dict, x: jax.Array) -> jax.Array:
-    b, s, h = x.shape
-    x = x.reshape(b * s, h)
     for p in params["layers"]:
         x = x + moe(p, _norm(x, p["norm"]))
     return (x**2).mean()

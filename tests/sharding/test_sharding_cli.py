@@ -75,3 +75,11 @@ def test_a_target_that_is_not_file_and_function_is_one_line():
     for target in ("examples/sharding/none.py:train_step", "gpt_block.py", f"{EXAMPLES / 'gpt_block.py'}:nothing"):
         result = run(target, "--no-verify")
         assert result.exit_code == 2 and "target:" in result.stderr
+
+
+def test_profile_adds_xla_s_view_of_every_chosen_block(devices):
+    result = run(GPT, "--mesh", "data=2,model=4", "--args", SMALL, "--profile", "--no-verify", "--format", "json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["costs"] == "analytic"  # CPU: compiled, not timed
+    assert all(b["profile"]["xla_flops"] > 0 and b["profile"]["measured_s"] is None for b in plan["blocks"])

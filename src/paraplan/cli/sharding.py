@@ -26,6 +26,9 @@ def sharding_command(
     example_args: Annotated[str, Opt(help="Function of the same module returning (params, batch, ...).")] = "example_args",
     shapes_only: Annotated[bool, Opt("--shapes-only", help="Trace with shapes only (big models): the plan is "
                                                             "compiled but not run.")] = False,
+    profile: Annotated[bool, Opt("--profile", help="Also compile every block's strategies alone: XLA's bytes and "
+                                                    "FLOPs per block; on GPUs their times replace the analytic "
+                                                    "ones.")] = False,
     verify: Annotated[bool, Opt("--verify/--no-verify", help="Compile the plan, compare it with the unsharded "
                                                              "step and diff its collectives.")] = True,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json")] = OutputFormat.table,
@@ -40,7 +43,7 @@ def sharding_command(
         size = 1
         for _, n in axes:
             size *= n
-        if verify:
+        if verify or profile:
             _ask_for_cpu_devices(size)
         if memory_budget is None:
             from paraplan.catalog import load_cluster
@@ -63,8 +66,16 @@ def sharding_command(
 
         step = load_target(target)
         call_args = make_args(step, example_args, parse_kwargs(args), shapes_only)
-        with err.status(f"tracing and searching {target} on {mesh}"):
-            plan = search(step.fn, call_args, axes, cluster=cluster, precision=precision, memory_budget=budget)
+        if profile:
+            from rich.progress import Progress
+
+            with Progress(console=err, transient=True) as bar:
+                task = bar.add_task("compiling block strategies", total=None)
+                plan = search(step.fn, call_args, axes, cluster=cluster, precision=precision, memory_budget=budget,
+                              profiled=True, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        else:
+            with err.status(f"tracing and searching {target} on {mesh}"):
+                plan = search(step.fn, call_args, axes, cluster=cluster, precision=precision, memory_budget=budget)
         check = None
         if verify:
             with err.status(f"compiling the plan on {size} devices"):

@@ -27,7 +27,7 @@ def fold_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (_LAYER.sub("*", b["weight"]), b["strategy"])
         row = rows.setdefault(key, {"weight": key[0], "strategy": key[1], "count": 0, "time_s": 0.0,
                                     "memory_bytes": 0.0, "comm_bytes": {}, "partition_spec": b["partition_spec"],
-                                    "shape": b["shape"]})
+                                    "shape": b["shape"], "flops": b["flops"], "profile": b.get("profile")})
         row["count"] += 1
         row["time_s"] += b["time_s"]
         row["memory_bytes"] += b["memory_bytes"]
@@ -50,7 +50,9 @@ def render_sharding(plan: dict[str, Any], check: dict[str, Any] | None) -> Group
     summary.add_column(style="bold")
     summary.add_column()
     summary.add_row("mesh", f"{mesh} on {plan['cluster']}; batch sharded over {', '.join(plan['batch_axes']) or 'nothing'}")
-    summary.add_row("time per step", f"{format_seconds(plan['time_s'])} (analytic: contractions, their collectives, resharding)")
+    kind = plan.get("costs", "analytic")
+    summary.add_row("time per step", f"{format_seconds(plan['time_s'])} ({kind}: contractions, their collectives; "
+                                     "resharding analytic)")
     summary.add_row("memory per device", f"{format_bytes(plan['memory_bytes'])}{fits} (weights, grads, Adam, saved inputs)")
     summary.add_row("throughput", f"{plan['tflops_per_device']:.1f} TFLOP/s per device (contraction FLOPs)")
     summary.add_row("communication", _comm(plan["comm_bytes"]) + " per device per step")
@@ -64,6 +66,8 @@ def render_sharding(plan: dict[str, Any], check: dict[str, Any] | None) -> Group
         table.add_row(row["weight"], str(row["count"]), row["strategy"], _spec(row["partition_spec"]),
                       format_seconds(row["time_s"]), _comm(row["comm_bytes"]), format_bytes(row["memory_bytes"]))
     parts: list[Any] = [summary, table]
+    if any(row["profile"] for row in fold_blocks(plan["blocks"])):
+        parts.append(render_profile(fold_blocks(plan["blocks"])))
     if check is not None:
         parts.append(render_check(check))
     return Group(*parts)
@@ -90,3 +94,27 @@ def render_check(check: dict[str, Any]) -> Group:
     flag = Text(f"flagged: {check['flag']}", style="bold yellow") if check["flag"] else Text(
         "not flagged: compiled collectives within 5 % of the analytic bytes", style="green")
     return Group(table, numerics, flag)
+
+
+def render_profile(rows: list[dict[str, Any]]) -> Table:
+    """Each chosen block strategy compiled alone: XLA's collective bytes and FLOPs per device
+    against the analytic ones, and its measured time where it was timed (GPUs)."""
+    table = Table(title="Each block's strategy compiled alone (per block, per device)")
+    for name in ("weight", "strategy", "XLA collectives", "analytic", "XLA FLOPs / analytic", "measured"):
+        table.add_column(name, justify="left" if name in ("weight", "strategy") else "right",
+                         no_wrap=name == "weight")
+    for row in rows:
+        p = row["profile"]
+        if p is None:
+            continue
+        n = row["count"]
+        ratio = "-" if not p["xla_flops"] or not row["flops"] else f"{p['xla_flops'] / row['flops']:.3f}"
+        table.add_row(row["weight"], row["strategy"], _comm(p["xla_comm_bytes"]), _comm(_own(row, n)),
+                      ratio, "-" if p["measured_s"] is None else format_seconds(p["measured_s"]))
+    return table
+
+
+def _own(row: dict[str, Any], count: int) -> dict[str, float]:
+    """The block's own collectives per block: its all-reduces (resharding into it, all-gathers
+    and all-to-alls, belongs to the edge, not the block)."""
+    return {k: v / count for k, v in row["comm_bytes"].items() if k == "all-reduce"}

@@ -1,10 +1,10 @@
 """Intra-operator sharding search over communication-free blocks (CFP), on a JAX graph.
 
 ``search(fn, example_args, mesh)`` traces the step (:mod:`.graph`), costs every block's
-strategies (:mod:`.strategies`), picks the cheapest chain (:mod:`.chain`) and returns a
-:class:`~paraplan.sharding.plan.ShardingPlan` whose ``verify`` compiles it (:mod:`.verify`).
+strategies (:mod:`.strategies`; optionally compiled block by block, :mod:`.profile`), picks the
+cheapest chain (:mod:`.chain`) and returns a :class:`~paraplan.sharding.plan.ShardingPlan`
+whose ``verify`` compiles it with every block's layout pinned (:mod:`.apply`, :mod:`.verify`).
 JAX is an optional extra (``pip install -e ".[sharding]"``), imported inside functions.
-Work in progress (issue 5).
 """
 
 

@@ -16,45 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from paraplan.sharding.graph import Graph, ParallelBlock
-
-
-def input_spec(block: ParallelBlock, strategy, axis_names: tuple[str, ...]) -> tuple:
-    """PartitionSpec entries of a block's input x: the axes on B over its first batch dimension,
-    on M over its first free dimension, on K over its first contracted dimension."""
-    eqn = block.entry
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    x = 1 - block.weight_operand
-    contract, batch = (lc, rc)[x], (lb, rb)[x]
-    ndim = len(eqn.in_shapes[x])
-    free = [d for d in range(ndim) if d not in contract and d not in batch]
-    home = {"B": batch[0] if batch else None, "M": free[0] if free else None, "K": contract[0] if contract else None}
-    spec: list = [None] * ndim
-    for dim, d in home.items():
-        axes = tuple(a for a, c in zip(axis_names, strategy, strict=True) if c == dim)
-        if d is not None and axes:
-            spec[d] = axes[0] if len(axes) == 1 else axes
-    return tuple(spec)
-
-
-def output_spec(block: ParallelBlock, strategy, axis_names: tuple[str, ...]) -> tuple:
-    """PartitionSpec entries of a block's output y (dot_general's order: batch dimensions, then
-    the left operand's free dimensions, then the right's): B and M as in the input, N over the
-    weight's first free dimension; K is summed away."""
-    eqn = block.entry
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    free = [[d for d in range(len(eqn.in_shapes[o])) if d not in (lc, rc)[o] and d not in (lb, rb)[o]] for o in (0, 1)]
-    x = 1 - block.weight_operand
-    nb = len(lb)
-    start = {0: nb, 1: nb + len(free[0])}
-    home = {"B": 0 if nb else None,
-            "M": start[x] if free[x] else None,
-            "N": start[block.weight_operand] if free[block.weight_operand] else None}
-    spec: list = [None] * len(eqn.shapes[0])
-    for dim, d in home.items():
-        axes = tuple(a for a, c in zip(axis_names, strategy, strict=True) if c == dim)
-        if d is not None and axes:
-            spec[d] = axes[0] if len(axes) == 1 else axes
-    return tuple(spec)
+from paraplan.sharding.layouts import operand_spec, output_spec
 
 
 def constrained(graph: Graph, blocks: list[ParallelBlock], strategies, mesh) -> Callable[..., Any]:
@@ -65,7 +27,7 @@ def constrained(graph: Graph, blocks: list[ParallelBlock], strategies, mesh) -> 
     from jax.sharding import PartitionSpec as P
 
     names = tuple(mesh.axis_names)
-    pins = {b.entry.index: (1 - b.weight_operand, NamedSharding(mesh, P(*input_spec(b, s, names))))
+    pins = {b.entry.index: (1 - b.weight_operand, NamedSharding(mesh, P(*operand_spec(b, s, names, 1 - b.weight_operand))))
             for b, s in zip(blocks, strategies, strict=True)}
     outs = {b.entry.index: NamedSharding(mesh, P(*output_spec(b, s, names))) for b, s in zip(blocks, strategies, strict=True)}
 

@@ -51,6 +51,7 @@ class Eqn:
     shapes: tuple[tuple[int, ...], ...]  # of the outputs
     in_shapes: tuple[tuple[int, ...], ...] = ()  # of the inputs
     in_itemsize: tuple[int, ...] = ()  # bytes per element of the inputs
+    in_dtypes: tuple[str, ...] = ()  # of the inputs, e.g. "float32"
     params: dict[str, Any] = field(repr=False, default_factory=dict)
     prim: Any = field(repr=False, default=None)  # the JAX primitive, to evaluate the graph again
     literals: tuple[Any, ...] = field(repr=False, default=())  # per input: its value if a literal
@@ -163,6 +164,7 @@ def _flatten(jaxpr, out: list[Eqn], vid, rename: dict, consts: dict, scope: int)
             shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars),
             in_shapes=tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.invars),
             in_itemsize=tuple(_itemsize(v.aval) for v in eqn.invars),
+            in_dtypes=tuple(str(getattr(v.aval, "dtype", "float32")) for v in eqn.invars),
             params=dict(eqn.params),
             prim=eqn.primitive,
             literals=tuple(v.val if type(v).__name__ == "Literal" else None for v in eqn.invars),

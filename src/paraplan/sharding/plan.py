@@ -9,11 +9,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from paraplan.sharding.chain import ChainCosts, chain_costs, expand, relations
 from paraplan.sharding.chain import search as search_chain
 from paraplan.sharding.graph import Graph, ParallelBlock, find_segments, parallel_blocks, trace
+from paraplan.sharding.profile import BlockProfile, on_accelerators, profile_blocks
 from paraplan.sharding.strategies import Mesh, Strategy, reshard
-from paraplan.sharding.verify import Verification, plan_inputs, verify, weight_specs
+from paraplan.sharding.verify import Verification, device_mesh, plan_inputs, verify, weight_specs
 
 #: How each placement of a mesh axis reads in the report.
 ROLE = {"B": "expert", "M": "batch", "K": "row", "N": "column", None: "replicated"}
@@ -35,6 +38,7 @@ class BlockReport:
     comm_bytes: dict[str, float]
     memory_bytes: float
     flops: float
+    profile: BlockProfile | None = None  # XLA's view of the block compiled alone (search(profile=True))
 
 
 @dataclass
@@ -56,6 +60,7 @@ class ShardingPlan:
     analysis_s: float = 0.0  # tracing, costing and search
     repeats: int = 0  # how many times the repeated segment (the layers) occurs
     unique_blocks: int = 0  # blocks costed (the segment once)
+    costs: str = "analytic"  # or "measured on <platform>" when profiled blocks were timed
 
     @property
     def comm_bytes(self) -> dict[str, float]:
@@ -90,10 +95,14 @@ class ShardingPlan:
             "blocks_costed": self.unique_blocks,
             "layers_found": self.repeats,
             "analysis_s": self.analysis_s,
+            "costs": self.costs,
             "blocks": [{
                 "weight": r.weight, "shape": list(r.shape), "strategy": r.strategy,
                 "partition_spec": [list(d) if isinstance(d, tuple) else d for d in spec],
                 "time_s": r.time_s, "comm_bytes": r.comm_bytes, "memory_bytes": r.memory_bytes, "flops": r.flops,
+                "profile": None if r.profile is None else {
+                    "xla_comm_bytes": r.profile.xla_comm_bytes, "xla_flops": r.profile.xla_flops,
+                    "xla_memory_bytes": r.profile.xla_memory_bytes, "measured_s": r.profile.measured_s},
             } for r, spec in zip(self.reports, self._block_specs(), strict=True)],
         }
 
@@ -145,6 +154,8 @@ class Analysis:
     repeats: int
     cluster: str
     params: Any  # the example parameters (a pytree of arrays or shapes)
+    profiles: dict[int, list[BlockProfile]] | None = None
+    costs_kind: str = "analytic"
 
 
 def analyse(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "dgx-h100",
@@ -171,13 +182,31 @@ def analyse(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "d
     return Analysis(graph, blocks, order, costs, m, seg.repeats, cluster, example_args[0])
 
 
+def profile(a: Analysis, progress=None) -> Analysis:
+    """Compile every (unique block, strategy) alone on the first devices and record XLA's view
+    (:mod:`paraplan.sharding.profile`); on GPUs their measured times replace the analytic node
+    times (the resharding edges stay analytic)."""
+    jmesh = device_mesh(a.mesh.axes)
+    unique = [a.blocks[i] for i in sorted(a.costs.options)]
+    a.profiles = profile_blocks(unique, a.costs.options, jmesh, progress)
+    if on_accelerators(jmesh):
+        for b, rows in a.profiles.items():
+            a.costs.time[b] = np.array([p.measured_s for p in rows])
+        a.costs_kind = f"measured on {np.asarray(jmesh.devices).flat[0].platform}"
+    return a
+
+
 def search(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "dgx-h100", precision: str = "fp32",
-           memory_budget: float | None = None) -> ShardingPlan:
+           memory_budget: float | None = None, profiled: bool = False, progress=None) -> ShardingPlan:
     """The fastest per-block sharding of ``fn(params, batch, ...)`` on ``mesh`` (axis name ->
     size, outermost first) of the catalog ``cluster``, within ``memory_budget`` bytes per device.
-    The arguments may be arrays or ``jax.ShapeDtypeStruct``s (tracing needs only shapes)."""
+    The arguments may be arrays or ``jax.ShapeDtypeStruct``s (tracing needs only shapes). With
+    ``profiled`` every block's strategies are also compiled (and timed on GPUs: :func:`profile`);
+    ``progress(done, total)`` is called as they are."""
     start = time.perf_counter()
     a = analyse(fn, example_args, mesh, cluster=cluster, precision=precision)
+    if profiled:
+        profile(a, progress)
     best = search_chain(a.order, a.costs, memory_budget)
     plan = assemble(a, best.choice, memory_budget)
     plan.analysis_s = time.perf_counter() - start
@@ -197,11 +226,14 @@ def assemble(a: Analysis, choice: list[int], memory_budget: float | None = None)
     per_leaf = [specs.get(i, (None,) * len(getattr(leaf, "shape", ()))) for i, (_, leaf) in zip(ids, paths, strict=True)]
     names_of = {i: jax.tree_util.keystr(p, simple=True, separator=".") for i, (p, _) in zip(ids, paths, strict=True)}
     reports = _reports(a.order, choice, a.costs, a.mesh, a.blocks, a.graph, names_of)
+    if a.profiles is not None:
+        for r, b, c in zip(reports, a.order, choice, strict=True):
+            r.profile = a.profiles[b][c]
     memory = sum(r.memory_bytes for r in reports)
     return ShardingPlan(a.mesh.axes, strategies, jax.tree_util.tree_unflatten(tree, per_leaf),
                         plan_inputs(a.blocks, strategies, a.mesh.axes), sum(r.time_s for r in reports), memory,
                         memory_budget is None or memory <= memory_budget, a.blocks, a.graph, reports, a.cluster,
-                        memory_budget, 0.0, a.repeats, len(a.costs.options))
+                        memory_budget, 0.0, a.repeats, len(a.costs.options), a.costs_kind)
 
 
 def plan_of(a: Analysis, strategies: list[Strategy], memory_budget: float | None = None) -> ShardingPlan:
@@ -228,7 +260,7 @@ def _reports(order: list[int], choice: list[int], costs: ChainCosts, mesh: Mesh,
         cost = costs.details[b][c]
         strategy = costs.options[b][c]
         volume = dict(cost.comm_bytes)
-        seconds = cost.total_s
+        seconds = float(costs.time[b][c])  # analytic, or measured when profiled on GPUs
         if previous is not None:
             extra_s, extra = reshard(previous, strategy, costs.shapes[b], mesh, costs.relations[prev_id, b])
             seconds += extra_s

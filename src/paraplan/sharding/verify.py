@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from paraplan.sharding.graph import Graph, ParallelBlock
+from paraplan.sharding.layouts import operand_spec
 
 _COLLECTIVE = re.compile(
     r"^\s*(?:ROOT\s+)?%?\S+\s*=\s*(.+?)\s+(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\(",
@@ -80,20 +81,10 @@ def weight_specs(graph: Graph, blocks: list[ParallelBlock], strategies, axis_nam
     """Parameter variable id -> PartitionSpec entries (one per weight dimension)."""
     out: dict[int, tuple] = {}
     for block, strategy in zip(blocks, strategies, strict=True):
-        eqn = block.entry
-        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-        contract, batch = (lc, rc)[block.weight_operand], (lb, rb)[block.weight_operand]
-        shape = eqn.in_shapes[block.weight_operand]
+        shape = block.entry.in_shapes[block.weight_operand]
         if graph.param_shapes.get(block.weight) != shape or block.weight in out:
             continue  # reshaped before use: left replicated
-        free = [d for d in range(len(shape)) if d not in contract and d not in batch]
-        home = {"B": batch[0] if batch else None, "K": contract[0] if contract else None, "N": free[0] if free else None}
-        spec: list = [None] * len(shape)
-        for dim, d in home.items():
-            axes = tuple(a for a, c in zip(axis_names, strategy, strict=True) if c == dim)
-            if d is not None and axes:
-                spec[d] = axes[0] if len(axes) == 1 else axes
-        out[block.weight] = tuple(spec)
+        out[block.weight] = operand_spec(block, strategy, axis_names, block.weight_operand)
     return out
 
 
@@ -107,6 +98,23 @@ def collective_bytes(hlo_text: str) -> dict[str, float]:
             arrays = [arrays[1]]  # an async start's tuple is (operand, result, context...)
         totals[kind] = totals.get(kind, 0.0) + sum(arrays)
     return totals
+
+
+def device_mesh(mesh_axes: tuple[tuple[str, int], ...]):
+    """A ``jax.sharding.Mesh`` of the first devices, row-major over the axes (as the cost model
+    lays them out); a clear error when there are too few."""
+    import jax
+    import numpy as np
+
+    from paraplan.specs import ConfigError
+
+    size = math.prod(n for _, n in mesh_axes)
+    if len(jax.devices()) < size:
+        raise ConfigError(
+            f"mesh: needs {size} devices to compile the plan, JAX sees {len(jax.devices())} "
+            f"(on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={size} before JAX starts)")
+    devices = np.array(jax.devices()[:size]).reshape([n for _, n in mesh_axes])
+    return jax.sharding.Mesh(devices, tuple(a for a, _ in mesh_axes))
 
 
 def verify(fn, args: tuple, mesh_axes: tuple[tuple[str, int], ...], specs: dict[int, tuple],
@@ -123,16 +131,7 @@ def verify(fn, args: tuple, mesh_axes: tuple[tuple[str, int], ...], specs: dict[
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from paraplan.specs import ConfigError
-
-    names = tuple(a for a, _ in mesh_axes)
-    size = math.prod(n for _, n in mesh_axes)
-    if len(jax.devices()) < size:
-        raise ConfigError(
-            f"mesh: needs {size} devices to compile the plan, JAX sees {len(jax.devices())} "
-            f"(on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={size} before JAX starts)")
-    devices = np.array(jax.devices()[:size]).reshape([n for _, n in mesh_axes])
-    mesh = jax.sharding.Mesh(devices, names)
+    mesh = device_mesh(mesh_axes)
     leaves, tree = jax.tree_util.tree_flatten(args[0])
     param_ids = sorted(graph.param_vars)
     shardings = [NamedSharding(mesh, P(*specs[i]) if i in specs else P()) for i in param_ids[: len(leaves)]]
