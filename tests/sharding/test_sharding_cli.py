@@ -62,7 +62,8 @@ def test_a_budget_no_plan_meets_is_an_error_after_the_smallest_plan():
     (["--mesh", "data=2,data=4"], "mesh:"),
     (["--args", "layers"], "args:"),
     (["--args", "no_such_argument=3"], "args:"),
-    (["--memory-budget", "lots"], "lots"),
+    (["--memory-budget", "lots"], "memory_budget:"),
+    (["--precision", "int3"], "precision:"),
     (["--example-args", "missing"], "example_args:"),
 ])
 def test_bad_input_is_one_line_naming_the_field(args, field):

@@ -85,6 +85,40 @@ def test_the_chain_search_equals_brute_force():
     assert len(choice) == len(order)
 
 
+def brute_force(order, costs, budget=None):
+    """The fastest chain within the budget, by trying every one (numpy over all combinations)."""
+    grids = np.meshgrid(*(np.arange(len(costs.options[b])) for b in order), indexing="ij")
+    combos = [g.ravel() for g in grids]
+    time = sum(costs.time[b][c] for b, c in zip(order, combos, strict=True))
+    time = time + sum(costs.edge[a, b][i, j] for a, b, i, j in zip(order, order[1:], combos, combos[1:], strict=False))
+    memory = sum(costs.memory[b][c] for b, c in zip(order, combos, strict=True))
+    ok = memory <= budget if budget is not None else np.ones(len(time), bool)
+    return float(time[ok].min()) if ok.any() else None
+
+
+@pytest.mark.parametrize(("name", "layers"), [("gpt_block", 2), ("llama_block", 1)])
+def test_the_budgeted_search_equals_brute_force_at_every_budget(name, layers):
+    """Repeated layers (GPT) and sibling and joined blocks (Llama's Q/KV and gate/up), on a
+    one-axis mesh so that every combination can be tried; budgets from the least memory any
+    plan needs to the unconstrained plan's."""
+    from gpt_example import example
+
+    from paraplan.sharding.plan import analyse
+
+    m = example(name)
+    args = (jax.eval_shape(lambda: m.init_params(layers, 256)), jax.ShapeDtypeStruct((8, 128, 256), jnp.float32))
+    a = analyse(m.train_step, args, {"model": 4})
+    order, costs = a.order, a.costs
+    assert len(order) >= 6
+    free = search(order, costs)
+    least = sum(costs.memory[b].min() for b in order)
+    for budget in np.linspace(least, free.memory_bytes, 9):
+        plan = search(order, costs, memory_budget=budget)
+        expected = brute_force(order, costs, budget)
+        assert plan.fits and plan.memory_bytes <= budget
+        assert plan.time_s == pytest.approx(expected, rel=1e-9), budget
+
+
 def test_a_memory_budget_is_met_at_some_cost_in_time():
     _, order, costs, _ = analysed(layers=4, hidden=256)
     free = search(order, costs)
@@ -104,12 +138,14 @@ def test_with_a_slow_network_the_model_axis_stays_off_it():
     assert all(s[0] in ("M", None) for s in plan.strategies)
 
 
-def test_a_32_layer_gpt_is_analysed_and_searched_in_under_five_seconds():
+def test_a_32_layer_gpt_training_step_is_analysed_and_searched_in_under_five_seconds():
     import time
 
+    from paraplan.sharding.plan import search as search_plan
+
+    g = gpt()
+    args = (jax.eval_shape(lambda: g.init_params(32, hidden=1024)), jax.ShapeDtypeStruct((8, 512, 1024), jnp.float32))
     start = time.perf_counter()
-    _, order, costs, _ = analysed(layers=32, hidden=1024, batch=(8, 512))
-    search(order, costs)
-    assert len(order) == 128
+    plan = search_plan(g.train_step, args, {"data": 2, "model": 4}, memory_budget=80e9)
     assert time.perf_counter() - start < 5.0
-    assert np.isfinite(costs.time[0]).all()
+    assert len(plan.reports) == 128 and plan.repeats == 32 and plan.fits

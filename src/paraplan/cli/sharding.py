@@ -53,7 +53,12 @@ def sharding_command(
         elif memory_budget.strip().lower() == "none":
             budget = None
         else:
-            budget = parse_bytes(memory_budget)
+            from paraplan.units import UnitError
+
+            try:
+                budget = parse_bytes(memory_budget)
+            except UnitError as exc:
+                raise ConfigError(f"memory_budget: {exc}") from None
         if output is OutputFormat.csv:
             raise ConfigError("format: sharding writes table or json")
         try:

@@ -100,7 +100,7 @@ def render_profile(rows: list[dict[str, Any]]) -> Table:
     """Each chosen block strategy compiled alone: XLA's collective bytes and FLOPs per device
     against the analytic ones, and its measured time where it was timed (GPUs)."""
     table = Table(title="Each block's strategy compiled alone (per block, per device)")
-    for name in ("weight", "strategy", "XLA collectives", "analytic", "XLA FLOPs / analytic", "measured"):
+    for name in ("weight", "strategy", "XLA collectives", "analytic", "XLA FLOPs / analytic", "XLA memory", "measured"):
         table.add_column(name, justify="left" if name in ("weight", "strategy") else "right",
                          no_wrap=name == "weight")
     for row in rows:
@@ -109,8 +109,9 @@ def render_profile(rows: list[dict[str, Any]]) -> Table:
             continue
         n = row["count"]
         ratio = "-" if not p["xla_flops"] or not row["flops"] else f"{p['xla_flops'] / row['flops']:.3f}"
-        table.add_row(row["weight"], row["strategy"], _comm(p["xla_comm_bytes"]), _comm(_own(row, n)),
-                      ratio, "-" if p["measured_s"] is None else format_seconds(p["measured_s"]))
+        table.add_row(row["weight"], row["strategy"], _comm(p["xla_comm_bytes"]), _comm(_own(row, n)), ratio,
+                      "-" if p["xla_memory_bytes"] is None else format_bytes(p["xla_memory_bytes"]),
+                      "-" if p["measured_s"] is None else format_seconds(p["measured_s"]))
     return table
 
 

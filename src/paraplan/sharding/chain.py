@@ -4,9 +4,15 @@ Dynamic programming over the chain: the cost of a strategy sequence is the sum o
 time (:func:`~paraplan.sharding.strategies.block_cost`) and the resharding between neighbours.
 The repeated segment (the layers) is costed once -- every repeat reuses the first occurrence's
 block ids, so node and edge costs exist once per unique block -- and the DP then runs over the
-expanded chain (a few numpy operations per position: 32 layers are 128 cheap steps). A memory budget is
-met by Lagrangian relaxation: every block's time gets ``lam * memory`` added, and ``lam`` is
-bisected until the plan fits (the plan with the smallest time among those found that fit).
+expanded chain (a few numpy operations per position: 32 layers are 128 cheap steps).
+
+A memory budget makes the problem a constrained shortest path. It is solved exactly in two
+steps: Lagrangian relaxation (every block's time gets ``lam * memory`` added, ``lam`` bisected
+until the plan fits) gives a good plan that fits quickly; then a dynamic programme over
+Pareto fronts of (memory, time) per position and strategy finds the optimum, pruning every
+partial plan that cannot fit (its memory plus the least memory the rest can take) or cannot
+beat the Lagrangian plan (its time plus the rest's unconstrained optimum). Tests compare both
+with brute force.
 """
 
 from __future__ import annotations
@@ -140,4 +146,63 @@ def search(order: list[int], costs: ChainCosts, memory_budget: float | None = No
             hi, found = mid, (p if p.time_s < found.time_s else found)
         else:
             lo = mid
-    return found
+    exact = _pareto_search(order, costs, memory_budget, found.time_s)
+    return plan_for_choice(order, costs, exact, memory_budget) if exact is not None else found
+
+
+def plan_for_choice(order: list[int], costs: ChainCosts, choice: list[int], memory_budget: float | None) -> Plan:
+    time = sum(costs.time[b][c] for b, c in zip(order, choice, strict=True))
+    time += sum(costs.edge[a, b][i, j] for (a, b), (i, j) in zip(itertools.pairwise(order),
+                                                             itertools.pairwise(choice), strict=True))
+    mem = sum(costs.memory[b][c] for b, c in zip(order, choice, strict=True))
+    return Plan([costs.options[b][c] for b, c in zip(order, choice, strict=True)], list(choice), float(time),
+                float(mem), memory_budget is None or mem <= memory_budget)
+
+
+def _pareto_search(order: list[int], costs: ChainCosts, budget: float, upper: float) -> list[int] | None:
+    """The fastest chain within ``budget`` (exact), or None if none beats ``upper``."""
+    n = len(order)
+    node_t = [costs.time[b] for b in order]
+    node_m = [costs.memory[b] for b in order]
+    edges = [costs.edge[a, b] for a, b in itertools.pairwise(order)]
+    # least time and memory the positions after p can add (unconstrained), given p's strategy
+    to_go_t = [np.zeros(len(node_t[-1]))]
+    for p in range(n - 2, -1, -1):
+        to_go_t.append((edges[p] + (node_t[p + 1] + to_go_t[-1])[None, :]).min(axis=1))
+    to_go_t.reverse()
+    mins = [float(m.min()) for m in node_m]
+    to_go_m = np.concatenate([np.cumsum(mins[::-1])[::-1][1:], [0.0]])
+    slack = 1e-12 * max(upper, 1e-30)
+    # fronts[p][k] = (memory, time, previous strategy, index in its front), memory ascending
+    fronts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = []
+    for p in range(n):
+        row = []
+        for k in range(len(node_t[p])):
+            if p == 0:
+                mem, tim = np.array([node_m[0][k]]), np.array([node_t[0][k]])
+                prev, idx = np.array([-1]), np.array([-1])
+            else:
+                parts = [(f[0] + node_m[p][k], f[1] + edges[p - 1][j, k] + node_t[p][k], np.full(len(f[0]), j),
+                          np.arange(len(f[0]))) for j, f in enumerate(fronts[-1]) if len(f[0])]
+                if not parts:
+                    row.append((np.empty(0), np.empty(0), np.empty(0, int), np.empty(0, int)))
+                    continue
+                mem, tim, prev, idx = (np.concatenate(x) for x in zip(*parts, strict=True))
+            keep = (mem + to_go_m[p] <= budget) & (tim + to_go_t[p][k] <= upper + slack)
+            mem, tim, prev, idx = mem[keep], tim[keep], prev[keep], idx[keep]
+            order_ = np.lexsort((tim, mem))
+            mem, tim, prev, idx = mem[order_], tim[order_], prev[order_], idx[order_]
+            best_before = np.minimum.accumulate(np.concatenate([[np.inf], tim[:-1]])) if len(tim) else tim
+            pareto = tim < best_before
+            row.append((mem[pareto], tim[pareto], prev[pareto], idx[pareto]))
+        fronts.append(row)
+    finals = [(f[1].min(), k, int(f[1].argmin())) for k, f in enumerate(fronts[-1]) if len(f[1])]
+    if not finals:
+        return None
+    _, k, i = min(finals)
+    choice = [k]
+    for p in range(n - 1, 0, -1):
+        _, _, prev, idx = fronts[p][k]
+        k, i = int(prev[i]), int(idx[i])
+        choice.append(k)
+    return choice[::-1]

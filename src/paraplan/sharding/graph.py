@@ -3,17 +3,21 @@ operand, each grown along the operators through which its sharding propagates wi
 communication, and the repeated block sequence (the layers) found once.
 
 The graph is the function's jaxpr (``jax.make_jaxpr``), with calls (``pjit``, custom
-derivative rules, ``checkpoint``) inlined. The function's first argument holds the parameters
-(a pytree), as in ``train_step(params, batch)``.
+derivative rules, ``checkpoint``) inlined -- so a rematerialised step is analysed and verified
+without its recomputation. Loops and conditionals (``scan``, ``while``, ``cond``) stay single
+operators: contractions inside them are not blocks. The function's first argument holds the
+parameters (a pytree), as in ``train_step(params, batch)``.
 
-A block starts at a ``dot_general`` one of whose operands is a parameter (possibly reshaped,
-transposed or cast) and takes in every later operator whose inputs all come from the block, a
-parameter, or constants, and that keeps the layout of its input: elementwise operators,
-casts, and reductions or reshapes that a sharding of the contraction's batch dimension passes
-through (CFP's rule, simplified: we keep what an entry strategy can reach without
-resharding; strategies and their costs are in :mod:`paraplan.sharding.strategies`).
-Operators that belong to no block (the loss, norms' statistics over the whole batch) are kept
-as glue between blocks.
+A block starts at a ``dot_general`` one of whose operands is a parameter (possibly transposed
+or cast; a reshaped weight is kept whole) and takes in every later elementwise operator whose
+inputs all come from the block, a parameter or constants: a sharding passes through those with
+no communication. (CFP also grows blocks through reshapes and reductions over unsplit
+dimensions; here those stay in the glue, and a reshape into or out of attention heads instead
+sets the *outer factor* a split must divide.) The backward pass's contraction with the same
+weight (dx = dy W^T, found by its contracting the weight's other dimensions) belongs to the
+forward block; a second forward use of a weight is a block of its own. Operators in no block
+(attention's score and value products, norms' statistics, the loss) are the glue between
+blocks; strategies and their costs are in :mod:`paraplan.sharding.strategies`.
 """
 
 from __future__ import annotations
@@ -77,13 +81,21 @@ class ParallelBlock:
     weight: int  # the parameter variable id it contracts with
     members: list[Eqn]
     weight_operand: int = 1  # which operand of the entry is (a view of) the weight
-    later_uses: list[Eqn] = field(default_factory=list)  # the weight's other contractions (backward)
+    later_uses: list[Eqn] = field(default_factory=list)  # the weight's input-gradient contractions (backward)
+    weight_dims: tuple[int, ...] | None = None  # parameter dimension of each weight-operand dimension;
+    #                                             None: reshaped on the way (the weight stays whole)
+    needs_dx: bool = True  # the input depends on parameters, so its gradient is computed
     k_outer: int | None = None  # a reshape splits the input's contracted dim into (k_outer, ...)
     n_outer: int | None = None  # a reshape splits the output's last dim into (n_outer, ...)
 
     def signature(self) -> tuple:
-        """What makes two blocks the same: operators, output shapes, weight shape."""
-        return tuple((e.primitive, e.shapes) for e in self.members)
+        """What makes two blocks the same: the entry's operand shapes, dtypes and dimension
+        numbers, which operand is the weight and how it is viewed, the head alignment, and the
+        operators and output shapes of the members."""
+        e = self.entry
+        return (e.in_shapes, e.in_dtypes, e.params["dimension_numbers"], self.weight_operand,
+                self.weight_dims is None, self.needs_dx, self.k_outer, self.n_outer,
+                tuple((m.primitive, m.shapes) for m in self.members))
 
 
 def trace(fn: Callable, *args: Any) -> Graph:
@@ -179,25 +191,32 @@ def _itemsize(aval) -> int:
 def parallel_blocks(graph: Graph) -> list[ParallelBlock]:
     """The graph's ParallelBlocks in program order (see the module docstring)."""
     weight_of: dict[int, int] = {v: v for v in graph.param_vars}  # variable -> parameter it views
+    dims_of: dict[int, tuple[int, ...] | None] = {v: tuple(range(len(s))) for v, s in graph.param_shapes.items()}
     blocks: list[ParallelBlock] = []
     first_use: dict[int, ParallelBlock] = {}  # parameter -> the block of its first contraction
     owner: dict[int, ParallelBlock] = {}  # variable -> block that produced it
+    learned = set(graph.param_vars)  # variables that depend on a parameter
     for eqn in graph.eqns:
         ins = [v for v in eqn.inputs if v is not None]
+        if any(v in learned for v in ins):
+            learned.update(eqn.outputs)
         if eqn.primitive in WEIGHT_VIEWS and len(ins) == 1 and ins[0] in weight_of:
             weight_of[eqn.outputs[0]] = weight_of[ins[0]]
+            dims_of[eqn.outputs[0]] = _view_dims(eqn, dims_of.get(ins[0]))
             continue
         if eqn.primitive == "dot_general":
             operands = [i for i, v in enumerate(eqn.inputs[:2]) if v in weight_of]
             if operands:
                 w = operands[-1]
+                dims = dims_of.get(eqn.inputs[w])
                 first = first_use.get(weight_of[eqn.inputs[w]])
-                if first is not None:  # the weight's input gradient in the backward pass
+                if first is not None and _is_input_gradient(first, eqn, w, dims):
                     first.later_uses.append(eqn)
                     continue
-                block = ParallelBlock(len(blocks), eqn, weight_of[eqn.inputs[w]], [eqn], weight_operand=w)
+                block = ParallelBlock(len(blocks), eqn, weight_of[eqn.inputs[w]], [eqn], weight_operand=w,
+                                      weight_dims=dims, needs_dx=eqn.inputs[1 - w] in learned)
                 blocks.append(block)
-                first_use[block.weight] = block
+                first_use.setdefault(block.weight, block)
                 owner[eqn.outputs[0]] = block
                 continue
         sources = {owner[v] for v in ins if v in owner}
@@ -209,6 +228,35 @@ def parallel_blocks(graph: Graph) -> list[ParallelBlock]:
                     owner[o] = block
     _outer_factors(graph, blocks, owner)
     return blocks
+
+
+def _view_dims(eqn: Eqn, dims: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """How a view of a weight maps its dimensions to the parameter's: casts and copies keep
+    them, a transpose permutes them, a reshape loses them (unless it changes nothing)."""
+    if dims is None:
+        return None
+    if eqn.primitive == "transpose":
+        return tuple(dims[p] for p in eqn.params["permutation"])
+    if eqn.primitive == "reshape":
+        return dims if eqn.shapes[0] == eqn.in_shapes[0] else None
+    return dims
+
+
+def _contracted(eqn: Eqn, operand: int, dims: tuple[int, ...] | None) -> frozenset[int] | None:
+    if dims is None:
+        return None
+    (lc, rc), _ = eqn.params["dimension_numbers"]
+    return frozenset(dims[d] for d in (lc, rc)[operand])
+
+
+def _is_input_gradient(first: ParallelBlock, eqn: Eqn, operand: int, dims: tuple[int, ...] | None) -> bool:
+    """A later contraction with a weight is its backward (dx = dy W^T) when it contracts other
+    weight dimensions than the first use did; one that contracts the same ones uses the weight
+    again in the forward pass (a shared weight) and is a block of its own. When a reshape hides
+    the dimensions, every later use counts as backward."""
+    before = _contracted(first.entry, first.weight_operand, first.weight_dims)
+    now = _contracted(eqn, operand, dims)
+    return before is None or now is None or before != now
 
 
 def _trailing_factor(dims: tuple[int, ...], size: int) -> int | None:
@@ -286,13 +334,17 @@ def find_segments(blocks: Sequence[ParallelBlock]) -> Segments:
 def dataflow(graph: Graph, blocks: list[ParallelBlock]) -> tuple[dict[int, int | None], set[tuple[int, int]]]:
     """Per block: the latest block its input derives from (None: only the step's inputs); and
     the pairs of blocks whose outputs meet in one operator outside both. One pass over the
-    forward part of the graph (up to the first backward contraction)."""
+    forward part of the graph (up to the step's first result, the loss, or the first backward
+    contraction if that comes earlier)."""
     owner: dict[int, int] = {}
     for b in blocks:
         for e in b.members:
             for o in e.outputs:
                 owner[o] = b.index
     end = min((u.index for b in blocks for u in b.later_uses), default=len(graph.eqns))
+    producer = {o: e.index for e in graph.eqns for o in e.outputs}
+    if graph.outvars and graph.outvars[0] in producer:  # the loss ends the forward pass
+        end = min(end, producer[graph.outvars[0]] + 1)
     latest: dict[int, int] = {}
     joins: set[tuple[int, int]] = set()
     for eqn in graph.eqns[:end]:

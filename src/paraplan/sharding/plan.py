@@ -168,16 +168,24 @@ def analyse(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "d
     axes = tuple(mesh.items()) if isinstance(mesh, dict) else tuple(mesh)
     if not axes or any(not isinstance(n, int) or n < 1 for _, n in axes):
         raise ConfigError(f"mesh: {axes!r} needs at least one axis, each of size >= 1")
+    try:
+        peak_precision = Precision(precision)
+    except ValueError:
+        raise ConfigError(f"precision: {precision!r} is not one of {', '.join(p.value for p in Precision)}") from None
     gpn = load_cluster(cluster).gpus_per_node
     c = load_cluster(cluster, num_nodes=max(1, -(-math.prod(n for _, n in axes) // gpn)))
-    graph = trace(fn, *example_args)
+    try:
+        graph = trace(fn, *example_args)
+    except Exception as exc:  # the user's function failed on the example arguments
+        text = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"fn: tracing it on the example arguments raised {type(exc).__name__}: {text}") from None
     blocks = parallel_blocks(graph)
     if not blocks:
         raise ConfigError("fn: no contraction with a parameter (a leaf of the first argument) to shard")
     seg = find_segments(blocks)
     order = expand(seg)
     m = Mesh(axes, c)
-    costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(Precision(precision)),
+    costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(peak_precision),
                         relations(graph, blocks, order))
     return Analysis(graph, blocks, order, costs, m, seg.repeats, cluster, example_args[0])
 

@@ -97,6 +97,8 @@ class Shape:
     k_outer: int | None = None
     n_outer: int | None = None
     itemsize: int = 4
+    weight_splittable: bool = True  # False when the weight is reshaped before use (it stays whole)
+    needs_dx: bool = True  # False when the input does not depend on parameters (no input gradient)
 
     def outer(self, dim: str) -> int:
         whole = {"B": self.b, "M": self.m, "K": self.k, "N": self.n}[dim]
@@ -105,8 +107,9 @@ class Shape:
 
     @property
     def flops(self) -> float:
-        """Forward and backward FLOPs of the contraction: 2BMKN + 4BMKN."""
-        return 6.0 * self.b * self.m * self.k * self.n
+        """Forward and backward FLOPs of the contraction: 2BMKN, and 2BMKN for each of dW and
+        (when the input needs a gradient) dx."""
+        return (6.0 if self.needs_dx else 4.0) * self.b * self.m * self.k * self.n
 
     @property
     def x_bytes(self) -> float:
@@ -120,8 +123,11 @@ def splits(strategy: Strategy, mesh: Mesh) -> dict[str, int]:
 
 def strategies(shape: Shape, mesh: Mesh) -> list[Strategy]:
     """Every placement of the mesh axes on B, M, K, N or nowhere whose split divides the
-    dimensions' outer factors (B only for contractions with batch dimensions)."""
+    dimensions' outer factors (B only for contractions with batch dimensions; only M or nowhere
+    for a weight that is reshaped before use, which the plan cannot shard)."""
     dims = DIMS if shape.b > 1 else DIMS[1:]
+    if not shape.weight_splittable:
+        dims = ("M",)
     out = []
     for combo in itertools.product((*dims, None), repeat=len(mesh.axes)):
         split = splits(combo, mesh)
@@ -155,12 +161,12 @@ def block_cost(shape: Shape, strategy: Strategy, mesh: Mesh, peak_flops: float) 
     split = splits(strategy, mesh)
     b, m, k, n = (shape.b / split["B"], shape.m / split["M"], shape.k / split["K"], shape.n / split["N"])
     gpu = mesh.cluster.gpu
-    flops = 6.0 * b * m * k * n  # forward 2bmkn + backward 4bmkn, on this device's shard
+    flops = (6.0 if shape.needs_dx else 4.0) * b * m * k * n  # forward, dW (and dx) on this device's shard
     compute = flops / (peak_flops * gpu.efficiency.gemm.max_fraction)
     comm, volume = 0.0, {}
     for dim, partial in (("M", k * n), ("K", m * n), ("N", m * k)):  # dW, y, dx: partial sums
         axes = _axes_on(strategy, dim)
-        if axes:
+        if axes and (dim != "N" or shape.needs_dx):
             buffer = b * partial * shape.itemsize
             seconds = _coll(CollectiveKind.ALL_REDUCE, buffer, mesh.group_layout(axes), mesh.cluster)
             if dim == "M":  # the gradient all-reduce overlaps the block's backward compute
@@ -256,4 +262,6 @@ def shape_of(block: ParallelBlock) -> Shape:
         k_outer=math.gcd(block.k_outer or 0, w_shape[w_contract[0]]),
         n_outer=math.gcd(block.n_outer or 0, w_shape[w_free[0]]) if w_free else None,
         itemsize=eqn.in_itemsize[w] if eqn.in_itemsize else 4,
+        weight_splittable=block.weight_dims is not None,
+        needs_dx=block.needs_dx,
     )

@@ -42,16 +42,24 @@ def load_target(spec: str) -> Target:
             raise ConfigError(f"target: cannot load {path} as Python")
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
-        loader_spec.loader.exec_module(module)
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:  # the user's file: say what it raised, on one line
+            raise ConfigError(f"target: {path} failed to load: {type(exc).__name__}: {_first_line(exc)}") from None
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as exc:
-            raise ConfigError(f"target: cannot import {where!r} ({exc})") from None
+        except Exception as exc:
+            raise ConfigError(f"target: cannot import {where!r}: {type(exc).__name__}: {_first_line(exc)}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ConfigError(f"target: {where} has no function {name!r}")
     return Target(fn, module, spec)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def parse_kwargs(text: str | None) -> dict[str, Any]:
@@ -77,6 +85,12 @@ def example_args(target: Target, function: str = "example_args", kwargs: dict[st
         raise ConfigError(f"example_args: {target.name.rpartition(':')[0]} has no function {function!r} "
                           "returning (params, batch, ...) to trace the step with")
     kwargs = kwargs or {}
+    import inspect
+
+    try:
+        inspect.signature(make).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"args: {function}() does not take {sorted(kwargs)} ({exc})") from None
     try:
         if shapes_only:
             import jax
@@ -84,8 +98,8 @@ def example_args(target: Target, function: str = "example_args", kwargs: dict[st
             args = jax.eval_shape(lambda: make(**kwargs))
         else:
             args = make(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"args: {function}() does not take {sorted(kwargs)} ({exc})") from None
+    except Exception as exc:
+        raise ConfigError(f"example_args: {function}() raised {type(exc).__name__}: {_first_line(exc)}") from None
     if not isinstance(args, (tuple, list)) or len(args) < 2:
         raise ConfigError(f"example_args: {function}() must return (params, batch, ...), got {type(args).__name__}")
     return tuple(args)
