@@ -93,13 +93,14 @@ def test_the_searched_plan_of_every_example_compiles_to_the_unsharded_result(dev
 
 
 def test_a_plan_whose_compiled_collectives_differ_from_the_analytic_ones_is_flagged_with_the_reason(devices):
-    """Every block row-parallel on the model axis: GSPMD also shards the layer norms by
-    features and gathers gradients in ways the block model does not see (+23 %)."""
+    """Layer 0 Megatron on the model axis, layer 1 data-parallel: the residual stream keeps one
+    layout through both, so GSPMD gathers around the layer that differs -- resharding the block
+    model does not see (+9 %)."""
     m = example("gpt_block")
     args = m.example_args(num_layers=2, hidden=64, batch=8, seq=16)
     a = analyse(m.train_step, args, {"data": 2, "model": 4})
     megatron = plan_of(a, [("M", "N"), ("M", "K"), ("M", "N"), ("M", "K")] * 2).verify(m.train_step, args)
     assert megatron.flag is None and abs(megatron.bytes_difference) < 0.01
-    rows = plan_of(a, [("M", "K")] * 8).verify(m.train_step, args)
-    assert rows.matches
-    assert rows.flag is not None and "all-gather" in rows.flag and rows.bytes_difference > 0.05
+    mixed = plan_of(a, [("M", "N"), ("M", "K"), ("M", "N"), ("M", "K")] + [("M", "M")] * 4).verify(m.train_step, args)
+    assert mixed.matches
+    assert mixed.flag is not None and "all-gather" in mixed.flag and mixed.bytes_difference > 0.05

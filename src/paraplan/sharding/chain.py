@@ -54,14 +54,15 @@ def relations(graph: Graph, blocks: list[ParallelBlock], order: list[int]) -> di
     """Per neighbouring pair of unique block ids in ``order``: how the two relate in the
     dataflow (:class:`~paraplan.sharding.strategies.Relation`), read at the pair's first
     occurrence in the chain (``blocks``: every block, in the chain's order)."""
-    source, joins = dataflow(graph, blocks)
+    source, joins, glue = dataflow(graph, blocks)
     out: dict[tuple[int, int], Relation] = {}
     for pos, pair in enumerate(itertools.pairwise(order)):
         if pair in out:
             continue
         p, q = blocks[pos], blocks[pos + 1]
         sibling = source[q.index] != p.index and source[q.index] == source[p.index]
-        out[pair] = Relation("sibling" if sibling else "direct", (p.index, q.index) in joins)
+        through = glue.get(p.index) if not sibling and source[q.index] == p.index else None
+        out[pair] = Relation("sibling" if sibling else "direct", (p.index, q.index) in joins, through)
     return out
 
 

@@ -331,11 +331,14 @@ def find_segments(blocks: Sequence[ParallelBlock]) -> Segments:
                     tuple(range(start + covered, n)))
 
 
-def dataflow(graph: Graph, blocks: list[ParallelBlock]) -> tuple[dict[int, int | None], set[tuple[int, int]]]:
-    """Per block: the latest block its input derives from (None: only the step's inputs); and
-    the pairs of blocks whose outputs meet in one operator outside both. One pass over the
-    forward part of the graph (up to the step's first result, the loss, or the first backward
-    contraction if that comes earlier)."""
+def dataflow(graph: Graph, blocks: list[ParallelBlock]
+             ) -> tuple[dict[int, int | None], set[tuple[int, int]], dict[int, float]]:
+    """Per block: the latest block its input derives from (None: only the step's inputs); the
+    pairs of blocks whose outputs meet in one operator outside both; and, per block whose output
+    flows through a contraction without parameters (attention's scores and values), the bytes
+    of the largest tensor in that glue -- where a layout change would land if one were needed.
+    One pass over the forward part of the graph (up to the step's first result, the loss, or
+    the first backward contraction if that comes earlier)."""
     owner: dict[int, int] = {}
     for b in blocks:
         for e in b.members:
@@ -347,6 +350,8 @@ def dataflow(graph: Graph, blocks: list[ParallelBlock]) -> tuple[dict[int, int |
         end = min(end, producer[graph.outvars[0]] + 1)
     latest: dict[int, int] = {}
     joins: set[tuple[int, int]] = set()
+    largest: dict[int, float] = {}  # block -> largest glue tensor derived from its output
+    rigid: set[int] = set()  # blocks whose output goes through a contraction in the glue
     for eqn in graph.eqns[:end]:
         found = {latest[v] for v in eqn.inputs if v is not None and v in latest}
         for o in eqn.outputs:
@@ -354,11 +359,18 @@ def dataflow(graph: Graph, blocks: list[ParallelBlock]) -> tuple[dict[int, int |
                 latest[o] = owner[o]
             elif found:
                 latest[o] = max(found)
-        if len(found) >= 2 and not all(o in owner for o in eqn.outputs):
+        glue = not all(o in owner for o in eqn.outputs)
+        if glue and found:
+            itemsize = eqn.in_itemsize[0] if eqn.in_itemsize else 4
+            for b in found:
+                largest[b] = max(largest.get(b, 0.0), max(float(math.prod(sh)) * itemsize for sh in eqn.shapes))
+                if eqn.primitive == "dot_general":
+                    rigid.add(b)
+        if len(found) >= 2 and glue:
             ordered = sorted(found)
             joins.update(itertools.combinations(ordered, 2))
     source = {}
     for b in blocks:
         x = b.entry.inputs[1 - b.weight_operand]
         source[b.index] = latest.get(x) if x is not None else None
-    return source, joins
+    return source, joins, {b: largest[b] for b in rigid}

@@ -220,10 +220,14 @@ class Relation:
     """How the next block of the chain relates to the previous one in the dataflow: its input
     comes from the previous block's output (``direct``) or from the same value as the previous
     block's input (``sibling``: Q and K/V, gate and up); ``join``: their outputs meet in one
-    operator (q and k in attention, SwiGLU's product), so they must share a layout."""
+    operator (q and k in attention, SwiGLU's product), so they must share a layout;
+    ``glue_bytes``: the path from one to the other runs through a contraction without
+    parameters (attention), and a layout change on it is costed on the largest tensor there
+    (the scores), which is where GSPMD tends to put it."""
 
     kind: str = "direct"
     join: bool = False
+    glue_bytes: float | None = None  # direct through attention-like glue: its largest tensor
 
 
 def reshard(prev: Strategy, nxt: Strategy, x_next: Shape, mesh: Mesh,
@@ -233,7 +237,8 @@ def reshard(prev: Strategy, nxt: Strategy, x_next: Shape, mesh: Mesh,
     from the layout the previous block read the same value in), and, for a join, the next
     block's output into the previous one's."""
     have = _input_layout(prev) if relation.kind == "sibling" else _output_layout(prev)
-    seconds, volume = move(have, _input_layout(nxt), x_next.x_bytes, mesh)
+    nbytes = max(x_next.x_bytes, relation.glue_bytes or 0.0)
+    seconds, volume = move(have, _input_layout(nxt), nbytes, mesh)
     if relation.join:
         y_bytes = float(x_next.b * x_next.m * x_next.n * x_next.itemsize)
         extra_s, extra = move(_output_layout(nxt), _output_layout(prev), y_bytes, mesh)

@@ -211,9 +211,14 @@ def _close(expected, got) -> bool:
 def plan_inputs(blocks: list[ParallelBlock], strategies, mesh_axes) -> tuple[str, ...]:
     """Mesh axes the batch is sharded over: the axes most blocks put on their batch dimension
     M (the residual stream keeps the input's layout through every layer, so the common layout
-    is the one that costs least to keep; the first block's on a tie)."""
+    is the one that costs least to keep; the first block's on a tie), major axis first
+    (:func:`~paraplan.sharding.layouts.batch_major`)."""
     from collections import Counter
+
+    from paraplan.sharding.layouts import batch_major
 
     layouts = [tuple(a for (a, _), c in zip(mesh_axes, s, strict=True) if c == "M") for s in strategies]
     counts = Counter(layouts)
-    return max(layouts, key=lambda lay: (counts[lay], -layouts.index(lay)))
+    best = max(layouts, key=lambda lay: (counts[lay], -layouts.index(lay)))
+    major = batch_major(strategies, tuple(a for a, _ in mesh_axes))
+    return tuple(sorted(best, key=major.index))
