@@ -123,13 +123,7 @@ def search(order: list[int], costs: ChainCosts, memory_budget: float | None = No
     """The fastest strategy chain (within ``memory_budget`` bytes per device if given)."""
 
     def plan_for(lam: float) -> Plan:
-        _, choice = solve(order, costs, lam)
-        time = sum(costs.time[b][c] for b, c in zip(order, choice, strict=True))
-        time += sum(costs.edge[a, b][i, j] for (a, b), (i, j) in zip(itertools.pairwise(order),
-                                                                 itertools.pairwise(choice), strict=True))
-        mem = sum(costs.memory[b][c] for b, c in zip(order, choice, strict=True))
-        return Plan([costs.options[b][c] for b, c in zip(order, choice, strict=True)], choice, float(time), float(mem),
-                    memory_budget is None or mem <= memory_budget)
+        return plan_for_choice(order, costs, solve(order, costs, lam)[1], memory_budget)
 
     best = plan_for(0.0)
     if best.fits:
