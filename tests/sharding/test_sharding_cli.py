@@ -19,12 +19,6 @@ def run(*args):
     return CliRunner().invoke(app, ["sharding", *args])
 
 
-@pytest.fixture(scope="module")
-def devices():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)")
-
-
 def test_the_json_output_has_every_block_its_strategy_and_the_compiled_check(devices):
     result = run(GPT, "--mesh", "data=2,model=4", "--args", SMALL, "--format", "json")
     assert result.exit_code == 0, result.output

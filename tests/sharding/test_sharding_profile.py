@@ -14,12 +14,6 @@ from paraplan.sharding.verify import device_mesh  # noqa: E402
 AXES = {"data": 2, "model": 4}
 
 
-@pytest.fixture(scope="module")
-def devices():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)")
-
-
 @pytest.mark.parametrize("name", ["gpt_block", "moe_layer"])
 def test_every_block_strategy_compiled_alone_moves_exactly_the_analytic_bytes(devices, name):
     m = example(name)

@@ -75,12 +75,6 @@ def test_an_impossible_budget_returns_the_smallest_plan_marked_as_not_fitting():
     assert not plan.fits and plan.memory_bytes < free.memory_bytes
 
 
-@pytest.fixture(scope="module")
-def devices():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)")
-
-
 @pytest.mark.parametrize("name", [*DENSE, "moe_layer"])
 def test_the_searched_plan_of_every_example_compiles_to_the_unsharded_result(devices, name):
     m = example(name)

@@ -15,12 +15,6 @@ from paraplan.sharding.verify import Verification, collective_bytes  # noqa: E40
 AXES = {"data": 2, "model": 4}
 
 
-@pytest.fixture(scope="module")
-def devices():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)")
-
-
 def value_and_grad(loss):
     return lambda p, x: jax.value_and_grad(loss)(p, x)
 

@@ -15,9 +15,7 @@ MEGATRON = [("M", "N"), ("M", "K"), ("M", "N"), ("M", "K")]  # column, row, colu
 
 
 @pytest.fixture(scope="module")
-def model():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)")
+def model(devices):
     g = gpt()
     params = g.init_params(2, hidden=64)
     x = jax.random.normal(jax.random.PRNGKey(1), (8, 16, 64))
