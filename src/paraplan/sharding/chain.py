@@ -29,7 +29,9 @@ from paraplan.sharding.strategies import (
     Relation,
     Shape,
     Strategy,
+    _input_layout,
     block_cost,
+    move,
     reshard,
     shape_of,
     strategies,
@@ -48,13 +50,16 @@ class ChainCosts:
     shapes: dict[int, Shape]
     details: dict[int, list[BlockCost]]
     relations: dict[tuple[int, int], Relation]
+    stream: tuple[str | None, ...] | None = None  # the residual stream's layout the edges assume
+    entry: np.ndarray | None = None  # per strategy of the first position: reading the step's input
 
 
 def relations(graph: Graph, blocks: list[ParallelBlock], order: list[int]) -> dict[tuple[int, int], Relation]:
     """Per neighbouring pair of unique block ids in ``order``: how the two relate in the
     dataflow (:class:`~paraplan.sharding.strategies.Relation`), read at the pair's first
     occurrence in the chain (``blocks``: every block, in the chain's order)."""
-    source, joins, glue = dataflow(graph, blocks)
+    flow = dataflow(graph, blocks)
+    source, joins, glue = flow.source, flow.joins, flow.glue_bytes
     out: dict[tuple[int, int], Relation] = {}
     for pos, pair in enumerate(itertools.pairwise(order)):
         if pair in out:
@@ -62,14 +67,16 @@ def relations(graph: Graph, blocks: list[ParallelBlock], order: list[int]) -> di
         p, q = blocks[pos], blocks[pos + 1]
         sibling = source[q.index] != p.index and source[q.index] == source[p.index]
         through = glue.get(p.index) if not sibling and source[q.index] == p.index else None
-        out[pair] = Relation("sibling" if sibling else "direct", (p.index, q.index) in joins, through)
+        out[pair] = Relation("sibling" if sibling else "direct", (p.index, q.index) in joins, through,
+                             q.index in flow.readers, p.index in flow.writers and not sibling)
     return out
 
 
 def chain_costs(blocks: list[ParallelBlock], mesh: Mesh, peak_flops: float,
-                pairs: dict[tuple[int, int], Relation]) -> ChainCosts:
+                pairs: dict[tuple[int, int], Relation], stream: tuple[str | None, ...] | None = None) -> ChainCosts:
     """Node and edge costs of the unique ``blocks`` for the neighbouring ``pairs`` (with their
-    dataflow relation; a plain set of pairs means every one is ``direct``)."""
+    dataflow relation; a plain set of pairs means every one is ``direct``); with ``stream``
+    (the residual stream's layout per mesh axis), edges into its readers go through it."""
     if not isinstance(pairs, dict):
         pairs = {pair: Relation() for pair in pairs}
     options, time, memory, edge, shapes, details = {}, {}, {}, {}, {}, {}
@@ -80,15 +87,32 @@ def chain_costs(blocks: list[ParallelBlock], mesh: Mesh, peak_flops: float,
         time[b.index] = np.array([c.total_s for c in details[b.index]])
         memory[b.index] = np.array([c.memory_bytes for c in details[b.index]])
     for (a, b), rel in pairs.items():
-        edge[a, b] = np.array([[reshard(p, q, shapes[b], mesh, rel)[0] for q in options[b]] for p in options[a]])
-    return ChainCosts(options, time, memory, edge, shapes, details, dict(pairs))
+        edge[a, b] = np.array([[reshard(p, q, shapes[b], mesh, rel, stream, shapes[a])[0] for q in options[b]]
+                               for p in options[a]])
+    return ChainCosts(options, time, memory, edge, shapes, details, dict(pairs), stream)
+
+
+def set_stream(costs: ChainCosts, mesh: Mesh, stream: tuple[str | None, ...], order: list[int],
+               reads: set[int]) -> None:
+    """Recost the edges with the residual stream in layout ``stream`` (per mesh axis "M" or
+    None): every block reading the stream takes its input from that layout, every block added
+    into it brings its output to it; the first block (``order[0]``), if it reads the step's
+    input (``reads``: the blocks reading the stream), pays for that too."""
+    costs.stream = stream
+    first = order[0] if order else None
+    if first is not None and first in reads:
+        costs.entry = np.array([move(stream, _input_layout(q), costs.shapes[first].x_bytes, mesh)[0]
+                                for q in costs.options[first]])
+    for (a, b), rel in costs.relations.items():
+        costs.edge[a, b] = np.array([[reshard(p, q, costs.shapes[b], mesh, rel, stream, costs.shapes[a])[0]
+                                      for q in costs.options[b]] for p in costs.options[a]])
 
 
 def solve(order: list[int], costs: ChainCosts, lam: float = 0.0) -> tuple[float, list[int]]:
     """Exact minimum of sum(node + lam * memory) + sum(edges) over the chain ``order`` (block
     ids; repeats allowed), and the chosen strategy index per position."""
     node = {b: costs.time[b] + lam * costs.memory[b] for b in set(order)}
-    best = node[order[0]].copy()
+    best = node[order[0]] + (costs.entry if costs.entry is not None else 0.0)
     back = []
     for prev, cur in itertools.pairwise(order):
         total = best[:, None] + costs.edge[prev, cur] + node[cur][None, :]
@@ -147,6 +171,7 @@ def search(order: list[int], costs: ChainCosts, memory_budget: float | None = No
 
 def plan_for_choice(order: list[int], costs: ChainCosts, choice: list[int], memory_budget: float | None) -> Plan:
     time = sum(costs.time[b][c] for b, c in zip(order, choice, strict=True))
+    time += costs.entry[choice[0]] if costs.entry is not None else 0.0
     time += sum(costs.edge[a, b][i, j] for (a, b), (i, j) in zip(itertools.pairwise(order),
                                                              itertools.pairwise(choice), strict=True))
     mem = sum(costs.memory[b][c] for b, c in zip(order, choice, strict=True))
@@ -174,7 +199,8 @@ def _pareto_search(order: list[int], costs: ChainCosts, budget: float, upper: fl
         row = []
         for k in range(len(node_t[p])):
             if p == 0:
-                mem, tim = np.array([node_m[0][k]]), np.array([node_t[0][k]])
+                start = costs.entry[k] if costs.entry is not None else 0.0
+                mem, tim = np.array([node_m[0][k]]), np.array([node_t[0][k] + start])
                 prev, idx = np.array([-1]), np.array([-1])
             else:
                 parts = [(f[0] + node_m[p][k], f[1] + edges[p - 1][j, k] + node_t[p][k], np.full(len(f[0]), j),

@@ -331,12 +331,23 @@ def find_segments(blocks: Sequence[ParallelBlock]) -> Segments:
                     tuple(range(start + covered, n)))
 
 
-def dataflow(graph: Graph, blocks: list[ParallelBlock]
-             ) -> tuple[dict[int, int | None], set[tuple[int, int]], dict[int, float]]:
+@dataclass
+class Dataflow:
+    source: dict[int, int | None]  # block -> the latest block its input derives from
+    joins: set[tuple[int, int]]  # blocks whose outputs meet in one operator outside both
+    glue_bytes: dict[int, float]  # block -> largest tensor of the attention-like glue after it
+    readers: set[int]  # blocks that read the residual stream (or the step's input)
+    writers: set[int]  # blocks whose output is added into the residual stream
+
+
+def dataflow(graph: Graph, blocks: list[ParallelBlock]) -> Dataflow:
     """Per block: the latest block its input derives from (None: only the step's inputs); the
     pairs of blocks whose outputs meet in one operator outside both; and, per block whose output
     flows through a contraction without parameters (attention's scores and values), the bytes
     of the largest tensor in that glue -- where a layout change would land if one were needed.
+    The residual stream: the step's non-parameter inputs, and every sum of a block's output
+    with a value from elsewhere (``x + f(x)``), carried through the glue; blocks reading it are
+    its readers, blocks added into it its writers.
     One pass over the forward part of the graph (up to the step's first result, the loss, or
     the first backward contraction if that comes earlier)."""
     owner: dict[int, int] = {}
@@ -349,6 +360,8 @@ def dataflow(graph: Graph, blocks: list[ParallelBlock]
     if graph.outvars and graph.outvars[0] in producer:  # the loss ends the forward pass
         end = min(end, producer[graph.outvars[0]] + 1)
     latest: dict[int, int] = {}
+    stream = {v for v in graph.invars if v not in graph.param_vars}
+    writers: set[int] = set()
     joins: set[tuple[int, int]] = set()
     largest: dict[int, float] = {}  # block -> largest glue tensor derived from its output
     rigid: set[int] = set()  # blocks whose output goes through a contraction in the glue
@@ -360,6 +373,14 @@ def dataflow(graph: Graph, blocks: list[ParallelBlock]
             elif found:
                 latest[o] = max(found)
         glue = not all(o in owner for o in eqn.outputs)
+        ins = [v for v in eqn.inputs if v is not None]
+        if glue and eqn.primitive in ("add", "add_any") and len(ins) == 2 and len(set(eqn.in_shapes)) == 1:
+            origins = [latest.get(v, -1) for v in ins]
+            if origins[0] != origins[1] and any(o >= 0 for o in origins):  # x + f(x)
+                stream.update(eqn.outputs)
+                writers.update(o for o in origins if o >= 0)
+        if glue and any(v in stream for v in ins):
+            stream.update(o for o in eqn.outputs if o not in owner)
         if glue and found:
             itemsize = eqn.in_itemsize[0] if eqn.in_itemsize else 4
             for b in found:
@@ -373,4 +394,5 @@ def dataflow(graph: Graph, blocks: list[ParallelBlock]
     for b in blocks:
         x = b.entry.inputs[1 - b.weight_operand]
         source[b.index] = latest.get(x) if x is not None else None
-    return source, joins, {b: largest[b] for b in rigid}
+    readers = {b.index for b in blocks if b.entry.inputs[1 - b.weight_operand] in stream}
+    return Dataflow(source, joins, {b: largest[b] for b in rigid}, readers, writers)

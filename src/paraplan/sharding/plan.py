@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.sharding.chain import ChainCosts, chain_costs, expand, relations
+from paraplan.sharding.chain import ChainCosts, chain_costs, expand, relations, set_stream
 from paraplan.sharding.chain import search as search_chain
-from paraplan.sharding.graph import Graph, ParallelBlock, find_segments, parallel_blocks, trace
+from paraplan.sharding.graph import Graph, ParallelBlock, dataflow, find_segments, parallel_blocks, trace
 from paraplan.sharding.profile import BlockProfile, on_accelerators, profile_blocks
 from paraplan.sharding.strategies import Mesh, Strategy, reshard
 from paraplan.sharding.verify import Verification, device_mesh, plan_inputs, verify, weight_specs
@@ -156,6 +156,7 @@ class Analysis:
     params: Any  # the example parameters (a pytree of arrays or shapes)
     profiles: dict[int, list[BlockProfile]] | None = None
     costs_kind: str = "analytic"
+    readers: set[int] = field(default_factory=set)  # unique block ids that read the residual stream
 
 
 def analyse(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "dgx-h100",
@@ -187,7 +188,9 @@ def analyse(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "d
     m = Mesh(axes, c)
     costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(peak_precision),
                         relations(graph, blocks, order))
-    return Analysis(graph, blocks, order, costs, m, seg.repeats, cluster, example_args[0])
+    flow = dataflow(graph, blocks)
+    readers = {order[i] for i, b in enumerate(blocks) if b.index in flow.readers}
+    return Analysis(graph, blocks, order, costs, m, seg.repeats, cluster, example_args[0], readers=readers)
 
 
 def profile(a: Analysis, progress=None) -> Analysis:
@@ -216,9 +219,24 @@ def search(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "dg
     if profiled:
         profile(a, progress)
     best = search_chain(a.order, a.costs, memory_budget)
+    stream = stream_layout(a, best.choice)
+    if stream is not None:  # search again with the residual stream in the layout its readers chose
+        set_stream(a.costs, a.mesh, stream, a.order, a.readers)
+        best = search_chain(a.order, a.costs, memory_budget)
     plan = assemble(a, best.choice, memory_budget)
     plan.analysis_s = time.perf_counter() - start
     return plan
+
+
+def stream_layout(a: Analysis, choice: list[int]) -> tuple[str | None, ...] | None:
+    """The batch layout (per mesh axis "M" or None) most blocks reading the residual stream
+    chose in ``choice``; None when no block reads it."""
+    from collections import Counter
+
+    readers = a.readers
+    layouts = Counter(tuple("M" if c == "M" else None for c in a.costs.options[b][c_])
+                      for b, c_ in zip(a.order, choice, strict=True) if b in readers)
+    return layouts.most_common(1)[0][0] if layouts else None
 
 
 def assemble(a: Analysis, choice: list[int], memory_budget: float | None = None) -> ShardingPlan:
@@ -239,7 +257,8 @@ def assemble(a: Analysis, choice: list[int], memory_budget: float | None = None)
             r.profile = a.profiles[b][c]
     memory = sum(r.memory_bytes for r in reports)
     return ShardingPlan(a.mesh.axes, strategies, jax.tree_util.tree_unflatten(tree, per_leaf),
-                        plan_inputs(a.blocks, strategies, a.mesh.axes), sum(r.time_s for r in reports), memory,
+                        plan_inputs(a.blocks, strategies, a.mesh.axes, a.costs.stream), sum(r.time_s for r in reports),
+                        memory,
                         memory_budget is None or memory <= memory_budget, a.blocks, a.graph, reports, a.cluster,
                         memory_budget, 0.0, a.repeats, len(a.costs.options), a.costs_kind)
 
@@ -270,7 +289,16 @@ def _reports(order: list[int], choice: list[int], costs: ChainCosts, mesh: Mesh,
         volume = dict(cost.comm_bytes)
         seconds = float(costs.time[b][c])  # analytic, or measured when profiled on GPUs
         if previous is not None:
-            extra_s, extra = reshard(previous, strategy, costs.shapes[b], mesh, costs.relations[prev_id, b])
+            extra_s, extra = reshard(previous, strategy, costs.shapes[b], mesh, costs.relations[prev_id, b],
+                                     costs.stream, costs.shapes[prev_id])
+            seconds += extra_s
+            for k, v in extra.items():
+                volume[k] = volume.get(k, 0.0) + v
+        elif costs.entry is not None and costs.stream is not None:  # the first block reads the step's input
+            from paraplan.sharding.strategies import move
+
+            extra_s, extra = move(costs.stream, tuple(d if d in ("B", "M", "K") else None for d in strategy),
+                                  costs.shapes[b].x_bytes, mesh)
             seconds += extra_s
             for k, v in extra.items():
                 volume[k] = volume.get(k, 0.0) + v

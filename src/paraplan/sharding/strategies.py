@@ -228,17 +228,28 @@ class Relation:
     kind: str = "direct"
     join: bool = False
     glue_bytes: float | None = None  # direct through attention-like glue: its largest tensor
+    reads_stream: bool = False  # the next block reads the residual stream
+    writes_stream: bool = False  # the previous block's output is added into the residual stream
 
 
-def reshard(prev: Strategy, nxt: Strategy, x_next: Shape, mesh: Mesh,
-            relation: Relation = Relation()) -> tuple[float, dict[str, float]]:
+def reshard(prev: Strategy, nxt: Strategy, x_next: Shape, mesh: Mesh, relation: Relation = Relation(),
+            stream: tuple[str | None, ...] | None = None, y_prev: Shape | None = None) -> tuple[float, dict[str, float]]:
     """Seconds and result bytes of moving data between two neighbouring blocks of the chain:
     the next block's input x into the layout it wants (from the previous block's output, or
     from the layout the previous block read the same value in), and, for a join, the next
     block's output into the previous one's."""
-    have = _input_layout(prev) if relation.kind == "sibling" else _output_layout(prev)
-    nbytes = max(x_next.x_bytes, relation.glue_bytes or 0.0)
-    seconds, volume = move(have, _input_layout(nxt), nbytes, mesh)
+    if stream is not None and relation.reads_stream:  # through the residual stream's layout
+        seconds, volume = move(stream, _input_layout(nxt), x_next.x_bytes, mesh)
+        if relation.writes_stream and y_prev is not None:
+            y_bytes = float(y_prev.b * y_prev.m * y_prev.n * y_prev.itemsize)
+            extra_s, extra = move(_output_layout(prev), stream, y_bytes, mesh)
+            seconds += extra_s
+            for k, v in extra.items():
+                volume[k] = volume.get(k, 0.0) + v
+    else:
+        have = _input_layout(prev) if relation.kind == "sibling" else _output_layout(prev)
+        nbytes = max(x_next.x_bytes, relation.glue_bytes or 0.0)
+        seconds, volume = move(have, _input_layout(nxt), nbytes, mesh)
     if relation.join:
         y_bytes = float(x_next.b * x_next.m * x_next.n * x_next.itemsize)
         extra_s, extra = move(_output_layout(nxt), _output_layout(prev), y_bytes, mesh)

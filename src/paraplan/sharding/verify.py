@@ -208,7 +208,7 @@ def _close(expected, got) -> bool:
     return bool(np.allclose(a, b, rtol=rtol, atol=max(1e-5, 16 * eps * scale)))
 
 
-def plan_inputs(blocks: list[ParallelBlock], strategies, mesh_axes) -> tuple[str, ...]:
+def plan_inputs(blocks: list[ParallelBlock], strategies, mesh_axes, stream=None) -> tuple[str, ...]:
     """Mesh axes the batch is sharded over: the axes most blocks put on their batch dimension
     M (the residual stream keeps the input's layout through every layer, so the common layout
     is the one that costs least to keep; the first block's on a tie), major axis first
@@ -220,5 +220,7 @@ def plan_inputs(blocks: list[ParallelBlock], strategies, mesh_axes) -> tuple[str
     layouts = [tuple(a for (a, _), c in zip(mesh_axes, s, strict=True) if c == "M") for s in strategies]
     counts = Counter(layouts)
     best = max(layouts, key=lambda lay: (counts[lay], -layouts.index(lay)))
+    if stream is not None:  # the residual stream's layout the search costed
+        best = tuple(a for (a, _), c in zip(mesh_axes, stream, strict=True) if c == "M")
     major = batch_major(strategies, tuple(a for a, _ in mesh_axes))
     return tuple(sorted(best, key=major.index))
