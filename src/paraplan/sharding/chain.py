@@ -22,16 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paraplan.sharding.graph import Graph, ParallelBlock, Segments, dataflow
+from paraplan.sharding.graph import Dataflow, ParallelBlock, Segments
 from paraplan.sharding.strategies import (
     BlockCost,
     Mesh,
     Relation,
     Shape,
     Strategy,
-    _input_layout,
     block_cost,
-    move,
+    enter,
     reshard,
     shape_of,
     strategies,
@@ -54,11 +53,10 @@ class ChainCosts:
     entry: np.ndarray | None = None  # per strategy of the first position: reading the step's input
 
 
-def relations(graph: Graph, blocks: list[ParallelBlock], order: list[int]) -> dict[tuple[int, int], Relation]:
+def relations(flow: Dataflow, blocks: list[ParallelBlock], order: list[int]) -> dict[tuple[int, int], Relation]:
     """Per neighbouring pair of unique block ids in ``order``: how the two relate in the
-    dataflow (:class:`~paraplan.sharding.strategies.Relation`), read at the pair's first
-    occurrence in the chain (``blocks``: every block, in the chain's order)."""
-    flow = dataflow(graph, blocks)
+    dataflow ``flow`` (:class:`~paraplan.sharding.strategies.Relation`), read at the pair's
+    first occurrence in the chain (``blocks``: every block, in the chain's order)."""
     source, joins, glue = flow.source, flow.joins, flow.glue_bytes
     out: dict[tuple[int, int], Relation] = {}
     for pos, pair in enumerate(itertools.pairwise(order)):
@@ -101,8 +99,7 @@ def set_stream(costs: ChainCosts, mesh: Mesh, stream: tuple[str | None, ...], or
     costs.stream = stream
     first = order[0] if order else None
     if first is not None and first in reads:
-        costs.entry = np.array([move(stream, _input_layout(q), costs.shapes[first].x_bytes, mesh)[0]
-                                for q in costs.options[first]])
+        costs.entry = np.array([enter(stream, q, costs.shapes[first], mesh)[0] for q in costs.options[first]])
     for (a, b), rel in costs.relations.items():
         costs.edge[a, b] = np.array([[reshard(p, q, costs.shapes[b], mesh, rel, stream, costs.shapes[a])[0]
                                       for q in costs.options[b]] for p in costs.options[a]])

@@ -15,7 +15,7 @@ from paraplan.sharding.chain import ChainCosts, chain_costs, expand, relations, 
 from paraplan.sharding.chain import search as search_chain
 from paraplan.sharding.graph import Graph, ParallelBlock, dataflow, find_segments, parallel_blocks, trace
 from paraplan.sharding.profile import BlockProfile, on_accelerators, profile_blocks
-from paraplan.sharding.strategies import Mesh, Strategy, reshard
+from paraplan.sharding.strategies import Mesh, Strategy, add_volume, enter, reshard
 from paraplan.sharding.verify import Verification, device_mesh, plan_inputs, verify, weight_specs
 
 #: How each placement of a mesh axis reads in the report.
@@ -67,8 +67,7 @@ class ShardingPlan:
         """Analytic bytes of collective results per device per step, by XLA's collective name."""
         out: dict[str, float] = {}
         for r in self.reports:
-            for k, v in r.comm_bytes.items():
-                out[k] = out.get(k, 0.0) + v
+            add_volume(out, r.comm_bytes)
         return out
 
     @property
@@ -186,9 +185,9 @@ def analyse(fn, example_args, mesh: dict[str, int] | tuple, *, cluster: str = "d
     seg = find_segments(blocks)
     order = expand(seg)
     m = Mesh(axes, c)
-    costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(peak_precision),
-                        relations(graph, blocks, order))
     flow = dataflow(graph, blocks)
+    costs = chain_costs([blocks[i] for i in seg.unique_blocks], m, c.gpu.flops_for(peak_precision),
+                        relations(flow, blocks, order))
     readers = {order[i] for i, b in enumerate(blocks) if b.index in flow.readers}
     return Analysis(graph, blocks, order, costs, m, seg.repeats, cluster, example_args[0], readers=readers)
 
@@ -292,16 +291,11 @@ def _reports(order: list[int], choice: list[int], costs: ChainCosts, mesh: Mesh,
             extra_s, extra = reshard(previous, strategy, costs.shapes[b], mesh, costs.relations[prev_id, b],
                                      costs.stream, costs.shapes[prev_id])
             seconds += extra_s
-            for k, v in extra.items():
-                volume[k] = volume.get(k, 0.0) + v
+            add_volume(volume, extra)
         elif costs.entry is not None and costs.stream is not None:  # the first block reads the step's input
-            from paraplan.sharding.strategies import move
-
-            extra_s, extra = move(costs.stream, tuple(d if d in ("B", "M", "K") else None for d in strategy),
-                                  costs.shapes[b].x_bytes, mesh)
+            extra_s, extra = enter(costs.stream, strategy, costs.shapes[b], mesh)
             seconds += extra_s
-            for k, v in extra.items():
-                volume[k] = volume.get(k, 0.0) + v
+            add_volume(volume, extra)
         block = blocks[pos]
         reports.append(BlockReport(names_of.get(block.weight, f"block {pos}"), graph.param_shapes.get(block.weight, ()),
                                    describe(strategy, mesh.names), seconds, volume, cost.memory_bytes, cost.flops))

@@ -115,6 +115,10 @@ class Shape:
     def x_bytes(self) -> float:
         return float(self.b * self.m * self.k * self.itemsize)
 
+    @property
+    def y_bytes(self) -> float:
+        return float(self.b * self.m * self.n * self.itemsize)
+
 
 def splits(strategy: Strategy, mesh: Mesh) -> dict[str, int]:
     """How many ways each dimension is split."""
@@ -215,6 +219,17 @@ def move(have: tuple[str | None, ...], want: tuple[str | None, ...], nbytes: flo
     return seconds, volume
 
 
+def add_volume(volume: dict[str, float], extra: dict[str, float]) -> None:
+    """Add ``extra``'s bytes per collective into ``volume``."""
+    for k, v in extra.items():
+        volume[k] = volume.get(k, 0.0) + v
+
+
+def enter(stream: tuple[str | None, ...], strategy: Strategy, x: Shape, mesh: Mesh) -> tuple[float, dict[str, float]]:
+    """Seconds and bytes for a block to read its input from the residual stream's layout."""
+    return move(stream, _input_layout(strategy), x.x_bytes, mesh)
+
+
 @dataclass(frozen=True)
 class Relation:
     """How the next block of the chain relates to the previous one in the dataflow: its input
@@ -239,23 +254,19 @@ def reshard(prev: Strategy, nxt: Strategy, x_next: Shape, mesh: Mesh, relation: 
     from the layout the previous block read the same value in), and, for a join, the next
     block's output into the previous one's."""
     if stream is not None and relation.reads_stream:  # through the residual stream's layout
-        seconds, volume = move(stream, _input_layout(nxt), x_next.x_bytes, mesh)
+        seconds, volume = enter(stream, nxt, x_next, mesh)
         if relation.writes_stream and y_prev is not None:
-            y_bytes = float(y_prev.b * y_prev.m * y_prev.n * y_prev.itemsize)
-            extra_s, extra = move(_output_layout(prev), stream, y_bytes, mesh)
+            extra_s, extra = move(_output_layout(prev), stream, y_prev.y_bytes, mesh)
             seconds += extra_s
-            for k, v in extra.items():
-                volume[k] = volume.get(k, 0.0) + v
+            add_volume(volume, extra)
     else:
         have = _input_layout(prev) if relation.kind == "sibling" else _output_layout(prev)
         nbytes = max(x_next.x_bytes, relation.glue_bytes or 0.0)
         seconds, volume = move(have, _input_layout(nxt), nbytes, mesh)
     if relation.join:
-        y_bytes = float(x_next.b * x_next.m * x_next.n * x_next.itemsize)
-        extra_s, extra = move(_output_layout(nxt), _output_layout(prev), y_bytes, mesh)
+        extra_s, extra = move(_output_layout(nxt), _output_layout(prev), x_next.y_bytes, mesh)
         seconds += extra_s
-        for k, v in extra.items():
-            volume[k] = volume.get(k, 0.0) + v
+        add_volume(volume, extra)
     return seconds, volume
 
 
