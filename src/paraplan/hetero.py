@@ -65,18 +65,21 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
         return costs[key]
 
     crosses = [len(gs) > 1 or (s + 1 < pp and stage_groups[s + 1] != gs) for s, gs in enumerate(stage_groups)]
-    p2p = 0.0
+    p2p = mask = 0.0
     if inv.p2p is not None:
         for s, gs in enumerate(stage_groups[:-1]):
             for g in set(gs) | set(stage_groups[s + 1]):
-                p2p = max(p2p, cost(g, crosses[s])["comm"].seconds(inv.p2p))
+                comm = cost(g, crosses[s])["comm"]
+                p2p = max(p2p, comm.seconds(inv.p2p))
+                if inv.p2p_mask is not None:
+                    mask = max(mask, comm.seconds(inv.p2p_mask))
     timings, slowest_group = [], []
     for st, groups in zip(inv.stages, stage_groups, strict=True):
         mixed = len(groups) > 1
         options = [stage_timing(inv, st, **cost(g, mixed)) for g in groups]
         i = max(range(len(groups)), key=lambda i: options[i].busy_mb_s)
         slowest_group.append((groups[i], mixed))
-        timings.append(dataclasses.replace(options[i], p2p_s=p2p if pp > 1 else 0.0))
+        timings.append(dataclasses.replace(options[i], p2p_s=p2p if pp > 1 else 0.0, p2p_mask_s=mask))
     peak = sum(g.gpu.flops_for(job.precision) * g.num_gpus for g in job.cluster.node_groups)
     return assemble_prediction(
         job.view_job(stage_groups[0][0]), inv, tuple(timings), "analytical", peak,

@@ -57,11 +57,16 @@ class StageTiming:
     recompute_mb_s: float
     tp_fwd_mb_s: float
     tp_bwd_mb_s: float
-    p2p_s: float
+    p2p_s: float  # one activation (forward) or gradient (backward) send to a neighbour
     grad_reduce_s: float
     param_gather_s: float
     exposed_dp_s: float
     optimizer_s: float
+    p2p_mask_s: float = 0.0  # what a forward send carries besides the activation
+
+    @property
+    def p2p_fwd_s(self) -> float:
+        return self.p2p_s + self.p2p_mask_s
 
     @property
     def busy_mb_s(self) -> float:
@@ -370,6 +375,7 @@ def stage_timing(
         param_gather_s=gather_s,
         exposed_dp_s=exposed,
         optimizer_s=cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER),
+        p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
     )
 
 
@@ -449,6 +455,7 @@ def assemble_prediction(
     ``explain(stage)`` lists the critical stage's operators on demand."""
     plan = job.parallel
     p2p = max(t.p2p_s for t in timings)
+    mask = max(t.p2p_mask_s for t in timings)
     pipe = simulate_pipeline(
         [t.forward_mb_s + t.tp_fwd_mb_s for t in timings],
         [t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s for t in timings],
@@ -457,6 +464,7 @@ def assemble_prediction(
         plan.schedule,
         plan.vpp,
         keep_tasks=keep_timeline,
+        fwd_extra_s=mask,
     )
     drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
     crit = max(range(plan.pp), key=drain.__getitem__)
@@ -467,7 +475,8 @@ def assemble_prediction(
     tc = timings[crit]
     v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
     # each of the stage's v chunks sends forward and backward, except out of the model's ends
-    sends = p2p * ((m * v - (m if crit == plan.pp - 1 else 0)) + (m * v - (m if crit == 0 else 0)))
+    forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
+    sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
     if plan.pp == 1:
         sends = 0.0
     busy = m * tc.busy_mb_s

@@ -51,6 +51,20 @@ def test_pipeline_messages_are_split_over_tp_only_when_the_framework_splits_them
     assert inv.p2p.bytes == (full / 8 if divided else full)
 
 
+@pytest.mark.parametrize(("extra", "sends_mask"), [({}, False), ({"framework": "deepspeed"}, True),
+                                                   ({"framework": "deepspeed", "pipeline_mask": False}, False)])
+def test_deepspeed_forward_sends_carry_the_fp16_causal_mask_and_backward_sends_do_not(extra, sends_mask):
+    inv = count_job(job(tp=8, pp=4, global_batch_size=64, **extra))
+    assert (inv.p2p_mask is not None) == sends_mask
+    if sends_mask:
+        assert inv.p2p_mask.bytes == 2 * 4096 * 4096  # [1, 1, s, s] as fp16, for llama-2-7b
+    pred = predict(job(tp=8, pp=4, global_batch_size=64, **extra))
+    first, m = pred.stages[0], pred.job.parallel.num_microbatches
+    assert (first.p2p_fwd_s > first.p2p_s) == sends_mask
+    # the first stage sends m activations forward and, being first, no gradient back
+    assert pred.breakdown.pipeline_p2p_s == pytest.approx(m * first.p2p_fwd_s + (m - m) * first.p2p_s)
+
+
 def test_gpipe_holds_the_loss_activations_of_every_micro_batch():
     gpipe = predict(job(model="gpt2", nodes=1, pp=2, schedule="gpipe", global_batch_size=32)).memory[-1]
     inv = count_job(job(model="gpt2", nodes=1, pp=2, schedule="gpipe", global_batch_size=32))

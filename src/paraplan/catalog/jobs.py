@@ -173,7 +173,7 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
     }
     if p.vpp > 1:
         parallel["vpp"] = p.vpp
-    for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p"):
+    for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask"):
         value = getattr(p, key)
         if value is not None:
             parallel[key] = list(value) if isinstance(value, tuple) else value

@@ -60,7 +60,8 @@ class JobInventory:
     job: Job
     shape: LocalShape
     stages: tuple[StageInventory, ...]
-    p2p: Collective | None
+    p2p: Collective | None  # one activation forward, or its gradient backward
+    p2p_mask: Collective | None  # what else each forward send carries (DeepSpeed: the mask)
     params_total: float
     model_flops_per_iteration: float
     hardware_flops_per_iteration: float
@@ -214,12 +215,16 @@ def count_job(job: Job) -> JobInventory:
                 optimizer=_optimizer_op(updated, grad_e, param_e, adam_state_bytes(job.precision)),
             )
         )
-    p2p = None
+    p2p = mask = None
     if plan.pp > 1:
         # The [s/cp, b, h] activation, or one 1/tp slice of it that the receiving stage
         # all-gathers (sequence parallelism, DeepSpeed, Megatron-LM's 2021 scatter-gather).
         message = x.e * x.tokens * x.h / (plan.tp if plan.scatters_p2p else 1)
         p2p = Collective("pp_p2p", CollectiveKind.SEND_RECV, ParallelDim.PP, message, Phase.FWD)
+        if plan.sends_pipeline_mask:
+            # [1, 1, s, s] cast to fp16 whatever the training precision (``.half()``)
+            mask_bytes = 2.0 * job.model.seq_length**2
+            mask = Collective("pp_p2p_mask", CollectiveKind.SEND_RECV, ParallelDim.PP, mask_bytes, Phase.FWD)
     full = _unsharded(job)
     model_flops, hardware_flops = _count_flops(job, full)
     return JobInventory(
@@ -227,6 +232,7 @@ def count_job(job: Job) -> JobInventory:
         shape=x,
         stages=tuple(stages),
         p2p=p2p,
+        p2p_mask=mask,
         params_total=_params(model, full),
         model_flops_per_iteration=model_flops,
         hardware_flops_per_iteration=hardware_flops,

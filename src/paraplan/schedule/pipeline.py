@@ -128,12 +128,14 @@ def simulate_pipeline(
     schedule: Schedule = Schedule.ONE_F_ONE_B,
     vpp: int = 1,
     keep_tasks: bool = False,
+    fwd_extra_s: float = 0.0,
 ) -> PipelineResult:
     """Simulate one iteration's pipeline.
 
     ``fwd_s[i]`` and ``bwd_s[i]`` are stage i's times for one micro-batch over all of its
     layers (all chunks together); ``p2p_s`` is one activation (or gradient) transfer between
-    neighbouring stages. Returns the makespan and per-stage finish and busy times.
+    neighbouring stages, and a forward send takes ``fwd_extra_s`` more (DeepSpeed's pipeline
+    engine sends the attention mask with the activation). Returns the makespan and per-stage finish and busy times.
     """
     p, m = len(fwd_s), num_microbatches
     v = vpp if schedule is Schedule.INTERLEAVED else 1
@@ -148,7 +150,7 @@ def simulate_pipeline(
     dur = []
     for i in range(p):
         for c in range(v):
-            dur.append(fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else p2p_s))
+            dur.append(fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else p2p_s + fwd_extra_s))
             dur.append(bwd_s[i] / v + (0.0 if (i == 0 and c == 0) else p2p_s))
     kinds, prevs, deps = _flat_structure(schedule, p, m, v)
     end = [0.0] * len(kinds)

@@ -111,7 +111,10 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
             key = (g, crossing)
             time_lines[key] = np.array([rows[c] for c in pick])
             once[key] = np.array([per_iter[c] for c in pick])
-            p2p[key] = comm.seconds(inv.p2p) if inv.p2p is not None else 0.0
+            p2p[key] = (
+                comm.seconds(inv.p2p) if inv.p2p is not None else 0.0,
+                comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
+            )
     mem = []
     for st in inv.stages:
         m1 = estimate_stage_memory(inv, _with_layers(st, 1, layer_params)).total
@@ -146,10 +149,12 @@ def plan_candidates(
         # as predict_hetero: mixed stages and sends between different groups cross groups
         mixed = [len(gs) > 1 for gs in groups]
         crosses = [mixed[s] or (s + 1 < S and groups[s + 1] != gs) for s, gs in enumerate(groups)]
-        p2p = max((p2p_of[g, crosses[s]] for s in range(S - 1) for g in set(groups[s]) | set(groups[s + 1])),
-                  default=0.0)
-        # blocking sends hold the stage too: two per micro-batch, one out of either end
-        sends = np.array([0.0 if S == 1 else 2.0 - (s == 0) - (s == S - 1) for s in range(S)])
+        pairs = [p2p_of[g, crosses[s]] for s in range(S - 1) for g in set(groups[s]) | set(groups[s + 1])]
+        p2p = max((x for x, _ in pairs), default=0.0)
+        mask = max((x for _, x in pairs), default=0.0)
+        # blocking sends hold the stage too: forward out of all but the last stage (with
+        # DeepSpeed's attention mask), backward out of all but the first
+        sends = np.array([(s < S - 1) * (p2p + mask) + (s > 0) * p2p for s in range(S)])
         T = np.full((S, L), -np.inf)
         limit = np.full(S, np.inf)
         for g in {g for gs in groups for g in gs}:
@@ -160,7 +165,7 @@ def plan_candidates(
                 line = time_lines[g, crossing][on]
                 T[on] = np.maximum(T[on], line[:, :1] + (k - 1) * line[:, 1:])
                 limit[on] = np.minimum(limit[on], hbm[g])
-        T += (sends * p2p)[:, None]
+        T += sends[:, None]
         T[mem[:, :1] + (k - 1) * mem[:, 1:] > limit[:, None]] = np.inf
         key = (T.tobytes(), m)  # plans that differ only where memory is not binding share it
         part = cache[key] if key in cache else cache.setdefault(key, partition_layers(T, m))

@@ -297,27 +297,28 @@ def screen_plans(
     # The pipeline message of a shard shape between neighbouring stages of a layout (its
     # time depends on where the pair of stages lies, hence on pp).
     ab, ab_inv = np.unique(a * len(b_reps) + b, return_inverse=True)
-    p2p_ab = np.zeros(len(ab))
+    p2p_ab, mask_ab = np.zeros(len(ab)), np.zeros(len(ab))
     comms: dict[int, CommCosts] = {}
     for j, key in enumerate(ab):
         ai, bi = divmod(int(key), len(b_reps))
-        message = a_invs[ai].p2p
+        message, mask = a_invs[ai].p2p, a_invs[ai].p2p_mask
         if b_invs[bi].job.parallel.pp > 1 and message is not None:
             comm = comms.get(bi)
             if comm is None:
                 comm = comms[bi] = CommCosts(b_invs[bi], cm)
             p2p_ab[j] = comm.seconds(message)
-    p2p = p2p_ab[ab_inv]
+            mask_ab[j] = comm.seconds(mask) if mask is not None else 0.0
+    p2p, p2p_mask = p2p_ab[ab_inv], mask_ab[ab_inv]
     clock["cost"] = time.perf_counter()
 
-    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p)
+    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask)
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
     return Screen(*args, plans, iteration, memory, excluded, considered, timings)
 
 
-def _combine(plans, sched, overlap, A, a, B, b, p2p):
+def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
     rc = plans["recompute"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
@@ -368,7 +369,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p):
         chunks = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))
         mem[c] = B["static"][b, c] + (held * flight + work) + B["buffers"][b, c]
-    finish = _finish(f, bw, p2p, m, p, v, gpipe)
+    finish = _finish(f, bw, p2p, m, p, v, gpipe, p2p + p2p_mask)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
     step = np.max([np.where(exists[c], opt[c], neg) for c in classes], axis=0)
@@ -376,9 +377,10 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p):
     return drain + step, worst
 
 
-def _finish(f, b, x, m, p, v, gpipe):
+def _finish(f, b, x, m, p, v, gpipe, xf):
     """When stage 0, stage 1 and the last stage finish their last task, from each class's
-    forward ``f`` and backward ``b`` seconds per micro-batch and the send time ``x``.
+    forward ``f`` and backward ``b`` seconds per micro-batch and the send times: ``xf``
+    forward (with DeepSpeed's attention mask), ``x`` backward.
 
     A task holds its stage for its compute and its blocking send (none out of the model's
     ends), as in ``schedule.simulate_pipeline``. GPipe is two flow shops of identical jobs:
@@ -391,7 +393,7 @@ def _finish(f, b, x, m, p, v, gpipe):
     mid = p - 2  # middle stages (all equal)
     has_mid = mid > 0
     one = p == 1
-    Fs = {_FIRST: f[_FIRST] + x, _MID: f[_MID] + x, _LAST: f[_LAST]}
+    Fs = {_FIRST: f[_FIRST] + xf, _MID: f[_MID] + xf, _LAST: f[_LAST]}
     Bs = {_FIRST: b[_FIRST], _MID: b[_MID] + x, _LAST: b[_LAST] + x}
     neg = -np.inf
     # GPipe
@@ -405,9 +407,9 @@ def _finish(f, b, x, m, p, v, gpipe):
     }
     # 1F1B (v = 1) and interleaved: per micro-batch and stage, compute plus 2v - 1 or 2v sends
     s = {
-        _FIRST: f[_FIRST] + b[_FIRST] + (2 * v - 1) * x,
-        _MID: f[_MID] + b[_MID] + 2 * v * x,
-        _LAST: f[_LAST] + b[_LAST] + (2 * v - 1) * x,
+        _FIRST: f[_FIRST] + b[_FIRST] + v * xf + (v - 1) * x,
+        _MID: f[_MID] + b[_MID] + v * (xf + x),
+        _LAST: f[_LAST] + b[_LAST] + (v - 1) * xf + v * x,
     }
     s_max = np.maximum(np.maximum(s[_FIRST], s[_LAST]), np.where(has_mid, s[_MID], neg))
     t = (s[_FIRST] + mid * s[_MID] + s[_LAST]) / v + (m - 1 / v) * s_max

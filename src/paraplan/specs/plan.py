@@ -39,6 +39,7 @@ class ParallelPlan(BaseModel):
     framework: Framework = Framework.MEGATRON
     overlap_grad_reduce: bool | None = None
     scatter_gather_p2p: bool | None = None
+    pipeline_mask: bool | None = None
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -107,6 +108,18 @@ class ParallelPlan(BaseModel):
         if self.scatter_gather_p2p is not None:
             return self.scatter_gather_p2p
         return self.sequence_parallel or self.framework is Framework.DEEPSPEED
+
+    @property
+    def sends_pipeline_mask(self) -> bool:
+        """Whether each forward pipeline send also carries the [1, 1, s, s] causal mask.
+
+        DeepSpeed's PipelineEngine sends every tensor of a stage's output tuple, and GPT-NeoX's
+        pipeline layers pass ``(hidden_states, attention_mask)``; the boolean mask travels cast
+        to fp16 because NCCL has no bool type (``_exec_send_activations``), and no gradient
+        comes back for it. Megatron-LM sends the activation alone."""
+        if self.pipeline_mask is not None:
+            return self.pipeline_mask
+        return self.framework is Framework.DEEPSPEED
 
     @property
     def num_microbatches(self) -> int:

@@ -142,9 +142,10 @@ def _compare(run: dict[str, Any], pred: Prediction) -> tuple[ComponentError, ...
         one_call = tp_calls[0].seconds / tp_calls[0].count
         out.append(ComponentError("mp_allreduce", "-", sorted(measured["mp_allreduce"])[1] * 1e-6, one_call))
     if pred.stages[0].p2p_s > 0 and measured.get("pp_p2p"):
+        # one forward send (DeepSpeed's _exec_send_activations: the activation and the mask)
         sent = [v for v in measured["pp_p2p"] if v > 0]
         if sent:
-            out.append(ComponentError("pp_p2p", "-", min(sent) * 1e-6, pred.stages[0].p2p_s))
+            out.append(ComponentError("pp_p2p", "-", min(sent) * 1e-6, pred.stages[0].p2p_fwd_s))
     return tuple(out)
 
 
