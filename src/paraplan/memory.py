@@ -57,6 +57,9 @@ def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[f
     if policy is Recompute.FULL:
         x = inv.shape
         layer_input = x.e * x.b * x.s_norm * x.h
+        plan = inv.job.parallel
+        if plan.partition_activations and not plan.sequence_parallel:
+            layer_input /= plan.tp  # DeepSpeed keeps one 1/tp slice per rank
         return st.num_layers * layer_input, layer_saved + end_saved
     if policy is Recompute.SELECTIVE:
         layer_saved = sum(op.kept_under_selective for op in st.layer_ops)

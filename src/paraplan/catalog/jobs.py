@@ -173,6 +173,8 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
     }
     if p.vpp > 1:
         parallel["vpp"] = p.vpp
+    if p.partition_activations:
+        parallel["partition_activations"] = True
     for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask"):
         value = getattr(p, key)
         if value is not None:

@@ -89,6 +89,43 @@ def _dropout(x: LocalShape, elements: float, role: str, *, selective: bool) -> O
     )
 
 
+def _bias(role: str, elements: float, width: int, e: int, *, own_kernel: bool) -> Op:
+    """The bias of a linear layer that returns it unapplied (``skip_bias_add`` in Megatron-LM
+    and GPT-NeoX: both row-parallel projections and the MLP up projection). Forward: an add
+    kernel of its own unless a fused kernel applies it (bias-GELU, bias-dropout-add with a
+    residual); backward: the bias gradient, a sum of the incoming gradient over the tokens
+    (a weight gradient). ``elements`` is the layer output's size, ``width`` the bias's."""
+    forward = e * (2.0 * elements + width) if own_kernel else 0.0
+    reduction = e * (elements + width)
+    return Op(
+        name="bias_add",
+        kind=OpKind.ELEMENTWISE,
+        role=role,
+        flops=elements if own_kernel else 0.0,
+        bytes=forward,
+        bwd_flops=elements,
+        bwd_bytes=reduction,
+        bwd_weight_flops=elements,
+        bwd_weight_bytes=reduction,
+        dims=(("elements", int(elements)), ("width", width)),
+    )
+
+
+def _copy(name: str, role: str, elements: float, e: int, *, fwd_passes: float, bwd_passes: float) -> Op:
+    """A layout copy (``contiguous``, ``cat``, the gradient of a ``split``) that moves
+    ``elements`` once per pass: each pass reads and writes them."""
+    return Op(
+        name=name,
+        kind=OpKind.ELEMENTWISE,
+        role=role,
+        flops=0.0,
+        bytes=2.0 * e * elements * fwd_passes,
+        bwd_flops=0.0,
+        bwd_bytes=2.0 * e * elements * bwd_passes,
+        dims=(("elements", int(elements)),),
+    )
+
+
 def _bmm(name: str, role: str, flops: float, traffic: float, *, saved: float, kept: float, dims) -> Op:
     """A batched matmul of the unfused attention core; its backward runs two (dA and dB)."""
     return Op(
@@ -176,11 +213,15 @@ def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
 @functools.lru_cache(maxsize=256)
 def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     """Every operator of one transformer layer, in execution order."""
-    e, tokens, bias = x.e, x.tokens, model.add_bias_linear
+    e, tokens, bias, mlp_bias = x.e, x.tokens, model.add_bias_linear, model.add_bias_mlp
     hidden_norm = x.b * x.s_norm * x.h  # what norms, dropout and residual adds touch
     qkv_out = (x.heads + 2 * x.groups) * x.d
     ops: list[Op] = [norm(model, x, "input norm")]
     ops.append(gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=bias, saved=e * hidden_norm))
+    # q, k and v are views of the projection's output; backward joins their gradients (cat)
+    ops.append(
+        _copy("qkv_split", "split of the QKV output (gradient: cat)", tokens * qkv_out, e, fwd_passes=0.0, bwd_passes=1.0)
+    )
     if model.position_embedding == "rotary":
         rotated = tokens * (x.heads + x.groups) * x.d * model.rotary_percent
         ops.append(
@@ -201,7 +242,34 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
                 ),
             )
         )
+        if model.rotary_percent < 1.0:
+            # q and k are sliced into rotated and passed-through parts and joined again with
+            # torch.cat (GPT-NeoX ParallelSelfAttention, Megatron-LM apply_rotary_pos_emb).
+            # Backward: each slice's gradient is a zero-filled full-size tensor with the part
+            # copied in, and the two are added: 2 fills + 1 copy + 1 add = 3.5 passes.
+            ops.append(
+                _copy(
+                    "rotary_concat",
+                    "rejoin rotated and pass-through q, k",
+                    tokens * (x.heads + x.groups) * x.d,
+                    e,
+                    fwd_passes=1.0,
+                    bwd_passes=3.5,
+                )
+            )
     ops.extend(_attention_core(model, x))
+    if model.attention == "unfused":
+        # context [b, np, s, hn] -> [s, b, np*hn]: permute(...).contiguous(); its gradient is a view
+        ops.append(
+            _copy(
+                "context_copy",
+                "attention context to [s, b, h] layout",
+                tokens * x.heads * x.d,
+                e,
+                fwd_passes=1.0,
+                bwd_passes=0.0,
+            )
+        )
     ops.append(
         gemm(
             "linear2",
@@ -214,6 +282,11 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
             saved=e * tokens * x.heads * x.d,
         )
     )
+    if bias:
+        # GPT-J's parallel residual adds the attention output to nothing yet: its bias is a
+        # kernel of its own even when fused with dropout
+        alone = not model.bias_dropout_fusion or model.parallel_residual
+        ops.append(_bias("attention output bias", hidden_norm, x.h, e, own_kernel=alone))
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "attention output dropout", selective=False))
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
@@ -221,8 +294,11 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     swiglu = model.activation == "swiglu"
     up_width = x.ffn * (2 if swiglu else 1)
     ops.append(
-        gemm("linear3", "MLP up projection", tokens, x.h, up_width, e, bias=bias, saved=e * hidden_norm)
+        gemm("linear3", "MLP up projection", tokens, x.h, up_width, e, bias=mlp_bias, saved=e * hidden_norm)
     )
+    if mlp_bias:  # applied by the fused bias-GELU kernel, or by an add of its own
+        own = not model.bias_gelu_fusion
+        ops.append(_bias("MLP up projection bias", tokens * up_width, up_width, e, own_kernel=own))
     act_in = tokens * up_width
     ops.append(
         elementwise(
@@ -245,10 +321,12 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
             x.ffn,
             x.h,
             e,
-            bias=bias,
+            bias=mlp_bias,
             saved=e * tokens * x.ffn,
         )
     )
+    if mlp_bias:
+        ops.append(_bias("MLP output bias", hidden_norm, x.h, e, own_kernel=not model.bias_dropout_fusion))
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "MLP output dropout", selective=False))
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
@@ -304,6 +382,17 @@ def count_layer_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape)
                     "tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.BWD_INPUT, 2
                 ),
             ]
+    if plan.partition_activations and plan.tp > 1 and not plan.sequence_parallel:
+        # the checkpointed layer input, kept as 1/tp per rank, is gathered before the recompute
+        out.append(
+            Collective(
+                "tp_allgather_checkpoint",
+                CollectiveKind.ALL_GATHER,
+                ParallelDim.TP,
+                x.e * x.tokens * x.h,
+                Phase.BWD_INPUT,
+            )
+        )
     if plan.cp > 1:
         kv = 2.0 * x.e * x.b * x.s * x.groups * x.d  # this rank's K and V chunk
         out += [

@@ -34,6 +34,13 @@ class ModelSpec(BaseModel):
     parallel_residual: bool = False
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = True
+    add_bias_mlp: bool | None = None  # GPT-NeoX's use_bias_in_mlp; default: add_bias_linear
+    # Megatron-LM applies the MLP up projection's bias inside the fused bias-GELU kernel
+    # (default on); without the fusion (GPT-NeoX's default) it is an add kernel of its own.
+    bias_gelu_fusion: bool = True
+    # Megatron-LM fuses the bias of the row-parallel projections into the dropout-residual
+    # kernel (default on); GPT-NeoX's bias_dropout_fusion defaults to off: one more add each.
+    bias_dropout_fusion: bool = True
     attention_dropout: float = Field(default=0.0, ge=0, lt=1.0)
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1.0)
     source: str | None = None
@@ -50,6 +57,8 @@ class ModelSpec(BaseModel):
                     f"num_attention_heads={self.num_attention_heads}; give kv_channels"
                 )
             fields["kv_channels"] = self.hidden_size // self.num_attention_heads
+        if self.add_bias_mlp is None:
+            fields["add_bias_mlp"] = self.add_bias_linear
         if self.ffn_hidden_size is None:
             if self.activation == "swiglu":
                 # Megatron-LM's default for SwiGLU keeps the parameter count of a 4h GELU MLP.

@@ -40,6 +40,10 @@ class ParallelPlan(BaseModel):
     overlap_grad_reduce: bool | None = None
     scatter_gather_p2p: bool | None = None
     pipeline_mask: bool | None = None
+    # DeepSpeed activation checkpointing's partition_activations (Megatron-DeepSpeed
+    # --partition-activations): each TP rank keeps 1/tp of a checkpointed layer input and the
+    # backward pass all-gathers it before recomputing the layer.
+    partition_activations: bool = False
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -61,6 +65,11 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 f"parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1, "
                 f"not {self.zero_stage}, with pp={self.pp}"
+            )
+        if self.partition_activations and self.recompute is not Recompute.FULL:
+            raise ValueError(
+                "parallel.partition_activations: partitions checkpointed layer inputs, so it "
+                f"needs recompute 'full', not {self.recompute.value!r}"
             )
         if self.layers_per_stage is not None:
             if len(self.layers_per_stage) != self.pipeline_model_parallel_size:

@@ -59,6 +59,11 @@ def job_mapping_from_run(run: dict[str, Any]) -> dict[str, Any]:
         "parallel_residual": bool(m.get("gpt_j_residual", False)),
         "untie_embeddings_and_output_weights": not m.get("tied_embeddings", True),
         "add_bias_linear": bool(m.get("bias_in_attn_linear", True)),
+        "add_bias_mlp": "use_bias_in_mlp=True" in m.get("mlp", "use_bias_in_mlp=True"),
+        # GPT-NeoX's defaults, as the runs' logged arguments show ("bias_dropout_fusion ...
+        # False ... default"); the 20B config turns bias_gelu_fusion on, the llama ones do not
+        "bias_dropout_fusion": False,
+        "bias_gelu_fusion": m["name"].startswith("GPT-NeoX"),
     }
     recompute = "full" if p.get("activation_checkpointing", {}).get("enabled") else "none"
     return {
@@ -73,6 +78,8 @@ def job_mapping_from_run(run: dict[str, Any]) -> dict[str, Any]:
             "micro_batch_size": p["micro_batch_size"],
             "global_batch_size": p["global_batch_size"],
             "recompute": recompute,
+            "partition_activations": recompute == "full"
+            and bool(p.get("activation_checkpointing", {}).get("partition_activations")),
             "schedule": "1f1b",
             "framework": "deepspeed",
             "layers_per_stage": m["transformer_layers_per_pipeline_stage"],

@@ -1,0 +1,104 @@
+"""The kernels a framework runs around the sampled operators: unfused biases, layout copies,
+partitioned checkpoints. Sources: GPT-NeoX megatron/model/transformer.py (ParallelSelfAttention,
+ParallelMLP, ParallelTransformerLayer), DeepSpeed runtime/activation_checkpointing."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan.catalog import resolve_job
+from paraplan.inventory import CollectiveKind, count_job
+from paraplan.inventory.layer import count_layer_ops
+from paraplan.memory import activations_per_microbatch
+from paraplan.prediction import predict
+from paraplan.specs import ConfigError
+
+NEOX_20B = {
+    "name": "neox-like", "num_layers": 8, "hidden_size": 6144, "num_attention_heads": 64, "seq_length": 2048,
+    "vocab_size": 50257, "position_embedding": "rotary", "rotary_percent": 0.25, "attention": "unfused",
+    "parallel_residual": True, "add_bias_linear": True,
+}
+
+
+def job(model=None, **parallel):
+    plan = {"tp": 4, "pp": 2, "micro_batch_size": 4, "global_batch_size": 64, "recompute": "full", **parallel}
+    return resolve_job({"model": {**NEOX_20B, **(model or {})}, "cluster": {"name": "perlmutter", "num_nodes": 4},
+                        "parallel": plan, "precision": "fp16"})
+
+
+def ops_named(name, **model):
+    j = job(model)
+    return [op for op in count_job(j).stages[0].layer_ops if op.name == name]
+
+
+def test_unfused_bias_dropout_gives_each_row_parallel_bias_an_add_kernel_of_its_own():
+    biases = ops_named("bias_add", bias_dropout_fusion=False)
+    own = [op for op in biases if op.bytes > 0]
+    assert [op.role for op in own] == ["attention output bias", "MLP output bias"]
+    t, h = 2048 * 4, 6144
+    assert own[0].bytes == pytest.approx(2 * (2 * t * h + h))  # read and write [s, b, h] in fp16
+
+
+def test_a_fused_bias_still_costs_its_gradient_but_no_forward_kernel():
+    fused = {op.role: op for op in ops_named("bias_add", bias_dropout_fusion=True, parallel_residual=False)}
+    assert all(op.bytes == 0 and op.bwd_weight_bytes > 0 for op in fused.values())
+    # GPT-J's parallel residual has nothing to fuse the attention bias into
+    gptj = {op.role: op for op in ops_named("bias_add", bias_dropout_fusion=True, parallel_residual=True)}
+    assert gptj["attention output bias"].bytes > 0 and gptj["MLP output bias"].bytes == 0
+
+
+def test_models_without_biases_run_no_bias_kernels_and_mlp_bias_can_differ_from_attention():
+    assert ops_named("bias_add", add_bias_linear=False) == []
+    mlp_only = ops_named("bias_add", add_bias_linear=False, add_bias_mlp=True)
+    assert [op.role for op in mlp_only] == ["MLP up projection bias", "MLP output bias"]
+
+
+def test_partial_rotary_rejoins_q_and_k_and_full_rotary_does_not():
+    assert len(ops_named("rotary_concat")) == 1
+    assert ops_named("rotary_concat", rotary_percent=1.0) == []
+
+
+def test_unfused_attention_copies_the_context_and_flash_attention_does_not():
+    assert len(ops_named("context_copy")) == 1
+    assert ops_named("context_copy", attention="flash") == []
+
+
+def test_the_qkv_split_costs_nothing_forward_and_one_cat_backward():
+    (split,) = ops_named("qkv_split")
+    assert split.bytes == 0 and split.bwd_bytes == pytest.approx(2 * 2 * 2048 * 4 * 3 * 6144 / 4)
+
+
+def test_partitioned_checkpoints_gather_each_layer_input_once_backward_and_hold_a_tp_slice():
+    plain, parted = count_job(job()), count_job(job(partition_activations=True))
+    gathers = [c for c in parted.stages[0].layer_collectives if c.name == "tp_allgather_checkpoint"]
+    assert len(gathers) == 1 and gathers[0].kind is CollectiveKind.ALL_GATHER and gathers[0].phase.value == "bwd_input"
+    held_plain, _ = activations_per_microbatch(plain, plain.stages[0])
+    held_parted, _ = activations_per_microbatch(parted, parted.stages[0])
+    assert held_parted == pytest.approx(held_plain / 4)
+    assert predict(job(partition_activations=True)).iteration_s > predict(job()).iteration_s
+
+
+def test_partitioning_activations_without_full_recompute_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"parallel\.partition_activations: .* needs recompute 'full'"):
+        job(recompute="selective", partition_activations=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(hidden=st.sampled_from([1024, 2048, 4096]), rotary=st.sampled_from([0.25, 0.5, 1.0]),
+       residual=st.booleans(), flash=st.booleans())
+def test_unfusing_the_bias_kernels_never_makes_a_layer_faster(hidden, rotary, residual, flash):
+    def layer_s(fused):
+        j = job({"hidden_size": hidden, "num_attention_heads": 16, "rotary_percent": rotary,
+                 "parallel_residual": residual, "attention": "flash" if flash else "unfused",
+                 "bias_dropout_fusion": fused, "bias_gelu_fusion": fused})
+        return sum(o.fwd_s + o.bwd_s for o in predict(j).layer_ops)
+
+    assert layer_s(False) >= layer_s(True)
+
+
+def test_every_added_kernel_is_memory_bound_and_saves_nothing():
+    j = job()
+    names = {"bias_add", "rotary_concat", "context_copy", "qkv_split"}
+    added = [op for op in count_layer_ops(j.model, count_job(j).shape) if op.name in names]
+    assert {op.name for op in added} == names
+    assert all(op.saved_bytes == 0 and op.kind.value == "elementwise" for op in added)
