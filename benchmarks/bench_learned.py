@@ -42,7 +42,7 @@ def main() -> None:
         t_fit = time.perf_counter() - start
 
         start = time.perf_counter()
-        loaded, _ = load_model_file(models_path)
+        loaded = load_model_file(models_path)
         t_load = time.perf_counter() - start
         jobs = sorted((ROOT / "examples").glob("*perlmutter*.yaml"))
         per_job = []

@@ -67,3 +67,27 @@ def test_validate_rejects_a_file_that_is_not_a_run_list(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(bad)])
     assert result.exit_code == 2
     assert "expected a list of run records" in result.output
+
+
+@pytest.mark.slow
+def test_the_learned_backend_predicts_the_five_runs_from_a100_and_perlmutter_samples_alone(gpumodeling_dir, tmp_path):
+    """Issue 3, part 4: operator and collective samples only (quick budget), nothing fitted to
+    the runs. Measured 2026-11-23: -8.8 .. +2.8 %, mean 5.4 % (default budget in the README).
+    Issue 3's target (every run within 5 %, mean <= 3 %) is not met; this guards the level."""
+    from paraplan.backends import load_model_file
+    from paraplan.fitting import fit_models, fit_tasks, training_metadata
+    from paraplan.regress.store import save_models
+    from paraplan.samples import import_gpumodeling, save_samples
+
+    imported = import_gpumodeling([gpumodeling_dir / "operators_A100", gpumodeling_dir / "nccl_perlmutter"])
+    samples, path = tmp_path / "a100.samples", tmp_path / "a100.models"
+    save_samples(imported.samples, samples, imported.metadata())
+    models = fit_models(fit_tasks(imported.samples), budget="quick")
+    save_models(path, models, training_metadata(samples, imported.samples, "quick", 0))
+    loaded = load_model_file(path)
+    results = validate_runs(load_runs(gpumodeling_dir / "runs_perlmutter.json"), "learned", loaded)
+    assert all(abs(r.error) <= 0.10 for r in results), {r.run_id: round(r.error, 3) for r in results}
+    assert mean_absolute_error(results) <= 0.07
+    for r in results:  # every layer is predicted within 15 % of the traced one
+        layers = [c for c in r.components if c.component in ("encoder_fwd", "encoder_bwd")]
+        assert layers and all(abs(c.error) <= 0.15 for c in layers), r.run_id
