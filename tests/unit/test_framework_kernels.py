@@ -102,3 +102,24 @@ def test_every_added_kernel_is_memory_bound_and_saves_nothing():
     added = [op for op in count_layer_ops(j.model, count_job(j).shape) if op.name in names]
     assert {op.name for op in added} == names
     assert all(op.saved_bytes == 0 and op.kind.value == "elementwise" for op in added)
+
+
+def test_deepspeed_adds_each_micro_batch_gradient_to_grad_and_megatron_fuses_it_into_the_gemm():
+    def accumulate(**parallel):
+        inv = count_job(job(**parallel))
+        return [op for op in inv.stages[0].layer_ops + inv.stages[0].end_ops if op.name == "grad_accumulate"]
+
+    assert accumulate(framework="megatron") == []
+    layer, embedding = accumulate(framework="deepspeed")
+    params = sum(op.params for op in count_job(job()).stages[0].layer_ops)
+    m = 64 // (4 * 2)  # global batch / (micro-batch 4 x dp 2): the first micro-batch steals, 7 add
+    assert layer.bwd_weight_bytes == pytest.approx(3 * 2 * params * (m - 1) / m)  # fp16: read 2, write 1
+    assert accumulate(framework="deepspeed", global_batch_size=16) == []  # one micro-batch: nothing to add
+    assert accumulate(framework="megatron", gradient_accumulation_fusion=False)
+
+
+def test_the_scaled_scores_cost_two_multiplications_backward_only_for_unfused_attention():
+    (scale,) = ops_named("score_scale")
+    q = k = 2048 * 4 * 64 // 4 * 96  # [b * heads/tp, s, d] each
+    assert scale.bytes == 0 and scale.bwd_bytes == pytest.approx(2 * 2 * (q + k))
+    assert ops_named("score_scale", attention="flash") == []

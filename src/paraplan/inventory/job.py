@@ -117,6 +117,34 @@ def _per_microbatch_dp(job: Job, params: float, grad_e: float, param_e: float) -
     return tuple(out)
 
 
+def _grad_accumulation(job: Job, layer_params: float) -> tuple[Op, ...]:
+    """Adding each micro-batch's weight gradients to the accumulated ones, where the GEMMs do
+    not (``ParallelPlan.fuses_gradient_accumulation``): read both, write the sum, for all but
+    the first of the iteration's micro-batches (averaged over them, as every per-micro-batch
+    time is)."""
+    plan = job.parallel
+    if plan.fuses_gradient_accumulation or plan.global_batch_size is None:
+        return ()
+    m = plan.num_microbatches
+    traffic = 3.0 * grad_bytes(job) * layer_params * (m - 1) / m
+    if traffic <= 0:
+        return ()
+    return (
+        Op(
+            name="grad_accumulate",
+            kind=OpKind.ELEMENTWISE,
+            role="add the micro-batch's weight gradients to .grad",
+            flops=0.0,
+            bytes=0.0,
+            bwd_flops=layer_params * (m - 1) / m,
+            bwd_bytes=traffic,
+            bwd_weight_flops=layer_params * (m - 1) / m,
+            bwd_weight_bytes=traffic,
+            dims=(("params", int(layer_params)),),
+        ),
+    )
+
+
 def _optimizer_op(params_updated: float, grad_e: float, param_e: float, state_e: float) -> Op:
     """Adam step over the parameters this rank owns: reads the gradient, reads and writes the
     fp32 state (moments, and the master weight in mixed precision), writes the weight."""
@@ -172,6 +200,16 @@ def count_params(job: Job) -> float:
     return _params(job.model, _unsharded(job))
 
 
+def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[Op, ...]:
+    """The operators a stage runs besides its layers: the embedding on the first stage, the
+    LM head and loss on the last, each with its gradient accumulation."""
+    out: tuple[Op, ...] = ()
+    for has, ops in ((first, count_embedding_ops(job.model, x)), (last, count_head_ops(job.model, x))):
+        if has:
+            out += ops + _grad_accumulation(job, _layer_params(ops))
+    return out
+
+
 def count_job(job: Job) -> JobInventory:
     """The inventory every estimate reads: FLOPs, bytes, params, activations, collectives."""
     model, plan = job.model, job.parallel
@@ -179,19 +217,18 @@ def count_job(job: Job) -> JobInventory:
     layer_ops = count_layer_ops(model, x)
     layer_coll = count_layer_collectives(model, plan, x)
     layer_params = _layer_params(layer_ops)
+    layer_ops += _grad_accumulation(job, layer_params)
     emb_ops, head_ops = count_embedding_ops(model, x), count_head_ops(model, x)
     param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     split = count_layers_per_stage(model, plan)
     last = plan.pp - 1
     stages = []
     for i, n_layers in enumerate(split):
-        end_ops: tuple[Op, ...] = ()
         params = layer_params * n_layers
+        end_ops = count_end_ops(job, x, first=i == 0, last=i == last)
         if i == 0:
-            end_ops += emb_ops
             params += _layer_params(emb_ops)
         if i == last:
-            end_ops += head_ops
             params += _layer_params(head_ops)
             if plan.pp == 1 and not model.untie_embeddings_and_output_weights:
                 params -= x.vocab * x.h  # the LM head reuses the embedding's weight

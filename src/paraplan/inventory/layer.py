@@ -194,6 +194,13 @@ def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
             dims=head_dims,
         ),
     ]
+    # baddbmm applies the 1/sqrt(d) scale in the GEMM; its backward scales dQ and dK in
+    # two separate multiplications (ATen's maybe_multiply)
+    ops.insert(
+        1,
+        _copy("score_scale", "1/sqrt(d) on dQ and dK (baddbmm backward)", q_elems + kv_elems, x.e,
+              fwd_passes=0.0, bwd_passes=1.0),
+    )
     if dropout:
         ops.append(_dropout(x, scores, "attention dropout", selective=True))
     ops.append(

@@ -36,7 +36,8 @@ from pydantic import ValidationError
 
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import JobInventory, count_job
-from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
+from paraplan.inventory.ends import count_end_collectives
+from paraplan.inventory.job import count_end_ops
 from paraplan.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason
@@ -184,7 +185,6 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         st, x, plan = inv.stages[0], inv.shape, job.parallel
         comm = CommCosts(inv, cm)
         layer = LayerCost.of(st, cm, comm)
-        emb, head = count_embedding_ops(model, x), count_head_ops(model, x)
         row = {
             "layer_f": layer.fwd_total,
             "layer_b": layer.bwd_total,
@@ -192,8 +192,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             "comm_b": layer.comm_bwd,
             "rc_selective": sum(t for o, t in zip(st.layer_ops, layer.fwd, strict=True) if o.selective_recompute),
         }
-        ends = {_FIRST: emb, _MID: (), _LAST: head, 3: emb + head}  # 3: pp = 1, both ends
-        flags = {_FIRST: (True, False), _MID: (False, False), _LAST: (False, True), 3: (True, True)}
+        flags = {_FIRST: (True, False), _MID: (False, False), _LAST: (False, True), 3: (True, True)}  # 3: pp = 1
+        ends = {c: count_end_ops(job, x, first=f, last=la) for c, (f, la) in flags.items()}
         for c, ops in ends.items():
             colls = count_end_collectives(model, plan, x, first=flags[c][0], last=flags[c][1])
             row[f"end_f{c}"] = ops_seconds(cm, ops, (Phase.FWD,))
@@ -257,7 +257,7 @@ def screen_plans(
     reps, vinv = _representatives(vkey)
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
-    overlap = True
+    overlap = fused = True
     per_key = np.bincount(vinv, minlength=len(reps))
     for j, i in enumerate(reps):
         try:
@@ -268,6 +268,7 @@ def screen_plans(
         ok[j] = True
         schedule[j] = _SCHEDULES.index(job.parallel.schedule)
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
+        fused = job.parallel.fuses_gradient_accumulation
     valid = ok[vinv]
     sched = schedule[vinv]
     # Distinct plans (sequence parallelism "both" repeats the tp = 1 plans), first kept.
@@ -287,6 +288,9 @@ def screen_plans(
         return Screen(*args, plans, empty, empty, excluded, considered)
     cm = AnalyticalCostModel(cluster, precision)
     akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs))
+    if not fused:
+        # a layer's backward adds its gradients to .grad on all but the first micro-batch
+        akey = _mix(akey, _codes(plans["gbs"] // (mbs * plans["dp"])))
     a_reps, a = _representatives(akey, prefer=pp > 1)
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
     A = _shard_table(model, cm, a_invs)

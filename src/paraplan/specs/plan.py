@@ -44,6 +44,7 @@ class ParallelPlan(BaseModel):
     # --partition-activations): each TP rank keeps 1/tp of a checkpointed layer input and the
     # backward pass all-gathers it before recomputing the layer.
     partition_activations: bool = False
+    gradient_accumulation_fusion: bool | None = None
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -129,6 +130,16 @@ class ParallelPlan(BaseModel):
         if self.pipeline_mask is not None:
             return self.pipeline_mask
         return self.framework is Framework.DEEPSPEED
+
+    @property
+    def fuses_gradient_accumulation(self) -> bool:
+        """Whether weight-gradient GEMMs accumulate into the gradient buffer themselves
+        (Megatron-LM's --gradient-accumulation-fusion, on by default). Otherwise every
+        micro-batch after the first adds its fresh gradients to ``.grad`` (autograd's
+        AccumulateGrad; DeepSpeed ZeRO-0/1 reduces only at the accumulation boundary)."""
+        if self.gradient_accumulation_fusion is not None:
+            return self.gradient_accumulation_fusion
+        return self.framework is Framework.MEGATRON
 
     @property
     def num_microbatches(self) -> int:
