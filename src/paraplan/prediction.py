@@ -21,7 +21,7 @@ from paraplan.inventory import (
     group_layout,
 )
 from paraplan.memory import StageMemory, estimate_memory
-from paraplan.schedule import PipelineResult, simulate_pipeline
+from paraplan.schedule import PipelineResult, simulate_deepspeed_pipeline, simulate_pipeline
 from paraplan.specs import HeteroJob, Job, Phase, Recompute, Schedule
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
@@ -456,16 +456,17 @@ def assemble_prediction(
     plan = job.parallel
     p2p = max(t.p2p_s for t in timings)
     mask = max(t.p2p_mask_s for t in timings)
-    pipe = simulate_pipeline(
-        [t.forward_mb_s + t.tp_fwd_mb_s for t in timings],
-        [t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s for t in timings],
-        p2p,
-        plan.num_microbatches,
-        plan.schedule,
-        plan.vpp,
-        keep_tasks=keep_timeline,
-        fwd_extra_s=mask,
-    )
+    fwd = [t.forward_mb_s + t.tp_fwd_mb_s for t in timings]
+    bwd = [t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s for t in timings]
+    lockstep = plan.runs_deepspeed_train_schedule and plan.pp > 1
+    if lockstep:
+        pipe = simulate_deepspeed_pipeline(
+            fwd, bwd, p2p, plan.num_microbatches, keep_tasks=keep_timeline, fwd_extra_s=mask
+        )
+    else:
+        pipe = simulate_pipeline(
+            fwd, bwd, p2p, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_timeline, fwd_extra_s=mask
+        )
     drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
     crit = max(range(plan.pp), key=drain.__getitem__)
     step = [t.optimizer_s for t in timings]
@@ -477,6 +478,9 @@ def assemble_prediction(
     # each of the stage's v chunks sends forward and backward, except out of the model's ends
     forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
     sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
+    if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
+        neighbours = (crit > 0) + (crit < plan.pp - 1)
+        sends = neighbours * m * (2 * p2p + mask)
     if plan.pp == 1:
         sends = 0.0
     busy = m * tc.busy_mb_s

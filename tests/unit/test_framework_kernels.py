@@ -110,7 +110,7 @@ def test_deepspeed_adds_each_micro_batch_gradient_to_grad_and_megatron_fuses_it_
         return [op for op in inv.stages[0].layer_ops + inv.stages[0].end_ops if op.name == "grad_accumulate"]
 
     assert accumulate(framework="megatron") == []
-    layer, embedding = accumulate(framework="deepspeed")
+    layer, _embedding = accumulate(framework="deepspeed")
     params = sum(op.params for op in count_job(job()).stages[0].layer_ops)
     m = 64 // (4 * 2)  # global batch / (micro-batch 4 x dp 2): the first micro-batch steals, 7 add
     assert layer.bwd_weight_bytes == pytest.approx(3 * 2 * params * (m - 1) / m)  # fp16: read 2, write 1

@@ -176,7 +176,7 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
     if p.partition_activations:
         parallel["partition_activations"] = True
     for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask",
-                "gradient_accumulation_fusion"):
+                "gradient_accumulation_fusion", "deepspeed_train_schedule"):
         value = getattr(p, key)
         if value is not None:
             parallel[key] = list(value) if isinstance(value, tuple) else value

@@ -20,8 +20,10 @@ tests check it). Time differs from ``predict`` only in the pipeline: the event s
 replaced by closed forms that are exact for equal stages without transfers --
 ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved, the flow-shop
 sum for GPipe -- generalised to the unequal first and last stages and the blocking sends by
-summing every stage once and repeating the slowest (see ``_finish``). The search times the
-screen's shortlist exactly.
+summing every stage once and repeating the slowest (see ``_finish``). DeepSpeed's 1F1B
+(``schedule.deepspeed``) is not a closed form: its step graph is evaluated for all plans of a
+(pp, micro-batches) shape at once, so those plans' times equal ``predict``'s. The search
+times the screen's shortlist exactly.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
+from paraplan.schedule.deepspeed import deepspeed_finish
 from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason
 from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Phase, Precision, Recompute, Schedule
 
@@ -258,6 +261,7 @@ def screen_plans(
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
     overlap = fused = True
+    lockstep = False  # DeepSpeed's TrainSchedule (a framework setting: the same for the whole space)
     per_key = np.bincount(vinv, minlength=len(reps))
     for j, i in enumerate(reps):
         try:
@@ -269,6 +273,7 @@ def screen_plans(
         schedule[j] = _SCHEDULES.index(job.parallel.schedule)
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
         fused = job.parallel.fuses_gradient_accumulation
+        lockstep = lockstep or job.parallel.runs_deepspeed_train_schedule
     valid = ok[vinv]
     sched = schedule[vinv]
     # Distinct plans (sequence parallelism "both" repeats the tp = 1 plans), first kept.
@@ -315,14 +320,14 @@ def screen_plans(
     p2p, p2p_mask = p2p_ab[ab_inv], mask_ab[ab_inv]
     clock["cost"] = time.perf_counter()
 
-    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask)
+    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, lockstep)
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
     return Screen(*args, plans, iteration, memory, excluded, considered, timings)
 
 
-def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask):
+def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, lockstep=False):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
     rc = plans["recompute"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
@@ -374,11 +379,38 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask):
         flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))
         mem[c] = B["static"][b, c] + (held * flight + work) + B["buffers"][b, c]
     finish = _finish(f, bw, p2p, m, p, v, gpipe, p2p + p2p_mask)
+    if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
+        _lockstep_finish(finish, f, bw, p2p, p2p + p2p_mask, pp, m, (sched == 0) & (pp > 1))
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
     step = np.max([np.where(exists[c], opt[c], neg) for c in classes], axis=0)
     worst = np.max([np.where(exists[c], mem[c], neg) for c in classes], axis=0)
     return drain + step, worst
+
+
+def _lockstep_finish(finish, f, b, x, xf, pp, m, which) -> None:
+    """Replace ``finish`` of the plans in ``which`` with DeepSpeed's TrainSchedule
+    (``schedule.deepspeed``): the step graph of each (pp, micro-batches) shape evaluated once
+    for all of its plans, each stage costed as its class (stage 0, middle, last)."""
+    idx = np.flatnonzero(which)
+    if len(idx) == 0:
+        return
+    shape = pp[idx] * 100_000 + m[idx].astype(np.int64)
+    for key in np.unique(shape):
+        sel = idx[shape == key]
+        p, mb = divmod(int(key), 100_000)
+        dur = np.empty((4 * p, len(sel)))
+        for stage in range(p):
+            c = _FIRST if stage == 0 else _LAST if stage == p - 1 else _MID
+            dur[4 * stage] = f[c][sel]
+            dur[4 * stage + 1] = b[c][sel]
+            dur[4 * stage + 2] = xf[sel]
+            dur[4 * stage + 3] = x[sel]
+        done = deepspeed_finish(p, mb, dur)
+        finish[_FIRST][sel] = done[0]
+        finish[_LAST][sel] = done[p - 1]
+        if p > 2:
+            finish[_MID][sel] = done[1:p - 1].max(axis=0)
 
 
 def _finish(f, b, x, m, p, v, gpipe, xf):

@@ -45,6 +45,7 @@ class ParallelPlan(BaseModel):
     # backward pass all-gathers it before recomputing the layer.
     partition_activations: bool = False
     gradient_accumulation_fusion: bool | None = None
+    deepspeed_train_schedule: bool | None = None
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -66,6 +67,11 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 f"parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1, "
                 f"not {self.zero_stage}, with pp={self.pp}"
+            )
+        if self.deepspeed_train_schedule and self.schedule is not Schedule.ONE_F_ONE_B:
+            raise ValueError(
+                "parallel.deepspeed_train_schedule: DeepSpeed's TrainSchedule is a 1F1B schedule, "
+                f"not {self.schedule.value!r}"
             )
         if self.partition_activations and self.recompute is not Recompute.FULL:
             raise ValueError(
@@ -140,6 +146,19 @@ class ParallelPlan(BaseModel):
         if self.gradient_accumulation_fusion is not None:
             return self.gradient_accumulation_fusion
         return self.framework is Framework.MEGATRON
+
+    @property
+    def runs_deepspeed_train_schedule(self) -> bool:
+        """Whether the pipeline follows DeepSpeed's TrainSchedule (``schedule.deepspeed``):
+        DeepSpeed's pipeline engine runs 1F1B in lock-step, each output sent at the start of
+        the stage's next step, every transfer a rendezvous of both stages. Megatron-LM's 1F1B
+        sends right after the compute. ``deepspeed_train_schedule`` overrides the framework's
+        default (e.g. to see what the lock-step costs)."""
+        if self.schedule is not Schedule.ONE_F_ONE_B:
+            return False
+        if self.deepspeed_train_schedule is not None:
+            return self.deepspeed_train_schedule
+        return self.framework is Framework.DEEPSPEED
 
     @property
     def num_microbatches(self) -> int:
