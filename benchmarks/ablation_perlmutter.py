@@ -22,6 +22,9 @@ from paraplan.validate.gpumodeling import job_mapping_from_run
 SWITCHES = {
     "nothing (as shipped)": {},
     "DeepSpeed's TrainSchedule (Megatron-LM's 1F1B order instead)": {"parallel": {"deepspeed_train_schedule": False}},
+    "sliced pipeline messages (whole activations sent, none gathered: `scatter_gather_p2p: false`)": {
+        "parallel": {"scatter_gather_p2p": False}
+    },
     "`partition_activations` (one TP all-gather per layer backward)": {"parallel": {"partition_activations": False}},
     "`pipeline_mask` (the fp16 [s, s] mask sent with each activation)": {"parallel": {"pipeline_mask": False}},
     "unfused biases (`bias_dropout_fusion`, `bias_gelu_fusion` set true)": {

@@ -124,3 +124,23 @@ def test_fp32_training_keeps_no_master_weights_and_megatron_fp16_keeps_fp16_grad
 def test_contradictory_plans_are_rejected(parallel, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         job(**parallel)
+
+
+def _p2p_gathers(**extra):
+    inv = count_job(job(tp=8, pp=4, global_batch_size=64, **extra))
+    return [
+        [(c.phase.value, c.count) for c in st.end_collectives if c.name == "tp_allgather_p2p"] for st in inv.stages
+    ]
+
+
+def test_a_sliced_pipeline_message_is_all_gathered_by_its_receiver():
+    """DeepSpeed (PipelineEngine._exec_forward_pass/_exec_backward_pass with tp > 1): a stage
+    gathers the activation it received before its forward, and before its backward both the
+    gradient it received and its own output, of which it kept a 1/tp slice. Megatron-LM's
+    scatter-gather gathers what it receives only; with sequence parallelism nothing is gathered."""
+    first, middle, last = ("bwd_input", 2), [("fwd", 1), ("bwd_input", 2)], ("fwd", 1)
+    assert _p2p_gathers(framework="deepspeed") == [[first], middle, middle, [last]]
+    assert _p2p_gathers(scatter_gather_p2p=True) == [[("bwd_input", 1)], [("fwd", 1), ("bwd_input", 1)],
+                                                     [("fwd", 1), ("bwd_input", 1)], [("fwd", 1)]]
+    assert _p2p_gathers() == [[], [], [], []]
+    assert _p2p_gathers(sequence_parallel=True) == [[], [], [], []]

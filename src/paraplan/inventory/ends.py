@@ -7,7 +7,7 @@ import functools
 from paraplan.inventory.layer import elementwise, gemm, norm
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import ModelSpec, ParallelPlan, Phase
+from paraplan.specs import Framework, ModelSpec, ParallelPlan, Phase
 
 
 @functools.lru_cache(maxsize=256)
@@ -100,4 +100,18 @@ def count_end_collectives(
                 Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0 * x.tokens, Phase.FWD, 3)
             )
             out.append(Collective("tp_allreduce", reduce, ParallelDim.TP, hidden, Phase.BWD_INPUT))
+        if plan.pp > 1 and plan.scatters_p2p and not sp:
+            # A pipeline message travels as one 1/tp slice and the receiver all-gathers it:
+            # the activation before the forward, the gradient before the backward. DeepSpeed's
+            # engine also gathers its own output back before the backward, having kept only a
+            # slice of it (PipelineEngine._exec_forward_pass / _exec_backward_pass,
+            # is_pipe_partitioned and is_grad_partitioned whenever tp > 1).
+            if not first:
+                out.append(Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.FWD))
+            if not last:
+                rebuilt = 2 if plan.framework is Framework.DEEPSPEED else 1
+                out.append(
+                    Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden,
+                               Phase.BWD_INPUT, rebuilt)
+                )
     return tuple(out)
