@@ -30,9 +30,12 @@ def test_the_five_perlmutter_runs_are_predicted_with_per_component_errors(gpumod
 
 def test_the_perlmutter_runs_meet_the_analytical_target_of_issue_2(gpumodeling_dir):
     """Issue 2's target for the analytical backend: mean |error| <= 10 % on the five runs
-    (the per-run errors are in the README's validation table)."""
+    (the per-run errors are in the README's validation table). Measured 2026-11-24: -3.5 ..
+    +5.8 %, mean 3.1 %; the tighter bounds guard that level."""
     results = validate_runs(load_runs(gpumodeling_dir / "runs_perlmutter.json"))
     assert mean_absolute_error(results) <= 0.10
+    assert mean_absolute_error(results) <= 0.04
+    assert all(abs(r.error) <= 0.07 for r in results), {r.run_id: round(r.error, 3) for r in results}
 
 
 def test_tensor_parallelism_across_nodes_is_what_makes_the_tp8_runs_slow(gpumodeling_dir):
@@ -72,8 +75,9 @@ def test_validate_rejects_a_file_that_is_not_a_run_list(tmp_path):
 @pytest.mark.slow
 def test_the_learned_backend_predicts_the_five_runs_from_a100_and_perlmutter_samples_alone(gpumodeling_dir, tmp_path):
     """Issue 3, part 4: operator and collective samples only (quick budget), nothing fitted to
-    the runs. Measured 2026-11-23: -8.8 .. +2.8 %, mean 5.4 % (default budget in the README).
-    Issue 3's target (every run within 5 %, mean <= 3 %) is not met; this guards the level."""
+    the runs. Measured 2026-11-24: -6.3 .. +6.0 %, mean 4.2 % (default budget: -6.2 .. +4.9 %,
+    mean 3.7 %, in the README). Issue 3's target (every run within 5 %, mean <= 3 %) is not
+    met; this guards the level."""
     from paraplan.backends import load_model_file
     from paraplan.fitting import fit_models, fit_tasks, training_metadata
     from paraplan.regress.store import save_models
@@ -86,8 +90,8 @@ def test_the_learned_backend_predicts_the_five_runs_from_a100_and_perlmutter_sam
     save_models(path, models, training_metadata(samples, imported.samples, "quick", 0))
     loaded = load_model_file(path)
     results = validate_runs(load_runs(gpumodeling_dir / "runs_perlmutter.json"), "learned", loaded)
-    assert all(abs(r.error) <= 0.10 for r in results), {r.run_id: round(r.error, 3) for r in results}
-    assert mean_absolute_error(results) <= 0.07
+    assert all(abs(r.error) <= 0.08 for r in results), {r.run_id: round(r.error, 3) for r in results}
+    assert mean_absolute_error(results) <= 0.05
     for r in results:  # every layer is predicted within 15 % of the traced one
         layers = [c for c in r.components if c.component in ("encoder_fwd", "encoder_bwd")]
         assert layers and all(abs(c.error) <= 0.15 for c in layers), r.run_id
