@@ -53,7 +53,7 @@ def test_a_two_stage_pipeline_with_transfers_worked_by_hand():
     result = simulate_deepspeed_pipeline([1.0, 1.0], [2.0, 2.0], 0.5, 2)
     assert result.finish == pytest.approx((11.0, 9.0))
     assert result.makespan == pytest.approx(11.0)
-    assert result.busy == pytest.approx((6.0, 6.0))
+    assert result.busy == pytest.approx((8.0, 8.0))  # 2 forwards, 2 backwards, 4 transfers
 
 
 @given(p=st.integers(1, 8), m=st.integers(1, 32), f=st.floats(0.1, 5), b=st.floats(0.1, 10))

@@ -142,8 +142,8 @@ def simulate_deepspeed_pipeline(
 
     ``fwd_s[i]``/``bwd_s[i]`` are stage i's compute seconds for one micro-batch; an
     activation send takes ``p2p_s + fwd_extra_s`` (DeepSpeed also sends the attention mask),
-    a gradient send ``p2p_s``. Busy time counts compute only: waiting and transfers are the
-    rest of each stage's span."""
+    a gradient send ``p2p_s``. Busy time counts compute and the transfers the stage takes
+    part in (a rendezvous holds both ends); waiting is the rest of each stage's span."""
     p, m = len(fwd_s), num_microbatches
     if len(bwd_s) != p or p < 1 or m < 1:
         raise ValueError("simulate_deepspeed_pipeline: need matching stage lists and m >= 1")
@@ -158,7 +158,7 @@ def simulate_deepspeed_pipeline(
             t0 = end[b]
         end[k] = t0 + dur[kind]
     finish = tuple(end[k] for k in last)
-    busy = tuple(m * (fwd_s[i] + bwd_s[i]) for i in range(p))
+    busy = tuple(m * (fwd_s[i] + bwd_s[i] + ((i > 0) + (i < p - 1)) * (2 * p2p_s + fwd_extra_s)) for i in range(p))
     tasks = None
     if keep_tasks:
         tasks = tuple(
