@@ -21,7 +21,7 @@ from paraplan.inventory import (
     group_layout,
 )
 from paraplan.memory import StageMemory, estimate_memory
-from paraplan.schedule import PipelineResult, simulate_deepspeed_pipeline, simulate_pipeline
+from paraplan.schedule import PipelineResult, simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
 from paraplan.specs import HeteroJob, Job, Phase, Recompute, Schedule
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
@@ -475,12 +475,11 @@ def assemble_prediction(
     m = plan.num_microbatches
     tc = timings[crit]
     v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-    # each of the stage's v chunks sends forward and backward, except out of the model's ends
-    forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
-    sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
     if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
-        neighbours = (crit > 0) + (crit < plan.pp - 1)
-        sends = neighbours * m * (2 * p2p + mask)
+        sends = transfer_s(crit, plan.pp, m, p2p, mask)
+    else:  # each of the stage's v chunks sends forward and backward, except out of the model's ends
+        forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
+        sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
     if plan.pp == 1:
         sends = 0.0
     busy = m * tc.busy_mb_s

@@ -1,6 +1,6 @@
 """Stage times -> pipeline schedule -> iteration timeline."""
 
-from paraplan.schedule.deepspeed import simulate_deepspeed_pipeline
+from paraplan.schedule.deepspeed import simulate_deepspeed_pipeline, transfer_s
 from paraplan.schedule.pipeline import PipelineResult, Task, simulate_pipeline
 
-__all__ = ["PipelineResult", "Task", "simulate_deepspeed_pipeline", "simulate_pipeline"]
+__all__ = ["PipelineResult", "Task", "simulate_deepspeed_pipeline", "simulate_pipeline", "transfer_s"]

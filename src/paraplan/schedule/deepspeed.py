@@ -129,6 +129,13 @@ def _flat(p: int, m: int) -> tuple[list[int], list[int], list[int], tuple[int, .
     return kinds, [g[3] for g in graph], [g[4] for g in graph], tuple(last)
 
 
+def transfer_s(stage: int, p: int, m: int, p2p_s: float, fwd_extra_s: float = 0.0) -> float:
+    """Seconds stage ``stage`` of ``p`` spends in transfers over ``m`` micro-batches: a
+    rendezvous holds both ends, so every activation and gradient in or out of it counts."""
+    neighbours = (stage > 0) + (stage < p - 1)
+    return neighbours * m * (2 * p2p_s + fwd_extra_s)
+
+
 def simulate_deepspeed_pipeline(
     fwd_s: list[float],
     bwd_s: list[float],
@@ -158,7 +165,7 @@ def simulate_deepspeed_pipeline(
             t0 = end[b]
         end[k] = t0 + dur[kind]
     finish = tuple(end[k] for k in last)
-    busy = tuple(m * (fwd_s[i] + bwd_s[i] + ((i > 0) + (i < p - 1)) * (2 * p2p_s + fwd_extra_s)) for i in range(p))
+    busy = tuple(m * (fwd_s[i] + bwd_s[i]) + transfer_s(i, p, m, p2p_s, fwd_extra_s) for i in range(p))
     tasks = None
     if keep_tasks:
         tasks = tuple(

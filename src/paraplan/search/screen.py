@@ -395,10 +395,9 @@ def _lockstep_finish(finish, f, b, x, xf, pp, m, which) -> None:
     idx = np.flatnonzero(which)
     if len(idx) == 0:
         return
-    shape = pp[idx] * 100_000 + m[idx].astype(np.int64)
-    for key in np.unique(shape):
-        sel = idx[shape == key]
-        p, mb = divmod(int(key), 100_000)
+    shapes = np.stack([pp[idx], m[idx].astype(np.int64)])
+    for p, mb in np.unique(shapes, axis=1).T.tolist():
+        sel = idx[(shapes[0] == p) & (shapes[1] == mb)]
         dur = np.empty((4 * p, len(sel)))
         for stage in range(p):
             c = _FIRST if stage == 0 else _LAST if stage == p - 1 else _MID
