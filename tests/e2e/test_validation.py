@@ -95,3 +95,20 @@ def test_the_learned_backend_predicts_the_five_runs_from_a100_and_perlmutter_sam
     for r in results:  # every layer is predicted within 15 % of the traced one
         layers = [c for c in r.components if c.component in ("encoder_fwd", "encoder_bwd")]
         assert layers and all(abs(c.error) <= 0.15 for c in layers), r.run_id
+
+
+def test_the_modern_published_runs_validate_from_their_configuration(published_dir):
+    """runs_dev_modern.json: MLPerf v3.0 GPT-3 (H100, FP8), torchtitan and IBM FSDP runs."""
+    results = validate_runs(load_runs(published_dir / "runs_dev_modern.json"))
+    assert len(results) == 21
+    assert {r.source for r in results} == {"mlperf", "torchtitan", "ibm"}
+    assert {r.gpu for r in results} == {"A100-SXM4-80GB", "H100-SXM5-80GB"}
+    assert all(r.prediction.iteration_s > 0 for r in results)
+
+
+def test_validate_takes_several_files_and_prints_errors_per_source_and_gpu(published_dir, gpumodeling_dir):
+    files = [str(published_dir / "runs_dev_modern.json"), str(gpumodeling_dir / "runs_perlmutter.json")]
+    result = CliRunner().invoke(app, ["validate", *files, "--no-components"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    for word in ("signed median", "p90 |err|", "torchtitan", "H100-SXM5-80GB", "gpumodeling25", "all runs"):
+        assert word in result.output

@@ -1,4 +1,4 @@
-"""`paraplan validate RUNS.json`: predict measured runs and print the error tables."""
+"""`paraplan validate RUNS.json...`: predict measured runs and print the error tables."""
 
 from __future__ import annotations
 
@@ -11,13 +11,17 @@ from paraplan.cli.common import OutputFormat, out, user_errors, write_text
 
 
 def validate_command(
-    runs_file: Annotated[Path, typer.Argument(help="runs_perlmutter.json (GPUModeling25 measured runs).")],
+    runs_files: Annotated[
+        list[Path],
+        typer.Argument(help="Measured runs: runs_perlmutter.json (GPUModeling25), runs_dev*.json (published)."),
+    ],
     output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
     components: Annotated[bool, typer.Option("--components/--no-components", help="Per-component tables.")] = True,
     backend: Annotated[str, typer.Option(help="analytical | learned (needs --models).")] = "analytical",
     models: Annotated[Path | None, typer.Option(help="Models file from `paraplan fit`.")] = None,
 ) -> None:
-    """Predict measured runs from their configuration; print measured vs predicted and the error."""
+    """Predict measured runs from their configuration; print measured vs predicted, the error,
+    and per source and per GPU the signed median, median and p90 of |error|."""
     from paraplan.backends import load_model_file
     from paraplan.report.formats import render_csv, render_json
     from paraplan.report.validation import render_validation, validation_rows
@@ -27,7 +31,7 @@ def validate_command(
         backend = "learned"
     with user_errors():
         fitted = load_model_file(models) if models is not None else None
-        results = validate_runs(load_runs(runs_file), backend, fitted)
+        results = [r for f in runs_files for r in validate_runs(load_runs(f), backend, fitted)]
     if output is OutputFormat.json:
         write_text(render_json(validation_rows(results, components=True)))
     elif output is OutputFormat.csv:

@@ -107,6 +107,9 @@ class RunValidation:
     prediction: Prediction
     components: tuple[ComponentError, ...]
     their_error: float | None  # GPUModeling25's own published error for the run
+    source: str = "gpumodeling25"
+    gpu: str = ""
+    assumed: tuple[str, ...] = ()  # what mapping the record onto a job had to assume
 
     @property
     def error(self) -> float:
@@ -178,6 +181,7 @@ def validate_runs(
                 prediction=pred,
                 components=_compare(run, pred),
                 their_error=None if their is None else their / 100.0,
+                gpu=job.cluster.gpu.name,
             )
         )
     return results

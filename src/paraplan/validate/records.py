@@ -1,0 +1,199 @@
+"""Published run records (``../shared/data/published/runs_*.json``) as paraplan jobs.
+
+A record states the model, the parallel plan, the GPU, the node size, sometimes the network,
+and the framework in words ("NVIDIA NeMo/Megatron-Core (MLPerf v3.0 submission)", "torchtitan
+(FSDP2)", "IBM fms-fsdp (PyTorch FSDP + SDPA FlashAttention-2)"). This module reads those
+words into the settings paraplan has, by tables (``_FAMILIES``, ``_ARCHITECTURES``) rather
+than one branch per run, and says what it had to assume (``JobFromRecord.assumed``). Only the
+configuration is read: the measured figures never shape the job.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from paraplan.catalog import load_catalog_entry, load_gpu
+from paraplan.specs import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """How one framework family runs a job, where the record does not say."""
+
+    name: str
+    keywords: tuple[str, ...]  # lower-case words of the record's ``framework`` that name it
+    framework: str  # paraplan's framework setting
+    sharded_data_parallel: bool  # FSDP: a null zero_stage means FULL_SHARD (ZeRO-3)
+
+
+# First match wins; the order puts the specific names before the generic ones.
+_FAMILIES = (
+    Family("torchtitan", ("torchtitan",), "megatron", True),
+    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "megatron", True),
+    Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "megatron", True),
+    Family("deepspeed", ("deepspeed", "gpt-neox"), "deepspeed", False),
+    Family("fsdp", ("fsdp",), "megatron", True),
+    Family("megatron", ("megatron", "nemo"), "megatron", False),
+)
+_DEFAULT_FAMILY = _FAMILIES[-1]
+
+# Architecture defaults by MLP activation: GPT-3-style (Megatron-LM's GPT) or Llama-style.
+_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "gelu": {
+        "position_embedding": "learned",
+        "normalization": "layernorm",
+        "untie_embeddings_and_output_weights": False,
+        "add_bias_linear": True,
+    },
+    "swiglu": {
+        "position_embedding": "rotary",
+        "normalization": "rmsnorm",
+        "untie_embeddings_and_output_weights": True,
+        "add_bias_linear": False,
+    },
+}
+
+# Vocabulary of a model family when the record leaves it null (the dataset README names them).
+_VOCAB_BY_NAME = (("llama3", 128256), ("llama-3", 128256), ("llama2", 32000), ("llama-2", 32000), ("gpt3", 50257))
+
+_RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
+_NODE_BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*(gbps|gb/s)\s*inter-node", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFromRecord:
+    """A job mapping (for ``catalog.resolve_job``) and what the mapping assumed."""
+
+    mapping: dict[str, Any]
+    family: str
+    gpu: str
+    assumed: tuple[str, ...]
+
+
+def family_of(run: dict[str, Any]) -> Family:
+    text = str(run.get("framework") or "").lower()
+    for family in _FAMILIES:
+        if any(word in text for word in family.keywords):
+            return family
+    return _DEFAULT_FAMILY
+
+
+def _precision(text: str) -> str:
+    low = text.lower()
+    for word in ("fp8", "bf16", "fp16", "fp32"):
+        if word in low:
+            return word
+    raise ConfigError(f"precision: cannot read a precision from {text!r}")
+
+
+def _gpu_name(text: str) -> str:
+    """The catalog GPU a record's ``gpu`` names ("H100-SXM5-80GB (DGX H100)" -> H100-SXM5-80GB)."""
+    return load_gpu(text.split("(")[0].strip()).name
+
+
+def _vocab(run: dict[str, Any], assumed: list[str]) -> int:
+    vocab = run["model"].get("vocab_size")
+    if vocab:
+        return int(vocab)
+    key = run["id"].lower().replace("_", "-")
+    for word, size in _VOCAB_BY_NAME:
+        if word in key:
+            assumed.append(f"vocab_size {size} (the family's tokenizer; the record gives none)")
+            return size
+    raise ConfigError(f"{run['id']}: model.vocab_size is null and the model family is not known")
+
+
+def _model(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str, Any]:
+    m = run["model"]
+    activation = m.get("activation", "gelu")
+    arch = dict(_ARCHITECTURES[activation])
+    if family.name == "megatron" and activation == "gelu":
+        # Megatron-LM's GPT: dropout 0.1 on attention and hidden states (its defaults).
+        arch.update(attention_dropout=0.1, hidden_dropout=0.1)
+    old_megatron = family.name == "megatron" and "(202" in str(run.get("framework", ""))
+    return {
+        "name": run["id"],
+        "num_layers": m["num_layers"],
+        "hidden_size": m["hidden_size"],
+        "num_attention_heads": m["num_attention_heads"],
+        "num_query_groups": m.get("num_kv_heads") or m["num_attention_heads"],
+        "ffn_hidden_size": m["ffn_hidden_size"],
+        "seq_length": m["seq_length"],
+        "vocab_size": _vocab(run, assumed),
+        "activation": activation,
+        # Megatron-LM of 2021-22 ran its own fused softmax on the full score matrix.
+        "attention": "unfused" if old_megatron else "flash",
+        **arch,
+    }
+
+
+def _cluster(run: dict[str, Any], gpu_name: str, assumed: list[str]) -> dict[str, Any]:
+    gpu = load_gpu(gpu_name)
+    if gpu.reference_node is None:
+        raise ConfigError(f"{run['id']}: gpu {gpu_name} has no reference node in the catalog")
+    per_node = int(run["gpus_per_node"])
+    nodes = int(run["num_gpus"]) // per_node
+    cluster: dict[str, Any] = {"name": gpu.reference_node, "num_nodes": nodes, "gpus_per_node": per_node}
+    stated = _NODE_BANDWIDTH.search(str(run.get("interconnect") or ""))
+    if stated and nodes > 1:
+        reference = load_catalog_entry("clusters", gpu.reference_node)["inter_node"]
+        node_gbit = float(stated.group(1))
+        cluster["inter_node"] = {
+            **reference,
+            "bandwidth": f"{node_gbit / 8 / per_node:g} GB/s",
+        }
+    elif nodes > 1:
+        assumed.append(f"network of the {gpu.reference_node} reference node (the record states none)")
+    return cluster
+
+
+def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str, Any]:
+    p = run["parallel"]
+    dp, gbs = p["dp"], p["global_batch_size"]
+    mbs = p.get("micro_batch_size")
+    if mbs is None:
+        mbs = gbs // dp
+        assumed.append(f"micro_batch_size {mbs} (global batch / dp: no gradient accumulation)")
+    zero = p.get("zero_stage")
+    if zero is None:
+        zero = 3 if family.sharded_data_parallel else 0
+        assumed.append(f"zero_stage {zero} ({'FULL_SHARD' if zero == 3 else 'plain data parallel'})")
+    vpp = p.get("virtual_pipeline") or 1
+    recompute = str(run.get("recompute") or "none").split()[0].lower()
+    if recompute not in _RECOMPUTE:
+        raise ConfigError(f"{run['id']}: recompute {run.get('recompute')!r} is not none, selective or full")
+    parallel = {
+        "tp": p["tp"],
+        "pp": p["pp"],
+        "dp": dp,
+        "cp": p.get("cp") or 1,
+        "sequence_parallel": bool(p.get("sp")),
+        "vpp": vpp if vpp > 1 else None,
+        "zero_stage": zero,
+        "micro_batch_size": mbs,
+        "global_batch_size": gbs,
+        "recompute": _RECOMPUTE[recompute],
+        "framework": family.framework,
+    }
+    if family.name == "megatron" and "(202" in str(run.get("framework", "")):
+        # Megatron-LM of 2021-22 sent 1/tp of the activation between stages and all-gathered
+        # it (Narayanan et al. SC'21, section 4.1, scatter/gather).
+        parallel["scatter_gather_p2p"] = True
+    return parallel
+
+
+def job_from_record(run: dict[str, Any]) -> JobFromRecord:
+    """The job a published record describes (its configuration only)."""
+    family = family_of(run)
+    assumed: list[str] = []
+    gpu = _gpu_name(str(run["gpu"]))
+    mapping = {
+        "name": run["id"],
+        "model": _model(run, family, assumed),
+        "cluster": _cluster(run, gpu, assumed),
+        "parallel": _parallel(run, family, assumed),
+        "precision": _precision(str(run["precision"])),
+    }
+    return JobFromRecord(mapping, family.name, gpu, tuple(assumed))

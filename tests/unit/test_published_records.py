@@ -1,0 +1,89 @@
+"""Published run records become jobs by their words: framework family, GPU, network, batch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from paraplan.catalog import resolve_job
+from paraplan.specs import ConfigError
+from paraplan.validate.published import measured_iteration_s
+from paraplan.validate.records import family_of, job_from_record
+
+_FSDP_RUN = {
+    "id": "ibm-fsdp-llama2-7b-h100-96gpu",
+    "gpu": "H100-SXM5-80GB",
+    "num_gpus": 96,
+    "gpus_per_node": 8,
+    "interconnect": "800 Gbps inter-node",
+    "model": {
+        "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 32,
+        "ffn_hidden_size": 11008, "seq_length": 4096, "vocab_size": None, "activation": "swiglu",
+    },
+    "parallel": {
+        "tp": 1, "pp": 1, "dp": 96, "cp": 1, "sp": None, "virtual_pipeline": None,
+        "zero_stage": None, "micro_batch_size": None, "global_batch_size": 192,
+    },
+    "recompute": "none",
+    "precision": "bf16 mixed precision",
+    "framework": "IBM fms-fsdp (PyTorch FSDP + SDPA FlashAttention-2)",
+    "measured": {"tokens_per_s_per_gpu": 7500},
+}
+
+
+def test_an_fsdp_record_becomes_a_full_shard_llama_job_on_the_stated_network():
+    mapped = job_from_record(_FSDP_RUN)
+    assert mapped.family == "fms-fsdp"
+    assert mapped.gpu == "H100-SXM5-80GB"
+    job = resolve_job(mapped.mapping)
+    assert job.parallel.zero_stage == 3
+    assert job.parallel.micro_batch_size == 2  # 192 / 96, no gradient accumulation
+    assert job.model.normalization == "rmsnorm" and job.model.position_embedding == "rotary"
+    assert job.model.vocab_size == 32000  # Llama 2's tokenizer, from the id
+    # 800 Gb/s per node of 8 GPUs = 12.5 GB/s per GPU
+    assert job.cluster.inter_node.bandwidth_bytes_per_s == pytest.approx(12.5e9)
+    assert job.cluster.num_nodes == 12
+    assert any("vocab_size" in a for a in mapped.assumed)
+    assert any("zero_stage 3" in a for a in mapped.assumed)
+
+
+def test_a_record_without_a_network_takes_the_reference_node_and_says_so():
+    run = copy.deepcopy(_FSDP_RUN)
+    run["interconnect"] = None
+    mapped = job_from_record(run)
+    assert resolve_job(mapped.mapping).cluster.inter_node.bandwidth_bytes_per_s == pytest.approx(50e9)
+    assert any("dgx-h100" in a for a in mapped.assumed)
+
+
+@pytest.mark.parametrize(
+    ("framework", "family"),
+    [
+        ("torchtitan (FSDP2)", "torchtitan"),
+        ("NVIDIA NeMo/Megatron-Core (MLPerf v3.0 submission)", "megatron"),
+        ("Megatron-LM (2022)", "megatron"),
+        ("MosaicML llm-foundry (Composer, FSDP)", "mosaicml"),
+        ("GPT-NeoX (DeepSpeed)", "deepspeed"),
+        ("PyTorch FSDP", "fsdp"),
+    ],
+)
+def test_the_framework_family_is_read_from_the_record_words(framework, family):
+    assert family_of({"framework": framework}).name == family
+
+
+def test_fp8_is_read_from_the_precision_words():
+    run = copy.deepcopy(_FSDP_RUN)
+    run["precision"] = "FP8 hybrid (Transformer Engine) + BF16 (megatron_amp_O2)"
+    assert job_from_record(run).mapping["precision"] == "fp8"
+
+
+def test_an_unknown_vocabulary_is_an_error_naming_the_run():
+    run = copy.deepcopy(_FSDP_RUN)
+    run["id"] = "somebody-model-x"
+    with pytest.raises(ConfigError, match=r"somebody-model-x: model\.vocab_size is null"):
+        job_from_record(run)
+
+
+def test_the_iteration_time_comes_from_throughput_when_not_printed():
+    # 192 x 4096 tokens / (7500 tokens/s per GPU x 96 GPUs)
+    assert measured_iteration_s(_FSDP_RUN) == pytest.approx(192 * 4096 / (7500 * 96))
