@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.inventory import JobInventory, StageInventory
-from paraplan.inventory.job import adam_state_bytes
+from paraplan.inventory.job import adam_state_bytes, fp8_weight_params
 from paraplan.specs import Recompute, Schedule
 
 # CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
@@ -77,9 +77,11 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         # loss's saved tensors are held for all of them, not just the one being processed
         held += working
         working = 0.0
+    # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each)
+    fp8_copies = 2.0 * fp8_weight_params(st.layer_ops) * st.num_layers
     return StageMemory(
         stage=st.index,
-        weights=params * inv.param_bytes / (dp if zero >= 3 else 1),
+        weights=params * inv.param_bytes / (dp if zero >= 3 else 1) + fp8_copies,
         gradients=params * inv.grad_bytes / (dp if zero >= 2 else 1),
         optimizer_states=params * adam_state_bytes(inv.job.precision) / (dp if zero >= 1 else 1),
         activations=held * flight + working,

@@ -21,16 +21,28 @@ def _seconds(work: float, rate: float, curve: EfficiencyCurve) -> float:
     return (work + curve.half_work) / (rate * curve.max_fraction)
 
 
+def compute_precision(op: Op, job_precision: Precision) -> Precision:
+    """The precision ``op``'s kernels run in: FP8 GEMMs at FP8, everything else of an FP8
+    job in BF16, of any other job in its own precision."""
+    return Precision.FP8 if op.fp8 else compute_precision_of_job(job_precision)
+
+
+def compute_precision_of_job(precision: Precision) -> Precision:
+    """The precision of a job's non-FP8 kernels (an FP8 job runs them in BF16)."""
+    return Precision.BF16 if precision is Precision.FP8 else precision
+
+
 def op_curves(
-    op: Op, phase: Phase, eff: EfficiencySpec
+    op: Op, phase: Phase, eff: EfficiencySpec, precision: Precision = Precision.BF16
 ) -> tuple[EfficiencyCurve | None, EfficiencyCurve, bool]:
     """(compute curve or None for memory-bound kinds, memory curve, whether a per-operator
     curve from ``eff.ops`` applied). A per-operator curve replaces the compute curve of a
-    compute kind and the memory curve of a memory-bound kind."""
+    compute kind and the memory curve of a memory-bound kind. ``precision`` is the one the
+    op's kernels run in (``compute_precision``): FP8 GEMMs take the GPU's FP8 curve."""
     direction = "fwd" if phase in (Phase.FWD, Phase.RECOMPUTE, Phase.OPTIMIZER) else "bwd"
     special = eff.ops.get(f"{op.name}:{direction}") or eff.ops.get(op.name) if eff.ops else None
     kind = _COMPUTE_KINDS.get(op.kind)
-    compute = None if kind is None else getattr(eff, kind)
+    compute = None if kind is None else eff.compute_curve(kind, precision)
     memory = eff.memory
     if special is not None:
         if compute is None:
@@ -40,13 +52,16 @@ def op_curves(
     return compute, memory, special is not None
 
 
-def estimate_op_s(op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float) -> float:
-    """Seconds one rank spends on ``op`` in ``phase`` on ``gpu`` at ``peak_flops``."""
+def estimate_op_s(
+    op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float, precision: Precision = Precision.BF16
+) -> float:
+    """Seconds one rank spends on ``op`` in ``phase`` on ``gpu`` at ``peak_flops``, with the
+    curves of ``precision``."""
     flops, traffic = op.work(phase)
     if flops <= 0.0 and traffic <= 0.0:
         return 0.0
     eff = gpu.efficiency
-    compute, memory, _ = op_curves(op, phase, eff)
+    compute, memory, _ = op_curves(op, phase, eff, precision)
     memory_s = _seconds(traffic, gpu.hbm_bandwidth_bytes_per_s, memory)
     compute_s = 0.0 if compute is None else _seconds(flops, peak_flops, compute)
     return (compute_s if compute_s > memory_s else memory_s) + eff.kernel_overhead_s
@@ -57,7 +72,7 @@ def estimate_op_s(op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float) -> floa
 _CURVE_CACHES: dict[int, tuple[EfficiencySpec, dict]] = {}
 
 
-def _curve_cache(eff: EfficiencySpec) -> dict[tuple[str, OpKind, Phase], tuple]:
+def _curve_cache(eff: EfficiencySpec) -> dict[tuple[str, OpKind, Phase, Precision], tuple]:
     hit = _CURVE_CACHES.get(id(eff))
     if hit is None or hit[0] is not eff:
         if len(_CURVE_CACHES) > 64:
@@ -74,7 +89,9 @@ class AnalyticalCostModel:
     def __init__(self, cluster: ClusterSpec, precision: Precision) -> None:
         self.cluster = cluster
         self.gpu = cluster.gpu
-        self.peak_flops = cluster.gpu.flops_for(precision)
+        self.precision = precision
+        self._peaks = {p: cluster.gpu.peak_flops[p] for p in cluster.gpu.peak_flops}
+        self.peak_flops = cluster.gpu.flops_for(compute_precision_of_job(precision))
         self._curves = _curve_cache(cluster.gpu.efficiency)
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
@@ -82,18 +99,21 @@ class AnalyticalCostModel:
         flops, traffic = op.work(phase)
         if flops <= 0.0 and traffic <= 0.0:
             return 0.0
-        key = (op.name, op.kind, phase)
+        precision = compute_precision(op, self.precision)
+        key = (op.name, op.kind, phase, precision)
         curves = self._curves.get(key)
         if curves is None:
-            curves = self._curves[key] = op_curves(op, phase, self.gpu.efficiency)
+            curves = self._curves[key] = op_curves(op, phase, self.gpu.efficiency, precision)
         compute, memory, _ = curves
         memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory)
-        compute_s = 0.0 if compute is None else _seconds(flops, self.peak_flops, compute)
+        compute_s = 0.0 if compute is None else _seconds(flops, self._peaks[precision], compute)
         return (compute_s if compute_s > memory_s else memory_s) + self.gpu.efficiency.kernel_overhead_s
 
     def estimate_collective_s(self, coll: Collective, layout: GroupLayout) -> float:
         return _collective_s(coll, layout, self.cluster)
 
     def source_of(self, op: Op, phase: Phase) -> str:
-        special = op_curves(op, phase, self.gpu.efficiency)[2]
-        return f"roofline ({op.name} curve)" if special else "roofline"
+        precision = compute_precision(op, self.precision)
+        special = op_curves(op, phase, self.gpu.efficiency, precision)[2]
+        where = f"roofline ({op.name} curve)" if special else "roofline"
+        return f"{where}, fp8" if op.fp8 else where

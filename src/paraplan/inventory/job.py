@@ -25,8 +25,9 @@ def param_bytes(precision: Precision) -> float:
 def grad_bytes(job: Job) -> float:
     """Megatron-LM accumulates and reduces bf16 models' gradients in fp32 (it forces
     ``accumulate_allreduce_grads_in_fp32`` for bf16); fp16 models and DeepSpeed keep them in
-    the model's dtype."""
-    if job.precision is Precision.BF16 and job.parallel.framework is Framework.MEGATRON:
+    the model's dtype. FP8 training runs Megatron-LM with ``--bf16`` (and ``--fp8-format``):
+    the same fp32 gradients."""
+    if job.precision in (Precision.BF16, Precision.FP8) and job.parallel.framework is Framework.MEGATRON:
         return 4.0
     return param_bytes(job.precision)
 
@@ -145,6 +146,34 @@ def _grad_accumulation(job: Job, layer_params: float) -> tuple[Op, ...]:
     )
 
 
+def fp8_weight_params(layer_ops: tuple[Op, ...]) -> float:
+    """Weights of one layer that FP8 GEMMs read (each has an FP8 copy and its transpose)."""
+    return sum(op.params for op in layer_ops if op.fp8)
+
+
+def _fp8_weight_casts(job: Job, layer_ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """Casting the FP8 layers' weights to FP8 and transposing them (read e bytes, write
+    1 + 1) once per iteration: Transformer Engine keeps the FP8 weights for the iteration's
+    later micro-batches (``is_first_microbatch``), so each micro-batch carries 1/m of it."""
+    params = fp8_weight_params(layer_ops)
+    if params <= 0 or job.parallel.global_batch_size is None:
+        return ()
+    e = param_bytes(job.precision)
+    traffic = (e + 2.0) * params / job.parallel.num_microbatches
+    return (
+        Op(
+            name="fp8_weight_cast",
+            kind=OpKind.ELEMENTWISE,
+            role="FP8 copies of the weights and their transposes, once per iteration",
+            flops=0.0,
+            bytes=traffic,
+            bwd_flops=0.0,
+            bwd_bytes=0.0,
+            dims=(("params", int(params)),),
+        ),
+    )
+
+
 def _optimizer_op(params_updated: float, grad_e: float, param_e: float, state_e: float) -> Op:
     """Adam step over the parameters this rank owns: reads the gradient, reads and writes the
     fp32 state (moments, and the master weight in mixed precision), writes the weight."""
@@ -217,7 +246,7 @@ def count_job(job: Job) -> JobInventory:
     layer_ops = count_layer_ops(model, x)
     layer_coll = count_layer_collectives(model, plan, x)
     layer_params = _layer_params(layer_ops)
-    layer_ops += _grad_accumulation(job, layer_params)
+    layer_ops += _grad_accumulation(job, layer_params) + _fp8_weight_casts(job, layer_ops)
     emb_ops, head_ops = count_embedding_ops(model, x), count_head_ops(model, x)
     param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     split = count_layers_per_stage(model, plan)

@@ -14,10 +14,17 @@ from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ModelSpec, ParallelPlan, Phase
 
 
-def gemm(name: str, role: str, m: int, k: int, n: int, e: int, *, bias: bool, saved: float) -> Op:
-    """Y[m,n] = X[m,k] @ W[k,n] (+ bias). Backward: dX = dY W^T and dW = X^T dY."""
+def gemm(
+    name: str, role: str, m: int, k: int, n: int, e: int, *, bias: bool, saved: float, fp8: bool = False
+) -> Op:
+    """Y[m,n] = X[m,k] @ W[k,n] (+ bias). Backward: dX = dY W^T and dW = X^T dY.
+
+    An ``fp8`` GEMM reads one-byte operands (the casts that make them are ``fp8_casts``),
+    writes its output in the activation precision, and keeps the FP8 copy of its input for
+    the weight gradient (Transformer Engine saves ``inputmat_t`` in FP8)."""
     flops = 2.0 * m * k * n
-    traffic = e * (m * k + k * n + m * n)
+    operand = 1 if fp8 else e
+    traffic = operand * (m * k + k * n) + e * m * n
     return Op(
         name=name,
         kind=OpKind.GEMM,
@@ -29,8 +36,41 @@ def gemm(name: str, role: str, m: int, k: int, n: int, e: int, *, bias: bool, sa
         bwd_weight_flops=flops,
         bwd_weight_bytes=traffic,
         params=k * n + (n if bias else 0),
-        saved_bytes=saved,
+        saved_bytes=saved / e if fp8 else saved,
         dims=(("m", m), ("k", k), ("n", n)),
+        fp8=fp8,
+    )
+
+
+# Linear layers whose FP8 input the preceding norm writes itself (Transformer Engine's
+# LayerNormLinear / LayerNormMLP): only the transpose for the weight gradient is extra.
+_NORM_FED = frozenset({"linear1", "linear3"})
+
+
+def fp8_casts(gemms: list[Op], e: int) -> Op:
+    """Transformer Engine's casts around a layer's FP8 GEMMs, from the bytes they move.
+
+    Forward, every GEMM input is cast to FP8 and transposed for the weight gradient
+    (``cast_transpose``: read e bytes, write 1 + 1), except where a fused norm writes the
+    FP8 input itself (read 1, write 1 for the transpose). Backward, every output gradient is
+    cast and transposed (read e, write 1 + 1) for the data- and weight-gradient GEMMs. The
+    amax of each tensor is reduced inside these kernels; the per-iteration scale update
+    and the weights' casts are counted per job (``inventory.job``)."""
+    fwd = bwd = 0.0
+    for op in gemms:
+        dims = dict(op.dims)
+        fwd += dims["m"] * dims["k"] * (2.0 if op.name in _NORM_FED else e + 2.0)
+        bwd += dims["m"] * dims["n"] * (e + 2.0)
+    elements = fwd / (e + 2.0)
+    return Op(
+        name="fp8_cast",
+        kind=OpKind.ELEMENTWISE,
+        role="FP8 casts and transposes of the GEMMs' inputs and gradients (Transformer Engine)",
+        flops=elements,
+        bytes=fwd,
+        bwd_flops=bwd / (e + 2.0),
+        bwd_bytes=bwd,
+        dims=(("gemms", len(gemms)),),
     )
 
 
@@ -224,7 +264,10 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     hidden_norm = x.b * x.s_norm * x.h  # what norms, dropout and residual adds touch
     qkv_out = (x.heads + 2 * x.groups) * x.d
     ops: list[Op] = [norm(model, x, "input norm")]
-    ops.append(gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=bias, saved=e * hidden_norm))
+    fp8 = x.fp8_linears
+    ops.append(
+        gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=bias, saved=e * hidden_norm, fp8=fp8)
+    )
     # q, k and v are views of the projection's output; backward joins their gradients (cat)
     ops.append(
         _copy("qkv_split", "split of the QKV output (gradient: cat)", tokens * qkv_out, e, fwd_passes=0.0, bwd_passes=1.0)
@@ -287,6 +330,7 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
             e,
             bias=bias,
             saved=e * tokens * x.heads * x.d,
+            fp8=fp8,
         )
     )
     if bias:
@@ -301,7 +345,7 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     swiglu = model.activation == "swiglu"
     up_width = x.ffn * (2 if swiglu else 1)
     ops.append(
-        gemm("linear3", "MLP up projection", tokens, x.h, up_width, e, bias=mlp_bias, saved=e * hidden_norm)
+        gemm("linear3", "MLP up projection", tokens, x.h, up_width, e, bias=mlp_bias, saved=e * hidden_norm, fp8=fp8)
     )
     if mlp_bias:  # applied by the fused bias-GELU kernel, or by an add of its own
         own = not model.bias_gelu_fusion
@@ -330,6 +374,7 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
             e,
             bias=mlp_bias,
             saved=e * tokens * x.ffn,
+            fp8=fp8,
         )
     )
     if mlp_bias:
@@ -337,6 +382,8 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "MLP output dropout", selective=False))
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
+    if fp8:
+        ops.append(fp8_casts([op for op in ops if op.fp8], e))
     return tuple(ops)
 
 

@@ -49,6 +49,7 @@ class Op:
     selective_kept_bytes: float = 0.0  # of saved_bytes, what stays saved under selective recompute
     exec_fraction: float = 1.0
     dims: tuple[tuple[str, int], ...] = field(default=())
+    fp8: bool = False  # runs on the FP8 tensor cores (Transformer Engine's FP8 linear layers)
 
     @property
     def kept_under_selective(self) -> float:

@@ -16,7 +16,9 @@ class LocalShape:
     ``s_norm`` tokens seen by norms/dropout/residual (s/tp with sequence parallelism),
     ``h`` hidden, ``heads``/``groups`` attention heads and KV groups on this rank, ``d``
     head dim, ``ffn`` MLP width on this rank, ``vocab`` LM-head rows on this rank, ``e``
-    activation bytes per element."""
+    activation bytes per element, ``fp8_linears`` whether the layers' linear GEMMs run in FP8
+    (FP8 training as Transformer Engine runs it: only the linear layers of the transformer
+    layers; attention, the LM head, norms and the optimizer stay in 16/32 bits)."""
 
     b: int
     s: int
@@ -30,6 +32,7 @@ class LocalShape:
     vocab: int
     tp: int
     e: int
+    fp8_linears: bool = False
 
     @property
     def tokens(self) -> int:
@@ -60,4 +63,5 @@ def shard_shape(
         vocab=model.vocab_for(tp) // tp,
         tp=tp,
         e=_ACTIVATION_BYTES[precision],
+        fp8_linears=precision is Precision.FP8,
     )

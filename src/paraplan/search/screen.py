@@ -293,8 +293,9 @@ def screen_plans(
         return Screen(*args, plans, empty, empty, excluded, considered)
     cm = AnalyticalCostModel(cluster, precision)
     akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs))
-    if not fused:
-        # a layer's backward adds its gradients to .grad on all but the first micro-batch
+    if not fused or precision is Precision.FP8:
+        # a layer's backward adds its gradients to .grad on all but the first micro-batch;
+        # FP8 layers cast their weights once per iteration: both are shared by m micro-batches
         akey = _mix(akey, _codes(plans["gbs"] // (mbs * plans["dp"])))
     a_reps, a = _representatives(akey, prefer=pp > 1)
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]

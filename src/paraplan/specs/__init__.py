@@ -2,7 +2,14 @@
 
 from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
 from paraplan.specs.errors import ConfigError, format_validation_error
-from paraplan.specs.hardware import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, LinkSpec
+from paraplan.specs.hardware import (
+    ClusterSpec,
+    EfficiencyCurve,
+    EfficiencySpec,
+    GpuSpec,
+    LinkSpec,
+    PrecisionCurves,
+)
 from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
 from paraplan.specs.job import Job
 from paraplan.specs.model import ModelSpec
@@ -23,6 +30,7 @@ __all__ = [
     "ParallelPlan",
     "Phase",
     "Precision",
+    "PrecisionCurves",
     "Recompute",
     "Schedule",
     "format_validation_error",

@@ -25,8 +25,25 @@ class EfficiencyCurve(BaseModel):
     half_work: float = Field(ge=0)
 
 
+class PrecisionCurves(BaseModel):
+    """Tensor-core curves measured in a precision other than the 16-bit one of the base
+    curves (FP8 GEMMs run their own kernels: their efficiency is not BF16's doubled)."""
+
+    model_config = _FROZEN
+    gemm: EfficiencyCurve | None = None
+    attention: EfficiencyCurve | None = None
+    source: str
+
+
+_SIXTEEN_BIT = (Precision.BF16, Precision.FP16)
+
+
 class EfficiencySpec(BaseModel):
-    """How close to its datasheet peaks a GPU gets, per kind of kernel."""
+    """How close to its datasheet peaks a GPU gets, per kind of kernel.
+
+    ``gemm`` and ``attention`` are the 16-bit (BF16/FP16) tensor-core curves; ``precisions``
+    holds curves measured in other precisions. A curve left at its default is a generic
+    guess, not a measurement (``measured`` tells them apart)."""
 
     model_config = _FROZEN
     gemm: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=4.0e9)
@@ -37,10 +54,28 @@ class EfficiencySpec(BaseModel):
     # several kernels (an unfused norm) reach a different share of the peaks than one kernel.
     ops: dict[str, EfficiencyCurve] = Field(default_factory=dict)
     kernel_overhead_s: Seconds = 4e-6
+    precisions: dict[Precision, PrecisionCurves] = Field(default_factory=dict)
     source: str = (
         "generic defaults (no calibration for this GPU); see docs/calibration.md for the "
         "calibrated GPUs"
     )
+
+    def compute_curve(self, kind: str, precision: Precision) -> EfficiencyCurve:
+        """The ``gemm`` or ``attention`` curve for kernels running in ``precision``: its own
+        measured curve when there is one, else the 16-bit curve."""
+        own = self.precisions.get(precision)
+        curve = getattr(own, kind) if own is not None else None
+        return curve if curve is not None else getattr(self, kind)
+
+    def measured(self, kind: str, precision: Precision) -> bool:
+        """Whether the curve ``compute_curve`` (or, for ``memory``, the memory curve) gives
+        comes from measurements of this GPU rather than generic defaults."""
+        own = self.precisions.get(precision)
+        if kind != "memory" and own is not None and getattr(own, kind) is not None:
+            return True
+        if kind != "memory" and precision not in _SIXTEEN_BIT:
+            return False
+        return kind in self.model_fields_set
 
 
 class LinkSpec(BaseModel):
