@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from paraplan.costmodel import AnalyticalCostModel
+from paraplan.costmodel import AnalyticalCostModel, calibration_gaps
 from paraplan.inventory import count_job
 from paraplan.prediction import (
     CommCosts,
     LayerCost,
     Placement,
     Prediction,
+    all_ops,
     assemble_prediction,
     explain_layer,
     stage_timing,
@@ -81,9 +82,12 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
         slowest_group.append((groups[i], mixed))
         timings.append(dataclasses.replace(options[i], p2p_s=p2p if pp > 1 else 0.0, p2p_mask_s=mask))
     peak = sum(g.gpu.flops_for(job.precision) * g.num_gpus for g in job.cluster.node_groups)
+    ops = all_ops(inv)
+    gaps = tuple(dict.fromkeys(n for g in job.cluster.node_groups for n in calibration_gaps(g.gpu, job.precision, ops)))
     return assemble_prediction(
         job.view_job(stage_groups[0][0]), inv, tuple(timings), "analytical", peak,
         functools.partial(_explain, inv, costs, slowest_group),
         keep_timeline=keep_timeline,
         placement=placement_of(job) if len(job.cluster.node_groups) > 1 else None,
+        uncalibrated=gaps,
     )

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from paraplan.costmodel import AnalyticalCostModel, CostModel
+from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps
 from paraplan.inventory import (
     Collective,
     JobInventory,
@@ -136,6 +136,8 @@ class Prediction:
     model_flops_per_iteration: float
     pipeline: PipelineResult | None = field(default=None, repr=False)
     placement: Placement | None = None
+    # kernels timed with generic guesses, not curves measured on the GPU (one note each)
+    uncalibrated: tuple[str, ...] = ()
     _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -260,6 +262,7 @@ class Prediction:
                 "cost_to_train_usd": self.cost_to_train_usd,
             },
             "stages": [asdict(s) for s in self.stages],
+            "uncalibrated": list(self.uncalibrated),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
         }
 
@@ -436,7 +439,16 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     timings = tuple(stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
     crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layer=layer)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
-    return assemble_prediction(job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline)
+    gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv))
+    return assemble_prediction(
+        job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
+    )
+
+
+def all_ops(inv: JobInventory) -> list[Op]:
+    """Every distinct operator the job runs (each stage's layer, ends and optimizer)."""
+    ops = {id(op): op for st in inv.stages for op in (*st.layer_ops, *st.end_ops, st.optimizer)}
+    return list(ops.values())
 
 
 def assemble_prediction(
@@ -449,6 +461,7 @@ def assemble_prediction(
     *,
     keep_timeline: bool = False,
     placement: Placement | None = None,
+    uncalibrated: tuple[str, ...] = (),
 ) -> Prediction:
     """The iteration from per-stage timings: the pipeline schedule, the critical stage's
     breakdown, memory, MFU. ``peak_flops_total`` is the sum of every GPU's peak;
@@ -510,5 +523,6 @@ def assemble_prediction(
         model_flops_per_iteration=inv.model_flops_per_iteration,
         pipeline=pipe if keep_timeline else None,
         placement=placement,
+        uncalibrated=uncalibrated,
         _explain=functools.partial(explain, inv.stages[crit]),
     )

@@ -12,7 +12,7 @@ from paraplan.costmodel.collectives import estimate_collective_s as _collective_
 from paraplan.inventory import Collective, GroupLayout, Op, OpKind
 from paraplan.specs import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, Phase, Precision
 
-_COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "attention"}
+COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "attention"}
 
 
 def _seconds(work: float, rate: float, curve: EfficiencyCurve) -> float:
@@ -41,7 +41,7 @@ def op_curves(
     op's kernels run in (``compute_precision``): FP8 GEMMs take the GPU's FP8 curve."""
     direction = "fwd" if phase in (Phase.FWD, Phase.RECOMPUTE, Phase.OPTIMIZER) else "bwd"
     special = eff.ops.get(f"{op.name}:{direction}") or eff.ops.get(op.name) if eff.ops else None
-    kind = _COMPUTE_KINDS.get(op.kind)
+    kind = COMPUTE_KINDS.get(op.kind)
     compute = None if kind is None else eff.compute_curve(kind, precision)
     memory = eff.memory
     if special is not None:

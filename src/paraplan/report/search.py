@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from paraplan.report.tables import render_uncalibrated
 from paraplan.search import SearchResult
 from paraplan.units import format_seconds
 
@@ -27,6 +28,7 @@ def search_rows(result: SearchResult, top: int) -> list[dict[str, Any]]:
                 "usd_per_million_tokens": pred.usd_per_million_tokens,
                 "time_to_train_s": pred.time_to_train_s,
                 "cost_to_train_usd": pred.cost_to_train_usd,
+                "uncalibrated": list(pred.uncalibrated),
             }
         )
     return rows
@@ -86,11 +88,12 @@ def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str |
         table.add_column(name, justify="left" if name in ("recompute", "sp", "GPUs", "layers/stage", "node order") else "right")
     for r in rows:
         table.add_row(*(cell(r) for _, cell in columns))
+    notes = render_uncalibrated(tuple(dict.fromkeys(n for r in rows for n in r["uncalibrated"])))
     if plans_only:
-        return Group(table)
+        return Group(table, *notes)
     why = Table(title="Excluded plans", title_justify="left")
     why.add_column("reason")
     why.add_column("plans", justify="right")
     for reason, count in result.excluded.most_common():
         why.add_row(reason, str(count))
-    return Group(table, why)
+    return Group(table, *notes, why)

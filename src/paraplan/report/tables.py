@@ -107,7 +107,13 @@ def render_prediction(pred: Prediction) -> Group:
             cost.add_row(f"time to train {job.train_tokens:.3g} tokens", format_seconds(pred.time_to_train_s))
             cost.add_row("cost to train", _usd(pred.cost_to_train_usd))
         items.append(cost)
+    items.extend(render_uncalibrated(pred.uncalibrated))
     return Group(*items)
+
+
+def render_uncalibrated(notes: tuple[str, ...]) -> list[Text]:
+    """The visible mark on a prediction whose GPU lacks measured curves for some kernels."""
+    return [Text.assemble(("uncalibrated: ", "bold yellow"), note) for note in notes]
 
 
 def render_explain(pred: Prediction) -> Group:

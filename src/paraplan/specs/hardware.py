@@ -23,6 +23,9 @@ class EfficiencyCurve(BaseModel):
     model_config = _FROZEN
     max_fraction: float = Field(gt=0, le=1.0)
     half_work: float = Field(ge=0)
+    source: str | None = None  # where this curve's numbers come from, when not the spec's source
+    # the GPU whose measurements the curve was taken from when this GPU has none of its own
+    transferred_from: str | None = None
 
 
 class PrecisionCurves(BaseModel):
@@ -72,10 +75,10 @@ class EfficiencySpec(BaseModel):
         comes from measurements of this GPU rather than generic defaults."""
         own = self.precisions.get(precision)
         if kind != "memory" and own is not None and getattr(own, kind) is not None:
-            return True
+            return getattr(own, kind).transferred_from is None
         if kind != "memory" and precision not in _SIXTEEN_BIT:
             return False
-        return kind in self.model_fields_set
+        return kind in self.model_fields_set and getattr(self, kind).transferred_from is None
 
 
 class LinkSpec(BaseModel):

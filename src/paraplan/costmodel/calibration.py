@@ -1,0 +1,40 @@
+"""Which of a job's kernels the cost model times with generic guesses instead of curves
+measured on its GPU: every output carries these notes (``Prediction.uncalibrated``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision
+from paraplan.inventory import Op
+from paraplan.specs import GpuSpec, Phase, Precision
+
+
+def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> tuple[str, ...]:
+    """One note per (kernel kind, precision) the ops use that has no curve measured on
+    ``gpu``: the generic fraction of peak used instead, or the GPU the curve was measured on."""
+    eff = gpu.efficiency
+    gaps: dict[tuple[str, Precision], str] = {}
+    for op in ops:
+        kind = COMPUTE_KINDS.get(op.kind, "memory")
+        run_in = compute_precision(op, precision)
+        own = eff.ops.get(op.name) or eff.ops.get(f"{op.name}:fwd")
+        group = op.name if own is not None and kind != "memory" else kind  # e.g. bmm's own curve
+        key = (group, run_in if kind != "memory" else Precision.BF16)
+        if key in gaps or (op.work(Phase.FWD) == (0.0, 0.0) and op.work(Phase.BWD_INPUT) == (0.0, 0.0)):
+            continue
+        if own is not None and own.transferred_from is None:
+            continue  # this operator's own measured curve
+        if own is None and eff.measured(kind, run_in):
+            continue
+        curve = own or (eff.memory if kind == "memory" else eff.compute_curve(kind, run_in))
+        what = "memory-bound kernels" if kind == "memory" else f"{run_in.value} {group} kernels"
+        if curve.transferred_from is not None:
+            gaps[key] = f"{gpu.name}: {what} timed with curves measured on {curve.transferred_from}"
+            continue
+        peak = "HBM bandwidth" if kind == "memory" else f"{run_in.value} peak"
+        gaps[key] = (
+            f"{gpu.name}: no measured curve for {what}; a generic {curve.max_fraction:.0%} of "
+            f"its {peak} is used"
+        )
+    return tuple(gaps.values())

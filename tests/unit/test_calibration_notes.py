@@ -1,0 +1,84 @@
+"""Every output says where the model has no measured curve for a GPU, precision or kernel
+kind, and every catalog curve names where its numbers come from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import paraplan
+from paraplan.catalog import catalog_names, load_gpu
+from paraplan.cli.app import app
+from paraplan.specs import Precision
+
+
+def job(gpu: str, precision: str = "bf16") -> dict:
+    return {"model": "llama-3-8b", "cluster": {"gpu": gpu, "gpus_per_node": 8}, "precision": precision,
+            "parallel": {"global_batch_size": 64}}
+
+
+def test_a_gpu_with_generic_curves_is_marked_uncalibrated_for_each_kernel_kind():
+    notes = paraplan.predict(job("L40S")).uncalibrated
+    assert any("bf16 gemm" in n and "generic 80%" in n for n in notes)
+    assert any("bf16 attention" in n and "generic 60%" in n for n in notes)
+    assert any("memory-bound" in n for n in notes)
+
+
+def test_the_a100_measured_on_gpumodeling_samples_has_no_marks():
+    assert paraplan.predict(job("A100-SXM4-80GB")).uncalibrated == ()
+
+
+def test_an_a100_fp32_job_is_marked_because_only_16_bit_kernels_were_measured():
+    notes = paraplan.predict(job("A100-SXM4-80GB", "fp32")).uncalibrated
+    assert any("fp32 gemm" in n for n in notes)
+
+
+def test_h100_gemms_are_measured_and_its_memory_curves_say_they_come_from_gh200():
+    for precision in ("bf16", "fp8"):
+        notes = paraplan.predict(job("H100-SXM5-80GB", precision)).uncalibrated
+        assert notes == ("H100-SXM5-80GB: memory-bound kernels timed with curves measured on GH200-120GB",)
+
+
+def test_an_fp8_gemm_on_a_gpu_without_an_fp8_curve_says_so():
+    notes = paraplan.predict(job("L40S", "fp8")).uncalibrated
+    assert any("fp8 gemm" in n for n in notes)
+
+
+def test_json_output_carries_the_marks():
+    result = CliRunner().invoke(app, ["predict", "--model", "llama-3-8b", "--cluster", "aws-g5.48xlarge",
+                                      "--global-batch-size", "64", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["uncalibrated"]
+
+
+def test_the_table_output_shows_the_mark():
+    result = CliRunner().invoke(app, ["predict", "--model", "llama-3-8b", "--cluster", "aws-g5.48xlarge",
+                                      "--global-batch-size", "64"], env={"COLUMNS": "200"})
+    assert "uncalibrated:" in result.output
+
+
+@pytest.mark.parametrize("name", catalog_names("gpus"))
+def test_every_measured_or_transferred_curve_in_the_catalog_names_its_source(name):
+    eff = load_gpu(name).efficiency
+    if eff.model_fields_set - {"source"}:
+        assert "generic defaults" not in eff.source, name
+    for precision, curves in eff.precisions.items():
+        assert curves.source.strip(), (name, precision)
+    transferred = [c.transferred_from for c in (eff.memory, eff.gemm, eff.attention, *eff.ops.values())
+                   if c.transferred_from]
+    for source_gpu in transferred:
+        assert source_gpu in catalog_names("gpus")
+        assert source_gpu.split("-")[0] in eff.source or "GH200" in eff.source, name
+
+
+def test_h100_fp8_gemms_run_at_the_measured_fp8_to_bf16_ratio_not_the_impossible_xla_rows():
+    """sm_90's FP8 rows in the XLA table reach 2,620 TFLOP/s, above H100's 1,979 dense peak;
+    the catalog takes the FP8/BF16 ratio measured by FBGEMM and Transformer Engine (1.88-2.09)."""
+    gpu = load_gpu("H100-SXM5-80GB")
+    fp8 = gpu.efficiency.precisions[Precision.FP8].gemm
+    fp8_rate = fp8.max_fraction * gpu.peak_flops[Precision.FP8]
+    bf16_rate = gpu.efficiency.gemm.max_fraction * gpu.peak_flops[Precision.BF16]
+    assert 1.88 <= fp8_rate / bf16_rate <= 2.09
+    assert fp8_rate < 0.8 * gpu.peak_flops[Precision.FP8]
