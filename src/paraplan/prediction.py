@@ -21,7 +21,14 @@ from paraplan.inventory import (
     group_layout,
 )
 from paraplan.memory import StageMemory, estimate_memory
-from paraplan.schedule import PipelineResult, simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
+from paraplan.schedule import (
+    PipelineResult,
+    overlapped_s,
+    sharded_pass_s,
+    simulate_deepspeed_pipeline,
+    simulate_pipeline,
+    transfer_s,
+)
 from paraplan.specs import HeteroJob, Job, Phase, Recompute, Schedule
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
@@ -347,22 +354,27 @@ def stage_timing(
         recompute = 0.0
     forward = n * layer_f + ops_seconds(cm, st.end_ops, (Phase.FWD,))
     backward = n * layer_b + ops_seconds(cm, st.end_ops, BACKWARD)
+    slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
     if st.per_microbatch_dp:
         dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
         dp_b = comm.total(st.per_microbatch_dp, BACKWARD)
         if plan.overlaps_grad_reduce:
             # ZeRO-3 prefetches each layer's weights while the previous layer computes, and
-            # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on.
-            forward = max(forward + tp_f, dp_f) - tp_f
-            backward = max(backward + tp_b, dp_b) - tp_b
+            # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on; the
+            # first gather and the last reduce-scatter are exposed, and computation slows
+            # while NCCL runs beside it.
+            units = max(1, n)
+            forward = float(sharded_pass_s(forward + tp_f, dp_f, units, slowdown)) - tp_f
+            backward = float(sharded_pass_s(backward + tp_b, dp_b, units, slowdown)) - tp_b
         else:
             forward, backward = forward + dp_f, backward + dp_b
     reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
     gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
     if plan.overlaps_grad_reduce:
         # Buckets reduce while the last micro-batch's backward runs; the parameter
-        # all-gather overlaps the next iteration's first forward.
-        exposed = max(0.0, reduce_s - (backward + recompute + tp_b)) + max(0.0, gather_s - (forward + tp_f))
+        # all-gather overlaps the next iteration's first forward (both slowing it down).
+        last_b, first_f = backward + recompute + tp_b, forward + tp_f
+        exposed = float(overlapped_s(last_b, reduce_s, slowdown) - last_b + overlapped_s(first_f, gather_s, slowdown) - first_f)
     else:
         exposed = reduce_s + gather_s
     return StageTiming(

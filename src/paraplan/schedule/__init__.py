@@ -1,6 +1,15 @@
 """Stage times -> pipeline schedule -> iteration timeline."""
 
 from paraplan.schedule.deepspeed import simulate_deepspeed_pipeline, transfer_s
+from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.schedule.pipeline import PipelineResult, Task, simulate_pipeline
 
-__all__ = ["PipelineResult", "Task", "simulate_deepspeed_pipeline", "simulate_pipeline", "transfer_s"]
+__all__ = [
+    "PipelineResult",
+    "Task",
+    "overlapped_s",
+    "sharded_pass_s",
+    "simulate_deepspeed_pipeline",
+    "simulate_pipeline",
+    "transfer_s",
+]

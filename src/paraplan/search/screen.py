@@ -43,6 +43,7 @@ from paraplan.inventory.job import count_end_ops
 from paraplan.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.schedule.deepspeed import deepspeed_finish
+from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason
 from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Phase, Precision, Recompute, Schedule
 
@@ -321,14 +322,15 @@ def screen_plans(
     p2p, p2p_mask = p2p_ab[ab_inv], mask_ab[ab_inv]
     clock["cost"] = time.perf_counter()
 
-    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, lockstep)
+    slowdown = cluster.gpu.efficiency.overlap_slowdown
+    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockstep)
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
     return Screen(*args, plans, iteration, memory, excluded, considered, timings)
 
 
-def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, lockstep=False):
+def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockstep=False):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
     rc = plans["recompute"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
@@ -359,11 +361,12 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, lockstep=False):
         dp_f, dp_b = B["dp_f"][b, c], B["dp_b"][b, c]
         reduce_s, gather_s = B["reduce"][b, c], B["gather"][b, c]
         if overlap:  # prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
-            forward = np.maximum(forward + tp_f, dp_f) - tp_f
-            backward = np.maximum(backward + tp_b, dp_b) - tp_b
-            exposed = np.maximum(0.0, reduce_s - (backward + recompute + tp_b)) + np.maximum(
-                0.0, gather_s - (forward + tp_f)
-            )
+            units = np.maximum(n, 1)
+            forward = sharded_pass_s(forward + tp_f, dp_f, units, slowdown) - tp_f
+            backward = sharded_pass_s(backward + tp_b, dp_b, units, slowdown) - tp_b
+            last_b, first_f = backward + recompute + tp_b, forward + tp_f
+            exposed = (overlapped_s(last_b, reduce_s, slowdown) - last_b
+                       + overlapped_s(first_f, gather_s, slowdown) - first_f)
         else:
             forward, backward = forward + dp_f, backward + dp_b
             exposed = reduce_s + gather_s

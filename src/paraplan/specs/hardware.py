@@ -57,6 +57,9 @@ class EfficiencySpec(BaseModel):
     # several kernels (an unfused norm) reach a different share of the peaks than one kernel.
     ops: dict[str, EfficiencyCurve] = Field(default_factory=dict)
     kernel_overhead_s: Seconds = 4e-6
+    # Compute slowdown while NCCL kernels run beside it (their SMs and HBM traffic): Lee et al.
+    # 2025, arXiv 2507.03114, average over A100, H100, MI250 and MI210 (40 % at most).
+    overlap_slowdown: float = Field(default=0.189, ge=0.0, le=2.0)
     precisions: dict[Precision, PrecisionCurves] = Field(default_factory=dict)
     source: str = (
         "generic defaults (no calibration for this GPU); see docs/calibration.md for the "
