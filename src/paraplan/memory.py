@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params
+from paraplan.inventory.recompute import recompute_cost
 from paraplan.specs import Recompute, Schedule
 
 # CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
@@ -50,20 +51,12 @@ def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
 
 
 def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
-    """(bytes held per micro-batch in flight, extra working bytes for the one being processed)."""
-    policy = inv.job.parallel.recompute
-    layer_saved = sum(op.saved_bytes for op in st.layer_ops)
+    """(bytes held per micro-batch in flight, extra working bytes for the one being processed):
+    the layers keep what the recompute policy keeps (``inventory.recompute``); the ends keep
+    what they save while their micro-batch is processed."""
+    rc = recompute_cost(inv.job.parallel, st.layer_ops, inv.shape, st.num_layers)
     end_saved = sum(op.saved_bytes for op in st.end_ops)
-    if policy is Recompute.FULL:
-        x = inv.shape
-        layer_input = x.e * x.b * x.s_norm * x.h
-        plan = inv.job.parallel
-        if plan.partition_activations and not plan.sequence_parallel:
-            layer_input /= plan.tp  # DeepSpeed keeps one 1/tp slice per rank
-        return st.num_layers * layer_input, layer_saved + end_saved
-    if policy is Recompute.SELECTIVE:
-        layer_saved = sum(op.kept_under_selective for op in st.layer_ops)
-    return st.num_layers * layer_saved, end_saved
+    return rc.held_bytes, rc.working_bytes + end_saved
 
 
 def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:

@@ -20,6 +20,7 @@ from paraplan.inventory import (
     count_job,
     group_layout,
 )
+from paraplan.inventory.recompute import recompute_cost
 from paraplan.memory import StageMemory, estimate_memory
 from paraplan.schedule import (
     PipelineResult,
@@ -29,7 +30,7 @@ from paraplan.schedule import (
     simulate_pipeline,
     transfer_s,
 )
-from paraplan.specs import HeteroJob, Job, Phase, Recompute, Schedule
+from paraplan.specs import HeteroJob, Job, Phase, Schedule
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 _ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
@@ -346,12 +347,8 @@ def stage_timing(
     layer_f, layer_b = layer.fwd_total, layer.bwd_total
     tp_f = n * layer.comm_fwd + comm.total(st.end_collectives, (Phase.FWD,))
     tp_b = n * layer.comm_bwd + comm.total(st.end_collectives, BACKWARD)
-    if plan.recompute is Recompute.FULL:
-        recompute = n * (layer_f + layer.comm_fwd)
-    elif plan.recompute is Recompute.SELECTIVE:
-        recompute = n * sum(t for o, t in zip(st.layer_ops, layer.fwd, strict=True) if o.selective_recompute)
-    else:
-        recompute = 0.0
+    rc = recompute_cost(plan, st.layer_ops, inv.shape, n)
+    recompute = n * (sum(w * t for w, t in zip(rc.op_weights, layer.fwd, strict=True)) + rc.comm_weight * layer.comm_fwd)
     forward = n * layer_f + ops_seconds(cm, st.end_ops, (Phase.FWD,))
     backward = n * layer_b + ops_seconds(cm, st.end_ops, BACKWARD)
     slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
@@ -401,10 +398,9 @@ def _source(cm: CostModel, op: Op) -> str:
 
 def explain_layer(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layer: LayerCost):
     """The operators and collectives of one layer of stage ``st`` with their seconds (``--explain``)."""
-    recompute = inv.job.parallel.recompute
+    weights = recompute_cost(inv.job.parallel, st.layer_ops, inv.shape, st.num_layers).op_weights
     ops = []
-    for op, fwd, bwd in zip(st.layer_ops, layer.fwd, layer.bwd, strict=True):
-        again = recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE and op.selective_recompute)
+    for op, fwd, bwd, again in zip(st.layer_ops, layer.fwd, layer.bwd, weights, strict=True):
         ops.append(
             OpEstimate(
                 name=op.name,
@@ -415,7 +411,7 @@ def explain_layer(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm:
                 params=op.params,
                 fwd_s=fwd,
                 bwd_s=bwd,
-                recompute_s=fwd if again else 0.0,
+                recompute_s=fwd * again,
                 source=_source(cm, op),
             )
         )

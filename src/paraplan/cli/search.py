@@ -26,7 +26,7 @@ def search_command(
     train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T.")] = None,
     budget: Annotated[str | None, Opt(help="Dollar budget for train_tokens, e.g. 500000USD.")] = None,
     deadline: Annotated[str | None, Opt(help="Deadline for train_tokens, e.g. 14d.")] = None,
-    framework: Annotated[str, Opt(help="megatron | deepspeed")] = "megatron",
+    framework: Annotated[str, Opt(help="megatron | deepspeed | fsdp")] = "megatron",
     allow_tp_across_nodes: Annotated[bool, Opt(help="Also try tensor parallelism across nodes.")] = False,
     uneven_layers: Annotated[bool, Opt(help="Let stages hold unequal layer counts (exact partition; always on for node groups).")] = False,
     sizes: Annotated[str | None, Opt(help="Cluster sizing: node counts to try, e.g. 4,8,16,32.")] = None,

@@ -85,6 +85,12 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append(f"parallel.zero_stage: ZeRO-{p.zero_stage} maps to Megatron-FSDP "
                    f"(--data-parallel-sharding-strategy {_SHARDING[p.zero_stage]}); it needs "
                    "--ckpt-format fsdp_dtensor and CUDA_DEVICE_MAX_CONNECTIONS unset")
+    if p.framework is Framework.FSDP:
+        out.append("parallel.framework: the prediction followed PyTorch FSDP; in Megatron-LM, ZeRO-3 is "
+                   "Megatron-FSDP and recompute is --recompute-granularity, re-predict with framework: megatron")
+    if p.recompute in (Recompute.LAYER, Recompute.OP):
+        out.append(f"parallel.recompute: Megatron-LM has no {p.recompute.value!r} policy; closest: "
+                   "--recompute-granularity full --recompute-method block")
     if p.framework is Framework.DEEPSPEED:
         out.append("parallel.framework: the prediction followed DeepSpeed (gradients reduced after the "
                    "pipeline drains); Megatron-LM overlaps them only with --overlap-grad-reduce, left out "
@@ -181,8 +187,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
 
     memory: list[list[str]] = []
     if p.recompute is Recompute.FULL:
-        memory += [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
-                   ["--recompute-num-layers", "1"]]
+        memory += [["--recompute-granularity", "full"], ["--recompute-method", p.recompute_method or "uniform"],
+                   ["--recompute-num-layers", str(p.recompute_num_layers or 1)]]
     elif p.recompute is Recompute.SELECTIVE:
         memory.append(["--recompute-granularity", "selective"])
     if job.precision is Precision.BF16:

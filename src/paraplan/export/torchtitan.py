@@ -87,7 +87,8 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
                    "sequence; activations will take less memory than predicted")
     if p.recompute is Recompute.SELECTIVE:
         out.append("parallel.recompute: torchtitan's selective recompute is per-op (saves matmul and attention "
-                   "outputs), not Megatron-LM's core-attention recompute the prediction assumed")
+                   "outputs), not Megatron-LM's core-attention recompute the prediction assumed; "
+                   "predict with recompute: op for torchtitan's own")
     if _flavor(job) is None:
         out.append(
             f"model: {m.name} is not one of torchtitan's llama3 flavors (8B, 70B, 405B); register a model "
@@ -142,9 +143,11 @@ def torchtitan_config(job: Job) -> dict[str, dict[str, Any]]:
     if p.pp > 1:
         parallelism["module_fqns_per_model_part"] = _module_fqns(job)
     parallelism["context_parallel_degree"] = p.cp
-    ac: dict[str, Any] = {"mode": p.recompute.value}
-    if p.recompute is Recompute.SELECTIVE:
+    ac: dict[str, Any] = {"mode": _AC_MODE[p.recompute]}
+    if p.recompute in (Recompute.SELECTIVE, Recompute.OP):
         ac["selective_ac_option"] = "op"
+    elif p.recompute is Recompute.LAYER:
+        ac["selective_ac_option"] = str(p.recompute_every)
     return {
         "job": {"dump_folder": "./outputs", "description": f"paraplan export of {job.name}"},
         "model": model,
@@ -176,6 +179,11 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         lines += [f"{key} = {_toml(value)}" for key, value in values.items()]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
+
+
+# paraplan's recompute policy -> torchtitan's activation_checkpoint.mode
+_AC_MODE = {Recompute.NONE: "none", Recompute.FULL: "full", Recompute.SELECTIVE: "selective",
+            Recompute.LAYER: "selective", Recompute.OP: "selective"}
 
 
 def _flavor(job: Job) -> str | None:

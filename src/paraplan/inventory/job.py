@@ -8,8 +8,9 @@ from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, 
 from paraplan.inventory.layer import count_layer_collectives, count_layer_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.partition import count_layers_per_stage
+from paraplan.inventory.recompute import recompute_cost
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
-from paraplan.specs import Framework, Job, Phase, Precision, Recompute
+from paraplan.specs import Framework, Job, Phase, Precision
 
 
 def adam_state_bytes(precision: Precision) -> float:
@@ -24,10 +25,13 @@ def param_bytes(precision: Precision) -> float:
 
 def grad_bytes(job: Job) -> float:
     """Megatron-LM accumulates and reduces bf16 models' gradients in fp32 (it forces
-    ``accumulate_allreduce_grads_in_fp32`` for bf16); fp16 models and DeepSpeed keep them in
-    the model's dtype. FP8 training runs Megatron-LM with ``--bf16`` (and ``--fp8-format``):
-    the same fp32 gradients."""
-    if job.precision in (Precision.BF16, Precision.FP8) and job.parallel.framework is Framework.MEGATRON:
+    ``accumulate_allreduce_grads_in_fp32`` for bf16, and FP8 training runs with ``--bf16``);
+    torchtitan's FSDP2 reduces in fp32 too (``mixed_precision_reduce = "float32"``); fp16
+    models and DeepSpeed keep them in the model's dtype. ``grad_reduce_in_fp32`` overrides."""
+    plan = job.parallel
+    if plan.grad_reduce_in_fp32 is not None:
+        return 4.0 if plan.grad_reduce_in_fp32 else param_bytes(job.precision)
+    if job.precision in (Precision.BF16, Precision.FP8) and plan.framework is not Framework.DEEPSPEED:
         return 4.0
     return param_bytes(job.precision)
 
@@ -204,14 +208,12 @@ def _count_flops(job: Job, x: LocalShape) -> tuple[float, float]:
     ends = count_embedding_ops(model, x) + count_head_ops(model, x)
     per_mb_model = sum(op.flops + op.bwd_flops for op in layer) * model.num_layers
     per_mb_model += sum(op.flops + op.bwd_flops for op in ends if op.kind is not OpKind.EMBEDDING)
-    if plan.recompute is Recompute.FULL:
-        recomputed = sum(op.flops for op in layer)
-    elif plan.recompute is Recompute.SELECTIVE:
-        recomputed = sum(op.flops for op in layer if op.selective_recompute)
-    else:
-        recomputed = 0.0
+    recomputed = 0.0  # per micro-batch, over every stage's layers
+    for n in count_layers_per_stage(model, plan):
+        weights = recompute_cost(plan, layer, x, n).op_weights
+        recomputed += n * sum(w * op.flops for w, op in zip(weights, layer, strict=True))
     micro_batches = plan.global_batch_size // plan.micro_batch_size
-    hardware = (per_mb_model + recomputed * model.num_layers) * micro_batches
+    hardware = (per_mb_model + recomputed) * micro_batches
     return per_mb_model * micro_batches, hardware
 
 

@@ -57,7 +57,9 @@ _FIRST, _MID, _LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage
 
 
 def screenable(space: SearchSpace) -> bool:
-    return set(space.extra) <= SCREENABLE_EXTRA
+    """Whether the vectorised screen models every axis of ``space`` (the recompute policies
+    it tabulates are Megatron-LM's; torchtitan's layer and op policies take the exact path)."""
+    return set(space.extra) <= SCREENABLE_EXTRA and set(space.recompute) <= set(_RECOMPUTE)
 
 
 @dataclass

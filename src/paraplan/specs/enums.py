@@ -23,9 +23,13 @@ class Precision(str, Enum):
 
 
 class Recompute(str, Enum):
+    """Activation recompute policies (``inventory.recompute`` says what each re-runs)."""
+
     NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
+    SELECTIVE = "selective"  # Megatron-LM: the attention core
+    FULL = "full"  # Megatron-LM: whole layers (recompute_method, recompute_num_layers)
+    LAYER = "layer"  # torchtitan / fms-fsdp: every recompute_every-th layer whole
+    OP = "op"  # torchtitan's per-op policy: keep matmul (every second) and attention outputs
 
 
 class Schedule(str, Enum):
@@ -39,3 +43,4 @@ class Framework(str, Enum):
 
     MEGATRON = "megatron"
     DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"  # PyTorch FSDP / FSDP2: torchtitan, IBM fms-fsdp, MosaicML llm-foundry

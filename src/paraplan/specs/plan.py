@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from paraplan.specs.enums import Framework, Recompute, Schedule
+
+# The recompute policies each framework offers (its own names in ``inventory.recompute``).
+RECOMPUTE_CHOICES = {
+    Framework.MEGATRON: (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
+    Framework.DEEPSPEED: (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
+    Framework.FSDP: (Recompute.NONE, Recompute.FULL, Recompute.LAYER, Recompute.OP),
+}
 
 
 class ParallelPlan(BaseModel):
@@ -34,6 +43,11 @@ class ParallelPlan(BaseModel):
     micro_batch_size: int = Field(default=1, ge=1)
     global_batch_size: int | None = Field(default=None, ge=1)
     recompute: Recompute = Recompute.NONE
+    # Megatron-LM's --recompute-method and --recompute-num-layers (with recompute: full)
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = Field(default=None, ge=1)
+    # torchtitan's selective_ac_option N / fms-fsdp's every n-th block (with recompute: layer)
+    recompute_every: int = Field(default=2, ge=1)
     schedule: Schedule = Schedule.ONE_F_ONE_B
     layers_per_stage: tuple[int, ...] | None = None
     framework: Framework = Framework.MEGATRON
@@ -46,6 +60,10 @@ class ParallelPlan(BaseModel):
     partition_activations: bool = False
     gradient_accumulation_fusion: bool | None = None
     deepspeed_train_schedule: bool | None = None
+    # gradients accumulated and reduced in fp32 (Megatron-LM's
+    # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
+    # and fsdp (torchtitan) yes for bf16 and fp8 training, deepspeed no
+    grad_reduce_in_fp32: bool | None = None
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -72,6 +90,22 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 "parallel.deepspeed_train_schedule: DeepSpeed's TrainSchedule is a 1F1B schedule, "
                 f"not {self.schedule.value!r}"
+            )
+        choices = RECOMPUTE_CHOICES[self.framework]
+        if self.recompute not in choices:
+            raise ValueError(
+                f"parallel.recompute: {self.framework.value} has no {self.recompute.value!r} recompute "
+                f"(it has: {', '.join(c.value for c in choices)})"
+            )
+        if (self.recompute_method or self.recompute_num_layers) and self.recompute is not Recompute.FULL:
+            raise ValueError(
+                "parallel.recompute_method: Megatron-LM's --recompute-method and "
+                f"--recompute-num-layers go with recompute 'full', not {self.recompute.value!r}"
+            )
+        if "recompute_every" in self.model_fields_set and self.recompute is not Recompute.LAYER:
+            raise ValueError(
+                "parallel.recompute_every: checkpointing every n-th layer is recompute 'layer', "
+                f"not {self.recompute.value!r}"
             )
         if self.partition_activations and self.recompute is not Recompute.FULL:
             raise ValueError(
@@ -174,4 +208,4 @@ class ParallelPlan(BaseModel):
         """
         if self.overlap_grad_reduce is not None:
             return self.overlap_grad_reduce
-        return self.framework is Framework.MEGATRON
+        return self.framework is not Framework.DEEPSPEED

@@ -26,15 +26,17 @@ class Family:
     keywords: tuple[str, ...]  # lower-case words of the record's ``framework`` that name it
     framework: str  # paraplan's framework setting
     sharded_data_parallel: bool  # FSDP: a null zero_stage means FULL_SHARD (ZeRO-3)
+    grad_reduce_in_fp32: bool | None = None  # None: the framework's default
 
 
 # First match wins; the order puts the specific names before the generic ones.
 _FAMILIES = (
-    Family("torchtitan", ("torchtitan",), "megatron", True),
-    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "megatron", True),
-    Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "megatron", True),
+    Family("torchtitan", ("torchtitan",), "fsdp", True),
+    # fms-fsdp's mixed precision reduces in bf16 (policies/mixed_precision.py, bfSixteen)
+    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "fsdp", True, grad_reduce_in_fp32=False),
+    Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "fsdp", True),
     Family("deepspeed", ("deepspeed", "gpt-neox"), "deepspeed", False),
-    Family("fsdp", ("fsdp",), "megatron", True),
+    Family("fsdp", ("fsdp",), "fsdp", True),
     Family("megatron", ("megatron", "nemo"), "megatron", False),
 )
 _DEFAULT_FAMILY = _FAMILIES[-1]
@@ -59,6 +61,7 @@ _ARCHITECTURES: dict[str, dict[str, Any]] = {
 _VOCAB_BY_NAME = (("llama3", 128256), ("llama-3", 128256), ("llama2", 32000), ("llama-2", 32000), ("gpt3", 50257))
 
 _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
+_OP_POLICY = re.compile(r"selective\s*\(op\)", re.IGNORECASE)
 _NODE_BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*(gbps|gb/s)\s*inter-node", re.IGNORECASE)
 
 
@@ -164,6 +167,15 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
     recompute = str(run.get("recompute") or "none").split()[0].lower()
     if recompute not in _RECOMPUTE:
         raise ConfigError(f"{run['id']}: recompute {run.get('recompute')!r} is not none, selective or full")
+    recompute = _RECOMPUTE[recompute]
+    if recompute == "selective" and family.framework == "fsdp":
+        # torchtitan's "selective" is per op or every n-th layer (its default n = 2);
+        # fms-fsdp's checkpoints every n-th block (n not stated: 2 assumed)
+        if _OP_POLICY.search(str(run.get("notes", ""))):
+            recompute = "op"
+        else:
+            recompute = "layer"
+            assumed.append("selective checkpointing of every 2nd layer")
     parallel = {
         "tp": p["tp"],
         "pp": p["pp"],
@@ -174,9 +186,11 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
         "zero_stage": zero,
         "micro_batch_size": mbs,
         "global_batch_size": gbs,
-        "recompute": _RECOMPUTE[recompute],
+        "recompute": recompute,
         "framework": family.framework,
     }
+    if family.grad_reduce_in_fp32 is not None:
+        parallel["grad_reduce_in_fp32"] = family.grad_reduce_in_fp32
     if family.name == "megatron" and "(202" in str(run.get("framework", "")):
         # Megatron-LM of 2021-22 sent 1/tp of the activation between stages and all-gathered
         # it (Narayanan et al. SC'21, section 4.1, scatter/gather).
