@@ -304,19 +304,32 @@ class LayerCost:
         tp = tuple(c for c in st.layer_collectives if c.dim is not ParallelDim.CP)
         cp = tuple(c for c in st.layer_collectives if c.dim is ParallelDim.CP)
         # Context parallelism passes K/V chunks around a ring while attention runs on the
-        # chunk already there (TransformerEngine overlaps them): only the excess is exposed.
+        # chunk already there (TransformerEngine overlaps them): the excess is exposed, and
+        # attention slows while the transfers run.
         attn_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind in _ATTENTION_KINDS)
         attn_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind in _ATTENTION_KINDS)
-        cp_f = max(0.0, comm.total(cp, (Phase.FWD,)) - attn_f)
-        cp_b = max(0.0, comm.total(cp, BACKWARD) - attn_b)
-        return cls(
-            fwd,
-            bwd,
-            sum(fwd),
-            sum(bwd),
-            comm.total(tp, (Phase.FWD,)) + cp_f,
-            comm.total(tp, BACKWARD) + cp_b,
-        )
+        cp_f = exposed_beside(attn_f, comm.total(cp, (Phase.FWD,)), 0.0, comm.slowdown)
+        cp_b = exposed_beside(attn_b, comm.total(cp, BACKWARD), 0.0, comm.slowdown)
+        tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
+        if comm.plan.tp_comm_overlap:
+            # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-
+            # parallel all-gathers and reduce-scatters are split into tp chunks pipelined with
+            # the GEMMs they feed or drain; one chunk stays exposed, the GEMMs slow down.
+            gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
+            gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
+            share = 1.0 / comm.plan.tp
+            tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
+            tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
+        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f, tp_b + cp_b)
+
+
+def exposed_beside(compute_s: float, comm_s: float, exposed_share: float, slowdown: float) -> float:
+    """What ``comm_s`` adds to ``compute_s`` when all but ``exposed_share`` of it overlaps
+    the computation (which slows while it runs: ``schedule.overlapped_s``)."""
+    if comm_s <= 0.0:
+        return 0.0
+    hidden = comm_s * (1.0 - exposed_share)
+    return float(overlapped_s(compute_s, hidden, slowdown)) - compute_s + comm_s * exposed_share
 
 
 class CommCosts:
@@ -325,6 +338,8 @@ class CommCosts:
     def __init__(self, inv: JobInventory, cm: CostModel) -> None:
         plan, gpn = inv.job.parallel, inv.job.cluster.gpus_per_node
         self.cm = cm
+        self.plan = plan
+        self.slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
         self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
         self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
 
@@ -486,7 +501,8 @@ def assemble_prediction(
         )
     else:
         pipe = simulate_pipeline(
-            fwd, bwd, p2p, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_timeline, fwd_extra_s=mask
+            fwd, bwd, p2p, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_timeline, fwd_extra_s=mask,
+            overlap_p2p=plan.overlap_p2p_comm,
         )
     drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
     crit = max(range(plan.pp), key=drain.__getitem__)
@@ -501,8 +517,8 @@ def assemble_prediction(
     else:  # each of the stage's v chunks sends forward and backward, except out of the model's ends
         forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
         sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
-    if plan.pp == 1:
-        sends = 0.0
+    if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
+        sends = 0.0  # asynchronous sends hold no stage: waiting for them is bubble
     busy = m * tc.busy_mb_s
     breakdown = Breakdown(
         forward_compute_s=m * tc.forward_mb_s,

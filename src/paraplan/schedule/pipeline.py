@@ -129,13 +129,17 @@ def simulate_pipeline(
     vpp: int = 1,
     keep_tasks: bool = False,
     fwd_extra_s: float = 0.0,
+    overlap_p2p: bool = False,
 ) -> PipelineResult:
     """Simulate one iteration's pipeline.
 
     ``fwd_s[i]`` and ``bwd_s[i]`` are stage i's times for one micro-batch over all of its
     layers (all chunks together); ``p2p_s`` is one activation (or gradient) transfer between
     neighbouring stages, and a forward send takes ``fwd_extra_s`` more (DeepSpeed's pipeline
-    engine sends the attention mask with the activation). Returns the makespan and per-stage finish and busy times.
+    engine sends the attention mask with the activation). With ``overlap_p2p`` (Megatron-LM's
+    --overlap-p2p-communication) sends are asynchronous: they no longer hold the sending
+    stage, but a task still waits for its input to arrive. Returns the makespan and per-stage
+    finish and busy times.
     """
     p, m = len(fwd_s), num_microbatches
     v = vpp if schedule is Schedule.INTERLEAVED else 1
@@ -147,18 +151,24 @@ def simulate_pipeline(
     last_chunk = v - 1
     # A task's duration includes its blocking send (none out of the model's two ends).
     # Durations are indexed (stage * v + chunk) * 2 + backward, as in _flat_structure.
+    blocking = 0.0 if overlap_p2p else 1.0
     dur = []
     for i in range(p):
         for c in range(v):
-            dur.append(fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else p2p_s + fwd_extra_s))
-            dur.append(bwd_s[i] / v + (0.0 if (i == 0 and c == 0) else p2p_s))
+            dur.append(fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else blocking * (p2p_s + fwd_extra_s)))
+            dur.append(bwd_s[i] / v + (0.0 if (i == 0 and c == 0) else blocking * p2p_s))
     kinds, prevs, deps = _flat_structure(schedule, p, m, v)
     end = [0.0] * len(kinds)
+    # with asynchronous sends, an input from another stage arrives one transfer after its task
+    arrival = (p2p_s + fwd_extra_s, p2p_s) if overlap_p2p else (0.0, 0.0)
+    stage_of = 2 * v
     k = 0
     for kind, prev, dep in zip(kinds, prevs, deps, strict=True):
         t0 = end[prev] if prev >= 0 else 0.0
         if dep >= 0:
             t_dep = end[dep]
+            if overlap_p2p and kinds[dep] // stage_of != kind // stage_of:
+                t_dep += arrival[kind & 1]
             if t_dep > t0:
                 t0 = t_dep
         end[k] = t0 + dur[kind]

@@ -64,6 +64,12 @@ class ParallelPlan(BaseModel):
     # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
     # and fsdp (torchtitan) yes for bf16 and fp8 training, deepspeed no
     grad_reduce_in_fp32: bool | None = None
+    # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
+    # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
+    tp_comm_overlap: bool = False
+    # Megatron-LM --overlap-p2p-communication (NeMo overlap_p2p_comm): pipeline sends run
+    # asynchronously beside the next task instead of holding the sending stage
+    overlap_p2p_comm: bool = False
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -90,6 +96,16 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 "parallel.deepspeed_train_schedule: DeepSpeed's TrainSchedule is a 1F1B schedule, "
                 f"not {self.schedule.value!r}"
+            )
+        if self.tp_comm_overlap and not (self.sequence_parallel and self.tp > 1):
+            raise ValueError(
+                "parallel.tp_comm_overlap: overlaps the sequence-parallel collectives, so it needs "
+                "tensor_model_parallel_size > 1 and sequence_parallel: true"
+            )
+        if self.overlap_p2p_comm and self.framework is Framework.DEEPSPEED:
+            raise ValueError(
+                "parallel.overlap_p2p_comm: DeepSpeed's pipeline engine sends in lock-step; "
+                "asynchronous sends are Megatron-LM's --overlap-p2p-communication"
             )
         choices = RECOMPUTE_CHOICES[self.framework]
         if self.recompute not in choices:

@@ -27,6 +27,8 @@ class Family:
     framework: str  # paraplan's framework setting
     sharded_data_parallel: bool  # FSDP: a null zero_stage means FULL_SHARD (ZeRO-3)
     grad_reduce_in_fp32: bool | None = None  # None: the framework's default
+    tp_comm_overlap: bool = False  # with sequence parallelism
+    overlap_p2p_comm: bool = False  # with interleaving
 
 
 # First match wins; the order puts the specific names before the generic ones.
@@ -37,6 +39,9 @@ _FAMILIES = (
     Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "fsdp", True),
     Family("deepspeed", ("deepspeed", "gpt-neox"), "deepspeed", False),
     Family("fsdp", ("fsdp",), "fsdp", True),
+    # NVIDIA's MLPerf GPT-3 NeMo configs (training_results_v3.0 .../gpt3/implementations/pytorch:
+    # megatron_gpt_config.yaml overlap_p2p_comm: True; config_tp_h100.sh TP_COMM_OVERLAP=True)
+    Family("megatron", ("mlperf",), "megatron", False, tp_comm_overlap=True, overlap_p2p_comm=True),
     Family("megatron", ("megatron", "nemo"), "megatron", False),
 )
 _DEFAULT_FAMILY = _FAMILIES[-1]
@@ -62,6 +67,7 @@ _VOCAB_BY_NAME = (("llama3", 128256), ("llama-3", 128256), ("llama2", 32000), ("
 
 _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
 _OP_POLICY = re.compile(r"selective\s*\(op\)", re.IGNORECASE)
+_TP_OVERLAP = re.compile(r"tp comm(unication)? overlap on", re.IGNORECASE)
 _NODE_BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*(gbps|gb/s)\s*inter-node", re.IGNORECASE)
 
 
@@ -191,6 +197,11 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
     }
     if family.grad_reduce_in_fp32 is not None:
         parallel["grad_reduce_in_fp32"] = family.grad_reduce_in_fp32
+    tp_overlap = family.tp_comm_overlap or bool(_TP_OVERLAP.search(str(run.get("notes", ""))))
+    if tp_overlap and parallel["sequence_parallel"] and parallel["tp"] > 1:
+        parallel["tp_comm_overlap"] = True
+    if family.overlap_p2p_comm and parallel["vpp"]:
+        parallel["overlap_p2p_comm"] = True
     if family.name == "megatron" and "(202" in str(run.get("framework", "")):
         # Megatron-LM of 2021-22 sent 1/tp of the activation between stages and all-gathered
         # it (Narayanan et al. SC'21, section 4.1, scatter/gather).
