@@ -61,7 +61,7 @@ def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[f
 
 def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     plan = inv.job.parallel
-    dp, zero = plan.grad_group, plan.zero_stage
+    dp, zero = plan.zero_shards, plan.zero_stage
     params = st.params
     held, working = activations_per_microbatch(inv, st)
     flight = in_flight_microbatches(inv, st.index)

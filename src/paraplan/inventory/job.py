@@ -101,8 +101,19 @@ def _grad_sync(job: Job, params: float, grad_e: float, param_e: float) -> tuple[
             reduce = Collective("dp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
         else:
             reduce = Collective("dp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
-        return (reduce, gather)
+        return (reduce, *_replicate_allreduce(job, grads), gather)
     return (gather,) if zero == 2 else ()
+
+
+def _replicate_allreduce(job: Job, grads: float) -> tuple[Collective, ...]:
+    """Hybrid sharding: after the reduce-scatter within its shard group, each rank all-reduces
+    its gradient shard with the shard's replicas (FSDP HYBRID_SHARD)."""
+    plan = job.parallel
+    replicas = plan.grad_group // plan.zero_shards
+    if replicas <= 1:
+        return ()
+    shard = grads / plan.zero_shards
+    return (Collective("dp_replicate_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP_REPLICATE, shard, Phase.BWD_WEIGHT),)
 
 
 def _per_microbatch_dp(job: Job, params: float, grad_e: float, param_e: float) -> tuple[Collective, ...]:
@@ -113,6 +124,7 @@ def _per_microbatch_dp(job: Job, params: float, grad_e: float, param_e: float) -
     if plan.zero_stage < 2 or plan.grad_group == 1:
         return ()
     out = [Collective("dp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.DP, params * grad_e, Phase.BWD_WEIGHT)]
+    out += _replicate_allreduce(job, params * grad_e)
     if plan.zero_stage == 3:
         weights = params * param_e
         out += [
@@ -268,7 +280,7 @@ def count_job(job: Job) -> JobInventory:
             grad_sync += (
                 Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, x.vocab * x.h * grad_e, Phase.BWD_WEIGHT),
             )
-        updated = params / plan.grad_group if plan.zero_stage >= 1 else params
+        updated = params / plan.zero_shards if plan.zero_stage >= 1 else params
         stages.append(
             StageInventory(
                 index=i,

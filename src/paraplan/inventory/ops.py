@@ -81,8 +81,9 @@ class CollectiveKind(str, Enum):
 class ParallelDim(str, Enum):
     TP = "tp"
     CP = "cp"
-    DP = "dp"
+    DP = "dp"  # the gradient group; with hybrid sharding, the group ZeRO shards over
     PP = "pp"
+    DP_REPLICATE = "dp_replicate"  # hybrid sharding: the replicas of one shard (HSDP)
 
 
 @dataclass(frozen=True, slots=True)

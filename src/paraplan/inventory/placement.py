@@ -31,13 +31,18 @@ def _stride(dim: ParallelDim, plan: ParallelPlan) -> int:
         return 1
     if dim is ParallelDim.CP or dim is ParallelDim.DP:
         return plan.tp
+    if dim is ParallelDim.DP_REPLICATE:
+        return plan.tp * plan.zero_shards
     return plan.tp * plan.cp * plan.dp
 
 
 def _size(dim: ParallelDim, plan: ParallelPlan) -> int:
     """The DP group is the gradient group: Megatron-LM reduces gradients and shards the
-    distributed optimizer over data x context parallel ranks (``with_context_parallel``)."""
-    sizes = {ParallelDim.TP: plan.tp, ParallelDim.CP: plan.cp, ParallelDim.DP: plan.dp * plan.cp, ParallelDim.PP: plan.pp}
+    distributed optimizer over data x context parallel ranks (``with_context_parallel``).
+    With hybrid sharding (``data_parallel_shard_degree``) it is the shard group, and the
+    replicas of each shard form the DP_REPLICATE group."""
+    sizes = {ParallelDim.TP: plan.tp, ParallelDim.CP: plan.cp, ParallelDim.DP: plan.zero_shards,
+             ParallelDim.PP: plan.pp, ParallelDim.DP_REPLICATE: plan.grad_group // plan.zero_shards}
     return sizes[dim]
 
 

@@ -49,6 +49,12 @@ class Job(BaseModel):
                 f"parallel.global_batch_size: {p.global_batch_size} is not divisible by "
                 f"micro_batch_size*dp = {p.micro_batch_size}*{p.dp}"
             )
+        shard = p.data_parallel_shard_degree
+        if shard is not None and p.grad_group % shard:
+            raise ValueError(
+                f"parallel.data_parallel_shard_degree: {shard} does not divide the data-parallel "
+                f"group of dp*cp = {p.grad_group} ranks"
+            )
         _check_divisible("parallel.tp", "num_attention_heads", m.num_attention_heads, p.tp)
         _check_divisible("parallel.tp", "num_query_groups", m.num_query_groups, p.tp)
         _check_divisible("parallel.tp", "ffn_hidden_size", m.ffn_hidden_size, p.tp)

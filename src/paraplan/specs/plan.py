@@ -67,6 +67,12 @@ class ParallelPlan(BaseModel):
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: bool = False
+    # Hybrid sharding (FSDP HYBRID_SHARD, torchtitan's data_parallel_shard_degree, Megatron's
+    # --num-distributed-optimizer-instances): ZeRO shards over groups of this many data-
+    # parallel ranks, and the shards' replicas all-reduce their gradients
+    data_parallel_shard_degree: int | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("data_parallel_shard_degree", "dp_shard")
+    )
     # Megatron-LM --overlap-p2p-communication (NeMo overlap_p2p_comm): pipeline sends run
     # asynchronously beside the next task instead of holding the sending stage
     overlap_p2p_comm: bool = False
@@ -106,6 +112,11 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 "parallel.overlap_p2p_comm: DeepSpeed's pipeline engine sends in lock-step; "
                 "asynchronous sends are Megatron-LM's --overlap-p2p-communication"
+            )
+        if self.data_parallel_shard_degree is not None and self.zero_stage < 1:
+            raise ValueError(
+                "parallel.data_parallel_shard_degree: hybrid sharding shards ZeRO state, so it needs "
+                "zero_stage >= 1"
             )
         choices = RECOMPUTE_CHOICES[self.framework]
         if self.recompute not in choices:
@@ -209,6 +220,14 @@ class ParallelPlan(BaseModel):
         if self.deepspeed_train_schedule is not None:
             return self.deepspeed_train_schedule
         return self.framework is Framework.DEEPSPEED
+
+    @property
+    def zero_shards(self) -> int:
+        """Ranks ZeRO partitions weights, gradients and optimizer states over: the gradient
+        group, or its shard groups under hybrid sharding."""
+        if self.data_parallel_shard_degree is not None and self.zero_stage >= 1:
+            return self.data_parallel_shard_degree
+        return self.grad_group
 
     @property
     def num_microbatches(self) -> int:

@@ -28,6 +28,8 @@ class Family:
     sharded_data_parallel: bool  # FSDP: a null zero_stage means FULL_SHARD (ZeRO-3)
     grad_reduce_in_fp32: bool | None = None  # None: the framework's default
     tp_comm_overlap: bool = False  # with sequence parallelism
+    # billions of parameters up to which the family shards within a node (HYBRID_SHARD)
+    hybrid_shard_below: float = 0.0
     overlap_p2p_comm: bool = False  # with interleaving
 
 
@@ -35,7 +37,10 @@ class Family:
 _FAMILIES = (
     Family("torchtitan", ("torchtitan",), "fsdp", True),
     # fms-fsdp's mixed precision reduces in bf16 (policies/mixed_precision.py, bfSixteen)
-    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "fsdp", True, grad_reduce_in_fp32=False),
+    # ... and shards within a node up to ~30B parameters: the README's runs are HSDP for 7B and
+    # 13B, FULL_SHARD for 34B and 70B (blog: "HSDP is feasible only when the model can be
+    # sharded within a single node, limiting the size of models to around 30B parameters")
+    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "fsdp", True, grad_reduce_in_fp32=False, hybrid_shard_below=30.0),
     Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "fsdp", True),
     Family("deepspeed", ("deepspeed", "gpt-neox"), "deepspeed", False),
     Family("fsdp", ("fsdp",), "fsdp", True),
@@ -200,6 +205,10 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
     tp_overlap = family.tp_comm_overlap or bool(_TP_OVERLAP.search(str(run.get("notes", ""))))
     if tp_overlap and parallel["sequence_parallel"] and parallel["tp"] > 1:
         parallel["tp_comm_overlap"] = True
+    billions = run["model"].get("params_billion")
+    if p.get("zero_stage") is None and billions is not None and billions <= family.hybrid_shard_below:
+        parallel["data_parallel_shard_degree"] = int(run["gpus_per_node"])
+        assumed.append(f"hybrid sharding within each {run['gpus_per_node']}-GPU node ({family.name}'s rule)")
     if family.overlap_p2p_comm and parallel["vpp"]:
         parallel["overlap_p2p_comm"] = True
     if family.name == "megatron" and "(202" in str(run.get("framework", "")):
