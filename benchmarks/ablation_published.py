@@ -1,0 +1,181 @@
+"""What each effect of issue 13 moves on each development set: switch one off at a time.
+
+Run: python benchmarks/ablation_published.py [path/to/shared/data]
+Prints a markdown table (README, "Validation"): per set (runs_dev.json, runs_dev_modern.json,
+the Perlmutter runs) the signed median and the median |error| as shipped and with each effect
+switched off, in both directions, so that a reader sees why the numbers moved. The effects come
+from operator- and link-level measurements and the frameworks' code; the runs are only
+compared with, nothing is fitted or chosen by them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import paraplan.costmodel.roofline as roofline
+import paraplan.inventory.shapes as shapes
+import paraplan.prediction as prediction
+from paraplan.catalog import load_catalog_entry, load_gpu, resolve_job
+from paraplan.prediction import predict
+from paraplan.schedule import overlapped_s
+from paraplan.validate import load_runs
+from paraplan.validate.gpumodeling import job_mapping_from_run
+from paraplan.validate.published import measured_iteration_s
+from paraplan.validate.records import job_from_record
+
+DATA = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "data"
+NEW_CURVES = ("H100-SXM5-80GB", "H200-SXM-141GB", "B200")
+
+Mapping = dict[str, Any]
+
+
+def _inline_gpu(mapping: Mapping, edit: Callable[[dict], None]) -> Mapping:
+    """The job with its catalog GPU written out inline and changed by ``edit``."""
+    out = copy.deepcopy(mapping)
+    cluster = out["cluster"]
+    name = cluster.get("gpu") or load_catalog_entry("clusters", cluster["name"])["gpu"]
+    raw = copy.deepcopy(load_catalog_entry("gpus", load_gpu(name).name))
+    raw.pop("aliases", None)
+    edit(raw)
+    cluster["gpu"] = raw
+    return out
+
+
+def _generic_curves(mapping: Mapping) -> Mapping:
+    gpu = mapping["cluster"].get("gpu") or load_catalog_entry("clusters", mapping["cluster"]["name"])["gpu"]
+    if load_gpu(gpu).name not in NEW_CURVES:
+        return mapping
+    return _inline_gpu(mapping, lambda raw: raw.pop("efficiency", None))
+
+
+def _no_contention(mapping: Mapping) -> Mapping:
+    return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).update(overlap_slowdown=0.0))
+
+
+def _parallel(**values: Any) -> Callable[[Mapping], Mapping]:
+    def change(mapping: Mapping) -> Mapping:
+        out = copy.deepcopy(mapping)
+        for key, value in values.items():
+            if value is None:
+                out["parallel"].pop(key, None)
+            elif key in out["parallel"]:
+                out["parallel"][key] = value
+        return out
+    return change
+
+
+def _megatron_selective(mapping: Mapping) -> Mapping:
+    """Before issue 13: torchtitan's and fms-fsdp's selective checkpointing ran as Megatron's."""
+    out = copy.deepcopy(mapping)
+    if out["parallel"].get("recompute") in ("layer", "op"):
+        out["parallel"].update(recompute="selective", framework="megatron")
+        out["parallel"].pop("recompute_every", None)
+    return out
+
+
+def _reference_network(mapping: Mapping) -> Mapping:
+    out = copy.deepcopy(mapping)
+    out["cluster"].pop("inter_node", None)
+    return out
+
+
+@contextlib.contextmanager
+def _fp8_everywhere() -> Iterator[None]:
+    """Before issue 13: an FP8 job ran every kernel at the FP8 peak, with no casts."""
+    precision, shard = roofline.compute_precision, shapes.shard_shape
+
+    def all_fp8(op, job_precision):
+        return job_precision
+
+    def no_fp8_linears(*args, **kwargs):
+        import dataclasses
+
+        return dataclasses.replace(shard(*args, **kwargs), fp8_linears=False)
+
+    roofline.compute_precision, shapes.shard_shape = all_fp8, no_fp8_linears
+    try:
+        yield
+    finally:
+        roofline.compute_precision, shapes.shard_shape = precision, shard
+
+
+@contextlib.contextmanager
+def _no_exposed_units() -> Iterator[None]:
+    sharded = prediction.sharded_pass_s
+    prediction.sharded_pass_s = lambda compute, comm, units, slowdown: overlapped_s(compute, comm, slowdown)
+    try:
+        yield
+    finally:
+        prediction.sharded_pass_s = sharded
+
+
+def _same(mapping: Mapping) -> Mapping:
+    return mapping
+
+
+# name -> (change to the job mapping, context the predictions run in)
+SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.AbstractContextManager]]] = {
+    "nothing (as shipped)": (_same, contextlib.nullcontext),
+    "H100/H200/B200 measured curves (generic 80 % / 60 % / 80 % instead)": (_generic_curves, contextlib.nullcontext),
+    "FP8 as it runs (every kernel at the FP8 peak, no casts)": (_same, _fp8_everywhere),
+    "contention under overlap (overlap_slowdown 0)": (_no_contention, contextlib.nullcontext),
+    "FSDP/ZeRO-3 first gather and last reduce-scatter exposed": (_same, _no_exposed_units),
+    "torchtitan / fms-fsdp recompute policies (Megatron selective instead)": (_megatron_selective, contextlib.nullcontext),
+    "TP communication overlap (MLPerf)": (_parallel(tp_comm_overlap=None), contextlib.nullcontext),
+    "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=None), contextlib.nullcontext),
+    "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
+    "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=None), contextlib.nullcontext),
+    "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),
+}
+
+
+def _group(run: dict) -> str:
+    """The column a run counts in: its source, split by GPU where a source has two."""
+    source = str(run["id"]).split("-")[0]
+    if source == "ibm":
+        return f"ibm {'H100' if 'h100' in run['id'] else 'A100'}"
+    return {"mlperf": "MLPerf H100 FP8", "torchtitan": "torchtitan A100"}.get(source, source)
+
+
+def _errors(runs, to_mapping, measured, change, context) -> dict[str, list[float]]:
+    groups: dict[str, list[float]] = {}
+    with context():
+        for run in runs:
+            job = resolve_job(change(to_mapping(run)))
+            groups.setdefault(_group(run), []).append(predict(job).iteration_s / measured(run) - 1.0)
+    return groups
+
+
+def main() -> None:
+    published = lambda r: job_from_record(r).mapping  # noqa: E731
+    sets = [
+        (load_runs(DATA / "published" / "runs_dev.json"), published, measured_iteration_s),
+        (load_runs(DATA / "published" / "runs_dev_modern.json"), published, measured_iteration_s),
+        ([dict(r, id=f"Perlmutter-{r['id']}") for r in load_runs(DATA / "gpumodeling" / "runs_perlmutter.json")],
+         job_mapping_from_run, lambda r: r["measured"]["iteration_time_s"]["min"]),
+    ]
+    rows = []
+    for name, (change, context) in SWITCHES.items():
+        groups: dict[str, list[float]] = {}
+        for runs, to_mapping, measured in sets:
+            groups.update(_errors(runs, to_mapping, measured, change, context))
+        rows.append((name, groups))
+    columns = list(rows[0][1])
+    print("Signed median error per source, % (negative: predicted faster than measured); last column: median |error| of all")
+    print()
+    print("| switched off | " + " | ".join(columns) + " | all |")
+    print("|---|" + "---|" * (len(columns) + 1))
+    for name, groups in rows:
+        every = [abs(e) for errors in groups.values() for e in errors]
+        cells = [f"{100 * statistics.median(groups[c]):+.1f}" for c in columns]
+        print(f"| {name} | " + " | ".join(cells) + f" | {100 * statistics.median(every):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
