@@ -192,12 +192,16 @@ def _fp8_weight_casts(job: Job, layer_ops: tuple[Op, ...]) -> tuple[Op, ...]:
 
 def _optimizer_op(params_updated: float, grad_e: float, param_e: float, state_e: float) -> Op:
     """Adam step over the parameters this rank owns: reads the gradient, reads and writes the
-    fp32 state (moments, and the master weight in mixed precision), writes the weight."""
-    traffic = params_updated * (grad_e + 2 * state_e + param_e)
+    fp32 state (moments, and the master weight in mixed precision), writes the weight. Before
+    it, gradient clipping reads the gradients once for their norm (Megatron-LM's
+    ``--clip-grad 1.0``, GPT-NeoX's ``gradient_clipping 1.0``, torchtitan's ``max_norm 1.0``
+    and FSDP's ``clip_grad_norm_`` are all on by default; the all-reduce of the norm is a few
+    bytes)."""
+    traffic = params_updated * (2 * grad_e + 2 * state_e + param_e)
     return Op(
         name="optimizer",
         kind=OpKind.OPTIMIZER,
-        role="Adam step (fused, mixed precision)",
+        role="gradient norm and Adam step (fused, mixed precision)",
         flops=12.0 * params_updated,
         bytes=traffic,
         bwd_flops=0.0,
