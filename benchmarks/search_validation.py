@@ -42,7 +42,7 @@ def main() -> None:
             extra={"scatter_gather_p2p": True},
         )
         start = time.perf_counter()
-        result = search_plans(job.model, job.cluster, plan.global_batch_size, job.precision, space)
+        result = search_plans(job.model, job.cluster, plan.global_batch_size, job.precision, space, screen=False)
         seconds = time.perf_counter() - start
 
         def key(p):
