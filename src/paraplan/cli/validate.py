@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from paraplan.cli.common import OutputFormat, out, user_errors, write_text
+from paraplan.cli.common import OutputFormat, err, out, user_errors, write_text
 
 
 def validate_command(
@@ -29,9 +29,15 @@ def validate_command(
 
     if models is not None and backend == "analytical":
         backend = "learned"
+    skipped: list[tuple[str, str]] = []
     with user_errors():
         fitted = load_model_file(models) if models is not None else None
-        results = [r for f in runs_files for r in validate_runs(load_runs(f), backend, fitted)]
+        results = [r for f in runs_files for r in validate_runs(load_runs(f), backend, fitted, skipped)]
+    for run_id, reason in skipped:
+        err.print(f"[yellow]skipped:[/] {run_id}: {reason}", highlight=False, soft_wrap=True)
+    if not results:
+        err.print("[bold red]error:[/] no run could be validated", highlight=False)
+        raise typer.Exit(code=2)
     if output is OutputFormat.json:
         write_text(render_json(validation_rows(results, components=True)))
     elif output is OutputFormat.csv:

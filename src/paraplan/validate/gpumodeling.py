@@ -160,15 +160,20 @@ def _compare(run: dict[str, Any], pred: Prediction) -> tuple[ComponentError, ...
 
 
 def validate_runs(
-    runs: list[dict[str, Any]], backend: str = "analytical", models: ModelSet | None = None
+    runs: list[dict[str, Any]],
+    backend: str = "analytical",
+    models: ModelSet | None = None,
+    skipped: list[tuple[str, str]] | None = None,
 ) -> list[RunValidation]:
     """Predict every run from its configuration and compare with what was measured.
-    Accepts GPUModeling25 records (runs_perlmutter.json) and published Megatron-LM records
-    (runs_dev.json); ``backend``/``models`` choose the cost model."""
+    Accepts GPUModeling25 records (runs_perlmutter.json) and published records (runs_dev*.json);
+    ``backend``/``models`` choose the cost model; published records paraplan cannot read are
+    listed in ``skipped`` when it is given (see ``validate_published``)."""
     from paraplan.validate.published import is_published_record, validate_published
 
-    if runs and all(is_published_record(r) for r in runs):
-        return validate_published(runs, backend, models)
+    traced = any("components_best_iteration_us" in r.get("measured", {}) for r in runs)
+    if runs and not traced and any(is_published_record(r) for r in runs):
+        return validate_published(runs, backend, models, skipped)
     results = []
     for run in runs:
         job = resolve_job(job_mapping_from_run(run))

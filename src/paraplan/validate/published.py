@@ -15,6 +15,7 @@ from typing import Any
 from paraplan.backends import ModelSet, make_cost_model
 from paraplan.catalog import resolve_job
 from paraplan.prediction import predict
+from paraplan.specs import ConfigError
 from paraplan.validate.gpumodeling import RunValidation
 from paraplan.validate.records import job_from_record
 
@@ -35,11 +36,18 @@ def measured_iteration_s(run: dict[str, Any]) -> float:
         return float(measured["iteration_time_s"])
     if derived.get("iteration_time_s") is not None:
         return float(derived["iteration_time_s"])
+    tokens = run["parallel"]["global_batch_size"] * run["model"]["seq_length"]
     per_gpu = measured.get("tokens_per_s_per_gpu")
     if per_gpu:
-        tokens = run["parallel"]["global_batch_size"] * run["model"]["seq_length"]
         return tokens / (float(per_gpu) * run["num_gpus"])
-    raise ValueError(f"{run['id']}: no iteration time or tokens/s per GPU in 'measured'")
+    if measured.get("tokens_per_s"):
+        return tokens / float(measured["tokens_per_s"])
+    for key in ("samples_per_s", "sequences_per_s"):
+        if measured.get(key):
+            return run["parallel"]["global_batch_size"] / float(measured[key])
+    raise ConfigError(
+        f"{run['id']}: measured: no iteration_time_s, tokens_per_s(_per_gpu) or samples_per_s to compare with"
+    )
 
 
 def source_of(run: dict[str, Any]) -> str:
@@ -48,17 +56,31 @@ def source_of(run: dict[str, Any]) -> str:
 
 
 def validate_published(
-    runs: list[dict[str, Any]], backend: str = "analytical", models: ModelSet | None = None
+    runs: list[dict[str, Any]],
+    backend: str = "analytical",
+    models: ModelSet | None = None,
+    skipped: list[tuple[str, str]] | None = None,
 ) -> list[RunValidation]:
+    """Every record that maps onto a job, predicted and compared. A record paraplan cannot
+    read (an unknown GPU, a configuration its validation refuses, nothing measured to compare
+    with) is left out and, when ``skipped`` is given, appended to it as (run id, reason)."""
     results = []
     for run in runs:
-        mapped = job_from_record(run)
-        job = resolve_job(mapped.mapping)
+        try:
+            mapped = job_from_record(run)
+            job = resolve_job(mapped.mapping)
+            measured = measured_iteration_s(run)
+        except (ConfigError, KeyError, TypeError, ValueError) as err:
+            if skipped is None:
+                raise
+            reason = f"missing field {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
+            skipped.append((str(run.get("id", "?")), reason))
+            continue
         pred = predict(job, make_cost_model(job, backend, models))
         results.append(
             RunValidation(
                 run_id=run["id"],
-                measured_iteration_s=measured_iteration_s(run),
+                measured_iteration_s=measured,
                 prediction=pred,
                 components=(),
                 their_error=None,

@@ -67,8 +67,15 @@ _ARCHITECTURES: dict[str, dict[str, Any]] = {
     },
 }
 
-# Vocabulary of a model family when the record leaves it null (the dataset README names them).
-_VOCAB_BY_NAME = (("llama3", 128256), ("llama-3", 128256), ("llama2", 32000), ("llama-2", 32000), ("gpt3", 50257))
+# Vocabulary of a model family when the record leaves it null: the dataset README names GPT-3's,
+# Llama 2's and Llama 3's; the others are the families' published tokenizers (HF config.json).
+_VOCAB_BY_NAME = (
+    ("llama3", 128256), ("llama-3", 128256), ("llama2", 32000), ("llama-2", 32000), ("llama", 32000),
+    ("gpt3", 50257), ("gpt-3", 50257), ("mpt", 50432), ("pythia", 50304), ("neox", 50432),
+    ("falcon", 65024), ("mistral", 32000), ("mixtral", 32000), ("qwen2", 151936), ("qwen", 151936),
+    ("gemma", 256000), ("nemotron", 256000), ("bloom", 250880), ("opt", 50272),
+)
+_FALLBACK_VOCAB = 32000
 
 _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
 _OP_POLICY = re.compile(r"selective\s*\(op\)", re.IGNORECASE)
@@ -111,12 +118,13 @@ def _vocab(run: dict[str, Any], assumed: list[str]) -> int:
     vocab = run["model"].get("vocab_size")
     if vocab:
         return int(vocab)
-    key = run["id"].lower().replace("_", "-")
+    key = " ".join(str(run.get(k, "")) for k in ("id", "source")).lower().replace("_", "-")
     for word, size in _VOCAB_BY_NAME:
         if word in key:
             assumed.append(f"vocab_size {size} (the family's tokenizer; the record gives none)")
             return size
-    raise ConfigError(f"{run['id']}: model.vocab_size is null and the model family is not known")
+    assumed.append(f"vocab_size {_FALLBACK_VOCAB} (the record gives none and names no known family)")
+    return _FALLBACK_VOCAB
 
 
 def _model(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str, Any]:
