@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from paraplan.catalog import resolve_job
+from paraplan.specs import ConfigError
 from paraplan.validate.published import measured_iteration_s
 from paraplan.validate.records import family_of, job_from_record
 
@@ -102,3 +103,10 @@ def test_unreadable_records_are_skipped_with_their_reason_and_the_rest_validated
     reasons = dict(skipped)
     assert "Quantum-9000" in reasons["bad-gpu"]
     assert "iteration_time_s" in reasons["no-time"]
+
+
+def test_a_mixture_of_experts_record_is_refused_not_predicted_as_dense():
+    run = copy.deepcopy(_FSDP_RUN)
+    run["model"]["num_experts"] = 8
+    with pytest.raises(ConfigError, match="mixture of experts is not modelled"):
+        job_from_record(run)
