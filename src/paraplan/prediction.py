@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps
+from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, link_gaps
 from paraplan.inventory import (
     Collective,
     JobInventory,
@@ -462,7 +462,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     timings = tuple(stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
     crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layer=layer)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
-    gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv))
+    gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )

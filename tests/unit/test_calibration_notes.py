@@ -82,3 +82,30 @@ def test_h100_fp8_gemms_run_at_the_measured_fp8_to_bf16_ratio_not_the_impossible
     bf16_rate = gpu.efficiency.gemm.max_fraction * gpu.peak_flops[Precision.BF16]
     assert 1.88 <= fp8_rate / bf16_rate <= 2.09
     assert fp8_rate < 0.8 * gpu.peak_flops[Precision.FP8]
+
+
+def test_a_cluster_whose_nccl_efficiency_is_a_guess_says_so_for_each_link_it_uses():
+    notes = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 2},
+                              "parallel": {"global_batch_size": 64}}).uncalibrated
+    assert any("intra-node collectives at a generic 80%" in n for n in notes)
+    assert any("inter-node collectives at a generic 80%" in n for n in notes)
+
+
+def test_measured_links_carry_no_mark_and_a_single_node_uses_no_network():
+    dgx = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "dgx-h100", "num_nodes": 2},
+                            "parallel": {"global_batch_size": 64}}).uncalibrated
+    assert not any("collectives" in n for n in dgx)
+    one_node = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "aws-p5.48xlarge"},
+                                 "parallel": {"global_batch_size": 64}}).uncalibrated
+    assert not any("inter-node" in n for n in one_node)
+
+
+@pytest.mark.parametrize("name", catalog_names("clusters"))
+def test_a_link_efficiency_marked_measured_names_its_measurement(name):
+    from paraplan.catalog import load_catalog_entry
+
+    raw = load_catalog_entry("clusters", name)
+    for link in ("intra_node", "inter_node"):
+        if f"{link}_efficiency" in raw.get("sources", {}):
+            assert raw[link].get("efficiency") is not None, (name, link)
+            assert len(raw["sources"][f"{link}_efficiency"]) > 20

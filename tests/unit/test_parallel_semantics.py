@@ -91,9 +91,13 @@ def test_a_send_inside_a_direct_link_mesh_gets_one_pair_of_links():
 
     send = Collective("x", CollectiveKind.SEND_RECV, ParallelDim.PP, 1e9, Phase.FWD)
     pair = GroupLayout(size=2, nodes=1, per_node=2)
-    mesh = estimate_collective_s(send, pair, load_cluster("perlmutter"))
-    switch = estimate_collective_s(send, pair, load_cluster("dgx-a100"))
-    assert mesh == pytest.approx(3 * switch, rel=0.01)  # same 300 GB/s per GPU, split over 3 peers
+    perlmutter = load_cluster("perlmutter")
+    switched = perlmutter.model_copy(
+        update={"intra_node": perlmutter.intra_node.model_copy(update={"topology": "switch"})}
+    )
+    mesh = estimate_collective_s(send, pair, perlmutter)
+    switch = estimate_collective_s(send, pair, switched)
+    assert mesh == pytest.approx(3 * switch, rel=0.01)  # the same 300 GB/s per GPU, split over 3 peers
 
 
 def test_interleaved_stages_send_once_per_chunk():

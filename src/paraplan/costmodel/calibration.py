@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision
 from paraplan.inventory import Op
-from paraplan.specs import GpuSpec, Phase, Precision
+from paraplan.specs import ClusterSpec, GpuSpec, Phase, Precision
 
 
 def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> tuple[str, ...]:
@@ -38,3 +38,19 @@ def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> t
             f"its {peak} is used"
         )
     return tuple(gaps.values())
+
+
+def link_gaps(cluster: ClusterSpec) -> tuple[str, ...]:
+    """One note per link the cluster's collectives use whose NCCL efficiency is a generic
+    guess: a measured one has its source under the cluster's ``sources: <intra|inter>_node_efficiency``
+    or in the link's own ``source`` (a GPU's catalog link)."""
+    notes = []
+    for name, link, used in (("intra_node", cluster.intra_node, cluster.gpus_per_node > 1),
+                             ("inter_node", cluster.inter_node, cluster.num_nodes > 1)):
+        if used and link is not None and link.source is None and f"{name}_efficiency" not in cluster.sources:
+            where = name.replace("_", "-")
+            notes.append(
+                f"{cluster.name}: {where} collectives at a generic {link.efficiency:.0%} of the link's "
+                "bandwidth (no NCCL measurements for this cluster)"
+            )
+    return tuple(notes)

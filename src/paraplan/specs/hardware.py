@@ -104,7 +104,7 @@ class LinkSpec(BaseModel):
     efficiency: float = Field(default=0.8, gt=0, le=1.0)
     p2p_efficiency: float | None = Field(default=None, gt=0, le=1.0)
     topology: Literal["switch", "mesh"] = "switch"
-    source: str | None = None
+    source: str | None = None  # where the efficiency was measured (None: a generic guess)
 
     @property
     def bus_bytes_per_s(self) -> float:
