@@ -14,7 +14,7 @@ data and never print; ``paraplan calibrate`` renders it (docs/calibration.md). s
 (``pip install -e ".[calibrate]"``) are imported when a fit or a load runs, not on import.
 """
 
-from paraplan.calibrate._common import ErrorStats
+from paraplan.calibrate._common import ErrorStats, check_dependencies
 from paraplan.calibrate.catalog_yaml import (
     catalog_file,
     efficiency_yaml,
@@ -57,6 +57,7 @@ __all__ = [
     "calibrate_links",
     "calibrate_operators",
     "catalog_file",
+    "check_dependencies",
     "efficiency_yaml",
     "error_rows",
     "fit_efficiency",

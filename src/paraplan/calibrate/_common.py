@@ -35,6 +35,12 @@ def import_extra(name: str) -> ModuleType:
         raise ConfigError(f"calibrate: needs scipy and pandas ({exc}); {EXTRA_HINT}") from None
 
 
+def check_dependencies() -> None:
+    """A one-line ConfigError unless scipy and pandas (the ``calibrate`` extra) import."""
+    for name in ("pandas", "scipy.optimize", "scipy.sparse"):
+        import_extra(name)
+
+
 def rel_path(path: Path) -> str:
     """``path`` relative to the repository's parent (``shared/data/...``) when possible."""
     path = Path(path).resolve()

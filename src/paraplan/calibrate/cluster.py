@@ -62,6 +62,9 @@ class TopologyFit:
     params: tuple[str, ...]  # "intra_node.efficiency", ...
     evaluations: int
     cost: float  # weighted sum of squared log errors
+    # links whose latency the fit drove to 0 (not identified by the message sizes): they keep
+    # the catalog value and the other parameters are refitted
+    kept_latency: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +103,7 @@ class LinkCalibration:
     options: LinkOptions
     topologies: tuple[TopologyFit, ...]
     chosen: TopologyFit
-    notes: tuple[str, ...]  # per file, exclusions as checked against the chosen topology
+    notes: tuple[str, ...]  # one line per file: exclusions as checked against the chosen topology
     fitted: ClusterSpec
     links: tuple[LinkRow, ...]
     rows: tuple[CollErrorRow, ...]
@@ -134,18 +137,14 @@ def _trial(folder: Path, cluster: ClusterSpec, topo: str | None, opts: LinkOptio
     fixed = frozenset(
         (side, fld) for side, fld in params.names if fld == "latency_s" and getattr(fitted, side).latency_s < 0.01 * US
     )
-    for side, _ in sorted(fixed):
-        notes.append(
-            f"  note: {side}.latency_s fitted to 0 (not identified by these message sizes); "
-            f"kept the catalog value {getattr(cluster, side).latency_s / US:g} us and refitted the rest"
-        )
     test = split_mask(list(range(len(fit_set))), opts.holdout, opts.seed)
     fitted80, _, _ = fit_links(fit_set.subset(~test), cluster, loss=opts.loss, fixed=fixed)
     hold_set = fit_set.subset(test)
     hold_pred = predict_colls(hold_set, fitted80)
     if fixed:
         fitted, params, res = fit_links(fit_set, cluster, loss=opts.loss, fixed=fixed)
-    fit = TopologyFit(topo, tuple(f"{s}.{f}" for s, f in params.names), int(res.nfev), link_cost(fit_set, fitted))
+    names = tuple(f"{s}.{f}" for s, f in params.names)
+    fit = TopologyFit(topo, names, int(res.nfev), link_cost(fit_set, fitted), tuple(s for s, _ in sorted(fixed)))
     return _Trial(fit, samples, counts, hold_set, hold_pred, fitted, notes)
 
 

@@ -30,8 +30,8 @@ class AchievedRow:
 
 @dataclasses.dataclass(frozen=True)
 class ErrorRow:
-    """Errors of one (tag, phase) group, or of all samples of a phase (``operator`` "ALL fwd")
-    or of both (``"ALL"``, phase ``"both"``): one ``ErrorStats`` per compared prediction."""
+    """Errors of one (tag, phase) group, or of all samples (``operator`` "ALL") of a phase or
+    of both (phase ``"both"``): one ``ErrorStats`` per compared prediction."""
 
     operator: str
     phase: str
@@ -54,7 +54,7 @@ def _group_masks(samples: OpSamples, *, totals: bool = True) -> list[tuple[str, 
     for ph in (FWD, BWD):
         m = phases == ph
         if m.any():
-            masks.append((f"ALL {ph}", ph, m))
+            masks.append(("ALL", ph, m))
     masks.append(("ALL", "both", np.ones(len(samples), dtype=bool)))
     return masks
 

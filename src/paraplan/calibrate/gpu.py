@@ -75,7 +75,11 @@ class OperatorOptions:
             raise ConfigError(f"max_nfev: expected a positive integer (got {self.max_nfev})")
         if self.kernel_overhead_us is not None and not 0 <= self.kernel_overhead_us <= 100:
             raise ConfigError(f"kernel_overhead_us: expected 0 to 100 us (got {self.kernel_overhead_us:g})")
-        Precision(self.precision)
+        try:
+            Precision(self.precision)
+        except ValueError:
+            allowed = ", ".join(p.value for p in Precision)
+            raise ConfigError(f"precision: expected one of {allowed} (got {self.precision!r})") from None
 
     @property
     def curve_excluded_tags(self) -> tuple[str, ...]:
@@ -204,7 +208,10 @@ def calibrate_operators(
     t0 = time.perf_counter()
     opts = options or OperatorOptions()
     opts.check()
-    peak = gpu.flops_for(Precision(opts.precision))
+    try:
+        peak = gpu.flops_for(Precision(opts.precision))
+    except ValueError as exc:
+        raise ConfigError(f"precision: {exc}") from None
     excluded: list[str] = []
     samples = load_operator_samples(folder, gpu, log, excluded)
     if not len(samples):
