@@ -1,4 +1,4 @@
-"""tools/calibrate.py operators: the fit recovers known efficiency curves from synthetic samples.
+"""paraplan.calibrate: the operator fit recovers known efficiency curves from synthetic samples.
 
 The samples are real inventory operators (``op_for_sample``) whose "measured" times come from
 ``estimate_op_s`` with a known ``EfficiencySpec``; fitting them must give that spec back.
@@ -6,8 +6,6 @@ The samples are real inventory operators (``op_for_sample``) whose "measured" ti
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,20 +15,18 @@ import yaml
 pytest.importorskip("scipy")
 pytest.importorskip("pandas")
 
+from paraplan.calibrate import (
+    OpSamples,
+    ParamLayout,
+    efficiency_yaml,
+    fit_efficiency,
+    op_curve_keys,
+    predict_ops,
+    replace_efficiency_block,
+)
 from paraplan.catalog import load_gpu
 from paraplan.inventory.samples import op_for_sample
 from paraplan.specs import EfficiencyCurve, EfficiencySpec, GpuSpec, Precision
-
-_TOOL = Path(__file__).resolve().parents[2] / "tools" / "calibrate.py"
-
-
-@pytest.fixture(scope="module")
-def calibrate():
-    spec = importlib.util.spec_from_file_location("paraplan_tools_calibrate", _TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows(tag: str, n: int, rng: np.random.Generator) -> list[dict[str, float]]:
@@ -71,35 +67,35 @@ TRUTH = EfficiencySpec(
 )
 
 
-def _synthetic(calibrate, gpu: GpuSpec, peak: float, n: int = 60):
+def _synthetic(gpu: GpuSpec, peak: float, n: int = 60):
     rng = np.random.default_rng(1)
     truth_gpu = gpu.model_copy(update={"efficiency": TRUTH})
-    samples = calibrate.OpSamples()
+    samples = OpSamples()
     for tag in ("gelu", "RMSlayernorm", "bmm", "linear1"):
         for row in _rows(tag, n, rng):
             op = op_for_sample(tag, row)
             for phase in ("fwd", "bwd"):
                 samples.add(tag, phase, op, (tag, *row.values()), 1.0)
-    samples.measured = list(calibrate.predict_ops(samples, truth_gpu, peak))
+    samples.measured = list(predict_ops(samples, truth_gpu, peak))
     return samples
 
 
-def test_operator_fit_recovers_known_curves(calibrate):
+def test_operator_fit_recovers_known_curves():
     gpu = load_gpu("A100-SXM4-80GB")
     peak = gpu.flops_for(Precision.FP16)
-    samples = _synthetic(calibrate, gpu, peak)
-    keys = calibrate.op_curve_keys(samples, "memory+bmm", 40)
+    samples = _synthetic(gpu, peak)
+    keys = op_curve_keys(samples, "memory+bmm", 40)
     assert set(keys) == set(TRUTH.ops)
     assert keys["bmm:fwd"] is True and keys["gelu:fwd"] is False
-    layout = calibrate.ParamLayout.for_keys(keys)
+    layout = ParamLayout.for_keys(keys)
     # the overhead trades one for one with each curve's fixed time; keep it at the truth so
     # that every half_work is identified
     start = EfficiencySpec(kernel_overhead_s=TRUTH.kernel_overhead_s)
-    spec, _ = calibrate.fit_efficiency(
+    spec, _ = fit_efficiency(
         samples, gpu, peak, start, loss="linear", max_nfev=200, layout=layout, fix_overhead=True
     )
     fitted = gpu.model_copy(update={"efficiency": spec})
-    pred = calibrate.predict_ops(samples, fitted, peak)
+    pred = predict_ops(samples, fitted, peak)
     assert np.max(np.abs(np.log(pred / np.asarray(samples.measured)))) < 1e-3
     for name in ("gemm", "memory"):
         got, want = getattr(spec, name), getattr(TRUTH, name)
@@ -113,27 +109,27 @@ def test_operator_fit_recovers_known_curves(calibrate):
     assert spec.attention.half_work == pytest.approx(start.attention.half_work)
 
 
-def test_op_curve_keys_modes_and_thresholds(calibrate):
+def test_op_curve_keys_modes_and_thresholds():
     gpu = load_gpu("A100-SXM4-80GB")
-    samples = _synthetic(calibrate, gpu, gpu.flops_for(Precision.FP16), n=30)
-    assert calibrate.op_curve_keys(samples, "none", 1) == {}
-    assert calibrate.op_curve_keys(samples, "memory+bmm", 31) == {}
-    memory = calibrate.op_curve_keys(samples, "memory", 10)
+    samples = _synthetic(gpu, gpu.flops_for(Precision.FP16), n=30)
+    assert op_curve_keys(samples, "none", 1) == {}
+    assert op_curve_keys(samples, "memory+bmm", 31) == {}
+    memory = op_curve_keys(samples, "memory", 10)
     assert set(memory) == {"gelu:fwd", "gelu:bwd", "RMSlayernorm:fwd", "RMSlayernorm:bwd"}
-    everything = calibrate.op_curve_keys(samples, "all", 10)
+    everything = op_curve_keys(samples, "all", 10)
     assert {"linear1:fwd", "linear1:bwd", "bmm:fwd", "bmm:bwd"} <= set(everything)
-    assert "gelu:fwd" not in calibrate.op_curve_keys(samples, "all", 10, excluded_tags=("gelu",))
+    assert "gelu:fwd" not in op_curve_keys(samples, "all", 10, excluded_tags=("gelu",))
 
 
-def test_efficiency_block_round_trips_through_the_catalog_yaml(calibrate, tmp_path):
+def test_efficiency_block_round_trips_through_the_catalog_yaml(tmp_path):
     src = (
         Path(__file__).resolve().parents[2] / "src" / "paraplan" / "catalog" / "gpus" / "a100-sxm4-80gb.yaml"
     )
     path = tmp_path / "gpu.yaml"
     path.write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
     before = path.read_text(encoding="utf-8").splitlines()
-    block = calibrate.efficiency_yaml(TRUTH, flops_keys=["bmm:fwd", "bmm:bwd"])
-    calibrate.replace_efficiency_block(path, block)
+    block = efficiency_yaml(TRUTH, flops_keys=["bmm:fwd", "bmm:bwd"])
+    replace_efficiency_block(path, block)
     after = path.read_text(encoding="utf-8").splitlines()
     # every line outside the efficiency block is unchanged
     start = next(i for i, ln in enumerate(before) if ln.startswith("efficiency:"))

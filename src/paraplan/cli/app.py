@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from paraplan.cli.calibrate import calibrate_app
 from paraplan.cli.catalog import catalog_command
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
@@ -25,6 +26,7 @@ app.command("catalog")(catalog_command)
 app.command("validate")(validate_command)
 app.add_typer(samples_app, name="samples")
 app.command("fit")(fit_command)
+app.add_typer(calibrate_app, name="calibrate")
 app.command("search")(search_command)
 app.command("export")(export_command)
 app.command("sharding")(sharding_command)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from paraplan.specs import ConfigError, format_validation_error
 from paraplan.units import UnitError
@@ -38,7 +39,7 @@ def user_errors() -> Iterator[None]:
 
 
 def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 

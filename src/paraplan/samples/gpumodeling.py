@@ -143,7 +143,7 @@ _REJECTED_COLUMNS = ("source", "row", "kind", "name", "variant", "phase", "devic
 
 
 # ----------------------------------------------------------------------------------------
-# collectives: the row -> Collective / GroupLayout mapping (shared with tools/calibrate.py)
+# collectives: the row -> Collective / GroupLayout mapping (shared with paraplan.calibrate)
 # ----------------------------------------------------------------------------------------
 
 
