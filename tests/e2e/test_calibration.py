@@ -65,3 +65,34 @@ def test_a100_efficiency_curves_are_the_catalogs(gpumodeling_dir):
         assert fitted.ops[key].max_fraction == pytest.approx(curve.max_fraction, abs=1e-4), key
     assert fitted.kernel_overhead_s == pytest.approx(catalog.kernel_overhead_s, abs=0.01e-6)
     assert "20% hold-out (seed 0) median |err| 8.9%, mean |err| 13.5%" in fitted.source
+
+
+@pytest.mark.parametrize(
+    ("key", "gpu", "dtype"),
+    [("sm_90", "H100-SXM5-80GB", "bf16xbf16->bf16"), ("sm_100_B200", "B200", "bf16xbf16->bf16"),
+     ("sm_100_B200", "B200", "f8e4m3fnxf8e4m3fn->bf16")],
+)
+def test_the_catalog_gemm_curves_are_what_calibrate_fits_to_xla_s_table(key, gpu, dtype):
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parents[3] / "shared" / "data" / "xla_perf_tables" / "matmul.csv"
+    if not table.exists():
+        pytest.skip("../shared/data/xla_perf_tables is absent")
+    result = runner.invoke(app, ["calibrate", "gemm-table", str(table), "--gpu-key", key, "--gpu", gpu,
+                                 "--dtype", dtype], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    eff = load_gpu(gpu).efficiency
+    curve = eff.precisions["fp8"].gemm if dtype.startswith("f8") else eff.gemm
+    assert f"gemm: {{max_fraction: {curve.max_fraction:.4f}, half_work: {curve.half_work:.3g}}}" in result.stdout
+
+
+def test_calibrate_refuses_xla_s_impossible_h100_fp8_rows():
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parents[3] / "shared" / "data" / "xla_perf_tables" / "matmul.csv"
+    if not table.exists():
+        pytest.skip("../shared/data/xla_perf_tables is absent")
+    result = runner.invoke(app, ["calibrate", "gemm-table", str(table), "--gpu-key", "sm_90", "--gpu", "H100",
+                                 "--dtype", "f8e4m3fnxf8e4m3fn->bf16"])
+    assert result.exit_code == 2
+    assert "above H100-SXM5-80GB's dense fp8 peak" in result.output

@@ -134,3 +134,53 @@ def links_command(
         result = calibrate_links(folder, name, options, log=_log)
         _log("files (exclusions as checked against the chosen topology):\n" + "\n".join(result.notes))
         _finish(result, render_links, out_file, force)
+
+
+@calibrate_app.command("gemm-table")
+def gemm_table_command(
+    table: Annotated[Path, typer.Argument(metavar="CSV", help="XLA's GEMM table (xla_perf_tables/matmul.csv).", show_default=False)],
+    gpu_key: Annotated[str, typer.Option(help="The table's GPU key, e.g. sm_90.", show_default=False)],
+    gpu: Annotated[str, typer.Option(help="Catalog GPU the key measured, e.g. H100-SXM5-80GB.", show_default=False)],
+    dtype: Annotated[str, typer.Option(help="The table's dtype key.")] = "bf16xbf16->bf16",
+    min_flops: Annotated[float, typer.Option(help="Fit GEMMs of at least this many FLOPs.")] = 1e10,
+    seed: Seed = 0, holdout: Holdout = 0.2,
+) -> None:
+    """Fit a GPU's GEMM curve (BF16, or FP8 for an FP8 dtype) to XLA's measured GEMM table."""
+    from paraplan.calibrate.curves import fit_curve, load_gemm_table
+    from paraplan.catalog import load_gpu
+    from paraplan.report.calibration import render_curve
+
+    with user_errors():
+        from paraplan.calibrate import check_dependencies
+
+        check_dependencies()
+        if not table.is_file():
+            raise ConfigError(f"CSV {table}: no such file")
+        spec = _named("--gpu", load_gpu, gpu)
+        result = fit_curve(load_gemm_table(table, gpu_key, dtype, spec, min_flops), spec, seed=seed, holdout=holdout)
+    out.print(render_curve(result, spec.name))
+    write_text(result.block)
+
+
+@calibrate_app.command("attention")
+def attention_command(
+    gpu: Annotated[str, typer.Option(help="Catalog GPU the points were measured on.", show_default=False)],
+    points: Annotated[Path | None, typer.Argument(metavar="CSV", help="Benchmark points (default: FlashAttention-2 on H100, from the FA3 paper).", show_default=False)] = None,
+    seed: Seed = 0, holdout: Holdout = 0.2,
+) -> None:
+    """Fit a GPU's attention curve to published attention benchmark points."""
+    from paraplan.calibrate.curves import ATTENTION_POINTS, fit_curve, load_attention_points
+    from paraplan.catalog import load_gpu
+    from paraplan.report.calibration import render_curve
+
+    with user_errors():
+        from paraplan.calibrate import check_dependencies
+
+        check_dependencies()
+        path = points or ATTENTION_POINTS
+        if not path.is_file():
+            raise ConfigError(f"CSV {path}: no such file")
+        spec = _named("--gpu", load_gpu, gpu)
+        result = fit_curve(load_attention_points(path), spec, seed=seed, holdout=holdout)
+    out.print(render_curve(result, spec.name))
+    write_text(result.block)

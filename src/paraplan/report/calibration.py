@@ -18,7 +18,7 @@ from rich.text import Text
 from paraplan.calibrate import EfficiencyFit, ErrorRow, ErrorStats, LinkCalibration, OperatorCalibration
 from paraplan.calibrate.operators import DEFAULT_MEMORY_TAGS
 
-__all__ = ["render_links", "render_operators"]
+__all__ = ["render_curve", "render_links", "render_operators"]
 
 _ERR_HEADERS = ("median\n|err| %", "mean\n|err| %", "median\nerr %")
 
@@ -165,3 +165,12 @@ def render_links(result: LinkCalibration) -> Group:
         g = result.all_gather
         summary += f"\nall-gather (not fitted): median |err| {g.median_abs:.1f} %, mean {g.mean_abs:.1f} %, median err {g.median:+.1f} %"
     return Group(head, fits, links, errors, Text(summary), Text(f"done in {result.seconds:.1f} s"))
+
+
+def render_curve(fit: Any, gpu: str) -> Group:
+    """One fitted curve (``paraplan calibrate gemm-table`` / ``attention``) and its hold-out."""
+    table = _table(f"{gpu}: {fit.precision.value} {fit.kind} curve ({fit.source})",
+                   "curve", "max\nfraction", "half_work", "points", "fitted", *_ERR_HEADERS)
+    table.add_row(fit.kind, f"{fit.curve.max_fraction:.4f}", f"{fit.curve.half_work:.3g}", str(fit.points),
+                  str(fit.fitted), *_stats(fit.holdout))
+    return Group(table, Text("errors on the held-out points; the catalog line follows", style="dim"))
