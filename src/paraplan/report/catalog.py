@@ -15,6 +15,22 @@ def _tflops(value: float | None) -> float | None:
     return None if value is None else round(value / 1e12, 1)
 
 
+def _curves_status(gpu) -> str:
+    """'measured' (every 16-bit kind curve measured on this GPU), 'partly measured',
+    'transferred' (curves of a sibling GPU) or 'generic'."""
+    from paraplan.specs import Precision
+
+    eff = gpu.efficiency
+    measured = [eff.measured(kind, Precision.BF16) for kind in ("gemm", "attention", "memory")]
+    if all(measured):
+        return "measured"
+    if any(measured):
+        return "partly measured"
+    if any(c.transferred_from for c in (eff.gemm, eff.attention, eff.memory)):
+        return "transferred"
+    return "generic"
+
+
 def catalog_rows(kind: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in catalog_names(kind):  # type: ignore[arg-type]
@@ -27,7 +43,7 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
                     "hbm_gib": round(g.hbm_bytes / 2**30, 1),
                     "hbm_bandwidth_gb_per_s": g.hbm_bandwidth_bytes_per_s / 1e9,
                     "intra_node_gb_per_s": g.intra_node.bandwidth_bytes_per_s / 1e9 if g.intra_node else None,
-                    "efficiency": "calibrated" if g.efficiency.source.startswith("fitted") else "generic",
+                    "efficiency": _curves_status(g),
                     "aliases": ", ".join(g.aliases),
                 }
             )
