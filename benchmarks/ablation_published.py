@@ -79,6 +79,20 @@ def _megatron_selective(mapping: Mapping) -> Mapping:
     return out
 
 
+def _generic_links(mapping: Mapping) -> Mapping:
+    """Before issue 13: every cluster's NCCL efficiency was the generic 0.8."""
+    out = copy.deepcopy(mapping)
+    cluster = out["cluster"]
+    if cluster.get("name") not in ("dgx-a100", "dgx-h100"):
+        return out
+    raw = load_catalog_entry("clusters", cluster["name"])
+    for link in ("intra_node", "inter_node"):
+        values = {**raw[link], **cluster.get(link, {})}
+        values.pop("p2p_efficiency", None)
+        cluster[link] = {**values, "efficiency": 0.8}
+    return out
+
+
 def _reference_network(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
     out["cluster"].pop("inter_node", None)
@@ -124,6 +138,7 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "nothing (as shipped)": (_same, contextlib.nullcontext),
     "H100/H200/B200 measured curves (generic 80 % / 60 % / 80 % instead)": (_generic_curves, contextlib.nullcontext),
     "FP8 as it runs (every kernel at the FP8 peak, no casts)": (_same, _fp8_everywhere),
+    "measured NCCL efficiencies of DGX A100 / H100 (generic 0.8 instead)": (_generic_links, contextlib.nullcontext),
     "contention under overlap (overlap_slowdown 0)": (_no_contention, contextlib.nullcontext),
     "FSDP/ZeRO-3 first gather and last reduce-scatter exposed": (_same, _no_exposed_units),
     "torchtitan / fms-fsdp recompute policies (Megatron selective instead)": (_megatron_selective, contextlib.nullcontext),
