@@ -110,3 +110,28 @@ def test_a_mixture_of_experts_record_is_refused_not_predicted_as_dense():
     run["model"]["num_experts"] = 8
     with pytest.raises(ConfigError, match="mixture of experts is not modelled"):
         job_from_record(run)
+
+
+@pytest.mark.parametrize(
+    ("notes", "key", "value"),
+    [
+        ("FSDP HYBRID_SHARD across nodes", "data_parallel_shard_degree", 8),
+        ("sharding FULL_SHARD", "data_parallel_shard_degree", None),
+    ],
+)
+def test_settings_a_record_states_in_words_are_read(notes, key, value):
+    run = copy.deepcopy(_FSDP_RUN)
+    run["id"], run["notes"], run["model"]["params_billion"] = "llama2-70b-run", notes, 70
+    assert job_from_record(run).mapping["parallel"].get(key) == value
+
+
+def test_megatron_s_distributed_optimizer_in_the_notes_is_zero_1():
+    run = copy.deepcopy(_FSDP_RUN)
+    run["framework"], run["notes"] = "NVIDIA NeMo (Megatron-Core)", "distributed optimizer on"
+    assert job_from_record(run).mapping["parallel"]["zero_stage"] == 1
+
+
+def test_a_missing_dp_is_derived_from_the_gpus_and_the_other_degrees():
+    run = copy.deepcopy(_FSDP_RUN)
+    run["parallel"]["dp"] = None
+    assert job_from_record(run).mapping["parallel"]["dp"] == 96

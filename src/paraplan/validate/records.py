@@ -79,7 +79,16 @@ _FALLBACK_VOCAB = 32000
 
 _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
 _OP_POLICY = re.compile(r"selective\s*\(op\)", re.IGNORECASE)
-_TP_OVERLAP = re.compile(r"tp comm(unication)? overlap on", re.IGNORECASE)
+_TP_OVERLAP = re.compile(r"tp[ _]comm(unication)?[ _]overlap(\s*(on|true|=\s*true))", re.IGNORECASE)
+_P2P_OVERLAP = re.compile(r"overlap[ _]p2p[ _]comm(unication)?(\s*(on|true|=\s*true|:\s*true))", re.IGNORECASE)
+_HYBRID = re.compile(r"\b(hsdp|hybrid[ _]shard)", re.IGNORECASE)
+_FULL_SHARD = re.compile(r"full[ _]shard", re.IGNORECASE)
+_DIST_OPT = re.compile(r"distributed[ _]optimi[sz]er", re.IGNORECASE)
+
+
+def _words(run: dict[str, Any]) -> str:
+    """The free text a record says its settings in."""
+    return " ".join(str(run.get(key) or "") for key in ("notes", "framework", "recompute"))
 _NODE_BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*(gbps|gb/s)\s*inter-node", re.IGNORECASE)
 
 
@@ -179,12 +188,16 @@ def _cluster(run: dict[str, Any], gpu_name: str, assumed: list[str]) -> dict[str
 
 def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str, Any]:
     p = run["parallel"]
-    dp, gbs = p["dp"], p["global_batch_size"]
+    words = _words(run)
+    gbs = p["global_batch_size"]
+    dp = p.get("dp") or int(run["num_gpus"]) // (p["tp"] * p["pp"] * (p.get("cp") or 1))
     mbs = p.get("micro_batch_size")
     if mbs is None:
         mbs = gbs // dp
         assumed.append(f"micro_batch_size {mbs} (global batch / dp: no gradient accumulation)")
     zero = p.get("zero_stage")
+    if zero is None and not family.sharded_data_parallel and _DIST_OPT.search(words):
+        zero = 1  # Megatron's distributed optimizer shards the optimizer states: ZeRO-1
     if zero is None:
         zero = 3 if family.sharded_data_parallel else 0
         assumed.append(f"zero_stage {zero} ({'FULL_SHARD' if zero == 3 else 'plain data parallel'})")
@@ -196,7 +209,7 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
     if recompute == "selective" and family.framework == "fsdp":
         # torchtitan's "selective" is per op or every n-th layer (its default n = 2);
         # fms-fsdp's checkpoints every n-th block (n not stated: 2 assumed)
-        if _OP_POLICY.search(str(run.get("notes", ""))):
+        if _OP_POLICY.search(words):
             recompute = "op"
         else:
             recompute = "layer"
@@ -216,14 +229,18 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
     }
     if family.grad_reduce_in_fp32 is not None:
         parallel["grad_reduce_in_fp32"] = family.grad_reduce_in_fp32
-    tp_overlap = family.tp_comm_overlap or bool(_TP_OVERLAP.search(str(run.get("notes", ""))))
+    tp_overlap = family.tp_comm_overlap or bool(_TP_OVERLAP.search(words))
     if tp_overlap and parallel["sequence_parallel"] and parallel["tp"] > 1:
         parallel["tp_comm_overlap"] = True
     billions = run["model"].get("params_billion")
-    if p.get("zero_stage") is None and billions is not None and billions <= family.hybrid_shard_below:
-        parallel["data_parallel_shard_degree"] = int(run["gpus_per_node"])
-        assumed.append(f"hybrid sharding within each {run['gpus_per_node']}-GPU node ({family.name}'s rule)")
-    if family.overlap_p2p_comm and parallel["vpp"]:
+    node = int(run["gpus_per_node"])
+    hybrid = zero >= 1 and dp > node and dp % node == 0 and not _FULL_SHARD.search(words)
+    if hybrid and _HYBRID.search(words):
+        parallel["data_parallel_shard_degree"] = node
+    elif hybrid and p.get("zero_stage") is None and billions is not None and billions <= family.hybrid_shard_below:
+        parallel["data_parallel_shard_degree"] = node
+        assumed.append(f"hybrid sharding within each {node}-GPU node ({family.name}'s rule)")
+    if (family.overlap_p2p_comm or _P2P_OVERLAP.search(words)) and parallel["vpp"]:
         parallel["overlap_p2p_comm"] = True
     if family.name == "megatron" and "(202" in str(run.get("framework", "")):
         # Megatron-LM of 2021-22 sent 1/tp of the activation between stages and all-gathered
