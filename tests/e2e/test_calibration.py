@@ -96,3 +96,18 @@ def test_calibrate_refuses_xla_s_impossible_h100_fp8_rows():
                                  "--dtype", "f8e4m3fnxf8e4m3fn->bf16"])
     assert result.exit_code == 2
     assert "above H100-SXM5-80GB's dense fp8 peak" in result.output
+
+
+@pytest.mark.parametrize(("key", "where"), [("sm_90", "clusters/dgx-h100"), ("sm_100_B200", "gpus/b200")])
+def test_the_catalog_collective_curves_are_what_calibrate_fits_to_xla_s_table(key, where):
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parents[3] / "shared" / "data" / "xla_perf_tables" / "collectives.csv"
+    if not table.exists():
+        pytest.skip("../shared/data/xla_perf_tables is absent")
+    result = runner.invoke(app, ["calibrate", "collective-table", str(table), "--gpu-key", key, "--cluster", "dgx-h100"],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    fitted = yaml.safe_load(result.stdout[result.stdout.index("collectives:"):])["collectives"]
+    catalog = yaml.safe_load((Path(__file__).resolve().parents[2] / "src" / "paraplan" / "catalog" / f"{where}.yaml").read_text())
+    assert fitted == catalog["intra_node"]["collectives"]

@@ -184,3 +184,29 @@ def attention_command(
         result = fit_curve(load_attention_points(path), spec, seed=seed, holdout=holdout)
     out.print(render_curve(result, spec.name))
     write_text(result.block)
+
+
+@calibrate_app.command("collective-table")
+def collective_table_command(
+    table: Annotated[Path, typer.Argument(metavar="CSV", help="XLA's collective table (xla_perf_tables/collectives.csv).", show_default=False)],
+    gpu_key: Annotated[str, typer.Option(help="The table's GPU key, e.g. sm_90.", show_default=False)],
+    cluster: Annotated[str, typer.Option(help="Catalog cluster whose node the key measured, e.g. dgx-h100.", show_default=False)],
+    min_mib: Annotated[float, typer.Option(help="Fit messages of at least this many MiB.")] = 1.0,
+    seed: Seed = 0, holdout: Holdout = 0.2,
+) -> None:
+    """Fit an intra-node link's all-reduce / all-gather / reduce-scatter curves (bus bandwidth
+    against message and group size) to XLA's measured collective table."""
+    from paraplan.calibrate.collective_table import fit_collective_table
+    from paraplan.catalog import load_cluster
+    from paraplan.report.calibration import render_collective_table
+
+    with user_errors():
+        from paraplan.calibrate import check_dependencies
+
+        check_dependencies()
+        if not table.is_file():
+            raise ConfigError(f"CSV {table}: no such file")
+        spec = _named("--cluster", load_cluster, cluster)
+        result = fit_collective_table(table, gpu_key, spec, min_bytes=min_mib * 2**20, seed=seed, holdout=holdout)
+    out.print(render_collective_table(result, spec.name))
+    write_text(result.block)

@@ -3,7 +3,8 @@
 A ring all-reduce of S bytes over n ranks moves 2(n-1)/n * S bytes through each rank's
 link, an all-gather or reduce-scatter (n-1)/n * S; time = steps * latency + moved / busBw.
 Within a node the bus bandwidth is the intra-node link's (on a direct-link mesh, the share of
-it that reaches the group's peers); across nodes each of the group's k GPUs on a node drives
+it that reaches the group's peers), or the link's measured curve for that collective
+(``LinkSpec.collectives``: bus bandwidth against message size and group size); across nodes each of the group's k GPUs on a node drives
 its own NIC share, so the bus bandwidth is min(intra-node, k * per-GPU network bandwidth).
 """
 
@@ -37,6 +38,10 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
         moved, steps = 2.0 * (n - 1) / n * coll.bytes, 2 * (n - 1)
     else:
         moved, steps = (n - 1) / n * coll.bytes, n - 1
+    curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
+    if curve is not None:
+        # measured bus bandwidth against message size (its half size holds the latency)
+        return moved / curve.bus_for(n, coll.bytes)
     if layout.crosses_nodes:
         assert inter is not None
         bus = layout.per_node * inter.bus_bytes_per_s

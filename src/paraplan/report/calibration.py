@@ -18,7 +18,7 @@ from rich.text import Text
 from paraplan.calibrate import EfficiencyFit, ErrorRow, ErrorStats, LinkCalibration, OperatorCalibration
 from paraplan.calibrate.operators import DEFAULT_MEMORY_TAGS
 
-__all__ = ["render_curve", "render_links", "render_operators"]
+__all__ = ["render_collective_table", "render_curve", "render_links", "render_operators"]
 
 _ERR_HEADERS = ("median\n|err| %", "mean\n|err| %", "median\nerr %")
 
@@ -174,3 +174,14 @@ def render_curve(fit: Any, gpu: str) -> Group:
     table.add_row(fit.kind, f"{fit.curve.max_fraction:.4f}", f"{fit.curve.half_work:.3g}", str(fit.points),
                   str(fit.fitted), *_stats(fit.holdout))
     return Group(table, Text("errors on the held-out points; the catalog line follows", style="dim"))
+
+
+def render_collective_table(fit: Any, cluster: str) -> Group:
+    """Fitted collective curves of one node (``paraplan calibrate collective-table``)."""
+    groups = sorted({n for f in fit.fits for n in f.curve.bus_bytes_per_s})
+    table = _table(f"{cluster}: collective curves, bus GB/s per group of n GPUs ({fit.source})", "collective",
+                   *(f"n={n}" for n in groups), "S 1/2\nMB", "rows", *_ERR_HEADERS)
+    for f in fit.fits:
+        bus = [f"{f.curve.bus_bytes_per_s[n] / 1e9:.0f}" if n in f.curve.bus_bytes_per_s else "-" for n in groups]
+        table.add_row(f.kind.value.replace("_", "-"), *bus, f"{f.curve.half_bytes / 1e6:.1f}", str(f.rows), *_stats(f.holdout))
+    return Group(table, Text("errors on the held-out rows; the catalog block follows", style="dim"))

@@ -4,6 +4,7 @@ from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedul
 from paraplan.specs.errors import ConfigError, format_validation_error
 from paraplan.specs.hardware import (
     ClusterSpec,
+    CollectiveCurve,
     EfficiencyCurve,
     EfficiencySpec,
     GpuSpec,
@@ -17,6 +18,7 @@ from paraplan.specs.plan import ParallelPlan
 
 __all__ = [
     "ClusterSpec",
+    "CollectiveCurve",
     "ConfigError",
     "EfficiencyCurve",
     "EfficiencySpec",

@@ -84,6 +84,23 @@ class EfficiencySpec(BaseModel):
         return kind in self.model_fields_set and getattr(self, kind).transferred_from is None
 
 
+class CollectiveCurve(BaseModel):
+    """One collective's bus bandwidth on a link, measured against message size S (nccl-tests'
+    size and bus-bandwidth conventions): bus(S) = bus_bytes_per_s[n] * S / (S + half_bytes),
+    n the group size (the largest measured one not above it). half_bytes holds the per-call
+    latency: a call of S bytes takes moved(S) / bus(S)."""
+
+    model_config = _FROZEN
+    bus_bytes_per_s: dict[int, Bandwidth]
+    half_bytes: float = Field(ge=0)
+
+    def bus_for(self, group: int, size_bytes: float) -> float:
+        sizes = sorted(self.bus_bytes_per_s)
+        fitting = [n for n in sizes if n <= group]
+        peak = self.bus_bytes_per_s[fitting[-1] if fitting else sizes[0]]
+        return peak * size_bytes / (size_bytes + self.half_bytes)
+
+
 class LinkSpec(BaseModel):
     """One kind of link, seen from one GPU.
 
@@ -105,6 +122,10 @@ class LinkSpec(BaseModel):
     p2p_efficiency: float | None = Field(default=None, gt=0, le=1.0)
     topology: Literal["switch", "mesh"] = "switch"
     source: str | None = None  # where the efficiency was measured (None: a generic guess)
+    # measured curves that replace ``efficiency`` for these collectives inside a node
+    collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter"], CollectiveCurve] = Field(
+        default_factory=dict
+    )
 
     @property
     def bus_bytes_per_s(self) -> float:

@@ -1,0 +1,98 @@
+"""Fit a link's collective curves to XLA's collective performance table.
+
+``shared/data/xla_perf_tables/collectives.csv`` holds, per GPU key, all-reduce, all-gather and
+reduce-scatter timed on 1x8, 2x4 and 4x2 groups of one 8-GPU node over message sizes of 1 KiB
+to 2 GiB (``network_throughput_bytes_per_sec`` is the algorithm bandwidth of
+``xla_tensor_bytes``, the nccl-tests size). Per collective, the fit finds the asymptotic bus
+bandwidth of each group size and one half size S_1/2 shared by the group sizes, so that
+bus(S) = B_n S / (S + S_1/2), with ``estimate_collective_s`` computing the time from it
+(``CollectiveCurve``), by least squares on log time over the messages of at least
+``min_bytes``; a random share of the rows is held out and scored. The collective-permute rows
+are not fitted (their times scatter by 30-50 % around any size curve).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from paraplan.calibrate._common import ErrorStats, err_stats, import_extra, split_mask
+from paraplan.costmodel import estimate_collective_s
+from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim
+from paraplan.specs import ClusterSpec, CollectiveCurve, ConfigError, Phase
+
+_OPCODES = {"all-reduce": CollectiveKind.ALL_REDUCE, "all-gather": CollectiveKind.ALL_GATHER,
+            "reduce-scatter": CollectiveKind.REDUCE_SCATTER}
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    kind: CollectiveKind
+    curve: CollectiveCurve
+    rows: int
+    fitted: int
+    holdout: ErrorStats
+
+
+@dataclass(frozen=True)
+class CollectiveTableFit:
+    gpu_key: str
+    fits: tuple[CollectiveFit, ...]
+    source: str
+
+    @property
+    def block(self) -> str:
+        """The ``collectives:`` block of an intra-node link in a catalog YAML."""
+        lines = [f"collectives:                # paraplan calibrate collective-table ({self.source})"]
+        for fit in self.fits:
+            bus = ", ".join(f"{n}: {b / 1e9:.0f} GB/s" for n, b in sorted(fit.curve.bus_bytes_per_s.items()))
+            lines.append(f"  {fit.kind.value}: {{bus_bytes_per_s: {{{bus}}}, half_bytes: {fit.curve.half_bytes:.3g}}}")
+        return "\n".join(lines) + "\n"
+
+
+def _node(cluster: ClusterSpec, curve: CollectiveCurve, kind: CollectiveKind) -> ClusterSpec:
+    assert cluster.intra_node is not None
+    link = cluster.intra_node.model_copy(update={"collectives": {kind.value: curve}})
+    return cluster.model_copy(update={"intra_node": link})
+
+
+def fit_collective_table(
+    path: Path, gpu_key: str, cluster: ClusterSpec, *, min_bytes: float = 2**20, seed: int = 0, holdout: float = 0.2
+) -> CollectiveTableFit:
+    """Curves of all-reduce, all-gather and reduce-scatter inside one node of ``cluster``."""
+    pd = import_extra("pandas")
+    least_squares = import_extra("scipy.optimize").least_squares
+    table = pd.read_csv(path)
+    rows = table[(table.gpu_key == gpu_key) & (table.network_throughput_bytes_per_sec > 0)
+                 & (table.xla_tensor_bytes >= min_bytes) & table.opcode.isin(list(_OPCODES))]
+    if rows.empty:
+        raise ConfigError(f"--gpu-key: no all-reduce/all-gather/reduce-scatter rows for {gpu_key} in {path}")
+    if cluster.intra_node is None or rows.devices_per_group.max() > cluster.gpus_per_node:
+        raise ConfigError(f"--cluster {cluster.name}: the table's groups do not fit in one of its nodes")
+    fits = []
+    for opcode, kind in _OPCODES.items():
+        part = rows[rows.opcode == opcode]
+        groups = sorted(int(n) for n in part.devices_per_group.unique())
+        calls = [(Collective("c", kind, ParallelDim.TP, float(r.xla_tensor_bytes), Phase.FWD),
+                  GroupLayout(int(r.devices_per_group), 1, int(r.devices_per_group))) for r in part.itertuples()]
+        seconds = (part.xla_tensor_bytes / part.network_throughput_bytes_per_sec).to_numpy()
+        held = split_mask(list(range(len(calls))), holdout, seed)
+
+        def curve(p: np.ndarray, groups=groups) -> CollectiveCurve:
+            return CollectiveCurve(bus_bytes_per_s={n: 10 ** p[1 + i] for i, n in enumerate(groups)},
+                                   half_bytes=10 ** p[0])
+
+        def predict(p: np.ndarray, index: np.ndarray, kind=kind, calls=calls, curve=curve) -> np.ndarray:
+            node = _node(cluster, curve(p), kind)
+            return np.array([estimate_collective_s(*calls[i], node) for i in index])
+
+        train, test = np.flatnonzero(~held), np.flatnonzero(held)
+        result = least_squares(lambda p, train=train, seconds=seconds, predict=predict:
+                               np.log(predict(p, train) / seconds[train]), [7.0] + [11.5] * len(groups))
+        score = err_stats(predict(result.x, test), seconds[test]) if len(test) else \
+            err_stats(predict(result.x, train), seconds[train])
+        fits.append(CollectiveFit(kind, curve(result.x), len(calls), len(train), score))
+    source = f"{Path(path).name} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB"
+    return CollectiveTableFit(gpu_key, tuple(fits), source)
