@@ -74,7 +74,8 @@ def _megatron_selective(mapping: Mapping) -> Mapping:
     """Before issue 13: torchtitan's and fms-fsdp's selective checkpointing ran as Megatron's."""
     out = copy.deepcopy(mapping)
     if out["parallel"].get("recompute") in ("layer", "op"):
-        out["parallel"].update(recompute="selective", framework="megatron")
+        # Megatron's framework setting, with FSDP's unfused gradient accumulation kept
+        out["parallel"].update(recompute="selective", framework="megatron", gradient_accumulation_fusion=False)
         out["parallel"].pop("recompute_every", None)
     return out
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from paraplan.costmodel import AnalyticalCostModel, calibration_gaps
+from paraplan.costmodel import AnalyticalCostModel, calibration_gaps, link_gaps
 from paraplan.inventory import count_job
 from paraplan.prediction import (
     CommCosts,
@@ -83,7 +83,11 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
         timings.append(dataclasses.replace(options[i], p2p_s=p2p if pp > 1 else 0.0, p2p_mask_s=mask))
     peak = sum(g.gpu.flops_for(job.precision) * g.num_gpus for g in job.cluster.node_groups)
     ops = all_ops(inv)
-    gaps = tuple(dict.fromkeys(n for g in job.cluster.node_groups for n in calibration_gaps(g.gpu, job.precision, ops)))
+    groups = range(len(job.cluster.node_groups))
+    gaps = tuple(dict.fromkeys(
+        [n for g in job.cluster.node_groups for n in calibration_gaps(g.gpu, job.precision, ops)]
+        + [n for g in groups for n in link_gaps(job.cluster.view(g, len(groups) > 1))]
+    ))
     return assemble_prediction(
         job.view_job(stage_groups[0][0]), inv, tuple(timings), "analytical", peak,
         functools.partial(_explain, inv, costs, slowest_group),

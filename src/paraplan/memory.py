@@ -68,10 +68,12 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
         # every micro-batch's forward finishes before any backward: the LM head's and the
         # loss's saved tensors are held for all of them, not just the one being processed
-        held += working
-        working = 0.0
-    # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each)
-    fp8_copies = 2.0 * fp8_weight_params(st.layer_ops) * st.num_layers
+        ends = sum(op.saved_bytes for op in st.end_ops)
+        held += ends
+        working -= ends
+    # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each), of the
+    # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards)
+    fp8_copies = 2.0 * fp8_weight_params(st.layer_ops) * st.num_layers / (dp if zero >= 3 else 1)
     return StageMemory(
         stage=st.index,
         weights=params * inv.param_bytes / (dp if zero >= 3 else 1) + fp8_copies,

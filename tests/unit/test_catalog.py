@@ -11,7 +11,8 @@ import yaml
 
 from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model, resolve_job
 from paraplan.catalog.hf import model_from_hf_config
-from paraplan.catalog.loader import _key, load_any_cluster, load_catalog_entry
+from paraplan.catalog.loader import catalog_key as _key
+from paraplan.catalog.loader import load_any_cluster, load_catalog_entry
 from paraplan.specs import ConfigError, ModelSpec, Precision
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -65,7 +65,7 @@ def cases(draw):
         recompute=draw(st.sampled_from(((Recompute.NONE,), (Recompute.SELECTIVE, Recompute.FULL), _MEGATRON_POLICIES))),
         vpp=(1,) if schedule else draw(st.sampled_from(((1,), (1, 2), (2, 3)))),
         sequence_parallel=draw(st.sampled_from(("with_tp", "both"))),
-        framework=draw(st.sampled_from(("megatron", "deepspeed"))),
+        framework=draw(st.sampled_from(("megatron", "deepspeed", "fsdp"))),
         extra=extra,
     )
     return model, cluster, precision, gbs, space

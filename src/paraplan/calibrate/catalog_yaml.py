@@ -11,7 +11,7 @@ import yaml
 
 from paraplan.calibrate._common import COMMAND, US
 from paraplan.calibrate.params import CURVES
-from paraplan.catalog.loader import _key as _catalog_key
+from paraplan.catalog.loader import catalog_key as _catalog_key
 from paraplan.specs import ClusterSpec, ConfigError, EfficiencyCurve, EfficiencySpec, LinkSpec
 
 __all__ = ["catalog_file", "efficiency_yaml", "links_yaml", "replace_efficiency_block", "write_new_file"]

@@ -29,7 +29,7 @@ import numpy as np
 from paraplan.calibrate._common import ErrorStats, err_stats, import_extra, split_mask
 from paraplan.costmodel import estimate_op_s
 from paraplan.inventory import Op
-from paraplan.inventory.layer import _attention_core, gemm
+from paraplan.inventory.layer import attention_core, gemm
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ConfigError, EfficiencyCurve, GpuSpec, ModelSpec, Phase, Precision, PrecisionCurves
 
@@ -123,7 +123,7 @@ def load_attention_points(path: Path = ATTENTION_POINTS) -> KernelPoints:
         x = LocalShape(b=batch, s=s, s_kv=s, s_norm=s, h=hidden, heads=heads, groups=heads, d=d, ffn=1, vocab=1,
                        tp=1, e=2)
         model = ModelSpec(num_layers=1, hidden_size=hidden, num_attention_heads=heads, seq_length=s, vocab_size=1)
-        op = dataclasses.replace(_attention_core(model, x)[0], exec_fraction=0.5 if row["causal"] == "1" else 1.0)
+        op = dataclasses.replace(attention_core(model, x)[0], exec_fraction=0.5 if row["causal"] == "1" else 1.0)
         phase = Phase.FWD if row["phase"] == "fwd" else Phase.BWD_INPUT
         ops.append(op)
         phases.append(phase)

@@ -19,7 +19,7 @@ import numpy as np
 
 from paraplan.calibrate._common import US, import_extra, silent
 from paraplan.catalog import load_gpu
-from paraplan.catalog.loader import _key as _catalog_key
+from paraplan.catalog.loader import catalog_key as _catalog_key
 from paraplan.costmodel import estimate_op_s
 from paraplan.inventory import Op, OpKind
 from paraplan.inventory.samples import SAMPLE_TAGS, op_for_sample

@@ -176,10 +176,14 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
     if p.partition_activations:
         parallel["partition_activations"] = True
     for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask",
-                "gradient_accumulation_fusion", "deepspeed_train_schedule"):
+                "gradient_accumulation_fusion", "deepspeed_train_schedule", "recompute_method",
+                "recompute_num_layers", "recompute_every", "data_parallel_shard_degree", "grad_reduce_in_fp32"):
         value = getattr(p, key)
         if value is not None:
             parallel[key] = list(value) if isinstance(value, tuple) else value
+    for key in ("tp_comm_overlap", "overlap_p2p_comm"):
+        if getattr(p, key):
+            parallel[key] = True
     out: dict[str, Any] = {"name": job.name, "model": model, "cluster": cluster, "parallel": parallel,
                            "precision": job.precision.value}
     if job.train_tokens is not None:

@@ -28,7 +28,7 @@ Kind = Literal["gpus", "models", "clusters"]
 _SINGULAR = {"gpus": "GPU", "models": "model", "clusters": "cluster"}
 
 
-def _key(name: str) -> str:
+def catalog_key(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", name.lower())
 
 
@@ -43,7 +43,7 @@ def _index(kind: Kind) -> dict[str, tuple[str, dict[str, Any]]]:
         raw = yaml.load(entry.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
         name = raw["name"]
         for alias in [name, *raw.get("aliases", ())]:
-            index.setdefault(_key(str(alias)), (name, raw))
+            index.setdefault(catalog_key(str(alias)), (name, raw))
     return index
 
 
@@ -55,9 +55,9 @@ def catalog_names(kind: Kind) -> list[str]:
 def load_catalog_entry(kind: Kind, name: str) -> dict[str, Any]:
     """The raw mapping of one entry; a ConfigError with suggestions when it is unknown."""
     index = _index(kind)
-    hit = index.get(_key(name))
+    hit = index.get(catalog_key(name))
     if hit is None:
-        close = difflib.get_close_matches(_key(name), list(index), n=1, cutoff=0.5)
+        close = difflib.get_close_matches(catalog_key(name), list(index), n=1, cutoff=0.5)
         if close:
             hint = f"; did you mean {index[close[0]][0]}?"
         else:
@@ -91,7 +91,13 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
             f"cluster {raw['name']!r} has node groups of different GPUs; `paraplan search --cluster "
             f"{raw['name']}` plans for it, predict takes a cluster of one GPU type"
         )
-    raw.update(overrides)
+    raw = dict(raw, sources=dict(raw.get("sources", {})))
+    for link in ("intra_node", "inter_node"):
+        if link in overrides:  # a link of the user's: the catalog's measurement no longer applies
+            raw["sources"].pop(f"{link}_efficiency", None)
+    raw.update({k: v for k, v in overrides.items() if k != "sources"})
+    if "sources" in overrides:
+        raw["sources"].update(overrides["sources"])
     if isinstance(raw.get("gpu"), str):
         raw["gpu"] = load_gpu(raw["gpu"])
     if "gpu" in overrides:  # the node's links with another GPU: no longer the catalog entry

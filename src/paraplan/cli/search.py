@@ -26,7 +26,9 @@ def search_command(
     train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T.")] = None,
     budget: Annotated[str | None, Opt(help="Dollar budget for train_tokens, e.g. 500000USD.")] = None,
     deadline: Annotated[str | None, Opt(help="Deadline for train_tokens, e.g. 14d.")] = None,
-    framework: Annotated[str, Opt(help="megatron | deepspeed | fsdp")] = "megatron",
+    framework: Annotated[
+        str | None, Opt(help="megatron | deepspeed | fsdp", show_default="the job file's, else megatron")
+    ] = None,
     allow_tp_across_nodes: Annotated[bool, Opt(help="Also try tensor parallelism across nodes.")] = False,
     uneven_layers: Annotated[bool, Opt(help="Let stages hold unequal layer counts (exact partition; always on for node groups).")] = False,
     sizes: Annotated[str | None, Opt(help="Cluster sizing: node counts to try, e.g. 4,8,16,32.")] = None,
@@ -70,7 +72,17 @@ def search_command(
                      price_per_gpu_hour=price_per_gpu_hour, train_tokens=train_tokens,
                      global_batch_size=global_batch_size)
         mapping = apply_overrides(raw, flags)
-        mapping["parallel"] = {"global_batch_size": mapping["parallel"].get("global_batch_size")}
+        given = dict(mapping.get("parallel") or {})
+        framework = framework or given.get("framework") or "megatron"
+        ignored = sorted(set(given) - {"global_batch_size", "framework", "tp", "pp", "dp", "cp", "vpp",
+                                       "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                       "data_parallel_size", "context_parallel_size",
+                                       "virtual_pipeline_model_parallel_size", "micro_batch_size",
+                                       "zero_stage", "recompute", "sequence_parallel", "schedule"})
+        if job_file is not None and ignored:
+            err.print(f"note: the search neither varies nor keeps the job file's {', '.join(ignored)}; "
+                      "predict the plan it finds with them", highlight=False, soft_wrap=True)
+        mapping["parallel"] = {"global_batch_size": given.get("global_batch_size")}
         base_dir = job_file.parent if job_file else Path(".")
         mapping["cluster"] = expand_cluster(mapping["cluster"], base_dir)
         targets = []  # (cluster mapping or heterogeneous cluster, node counts to try)

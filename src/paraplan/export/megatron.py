@@ -85,6 +85,12 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append(f"parallel.zero_stage: ZeRO-{p.zero_stage} maps to Megatron-FSDP "
                    f"(--data-parallel-sharding-strategy {_SHARDING[p.zero_stage]}); it needs "
                    "--ckpt-format fsdp_dtensor and CUDA_DEVICE_MAX_CONNECTIONS unset")
+    if p.grad_reduce_in_fp32 is False and job.precision in (Precision.BF16, Precision.FP8):
+        out.append("parallel.grad_reduce_in_fp32: Megatron-LM reduces bf16 models' gradients in fp32; the "
+                   "prediction reduced them in bf16")
+    if p.data_parallel_shard_degree is not None and p.zero_stage >= 2:
+        out.append("parallel.data_parallel_shard_degree: Megatron-FSDP shards over the whole data-parallel "
+                   "group; hybrid sharding is --num-distributed-optimizer-instances with ZeRO-1 only")
     if p.framework is Framework.FSDP:
         out.append("parallel.framework: the prediction followed PyTorch FSDP; in Megatron-LM, ZeRO-3 is "
                    "Megatron-FSDP and recompute is --recompute-granularity, re-predict with framework: megatron")
@@ -182,6 +188,12 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
                 ["--ckpt-format", "fsdp_dtensor"]]
     if p.overlaps_grad_reduce and p.grad_group > 1:
         par.append(["--overlap-grad-reduce"])
+    if p.tp_comm_overlap:
+        par.append(["--tp-comm-overlap"])
+    if p.overlap_p2p_comm:
+        par.append(["--overlap-p2p-communication"])
+    if p.data_parallel_shard_degree is not None and p.zero_stage == 1:
+        par.append(["--num-distributed-optimizer-instances", str(p.grad_group // p.data_parallel_shard_degree)])
 
     batch = [["--micro-batch-size", str(p.micro_batch_size)], ["--global-batch-size", str(p.global_batch_size)]]
 

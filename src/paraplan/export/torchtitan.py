@@ -85,6 +85,9 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     if p.tp > 1 and not p.sequence_parallel:
         out.append("parallel.sequence_parallel: torchtitan's tensor parallelism always shards norms along the "
                    "sequence; activations will take less memory than predicted")
+    if p.tp_comm_overlap or p.overlap_p2p_comm:
+        out.append("parallel.tp_comm_overlap / overlap_p2p_comm: Megatron-LM's overlaps; torchtitan's async "
+                   "TP is parallelism.enable_async_tensor_parallel (with torch.compile), not set here")
     if p.recompute is Recompute.SELECTIVE:
         out.append("parallel.recompute: torchtitan's selective recompute is per-op (saves matmul and attention "
                    "outputs), not Megatron-LM's core-attention recompute the prediction assumed; "
@@ -127,12 +130,13 @@ def torchtitan_config(job: Job) -> dict[str, dict[str, Any]]:
     if steps is not None:
         training["steps"] = steps
     training["mixed_precision_param"] = "float32" if job.precision is Precision.FP32 else "bfloat16"
-    training["mixed_precision_reduce"] = "float32"
+    training["mixed_precision_reduce"] = "bfloat16" if p.grad_reduce_in_fp32 is False else "float32"
     training["dataset"] = "c4"
     sharded = p.zero_stage > 0 and p.dp > 1
+    shard = min(p.data_parallel_shard_degree or p.dp, p.dp)  # hybrid sharding: HSDP
     parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": 1 if sharded else p.dp,
-        "data_parallel_shard_degree": p.dp if sharded else 1,
+        "data_parallel_replicate_degree": p.dp // shard if sharded else p.dp,
+        "data_parallel_shard_degree": shard if sharded else 1,
     }
     if sharded:
         parallelism["fsdp_reshard_after_forward"] = _RESHARD[p.zero_stage]
@@ -147,7 +151,7 @@ def torchtitan_config(job: Job) -> dict[str, dict[str, Any]]:
     if p.recompute in (Recompute.SELECTIVE, Recompute.OP):
         ac["selective_ac_option"] = "op"
     elif p.recompute is Recompute.LAYER:
-        ac["selective_ac_option"] = str(p.recompute_every)
+        ac["selective_ac_option"] = str(p.checkpoint_every)
     return {
         "job": {"dump_folder": "./outputs", "description": f"paraplan export of {job.name}"},
         "model": model,

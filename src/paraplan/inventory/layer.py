@@ -25,6 +25,10 @@ def gemm(
     flops = 2.0 * m * k * n
     operand = 1 if fp8 else e
     traffic = operand * (m * k + k * n) + e * m * n
+    # backward: dX = dY W^T reads dY and W (FP8 copies when fp8) and writes dX; dW = X^T dY
+    # reads X and dY and writes dW
+    dgrad = operand * (m * n + k * n) + e * m * k
+    wgrad = operand * (m * k + m * n) + e * k * n
     return Op(
         name=name,
         kind=OpKind.GEMM,
@@ -32,9 +36,9 @@ def gemm(
         flops=flops,
         bytes=traffic,
         bwd_flops=2.0 * flops,
-        bwd_bytes=2.0 * traffic,
+        bwd_bytes=dgrad + wgrad,
         bwd_weight_flops=flops,
-        bwd_weight_bytes=traffic,
+        bwd_weight_bytes=wgrad,
         params=k * n + (n if bias else 0),
         saved_bytes=saved / e if fp8 else saved,
         dims=(("m", m), ("k", k), ("n", n)),
@@ -183,7 +187,7 @@ def _bmm(name: str, role: str, flops: float, traffic: float, *, saved: float, ke
     )
 
 
-def _attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
+def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
     q_elems = x.b * x.s * x.heads * x.d
     kv_elems = x.b * x.s_kv * x.groups * x.d  # K and V a rank attends to (all chunks under CP)
     kv_kept = x.b * x.s * x.groups * x.d  # its own chunk: context parallelism re-gathers the rest
@@ -307,7 +311,7 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
                     bwd_passes=3.5,
                 )
             )
-    ops.extend(_attention_core(model, x))
+    ops.extend(attention_core(model, x))
     if model.attention == "unfused":
         # context [b, np, s, hn] -> [s, b, np*hn]: permute(...).contiguous(); its gradient is a view
         ops.append(

@@ -30,6 +30,8 @@ from paraplan.specs import ParallelPlan, Recompute
 
 _GEMMS = (OpKind.GEMM,)
 _ATTENTION = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
+# once-per-iteration work carried by the layer: recomputing the layer does not redo it
+_NEVER_RECOMPUTED = frozenset({"fp8_weight_cast", "grad_accumulate"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,14 @@ def _gemm_output(op: Op, e: int) -> float:
 
 def recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
     """The recompute of ``layers`` layers made of ``ops`` under ``plan``'s policy."""
+    cost = _policy_cost(plan, ops, x, layers)
+    if not any(op.name in _NEVER_RECOMPUTED for op in ops):
+        return cost
+    weights = tuple(0.0 if op.name in _NEVER_RECOMPUTED else w for op, w in zip(ops, cost.op_weights, strict=True))
+    return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes)
+
+
+def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
     policy = plan.recompute
     saved = sum(op.saved_bytes for op in ops)
     n = max(layers, 1)
@@ -74,13 +84,14 @@ def recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layer
     if policy is Recompute.FULL:
         group = plan.recompute_num_layers or 1
         if plan.recompute_method == "block":
-            again = min(group, layers)
+            # Megatron applies it per model chunk: vpp chunks per stage when interleaved
+            again = min(group * plan.vpp, layers)
             held = again * layer_input + (layers - again) * saved
             return RecomputeCost((again / n,) * len(ops), again / n, held, saved if again else 0.0)
         groups = -(-layers // group)
         return RecomputeCost((1.0,) * len(ops), 1.0, groups * layer_input, min(group, n) * saved)
     if policy is Recompute.LAYER:
-        again = layers / plan.recompute_every
+        again = layers / plan.checkpoint_every
         held = again * layer_input + (layers - again) * saved
         return RecomputeCost((again / n,) * len(ops), again / n, held, saved)
     # Recompute.OP: matmul outputs kept but every second one, attention's kept, rest re-run

@@ -40,6 +40,7 @@ from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import JobInventory, count_job
 from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
+from paraplan.inventory.recompute import recompute_cost
 from paraplan.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.schedule.deepspeed import deepspeed_finish
@@ -182,6 +183,12 @@ def _representatives(key: np.ndarray, prefer: np.ndarray | None = None) -> tuple
     return order[starts], inverse
 
 
+def _recompute_s(plan, policy: Recompute, st, x, layer: LayerCost) -> float:
+    """Seconds one layer recomputes under ``policy`` (``prediction.stage_timing``'s formula)."""
+    rc = recompute_cost(plan.model_copy(update={"recompute": policy}), st.layer_ops, x, 1)
+    return sum(w * t for w, t in zip(rc.op_weights, layer.fwd, strict=True)) + rc.comm_weight * layer.comm_fwd
+
+
 def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
     """Per shard shape: one layer's seconds, the ends' seconds, and the activation bytes per
     layer and at the ends under each recompute policy."""
@@ -196,7 +203,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             "layer_b": layer.bwd_total,
             "comm_f": layer.comm_fwd,
             "comm_b": layer.comm_bwd,
-            "rc_selective": sum(t for o, t in zip(st.layer_ops, layer.fwd, strict=True) if o.selective_recompute),
+            # one layer's recompute under each policy (inventory.recompute, as the prediction)
+            **{f"rc_{policy.value}": _recompute_s(plan, policy, st, x, layer) for policy in _RECOMPUTE[1:]},
         }
         flags = {_FIRST: (True, False), _MID: (False, False), _LAST: (False, True), 3: (True, True)}  # 3: pp = 1
         ends = {c: count_end_ops(job, x, first=f, last=la) for c, (f, la) in flags.items()}
@@ -250,7 +258,9 @@ def screen_plans(
     """Screen every plan of ``space`` (see the module docstring)."""
     space = space or SearchSpace()
     if not screenable(space):
-        raise ConfigError(f"search: the screen does not model {sorted(set(space.extra) - SCREENABLE_EXTRA)}")
+        unknown = sorted(set(space.extra) - SCREENABLE_EXTRA) + sorted(
+            r.value for r in set(space.recompute) - set(_RECOMPUTE))
+        raise ConfigError(f"search: the screen does not model {unknown}")
     clock = {"start": time.perf_counter()}
     plans, excluded = _grid(model, cluster, global_batch_size, space)
     clock["grid"] = time.perf_counter()
@@ -259,7 +269,8 @@ def screen_plans(
     sp_on = np.where(plans["sp"] == 2, tp > 1, (plans["sp"] == 1) & (tp > 1))
 
     # The Job validator: its verdict depends on these axes only (the batch rules ran above).
-    vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero))
+    vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero),
+                _codes(plans["recompute"]))  # a framework refuses some recompute policies
     reps, vinv = _representatives(vkey)
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
@@ -350,7 +361,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         return np.where(single, A[f"{name}3"][a], A[f"{name}{c}"][a]) if c == _FIRST else A[f"{name}{c}"][a]
 
     layer_f, layer_b, comm_f, comm_b = A["layer_f"][a], A["layer_b"][a], A["comm_f"][a], A["comm_b"][a]
-    rc_layer = np.where(full, layer_f + comm_f, np.where(selective, A["rc_selective"][a], 0.0))
+    rc_layer = np.where(full, A["rc_full"][a], np.where(selective, A["rc_selective"][a], 0.0))
     held1 = np.choose(rc, [A["held0"][a], A["held1"][a], A["held2"][a]])
     f, bw, drain_extra, opt, mem = {}, {}, {}, {}, {}
     for c in classes:

@@ -47,7 +47,7 @@ class ParallelPlan(BaseModel):
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: int | None = Field(default=None, ge=1)
     # torchtitan's selective_ac_option N / fms-fsdp's every n-th block (with recompute: layer)
-    recompute_every: int = Field(default=2, ge=1)
+    recompute_every: int | None = Field(default=None, ge=1)
     schedule: Schedule = Schedule.ONE_F_ONE_B
     layers_per_stage: tuple[int, ...] | None = None
     framework: Framework = Framework.MEGATRON
@@ -108,6 +108,11 @@ class ParallelPlan(BaseModel):
                 "parallel.tp_comm_overlap: overlaps the sequence-parallel collectives, so it needs "
                 "tensor_model_parallel_size > 1 and sequence_parallel: true"
             )
+        if self.overlap_p2p_comm and self.schedule is not Schedule.INTERLEAVED:
+            raise ValueError(
+                "parallel.overlap_p2p_comm: Megatron-LM overlaps p2p communication only in the "
+                f"interleaved schedule (vpp >= 2), not {self.schedule.value!r}"
+            )
         if self.overlap_p2p_comm and self.framework is Framework.DEEPSPEED:
             raise ValueError(
                 "parallel.overlap_p2p_comm: DeepSpeed's pipeline engine sends in lock-step; "
@@ -129,7 +134,7 @@ class ParallelPlan(BaseModel):
                 "parallel.recompute_method: Megatron-LM's --recompute-method and "
                 f"--recompute-num-layers go with recompute 'full', not {self.recompute.value!r}"
             )
-        if "recompute_every" in self.model_fields_set and self.recompute is not Recompute.LAYER:
+        if self.recompute_every is not None and self.recompute is not Recompute.LAYER:
             raise ValueError(
                 "parallel.recompute_every: checkpointing every n-th layer is recompute 'layer', "
                 f"not {self.recompute.value!r}"
@@ -220,6 +225,12 @@ class ParallelPlan(BaseModel):
         if self.deepspeed_train_schedule is not None:
             return self.deepspeed_train_schedule
         return self.framework is Framework.DEEPSPEED
+
+    @property
+    def checkpoint_every(self) -> int:
+        """With recompute 'layer': every how many layers one is checkpointed (torchtitan's
+        default selective_ac_option is 2)."""
+        return self.recompute_every or 2
 
     @property
     def zero_shards(self) -> int:
