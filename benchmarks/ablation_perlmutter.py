@@ -13,9 +13,9 @@ import argparse
 import statistics
 from pathlib import Path
 
-from paraplan.backends import load_model_file, make_cost_model
 from paraplan.catalog.jobs import resolve_job
 from paraplan.prediction import predict
+from paraplan.prediction.backends import load_model_file, make_cost_model
 from paraplan.validate import load_runs
 from paraplan.validate.gpumodeling import job_mapping_from_run
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import paraplan.costmodel.roofline as roofline
 import paraplan.inventory.shapes as shapes
-import paraplan.prediction as prediction
+import paraplan.prediction.stages as stages
 from paraplan.catalog import load_catalog_entry, load_gpu, resolve_job
 from paraplan.prediction import predict
 from paraplan.schedule import overlapped_s
@@ -122,12 +122,12 @@ def _fp8_everywhere() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _no_exposed_units() -> Iterator[None]:
-    sharded = prediction.sharded_pass_s
-    prediction.sharded_pass_s = lambda compute, comm, units, slowdown: overlapped_s(compute, comm, slowdown)
+    sharded = stages.sharded_pass_s
+    stages.sharded_pass_s = lambda compute, comm, units, slowdown: overlapped_s(compute, comm, slowdown)
     try:
         yield
     finally:
-        prediction.sharded_pass_s = sharded
+        stages.sharded_pass_s = sharded
 
 
 def _same(mapping: Mapping) -> Mapping:

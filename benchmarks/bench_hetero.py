@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from paraplan.catalog import load_cluster, load_model
 from paraplan.catalog.loader import load_any_cluster
-from paraplan.hetero import predict_hetero
+from paraplan.prediction.hetero import predict_hetero
 from paraplan.search import SearchSpace, search_plans
 from paraplan.search.hetero import node_orders
 from paraplan.specs import HeteroJob, Precision

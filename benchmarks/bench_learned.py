@@ -12,10 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from paraplan.backends import load_model_file, make_cost_model
 from paraplan.catalog import load_job
 from paraplan.fitting import fit_models, fit_tasks, training_metadata
 from paraplan.prediction import predict
+from paraplan.prediction.backends import load_model_file, make_cost_model
 from paraplan.regress.store import save_models
 from paraplan.samples import import_gpumodeling, save_samples
 

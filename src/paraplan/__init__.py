@@ -19,9 +19,9 @@ def predict(
 ) -> Prediction:
     """Predict one iteration. ``job`` is a Job, a job mapping, or the path of a job file;
     ``models`` (a file from ``paraplan fit``) selects the learned backend."""
-    from paraplan.backends import load_model_file, make_cost_model
     from paraplan.catalog import load_job, resolve_job
     from paraplan.prediction import predict as _predict
+    from paraplan.prediction.backends import load_model_file, make_cost_model
 
     if isinstance(job, str):
         job = load_job(job)
@@ -30,7 +30,7 @@ def predict(
     from paraplan.specs import HeteroJob
 
     if isinstance(job, HeteroJob):
-        from paraplan.hetero import predict_hetero
+        from paraplan.prediction.hetero import predict_hetero
 
         return predict_hetero(job, **kwargs)
     backend = backend or ("learned" if models is not None else "analytical")

@@ -93,7 +93,7 @@ def test_one_batch_predict_returns_microseconds(fitted):
 
 
 def _learned(models_path, job):
-    from paraplan.backends import load_model_file, make_cost_model
+    from paraplan.prediction.backends import load_model_file, make_cost_model
 
     return make_cost_model(job, "learned", load_model_file(models_path))
 

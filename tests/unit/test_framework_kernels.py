@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from paraplan.catalog import resolve_job
 from paraplan.inventory import CollectiveKind, count_job
 from paraplan.inventory.layer import count_layer_ops
-from paraplan.memory import activations_per_microbatch
 from paraplan.prediction import predict
+from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.specs import ConfigError
 
 NEOX_20B = {

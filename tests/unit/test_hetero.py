@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from paraplan.catalog import load_cluster, load_model
 from paraplan.catalog.loader import load_any_cluster
 from paraplan.cli.app import app
-from paraplan.hetero import predict_hetero
 from paraplan.inventory import count_job
-from paraplan.memory import estimate_stage_memory
 from paraplan.prediction import predict
+from paraplan.prediction.hetero import predict_hetero
+from paraplan.prediction.memory import estimate_stage_memory
 from paraplan.search import SearchSpace, search_plans
 from paraplan.search.hetero import _lines, node_orders
 from paraplan.search.partition import closed_form_s, partition_layers

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from paraplan.catalog import load_cluster, load_model
 from paraplan.inventory import count_job
-from paraplan.memory import estimate_memory
 from paraplan.prediction import predict
+from paraplan.prediction.memory import estimate_memory
 from paraplan.search import SearchSpace, search_plans
 from paraplan.search.run import SCREENED_OUT
 from paraplan.search.screen import screen_plans

@@ -32,7 +32,7 @@ def export_command(
             raise ConfigError(f"out: {out} already exists; pass --force to overwrite it")
         job = load_job(job_file)
         if isinstance(job, HeteroJob):  # node groups: the same arguments on every node, in node order
-            from paraplan.hetero import predict_hetero
+            from paraplan.prediction.hetero import predict_hetero
 
             prediction = predict_hetero(job)
             job = prediction.job

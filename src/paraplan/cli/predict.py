@@ -53,7 +53,7 @@ def predict_command(
         global_batch_size=global_batch_size, recompute=recompute, schedule=schedule,
         framework=framework, precision=precision, train_tokens=train_tokens,
     )
-    from paraplan.backends import BACKENDS, load_model_file, make_cost_model
+    from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
     from paraplan.specs import ConfigError, HeteroJob
 
     with user_errors():
@@ -67,7 +67,7 @@ def predict_command(
         if isinstance(job, HeteroJob):  # node groups of different GPUs
             if backend != "analytical" or models is not None:
                 raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
-            from paraplan.hetero import predict_hetero
+            from paraplan.prediction.hetero import predict_hetero
 
             cost_model, pred = None, predict_hetero(job)
         else:

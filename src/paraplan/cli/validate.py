@@ -22,7 +22,7 @@ def validate_command(
 ) -> None:
     """Predict measured runs from their configuration; print measured vs predicted, the error,
     and per source and per GPU the signed median, median and p90 of |error|."""
-    from paraplan.backends import load_model_file
+    from paraplan.prediction.backends import load_model_file
     from paraplan.report.formats import render_csv, render_json
     from paraplan.report.validation import render_validation, validation_rows
     from paraplan.validate import load_runs, validate_runs

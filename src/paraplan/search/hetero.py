@@ -26,11 +26,11 @@ import numpy as np
 from pydantic import ValidationError
 
 from paraplan.costmodel import AnalyticalCostModel
-from paraplan.hetero import predict_hetero
 from paraplan.inventory import count_job
 from paraplan.inventory.partition import count_layers_per_stage
-from paraplan.memory import estimate_stage_memory
 from paraplan.prediction import CommCosts, LayerCost, Prediction, stage_timing
+from paraplan.prediction.hetero import predict_hetero
+from paraplan.prediction.memory import estimate_stage_memory
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.search.space import SearchSpace, rejection_reason
 from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from paraplan.inventory import count_job
-from paraplan.memory import estimate_memory
 from paraplan.prediction import Prediction, predict
+from paraplan.prediction.memory import estimate_memory
 from paraplan.search.screen import screen_plans, screenable
 from paraplan.search.space import SearchSpace, enumerate_plans, iter_unique
 from paraplan.specs import ClusterSpec, ConfigError, HeteroClusterSpec, ModelSpec, Precision

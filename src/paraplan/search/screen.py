@@ -41,8 +41,8 @@ from paraplan.inventory import JobInventory, count_job
 from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
-from paraplan.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
+from paraplan.prediction.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.schedule.deepspeed import deepspeed_finish
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason

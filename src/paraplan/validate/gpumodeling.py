@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paraplan.backends import ModelSet, make_cost_model
 from paraplan.catalog import resolve_job
 from paraplan.prediction import Prediction, StageTiming, predict
+from paraplan.prediction.backends import ModelSet, make_cost_model
 from paraplan.specs import ConfigError
 
 # The clusters as the GPUModeling authors measured them (links fitted to their NCCL samples).

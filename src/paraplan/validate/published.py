@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from paraplan.backends import ModelSet, make_cost_model
 from paraplan.catalog import resolve_job
 from paraplan.prediction import predict
+from paraplan.prediction.backends import ModelSet, make_cost_model
 from paraplan.specs import ConfigError
 from paraplan.validate.gpumodeling import RunValidation
 from paraplan.validate.records import job_from_record

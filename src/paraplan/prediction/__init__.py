@@ -1,0 +1,41 @@
+"""Predict one training iteration: the facade (``predict``, ``predict_hetero``), what a
+prediction is (``result``), what a stage costs (``stages``), memory, and the choice of cost
+model (``backends``)."""
+
+from paraplan.prediction.facade import all_ops, assemble_prediction, predict
+from paraplan.prediction.result import (
+    Breakdown,
+    CollectiveEstimate,
+    OpEstimate,
+    Placement,
+    Prediction,
+    StageTiming,
+)
+from paraplan.prediction.stages import (
+    BACKWARD,
+    CommCosts,
+    LayerCost,
+    explain_layer,
+    exposed_beside,
+    ops_seconds,
+    stage_timing,
+)
+
+__all__ = [
+    "BACKWARD",
+    "Breakdown",
+    "CollectiveEstimate",
+    "CommCosts",
+    "LayerCost",
+    "OpEstimate",
+    "Placement",
+    "Prediction",
+    "StageTiming",
+    "all_ops",
+    "assemble_prediction",
+    "explain_layer",
+    "exposed_beside",
+    "ops_seconds",
+    "predict",
+    "stage_timing",
+]

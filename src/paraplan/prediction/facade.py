@@ -1,0 +1,126 @@
+"""The facade: Job -> Prediction (iteration time, breakdown, memory, MFU, cost).
+
+Used by the CLI, the plan search, validation and the Python API (``paraplan.predict``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, link_gaps
+from paraplan.inventory import JobInventory, Op, StageInventory, count_job
+from paraplan.prediction.memory import estimate_memory
+from paraplan.prediction.result import (
+    Breakdown,
+    CollectiveEstimate,
+    OpEstimate,
+    Placement,
+    Prediction,
+    StageTiming,
+)
+from paraplan.prediction.stages import CommCosts, LayerCost, explain_layer, stage_timing
+from paraplan.schedule import simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
+from paraplan.specs import Job, Schedule
+
+
+def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
+    """Predict one training iteration of ``job`` (analytical backend unless one is given)."""
+    inv = count_job(job)
+    cm = cost_model if cost_model is not None else AnalyticalCostModel(job.cluster, job.precision)
+    prepare = getattr(cm, "prepare", None)
+    if prepare is not None:  # batched backends estimate the whole job's operators at once
+        prepare(inv)
+    comm = CommCosts(inv, cm)
+    layer = LayerCost.of(inv.stages[0], cm, comm)
+    timings = tuple(stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
+    crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layer=layer)
+    peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
+    gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
+    return assemble_prediction(
+        job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
+    )
+
+
+def all_ops(inv: JobInventory) -> list[Op]:
+    """Every distinct operator the job runs (each stage's layer, ends and optimizer)."""
+    ops = {id(op): op for st in inv.stages for op in (*st.layer_ops, *st.end_ops, st.optimizer)}
+    return list(ops.values())
+
+
+def assemble_prediction(
+    job: Job,
+    inv: JobInventory,
+    timings: tuple[StageTiming, ...],
+    backend: str,
+    peak_flops_total: float,
+    explain: Callable[[StageInventory], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]],
+    *,
+    keep_timeline: bool = False,
+    placement: Placement | None = None,
+    uncalibrated: tuple[str, ...] = (),
+) -> Prediction:
+    """The iteration from per-stage timings: the pipeline schedule, the critical stage's
+    breakdown, memory, MFU. ``peak_flops_total`` is the sum of every GPU's peak;
+    ``explain(stage)`` lists the critical stage's operators on demand."""
+    plan = job.parallel
+    p2p = max(t.p2p_s for t in timings)
+    mask = max(t.p2p_mask_s for t in timings)
+    fwd = [t.forward_mb_s + t.tp_fwd_mb_s for t in timings]
+    bwd = [t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s for t in timings]
+    lockstep = plan.runs_deepspeed_train_schedule and plan.pp > 1
+    if lockstep:
+        pipe = simulate_deepspeed_pipeline(
+            fwd, bwd, p2p, plan.num_microbatches, keep_tasks=keep_timeline, fwd_extra_s=mask
+        )
+    else:
+        pipe = simulate_pipeline(
+            fwd, bwd, p2p, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_timeline, fwd_extra_s=mask,
+            overlap_p2p=plan.overlap_p2p_comm,
+        )
+    drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
+    crit = max(range(plan.pp), key=drain.__getitem__)
+    step = [t.optimizer_s for t in timings]
+    opt = max(range(plan.pp), key=step.__getitem__)
+    iteration = drain[crit] + step[opt]
+    m = plan.num_microbatches
+    tc = timings[crit]
+    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
+    if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
+        sends = transfer_s(crit, plan.pp, m, p2p, mask)
+    else:  # each of the stage's v chunks sends forward and backward, except out of the model's ends
+        forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
+        sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
+    if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
+        sends = 0.0  # asynchronous sends hold no stage: waiting for them is bubble
+    busy = m * tc.busy_mb_s
+    breakdown = Breakdown(
+        forward_compute_s=m * tc.forward_mb_s,
+        backward_compute_s=m * tc.backward_mb_s,
+        recompute_s=m * tc.recompute_mb_s,
+        tp_communication_s=m * (tc.tp_fwd_mb_s + tc.tp_bwd_mb_s),
+        pipeline_p2p_s=sends,
+        pipeline_bubble_s=max(0.0, pipe.finish[crit] - busy - sends),
+        dp_communication_s=tc.exposed_dp_s,
+        optimizer_step_s=step[opt],
+    )
+    num_gpus = job.cluster.num_gpus
+    return Prediction(
+        job=job,
+        backend=backend,
+        iteration_s=iteration,
+        tokens_per_s=job.tokens_per_iteration / iteration,
+        tflops_per_gpu=inv.model_flops_per_iteration / iteration / num_gpus / 1e12,
+        mfu=inv.model_flops_per_iteration / (iteration * peak_flops_total),
+        hfu=inv.hardware_flops_per_iteration / (iteration * peak_flops_total),
+        bubble_fraction=pipe.bubble_fraction,
+        breakdown=breakdown,
+        stages=timings,
+        memory=estimate_memory(inv),
+        params_total=inv.params_total,
+        model_flops_per_iteration=inv.model_flops_per_iteration,
+        pipeline=pipe if keep_timeline else None,
+        placement=placement,
+        uncalibrated=uncalibrated,
+        _explain=functools.partial(explain, inv.stages[crit]),
+    )

@@ -1,0 +1,260 @@
+"""What a prediction is: the iteration, its breakdown, the stages' timings, memory, MFU, cost.
+
+``Prediction.to_dict()`` is the JSON form the README documents.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from paraplan.prediction.memory import StageMemory
+from paraplan.schedule import PipelineResult
+from paraplan.specs import HeteroJob, Job
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Where one iteration's seconds go, on its critical path; the parts add up to it."""
+
+    forward_compute_s: float
+    backward_compute_s: float
+    recompute_s: float
+    tp_communication_s: float
+    pipeline_p2p_s: float
+    pipeline_bubble_s: float
+    dp_communication_s: float
+    optimizer_step_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True, slots=True)
+class StageTiming:
+    """One micro-batch on one stage (``*_mb_s``) and the once-per-iteration parts."""
+
+    stage: int
+    num_layers: int
+    forward_mb_s: float
+    backward_mb_s: float
+    recompute_mb_s: float
+    tp_fwd_mb_s: float
+    tp_bwd_mb_s: float
+    p2p_s: float  # one activation (forward) or gradient (backward) send to a neighbour
+    grad_reduce_s: float
+    param_gather_s: float
+    exposed_dp_s: float
+    optimizer_s: float
+    p2p_mask_s: float = 0.0  # what a forward send carries besides the activation
+
+    @property
+    def p2p_fwd_s(self) -> float:
+        return self.p2p_s + self.p2p_mask_s
+
+    @property
+    def busy_mb_s(self) -> float:
+        """Seconds the stage is busy with one micro-batch: compute, recompute and TP/CP traffic."""
+        return self.forward_mb_s + self.backward_mb_s + self.recompute_mb_s + self.tp_fwd_mb_s + self.tp_bwd_mb_s
+
+
+@dataclass(frozen=True, slots=True)
+class OpEstimate:
+    """One operator of one layer, with its work and its estimated seconds (``--explain``)."""
+
+    name: str
+    role: str
+    kind: str
+    flops: float
+    bytes: float
+    params: float
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveEstimate:
+    name: str
+    kind: str
+    dim: str
+    bytes: float
+    phase: str
+    count: int
+    group_size: int
+    group_nodes: int
+    seconds: float
+    source: str = "alpha-beta"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the stages of a plan on a heterogeneous cluster run."""
+
+    cluster: str
+    node_order: tuple[str, ...]  # the GPU of every node, in rank order
+    stage_gpus: tuple[str, ...]  # the GPU type(s) of every stage, "A100-SXM4-40GB+A10" when mixed
+    stage_hbm_bytes: tuple[float, ...]  # the smallest HBM among each stage's GPUs
+    gpus: tuple[tuple[str, int], ...]  # (GPU, how many) per node group
+    price_per_hour_usd: float | None
+    job: HeteroJob | None = field(default=None, repr=False, compare=False)  # the job predicted
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Everything paraplan predicts for one job. ``to_dict()`` gives the JSON form."""
+
+    job: Job
+    backend: str
+    iteration_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    breakdown: Breakdown
+    stages: tuple[StageTiming, ...]
+    memory: tuple[StageMemory, ...]
+    params_total: float
+    model_flops_per_iteration: float
+    pipeline: PipelineResult | None = field(default=None, repr=False)
+    placement: Placement | None = None
+    # kernels timed with generic guesses, not curves measured on the GPU (one note each)
+    uncalibrated: tuple[str, ...] = ()
+    _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    @functools.cached_property
+    def _explained(self) -> tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]:
+        return self._explain() if self._explain is not None else ((), ())
+
+    @property
+    def layer_ops(self) -> tuple[OpEstimate, ...]:
+        """The operators of one layer of the critical stage, with their seconds."""
+        return self._explained[0]
+
+    @property
+    def layer_collectives(self) -> tuple[CollectiveEstimate, ...]:
+        """The collectives of one layer of the critical stage, with their seconds."""
+        return self._explained[1]
+
+    @property
+    def worst_memory(self) -> StageMemory:
+        return max(self.memory, key=lambda m: m.total)
+
+    @property
+    def fits(self) -> bool:
+        return all(m.total <= hbm for m, hbm in zip(self.memory, self.hbm_bytes, strict=True))
+
+    @property
+    def hbm_bytes(self) -> tuple[float, ...]:
+        """Each stage's GPU memory (the smallest, for a stage on mixed GPUs)."""
+        if self.placement is not None:
+            return self.placement.stage_hbm_bytes
+        return (self.job.cluster.gpu.hbm_bytes,) * len(self.memory)
+
+    @property
+    def gpu_name(self) -> str:
+        if self.placement is not None:
+            return " + ".join(f"{n} x {gpu}" for gpu, n in self.placement.gpus)
+        return self.job.cluster.gpu.name
+
+    @property
+    def cost_per_hour_usd(self) -> float | None:
+        if self.placement is not None:
+            return self.placement.price_per_hour_usd
+        price = self.job.cluster.price_per_gpu_hour
+        return None if price is None else price * self.job.cluster.num_gpus
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        hourly = self.cost_per_hour_usd
+        return None if hourly is None else hourly / 3600.0 / self.tokens_per_s * 1e6
+
+    @property
+    def time_to_train_s(self) -> float | None:
+        tokens = self.job.train_tokens
+        return None if tokens is None else tokens / self.tokens_per_s
+
+    @property
+    def cost_to_train_usd(self) -> float | None:
+        hourly, seconds = self.cost_per_hour_usd, self.time_to_train_s
+        return None if hourly is None or seconds is None else hourly * seconds / 3600.0
+
+    def plan_dict(self) -> dict:
+        """The resolved parallel plan, as JSON keys (also the columns of search results)."""
+        plan = self.job.parallel
+        return {
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "dp": plan.dp,
+            "cp": plan.cp,
+            "vpp": plan.vpp,
+            "sequence_parallel": plan.sequence_parallel,
+            "zero_stage": plan.zero_stage,
+            "micro_batch_size": plan.micro_batch_size,
+            "global_batch_size": plan.global_batch_size,
+            "num_microbatches": plan.num_microbatches,
+            "recompute": plan.recompute.value,
+            "schedule": plan.schedule.value,
+            "framework": plan.framework.value,
+            "layers_per_stage": [s.num_layers for s in self.stages],
+            **({"node_order": list(self.placement.node_order)} if self.placement is not None else {}),
+        }
+
+    def to_dict(self) -> dict:
+        """A JSON-ready mapping; keys follow DESIGN.md's vocabulary (documented in the README)."""
+        job = self.job
+        worst = self.worst_memory
+        return {
+            "job": job.name,
+            "backend": self.backend,
+            "model": job.model.name,
+            "gpu": self.gpu_name,
+            "num_gpus": job.cluster.num_gpus,
+            "parallel": self.plan_dict(),
+            "precision": job.precision.value,
+            "iteration_s": self.iteration_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "bubble_fraction": self.bubble_fraction,
+            "params_total": self.params_total,
+            "model_flops_per_iteration": self.model_flops_per_iteration,
+            "breakdown": asdict(self.breakdown),
+            "memory": {
+                "worst_stage": worst.stage,
+                "weights_bytes": worst.weights,
+                "gradients_bytes": worst.gradients,
+                "optimizer_states_bytes": worst.optimizer_states,
+                "activations_bytes": worst.activations,
+                "buffers_bytes": worst.buffers,
+                "total_bytes": worst.total,
+                "hbm_bytes": self.hbm_bytes[worst.stage],
+                "fits": self.fits,
+                "per_stage_total_bytes": [m.total for m in self.memory],
+            },
+            "cost": {
+                "price_per_gpu_hour_usd": None if self.placement else job.cluster.price_per_gpu_hour,
+                "cost_per_hour_usd": self.cost_per_hour_usd,
+                "usd_per_million_tokens": self.usd_per_million_tokens,
+                "train_tokens": job.train_tokens,
+                "time_to_train_s": self.time_to_train_s,
+                "cost_to_train_usd": self.cost_to_train_usd,
+            },
+            "stages": [asdict(s) for s in self.stages],
+            "uncalibrated": list(self.uncalibrated),
+            **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
+        }
+
+
+def _placement_dict(placement: Placement) -> dict:
+    return {f: getattr(placement, f) for f in ("cluster", "node_order", "stage_gpus", "stage_hbm_bytes", "gpus",
+                                               "price_per_hour_usd")}
+
+

@@ -1,0 +1,199 @@
+"""What one stage costs per micro-batch: each layer's operators and collectives costed once,
+communication overlapped with computation as the framework overlaps it, recompute, the DP and
+ZeRO traffic and the optimizer step (``stage_timing``). The plan search costs stages with it
+too (``search.screen``, ``search.hetero``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.costmodel import CostModel
+from paraplan.inventory import (
+    Collective,
+    JobInventory,
+    Op,
+    OpKind,
+    ParallelDim,
+    StageInventory,
+    group_layout,
+)
+from paraplan.inventory.recompute import recompute_cost
+from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
+from paraplan.schedule import overlapped_s, sharded_pass_s
+from paraplan.specs import Phase
+
+BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
+_ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
+
+
+def ops_seconds(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> float:
+    """Seconds of ``ops`` in ``phases`` (one rank, one micro-batch)."""
+    return sum(cm.estimate_op_s(op, ph) for op in ops for ph in phases)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Seconds of each operator of one layer (the same on every stage), costed once."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    fwd_total: float
+    bwd_total: float
+    comm_fwd: float  # the layer's TP/CP collectives
+    comm_bwd: float
+
+    @classmethod
+    def of(cls, st: StageInventory, cm: CostModel, comm: CommCosts) -> LayerCost:
+        ops = st.layer_ops
+        fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
+        bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        tp = tuple(c for c in st.layer_collectives if c.dim is not ParallelDim.CP)
+        cp = tuple(c for c in st.layer_collectives if c.dim is ParallelDim.CP)
+        # Context parallelism passes K/V chunks around a ring while attention runs on the
+        # chunk already there (TransformerEngine overlaps them): the excess is exposed, and
+        # attention slows while the transfers run.
+        attn_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind in _ATTENTION_KINDS)
+        attn_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind in _ATTENTION_KINDS)
+        cp_f = exposed_beside(attn_f, comm.total(cp, (Phase.FWD,)), 0.0, comm.slowdown)
+        cp_b = exposed_beside(attn_b, comm.total(cp, BACKWARD), 0.0, comm.slowdown)
+        tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
+        if comm.plan.tp_comm_overlap:
+            # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-
+            # parallel all-gathers and reduce-scatters are split into tp chunks pipelined with
+            # the GEMMs they feed or drain; one chunk stays exposed, the GEMMs slow down.
+            gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
+            gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
+            share = 1.0 / comm.plan.tp
+            tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
+            tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
+        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f, tp_b + cp_b)
+
+
+def exposed_beside(compute_s: float, comm_s: float, exposed_share: float, slowdown: float) -> float:
+    """What ``comm_s`` adds to ``compute_s`` when all but ``exposed_share`` of it overlaps
+    the computation (which slows while it runs: ``schedule.overlapped_s``)."""
+    if comm_s <= 0.0:
+        return 0.0
+    hidden = comm_s * (1.0 - exposed_share)
+    return float(overlapped_s(compute_s, hidden, slowdown)) - compute_s + comm_s * exposed_share
+
+
+class CommCosts:
+    """Collective times for one job, each group's layout computed once."""
+
+    def __init__(self, inv: JobInventory, cm: CostModel) -> None:
+        plan, gpn = inv.job.parallel, inv.job.cluster.gpus_per_node
+        self.cm = cm
+        self.plan = plan
+        self.slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
+        self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
+        self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
+
+    def seconds(self, coll: Collective) -> float:
+        layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
+        return self.cm.estimate_collective_s(coll, layout) * coll.count
+
+    def total(self, colls: tuple[Collective, ...], phases: tuple[Phase, ...]) -> float:
+        return sum(self.seconds(c) for c in colls if c.phase in phases)
+
+
+def stage_timing(
+    inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layer: LayerCost
+) -> StageTiming:
+    """One stage's seconds per micro-batch and once per iteration (the parts the pipeline
+    schedule, the DP overlap and the optimizer step are built from). The plan search costs
+    stages with it too (``search.screen``, ``search.hetero``)."""
+    plan = inv.job.parallel
+    n = st.num_layers
+    layer_f, layer_b = layer.fwd_total, layer.bwd_total
+    tp_f = n * layer.comm_fwd + comm.total(st.end_collectives, (Phase.FWD,))
+    tp_b = n * layer.comm_bwd + comm.total(st.end_collectives, BACKWARD)
+    rc = recompute_cost(plan, st.layer_ops, inv.shape, n)
+    recompute = n * (sum(w * t for w, t in zip(rc.op_weights, layer.fwd, strict=True)) + rc.comm_weight * layer.comm_fwd)
+    forward = n * layer_f + ops_seconds(cm, st.end_ops, (Phase.FWD,))
+    backward = n * layer_b + ops_seconds(cm, st.end_ops, BACKWARD)
+    slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
+    if st.per_microbatch_dp:
+        dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
+        dp_b = comm.total(st.per_microbatch_dp, BACKWARD)
+        if plan.overlaps_grad_reduce:
+            # ZeRO-3 prefetches each layer's weights while the previous layer computes, and
+            # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on; the
+            # first gather and the last reduce-scatter are exposed, and computation slows
+            # while NCCL runs beside it.
+            units = max(1, n)
+            forward = float(sharded_pass_s(forward + tp_f, dp_f, units, slowdown)) - tp_f
+            backward = float(sharded_pass_s(backward + tp_b, dp_b, units, slowdown)) - tp_b
+        else:
+            forward, backward = forward + dp_f, backward + dp_b
+    reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
+    gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
+    if plan.overlaps_grad_reduce:
+        # Buckets reduce while the last micro-batch's backward runs; the parameter
+        # all-gather overlaps the next iteration's first forward (both slowing it down).
+        last_b, first_f = backward + recompute + tp_b, forward + tp_f
+        exposed = float(overlapped_s(last_b, reduce_s, slowdown) - last_b + overlapped_s(first_f, gather_s, slowdown) - first_f)
+    else:
+        exposed = reduce_s + gather_s
+    return StageTiming(
+        stage=st.index,
+        num_layers=n,
+        forward_mb_s=forward,
+        backward_mb_s=backward,
+        recompute_mb_s=recompute,
+        tp_fwd_mb_s=tp_f,
+        tp_bwd_mb_s=tp_b,
+        p2p_s=comm.seconds(inv.p2p) if inv.p2p is not None else 0.0,
+        grad_reduce_s=reduce_s,
+        param_gather_s=gather_s,
+        exposed_dp_s=exposed,
+        optimizer_s=cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER),
+        p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
+    )
+
+
+def _source(cm: CostModel, op: Op) -> str:
+    fwd, bwd = cm.source_of(op, Phase.FWD), cm.source_of(op, Phase.BWD_INPUT)
+    return fwd if fwd == bwd or (op.bwd_flops == 0 and op.bwd_bytes == 0) else f"fwd: {fwd}; bwd: {bwd}"
+
+
+def explain_layer(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layer: LayerCost):
+    """The operators and collectives of one layer of stage ``st`` with their seconds (``--explain``)."""
+    weights = recompute_cost(inv.job.parallel, st.layer_ops, inv.shape, st.num_layers).op_weights
+    ops = []
+    for op, fwd, bwd, again in zip(st.layer_ops, layer.fwd, layer.bwd, weights, strict=True):
+        ops.append(
+            OpEstimate(
+                name=op.name,
+                role=op.role,
+                kind=op.kind.value,
+                flops=op.flops,
+                bytes=op.bytes,
+                params=op.params,
+                fwd_s=fwd,
+                bwd_s=bwd,
+                recompute_s=fwd * again,
+                source=_source(cm, op),
+            )
+        )
+    colls = []
+    for c in st.layer_collectives:
+        layout = comm.pair if c.dim is ParallelDim.PP else comm.layouts[c.dim]
+        colls.append(
+            CollectiveEstimate(
+                name=c.name,
+                kind=c.kind.value,
+                dim=c.dim.value,
+                bytes=c.bytes,
+                phase=c.phase.value,
+                count=c.count,
+                group_size=layout.size,
+                group_nodes=layout.nodes,
+                seconds=comm.seconds(c),
+                source=cm.collective_source(c, layout) if hasattr(cm, "collective_source") else "alpha-beta",
+            )
+        )
+    return tuple(ops), tuple(colls)
+
+
