@@ -10,7 +10,6 @@ Nothing here feeds back into any estimate: measured runs are for validation only
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from paraplan.catalog import resolve_job
 from paraplan.prediction import Prediction, StageTiming, predict
 from paraplan.prediction.backends import ModelSet, make_cost_model
 from paraplan.specs import ConfigError
+from paraplan.validate.result import ComponentError, RunValidation
 
 # The clusters as the GPUModeling authors measured them (links fitted to their NCCL samples).
 _CLUSTERS = {"perlmutter": "perlmutter-gpumodeling", "vista": "vista-gpumodeling"}
@@ -86,34 +86,6 @@ def job_mapping_from_run(run: dict[str, Any]) -> dict[str, Any]:
         },
         "precision": m.get("precision", "fp16"),
     }
-
-
-@dataclass(frozen=True, slots=True)
-class ComponentError:
-    component: str
-    stage: str  # "first", "middle", "last" or "-" for a per-call value
-    measured_s: float
-    predicted_s: float
-
-    @property
-    def error(self) -> float:
-        return (self.predicted_s - self.measured_s) / self.measured_s
-
-
-@dataclass(frozen=True, slots=True)
-class RunValidation:
-    run_id: str
-    measured_iteration_s: float
-    prediction: Prediction
-    components: tuple[ComponentError, ...]
-    their_error: float | None  # GPUModeling25's own published error for the run
-    source: str = "gpumodeling25"
-    gpu: str = ""
-    assumed: tuple[str, ...] = ()  # what mapping the record onto a job had to assume
-
-    @property
-    def error(self) -> float:
-        return (self.prediction.iteration_s - self.measured_iteration_s) / self.measured_iteration_s
 
 
 def _stage_components(t: StageTiming, per_layer: dict[str, float]) -> dict[str, float]:

@@ -16,8 +16,8 @@ from paraplan.catalog import resolve_job
 from paraplan.prediction import predict
 from paraplan.prediction.backends import ModelSet, make_cost_model
 from paraplan.specs import ConfigError
-from paraplan.validate.gpumodeling import RunValidation
 from paraplan.validate.records import job_from_record
+from paraplan.validate.result import RunValidation
 
 
 def is_published_record(run: dict[str, Any]) -> bool:

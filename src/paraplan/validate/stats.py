@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from paraplan.validate.gpumodeling import RunValidation
+from paraplan.validate.result import RunValidation
 
 
 @dataclass(frozen=True, slots=True)
