@@ -7,12 +7,33 @@ from collections.abc import Iterable
 
 from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision
 from paraplan.inventory import Op
-from paraplan.specs import ClusterSpec, GpuSpec, Phase, Precision
+from paraplan.specs import ClusterSpec, GpuSpec, Precision
+
+_GAPS: dict[tuple, tuple] = {}  # (GPU, its efficiency spec, precision, ops) -> (spec, notes)
 
 
 def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> tuple[str, ...]:
     """One note per (kernel kind, precision) the ops use that has no curve measured on
     ``gpu``: the generic fraction of peak used instead, or the GPU the curve was measured on."""
+    ops = tuple(ops)
+    # what decides the notes: each operator's curve group, precision and whether it works
+    signature = frozenset((op.name, op.kind, op.fp8, _works(op)) for op in ops)
+    key = (gpu.name, id(gpu.efficiency), precision, signature)
+    hit = _GAPS.get(key)
+    if hit is not None and hit[0] is gpu.efficiency:
+        return hit[1]
+    if len(_GAPS) > 256:
+        _GAPS.clear()
+    notes = _calibration_gaps(gpu, precision, ops)
+    _GAPS[key] = (gpu.efficiency, notes)
+    return notes
+
+
+def _works(op: Op) -> bool:
+    return bool(op.flops or op.bytes or op.bwd_flops or op.bwd_bytes)
+
+
+def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -> tuple[str, ...]:
     eff = gpu.efficiency
     gaps: dict[tuple[str, Precision], str] = {}
     for op in ops:
@@ -21,7 +42,7 @@ def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> t
         own = eff.ops.get(op.name) or eff.ops.get(f"{op.name}:fwd")
         group = op.name if own is not None and kind != "memory" else kind  # e.g. bmm's own curve
         key = (group, run_in if kind != "memory" else Precision.BF16)
-        if key in gaps or (op.work(Phase.FWD) == (0.0, 0.0) and op.work(Phase.BWD_INPUT) == (0.0, 0.0)):
+        if key in gaps or not _works(op):
             continue
         if own is not None and own.transferred_from is None:
             continue  # this operator's own measured curve

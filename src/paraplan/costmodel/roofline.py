@@ -91,7 +91,8 @@ class AnalyticalCostModel:
         self.gpu = cluster.gpu
         self.precision = precision
         self._peaks = {p: cluster.gpu.peak_flops[p] for p in cluster.gpu.peak_flops}
-        self.peak_flops = cluster.gpu.flops_for(compute_precision_of_job(precision))
+        self._base = compute_precision_of_job(precision)  # what non-FP8 kernels run in
+        self.peak_flops = cluster.gpu.flops_for(self._base)
         self._curves = _curve_cache(cluster.gpu.efficiency)
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
@@ -99,7 +100,7 @@ class AnalyticalCostModel:
         flops, traffic = op.work(phase)
         if flops <= 0.0 and traffic <= 0.0:
             return 0.0
-        precision = compute_precision(op, self.precision)
+        precision = Precision.FP8 if op.fp8 else self._base
         key = (op.name, op.kind, phase, precision)
         curves = self._curves.get(key)
         if curves is None:

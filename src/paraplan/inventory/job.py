@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
@@ -10,7 +11,7 @@ from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, Paral
 from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
-from paraplan.specs import Framework, Job, Phase, Precision
+from paraplan.specs import Framework, Job, Phase, Precision, Recompute
 
 
 def adam_state_bytes(precision: Precision) -> float:
@@ -225,9 +226,10 @@ def _count_flops(job: Job, x: LocalShape) -> tuple[float, float]:
     per_mb_model = sum(op.flops + op.bwd_flops for op in layer) * model.num_layers
     per_mb_model += sum(op.flops + op.bwd_flops for op in ends if op.kind is not OpKind.EMBEDDING)
     recomputed = 0.0  # per micro-batch, over every stage's layers
-    for n in count_layers_per_stage(model, plan):
-        weights = recompute_cost(plan, layer, x, n).op_weights
-        recomputed += n * sum(w * op.flops for w, op in zip(weights, layer, strict=True))
+    if plan.recompute is not Recompute.NONE:
+        for n, stages in Counter(count_layers_per_stage(model, plan)).items():
+            weights = recompute_cost(plan, layer, x, n).op_weights
+            recomputed += stages * n * sum(w * op.flops for w, op in zip(weights, layer, strict=True))
     micro_batches = plan.global_batch_size // plan.micro_batch_size
     hardware = (per_mb_model + recomputed) * micro_batches
     return per_mb_model * micro_batches, hardware

@@ -62,8 +62,25 @@ def _gemm_output(op: Op, e: int) -> float:
     return e * dims["m"] * dims["n"]
 
 
+_CACHE: dict[tuple[int, int, int, int], tuple] = {}
+
+
 def recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
-    """The recompute of ``layers`` layers made of ``ops`` under ``plan``'s policy."""
+    """The recompute of ``layers`` layers made of ``ops`` under ``plan``'s policy. Every stage
+    of a prediction asks three times (time, memory, FLOPs): the answer is kept by the identity
+    of its arguments (hashing the operators would cost more than computing it)."""
+    key = (id(plan), id(ops), id(x), layers)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is plan and hit[1] is ops and hit[2] is x:
+        return hit[3]
+    if len(_CACHE) > 512:
+        _CACHE.clear()
+    cost = _recompute_cost(plan, ops, x, layers)
+    _CACHE[key] = (plan, ops, x, cost)
+    return cost
+
+
+def _recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
     cost = _policy_cost(plan, ops, x, layers)
     if not any(op.name in _NEVER_RECOMPUTED for op in ops):
         return cost
