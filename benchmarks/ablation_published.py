@@ -94,6 +94,12 @@ def _generic_links(mapping: Mapping) -> Mapping:
     return out
 
 
+def _fused_swiglu(mapping: Mapping) -> Mapping:
+    out = copy.deepcopy(mapping)
+    out["model"].pop("swiglu_fusion", None)
+    return out
+
+
 def _reference_network(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
     out["cluster"].pop("inter_node", None)
@@ -145,6 +151,7 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "torchtitan / fms-fsdp recompute policies (Megatron selective instead)": (_megatron_selective, contextlib.nullcontext),
     "TP communication overlap (MLPerf)": (_parallel(tp_comm_overlap=None), contextlib.nullcontext),
     "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=None), contextlib.nullcontext),
+    "eager SwiGLU (torchtitan, fms-fsdp; fused instead)": (_fused_swiglu, contextlib.nullcontext),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
     "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=None), contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),

@@ -156,6 +156,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     model.append(["--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"])
     if m.activation == "swiglu":
         model.append(["--swiglu"])
+        if not m.swiglu_fusion:
+            model.append(["--no-bias-swiglu-fusion"])
     if m.untie_embeddings_and_output_weights:
         model.append(["--untie-embeddings-and-output-weights"])
     if not m.add_bias_linear:

@@ -7,6 +7,7 @@ tp = 1 they add up to s*b*h*(34 + 5*a*s/h) bytes; tests check the sum against th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
@@ -49,6 +50,21 @@ def gemm(
 # Linear layers whose FP8 input the preceding norm writes itself (Transformer Engine's
 # LayerNormLinear / LayerNormMLP): only the transpose for the weight gradient is extra.
 _NORM_FED = frozenset({"linear1", "linear3"})
+
+
+def _eager_swiglu(fused: Op, elements: float, e: int) -> Op:
+    """SwiGLU as eager PyTorch runs it, ``silu(gate) * up``: forward, silu reads the gate and
+    writes its activation, the multiply reads both and writes the product (5 passes over
+    [tokens, ffn] against the fused kernel's 3); backward, the multiply's two gradients (read
+    2, write 1 each) and silu's (read 2, write 1): 9 passes against 4. It keeps the silu output
+    for the backward as well (3 tensors against 2)."""
+    return dataclasses.replace(
+        fused,
+        role="MLP activation (eager: silu, then multiply)",
+        bytes=5.0 * e * elements,
+        bwd_bytes=9.0 * e * elements,
+        saved_bytes=3.0 * e * elements,
+    )
 
 
 def fp8_casts(gemms: list[Op], e: int) -> Op:
@@ -355,19 +371,20 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
         own = not model.bias_gelu_fusion
         ops.append(_bias("MLP up projection bias", tokens * up_width, up_width, e, own_kernel=own))
     act_in = tokens * up_width
-    ops.append(
-        elementwise(
-            "swiglu" if swiglu else "gelu",
-            OpKind.ELEMENTWISE,
-            "MLP activation",
-            tokens * x.ffn,
-            e,
-            reads=2.0 if swiglu else 1.0,
-            flops_per_element=8.0,
-            saved=e * act_in,
-            dims=(("l", x.s), ("b", x.b), ("ffn", x.ffn)),
-        )
+    activation = elementwise(
+        "swiglu" if swiglu else "gelu",
+        OpKind.ELEMENTWISE,
+        "MLP activation",
+        tokens * x.ffn,
+        e,
+        reads=2.0 if swiglu else 1.0,
+        flops_per_element=8.0,
+        saved=e * act_in,
+        dims=(("l", x.s), ("b", x.b), ("ffn", x.ffn)),
     )
+    if swiglu and not model.swiglu_fusion:
+        activation = _eager_swiglu(activation, tokens * x.ffn, e)
+    ops.append(activation)
     ops.append(
         gemm(
             "linear4",

@@ -38,6 +38,9 @@ class ModelSpec(BaseModel):
     # Megatron-LM applies the MLP up projection's bias inside the fused bias-GELU kernel
     # (default on); without the fusion (GPT-NeoX's default) it is an add kernel of its own.
     bias_gelu_fusion: bool = True
+    # Megatron-Core applies SwiGLU in one fused kernel (--bias-swiglu-fusion, on by default);
+    # eager PyTorch (torchtitan and fms-fsdp without torch.compile) runs silu, then a multiply
+    swiglu_fusion: bool = True
     # Megatron-LM fuses the bias of the row-parallel projections into the dropout-residual
     # kernel (default on); GPT-NeoX's bias_dropout_fusion defaults to off: one more add each.
     bias_dropout_fusion: bool = True

@@ -138,6 +138,7 @@ def _vocab(run: dict[str, Any], assumed: list[str]) -> int:
     return _FALLBACK_VOCAB
 
 
+_EAGER = ("torchtitan", "fms-fsdp")  # families whose published runs are eager PyTorch
 _MOE_KEYS = ("num_experts", "num_moe_experts", "moe_num_experts", "experts")
 
 
@@ -165,6 +166,9 @@ def _model(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str,
         # Megatron-LM of 2021-22 ran its own fused softmax on the full score matrix.
         "attention": "unfused" if old_megatron else "flash",
         **arch,
+        # torchtitan's (Aug 2024) and fms-fsdp's published numbers ran without torch.compile:
+        # SwiGLU as silu, then a multiply; Megatron/NeMo fuse it
+        **({"swiglu_fusion": False} if family.name in _EAGER and activation == "swiglu" else {}),
     }
 
 
