@@ -70,12 +70,11 @@ def _parallel(**values: Any) -> Callable[[Mapping], Mapping]:
     return change
 
 
-def _megatron_selective(mapping: Mapping) -> Mapping:
-    """Before issue 13: torchtitan's and fms-fsdp's selective checkpointing ran as Megatron's."""
+def _no_layer_or_op_recompute(mapping: Mapping) -> Mapping:
+    """torchtitan's and fms-fsdp's layer / op recompute switched off (the framework kept)."""
     out = copy.deepcopy(mapping)
     if out["parallel"].get("recompute") in ("layer", "op"):
-        # Megatron's framework setting, with FSDP's unfused gradient accumulation kept
-        out["parallel"].update(recompute="selective", framework="megatron", gradient_accumulation_fusion=False)
+        out["parallel"]["recompute"] = "none"
         out["parallel"].pop("recompute_every", None)
     return out
 
@@ -100,6 +99,13 @@ def _fused_swiglu(mapping: Mapping) -> Mapping:
     return out
 
 
+def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
+    out = copy.deepcopy(mapping)
+    if out["parallel"].get("framework") == "fsdp":
+        out["parallel"]["fsdp_version"] = 1
+    return out
+
+
 def _reference_network(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
     out["cluster"].pop("inter_node", None)
@@ -109,9 +115,9 @@ def _reference_network(mapping: Mapping) -> Mapping:
 @contextlib.contextmanager
 def _fp8_everywhere() -> Iterator[None]:
     """Before issue 13: an FP8 job ran every kernel at the FP8 peak, with no casts."""
-    precision, shard = roofline.compute_precision, shapes.shard_shape
+    precision, shard = roofline.compute_precision_of_job, shapes.shard_shape
 
-    def all_fp8(op, job_precision):
+    def all_fp8(job_precision):
         return job_precision
 
     def no_fp8_linears(*args, **kwargs):
@@ -119,11 +125,11 @@ def _fp8_everywhere() -> Iterator[None]:
 
         return dataclasses.replace(shard(*args, **kwargs), fp8_linears=False)
 
-    roofline.compute_precision, shapes.shard_shape = all_fp8, no_fp8_linears
+    roofline.compute_precision_of_job, shapes.shard_shape = all_fp8, no_fp8_linears
     try:
         yield
     finally:
-        roofline.compute_precision, shapes.shard_shape = precision, shard
+        roofline.compute_precision_of_job, shapes.shard_shape = precision, shard
 
 
 @contextlib.contextmanager
@@ -148,10 +154,12 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "measured NCCL efficiencies of DGX A100 / H100 (generic 0.8 instead)": (_generic_links, contextlib.nullcontext),
     "contention under overlap (overlap_slowdown 0)": (_no_contention, contextlib.nullcontext),
     "FSDP/ZeRO-3 first gather and last reduce-scatter exposed": (_same, _no_exposed_units),
-    "torchtitan / fms-fsdp recompute policies (Megatron selective instead)": (_megatron_selective, contextlib.nullcontext),
+    "torchtitan / fms-fsdp layer and op recompute (none instead)": (_no_layer_or_op_recompute, contextlib.nullcontext),
     "TP communication overlap (MLPerf)": (_parallel(tp_comm_overlap=None), contextlib.nullcontext),
     "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=None), contextlib.nullcontext),
     "eager SwiGLU (torchtitan, fms-fsdp; fused instead)": (_fused_swiglu, contextlib.nullcontext),
+    "FSDP2's copy-out / copy-in kernels (torchtitan; FSDP1's views instead)": (_no_fsdp2_copies,
+                                                                               contextlib.nullcontext),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
     "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=None), contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),

@@ -138,3 +138,22 @@ def test_eager_swiglu_moves_the_bytes_of_silu_then_multiply():
     assert eager.bytes / fused.bytes == pytest.approx(5 / 3)
     assert eager.bwd_bytes / fused.bwd_bytes == pytest.approx(9 / 4)
     assert eager.saved_bytes > fused.saved_bytes
+
+
+def test_fsdp2_copies_gathered_weights_out_and_gradients_in_every_layer():
+    """FSDP2 (torchtitan): split_with_sizes_copy of each gathered unit, forward and backward
+    (read and write 2 bytes per weight each time), and _chunk_cat of its bf16 gradients into the
+    fp32 reduce-scatter buffer (read 2, write 4); FSDP1's flat parameters copy nothing."""
+    def ops(version, zero=3):
+        job = resolve_job({"model": "llama-2-7b", "cluster": {"name": "dgx-a100", "num_nodes": 2},
+                           "parallel": {"framework": "fsdp", "zero_stage": zero, "global_batch_size": 16,
+                                        "fsdp_version": version}})
+        return count_job(job).stages[0].layer_ops
+
+    layer = ops(2)
+    two = {op.name: op for op in layer}
+    params = sum(op.params for op in layer)
+    assert two["fsdp_copy"].bytes == pytest.approx(2 * 2 * params)
+    assert two["fsdp_copy"].bwd_bytes == pytest.approx(2 * 2 * params + (2 + 4) * params)
+    assert not any(op.name == "fsdp_copy" for op in ops(1))
+    assert not any(op.name == "fsdp_copy" for op in ops(2, zero=1))

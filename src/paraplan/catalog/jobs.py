@@ -177,7 +177,8 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
         parallel["partition_activations"] = True
     for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask",
                 "gradient_accumulation_fusion", "deepspeed_train_schedule", "recompute_method",
-                "recompute_num_layers", "recompute_every", "data_parallel_shard_degree", "grad_reduce_in_fp32"):
+                "recompute_num_layers", "recompute_every", "data_parallel_shard_degree", "grad_reduce_in_fp32",
+                "fsdp_version"):
         value = getattr(p, key)
         if value is not None:
             parallel[key] = list(value) if isinstance(value, tuple) else value

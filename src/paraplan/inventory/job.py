@@ -191,6 +191,34 @@ def _fp8_weight_casts(job: Job, layer_ops: tuple[Op, ...]) -> tuple[Op, ...]:
     )
 
 
+def _fsdp2_copies(job: Job, layer_params: float) -> tuple[Op, ...]:
+    """FSDP2 (``fully_shard``) with ZeRO-3: each gathered layer is copied out of the all-gather
+    buffer into its parameters (``split_with_sizes_copy``: read and write the unsharded
+    weights), in the forward and again in the backward after resharding, and its gradients are
+    copied into the reduce-scatter buffer in the reduce dtype (``_chunk_cat``: read them, write
+    them in fp32 or bf16), every micro-batch."""
+    plan = job.parallel
+    if plan.framework is not Framework.FSDP or (plan.fsdp_version or 2) != 2:
+        return ()
+    if plan.zero_stage < 3 or plan.zero_shards == 1:
+        return ()
+    e = param_bytes(job.precision)
+    copy_out = 2.0 * e * layer_params
+    copy_in = (e + grad_bytes(job)) * layer_params
+    return (
+        Op(
+            name="fsdp_copy",
+            kind=OpKind.ELEMENTWISE,
+            role="FSDP2 copy-out of gathered weights, copy-in of gradients to reduce",
+            flops=0.0,
+            bytes=copy_out,
+            bwd_flops=0.0,
+            bwd_bytes=copy_out + copy_in,
+            dims=(("params", int(layer_params)),),
+        ),
+    )
+
+
 def _optimizer_op(params_updated: float, grad_e: float, param_e: float, state_e: float) -> Op:
     """Adam step over the parameters this rank owns: reads the gradient, reads and writes the
     fp32 state (moments, and the master weight in mixed precision), writes the weight. Before
@@ -267,6 +295,7 @@ def count_job(job: Job) -> JobInventory:
     layer_coll = count_layer_collectives(model, plan, x)
     layer_params = _layer_params(layer_ops)
     layer_ops += _grad_accumulation(job, layer_params) + _fp8_weight_casts(job, layer_ops)
+    layer_ops += _fsdp2_copies(job, layer_params)
     emb_ops, head_ops = count_embedding_ops(model, x), count_head_ops(model, x)
     param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     split = count_layers_per_stage(model, plan)

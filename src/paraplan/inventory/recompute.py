@@ -31,7 +31,7 @@ from paraplan.specs import ParallelPlan, Recompute
 _GEMMS = (OpKind.GEMM,)
 _ATTENTION = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
 # once-per-iteration work carried by the layer: recomputing the layer does not redo it
-_NEVER_RECOMPUTED = frozenset({"fp8_weight_cast", "grad_accumulate"})
+_NEVER_RECOMPUTED = frozenset({"fp8_weight_cast", "grad_accumulate", "fsdp_copy"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
             # micro-batch count where gradients are added or FP8 weights cast once per iteration
             p = job.parallel
             shape = (g, crossing, p.tp, p.cp, p.sequence_parallel, p.micro_batch_size, p.num_microbatches,
-                     p.framework, p.fuses_gradient_accumulation, p.tp_comm_overlap)
+                     p.framework, p.fuses_gradient_accumulation, p.tp_comm_overlap, p.zero_stage, p.fsdp_version)
             if layer_costs is None or shape not in layer_costs:
                 layer = LayerCost.of(inv.stages[0], cm, comm)
                 if layer_costs is not None:

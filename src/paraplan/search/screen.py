@@ -311,6 +311,9 @@ def screen_plans(
         # a layer's backward adds its gradients to .grad on all but the first micro-batch;
         # FP8 layers cast their weights once per iteration: both are shared by m micro-batches
         akey = _mix(akey, _codes(plans["gbs"] // (mbs * plans["dp"])))
+    if space.framework == "fsdp":
+        # FSDP2 copies gathered weights and gradients in every layer when ZeRO-3 shards them
+        akey = _mix(akey, ((zero >= 3) & (plans["dp"] * cp > 1)).astype(np.int64))
     a_reps, a = _representatives(akey, prefer=pp > 1)
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
     A = _shard_table(model, cm, a_invs)

@@ -67,6 +67,10 @@ class ParallelPlan(BaseModel):
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: bool = False
+    # PyTorch FSDP's version (framework fsdp): FSDP2 (fully_shard, torchtitan; the default) copies
+    # each gathered unit out of the all-gather buffer and its gradients into the reduce-scatter
+    # buffer; FSDP1's flat parameters (fms-fsdp, MosaicML) are views of those buffers
+    fsdp_version: Literal[1, 2] | None = None
     # Hybrid sharding (FSDP HYBRID_SHARD, torchtitan's data_parallel_shard_degree, Megatron's
     # --num-distributed-optimizer-instances): ZeRO shards over groups of this many data-
     # parallel ranks, and the shards' replicas all-reduce their gradients
@@ -122,6 +126,10 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 "parallel.data_parallel_shard_degree: hybrid sharding shards ZeRO state, so it needs "
                 "zero_stage >= 1"
+            )
+        if self.fsdp_version is not None and self.framework is not Framework.FSDP:
+            raise ValueError(
+                f"parallel.fsdp_version: only with framework 'fsdp', not {self.framework.value!r}"
             )
         choices = RECOMPUTE_CHOICES[self.framework]
         if self.recompute not in choices:

@@ -27,6 +27,7 @@ class Family:
     framework: str  # paraplan's framework setting
     sharded_data_parallel: bool  # FSDP: a null zero_stage means FULL_SHARD (ZeRO-3)
     grad_reduce_in_fp32: bool | None = None  # None: the framework's default
+    fsdp_version: int | None = None  # PyTorch FSDP1 (flat parameters) or FSDP2; None: the default
     tp_comm_overlap: bool = False  # with sequence parallelism
     # billions of parameters up to which the family shards within a node (HYBRID_SHARD)
     hybrid_shard_below: float = 0.0
@@ -36,12 +37,15 @@ class Family:
 # First match wins; the order puts the specific names before the generic ones.
 _FAMILIES = (
     Family("torchtitan", ("torchtitan",), "fsdp", True),
-    # fms-fsdp's mixed precision reduces in bf16 (policies/mixed_precision.py, bfSixteen)
-    # ... and shards within a node up to ~30B parameters: the README's runs are HSDP for 7B and
-    # 13B, FULL_SHARD for 34B and 70B (blog: "HSDP is feasible only when the model can be
-    # sharded within a single node, limiting the size of models to around 30B parameters")
-    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "fsdp", True, grad_reduce_in_fp32=False, hybrid_shard_below=30.0),
-    Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "fsdp", True),
+    # fms-fsdp's mixed precision reduces in bf16 (policies/mixed_precision.py, bfSixteen); it
+    # runs FSDP1 (FullyShardedDataParallel) and shards within a node up to ~30B parameters: the
+    # README's runs are HSDP for 7B and 13B, FULL_SHARD for 34B and 70B (blog: "HSDP is feasible
+    # only when the model can be sharded within a single node, limiting the size of models to
+    # around 30B parameters")
+    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "fsdp", True, grad_reduce_in_fp32=False, fsdp_version=1,
+           hybrid_shard_below=30.0),
+    # Composer wraps models in FSDP1's FullyShardedDataParallel
+    Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "fsdp", True, fsdp_version=1),
     Family("deepspeed", ("deepspeed", "gpt-neox"), "deepspeed", False),
     Family("fsdp", ("fsdp",), "fsdp", True),
     # NVIDIA's MLPerf GPT-3 NeMo configs (training_results_v3.0 .../gpt3/implementations/pytorch:
@@ -236,6 +240,8 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
     }
     if family.grad_reduce_in_fp32 is not None:
         parallel["grad_reduce_in_fp32"] = family.grad_reduce_in_fp32
+    if family.fsdp_version is not None:
+        parallel["fsdp_version"] = family.fsdp_version
     tp_overlap = family.tp_comm_overlap or bool(_TP_OVERLAP.search(words))
     if tp_overlap and parallel["sequence_parallel"] and parallel["tp"] > 1:
         parallel["tp_comm_overlap"] = True
