@@ -85,10 +85,17 @@ def test_h100_fp8_gemms_run_at_the_measured_fp8_to_bf16_ratio_not_the_impossible
 
 
 def test_a_cluster_whose_nccl_efficiency_is_a_guess_says_so_for_each_link_it_uses():
-    notes = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 2},
+    notes = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "aws-g5.48xlarge", "num_nodes": 2},
                               "parallel": {"global_batch_size": 64}}).uncalibrated
     assert any("intra-node collectives at a generic 80%" in n for n in notes)
     assert any("inter-node collectives at a generic 80%" in n for n in notes)
+
+
+def test_an_hgx_h100_cloud_node_takes_the_measured_board_and_flags_only_its_network():
+    notes = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 2},
+                              "parallel": {"global_batch_size": 64}}).uncalibrated
+    assert not any("intra-node" in n for n in notes)
+    assert any("aws-p5.48xlarge: inter-node collectives at a generic 80%" in n for n in notes)
 
 
 def test_measured_links_carry_no_mark_and_a_single_node_uses_no_network():
