@@ -39,7 +39,7 @@ SPACES = {
         vpp=(1, 2, 3, 4, 6, 8),
         micro_batch_size=(1, 2, 4, 8, 16),
         zero_stage=(0, 1, 2, 3),
-        recompute=tuple(Recompute),
+        recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),  # Megatron-LM's policies
         sequence_parallel="both",
         global_batch_sizes=BATCHES,
     ),
