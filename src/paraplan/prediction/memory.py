@@ -71,9 +71,11 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         ends = sum(op.saved_bytes for op in st.end_ops)
         held += ends
         working -= ends
-    # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each), of the
-    # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards)
-    fp8_copies = 2.0 * fp8_weight_params(st.layer_ops) * st.num_layers / (dp if zero >= 3 else 1)
+    # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each): of the
+    # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards), plus the layer being
+    # gathered and used
+    per_layer = 2.0 * fp8_weight_params(st.layer_ops)
+    fp8_copies = per_layer * (st.num_layers / dp + 1 if zero >= 3 else st.num_layers)
     return StageMemory(
         stage=st.index,
         weights=params * inv.param_bytes / (dp if zero >= 3 else 1) + fp8_copies,
