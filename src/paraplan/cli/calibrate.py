@@ -53,6 +53,15 @@ def _prepare(folder: Path, out_file: Path | None, force: bool) -> None:
         check_output_path(out_file, overwrite=force, flag="--force", what="YAML file")
 
 
+def _prepare_csv(path: Path) -> None:
+    """Checked before fitting: the extra is installed and CSV is a file."""
+    from paraplan.calibrate import check_dependencies
+
+    check_dependencies()
+    if not path.is_file():
+        raise ConfigError(f"CSV {path}: no such file")
+
+
 def _named(flag: str, load: Callable[[str], T], name: str) -> T:
     """A catalog entry; an unknown name is a ConfigError naming ``flag``."""
     try:
@@ -151,11 +160,7 @@ def gemm_table_command(
     from paraplan.report.calibration import render_curve
 
     with user_errors():
-        from paraplan.calibrate import check_dependencies
-
-        check_dependencies()
-        if not table.is_file():
-            raise ConfigError(f"CSV {table}: no such file")
+        _prepare_csv(table)
         spec = _named("--gpu", load_gpu, gpu)
         result = fit_curve(load_gemm_table(table, gpu_key, dtype, spec, min_flops), spec, seed=seed, holdout=holdout)
     out.print(render_curve(result, spec.name))
@@ -174,12 +179,8 @@ def attention_command(
     from paraplan.report.calibration import render_curve
 
     with user_errors():
-        from paraplan.calibrate import check_dependencies
-
-        check_dependencies()
         path = points or ATTENTION_POINTS
-        if not path.is_file():
-            raise ConfigError(f"CSV {path}: no such file")
+        _prepare_csv(path)
         spec = _named("--gpu", load_gpu, gpu)
         result = fit_curve(load_attention_points(path), spec, seed=seed, holdout=holdout)
     out.print(render_curve(result, spec.name))
@@ -201,11 +202,7 @@ def collective_table_command(
     from paraplan.report.calibration import render_collective_table
 
     with user_errors():
-        from paraplan.calibrate import check_dependencies
-
-        check_dependencies()
-        if not table.is_file():
-            raise ConfigError(f"CSV {table}: no such file")
+        _prepare_csv(table)
         spec = _named("--cluster", load_cluster, cluster)
         result = fit_collective_table(table, gpu_key, spec, min_bytes=min_mib * 2**20, seed=seed, holdout=holdout)
     out.print(render_collective_table(result, spec.name))

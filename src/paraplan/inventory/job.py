@@ -159,7 +159,24 @@ def _grad_accumulation(job: Job, layer_params: float) -> tuple[Op, ...]:
             bwd_weight_flops=layer_params * (m - 1) / m,
             bwd_weight_bytes=traffic,
             dims=(("params", int(layer_params)),),
+            recomputable=False,
         ),
+    )
+
+
+def _copy_traffic(name: str, role: str, params: float, fwd_bytes: float, bwd_bytes: float) -> Op:
+    """Bytes a framework moves around a layer's ``params`` weights (no arithmetic), which
+    recomputing the layer does not move again."""
+    return Op(
+        name=name,
+        kind=OpKind.ELEMENTWISE,
+        role=role,
+        flops=0.0,
+        bytes=fwd_bytes,
+        bwd_flops=0.0,
+        bwd_bytes=bwd_bytes,
+        dims=(("params", int(params)),),
+        recomputable=False,
     )
 
 
@@ -177,18 +194,8 @@ def _fp8_weight_casts(job: Job, layer_ops: tuple[Op, ...]) -> tuple[Op, ...]:
         return ()
     e = param_bytes(job.precision)
     traffic = (e + 2.0) * params / job.parallel.num_microbatches
-    return (
-        Op(
-            name="fp8_weight_cast",
-            kind=OpKind.ELEMENTWISE,
-            role="FP8 copies of the weights and their transposes, once per iteration",
-            flops=0.0,
-            bytes=traffic,
-            bwd_flops=0.0,
-            bwd_bytes=0.0,
-            dims=(("params", int(params)),),
-        ),
-    )
+    role = "FP8 copies of the weights and their transposes, once per iteration"
+    return (_copy_traffic("fp8_weight_cast", role, params, traffic, 0.0),)
 
 
 def _fsdp2_copies(job: Job, layer_params: float) -> tuple[Op, ...]:
@@ -205,18 +212,8 @@ def _fsdp2_copies(job: Job, layer_params: float) -> tuple[Op, ...]:
     e = param_bytes(job.precision)
     copy_out = 2.0 * e * layer_params
     copy_in = (e + grad_bytes(job)) * layer_params
-    return (
-        Op(
-            name="fsdp_copy",
-            kind=OpKind.ELEMENTWISE,
-            role="FSDP2 copy-out of gathered weights, copy-in of gradients to reduce",
-            flops=0.0,
-            bytes=copy_out,
-            bwd_flops=0.0,
-            bwd_bytes=copy_out + copy_in,
-            dims=(("params", int(layer_params)),),
-        ),
-    )
+    role = "FSDP2 copy-out of gathered weights, copy-in of gradients to reduce"
+    return (_copy_traffic("fsdp_copy", role, layer_params, copy_out, copy_out + copy_in),)
 
 
 def _optimizer_op(params_updated: float, grad_e: float, param_e: float, state_e: float) -> Op:

@@ -50,6 +50,9 @@ class Op:
     exec_fraction: float = 1.0
     dims: tuple[tuple[str, int], ...] = field(default=())
     fp8: bool = False  # runs on the FP8 tensor cores (Transformer Engine's FP8 linear layers)
+    # False for work a layer carries that recomputing the layer does not redo (gradient
+    # accumulation, once-per-iteration FP8 weight casts, FSDP's buffer copies)
+    recomputable: bool = True
 
     @property
     def kept_under_selective(self) -> float:

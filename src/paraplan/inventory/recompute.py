@@ -30,8 +30,6 @@ from paraplan.specs import ParallelPlan, Recompute
 
 _GEMMS = (OpKind.GEMM,)
 _ATTENTION = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
-# once-per-iteration work carried by the layer: recomputing the layer does not redo it
-_NEVER_RECOMPUTED = frozenset({"fp8_weight_cast", "grad_accumulate", "fsdp_copy"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +80,9 @@ def recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layer
 
 def _recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
     cost = _policy_cost(plan, ops, x, layers)
-    if not any(op.name in _NEVER_RECOMPUTED for op in ops):
+    if all(op.recomputable for op in ops):
         return cost
-    weights = tuple(0.0 if op.name in _NEVER_RECOMPUTED else w for op, w in zip(ops, cost.op_weights, strict=True))
+    weights = tuple(w if op.recomputable else 0.0 for op, w in zip(ops, cost.op_weights, strict=True))
     return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes)
 
 

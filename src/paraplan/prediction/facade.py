@@ -86,13 +86,13 @@ def assemble_prediction(
     m = plan.num_microbatches
     tc = timings[crit]
     v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-    if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
+    if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
+        sends = 0.0  # no pipeline, or asynchronous sends that hold no stage: waiting is bubble
+    elif lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
         sends = transfer_s(crit, plan.pp, m, p2p, mask)
     else:  # each of the stage's v chunks sends forward and backward, except out of the model's ends
         forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
         sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
-    if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
-        sends = 0.0  # asynchronous sends hold no stage: waiting for them is bubble
     busy = m * tc.busy_mb_s
     breakdown = Breakdown(
         forward_compute_s=m * tc.forward_mb_s,

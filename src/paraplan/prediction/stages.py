@@ -18,7 +18,7 @@ from paraplan.inventory import (
     StageInventory,
     group_layout,
 )
-from paraplan.inventory.recompute import recompute_cost
+from paraplan.inventory.recompute import RecomputeCost, recompute_cost
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
 from paraplan.schedule import overlapped_s, sharded_pass_s
 from paraplan.specs import Phase
@@ -42,6 +42,11 @@ class LayerCost:
     bwd_total: float
     comm_fwd: float  # the layer's TP/CP collectives
     comm_bwd: float
+
+    def recompute_s(self, rc: RecomputeCost) -> float:
+        """Seconds one layer spends recomputing under ``rc`` (its operators' and
+        collectives' forward, each as often as the policy re-runs it)."""
+        return sum(w * t for w, t in zip(rc.op_weights, self.fwd, strict=True)) + rc.comm_weight * self.comm_fwd
 
     @classmethod
     def of(cls, st: StageInventory, cm: CostModel, comm: CommCosts) -> LayerCost:
@@ -109,8 +114,7 @@ def stage_timing(
     layer_f, layer_b = layer.fwd_total, layer.bwd_total
     tp_f = n * layer.comm_fwd + comm.total(st.end_collectives, (Phase.FWD,))
     tp_b = n * layer.comm_bwd + comm.total(st.end_collectives, BACKWARD)
-    rc = recompute_cost(plan, st.layer_ops, inv.shape, n)
-    recompute = n * (sum(w * t for w, t in zip(rc.op_weights, layer.fwd, strict=True)) + rc.comm_weight * layer.comm_fwd)
+    recompute = n * layer.recompute_s(recompute_cost(plan, st.layer_ops, inv.shape, n))
     forward = n * layer_f + ops_seconds(cm, st.end_ops, (Phase.FWD,))
     backward = n * layer_b + ops_seconds(cm, st.end_ops, BACKWARD)
     slowdown = cm.cluster.gpu.efficiency.overlap_slowdown

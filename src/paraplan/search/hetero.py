@@ -91,11 +91,10 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
                 continue
             cm = AnalyticalCostModel(view, job.precision)
             comm = CommCosts(inv, cm)
-            # one layer's operators and TP/CP collectives depend on the shard shape, and on the
-            # micro-batch count where gradients are added or FP8 weights cast once per iteration
-            p = job.parallel
-            shape = (g, crossing, p.tp, p.cp, p.sequence_parallel, p.micro_batch_size, p.num_microbatches,
-                     p.framework, p.fuses_gradient_accumulation, p.tp_comm_overlap, p.zero_stage, p.fsdp_version)
+            # what LayerCost.of reads: the layer's operators and collectives, where the TP/CP
+            # groups lie (tp, cp) and how TP traffic overlaps
+            p, st0 = job.parallel, inv.stages[0]
+            shape = (g, crossing, st0.layer_ops, st0.layer_collectives, p.tp, p.cp, p.tp_comm_overlap)
             if layer_costs is None or shape not in layer_costs:
                 layer = LayerCost.of(inv.stages[0], cm, comm)
                 if layer_costs is not None:

@@ -183,12 +183,6 @@ def _representatives(key: np.ndarray, prefer: np.ndarray | None = None) -> tuple
     return order[starts], inverse
 
 
-def _recompute_s(plan, policy: Recompute, st, x, layer: LayerCost) -> float:
-    """Seconds one layer recomputes under ``policy`` (``prediction.stage_timing``'s formula)."""
-    rc = recompute_cost(plan.model_copy(update={"recompute": policy}), st.layer_ops, x, 1)
-    return sum(w * t for w, t in zip(rc.op_weights, layer.fwd, strict=True)) + rc.comm_weight * layer.comm_fwd
-
-
 def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
     """Per shard shape: one layer's seconds, the ends' seconds, and the activation bytes per
     layer and at the ends under each recompute policy."""
@@ -204,7 +198,9 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             "comm_f": layer.comm_fwd,
             "comm_b": layer.comm_bwd,
             # one layer's recompute under each policy (inventory.recompute, as the prediction)
-            **{f"rc_{policy.value}": _recompute_s(plan, policy, st, x, layer) for policy in _RECOMPUTE[1:]},
+            **{f"rc_{policy.value}": layer.recompute_s(
+                recompute_cost(plan.model_copy(update={"recompute": policy}), st.layer_ops, x, 1))
+               for policy in _RECOMPUTE[1:]},
         }
         flags = {_FIRST: (True, False), _MID: (False, False), _LAST: (False, True), 3: (True, True)}  # 3: pp = 1
         ends = {c: count_end_ops(job, x, first=f, last=la) for c, (f, la) in flags.items()}
