@@ -10,6 +10,7 @@ from gpt_example import EXAMPLES  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from paraplan.cli.app import app  # noqa: E402
+from readable import WIDTHS, assert_readable_text  # noqa: E402
 
 GPT = f"{EXAMPLES / 'gpt_block.py'}:train_step"
 SMALL = "num_layers=2,hidden=64,batch=8,seq=16"
@@ -36,6 +37,21 @@ def test_the_table_folds_the_layers_and_reports_the_check(devices):
     result = run(GPT, "--mesh", "data=2,model=4", "--args", SMALL, "--memory-budget", "60GB")
     assert result.exit_code == 0, result.output
     assert "layers.*.qkv" in result.stdout and "numerics: the sharded step equals the unsharded one" in result.stdout
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_tables_keep_every_number_and_weight_whole(devices, width):
+    """Issue 14: read at 80 and 200 columns, no cell is cut to '…'."""
+    result = CliRunner().invoke(app, ["sharding", GPT, "--mesh", "data=2,model=4", "--args", SMALL],
+                                env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    plan = json.loads(run(GPT, "--mesh", "data=2,model=4", "--args", SMALL, "--no-verify", "--format", "json").stdout)
+    from paraplan.report.sharding import fold_blocks
+    from paraplan.units import format_bytes, format_seconds
+
+    rows = fold_blocks(plan["plan"]["blocks"])
+    cells = [r["weight"] for r in rows] + [format_bytes(r["memory_bytes"]) for r in rows]
+    assert_readable_text(result.stdout, width, cells + [format_seconds(r["time_s"]) for r in rows])
 
 
 def test_shapes_only_analyses_without_running():

@@ -31,6 +31,7 @@ from paraplan.costmodel import estimate_collective_s
 from paraplan.inventory.samples import op_for_sample
 from paraplan.samples.gpumodeling import NCCL_KINDS, collective_for_row, group_layout
 from paraplan.specs import EfficiencyCurve, EfficiencySpec, GpuSpec, Precision
+from readable import assert_readable_text
 
 runner = CliRunner()
 GPU_FILE = "NVIDIAA100-SXM4-80GB"  # the file-name spelling of the catalog's A100-SXM4-80GB
@@ -93,8 +94,7 @@ def test_operators_prints_tables_at_80_columns_and_the_efficiency_block(operator
                   "In-sample errors"):
         assert title in out
     tables = out[: out.rindex("efficiency:")]  # the YAML block after them keeps its long source line
-    assert all(len(line) <= 80 for line in tables.splitlines())
-    assert "…" not in tables  # no number cut
+    assert_readable_text(tables, 80)  # no number cut, no line past 80 columns
     eff = EfficiencySpec.model_validate(_block(out, "efficiency:")["efficiency"])
     assert eff.gemm.max_fraction == pytest.approx(TRUTH.gemm.max_fraction, rel=0.02)
     assert eff.memory.max_fraction == pytest.approx(TRUTH.memory.max_fraction, rel=0.02)
@@ -173,7 +173,7 @@ def test_links_recovers_the_link_parameters_and_prints_their_yaml(tmp_path):
     assert result.exit_code == 0, result.output
     out = result.stdout
     tables = out[: out.rindex("# YAML")]
-    assert all(len(line) <= 80 for line in tables.splitlines()) and "…" not in tables
+    assert_readable_text(tables, 80)
     assert "Fitted links" in out and "Errors per collective and config" in out
     fitted = _block(out, "# YAML")
     assert fitted["intra_node"]["topology"] == "mesh"

@@ -6,6 +6,7 @@ import typer
 
 from paraplan.cli.calibrate import calibrate_app
 from paraplan.cli.catalog import catalog_command
+from paraplan.cli.common import HELP_SETTINGS
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
@@ -20,16 +21,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **HELP_SETTINGS,
 )
-app.command("predict")(predict_command)
-app.command("catalog")(catalog_command)
-app.command("validate")(validate_command)
-app.add_typer(samples_app, name="samples")
-app.command("fit")(fit_command)
-app.add_typer(calibrate_app, name="calibrate")
-app.command("search")(search_command)
-app.command("export")(export_command)
-app.command("sharding")(sharding_command)
+# The one-line summaries `paraplan --help` lists (each whole at 80 columns; the commands' own
+# --help has their full text).
+app.command("predict", short_help="Predict one iteration's time, breakdown, memory and cost.")(predict_command)
+app.command("catalog", short_help="List the catalog's GPUs, models or clusters.")(catalog_command)
+app.command("validate", short_help="Predict measured runs; print the errors.")(validate_command)
+app.add_typer(samples_app, name="samples", short_help="Import measured operator and collective timings.")
+app.command("fit", short_help="Fit the learned backend's regressors to samples.")(fit_command)
+app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves and links to measurements.")
+app.command("search", short_help="Search the parallel plans of a model on a cluster.")(search_command)
+app.command("export", short_help="Write the launch recipe of a job's plan.")(export_command)
+app.command("sharding", short_help="Plan the sharding of a JAX step function.")(sharding_command)
 
 
 def _print_version(value: bool) -> None:

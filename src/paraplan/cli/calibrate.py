@@ -10,13 +10,14 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from paraplan.cli.common import err, out, user_errors, write_text
+from paraplan.cli.common import HELP_SETTINGS, err, out, user_errors, write_text
 from paraplan.specs import ConfigError
 
 calibrate_app = typer.Typer(
     name="calibrate",
     help="Fit the analytical cost model to measured samples: a GPU's efficiency curves, a cluster's links.",
     no_args_is_help=True,
+    **HELP_SETTINGS,
 )
 
 T = TypeVar("T")
@@ -82,7 +83,7 @@ def _finish(result: Any, render: Callable[[Any], Any], out_file: Path | None, fo
         _log(f"wrote the fitted YAML block to {out_file}")
 
 
-@calibrate_app.command("operators")
+@calibrate_app.command("operators", short_help="Fit a GPU's efficiency curves to operator timings.")
 def operators_command(
     folder: Annotated[Path, typer.Argument(metavar="DIR", help="Folder of GPUModeling operator CSVs.", show_default=False)],
     gpu: Annotated[str, typer.Option(help="Catalog GPU, e.g. A100-SXM4-80GB.", show_default=False)],
@@ -123,7 +124,7 @@ def operators_command(
             _log(f"wrote the efficiency block into {path}")
 
 
-@calibrate_app.command("links")
+@calibrate_app.command("links", short_help="Fit a cluster's links to NCCL timings.")
 def links_command(
     folder: Annotated[Path, typer.Argument(metavar="DIR", help="Folder of GPUModeling NCCL CSVs.", show_default=False)],
     cluster: Annotated[str, typer.Option(help="Catalog cluster: GPU, GPUs per node, nominal bandwidths.", show_default=False)],
@@ -145,7 +146,7 @@ def links_command(
         _finish(result, render_links, out_file, force)
 
 
-@calibrate_app.command("gemm-table")
+@calibrate_app.command("gemm-table", short_help="Fit a GPU's GEMM curve to XLA's GEMM table.")
 def gemm_table_command(
     table: Annotated[Path, typer.Argument(metavar="CSV", help="XLA's GEMM table (xla_perf_tables/matmul.csv).", show_default=False)],
     gpu_key: Annotated[str, typer.Option(help="The table's GPU key, e.g. sm_90.", show_default=False)],
@@ -167,7 +168,7 @@ def gemm_table_command(
     write_text(result.block)
 
 
-@calibrate_app.command("attention")
+@calibrate_app.command("attention", short_help="Fit a GPU's attention curve to benchmark points.")
 def attention_command(
     gpu: Annotated[str, typer.Option(help="Catalog GPU the points were measured on.", show_default=False)],
     points: Annotated[Path | None, typer.Argument(metavar="CSV", help="Benchmark points (default: FlashAttention-2 on H100, from the FA3 paper).", show_default=False)] = None,
@@ -187,7 +188,7 @@ def attention_command(
     write_text(result.block)
 
 
-@calibrate_app.command("collective-table")
+@calibrate_app.command("collective-table", short_help="Fit a node's collective curves to XLA's table.")
 def collective_table_command(
     table: Annotated[Path, typer.Argument(metavar="CSV", help="XLA's collective table (xla_perf_tables/collectives.csv).", show_default=False)],
     gpu_key: Annotated[str, typer.Option(help="The table's GPU key, e.g. sm_90.", show_default=False)],

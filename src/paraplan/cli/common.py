@@ -6,6 +6,7 @@ import contextlib
 import enum
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import typer
 from pydantic import ValidationError
@@ -14,6 +15,11 @@ from rich.markup import escape
 
 from paraplan.specs import ConfigError, format_validation_error
 from paraplan.units import UnitError
+
+# --help as click prints it: option names whole at any width (rich's help panels cut long option
+# names to "…" at 80 columns) and boolean flags as --flag or --flag / --no-flag, never "<bool>".
+# Every Typer app of the command passes these.
+HELP_SETTINGS: dict[str, Any] = {"rich_markup_mode": None}
 
 out = Console(soft_wrap=False)
 err = Console(stderr=True)

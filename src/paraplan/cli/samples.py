@@ -12,15 +12,16 @@ from typing import Annotated, Any
 
 import typer
 
-from paraplan.cli.common import err, out, user_errors, write_text
+from paraplan.cli.common import HELP_SETTINGS, err, out, user_errors, write_text
 from paraplan.specs import ConfigError
 
 samples_app = typer.Typer(
     name="samples",
     help="Sample records: measured operator and collective timings for the learned backend.",
     no_args_is_help=True,
+    **HELP_SETTINGS,
 )
-import_app = typer.Typer(help="Import timings measured by another tool.", no_args_is_help=True)
+import_app = typer.Typer(help="Import timings measured by another tool.", no_args_is_help=True, **HELP_SETTINGS)
 samples_app.add_typer(import_app, name="import")
 
 
@@ -66,29 +67,26 @@ def _progress(total: int, delay_s: float = 1.0) -> Iterator[Callable[[Path], Non
 def _tables(summary: dict[str, Any], out_file: Path, seconds: float) -> list[Any]:
     """Records kept (one row per operator/collective and phase, one column per device) and
     records excluded (per folder and reason)."""
-    from rich.markup import escape
-    from rich.table import Table
+    from paraplan.report.layout import ReadableTable
 
     devices = sorted({r["device"] for r in summary["kept"]})
     counts: dict[tuple[str, str], dict[str, int]] = {}
     for r in summary["kept"]:
         label = r["name"] + (f" [{r['variant']}]" if r["variant"] else "")
         counts.setdefault((label, r["phase"]), {})[r["device"]] = r["records"]
-    kept = Table(title=f"Records kept ({summary['records']})", title_justify="left")
-    kept.add_column(escape("operator / collective [variant]"))
+    kept = ReadableTable(f"Records kept ({summary['records']})")
+    kept.add_column("operator / collective [variant]", wrap=True)
     kept.add_column("phase")
     for device in devices:
-        kept.add_column(device, justify="right")
+        kept.add_column(device, number=True)
     for (label, phase), per_device in counts.items():
-        kept.add_row(escape(label), phase, *(str(per_device.get(d, "-")) for d in devices))
-    excluded = Table(
-        title=f"Records excluded ({sum(summary['excluded_total'].values())})", title_justify="left"
-    )
-    for col in ("folder", "reason"):
-        excluded.add_column(col)
-    excluded.add_column("records", justify="right")
+        kept.add_row(label, phase, *(str(per_device.get(d, "-")) for d in devices))
+    excluded = ReadableTable(f"Records excluded ({sum(summary['excluded_total'].values())})")
+    excluded.add_column("folder")
+    excluded.add_column("reason", wrap=True)
+    excluded.add_column("records", number=True)
     for r in summary["excluded"]:
-        excluded.add_row(escape(r["folder"]), escape(r["reason"]), str(r["records"]))
+        excluded.add_row(r["folder"], r["reason"], str(r["records"]))
     dup = sum(summary["duplicates"].values())
     footer = f"wrote {summary['records']} records to {out_file} in {seconds:.1f} s"
     if dup:
@@ -96,7 +94,7 @@ def _tables(summary: dict[str, Any], out_file: Path, seconds: float) -> list[Any
     return [kept, excluded, footer]
 
 
-@import_app.command("gpumodeling")
+@import_app.command("gpumodeling", short_help="Import GPUModeling25 operator and NCCL timings.")
 def import_gpumodeling_command(
     dirs: Annotated[
         list[Path],

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
-
 from paraplan.catalog import catalog_names, load_gpu, load_model
 from paraplan.catalog.loader import load_any_cluster
+from paraplan.report.layout import ReadableTable
 from paraplan.specs import HeteroClusterSpec
 
 
@@ -88,14 +87,44 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
     return rows
 
 
-def render_catalog(kind: str, rows: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"catalog: {kind}", title_justify="left")
+# Table headers of the row keys (the JSON/CSV keys stay as they are): (header, short header)
+_HEADERS: dict[str, tuple[str, str | None]] = {
+    "name": ("name", None),
+    "fp16_tflops": ("fp16 TFLOP/s", "fp16"),
+    "bf16_tflops": ("bf16 TFLOP/s", "bf16"),
+    "fp8_tflops": ("fp8 TFLOP/s", "fp8"),
+    "hbm_gib": ("HBM GiB", None),
+    "hbm_bandwidth_gb_per_s": ("HBM GB/s", None),
+    "intra_node_gb_per_s": ("intra-node GB/s", "intra GB/s"),
+    "inter_node_gb_per_s_per_gpu": ("inter-node GB/s per GPU", "inter GB/s"),
+    "efficiency": ("efficiency curves", "curves"),
+    "aliases": ("aliases", None),
+    "num_layers": ("layers", None),
+    "hidden_size": ("hidden size", "hidden"),
+    "num_attention_heads": ("attention heads", "heads"),
+    "num_query_groups": ("query groups", "kv"),
+    "ffn_hidden_size": ("FFN hidden size", "ffn"),
+    "seq_length": ("sequence length", "seq"),
+    "vocab_size": ("vocabulary", "vocab"),
+    "activation": ("activation", None),
+    "gpu": ("GPU", None),
+    "gpus_per_node": ("GPUs per node", "GPUs/node"),
+    "price_per_gpu_hour_usd": ("$ per GPU-hour", "$/GPU-h"),
+}
+_TEXT = {"name", "gpu", "aliases", "activation", "efficiency"}
+_PROSE = {"gpu", "aliases", "efficiency"}
+
+
+def render_catalog(kind: str, rows: list[dict[str, Any]]) -> ReadableTable:
+    """The catalog at any terminal width: numbers whole, headers shortened (with a legend) and
+    the aliases moved under the table when the terminal is narrow."""
+    table = ReadableTable(title=f"catalog: {kind}")
     if not rows:
         return table
     for column in rows[0]:
-        table.add_column(
-            column, justify="left" if column in ("name", "gpu", "aliases", "activation", "efficiency") else "right"
-        )
+        header, short = _HEADERS.get(column, (column, None))
+        table.add_column(header, short=short, number=column not in _TEXT, wrap=column in _PROSE,
+                         detail=column == "aliases")
     for row in rows:
         table.add_row(*("-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in row.values()))
     return table

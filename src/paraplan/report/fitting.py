@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
+from rich.text import Text
+
+from paraplan.report.layout import ReadableTable
 
 
 def fit_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
@@ -24,29 +26,65 @@ def fit_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _by_group(keys: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Regressor keys by what they share: ``op/GPU/dtype`` or ``collective/cluster`` ->
+    [(``operator/direction`` or ``collective/link``, key)]."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for key in keys:
+        head, _, tail = key.rpartition("/")
+        head, _, name = head.rpartition("/")
+        if not head:  # a key of another shape: shown whole
+            head, name, tail = "regressors", key, ""
+        groups.setdefault(head, []).append((f"{name}/{tail}" if tail else name, key))
+    return groups
+
+
 def render_fit(rows: list[dict[str, Any]], path: Path) -> Group:
-    table = Table(title=f"Regressors written to {path} (errors: mean |pred - measured| / measured)", title_justify="left")
-    for col in ("regressor", "algorithm", "samples", "CV error", "hold-out error", "analytical", "fit s"):
-        table.add_column(col, justify="left" if col in ("regressor", "algorithm") else "right")
-    for r in rows:
-        table.add_row(
-            r["key"],
-            r["algorithm"],
-            str(r["samples"]),
-            f"{100 * r['cv_error']:.1f} %",
-            f"{100 * r['holdout_error']:.1f} %",
-            f"{100 * r['analytical_holdout_error']:.1f} %",
-            f"{r['fit_seconds']:.1f}",
-        )
-    return Group(table)
+    """One table per GPU and precision, and per cluster (the regressor's name is the key with
+    the table's title in front: ``op/A100-SXM4-80GB/fp16`` + ``/linear1/fwd``)."""
+    by_key = {r["key"]: r for r in rows}
+    items: list[Any] = [
+        Text(f"Regressors written to {path} (errors: mean |pred - measured| / measured; analytical: "
+             "the analytical estimate's hold-out error)", style="bold")
+    ]
+    for group, members in _by_group(list(by_key)).items():
+        table = ReadableTable(f"{group}/...")
+        table.add_column("regressor")
+        table.add_column("algorithm")
+        for col, short in (("samples", None), ("CV error", "CV"), ("hold-out error", "hold-out"),
+                           ("analytical", None), ("fit s", None)):
+            table.add_column(col, short=short, number=True)
+        for name, key in members:
+            r = by_key[key]
+            table.add_row(
+                name,
+                r["algorithm"],
+                str(r["samples"]),
+                f"{100 * r['cv_error']:.1f} %",
+                f"{100 * r['holdout_error']:.1f} %",
+                f"{100 * r['analytical_holdout_error']:.1f} %",
+                f"{r['fit_seconds']:.1f}",
+            )
+        items.append(table)
+    return Group(*items)
 
 
-def render_learning_curves(curves: dict[str, list[tuple[float, int, float]]]) -> Table:
+def render_learning_curves(curves: dict[str, list[tuple[float, int, float]]]) -> Group:
+    """Hold-out error of each regressor trained on a share of its training samples; n is the
+    number of training samples at 100 % (the shares take that fraction of them)."""
     fractions = [f for f, _, _ in next(iter(curves.values()))] if curves else []
-    table = Table(title="Learning curves: hold-out error by share of the training samples", title_justify="left")
-    table.add_column("regressor")
-    for f in fractions:
-        table.add_column(f"{100 * f:g} %", justify="right")
-    for key, curve in curves.items():
-        table.add_row(key, *(f"{100 * e:.1f} % (n={n})" for _, n, e in curve))
-    return table
+    items: list[Any] = [
+        Text("Learning curves: hold-out error, %, by share of the training samples (n: training samples at 100 %)",
+             style="bold")
+    ]
+    for group, members in _by_group(list(curves)).items():
+        table = ReadableTable(f"{group}/...")
+        table.add_column("regressor")
+        table.add_column("n", number=True)
+        for f in fractions:
+            table.add_column(f"{100 * f:g} %", number=True)
+        for name, key in members:
+            curve = curves[key]
+            table.add_row(name, str(curve[-1][1]), *(f"{100 * e:.1f}" for _, _, e in curve))
+        items.append(table)
+    return Group(*items)

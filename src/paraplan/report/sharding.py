@@ -10,6 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_seconds
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
@@ -58,10 +59,14 @@ def render_sharding(plan: dict[str, Any], check: dict[str, Any] | None) -> Group
     summary.add_row("communication", _comm(plan["comm_bytes"]) + " per device per step")
     summary.add_row("analysis", f"{len(plan['blocks'])} blocks, {plan['blocks_costed']} costed "
                                 f"(layers found: {plan['layers_found'] or 'none'}), {format_seconds(plan['analysis_s'])}")
-    table = Table(title="Strategy per block (roles of the mesh axes; layers with the same strategy folded)")
-    for name, justify in (("weight", "left"), ("blocks", "right"), ("strategy", "left"), ("PartitionSpec", "left"),
-                          ("time", "right"), ("collectives", "left"), ("memory", "right")):
-        table.add_column(name, justify=justify, no_wrap=name == "weight")
+    table = ReadableTable("Strategy per block (roles of the mesh axes; layers with the same strategy folded)")
+    table.add_column("weight")
+    table.add_column("blocks", number=True)
+    table.add_column("strategy", wrap=True)
+    table.add_column("PartitionSpec", short="spec", wrap=True)
+    table.add_column("time", number=True)
+    table.add_column("collectives", wrap=True, detail=True)
+    table.add_column("memory", number=True)
     for row in fold_blocks(plan["blocks"]):
         table.add_row(row["weight"], str(row["count"]), row["strategy"], _spec(row["partition_spec"]),
                       format_seconds(row["time_s"]), _comm(row["comm_bytes"]), format_bytes(row["memory_bytes"]))
@@ -74,9 +79,10 @@ def render_sharding(plan: dict[str, Any], check: dict[str, Any] | None) -> Group
 
 
 def render_check(check: dict[str, Any]) -> Group:
-    table = Table(title=f"Compiled plan against the analytic model (compile {format_seconds(check['compile_s'])})")
-    for name in ("collective", "XLA (compiled)", "analytic", "difference"):
-        table.add_column(name, justify="left" if name == "collective" else "right")
+    table = ReadableTable(f"Compiled plan against the analytic model (compile {format_seconds(check['compile_s'])})")
+    table.add_column("collective")
+    for name in ("XLA (compiled)", "analytic", "difference"):
+        table.add_column(name, number=True)
     kinds = sorted(set(check["xla_collective_bytes"]) | set(check["analytic_collective_bytes"]))
     for kind in kinds:
         x, a = check["xla_collective_bytes"].get(kind, 0.0), check["analytic_collective_bytes"].get(kind, 0.0)
@@ -96,13 +102,17 @@ def render_check(check: dict[str, Any]) -> Group:
     return Group(table, numerics, flag)
 
 
-def render_profile(rows: list[dict[str, Any]]) -> Table:
+def render_profile(rows: list[dict[str, Any]]) -> ReadableTable:
     """Each chosen block strategy compiled alone: XLA's collective bytes and FLOPs per device
     against the analytic ones, and its measured time where it was timed (GPUs)."""
-    table = Table(title="Each block's strategy compiled alone (per block, per device)")
-    for name in ("weight", "strategy", "XLA collectives", "analytic", "XLA FLOPs / analytic", "XLA memory", "measured"):
-        table.add_column(name, justify="left" if name in ("weight", "strategy") else "right",
-                         no_wrap=name == "weight")
+    table = ReadableTable("Each block's strategy compiled alone (per block, per device)")
+    table.add_column("weight")
+    table.add_column("strategy", wrap=True)
+    table.add_column("XLA collectives", wrap=True)
+    table.add_column("analytic", wrap=True)
+    table.add_column("XLA FLOPs / analytic", short="FLOPs ratio", number=True)
+    table.add_column("XLA memory", number=True)
+    table.add_column("measured", number=True)
     for row in rows:
         p = row["profile"]
         if p is None:

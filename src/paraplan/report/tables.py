@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from paraplan.prediction import Prediction
+from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_seconds
 
 
@@ -90,12 +91,16 @@ def render_prediction(pred: Prediction) -> Group:
 
     items: list[Any] = [head, summary, parts, mem]
     if pred.placement is not None:
-        stages = Table(title="Stages on node groups", title_justify="left")
-        for column in ("stage", "GPUs", "layers", "fwd+bwd ms / micro-batch", "memory"):
-            stages.add_column(column, justify="left" if column == "GPUs" else "right")
+        stages = ReadableTable("Stages on node groups")
+        stages.add_column("stage", number=True)
+        stages.add_column("GPUs")
+        stages.add_column("layers", number=True)
+        stages.add_column("fwd+bwd ms / micro-batch", short="fwd+bwd ms", number=True)
+        stages.add_column("memory", number=True)
+        stages.add_column("HBM", number=True)
         for t, gpus, m, hbm in zip(pred.stages, pred.placement.stage_gpus, pred.memory, pred.hbm_bytes, strict=True):
             stages.add_row(str(t.stage), gpus, str(t.num_layers), f"{t.busy_mb_s * 1e3:.2f}",
-                           f"{format_bytes(m.total)} of {format_bytes(hbm)}")
+                           format_bytes(m.total), format_bytes(hbm))
         items.append(stages)
     if pred.cost_per_hour_usd is not None or job.train_tokens is not None:
         cost = Table(title="Cost", show_header=False, title_justify="left")
@@ -118,14 +123,13 @@ def render_uncalibrated(notes: tuple[str, ...]) -> list[Text]:
 
 def render_explain(pred: Prediction) -> Group:
     """Per-operator table of one layer of the critical stage, then its collectives."""
-    ops = Table(title="One transformer layer, one micro-batch, one GPU", title_justify="left")
-    for col in ("operator", "role", "kind", "GFLOP", "MB", "fwd ms", "bwd ms", "recompute ms", "model"):
-        ops.add_column(
-            col,
-            justify="left" if col in ("operator", "role", "kind", "model") else "right",
-            no_wrap=col == "operator",
-            max_width=22 if col == "role" else None,
-        )
+    ops = ReadableTable("One transformer layer, one micro-batch, one GPU")
+    ops.add_column("operator")
+    ops.add_column("role", wrap=True)
+    ops.add_column("kind")
+    for header, short in (("GFLOP", None), ("MB", None), ("fwd ms", None), ("bwd ms", None), ("recompute ms", "rec ms")):
+        ops.add_column(header, short=short, number=True)
+    ops.add_column("model", wrap=True, detail=True)
     for op in pred.layer_ops:
         ops.add_row(
             op.name,
@@ -141,10 +145,17 @@ def render_explain(pred: Prediction) -> Group:
     total_f = sum(o.fwd_s for o in pred.layer_ops)
     total_b = sum(o.bwd_s for o in pred.layer_ops)
     total_r = sum(o.recompute_s for o in pred.layer_ops)
-    ops.add_row("total", "", "", "", "", f"{total_f * 1e3:.3f}", f"{total_b * 1e3:.3f}", f"{total_r * 1e3:.3f}", "")
-    colls = Table(title="Collectives of one layer", title_justify="left")
-    for col in ("collective", "kind", "group", "phase", "calls", "MB", "ms (all calls)", "model"):
-        colls.add_column(col, justify="right" if col in ("calls", "MB", "ms (all calls)") else "left")
+    ops.add_row(Text("total", style="bold"), "", "", "", "", f"{total_f * 1e3:.3f}", f"{total_b * 1e3:.3f}",
+                f"{total_r * 1e3:.3f}", "")
+    colls = ReadableTable("Collectives of one layer")
+    colls.add_column("collective")
+    colls.add_column("kind")
+    colls.add_column("group", wrap=True)
+    colls.add_column("phase")
+    colls.add_column("calls", number=True)
+    colls.add_column("MB", number=True)
+    colls.add_column("ms (all calls)", short="ms", number=True)
+    colls.add_column("model", wrap=True, detail=True)
     for c in pred.layer_collectives:
         colls.add_row(
             c.name,

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
+from paraplan.report.layout import ReadableTable
 from paraplan.validate import RunValidation
 from paraplan.validate.stats import ErrorStats, grouped_stats
 
@@ -60,13 +59,12 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def render_stats(results: list[RunValidation]) -> Table:
-    table = Table(
-        title="Error per source and per GPU, % (negative: predicted faster than measured)",
-        title_justify="left",
-    )
-    for col in ("group", "runs", "signed median", "median |err|", "p90 |err|", "worst"):
-        table.add_column(col, justify="left" if col == "group" else "right", overflow="fold")
+def render_stats(results: list[RunValidation]) -> ReadableTable:
+    table = ReadableTable("Error per source and per GPU, % (negative: predicted faster than measured)")
+    table.add_column("group")
+    for col, short in (("runs", None), ("signed median", "signed"), ("median |err|", None), ("p90 |err|", None),
+                       ("worst", None)):
+        table.add_column(col, short=short, number=True)
     for s in stats_rows(results):
         table.add_row(s.group, str(s.n), f"{100 * s.signed_median:+.1f}", _pct(s.median_abs), _pct(s.p90_abs),
                       f"{100 * s.worst:+.1f}")
@@ -74,18 +72,16 @@ def render_stats(results: list[RunValidation]) -> Table:
 
 
 def render_validation(results: list[RunValidation], *, components: bool = True) -> Group:
-    summary = Table(
-        title="Measured vs predicted iteration time, s (theirs: GPUModeling25's error)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
     theirs = [abs(r.their_error) for r in results if r.their_error is not None]
-    columns = ["run", "measured", "predicted", "error"] + (["theirs"] if theirs else [])
-    for col in columns:
-        summary.add_column(col, justify="left" if col == "run" else "right", overflow="fold")
+    summary = ReadableTable(
+        "Measured vs predicted iteration time, s" + (" (theirs: GPUModeling25's error)" if theirs else "")
+    )
+    summary.add_column("run")
+    for col in ["measured", "predicted", "error"] + (["theirs"] if theirs else []):
+        summary.add_column(col, number=True)
     for r in results:
         cells = [r.run_id, f"{r.measured_iteration_s:.2f}", f"{r.prediction.iteration_s:.2f}", _err(r.error)]
-        summary.add_row(*cells, *([_err(r.their_error)] if theirs else []))
+        summary.add_row(*cells, *([_err(r.their_error)] if theirs else []), end_section=r is results[-1])
     mean = [Text("mean |error|", style="bold"), "", "", f"{100 * mean_absolute_error(results):.1f} %"]
     summary.add_row(*mean, *([f"{100 * sum(theirs) / len(theirs):.1f} %"] if theirs else []))
     items: list[Any] = [summary, render_stats(results)]
@@ -93,9 +89,11 @@ def render_validation(results: list[RunValidation], *, components: bool = True) 
         for r in results:
             if not r.components:
                 continue
-            table = Table(title=f"{r.run_id}: components of the fastest iteration", title_justify="left")
-            for col in ("component", "stage", "measured ms", "predicted ms", "error"):
-                table.add_column(col, justify="left" if col in ("component", "stage") else "right")
+            table = ReadableTable(f"{r.run_id}: components of the fastest iteration")
+            table.add_column("component")
+            table.add_column("stage")
+            for col in ("measured ms", "predicted ms", "error"):
+                table.add_column(col, number=True)
             for c in r.components:
                 table.add_row(c.component, c.stage, f"{c.measured_s * 1e3:.2f}", f"{c.predicted_s * 1e3:.2f}", _err(c.error))
             items.append(table)
