@@ -682,6 +682,46 @@ def test_paraplan_fit_refuses_the_same_file_for_models_and_curves(tmp_path, samp
     assert result.exit_code == 2 and "--learning-curves and --out name the same file" in result.output
 
 
+def test_the_work_of_paraplan_fit_is_foretold_from_the_samples_table(samples_file):
+    import paraplan.fitting as fitting
+    from paraplan.samples import load_samples
+
+    samples = load_samples(samples_file)
+    rows: list[int] = []
+    tasks = fitting.fit_tasks(samples, progress=rows.append)
+    assert sum(rows) == fitting.fitted_rows(samples) == len(samples)  # the features stage ends at 100 %
+    assert fitting.regressor_sizes(samples) == fitting.task_sizes(tasks)  # the ETA holds from the start
+    plan = fitting.work_plan(fitting.task_sizes(tasks), "default", curves=True)
+    assert set(plan.fit) == set(plan.curves) == {t.key for t in tasks}
+    assert plan.total > fitting.work_plan(fitting.task_sizes(tasks), "quick", curves=False).total > 0
+
+
+def test_paraplan_fit_shows_one_bar_with_an_eta_across_every_stage(tmp_path, samples_file, monkeypatch):
+    """Issue 14: no stage passes in silence; the bar only moves forward and always has an ETA."""
+    import io
+    import re
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    import paraplan.cli.fit as fit_cli
+    from paraplan.cli.app import app
+
+    screen = io.StringIO()
+    monkeypatch.setattr(fit_cli, "err", Console(file=screen, force_terminal=True, width=80, color_system=None))
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", str(samples_file), "--out", "a.models", "--quick", "--learning-curves", "c.png"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    frames = [f.strip() for f in re.split(r"\r|\n|\x1b\[[0-9;?]*[A-Za-z]", screen.getvalue()) if f.strip()]
+    for stage in ("reading samples", "features of 48 samples", "fitting 1/2: linear1/bwd", "fitting 2/2: linear1/fwd",
+                  "saving the models", "curves 1/2: linear1/bwd", "plotting curves"):
+        assert any(f.startswith(stage) for f in frames), (stage, frames)
+    assert all(re.search(r"\d+% \d:\d\d:\d\d ETA (\d:\d\d:\d\d|-:--:--)$", f) for f in frames), frames
+    shares = [int(re.search(r"(\d+)%", f).group(1)) for f in frames]
+    assert shares == sorted(shares) and all(len(f) <= 80 for f in frames)
+
+
 def test_the_quick_budget_fits_one_regressor_in_seconds():
     X, b, t = distorted(2000, seed=3, noise=0.01)
     start = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -24,9 +25,8 @@ def fit_command(
 ) -> None:
     """Fit one residual regressor per (GPU, operator, direction) and (cluster, collective);
     print each one's cross-validated and held-out error next to the analytical baseline's."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from paraplan.fitting import fit_models, fit_tasks, learning_curves_for, training_metadata
+    import paraplan.fitting as fitting
+    from paraplan.cli.progress import StagedProgress
     from paraplan.regress.plot import check_plot_path
     from paraplan.regress.store import check_output_path, save_models
     from paraplan.report.fitting import fit_rows, render_fit, render_learning_curves
@@ -41,27 +41,48 @@ def fit_command(
             check_plot_path(learning_curves, overwrite=force, flag="--force")
             if learning_curves.resolve() == out_file.resolve():
                 raise ConfigError(f"{learning_curves}: --learning-curves and --out name the same file")
-        samples = load_samples(samples_file)
-        tasks = fit_tasks(samples)
-        if not tasks:
-            raise ConfigError(f"{samples_file}: no operator or collective samples to fit")
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(), console=err, transient=True,
-        ) as bar:
-            job = bar.add_task("fitting", total=len(tasks))
+        # One bar over every stage, its work in rough seconds (paraplan.fitting), so the ETA
+        # holds from the first stage to the last.
+        with StagedProgress(err, "reading samples") as bar:
+            bar.add_work(fitting.READ_WORK)
+            samples = load_samples(samples_file)
+            bar.advance(fitting.READ_WORK)
+            # the whole run's work as the table foretells it: an ETA from the first stage on
+            n_rows = fitting.fitted_rows(samples)
+            planned = fitting.work_plan(fitting.regressor_sizes(samples), budget, curves=learning_curves is not None)
+            bar.add_work(n_rows * fitting.FEATURE_WORK_PER_ROW + planned.total)
+            bar.stage(f"features of {n_rows:,} samples")
+            tasks = fitting.fit_tasks(samples, progress=lambda n: bar.advance(n * fitting.FEATURE_WORK_PER_ROW))
+            if not tasks:
+                raise ConfigError(f"{samples_file}: no operator or collective samples to fit")
+            work = fitting.work_plan(fitting.task_sizes(tasks), budget, curves=learning_curves is not None)
+            bar.add_work(work.total - planned.total)
+            order = {t.key: i for i, t in enumerate(tasks, 1)}
+            current: list[str] = []
 
-            def advance(key: str) -> None:
-                bar.update(job, description=f"fitting {key}")
+            def starting(what: str) -> Callable[[str], None]:
+                def start(key: str) -> None:
+                    current[:] = [key]
+                    bar.stage(f"{what} {order[key]}/{len(tasks)}: {_short(key)}")
 
-            models = fit_models(tasks, budget=budget, random_state=seed, progress=advance, done=lambda: bar.advance(job))
-        save_models(out_file, models, training_metadata(samples_file, samples, budget, seed), overwrite=force)
-        curves = None
-        if learning_curves is not None:
-            curves = learning_curves_for(tasks, models, random_state=seed)
-            from paraplan.regress.plot import plot_learning_curves
+                return start
 
-            plot_learning_curves(curves, learning_curves)
+            models = fitting.fit_models(tasks, budget=budget, random_state=seed, progress=starting("fitting"),
+                                        done=lambda: bar.advance(work.fit[current[0]]))
+            bar.stage("saving the models")
+            save_models(out_file, models, fitting.training_metadata(samples_file, samples, budget, seed),
+                        overwrite=force)
+            bar.advance(work.save)
+            curves = None
+            if learning_curves is not None:
+                curves = fitting.learning_curves_for(tasks, models, random_state=seed,
+                                                     progress=starting("curves"),
+                                                     done=lambda: bar.advance(work.curves[current[0]]))
+                bar.stage("plotting curves")
+                from paraplan.regress.plot import plot_learning_curves
+
+                plot_learning_curves(curves, learning_curves)
+                bar.advance(work.plot)
     rows = fit_rows(models)
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
@@ -75,3 +96,8 @@ def fit_command(
         out.print(render_fit(rows, out_file))
         if curves is not None:
             out.print(render_learning_curves(curves))
+
+
+def _short(key: str) -> str:
+    """A regressor's key without its GPU or cluster: ``linear1/fwd``, ``all_reduce/inter``."""
+    return "/".join(key.split("/")[-2:])
