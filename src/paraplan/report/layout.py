@@ -43,11 +43,10 @@ class Col:
     number: bool = False
     wrap: bool = False
     detail: bool = False
-    justify: str | None = None
 
     @property
     def align(self) -> str:
-        return self.justify or ("right" if self.number else "left")
+        return "right" if self.number else "left"
 
 
 @dataclass
@@ -77,7 +76,6 @@ class ReadableTable:
     title: str = ""
     columns: list[Col] = field(default_factory=list)
     rows: list[_Row] = field(default_factory=list)
-    notes: list[Cell] = field(default_factory=list)
 
     def add_column(self, header: str, **kwargs) -> None:
         self.columns.append(Col(header, **kwargs))
@@ -89,14 +87,7 @@ class ReadableTable:
         self.rows.append(_Row([Text("" if c is None else c) if not isinstance(c, Text) else c for c in cells],
                               end_section, style))
 
-    def add_note(self, note: Cell) -> None:
-        """A line printed under the table in every layout."""
-        self.notes.append(note)
-
-    # -- what the table holds, for tests and the vertical layout ----------------------------
-
-    def cells(self) -> list[list[str]]:
-        return [[_plain(c) for c in row.cells] for row in self.rows]
+    # -- what the table holds --------------------------------------------------------------------
 
     def number_cells(self) -> list[str]:
         """Every non-empty cell of a number column: what must appear intact in any layout."""
@@ -117,12 +108,12 @@ class ReadableTable:
     def _boxed(self, console: Console, width: int) -> RenderableType | None:
         indices = list(range(len(self.columns)))
         table = self._table(console, width, indices, short=False, compact=False)
-        return None if table is None else self._with_notes([*self._title(self.title), table])
+        return None if table is None else Group(*self._title(self.title), table)
 
     def _compact(self, console: Console, width: int) -> RenderableType | None:
         indices = list(range(len(self.columns)))
         table = self._table(console, width, indices, short=True, compact=True)
-        return None if table is None else self._with_notes([*self._title(self.title), table, *self._legend(indices)])
+        return None if table is None else Group(*self._title(self.title), table, *self._legend(indices))
 
     def _split(self, console: Console, width: int) -> RenderableType | None:
         details = [i for i, c in enumerate(self.columns) if c.detail]
@@ -140,7 +131,7 @@ class ReadableTable:
                 continue
             seen.add(cells)
             rows.append(_Row([row.cells[i] for i in (key, *details)]))
-        if len({r.cells[0] if isinstance(r.cells[0], str) else r.cells[0].plain for r in rows}) < len(rows):
+        if len({_plain(r.cells[0]) for r in rows}) < len(rows):
             return None  # a key with two different details: the reader could not tell them apart
         second = ReadableTable(
             f"{' and '.join(self.columns[i].header for i in details)} by {self.columns[key].header}",
@@ -150,8 +141,7 @@ class ReadableTable:
         detail_table = second._table(console, width, list(range(len(second.columns))), short=False, compact=True)
         if detail_table is None:
             return None
-        return self._with_notes([*self._title(self.title), table, *self._legend(main), *self._title(second.title),
-                                 detail_table])
+        return Group(*self._title(self.title), table, *self._legend(main), *self._title(second.title), detail_table)
 
     def _vertical(self, width: int) -> RenderableType:
         """One block per row: the key, then ``header: value`` lines; where even that is too wide,
@@ -165,7 +155,7 @@ class ReadableTable:
         side_by_side = label_width + 1 + value_width <= width
         for row in self.rows:
             key = row.cells[0]
-            parts.append(Text(_plain(key), style="bold") if not isinstance(key, Text) or not key.style else key)
+            parts.append(key if isinstance(key, Text) and key.style else Text(_plain(key), style="bold"))
             grid = Table.grid(padding=(0, 1))
             if side_by_side:
                 grid.add_column(no_wrap=True)
@@ -181,11 +171,7 @@ class ReadableTable:
                     grid.add_row(Text(label, style="dim"))
                     grid.add_row(Padding(cell, (0, 0, 0, 4)))
             parts.append(grid)
-        return self._with_notes(parts)
-
-    def _with_notes(self, parts: list[RenderableType]) -> RenderableType:
-        notes = [n if isinstance(n, Text) else Text(n) for n in self.notes]
-        return Group(*parts, *notes)
+        return Group(*parts)
 
     @staticmethod
     def _title(title: str) -> list[Text]:
