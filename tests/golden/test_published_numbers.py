@@ -61,6 +61,23 @@ def test_model_flops_per_token_are_six_n_plus_the_attention_term():
     assert per_token == pytest.approx(expected, rel=0.01)
 
 
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_model_flops_are_megatrons_72_bslh2_whatever_the_attention_kernel(attention):
+    """Model FLOPs as Megatron-LM prints MFU with (Narayanan et al. SC'21, eq. 3 without the
+    recomputed forward pass): 72 B s l h^2 (1 + s/6h + V/12lh). FlashAttention recomputes
+    the scores in its backward pass: hardware work, not model work."""
+    model = load_model("gpt3-175b").model_copy(update={"attention": attention})
+    job = resolve_job({"model": model, "cluster": {"name": "dgx-a100", "num_nodes": 1},
+                       "parallel": {"micro_batch_size": 1, "global_batch_size": 16}})
+    inv = count_job(job)
+    b, s, l, h = 16, model.seq_length, model.num_layers, model.hidden_size  # noqa: E741 (the paper's names)
+    v = model.vocab_for(1)
+    megatron = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    assert inv.model_flops_per_iteration == pytest.approx(megatron, rel=1e-9)
+    flash_backward_extra = 0.5 * 4 * b * s * s * h * l if attention == "flash" else 0.0
+    assert inv.hardware_flops_per_iteration == pytest.approx(megatron + flash_backward_extra, rel=1e-9)
+
+
 def _korthikanti_model(a=96, h=12288, s=2048):
     # GPT-3 175B shape, dropout on and unfused attention, as in Korthikanti et al. 2022.
     return ModelSpec(

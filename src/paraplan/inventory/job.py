@@ -241,23 +241,38 @@ def _unsharded(job: Job) -> LocalShape:
     return shard_shape(job.model, 1, 1, False, plan.micro_batch_size, job.precision)
 
 
+# Kinds whose FLOPs the usual model-FLOPs count holds: the matrix multiplications
+# (Megatron-LM's and torchtitan's MFU formulas count nothing else).
+_MATMUL_KINDS = (OpKind.GEMM, OpKind.BMM, OpKind.ATTENTION)
+
+
 def _count_flops(job: Job, x: LocalShape) -> tuple[float, float]:
     """Model and hardware FLOPs of one iteration, summed over every layer of the whole model
-    (``x`` is the unsharded shape), counting attention as the full square as the literature
-    does. Hardware FLOPs add the recomputed forward passes."""
+    (``x`` is the unsharded shape).
+
+    Model FLOPs follow the definition Megatron-LM and torchtitan print MFU with: the matrix
+    multiplications only, three times their forward FLOPs (the backward pass computes two
+    gradients per forward product), attention counted as the full square. Hardware FLOPs
+    (HFU) are the matrix-multiplication FLOPs the kernels execute: FlashAttention's backward
+    recomputation of the scores (``bwd_flops`` of the attention core) and the forward
+    passes activation recompute repeats."""
     model, plan = job.model, job.parallel
     layer = count_layer_ops(model, x)
-    ends = count_embedding_ops(model, x) + count_head_ops(model, x)
-    per_mb_model = sum(op.flops + op.bwd_flops for op in layer) * model.num_layers
-    per_mb_model += sum(op.flops + op.bwd_flops for op in ends if op.kind is not OpKind.EMBEDDING)
+    ends = tuple(op for op in count_embedding_ops(model, x) + count_head_ops(model, x))
+    layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
+    ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
+    per_mb_model = 3.0 * (sum(op.flops for op in layer_mm) * model.num_layers + sum(op.flops for op in ends_mm))
+    per_mb_executed = sum(op.flops + op.bwd_flops for op in layer_mm) * model.num_layers
+    per_mb_executed += sum(op.flops + op.bwd_flops for op in ends_mm)
     recomputed = 0.0  # per micro-batch, over every stage's layers
     if plan.recompute is not Recompute.NONE:
         for n, stages in Counter(count_layers_per_stage(model, plan)).items():
             weights = recompute_cost(plan, layer, x, n).op_weights
-            recomputed += stages * n * sum(w * op.flops for w, op in zip(weights, layer, strict=True))
+            recomputed += stages * n * sum(
+                w * op.flops for w, op in zip(weights, layer, strict=True) if op.kind in _MATMUL_KINDS
+            )
     micro_batches = plan.global_batch_size // plan.micro_batch_size
-    hardware = (per_mb_model + recomputed) * micro_batches
-    return per_mb_model * micro_batches, hardware
+    return per_mb_model * micro_batches, (per_mb_executed + recomputed) * micro_batches
 
 
 def _params(model, x: LocalShape) -> float:

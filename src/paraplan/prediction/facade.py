@@ -113,7 +113,7 @@ def assemble_prediction(
         tflops_per_gpu=inv.model_flops_per_iteration / iteration / num_gpus / 1e12,
         mfu=inv.model_flops_per_iteration / (iteration * peak_flops_total),
         hfu=inv.hardware_flops_per_iteration / (iteration * peak_flops_total),
-        bubble_fraction=pipe.bubble_fraction,
+        bubble_fraction=breakdown.pipeline_bubble_s / iteration,
         breakdown=breakdown,
         stages=timings,
         memory=estimate_memory(inv),
