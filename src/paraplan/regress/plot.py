@@ -24,6 +24,19 @@ def check_plot_path(path: str | os.PathLike[str], *, overwrite: bool = False, fl
     check_output_path(path, overwrite=overwrite, flag=flag, what="plot file")
 
 
+def load_pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display); a missing matplotlib is a
+    one-line ConfigError naming the extra that installs it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("pictures need matplotlib: pip install 'paraplan[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_learning_curves(
     rows: Mapping[str, Curve] | Curve, path: str | os.PathLike[str], title: str | None = None
 ) -> Path:
@@ -35,10 +48,7 @@ def plot_learning_curves(
     (see :func:`check_plot_path`).
     """
     check_plot_path(path, overwrite=True)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = load_pyplot()
 
     curves: Mapping[str, Curve] = rows if isinstance(rows, Mapping) else {"": rows}
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
