@@ -68,3 +68,68 @@ def test_the_timeline_holds_every_task_of_the_schedule_and_ends_with_the_iterati
     assert sum(b.kind == "optimizer" for b in bars) == pp
     assert max(b.end for b in bars) == pytest.approx(pred.iteration_s, rel=1e-9)
     assert len(COMPONENTS) == 8
+
+
+# --- paraplan predict --plot ----------------------------------------------------------------
+
+def _run(*args):
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def test_predict_draws_the_breakdown_and_the_timeline_named_by_their_file_names(tmp_path):
+    result = _run("predict", "--plot", str(tmp_path / "breakdown.png"), "--plot", str(tmp_path / "run-timeline.svg"),
+                  "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "breakdown.png").read_bytes()[:8] == PNG
+    assert (tmp_path / "run-timeline.svg").read_text().startswith("<?xml")
+    assert '"iteration_s"' in result.stdout
+
+
+def test_plot_kind_names_the_picture_when_the_file_name_does_not(tmp_path):
+    assert _run("predict", "--plot", str(tmp_path / "a.png"), "--plot-kind", "memory").exit_code == 0
+    assert (tmp_path / "a.png").read_bytes()[:8] == PNG
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--plot", "{tmp}/picture.png"], "must name one plot kind"),
+        (["--plot", "{tmp}/breakdown.txt"], "a plot file name ends in .png, .svg, .pdf"),
+        (["--plot", "{tmp}/nowhere/breakdown.png"], "does not exist"),
+        (["--plot", "{tmp}/old-breakdown.png"], "already exists (pass --force to replace it)"),
+        (["--plot", "{tmp}/a.png", "--plot", "{tmp}/b.png", "--plot-kind", "memory"], "--plot-kind"),
+        (["--plot", "{tmp}/a.png", "--plot-kind", "pie"], "unknown kind 'pie'"),
+    ],
+)
+def test_predict_checks_its_plot_files_before_predicting(tmp_path, monkeypatch, args, message):
+    import paraplan.prediction
+
+    def never(*a, **k):
+        raise AssertionError("predicted before checking the plot files")
+
+    monkeypatch.setattr(paraplan.prediction, "predict", never)
+    (tmp_path / "old-breakdown.png").write_bytes(b"mine")
+    result = _run("predict", *[a.format(tmp=tmp_path) for a in args])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert (tmp_path / "old-breakdown.png").read_bytes() == b"mine"
+
+
+def test_force_replaces_an_existing_picture(tmp_path):
+    (tmp_path / "breakdown.png").write_bytes(b"mine")
+    assert _run("predict", "--plot", str(tmp_path / "breakdown.png"), "--force").exit_code == 0
+    assert (tmp_path / "breakdown.png").read_bytes()[:8] == PNG
+
+
+def test_without_matplotlib_a_picture_is_a_one_line_error_naming_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    result = _run("predict", "--plot", str(tmp_path / "breakdown.png"))
+    assert result.exit_code == 2
+    assert "pip install 'paraplan[plot]'" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "breakdown.png").exists()

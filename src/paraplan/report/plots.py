@@ -51,6 +51,25 @@ def plot_kind_for(path: str | os.PathLike[str], kind: str | None = None) -> str:
     return named[0]
 
 
+def check_plots(
+    paths: list[Path], kind: str | None = None, *, overwrite: bool = False
+) -> list[tuple[Path, str]]:
+    """(path, kind) of each ``--plot`` file, checked before any work: a kind for each, a usable
+    .png/.svg/.pdf path not already there unless ``overwrite``, and matplotlib installed."""
+    if kind is not None and len(paths) > 1:
+        raise ConfigError("--plot-kind: names the kind of one --plot file; name the kind in each file name instead")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ConfigError("--plot: the same file is named twice")
+    planned = []
+    for path in paths:
+        chosen = plot_kind_for(path, kind)
+        check_plot_path(path, overwrite=overwrite, flag="--force")
+        planned.append((path, chosen))
+    if planned:
+        load_pyplot()
+    return planned
+
+
 def _title(pred: Prediction) -> str:
     plan = pred.job.parallel
     degrees = f"tp={plan.tp} pp={plan.pp} dp={plan.dp}" + (f" cp={plan.cp}" if plan.cp > 1 else "")
@@ -71,6 +90,12 @@ def _pct(share: float) -> str:
 
 def _seconds_unit(seconds: float) -> tuple[float, str]:
     return (1e3, "ms") if seconds < 1.0 else (1.0, "s")
+
+
+def _few_bars(ax, n: int) -> None:
+    """Keep one or two bars as narrow as three would be."""
+    pad = max(0.0, (3 - n) / 2)
+    ax.set_xlim(-0.6 - pad, n - 0.4 + pad)
 
 
 def figure_breakdown(pred: Prediction):
@@ -101,6 +126,7 @@ def figure_breakdown(pred: Prediction):
                   fontsize="small" if len(bars) <= 8 else "x-small", rotation=0 if len(bars) <= 12 else 90)
     ax.set_ylabel(f"seconds of one iteration ({unit})")
     ax.set_ylim(0, pred.iteration_s * scale * 1.08)
+    _few_bars(ax, len(bars))
     fig.suptitle("Where one iteration goes, per pipeline stage\n" + _title(pred), fontsize="medium")
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
@@ -152,8 +178,7 @@ def figure_timeline(pred: Prediction):
     if any(b.kind == "DP/ZeRO" for b in bars):
         legend.append(Patch(color=_TASK_COLORS["DP/ZeRO"], label="exposed DP/ZeRO communication"))
     legend.append(Patch(color=_TASK_COLORS["optimizer"], label="optimizer step"))
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.16 if pp > 2 else -0.3),
-              ncol=len(legend), fontsize="small", frameon=False)
+    fig.legend(handles=legend, loc="outside lower center", ncol=len(legend), fontsize="small", frameon=False)
     ax.grid(True, axis="x", alpha=0.3)
     return fig
 
@@ -179,6 +204,7 @@ def figure_memory(pred: Prediction):
     ax.set_xticks(x, [f"stage {m.stage}" for m in pred.memory], fontsize="small" if n <= 8 else "x-small",
                   rotation=0 if n <= 12 else 90)
     ax.set_ylabel("GiB per GPU")
+    _few_bars(ax, n)
     ax.set_ylim(0, max(*hbm, *bottom) * 1.1)
     verdict = "fits" if pred.fits else "DOES NOT FIT"
     fig.suptitle(f"Memory per GPU by pipeline stage ({verdict})\n" + _title(pred), fontsize="medium")
