@@ -133,3 +133,92 @@ def test_without_matplotlib_a_picture_is_a_one_line_error_naming_the_extra(tmp_p
     assert result.exit_code == 2
     assert "pip install 'paraplan[plot]'" in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "breakdown.png").exists()
+
+
+# --- the GEMM table and paraplan report ----------------------------------------------------
+
+def test_each_gemm_row_carries_the_inventory_shape_and_its_flops():
+    from paraplan.report.gemms import gemm_rows
+
+    rows = gemm_rows(predict(_job()))
+    assert [r.operator for r in rows] == ["linear1", "linear2", "linear3", "linear4"]
+    for r in rows:
+        assert r.flops == pytest.approx(2.0 * r.batch * r.m * r.n * r.k)
+    qkv = rows[0]  # llama-3-8b at tp=4: 1 x 4096 tokens, (32 + 2 * 8) heads of 128 over 4 ranks
+    assert (qkv.m, qkv.k, qkv.n) == (8192, 4096, (32 + 16) * 128 // 4)
+
+
+def test_the_unfused_attention_core_lists_its_batched_matmuls():
+    from paraplan.report.gemms import gemm_rows
+
+    job = resolve_job({"model": {"name": "gpt3-1.3b", "attention": "unfused"}, "cluster": {"name": "dgx-a100"},
+                       "parallel": {"tp": 2, "micro_batch_size": 2, "global_batch_size": 16}})
+    rows = {r.operator: r for r in gemm_rows(predict(job))}
+    scores, context = rows["baddbmm"], rows["bmm"]
+    # gpt3-1.3b: 24 heads of 128, sequence 2048; micro-batch 2, 12 heads per rank at tp=2
+    assert scores.batch == 2 * 24 // 2 and (scores.m, scores.k, scores.n) == (2048, 128, 2048)
+    assert (context.m, context.k, context.n) == (2048, 2048, 128)
+    assert scores.flops == pytest.approx(2.0 * scores.batch * 2048 * 128 * 2048)
+
+
+def test_the_gemm_csv_gives_every_pass_its_matrix_dimensions():
+    from paraplan.report.gemms import render_gemms_csv
+
+    lines = render_gemms_csv(predict(_job())).splitlines()
+    assert lines[0] == "operator,pass,batch,M,K,N,flops"
+    assert lines[1:4] == [
+        "linear1,fwd,1,8192,4096,1536,103079215104",
+        "linear1,bwd_input,1,8192,1536,4096,103079215104",
+        "linear1,bwd_weight,1,4096,8192,1536,103079215104",
+    ]
+    assert len(lines) == 1 + 4 * 3
+
+
+def test_report_writes_one_self_contained_html_page_and_the_gemm_csv(tmp_path):
+    import re
+    from html.parser import HTMLParser
+
+    result = _run("report", "-o", str(tmp_path / "r.html"), "--gemms", str(tmp_path / "g.csv"))
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "r.html").read_text()
+    HTMLParser().feed(page)  # parses
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    for section in ("Where one iteration goes", "Pipeline schedule", "Memory per GPU", "Operators of one layer",
+                    "GEMMs of one layer", "linear3"):
+        assert section in page
+    images = re.findall(r'<img[^>]* src="([^"]*)"', page)
+    assert len(images) == 3 and all(src.startswith("data:image/png;base64,") for src in images)
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]*", "", page)
+    assert not re.search(r"https?:|//|<script|<link|<iframe|url\(|@import", text, re.IGNORECASE)
+    assert (tmp_path / "g.csv").read_text().startswith("operator,pass,batch,M,K,N,flops\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-o", "{tmp}/old.html"], "old.html: already exists (pass --force to replace it)"),
+        (["-o", "{tmp}/r.htm"], "a report file name ends in .html"),
+        (["-o", "{tmp}/nowhere/r.html"], "does not exist"),
+        (["-o", "{tmp}/r.html", "--gemms", "{tmp}/old.csv"], "old.csv: already exists"),
+        (["-o", "{tmp}/r.html", "--gemms", "{tmp}/g.txt"], "a GEMM file name ends in .csv"),
+    ],
+)
+def test_report_checks_its_outputs_before_predicting(tmp_path, monkeypatch, args, message):
+    import paraplan.prediction
+
+    def never(*a, **k):
+        raise AssertionError("predicted before checking the outputs")
+
+    monkeypatch.setattr(paraplan.prediction, "predict", never)
+    (tmp_path / "old.html").write_text("mine")
+    (tmp_path / "old.csv").write_text("mine")
+    result = _run("report", *[a.format(tmp=tmp_path) for a in args])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert (tmp_path / "old.html").read_text() == "mine" and (tmp_path / "old.csv").read_text() == "mine"
+
+
+def test_report_with_force_replaces_the_page(tmp_path):
+    (tmp_path / "r.html").write_text("mine")
+    assert _run("report", "-o", str(tmp_path / "r.html"), "--force").exit_code == 0
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")

@@ -134,42 +134,74 @@ def figure_breakdown(pred: Prediction):
     return fig
 
 
+def _timeline_windows(pred: Prediction, end: float) -> list[tuple[float, float]]:
+    """The time ranges the Gantt chart shows: the whole iteration, or, when it holds too many
+    micro-batches to see one, its start and its end (where the bubbles are), side by side."""
+    plan = pred.job.parallel
+    m, pp = plan.num_microbatches, len(pred.stages)
+    share = 1.5 * pp / m  # about three micro-batches per stage of warm-up and of cool-down
+    if m * plan.vpp <= 40 or share >= 0.4:
+        return [(0.0, end * 1.01)]
+    return [(0.0, end * share), (end * (1 - share), end * (1 + 0.02 * share))]
+
+
 def figure_timeline(pred: Prediction):
     """The pipeline schedule as a Gantt chart: one row per stage (stage 0 on top), forward and
     backward of each micro-batch (numbered where they are wide enough), then the stage's
-    exposed DP traffic and the optimizer step."""
+    exposed DP traffic and the optimizer step. A long schedule shows its start and its end."""
     plt = load_pyplot()
     from matplotlib.patches import Patch
 
     bars = timeline_bars(pred)
     pp = len(pred.stages)
     scale, unit = _seconds_unit(pred.iteration_s)
-    fig, ax = plt.subplots(figsize=(13, 1.6 + 0.55 * pp), layout="constrained")
     end = pred.iteration_s * scale
-    fig_width_px = 13 * fig.dpi * 0.85
-    per_stage = max(1, sum(b.microbatch is not None for b in bars) // pp)
-    edge = 0.4 if fig_width_px / per_stage >= 4 else 0.0  # white gaps would wash out thin bars
-    for kind in _TASK_COLORS:
-        for later in (False, True):
-            chosen = [b for b in bars if b.kind == kind and (b.chunk > 0) == later]
-            if not chosen:
-                continue
-            color = _LATER_CHUNK[kind] if later else _TASK_COLORS[kind]
-            for stage in range(pp):
-                spans = [(b.start * scale, (b.end - b.start) * scale) for b in chosen if b.stage == stage]
-                ax.broken_barh(spans, (stage - 0.38, 0.76), facecolors=color, edgecolor="white", linewidth=edge)
-    for b in bars:
-        if b.microbatch is None:
-            continue
-        if (b.end - b.start) * scale / end * fig_width_px >= 14:
-            ax.text((b.start + b.end) / 2 * scale, b.stage, str(b.microbatch), ha="center", va="center",
-                    fontsize=6.5, color="white" if b.chunk == 0 else "black")
-    ax.axvline(end, color="black", linestyle="--", linewidth=1)
-    ax.set_yticks(range(pp), [f"stage {i}" for i in range(pp)], fontsize="small")
-    ax.set_ylim(pp - 0.5, -0.5)
-    ax.set_xlim(0, end * 1.01)
-    ax.set_xlabel(f"time in the iteration ({unit}); dashed: iteration {end:.4g} {unit}")
-    fig.suptitle("Pipeline schedule (a task's bar includes its blocking send)\n" + _title(pred), fontsize="medium")
+    windows = _timeline_windows(pred, end)
+    fig, axes = plt.subplots(1, len(windows), figsize=(13, 1.6 + 0.55 * pp), layout="constrained", sharey=True,
+                             squeeze=False)
+    axes = list(axes[0])
+    ax_px = 13 * fig.dpi * 0.85 / len(windows)
+    tasks = [b for b in bars if b.microbatch is not None]
+    typical = sorted(b.end - b.start for b in tasks)[len(tasks) // 2] * scale
+    for ax, (lo, hi) in zip(axes, windows, strict=True):
+        px_per_unit = ax_px / (hi - lo)
+        edge = 0.4 if typical * px_per_unit >= 4 else 0.0  # white gaps would wash out thin bars
+        for kind in _TASK_COLORS:
+            for later in (False, True):
+                chosen = [b for b in bars if b.kind == kind and (b.chunk > 0) == later]
+                if not chosen:
+                    continue
+                color = _LATER_CHUNK[kind] if later else _TASK_COLORS[kind]
+                for stage in range(pp):
+                    spans = [(b.start * scale, (b.end - b.start) * scale) for b in chosen if b.stage == stage]
+                    if spans:
+                        ax.broken_barh(spans, (stage - 0.38, 0.76), facecolors=color, edgecolor="white",
+                                       linewidth=edge)
+        for b in tasks:
+            if lo <= b.start * scale and b.end * scale <= hi and (b.end - b.start) * scale * px_per_unit >= 14:
+                ax.text((b.start + b.end) / 2 * scale, b.stage, str(b.microbatch), ha="center", va="center",
+                        fontsize=6.5, color="white" if b.chunk == 0 else "black")
+        ax.axvline(end, color="black", linestyle="--", linewidth=1)
+        ax.set_xlim(lo, hi)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks(range(pp), [f"stage {i}" for i in range(pp)], fontsize="small")
+    axes[0].set_ylim(pp - 0.5, -0.5)
+    dashed = f"dashed: iteration {end:.4g} {unit}"
+    plan = pred.job.parallel
+    if plan.runs_deepspeed_train_schedule and plan.pp > 1:
+        head = "Pipeline schedule (DeepSpeed: transfers are rendezvous between tasks)"
+    elif plan.overlap_p2p_comm or plan.pp == 1:
+        head = "Pipeline schedule"
+    else:
+        head = "Pipeline schedule (a task's bar includes its blocking send)"
+    if len(axes) > 1:
+        axes[0].set_xlabel(f"start of the iteration ({unit})")
+        axes[1].set_xlabel(f"end of the iteration ({unit}); {dashed}")
+        axes[1].tick_params(left=False)
+        head += ": its start and end, the middle left out"
+    else:
+        axes[0].set_xlabel(f"time in the iteration ({unit}); {dashed}")
+    fig.suptitle(head + "\n" + _title(pred), fontsize="medium")
     legend = [Patch(color=_TASK_COLORS["forward"], label="forward"),
               Patch(color=_TASK_COLORS["backward"], label="backward (with recompute)")]
     if any(b.chunk > 0 for b in bars):
@@ -179,7 +211,6 @@ def figure_timeline(pred: Prediction):
         legend.append(Patch(color=_TASK_COLORS["DP/ZeRO"], label="exposed DP/ZeRO communication"))
     legend.append(Patch(color=_TASK_COLORS["optimizer"], label="optimizer step"))
     fig.legend(handles=legend, loc="outside lower center", ncol=len(legend), fontsize="small", frameon=False)
-    ax.grid(True, axis="x", alpha=0.3)
     return fig
 
 
