@@ -222,3 +222,47 @@ def test_report_with_force_replaces_the_page(tmp_path):
     (tmp_path / "r.html").write_text("mine")
     assert _run("report", "-o", str(tmp_path / "r.html"), "--force").exit_code == 0
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+
+# --- learning curves as small multiples -----------------------------------------------------
+
+def _fit_keys():
+    ops = [f"op/{gpu}/fp16/{name}/{d}" for gpu in ("A100", "GH200")
+           for name in ("linear1", "linear2", "flash_atten", "softmax") for d in ("fwd", "bwd")]
+    return ops + [f"collective/perlmutter/{k}/{w}" for k in ("all_reduce", "all_gather") for w in ("intra", "inter")]
+
+
+def test_learning_curves_get_one_panel_per_operator_and_per_collective_kind():
+    from paraplan.regress.plot import curve_panels
+
+    panels = curve_panels(_fit_keys())
+    assert list(panels) == ["linear1", "linear2", "flash_atten", "softmax", "all_reduce (collective)",
+                            "all_gather (collective)"]
+    assert sorted(k for lines in panels.values() for k, _ in lines) == sorted(_fit_keys())
+    assert [label for _, label in panels["linear1"]] == ["A100 fwd", "A100 bwd", "GH200 fwd", "GH200 bwd"]
+    assert [label for _, label in panels["all_reduce (collective)"]] == ["intra", "inter"]
+
+
+def test_the_learning_curve_plot_of_many_regressors_is_a_png(tmp_path):
+    from paraplan.regress.plot import plot_learning_curves
+
+    rows = [(0.1, 20, 0.3), (0.25, 50, 0.2), (0.5, 100, 0.1), (1.0, 200, 0.05)]
+    out = plot_learning_curves({k: rows for k in _fit_keys()}, tmp_path / "curves.png")
+    assert out.read_bytes()[:8] == PNG
+
+
+def test_fit_without_matplotlib_stops_before_fitting_when_asked_for_learning_curves(tmp_path, monkeypatch):
+    import sys
+
+    import paraplan.fitting
+
+    def never(*a, **k):
+        raise AssertionError("fitted before finding matplotlib missing")
+
+    monkeypatch.setattr(paraplan.fitting, "fit_models", never)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    (tmp_path / "a.samples").write_bytes(b"")
+    result = _run("fit", str(tmp_path / "a.samples"), "--out", str(tmp_path / "a.models"),
+                  "--learning-curves", str(tmp_path / "c.png"))
+    assert result.exit_code == 2
+    assert "pip install 'paraplan[plot]'" in result.output

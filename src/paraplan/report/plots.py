@@ -55,7 +55,8 @@ def check_plots(
     paths: list[Path], kind: str | None = None, *, overwrite: bool = False
 ) -> list[tuple[Path, str]]:
     """(path, kind) of each ``--plot`` file, checked before any work: a kind for each, a usable
-    .png/.svg/.pdf path not already there unless ``overwrite``, and matplotlib installed."""
+    .png/.svg/.pdf path not already there unless ``overwrite``, and matplotlib installed
+    (``check_plot_path``)."""
     if kind is not None and len(paths) > 1:
         raise ConfigError("--plot-kind: names the kind of one --plot file; name the kind in each file name instead")
     if len({p.resolve() for p in paths}) != len(paths):
@@ -65,8 +66,6 @@ def check_plots(
         chosen = plot_kind_for(path, kind)
         check_plot_path(path, overwrite=overwrite, flag="--force")
         planned.append((path, chosen))
-    if planned:
-        load_pyplot()
     return planned
 
 
