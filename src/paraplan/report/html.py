@@ -11,7 +11,7 @@ from html import escape
 
 from paraplan.prediction import Prediction
 from paraplan.report.gemms import gemm_rows
-from paraplan.report.plots import render_png
+from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
 from paraplan.units import format_bytes, format_seconds
 
@@ -57,7 +57,7 @@ def _summary(pred: Prediction) -> str:
     job, plan = pred.job, pred.job.parallel
     rows = [
         ["model", f"{job.model.name} ({pred.params_total / 1e9:.2f} B parameters)"],
-        ["GPUs", f"{job.cluster.num_gpus} x {pred.gpu_name} ({job.cluster.name})"],
+        ["GPUs", f"{gpus_label(pred)} ({job.cluster.name})"],
         ["plan", f"tp={plan.tp} pp={plan.pp} dp={plan.dp} cp={plan.cp} vpp={plan.vpp}, ZeRO-{plan.zero_stage}, "
                  f"{plan.schedule.value}, {plan.framework.value}, recompute {plan.recompute.value}"],
         ["batch", f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
@@ -134,7 +134,7 @@ def _gemms(pred: Prediction) -> str:
 
 def render_html(pred: Prediction) -> str:
     """The whole report of ``pred`` (made with ``keep_timeline=True``) as one HTML page."""
-    title = f"paraplan: {pred.job.model.name} on {pred.job.cluster.num_gpus} x {pred.gpu_name}"
+    title = f"paraplan: {pred.job.model.name} on {gpus_label(pred)}"
     notes = "".join(f'<p class="note">uncalibrated: {escape(n)}</p>' for n in pred.uncalibrated)
     verdict = "" if pred.fits else '<p class="bad">The plan does not fit in GPU memory.</p>'
     sections = [

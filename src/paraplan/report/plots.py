@@ -69,18 +69,31 @@ def check_plots(
     return planned
 
 
+def gpus_label(pred: Prediction) -> str:
+    """"32 x H100-SXM5-80GB", or the node groups of a heterogeneous cluster."""
+    if pred.placement is not None:
+        return pred.gpu_name
+    return f"{pred.job.cluster.num_gpus} x {pred.gpu_name}"
+
+
 def _title(pred: Prediction) -> str:
     plan = pred.job.parallel
     degrees = f"tp={plan.tp} pp={plan.pp} dp={plan.dp}" + (f" cp={plan.cp}" if plan.cp > 1 else "")
     degrees += f" vpp={plan.vpp}" if plan.vpp > 1 else ""
     return (
-        f"{pred.job.model.name} on {pred.job.cluster.num_gpus} x {pred.gpu_name}, {degrees}, "
+        f"{pred.job.model.name} on {gpus_label(pred)}, {degrees}, "
         f"{plan.num_microbatches} micro-batches, {plan.schedule.value}"
     )
 
 
-def _stage_label(stage: int, critical: bool) -> str:
-    return f"stage {stage}\n(critical)" if critical else f"stage {stage}"
+def _stage_ticks(ax, stages: list[int], critical: int | None) -> None:
+    """"stage 3" under each bar; past eight stages just the number, the axis says what it is."""
+    if len(stages) <= 8:
+        labels = [f"stage {s}\n(critical)" if s == critical else f"stage {s}" for s in stages]
+        ax.set_xticks(range(len(stages)), labels, fontsize="small")
+        return
+    ax.set_xticks(range(len(stages)), [str(s) for s in stages], fontsize="small")
+    ax.set_xlabel("pipeline stage" + (f" (critical: {critical})" if critical is not None else ""))
 
 
 def _pct(share: float) -> str:
@@ -121,8 +134,7 @@ def figure_breakdown(pred: Prediction):
     ax.annotate(f"iteration {pred.iteration_s * scale:.4g} {unit}", (1.0, pred.iteration_s * scale),
                 xycoords=("axes fraction", "data"), xytext=(-4, 4), textcoords="offset points",
                 ha="right", va="bottom", fontsize="small")
-    ax.set_xticks(list(x), [_stage_label(b.stage, b.critical) for b in bars],
-                  fontsize="small" if len(bars) <= 8 else "x-small", rotation=0 if len(bars) <= 12 else 90)
+    _stage_ticks(ax, [b.stage for b in bars], crit.stage)
     ax.set_ylabel(f"seconds of one iteration ({unit})")
     ax.set_ylim(0, pred.iteration_s * scale * 1.08)
     _few_bars(ax, len(bars))
@@ -202,7 +214,8 @@ def figure_timeline(pred: Prediction):
         axes[0].set_xlabel(f"time in the iteration ({unit}); {dashed}")
     fig.suptitle(head + "\n" + _title(pred), fontsize="medium")
     legend = [Patch(color=_TASK_COLORS["forward"], label="forward"),
-              Patch(color=_TASK_COLORS["backward"], label="backward (with recompute)")]
+              Patch(color=_TASK_COLORS["backward"],
+                    label="backward" + (" (with recompute)" if plan.recompute.value != "none" else ""))]
     if any(b.chunk > 0 for b in bars):
         legend += [Patch(color=_LATER_CHUNK["forward"], label="forward, later chunk"),
                    Patch(color=_LATER_CHUNK["backward"], label="backward, later chunk")]
@@ -231,8 +244,7 @@ def figure_memory(pred: Prediction):
     hbm = [h / gib for h in pred.hbm_bytes]
     ax.hlines(hbm, [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linestyles="--", linewidth=1.2,
               label="HBM of the GPU")
-    ax.set_xticks(x, [f"stage {m.stage}" for m in pred.memory], fontsize="small" if n <= 8 else "x-small",
-                  rotation=0 if n <= 12 else 90)
+    _stage_ticks(ax, [m.stage for m in pred.memory], None)
     ax.set_ylabel("GiB per GPU")
     _few_bars(ax, n)
     ax.set_ylim(0, max(*hbm, *bottom) * 1.1)
