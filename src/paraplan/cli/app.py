@@ -9,6 +9,7 @@ from paraplan.cli.catalog import catalog_command
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
+from paraplan.cli.report import report_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
 from paraplan.cli.sharding import sharding_command
@@ -22,6 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("predict")(predict_command)
+app.command("report")(report_command)
 app.command("catalog")(catalog_command)
 app.command("validate")(validate_command)
 app.add_typer(samples_app, name="samples")

@@ -74,6 +74,7 @@ class OpEstimate:
     bwd_s: float
     recompute_s: float
     source: str
+    dims: tuple[tuple[str, int], ...] = ()  # the inventory's shape names, e.g. (("m", 4096), ("k", ...), ("n", ...))
 
 
 @dataclass(frozen=True, slots=True)
