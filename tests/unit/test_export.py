@@ -66,6 +66,7 @@ def megatron_parser():
                  "--log-interval"):
         p.add_argument(flag, type=int, default=None)
     p.add_argument("--num-query-groups", type=int, default=1)
+    p.add_argument("--rotary-base", type=int, default=10000)
     for flag in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
                  "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
                  "--use-megatron-fsdp", "--bf16", "--fp16", "--mock-data"):
@@ -147,6 +148,7 @@ def test_megatron_arguments_for_llama_3_70b_parse_back_to_its_degrees_batch_and_
     assert args.group_query_attention and args.num_query_groups == 8
     assert (args.position_embedding_type, args.normalization, args.swiglu) == ("rope", "RMSNorm", True)
     assert args.untie_embeddings_and_output_weights and not args.add_bias_linear
+    assert args.rotary_base == 500000  # Llama 3's RoPE base; Megatron-LM's default is 10000
     assert args.attention_dropout == 0.0 and args.hidden_dropout == 0.0  # Megatron-LM's default is 0.1
     assert args.train_samples * job.model.seq_length >= job.train_tokens
 
@@ -176,6 +178,7 @@ def test_megatron_arguments_for_gpt_neox_keep_its_uneven_split_fp16_and_full_rec
     middle = (args.num_layers - first - last) // (args.pipeline_model_parallel_size - 2)
     assert [first, middle, middle, last] == [11, 12, 12, 9]
     assert args.rotary_percent == 0.25 and args.normalization == "LayerNorm" and args.add_bias_linear
+    assert args.rotary_base == 10000  # the catalog's GPT-NeoX names no base: Megatron-LM's default
     assert not args.overlap_grad_reduce  # the prediction followed DeepSpeed, which does not overlap
     assert any(n.startswith("model.parallel_residual") for n in export_notes("megatron", job))
 

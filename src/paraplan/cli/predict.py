@@ -98,6 +98,7 @@ def predict_command(
     else:
         from paraplan.report.tables import render_explain, render_prediction
 
+        out.print(f"seq_length {pred.job.model.seq_length:,} tokens per sequence", highlight=False)
         out.print(render_prediction(pred))
         if explain:
             out.print(render_explain(pred))

@@ -7,6 +7,7 @@ NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4
   --num-attention-heads, --kv-channels, --group-query-attention, --num-query-groups (default 1,
   so it is always given with GQA), --max-position-embeddings, --position-embedding-type
   (choices learned_absolute | rope | mrope | relative | none: no ALiBi), --rotary-percent,
+  --rotary-base (an int, default 10000),
   --make-vocab-size-divisible-by, --normalization (LayerNorm | RMSNorm), --swiglu,
   --untie-embeddings-and-output-weights, --attention-backend (flash | fused | unfused | local |
   auto). There is no flag for GPT-NeoX's parallel residual.
@@ -153,6 +154,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     ]
     if m.position_embedding == "rotary" and m.rotary_percent != 1.0:
         model.append(["--rotary-percent", f"{m.rotary_percent:g}"])
+    if m.rope_theta is not None:  # --rotary-base is an int (default 10000)
+        model.append(["--rotary-base", f"{m.rope_theta:.0f}"])
     model.append(["--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"])
     if m.activation == "swiglu":
         model.append(["--swiglu"])

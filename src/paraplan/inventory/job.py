@@ -73,6 +73,27 @@ class JobInventory:
     hardware_flops_per_iteration: float
 
     @property
+    def executed_flops_per_iteration(self) -> float:
+        """FLOPs the kernels of one iteration execute on all GPUs, activation recompute
+        included: unlike the model and hardware FLOPs (full attention square, as the literature
+        counts), causal flash attention skips its masked half (``Op.exec_fraction``). No GPU runs
+        them faster than its peak, so ``iteration_s`` is at least this over the GPUs' summed peak."""
+        plan = self.job.parallel
+        ranks = plan.tp * plan.dp * plan.cp
+        phases = (Phase.FWD, Phase.BWD_INPUT, Phase.BWD_WEIGHT)
+
+        def run(ops: tuple[Op, ...]) -> float:
+            return sum(op.work(ph)[0] for op in ops for ph in phases)
+
+        total = 0.0
+        for st in self.stages:
+            weights = recompute_cost(plan, st.layer_ops, self.shape, st.num_layers).op_weights
+            again = sum(w * op.work(Phase.FWD)[0] for w, op in zip(weights, st.layer_ops, strict=True))
+            per_mb = st.num_layers * (run(st.layer_ops) + again) + run(st.end_ops)
+            total += ranks * (plan.num_microbatches * per_mb + st.optimizer.work(Phase.OPTIMIZER)[0])
+        return total
+
+    @property
     def param_bytes(self) -> float:
         return param_bytes(self.job.precision)
 

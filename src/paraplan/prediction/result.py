@@ -125,6 +125,8 @@ class Prediction:
     placement: Placement | None = None
     # kernels timed with generic guesses, not curves measured on the GPU (one note each)
     uncalibrated: tuple[str, ...] = ()
+    # figures that need a word next to them (an MFU above 100 % by the full-square convention)
+    notes: tuple[str, ...] = ()
     _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -215,7 +217,9 @@ class Prediction:
             "job": job.name,
             "backend": self.backend,
             "model": job.model.name,
+            "seq_length": job.model.seq_length,
             "gpu": self.gpu_name,
+            "cluster": self.placement.cluster if self.placement is not None else job.cluster.name,
             "num_gpus": job.cluster.num_gpus,
             "parallel": self.plan_dict(),
             "precision": job.precision.value,
@@ -250,6 +254,7 @@ class Prediction:
             },
             "stages": [asdict(s) for s in self.stages],
             "uncalibrated": list(self.uncalibrated),
+            "notes": list(self.notes),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
         }
 
