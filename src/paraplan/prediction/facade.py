@@ -107,7 +107,7 @@ def assemble_prediction(
     num_gpus = job.cluster.num_gpus
     mfu = inv.model_flops_per_iteration / (iteration * peak_flops_total)
     hfu = inv.hardware_flops_per_iteration / (iteration * peak_flops_total)
-    notes = check_possible(job, inv, iteration, peak_flops_total, mfu, hfu)
+    check_possible(job, inv, iteration, peak_flops_total, mfu, hfu)
     return Prediction(
         job=job,
         backend=backend,
@@ -125,36 +125,29 @@ def assemble_prediction(
         pipeline=pipe if keep_timeline else None,
         placement=placement,
         uncalibrated=uncalibrated,
-        notes=notes,
         _explain=functools.partial(explain, inv.stages[crit]),
     )
 
 
 def check_possible(job: Job, inv: JobInventory, iteration_s: float, peak_flops_total: float,
-                   mfu: float, hfu: float) -> tuple[str, ...]:
+                   mfu: float, hfu: float) -> None:
     """Raise InternalError for a prediction no cluster can reach: an iteration that is not a
-    positive finite number of seconds, or shorter than the kernels' executed FLOPs take at the
-    GPUs' summed peak. Validated inputs cannot make the roofline beat a peak (every efficiency
-    is at most 1 and every peak, bandwidth and latency positive), so both are bugs.
-
-    MFU and HFU count causal attention's full square (Megatron-LM's and torchtitan's
-    convention), which flash attention runs half of: at long sequences they can pass 100 % with
-    the kernels under the peak. That figure is the convention, not an impossibility; the notes
-    returned say so next to it, with the share of the peak the kernels actually use."""
+    positive finite number of seconds, shorter than the kernels' executed FLOPs take at the
+    GPUs' summed peak, or an MFU or HFU above 100 %. Validated inputs cannot make the roofline
+    beat a peak (every efficiency is at most 1 and every peak, bandwidth and latency positive),
+    and model and hardware FLOPs count no more than the kernels run (causal attention's half),
+    so each is a bug."""
     if not (0 < iteration_s < float("inf")):
         _impossible(job, [f"iteration time {iteration_s!r} s"])
-    executed = inv.executed_flops_per_iteration / (iteration_s * peak_flops_total)
-    above = [f"{name} {100 * value:.1f} %" for name, value in (("MFU", mfu), ("HFU", hfu)) if value > 1 + 1e-9]
-    if executed > 1 + 1e-9:
-        floor_s = iteration_s * executed
-        _impossible(job, [f"an iteration of {iteration_s:.4g} s, faster than the {floor_s:.4g} s its kernels' "
-                          f"FLOPs take at the GPUs' peak", *(f"{a}, above 100 %" for a in above)])
-    if not above:
-        return ()
-    seq = job.model.seq_length
-    return (f"{' and '.join(above)} count causal attention's full {seq:,} x {seq:,} square (Megatron-LM's "
-            f"convention); flash attention runs half of it, and the kernels use {100 * executed:.1f} % of "
-            "the GPUs' peak",)
+    problems = []
+    floor_s = inv.executed_flops_per_iteration / peak_flops_total
+    if iteration_s < floor_s * (1 - 1e-9):
+        problems.append(f"an iteration of {iteration_s:.4g} s, faster than the {floor_s:.4g} s its kernels' "
+                        "FLOPs take at the GPUs' peak")
+    problems += [f"{name} {100 * value:.1f} %, above 100 %" for name, value in (("MFU", mfu), ("HFU", hfu))
+                 if value > 1 + 1e-9]
+    if problems:
+        _impossible(job, problems)
 
 
 def _impossible(job: Job, problems: list[str]) -> None:

@@ -125,8 +125,6 @@ class Prediction:
     placement: Placement | None = None
     # kernels timed with generic guesses, not curves measured on the GPU (one note each)
     uncalibrated: tuple[str, ...] = ()
-    # figures that need a word next to them (an MFU above 100 % by the full-square convention)
-    notes: tuple[str, ...] = ()
     _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -254,7 +252,6 @@ class Prediction:
             },
             "stages": [asdict(s) for s in self.stages],
             "uncalibrated": list(self.uncalibrated),
-            "notes": list(self.notes),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
         }
 

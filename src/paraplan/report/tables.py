@@ -108,7 +108,6 @@ def render_prediction(pred: Prediction) -> Group:
             cost.add_row("cost to train", _usd(pred.cost_to_train_usd))
         items.append(cost)
     items.extend(render_uncalibrated(pred.uncalibrated))
-    items.extend(Text.assemble(("note: ", "bold yellow"), note) for note in pred.notes)
     return Group(*items)
 
 
