@@ -27,22 +27,15 @@ from paraplan.catalog import load_cluster, load_model
 from paraplan.prediction import predict
 from paraplan.search import SearchSpace, search_plans
 from paraplan.search.screen import screen_plans
-from paraplan.specs import Precision, Recompute
+from paraplan.specs import Precision
 
 BATCHES = (512, 1024, 1536, 2048)
 SPACES = {
     # tp and pp: powers of two / divisors (defaults); ZeRO 0-1; recompute none/selective/full
     "default": SearchSpace(global_batch_sizes=BATCHES),
-    # every axis of issue 4's space
-    "whole": SearchSpace(
-        cp=(1, 2, 4, 8),
-        vpp=(1, 2, 3, 4, 6, 8),
-        micro_batch_size=(1, 2, 4, 8, 16),
-        zero_stage=(0, 1, 2, 3),
-        recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),  # Megatron-LM's policies
-        sequence_parallel="both",
-        global_batch_sizes=BATCHES,
-    ),
+    # every axis of issue 4's space: `paraplan search --space full` (cp 1-8, vpp 1-8, mbs 1-16,
+    # ZeRO 0-3, Megatron-LM's recompute policies, sequence parallelism on and off)
+    "whole": SearchSpace.full(global_batch_sizes=BATCHES),
 }
 CASES = {
     "GPT-3 175B, 1,024 A100-80GB (dgx-a100 x 128)": ("gpt3-175b", "dgx-a100", 128),

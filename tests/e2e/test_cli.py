@@ -51,6 +51,45 @@ def test_predict_from_flags_matches_the_issue_example():
     assert data["gpu"] == "H100-SXM5-80GB"
 
 
+def test_predict_states_the_sequence_length_in_the_table_and_the_json():
+    assert "seq_length 8,192 tokens per sequence" in run("predict").output  # the demo's Llama-3-8B
+    data = json.loads(run("predict", "--format", "json").stdout)
+    assert data["seq_length"] == 8192
+
+
+def test_the_json_job_name_follows_a_model_flag():
+    data = json.loads(run("predict", "--model", "llama-3-70b", "--num-nodes", "8", "--format", "json").stdout)
+    assert (data["job"], data["model"]) == ("demo-llama-3-8b (--model llama-3-70b)", "llama-3-70b")
+
+
+def test_a_cluster_described_by_its_gpu_in_a_file_predicts_as_the_gpu_flag_does(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("model: llama-3-8b\ncluster: {gpu: H100-SXM5-80GB, num_nodes: 2, gpus_per_node: 8}\n"
+                    "parallel: {tp: 8}\n")
+    from_file = run("predict", str(path), "--format", "json")
+    assert from_file.exit_code == 0, from_file.output
+    path.write_text("model: llama-3-8b\ncluster: dgx-a100\nparallel: {tp: 8}\n")
+    from_flags = run("predict", str(path), "--gpu", "H100-SXM5-80GB", "--num-nodes", "2", "--format", "json")
+    assert from_flags.exit_code == 0, from_flags.output
+    a, b = json.loads(from_file.stdout), json.loads(from_flags.stdout)
+    assert a["iteration_s"] == b["iteration_s"] and a["uncalibrated"] == b["uncalibrated"]
+    assert a["cluster"] == b["cluster"] == "dgx-h100 with H100-SXM5-80GB"  # whose network it took
+
+
+def test_an_impossible_prediction_is_an_internal_error_with_exit_code_3(monkeypatch):
+    from paraplan.prediction import facade
+    from paraplan.specs import InternalError
+
+    def impossible(job, *args):
+        raise InternalError("internal error: the prediction for job 'x' is impossible: MFU 120.0 %, above 100 %")
+
+    monkeypatch.setattr(facade, "check_possible", impossible)
+    result = run("predict", "--format", "json")
+    assert result.exit_code == 3
+    assert result.stdout == "" or "iteration_s" not in result.stdout
+    assert "internal error: " in result.output and "Traceback" not in result.output
+
+
 def test_every_example_job_predicts():
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         result = run("predict", str(path), "--format", "json")

@@ -38,9 +38,11 @@ def test_llama_2_7b_counts_exactly_its_checkpoint_parameters():
 @pytest.mark.parametrize("name", ["megatron-18b", "megatron-145b", "megatron-1t", "gpt3-175b"])
 def test_hardware_flops_with_full_recompute_match_narayanan_eq3(name):
     """Narayanan et al. SC'21, eq. 3: F = 96 B s l h^2 (1 + s/6h + V/16lh) per iteration,
-    counting the recomputed forward pass (full activation checkpointing)."""
-    model = load_model(name)
-    job = _job(name, recompute="full", global_batch_size=16)
+    counting the recomputed forward pass (full activation checkpointing), with the unfused
+    attention of 2021 that computes the whole score square and masks it."""
+    model = load_model(name).model_copy(update={"attention": "unfused"})
+    job = resolve_job({"model": model, "cluster": {"name": "dgx-a100", "num_nodes": 1},
+                       "parallel": {"micro_batch_size": 1, "global_batch_size": 16, "recompute": "full"}})
     inv = count_job(job)
     b, s, l, h = 16, model.seq_length, model.num_layers, model.hidden_size  # noqa: E741 (the paper's names)
     v = model.vocab_for(1)
@@ -48,17 +50,42 @@ def test_hardware_flops_with_full_recompute_match_narayanan_eq3(name):
     assert inv.hardware_flops_per_iteration == pytest.approx(eq3, rel=0.01)
 
 
-def test_model_flops_per_token_are_six_n_plus_the_attention_term():
+def test_model_flops_per_token_are_six_n_plus_the_causal_attention_term():
     """Kaplan et al. 2020 / PaLM appendix B: 6N + 12 l s h FLOPs per token (N = non-embedding
-    parameters), for training without recompute."""
+    parameters) for training without recompute, with causal attention's unmasked half of the
+    score square (6 l s h), as Megatron-LM counts it."""
     job = _job("gpt3-175b", global_batch_size=8)
     m = job.model
     inv = count_job(job)
     non_embedding = 12 * m.num_layers * m.hidden_size**2
     per_token = inv.model_flops_per_iteration / (8 * m.seq_length)
     lm_head = 6 * m.hidden_size * m.vocab_for(1)
-    expected = 6 * non_embedding + 12 * m.num_layers * m.seq_length * m.hidden_size + lm_head
+    expected = 6 * non_embedding + 6 * m.num_layers * m.seq_length * m.hidden_size + lm_head
     assert per_token == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_model_flops_are_megatrons_72_bslh2_whatever_the_attention_kernel(attention):
+    """Model FLOPs as Megatron-LM prints MFU with (``num_floating_point_operations`` in
+    megatron/training/training.py: "only half of the attention matrix is non-zero"):
+    72 B s l h^2 (1 + s/12h + V/12lh). Hardware FLOPs are what the kernel runs: unfused
+    attention computes the whole square (Narayanan et al. SC'21, eq. 3 without the recomputed
+    forward pass: 72 B s l h^2 (1 + s/6h + V/12lh)); flash attention the causal half, plus the
+    scores it recomputes in its backward pass."""
+    model = load_model("gpt3-175b").model_copy(update={"attention": attention})
+    job = resolve_job({"model": model, "cluster": {"name": "dgx-a100", "num_nodes": 1},
+                       "parallel": {"micro_batch_size": 1, "global_batch_size": 16}})
+    inv = count_job(job)
+    b, s, l, h = 16, model.seq_length, model.num_layers, model.hidden_size  # noqa: E741 (the paper's names)
+    v = model.vocab_for(1)
+    megatron = 72 * b * s * l * h * h * (1 + s / (12 * h) + v / (12 * l * h))
+    assert inv.model_flops_per_iteration == pytest.approx(megatron, rel=1e-9)
+    square = 4 * b * s * s * h * l  # forward FLOPs of QK^T and PV over the whole square
+    if attention == "unfused":
+        narayanan = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+        assert inv.hardware_flops_per_iteration == pytest.approx(narayanan, rel=1e-9)
+    else:  # half of forward (1) + backward (2) + the backward's recomputed scores (0.5)
+        assert inv.hardware_flops_per_iteration == pytest.approx(megatron - 1.5 * square + 0.5 * 3.5 * square, rel=1e-9)
 
 
 def _korthikanti_model(a=96, h=12288, s=2048):

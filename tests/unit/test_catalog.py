@@ -52,6 +52,8 @@ SHAPE_FIELDS = (
     "parallel_residual",
     "untie_embeddings_and_output_weights",
     "add_bias_linear",
+    "add_bias_mlp",
+    "add_qkv_bias",
 )
 
 
@@ -311,7 +313,7 @@ def test_gpt3_1_3b_keeps_the_papers_head_dimension():
 
 
 def test_hf_llama_config_imports_as_swiglu_rmsnorm_gqa(tmp_path):
-    fields = model_from_hf_config(_write_config(tmp_path, LLAMA_2_70B_HF), {"hf_config": "x"})
+    fields = model_from_hf_config(_write_config(tmp_path, LLAMA_2_70B_HF), {"hf_config": "x", "seq_length": 4096})
     model = ModelSpec.model_validate(fields)
     assert model.activation == "swiglu"
     assert model.normalization == "rmsnorm"
@@ -322,17 +324,17 @@ def test_hf_llama_config_imports_as_swiglu_rmsnorm_gqa(tmp_path):
 
 
 def test_catalog_llama_2_70b_matches_hf_shape(tmp_path):
-    fields = model_from_hf_config(_write_config(tmp_path, LLAMA_2_70B_HF), {})
+    fields = model_from_hf_config(_write_config(tmp_path, LLAMA_2_70B_HF), {"seq_length": 4096})
     assert _shape(ModelSpec.model_validate(fields)) == _shape(load_model("llama-2-70b"))
 
 
 def test_catalog_llama_2_7b_matches_the_hf_fixture():
-    fields = model_from_hf_config(FIXTURES / "llama-2-7b-config.json", {})
+    fields = model_from_hf_config(FIXTURES / "llama-2-7b-config.json", {"seq_length": 4096})
     assert _shape(ModelSpec.model_validate(fields)) == _shape(load_model("llama-2-7b"))
 
 
 def test_hf_gpt2_config_imports_with_learned_tied_embeddings_and_a_4h_mlp():
-    fields = model_from_hf_config(FIXTURES / "gpt2-config.json", {})
+    fields = model_from_hf_config(FIXTURES / "gpt2-config.json", {"seq_length": 1024})
     model = ModelSpec.model_validate(fields)
     assert model.ffn_hidden_size == 4 * 768
     assert model.position_embedding == "learned"
@@ -347,7 +349,7 @@ def test_hf_gpt_neox_config_imports_partial_rotary_and_parallel_residual(tmp_pat
         "num_hidden_layers": 44, "rotary_pct": 0.25, "tie_word_embeddings": False,
         "use_parallel_residual": True, "vocab_size": 50432,
     }
-    model = ModelSpec.model_validate(model_from_hf_config(_write_config(tmp_path, neox_20b), {}))
+    model = ModelSpec.model_validate(model_from_hf_config(_write_config(tmp_path, neox_20b), {"seq_length": 2048}))
     assert (model.rotary_percent, model.parallel_residual, model.activation) == (0.25, True, "gelu")
     assert model.untie_embeddings_and_output_weights is True
 
@@ -372,6 +374,54 @@ def test_a_job_can_name_an_hf_config_relative_to_its_directory():
     )
     assert (job.model.num_layers, job.model.seq_length) == (32, 2048)
     assert job.parallel.dp == 1
+
+
+def test_an_hf_config_needs_the_sequence_length_the_job_trains_on():
+    """max_position_embeddings is the longest sequence a model accepts (131,072 for Qwen2-7B,
+    pre-trained at 4K then extended): it must not become the training length silently."""
+    raw = {"model": {"hf_config": "qwen2-7b-config.json"}, "cluster": "dgx-h100", "parallel": {"tp": 4}}
+    with pytest.raises(ConfigError) as err:
+        resolve_job(raw, base_dir=FIXTURES)
+    message = str(err.value)
+    assert message.startswith("model.seq_length: required with hf_config") and "131072" in message
+    assert "\n" not in message
+    job = resolve_job({**raw, "model": {**raw["model"], "seq_length": 4096}}, base_dir=FIXTURES)
+    assert job.model.seq_length == 4096
+
+
+def test_qwen2_counts_its_qkv_biases_and_keeps_its_rope_base():
+    """Qwen2Attention has bias=True on q_proj, k_proj and v_proj only; Qwen/Qwen2-7B holds
+    7,615,616,512 parameters (its safetensors index; Qwen2 report table 1: 7.6B)."""
+    from paraplan.inventory import count_params
+
+    job = resolve_job({"model": {"hf_config": "qwen2-7b-config.json", "seq_length": 4096},
+                       "cluster": "dgx-h100", "parallel": {"tp": 4}}, base_dir=FIXTURES)
+    m = job.model
+    assert (m.add_qkv_bias, m.add_bias_linear, m.add_bias_mlp) == (True, False, False)
+    assert count_params(job) == 7_615_616_512
+    assert m.rope_theta == 1e6
+
+
+def test_llama_attention_and_mlp_biases_land_on_their_own_projections(tmp_path):
+    fields = model_from_hf_config(_write_config(tmp_path, {**LLAMA_2_70B_HF, "mlp_bias": True}), {"seq_length": 4096})
+    model = ModelSpec.model_validate(fields)
+    assert (model.add_qkv_bias, model.add_bias_linear, model.add_bias_mlp) == (False, False, True)
+    fields = model_from_hf_config(_write_config(tmp_path, {**LLAMA_2_70B_HF, "attention_bias": True}), {"seq_length": 4096})
+    model = ModelSpec.model_validate(fields)
+    assert (model.add_qkv_bias, model.add_bias_linear, model.add_bias_mlp) == (True, True, False)
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"])
+def test_catalog_llama_3_models_carry_their_rope_base_with_a_source(name):
+    model = load_model(name)
+    assert model.rope_theta == 500000
+    assert "rope_theta 500000" in model.source
+
+
+def test_a_rope_base_needs_rotary_positions():
+    with pytest.raises(ValueError, match="rope_theta: only rotary"):
+        ModelSpec(num_layers=1, hidden_size=64, num_attention_heads=1, seq_length=8, vocab_size=8,
+                  position_embedding="learned", rope_theta=10000)
 
 
 def test_hf_unknown_model_type_is_a_one_line_config_error(tmp_path):

@@ -83,6 +83,43 @@ def test_unit_strings_are_accepted_for_links_and_prices():
     assert j.cluster.price_per_gpu_hour == pytest.approx(2.5)
 
 
-def test_a_multi_node_cluster_without_a_network_is_rejected():
-    message = error_of(cluster={"gpu": "A100-SXM4-80GB", "num_nodes": 4, "gpus_per_node": 8})
-    assert message.startswith("cluster.inter_node:")
+def test_a_cluster_described_by_its_gpu_takes_the_reference_nodes_network_as_the_gpu_flag_does():
+    from paraplan.catalog.jobs import apply_overrides
+
+    described = {"gpu": "A100-SXM4-80GB", "num_nodes": 4, "gpus_per_node": 8}
+    from_file = job(cluster=described)
+    reference = job(cluster={"name": "dgx-a100", "num_nodes": 4})
+    assert (from_file.cluster.intra_node, from_file.cluster.inter_node) == (
+        reference.cluster.intra_node, reference.cluster.inter_node)
+    assert from_file.cluster.sources == reference.cluster.sources  # measured efficiencies stay measured
+    assert from_file.cluster.name == "dgx-a100 with A100-SXM4-80GB"
+    flags = {"gpu": "A100-SXM4-80GB", "num_nodes": 4, "gpus_per_node": 8}
+    from_flags = resolve_job(apply_overrides({k: v for k, v in BASE.items() if k != "cluster"}, flags))
+    assert from_flags.cluster == from_file.cluster
+    # what the mapping states stays its own; the name says whose network fills the rest
+    mine = job(cluster={**described, "name": "my-a100s", "inter_node": {"bandwidth": "25 GB/s"}})
+    assert mine.cluster.inter_node.bandwidth_bytes_per_s == pytest.approx(25e9)
+    assert mine.cluster.intra_node == reference.cluster.intra_node
+    assert mine.cluster.name == "my-a100s (dgx-a100 network)"
+
+
+def test_a_multi_node_cluster_without_a_network_or_a_reference_node_is_rejected():
+    message = error_of(cluster={"gpu": "A10", "num_nodes": 4, "gpus_per_node": 4}, parallel={"tp": 4, "pp": 4})
+    assert message.startswith("cluster.inter_node:") and "no reference node for A10" in message
+
+
+def test_a_model_may_give_its_padded_vocabulary_alone():
+    model = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 512}
+    j = job(model={**model, "padded_vocab_size": 51200})
+    assert (j.model.vocab_size, j.model.vocab_for(4)) == (51200, 51200)
+    message = error_of(model=model)
+    assert message.startswith("model.vocab_size: required but missing") and "padded_vocab_size" in message
+
+
+def test_a_model_flag_renames_the_job_it_changes():
+    from paraplan.catalog.jobs import apply_overrides
+
+    raw = {**BASE, "name": "neox-20b-run"}
+    assert resolve_job(apply_overrides(raw, {"model": "gpt3-13b"})).name == "neox-20b-run (--model gpt3-13b)"
+    assert resolve_job(apply_overrides(raw, {"model": "gpt-neox-20b"})).name == "neox-20b-run"
+    assert resolve_job(apply_overrides(raw, {"tensor_model_parallel_size": 2})).name == "neox-20b-run"

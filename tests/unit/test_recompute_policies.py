@@ -77,7 +77,7 @@ def test_no_policy_recomputes_more_than_full_or_keeps_more_than_none(case):
 def test_hardware_flops_count_what_each_policy_recomputes():
     model_flops = predict(job("none", "fsdp")).model_flops_per_iteration
     hw = {p: count_job(job(p, "fsdp")).hardware_flops_per_iteration for p in ("none", "layer", "full")}
-    assert hw["none"] == pytest.approx(model_flops)
+    assert model_flops < hw["none"] < 1.05 * model_flops  # FlashAttention's backward recompute
     assert hw["layer"] - hw["none"] == pytest.approx((hw["full"] - hw["none"]) / 2)
 
 

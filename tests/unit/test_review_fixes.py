@@ -64,9 +64,11 @@ def test_exports_carry_hybrid_sharding_and_megatron_s_overlaps():
     fsdp = resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 4},
                         "parallel": {"framework": "fsdp", "zero_stage": 3, "global_batch_size": 32,
                                      "data_parallel_shard_degree": 8, "grad_reduce_in_fp32": False}})
-    toml = render("torchtitan", fsdp)
-    assert "data_parallel_replicate_degree = 4" in toml and "data_parallel_shard_degree = 8" in toml
-    assert 'mixed_precision_reduce = "bfloat16"' in toml
+    recipe = render("torchtitan", fsdp)
+    assert "data_parallel_replicate_degree=4," in recipe and "data_parallel_shard_degree=8," in recipe
+    # torchtitan 0.3.0 reduces in float32 only; the recipe says the prediction reduced in bf16
+    assert "mixed_precision_reduce='float32'," in recipe
+    assert "NOTE(paraplan): parallel.grad_reduce_in_fp32: torchtitan reduces gradients in float32" in recipe
     megatron = resolve_job({"model": "llama-3-70b", "cluster": {"name": "dgx-h100", "num_nodes": 4},
                             "parallel": {"tp": 8, "pp": 4, "vpp": 2, "sequence_parallel": True, "global_batch_size": 64,
                                          "tp_comm_overlap": True, "overlap_p2p_comm": True}})

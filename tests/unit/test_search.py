@@ -108,9 +108,11 @@ def test_the_search_table_shows_why_plans_were_excluded():
     runner = CliRunner()
     result = runner.invoke(app, ["search", "--model", "llama-2-70b", "--cluster", "dgx-a100", "--num-nodes", "1",
                                  "--global-batch-size", "64"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # no plan fits: exit 1, the bound and the nearest plan said
     assert "Excluded plans" in result.output
     assert "does not fit in 80 GiB per GPU" in result.output
+    assert "Nearest plan (does not fit)" in result.stdout
+    assert "no plan fits in the GPU's memory" in result.stderr and "more GPUs" in result.stderr
 
 
 def test_the_processes_executor_returns_the_same_results_as_serial():

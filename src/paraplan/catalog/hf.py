@@ -1,9 +1,14 @@
 """Read a Hugging Face ``config.json`` as a ModelSpec mapping.
 
-Supported ``model_type`` values: llama, mistral, qwen2 (gated SiLU MLP, RMSNorm, rotary),
-gpt_neox (GELU, LayerNorm, partial rotary, parallel residual) and gpt2 (GELU, LayerNorm,
-learned positions). Only the shape matters to the cost model, so tokenizer, RoPE scaling,
-dropout and initialisation fields are ignored.
+Supported ``model_type`` values: llama, mistral, qwen2 (gated SiLU MLP, RMSNorm, rotary;
+Qwen2 with a bias on the QKV projection), gpt_neox (GELU, LayerNorm, partial rotary, parallel
+residual) and gpt2 (GELU, LayerNorm, learned positions). Only the shape matters to the cost
+model, so tokenizer, RoPE scaling, dropout and initialisation fields are ignored; the RoPE base
+(``rope_theta``) is kept for the launch recipes.
+
+A config holds no training sequence length: ``max_position_embeddings`` is the longest
+sequence the model accepts (131,072 for Qwen2 and Llama 3.1, which pre-trained at 4-8K), so
+the job must give ``seq_length``.
 """
 
 from __future__ import annotations
@@ -69,7 +74,6 @@ def _llama_like(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "num_attention_heads": heads,
         "num_query_groups": _get(config, path, "num_key_value_heads", default=heads),
         "ffn_hidden_size": _get(config, path, "intermediate_size"),
-        "seq_length": _get(config, path, "max_position_embeddings"),
         "vocab_size": _get(config, path, "vocab_size"),
         "activation": "swiglu",
         "normalization": "rmsnorm" if "rms_norm_eps" in config else "layernorm",
@@ -78,10 +82,15 @@ def _llama_like(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "parallel_residual": False,
         # LlamaConfig/MistralConfig/Qwen2Config all default tie_word_embeddings to False.
         "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False),
-        # Qwen2 has a bias on the QKV projection only; it is negligible and has no
-        # separate field here, so only attention_bias / mlp_bias (Llama) count.
-        "add_bias_linear": bool(config.get("attention_bias") or config.get("mlp_bias")),
+        # Llama's attention_bias puts a bias on q, k, v and o, mlp_bias on the MLP's three
+        # projections; Qwen2 has one on q, k and v only (Qwen2Attention: bias=True on
+        # q_proj/k_proj/v_proj, False on o_proj; Megatron-LM --add-qkv-bias).
+        "add_bias_linear": bool(config.get("attention_bias")),
+        "add_bias_mlp": bool(config.get("mlp_bias")),
+        "add_qkv_bias": bool(config.get("attention_bias")) or config.get("model_type") == "qwen2",
     }
+    if config.get("rope_theta") is not None:
+        fields["rope_theta"] = float(config["rope_theta"])
     head_dim = config.get("head_dim")
     if head_dim and head_dim * heads != hidden:
         fields["kv_channels"] = head_dim
@@ -89,12 +98,11 @@ def _llama_like(config: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _gpt_neox(config: dict[str, Any], path: Path) -> dict[str, Any]:
-    return {
+    fields = {
         "num_layers": _get(config, path, "num_hidden_layers"),
         "hidden_size": _get(config, path, "hidden_size"),
         "num_attention_heads": _get(config, path, "num_attention_heads"),
         "ffn_hidden_size": _get(config, path, "intermediate_size"),
-        "seq_length": _get(config, path, "max_position_embeddings"),
         "vocab_size": _get(config, path, "vocab_size"),
         "activation": _gelu(str(_get(config, path, "hidden_act", default="gelu")), path),
         "normalization": "layernorm",
@@ -104,6 +112,10 @@ def _gpt_neox(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False),
         "add_bias_linear": bool(config.get("attention_bias", True)),
     }
+    base = _get(config, path, "rope_theta", "rotary_emb_base", default=None)
+    if base is not None:
+        fields["rope_theta"] = float(base)
+    return fields
 
 
 def _gpt2(config: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -113,7 +125,6 @@ def _gpt2(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "hidden_size": hidden,
         "num_attention_heads": _get(config, path, "n_head", "num_attention_heads"),
         "ffn_hidden_size": _get(config, path, "n_inner", default=4 * hidden),
-        "seq_length": _get(config, path, "n_positions", "n_ctx", "max_position_embeddings"),
         "vocab_size": _get(config, path, "vocab_size"),
         "activation": _gelu(str(_get(config, path, "activation_function", default="gelu_new")), path),
         "normalization": "layernorm",
@@ -134,9 +145,9 @@ _READERS = {
 def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """ModelSpec fields derived from a Hugging Face config.json, then ``overrides`` applied.
 
-    ``overrides`` is the job's model mapping; every key except ``hf_config`` replaces the
-    derived value (e.g. ``seq_length`` to train shorter than ``max_position_embeddings``).
-    ``path`` may also be a model directory holding ``config.json``.
+    ``overrides`` is the job's model mapping; it must give ``seq_length`` (the config only
+    knows the longest sequence the model accepts), and every other key except ``hf_config``
+    replaces the derived value. ``path`` may also be a model directory holding ``config.json``.
     """
     path = Path(path)
     config = _read(path)
@@ -151,6 +162,14 @@ def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any
         fields = reader(config, path)
     except (TypeError, ValueError, ArithmeticError) as err:
         raise _fail(f"{path.name} has a value of the wrong type ({err})") from None
+    if overrides.get("seq_length") is None:
+        longest = _get(config, path, "max_position_embeddings", "n_positions", "n_ctx", default=None)
+        accepts = f"its max_position_embeddings ({longest}) is" if longest else "that is"
+        raise ConfigError(
+            f"model.seq_length: required with hf_config: {path.name} holds no training sequence "
+            f"length ({accepts} the longest sequence the model accepts); give the length of the "
+            "sequences the job trains on, e.g. seq_length: 4096"
+        )
     source_dir = path if path.is_dir() else path.parent
     fields["name"] = str(config.get("_name_or_path") or source_dir.name or "hf-model")
     fields["source"] = f"Hugging Face config.json ({model_type}): {path}"

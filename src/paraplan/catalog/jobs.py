@@ -56,7 +56,9 @@ def _gpu(value: Any) -> GpuSpec | Any:
 
 def _cluster(value: Any) -> Any:
     """A catalog name, or a mapping: with a catalog ``name`` its fields override that entry
-    (``{name: dgx-h100, num_nodes: 8}``); otherwise a cluster described in full."""
+    (``{name: dgx-h100, num_nodes: 8}``); otherwise a cluster described by its GPU, which takes
+    what it does not state of its nodes (``gpus_per_node``, ``intra_node``, ``inter_node``)
+    from the GPU's reference node in the catalog, as ``--gpu`` does (``_on_reference_node``)."""
     if isinstance(value, str):
         return load_cluster(value)
     if not isinstance(value, dict):
@@ -70,7 +72,40 @@ def _cluster(value: Any) -> Any:
         return load_cluster(name, **value)
     if "gpu" not in value and isinstance(name, str):
         return load_cluster(name)  # not in the catalog: says so, with the closest names
-    return value
+    return _on_reference_node(value) if "gpu" in value else value
+
+
+def _on_reference_node(value: dict[str, Any]) -> Any:
+    """A cluster described by its GPU, completed from the GPU's reference node when it lacks
+    its node size or a link its jobs use: the reference node's links, with the mapping's own
+    fields laid over them. Its name says which node: ``dgx-h100 with H100-SXM5-80GB``, or the
+    mapping's own name followed by ``(dgx-h100 network)``. A mapping that states all of them,
+    or whose GPU has no reference node, is validated as it is."""
+    gpu = value["gpu"]
+    reference = gpu.reference_node if isinstance(gpu, GpuSpec) else dict(gpu).get("reference_node")
+    per_node = value.get("gpus_per_node")
+    lacks = (
+        per_node is None
+        or ("intra_node" not in value and per_node != 1)
+        or ("inter_node" not in value and value.get("num_nodes", 1) != 1)
+    )
+    if not lacks:
+        return value
+    if not isinstance(reference, str):
+        nodes = value.get("num_nodes", 1)
+        if "inter_node" not in value and nodes != 1:
+            gpu_name = gpu.name if isinstance(gpu, GpuSpec) else dict(gpu).get("name", "the GPU")
+            raise ConfigError(
+                f"cluster.inter_node: {nodes} nodes need an inter-node link, and the catalog has no "
+                f"reference node for {gpu_name} to take one from (give inter_node: {{bandwidth, "
+                "latency}, or name a catalog cluster)"
+            )
+        return value
+    own_name = value.pop("name", None)
+    cluster = load_cluster(reference, **value)
+    if own_name is not None:
+        cluster = cluster.model_copy(update={"name": f"{own_name} ({reference} network)"})
+    return cluster
 
 
 def _parallel(value: Any) -> Any:
@@ -267,13 +302,16 @@ def read_job_mapping(path: Path | str) -> dict[str, Any]:
 def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     """A job mapping with command-line values laid over it (``None`` means not given).
 
-    ``model`` and ``cluster`` replace the file's; ``gpu`` replaces the cluster's GPU, and
-    without a cluster takes its links from the GPU's reference node in the catalog; cluster
-    and parallel flags override single fields.
+    ``model`` and ``cluster`` replace the file's (a job name then says the model changed);
+    ``gpu`` replaces the cluster's GPU, and without a cluster flag describes the cluster by its
+    GPU, which takes its node and links from the GPU's reference node in the catalog as the
+    same mapping in a file does; cluster and parallel flags override single fields.
     """
     job = dict(raw)
     given = {k: v for k, v in flags.items() if v is not None}
     if "model" in given:
+        if isinstance(job.get("name"), str) and "name" not in given and job.get("model") != given["model"]:
+            job["name"] = f"{job['name']} (--model {given['model']})"  # not the job the file named
         job["model"] = given["model"]
     cluster = given.get("cluster", job.get("cluster"))
     if "gpu" in given and "cluster" not in given:
@@ -282,7 +320,7 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
             raise ConfigError(
                 f"gpu: the catalog has no reference node for {gpu.name}; name a --cluster too"
             )
-        cluster = {"name": gpu.reference_node}
+        cluster = {}  # a cluster described by its GPU: the reference node's network (_cluster)
     if cluster is not None and not isinstance(cluster, str | dict):
         raise ConfigError("cluster: expected a catalog cluster name or a mapping (gpu, num_nodes, ...)")
     cluster = {"name": cluster} if isinstance(cluster, str) else dict(cluster or {})

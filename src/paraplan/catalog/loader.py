@@ -105,7 +105,8 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
         gpu_name = gpu.name if isinstance(gpu, GpuSpec) else dict(gpu).get("name", "custom GPU")
         raw["name"] = f"{raw['name']} with {gpu_name}"
         raw.pop("aliases", None)
-        raw.pop("price_per_gpu_hour", None)
+        if "price_per_gpu_hour" not in overrides:  # the catalog's price was for its own GPU
+            raw.pop("price_per_gpu_hour", None)
     return _validated(ClusterSpec, raw, "cluster")
 
 

@@ -10,6 +10,7 @@ from paraplan.cli.common import HELP_SETTINGS
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
+from paraplan.cli.report import report_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
 from paraplan.cli.sharding import sharding_command
@@ -26,6 +27,7 @@ app = typer.Typer(
 # The one-line summaries `paraplan --help` lists (each whole at 80 columns; the commands' own
 # --help has their full text).
 app.command("predict", short_help="Predict one iteration's time, breakdown, memory and cost.")(predict_command)
+app.command("report", short_help="Write one HTML page of a prediction: pictures, tables, GEMMs.")(report_command)
 app.command("catalog", short_help="List the catalog's GPUs, models or clusters.")(catalog_command)
 app.command("validate", short_help="Predict measured runs; print the errors.")(validate_command)
 app.add_typer(samples_app, name="samples", short_help="Import measured operator and collective timings.")

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from paraplan.specs import ConfigError, format_validation_error
+from paraplan.specs import ConfigError, InternalError, format_validation_error
 from paraplan.units import UnitError
 
 # --help as click prints it: option names whole at any width (rich's help panels cut long option
@@ -33,9 +33,13 @@ class OutputFormat(str, enum.Enum):
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Bad input ends with one line on stderr naming the field and the reason, exit code 2."""
+    """Bad input ends with one line on stderr naming the field and the reason, exit code 2;
+    an impossible prediction (a bug) with one line and exit code 3."""
     try:
         yield
+    except InternalError as exc:
+        err.print(f"[bold red]{escape(str(exc))}[/]", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=3) from None
     except ConfigError as exc:
         _fail(str(exc))
     except ValidationError as exc:

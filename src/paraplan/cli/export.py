@@ -15,7 +15,8 @@ Opt = typer.Option
 def export_command(
     target: Annotated[str, typer.Argument(help="megatron | deepspeed | torchtitan | slurm")],
     job_file: Annotated[Path, typer.Argument(help="Job file (YAML/JSON) holding the plan to launch.")],
-    out: Annotated[Path | None, Opt("--out", "-o", help="Write here instead of stdout.")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Write here instead of stdout (torchtitan: a module "
+                                    "name such as paraplan_job.py, for --module).")] = None,
     force: Annotated[bool, Opt("--force", help="Overwrite --out if it exists.")] = False,
 ) -> None:
     """Write the launch recipe for a job's plan; what the target cannot express is noted on stderr."""

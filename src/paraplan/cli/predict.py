@@ -38,6 +38,11 @@ def predict_command(
     models: Annotated[Path | None, Opt(help="Models file from `paraplan fit` (learned backend).")] = None,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
     explain: Annotated[bool, Opt("--explain", help="Also show the per-operator table of one layer.")] = False,
+    plot: Annotated[list[Path] | None, Opt(
+        help="Also draw a picture (.png/.svg/.pdf; repeatable): its kind from the file name "
+        "(breakdown.png, timeline.png, memory.png) or --plot-kind.")] = None,
+    plot_kind: Annotated[str | None, Opt(help="breakdown | timeline | memory (for one --plot file).")] = None,
+    force: Annotated[bool, Opt("--force", help="Replace existing --plot files.")] = False,
 ) -> None:
     """Predict one training iteration: time, breakdown, memory per GPU, MFU and cost."""
     from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
@@ -54,9 +59,11 @@ def predict_command(
         framework=framework, precision=precision, train_tokens=train_tokens,
     )
     from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
+    from paraplan.report.plots import check_plots, render_plot
     from paraplan.specs import ConfigError, HeteroJob
 
     with user_errors():
+        plots = check_plots(plot or [], plot_kind, overwrite=force)  # before the work, not after
         if backend not in BACKENDS:
             raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
         if job_file is not None:
@@ -69,11 +76,13 @@ def predict_command(
                 raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
             from paraplan.prediction.hetero import predict_hetero
 
-            cost_model, pred = None, predict_hetero(job)
+            cost_model, pred = None, predict_hetero(job, keep_timeline=bool(plots))
         else:
             fitted = load_model_file(models) if models is not None else None
             cost_model = make_cost_model(job, backend, fitted)
-            pred = predict(job, cost_model)
+            pred = predict(job, cost_model, keep_timeline=bool(plots))
+    for path, kind in plots:
+        err.print(f"wrote {kind} picture to {render_plot(pred, kind, path)}", highlight=False)
     for note in getattr(cost_model, "notes", ()):
         err.print(f"note: {models}: {note}", highlight=False)
     if output is OutputFormat.json:
@@ -89,6 +98,7 @@ def predict_command(
     else:
         from paraplan.report.tables import render_explain, render_prediction
 
+        out.print(f"seq_length {pred.job.model.seq_length:,} tokens per sequence", highlight=False)
         out.print(render_prediction(pred))
         if explain:
             out.print(render_explain(pred))

@@ -6,10 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from paraplan.cli.common import OutputFormat, err, out, user_errors, write_text
 
 Opt = typer.Option
+
+
+SPACES = ("default", "full")
 
 
 def search_command(
@@ -19,7 +23,9 @@ def search_command(
     gpu: Annotated[str | None, Opt(help="Catalog GPU name (its reference node's links).")] = None,
     num_gpus: Annotated[int | None, Opt(help="GPUs in all (a multiple of the node size).")] = None,
     num_nodes: Annotated[int | None, Opt(help="Nodes.")] = None,
-    global_batch_size: Annotated[int | None, Opt(help="Global batch size in sequences.")] = None,
+    global_batch_size: Annotated[str | None, Opt(
+        help="Global batch size in sequences; a list (512,1024,2048) ranks the plans of every size together "
+             "by tokens/s.")] = None,
     precision: Annotated[str | None, Opt(help="fp32 | fp16 | bf16 | fp8")] = None,
     price_per_gpu_hour: Annotated[str | None, Opt(help="e.g. '2.5 USD'.")] = None,
     objective: Annotated[str, Opt(help="time (highest tokens/s) | cost (lowest $ per token)")] = "time",
@@ -29,19 +35,49 @@ def search_command(
     framework: Annotated[
         str | None, Opt(help="megatron | deepspeed | fsdp", show_default="the job file's, else megatron")
     ] = None,
-    allow_tp_across_nodes: Annotated[bool, Opt(help="Also try tensor parallelism across nodes.")] = False,
-    uneven_layers: Annotated[bool, Opt(help="Let stages hold unequal layer counts (exact partition; always on for node groups).")] = False,
+    space: Annotated[str, Opt(
+        help="default: tp, pp, micro-batch 1-8, ZeRO 0-1, Megatron's recompute policies, sequence parallelism "
+             "with tp. full: also cp 1-8, vpp 1-8, micro-batch 1-16, ZeRO 0-3, sequence parallelism on and off. "
+             "--tp ... --sp replace one axis of either.")] = "default",
+    tp: Annotated[str | None, Opt("--tp", help="Tensor-parallel sizes to try, e.g. 1,2,4,8.",
+                                  show_default="powers of two within a node")] = None,
+    pp: Annotated[str | None, Opt("--pp", help="Pipeline-parallel sizes to try, e.g. 1,2,4,8.",
+                                  show_default="divisors of the GPU count up to the layers")] = None,
+    cp: Annotated[str | None, Opt("--cp", help="Context-parallel sizes to try, e.g. 1,2,4.",
+                                  show_default="1; full: 1,2,4,8")] = None,
+    vpp: Annotated[str | None, Opt("--vpp", help="Virtual stages per GPU (interleaved 1F1B) to try, e.g. 1,2,4.",
+                                   show_default="1; full: 1,2,3,4,6,8")] = None,
+    micro_batch_size: Annotated[str | None, Opt("--micro-batch-size", "--mbs", help="Micro-batch sizes to try.",
+                                                show_default="1,2,4,8; full: 1,2,4,8,16")] = None,
+    zero: Annotated[str | None, Opt("--zero", help="ZeRO stages to try (0-3; 1 = Megatron's distributed optimizer).",
+                                    show_default="0,1; full: 0,1,2,3")] = None,
+    recompute: Annotated[str | None, Opt(
+        "--recompute", help="Recompute policies to try: none, selective, full (Megatron-LM); layer, op "
+                            "(torchtitan: every plan predicted exactly, slower).",
+        show_default="none,selective,full")] = None,
+    sp: Annotated[str | None, Opt("--sp", help="Sequence parallelism: on (whenever tp > 1), off, or on,off (both).",
+                                  show_default="on; full: on,off")] = None,
+    allow_tp_across_nodes: Annotated[bool, Opt("--allow-tp-across-nodes",
+                                               help="Also try tensor parallelism across nodes.")] = False,
+    uneven_layers: Annotated[bool, Opt("--uneven-layers", help="Let stages hold unequal layer counts (exact partition; "
+                                                                "always on for node groups).")] = False,
     sizes: Annotated[str | None, Opt(help="Cluster sizing: node counts to try, e.g. 4,8,16,32.")] = None,
     clusters: Annotated[str | None, Opt(help="GPU/cluster types to compare, e.g. dgx-a100,dgx-h100.")] = None,
-    pareto: Annotated[Path | None, Opt(help="Write the time-vs-cost Pareto chart to this PNG.")] = None,
+    pareto: Annotated[Path | None, Opt(help="Write the Pareto chart (time against --pareto-axis) to this PNG.")] = None,
+    pareto_axis: Annotated[str | None, Opt(
+        help="What the Pareto front trades time against: cost, or memory per GPU (on one cluster every plan "
+             "costs the same per second, so the time-cost front is the fastest plan alone).",
+        show_default="cost with several sizes or clusters, else memory")] = None,
     executor: Annotated[str, Opt(help="serial | processes (local cores) | ray (RAY_ADDRESS or a local Ray).")] = "serial",
     top: Annotated[int, Opt(help="How many plans to show.")] = 10,
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a job file (for predict and export).")] = None,
     force: Annotated[bool, Opt("--force", help="Overwrite --save-best / --pareto files that exist.")] = False,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
 ) -> None:
-    """Enumerate tp x pp x dp x micro-batch x ZeRO x recompute plans; prune by divisibility
-    and memory (saying why), time the rest and rank them."""
+    """Enumerate tp x pp x dp x cp x vpp x micro-batch x ZeRO x recompute plans; prune by
+    divisibility and memory (saying why), time the rest and rank them. Exit code 0 with
+    plans, 1 when no plan is left (the bound that excluded them and the nearest plan are
+    shown), 2 on bad input."""
     from paraplan.catalog.jobs import (
         apply_overrides,
         demo_job_mapping,
@@ -51,9 +87,9 @@ def search_command(
         resolve_hetero,
         resolve_job,
     )
-    from paraplan.report.search import render_search, search_rows
-    from paraplan.search import SearchSpace, merge_results
+    from paraplan.search import merge_results
     from paraplan.search.executors import run_searches
+    from paraplan.search.pareto import PARETO_AXES
     from paraplan.search.run import OBJECTIVES
     from paraplan.specs import ConfigError
     from paraplan.units import parse_seconds, parse_usd
@@ -61,6 +97,9 @@ def search_command(
     with user_errors():
         if objective not in OBJECTIVES:
             raise ConfigError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+        if pareto_axis is not None and pareto_axis not in PARETO_AXES:
+            raise ConfigError(f"pareto_axis: {pareto_axis!r} is not one of {', '.join(PARETO_AXES)}")
+        batches = _ints("global_batch_size", global_batch_size) if global_batch_size else None
         if job_file is not None:
             raw = read_job_mapping(job_file)
         elif model or cluster or gpu:
@@ -70,7 +109,7 @@ def search_command(
             raw = demo_job_mapping()
         flags = dict(model=model, cluster=cluster, gpu=gpu, num_nodes=num_nodes, precision=precision,
                      price_per_gpu_hour=price_per_gpu_hour, train_tokens=train_tokens,
-                     global_batch_size=global_batch_size)
+                     global_batch_size=batches[0] if batches else None)
         mapping = apply_overrides(raw, flags)
         given = dict(mapping.get("parallel") or {})
         framework = framework or given.get("framework") or "megatron"
@@ -108,14 +147,23 @@ def search_command(
         bases = [b for group in bases for b in group]
         base = bases[0][1]
         gbs = mapping["parallel"]["global_batch_size"] or base.parallel.global_batch_size
-        space = SearchSpace(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes,
-                            uneven_layers=uneven_layers)
+        search_space = _space(space, framework=framework, allow_tp_across_nodes=allow_tp_across_nodes,
+                              uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
+                              micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
+                              batches=batches if batches and len(batches) > 1 else None)
+        axis = None
+        if pareto is not None:
+            axis = pareto_axis or ("cost" if len(bases) > 1 and all(_priced(b) for _, b in bases) else "memory")
+            if axis == "cost" and not all(_priced(b) for _, b in bases):
+                raise ConfigError("pareto: the cost axis needs clusters with a price_per_gpu_hour "
+                                  "(or --pareto-axis memory)")
         searches = [
             dict(
-                model=b.model, cluster=target, global_batch_size=gbs, precision=b.precision, space=space,
+                model=b.model, cluster=target, global_batch_size=gbs, precision=b.precision, space=search_space,
                 objective=objective, train_tokens=b.train_tokens,
                 budget_usd=parse_usd(budget) if budget else None,
                 deadline_s=parse_seconds(deadline) if deadline else None,
+                pareto=axis,
             )
             for target, b in bases
         ]
@@ -126,54 +174,126 @@ def search_command(
         with err.status(f"searching plans for {base.model.name} on {len(bases)} cluster configuration(s)"):
             result = merge_results(run_searches(searches, executor))
         front = None
-        if pareto is not None:
-            from paraplan.report.pareto import plot_pareto
-            from paraplan.search import pareto_front
+        if pareto is not None and result.ranked:
+            from paraplan.report.pareto import pareto_plans, plot_pareto
 
-            priced = [p for p in result.ranked if p.usd_per_million_tokens is not None]
-            if not priced:
-                raise ConfigError("pareto: needs clusters with a price_per_gpu_hour")
-            to_train = all(p.time_to_train_s is not None for p in priced)
-            if to_train:
-                front = pareto_front(priced, lambda p: p.time_to_train_s, lambda p: p.cost_to_train_usd)
-            else:
-                front = pareto_front(priced, lambda p: 1 / p.tokens_per_s, lambda p: p.usd_per_million_tokens)
-            plot_pareto(priced, front, pareto, to_train=to_train)
-        if save_best is not None:
+            front, to_train = pareto_plans(result, axis)
+            plot_pareto(result, front, pareto, axis=axis, to_train=to_train)
+        if save_best is not None and result.ranked:
             _save_best(result, save_best)
+    _print(result, top, output, front, axis, save_best, pareto)
+    if not result.ranked:
+        from paraplan.report.search import no_plan_message
+
+        unwritten = [str(p) for p in (save_best, pareto) if p is not None]
+        tail = f" (nothing written to {', '.join(unwritten)})" if unwritten else ""
+        message = no_plan_message(result)  # "no plan ...": which bound excluded everything, the nearest plan
+        err.print(f"[bold red]{message[:7]}[/]{escape(message[7:] + tail)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+
+
+def _print(result, top, output, front, axis, save_best, pareto) -> None:
+    from rich.console import Group
+
+    from paraplan.report.search import plan_row, render_plans, render_search, search_rows
+
     rows = search_rows(result, top)
+    closest = result.closest
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
+        from paraplan.report.search import no_plan_message
 
-        data = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
+        data: dict = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
         if front is not None:
-            data["pareto"] = search_rows(type(result)(front, result.excluded, result.considered, objective), len(front))
+            data["pareto"] = search_rows(result, plans=front)
+            data["pareto_axis"] = axis
+        if not result.ranked:
+            data["no_plan"] = no_plan_message(result)
+            data["closest"] = None if closest is None else {
+                **plan_row(closest.pred, 0),
+                "misses": {b: {"needed": need, "limit": limit} for b, (need, limit) in closest.over.items()},
+            }
         write_text(render_json(data))
     elif output is OutputFormat.csv:
         from paraplan.report.formats import render_csv
 
-        write_text(render_csv(rows))
+        write_text(render_csv(rows) if rows else "")
     else:
-        out.print(render_search(result, rows))
-        if save_best is not None:
+        width = out.width
+        out.print(render_search(result, rows, width=width))
+        if not result.ranked and closest is not None:
+            missed = " and ".join({"memory": "does not fit", "deadline": "misses the deadline",
+                                   "budget": "exceeds the budget"}[b] for b in closest.over)
+            out.print(Group(*render_plans(result, [plan_row(closest.pred, 1)], f"Nearest plan ({missed})", width)))
+        if save_best is not None and result.ranked:
             err.print(f"wrote {save_best}")
         if front is not None:
-            out.print(render_search(type(result)(front, result.excluded, result.considered, objective),
-                                    search_rows(type(result)(front, result.excluded, result.considered, objective), len(front)),
-                                    title="Pareto front (time against cost)"))
+            what = "memory per GPU" if axis == "memory" else "cost"
+            title = f"Pareto front: time against {what} ({len(front)} plans)"
+            out.print(Group(*render_plans(result, search_rows(result, plans=front), title, width)))
             err.print(f"wrote {pareto}")
 
 
-def _ints(name: str, text: str) -> list[int]:
+def _priced(job) -> bool:
+    cluster = job.cluster
+    return getattr(cluster, "price_per_gpu_hour", None) is not None
+
+
+def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp, cp, vpp, micro_batch_size, zero,
+           recompute, sp, batches):
+    """The SearchSpace of ``--space`` with the axes the list flags give."""
+    from paraplan.search import SearchSpace
+    from paraplan.specs import ConfigError, Recompute
+
+    if name not in SPACES:
+        raise ConfigError(f"space: {name!r} is not one of {', '.join(SPACES)}")
+    axes: dict = {}
+    if tp:
+        axes["tp"] = tuple(_ints("tp", tp))
+    if pp:
+        axes["pp"] = tuple(_ints("pp", pp))
+    if cp:
+        axes["cp"] = tuple(_ints("cp", cp))
+    if vpp:
+        axes["vpp"] = tuple(_ints("vpp", vpp))
+    if micro_batch_size:
+        axes["micro_batch_size"] = tuple(_ints("micro_batch_size", micro_batch_size))
+    if zero:
+        stages = _ints("zero", zero, low=0)
+        if max(stages) > 3:
+            raise ConfigError(f"zero: ZeRO stages are 0, 1, 2 or 3, got {zero!r}")
+        axes["zero_stage"] = tuple(stages)
+    if recompute:
+        names = [r.strip() for r in recompute.split(",") if r.strip()]
+        known = [r.value for r in Recompute]
+        bad = [r for r in names if r not in known]
+        if bad or not names:
+            raise ConfigError(f"recompute: {', '.join(bad) or repr(recompute)} is not one of {', '.join(known)}")
+        axes["recompute"] = tuple(Recompute(r) for r in dict.fromkeys(names))
+    if sp:
+        values = {v.strip().lower() for v in sp.split(",") if v.strip()}
+        if not values or values - {"on", "off"}:
+            raise ConfigError(f"sp: expected on, off or on,off, got {sp!r}")
+        axes["sequence_parallel"] = "both" if values == {"on", "off"} else ("with_tp" if values == {"on"} else "off")
+    if batches:
+        axes["global_batch_sizes"] = tuple(batches)
+    common = dict(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers)
+    if name == "full":
+        return SearchSpace.full(**common, **axes)
+    return SearchSpace(**common, **axes)
+
+
+def _ints(name: str, text: str, low: int = 1) -> list[int]:
     from paraplan.specs import ConfigError
 
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ConfigError(f"{name}: expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"{name}: expected positive whole numbers, got {text!r}")
-    return values
+    if not values or min(values) < low:
+        what = "positive whole numbers" if low == 1 else f"whole numbers from {low}"
+        raise ConfigError(f"{name}: expected {what}, got {text!r}")
+    return list(dict.fromkeys(values))
 
 
 def _base(mapping, target, num_gpus, sizes, base_dir):
@@ -209,8 +329,6 @@ def _save_best(result, path: Path) -> None:
     from paraplan.catalog.jobs import job_mapping
     from paraplan.specs import ConfigError
 
-    if not result.ranked:
-        raise ConfigError("save_best: no plan fits; nothing to save")
     best = result.ranked[0]
     job = best.placement.job if best.placement is not None else best.job
     text = "# the best plan found by `paraplan search`; run `paraplan predict` or `paraplan export` on it\n"

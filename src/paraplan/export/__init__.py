@@ -3,10 +3,15 @@
 One pure function per target, ``render_<target>(job, prediction=None) -> str`` (nothing is
 printed or written here):
 
-- :func:`render_megatron`: Megatron-LM ``pretrain_gpt.py`` arguments (a bash array);
-- :func:`render_deepspeed`: a DeepSpeed config JSON;
-- :func:`render_torchtitan`: a torchtitan job config TOML;
-- :func:`render_slurm`: a SLURM batch script running Megatron-LM under torchrun.
+- :func:`render_megatron`: Megatron-LM ``pretrain_gpt.py`` arguments (a bash array; Megatron Core
+  0.16 or newer);
+- :func:`render_deepspeed`: a DeepSpeed config JSON (DeepSpeed 0.19.8);
+- :func:`render_torchtitan`: a torchtitan configuration, a Python module whose
+  ``paraplan_config()`` returns the ``Trainer.Config`` (torchtitan 0.3.0);
+- :func:`render_slurm`: a SLURM batch script running Megatron-LM under torchrun, saving and
+  resuming from checkpoints.
+
+Each recipe's header names the framework release it targets.
 
 A ``prediction`` (of the same job) adds the predicted iteration time, memory and time to train
 to the recipe's comments; the SLURM script needs it for ``--time`` and makes one itself when the
@@ -22,7 +27,7 @@ job has ``train_tokens`` and none is given.
   in torchtitan, GPipe in Megatron-LM, GPT-NeoX's parallel residual in Megatron-LM, tensor and
   pipeline degrees that DeepSpeed takes from its launching framework...), the recipe carries a
   ``NOTE(paraplan): <field>: ...`` line (a comment; in the DeepSpeed JSON the ``_paraplan.notes``
-  list, a block DeepSpeed ignores). :func:`export_notes` returns the same notes, for the CLI to
+  list, a block DeepSpeed ignores; in the torchtitan module its docstring). :func:`export_notes` returns the same notes, for the CLI to
   show on stderr.
 - values a plan does not contain (data, tokenizer, learning rate, walltime without
   ``train_tokens``) are marked ``EDIT:``, and where a value is required, ``EDIT-ME``, which the

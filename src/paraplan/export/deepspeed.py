@@ -1,11 +1,18 @@
 """A plan as a DeepSpeed config JSON (``ds_config.json``).
 
+Targets DeepSpeed 0.19.8 (PyPI, 2026-10, :data:`DEEPSPEED_VERSION`); the tests load every recipe
+with that release's own ``deepspeed.runtime.config.DeepSpeedConfig`` (its pydantic models) when
+DeepSpeed is installed (``pip install -e ".[frameworks]"``, part of ``dev``).
+
 Keys checked against deepspeedai/DeepSpeed ``deepspeed/runtime/config.py`` (``DeepSpeedConfig``):
 ``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps`` (it
 asserts train_batch_size = micro batch x accumulation steps x world size, where the world size
 is ``mpu.get_data_parallel_world_size()`` when the launching framework passes its model-parallel
 unit, i.e. the data-parallel size), ``gradient_clipping``, ``zero_optimization.stage`` (+
-``overlap_comm``), ``fp16`` / ``bf16`` ``enabled`` (both enabled is an error),
+``overlap_comm``, always written, since DeepSpeed's default depends on the stage: true for ZeRO-3,
+false for ZeRO-1/2, ``deepspeed/runtime/zero/config.py`` ``overlap_comm_valid``. ZeRO-3 gets true,
+what a DeepSpeed user expects, unless the plan sets ``overlap_grad_reduce: false``; ZeRO-1/2 get
+what the prediction assumed; a NOTE says where the prediction assumed otherwise), ``fp16`` / ``bf16`` ``enabled`` (both enabled is an error),
 ``activation_checkpointing`` (``partition_activations``, ``contiguous_memory_optimization``,
 ``cpu_checkpointing``), ``steps_per_print``, ``wall_clock_breakdown``. ``DeepSpeedConfig`` reads
 only the keys it knows, so the ``_paraplan`` block below is ignored by DeepSpeed.
@@ -47,6 +54,8 @@ from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
 
+DEEPSPEED_VERSION = "0.19.8"  # the release the recipe targets (and the tests load it with)
+
 
 def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What the DeepSpeed config cannot say, or DeepSpeed will do differently."""
@@ -70,6 +79,15 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     if job.precision is Precision.FP8:
         out.append("precision: DeepSpeed has no FP8 switch; bf16 is enabled here and FP8 GEMMs must come "
                    "from Transformer Engine in the launching framework")
+    if p.zero_stage > 0 and _overlap_comm(job) != (p.pp == 1 and p.overlaps_grad_reduce):
+        out.append(f"parallel.overlap_grad_reduce: overlap_comm is true (DeepSpeed's default for ZeRO-3), but "
+                   f"the prediction (framework: {p.framework.value}) did not overlap the ZeRO-3 gathers and "
+                   "reduce-scatters with computation; re-predict with overlap_grad_reduce: true for this "
+                   "config's numbers, or set overlap_grad_reduce: false to export overlap_comm false")
+    elif p.zero_stage > 0 and _overlap_comm(job) != (p.zero_stage == 3):
+        default = "true" if p.zero_stage == 3 else "false"
+        out.append(f"parallel.overlap_grad_reduce: overlap_comm is {str(_overlap_comm(job)).lower()} as the "
+                   f"prediction assumed; DeepSpeed's own default for ZeRO-{p.zero_stage} is {default}")
     if p.pp > 1 and p.overlaps_grad_reduce:
         out.append("parallel.framework: the prediction overlapped gradient reduction with the last backward "
                    "(framework=megatron); DeepSpeed's pipeline engine reduces after the pipeline drains; "
@@ -87,7 +105,7 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
         )
     zero: dict[str, Any] = {"stage": p.zero_stage}
     if p.zero_stage > 0:
-        zero["overlap_comm"] = p.overlaps_grad_reduce and p.pp == 1
+        zero["overlap_comm"] = _overlap_comm(job)
     config: dict[str, Any] = {
         "train_batch_size": p.global_batch_size,
         "train_micro_batch_size_per_gpu": p.micro_batch_size,
@@ -106,7 +124,7 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
     config["steps_per_print"] = 10
     config["wall_clock_breakdown"] = False
     config["_paraplan"] = {
-        "comment": [*header_lines(job, prediction, "DeepSpeed config"),
+        "comment": [*header_lines(job, prediction, f"DeepSpeed config for DeepSpeed {DEEPSPEED_VERSION}"),
                     "DeepSpeed ignores this block (DeepSpeedConfig reads only its own keys); for GPT-NeoX "
                     "copy the other keys into your NeoX YAML and drop this one.",
                     "gradient_clipping 1.0 and steps_per_print are defaults, not part of the plan."],
@@ -120,6 +138,16 @@ def render_deepspeed(job: Job, prediction: Prediction | None = None) -> str:
     """``ds_config.json`` text."""
     check_prediction(job, prediction)
     return json.dumps(deepspeed_config(job, prediction), indent=2) + "\n"
+
+
+def _overlap_comm(job: Job) -> bool:
+    """ZeRO's ``overlap_comm``. ZeRO-3 (never with a pipeline here): on, DeepSpeed's default,
+    unless the plan turns the overlap off. ZeRO-1/2: what the prediction assumed (DeepSpeed's
+    pipeline engine reduces gradients after the pipeline drains, so never with pp > 1)."""
+    p = job.parallel
+    if p.zero_stage == 3:
+        return p.overlap_grad_reduce is not False
+    return p.overlaps_grad_reduce and p.pp == 1
 
 
 def _fp16(job: Job) -> dict[str, Any]:

@@ -1,5 +1,11 @@
 """A plan as Megatron-LM command-line arguments for ``pretrain_gpt.py``.
 
+Targets Megatron-LM with Megatron Core 0.16 or newer (:data:`TARGET`; megatron-core 0.16.1 on PyPI
+has every feature used here: Megatron-FSDP's sharding strategies, ``pipeline_model_parallel_layout``,
+the attention backends). Megatron-LM's parser (``megatron/training``) ships with the repository,
+not with the megatron-core package, so it cannot be installed here: the tests check the flags
+against the definitions listed below, read from the source at the commits named.
+
 Every flag emitted here was checked against ``megatron/training/arguments.py`` of
 NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4ac):
 
@@ -7,6 +13,7 @@ NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4
   --num-attention-heads, --kv-channels, --group-query-attention, --num-query-groups (default 1,
   so it is always given with GQA), --max-position-embeddings, --position-embedding-type
   (choices learned_absolute | rope | mrope | relative | none: no ALiBi), --rotary-percent,
+  --rotary-base (an int, default 10000),
   --make-vocab-size-divisible-by, --normalization (LayerNorm | RMSNorm), --swiglu,
   --untie-embeddings-and-output-weights, --attention-backend (flash | fused | unfused | local |
   auto). There is no flag for GPT-NeoX's parallel residual.
@@ -59,6 +66,7 @@ from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Sc
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
 
+TARGET = "Megatron Core >= 0.16"
 _POSITION = {"rotary": "rope", "learned": "learned_absolute", "none": "none", "alibi": "none"}
 _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP's names for ZeRO-2 / ZeRO-3
 
@@ -115,7 +123,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
 def render_megatron(job: Job, prediction: Prediction | None = None) -> str:
     """A bash snippet defining ``MEGATRON_ARGS`` for ``pretrain_gpt.py``."""
     check_prediction(job, prediction)
-    head = header_lines(job, prediction, "Megatron-LM arguments for pretrain_gpt.py")
+    head = header_lines(job, prediction, f"Megatron-LM arguments for pretrain_gpt.py ({TARGET})")
     head += [f"{NOTE} {n}" for n in notes(job, prediction)]
     head += [
         "Flag names checked against NVIDIA/Megatron-LM megatron/training/arguments.py.",
@@ -153,6 +161,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     ]
     if m.position_embedding == "rotary" and m.rotary_percent != 1.0:
         model.append(["--rotary-percent", f"{m.rotary_percent:g}"])
+    if m.rope_theta is not None:  # --rotary-base is an int (default 10000)
+        model.append(["--rotary-base", f"{m.rope_theta:.0f}"])
     model.append(["--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"])
     if m.activation == "swiglu":
         model.append(["--swiglu"])

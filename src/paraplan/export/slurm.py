@@ -11,6 +11,16 @@ to the minute: the analytical backend under-predicts the published Selene runs b
 The data arguments default to Megatron-LM's ``--mock-data`` with ``NullTokenizer`` (the plan's
 vocabulary size), so the script measures the predicted iteration time as it is; the optimiser
 values are marked placeholders.
+
+Checkpoints and resume (``CKPT_ARGS``): ``--save`` and ``--load`` name the same folder, so the same
+script submitted again (or chained with ``sbatch --dependency=afterany:<jobid>``) resumes from the
+latest checkpoint there; Megatron-LM starts from iteration 0 when the folder holds none.
+``--save-interval`` is about :data:`SAVE_EVERY_S` of predicted iterations, and
+``--exit-duration-in-mins`` makes Megatron-LM save and exit :data:`EXIT_BEFORE_S` before
+``--time`` runs out. The flag names are those of ``CheckpointConfig`` and ``TrainingConfig`` in
+NVIDIA/Megatron-LM ``megatron/training/config/training_config.py`` (commit 008e9cd, 2026), from
+which Megatron-LM builds its command line (``ArgumentGroupFactory``: ``save_interval`` is
+``--save-interval``).
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ if TYPE_CHECKING:
 
 TIME_MARGIN = 1.15
 RDZV_PORT = 29500
+SAVE_EVERY_S = 3600.0  # a checkpoint about every hour of predicted training
+EXIT_BEFORE_S = 900.0  # save and exit this long before --time ends the job
 
 
 def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
@@ -44,8 +56,9 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     walltime = _walltime_s(job, prediction)
     if walltime is not None and walltime > 2 * 86400:
         out.append(f"--time is {format_duration(walltime)}; most clusters cap a job's walltime (often 1-2 days): "
-                   "split the run into chained jobs (sbatch --dependency=afterany:<jobid>) that resume from "
-                   "checkpoints (--save/--load)")
+                   "split the run into chained jobs: set --time to the cap and --exit-duration-in-mins 15 min below "
+                   "it, and submit this script again with sbatch --dependency=afterany:<jobid>; each job resumes "
+                   "from the checkpoints in CKPT_DIR (--save/--load)")
     return out
 
 
@@ -74,8 +87,14 @@ def render_slurm(job: Job, prediction: Prediction | None = None) -> str:
              "#SBATCH --exclusive",
              time_line,
              "#SBATCH --output=%x-%j.out"]
-    about = header_lines(job, prediction, "SLURM batch script for Megatron-LM")
+    about = header_lines(job, prediction, f"SLURM batch script for Megatron-LM ({megatron.TARGET})")
     about.append(time_note)
+    about += [
+        "Resume: --save and --load (CKPT_ARGS) name one folder; submitted again, or chained with",
+        "  sbatch --dependency=afterany:<jobid> <this script>, the job loads the latest checkpoint there",
+        "  (Megatron-LM starts from iteration 0 when there is none). Keep --ckpt-format and the data",
+        "  arguments when resuming; --exit-duration-in-mins saves and exits before --time runs out.",
+    ]
     about += [f"{NOTE} {n}" for n in notes(job, prediction)]
     about.append(f"{EDIT} add #SBATCH --partition/--account lines for your cluster")
 
@@ -111,6 +130,8 @@ def render_slurm(job: Job, prediction: Prediction | None = None) -> str:
         data.append(f"    --train-iters 100   # {EDIT} no train_tokens in the job: a short benchmark run")
     data.append(")")
 
+    data += ["", *_checkpoint_block(job, prediction, walltime)]
+
     launch = [
         "srun --kill-on-bad-exit=1 torchrun \\",
         '    --nnodes "$SLURM_NNODES" \\',
@@ -119,10 +140,34 @@ def render_slurm(job: Job, prediction: Prediction | None = None) -> str:
         "    --rdzv-backend c10d \\",
         f'    --rdzv-endpoint "$MASTER_ADDR:{RDZV_PORT}" \\',
         '    "$MEGATRON_LM_DIR/pretrain_gpt.py" \\',
-        '    "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAIN_ARGS[@]}"',
+        '    "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAIN_ARGS[@]}" "${CKPT_ARGS[@]}"',
     ]
     sections = ["\n".join(head), comment(about), "\n".join(env), args_block, "\n".join(data), "\n".join(launch)]
     return "\n\n".join(sections) + "\n"
+
+
+def _checkpoint_block(job: Job, prediction: Prediction | None, walltime: float | None) -> list[str]:
+    """``CKPT_DIR`` and ``CKPT_ARGS``: where checkpoints go, how often, and the exit before --time."""
+    if prediction is not None:
+        interval = max(1, math.floor(SAVE_EVERY_S / prediction.iteration_s))
+        every = f"about every {format_duration(interval * prediction.iteration_s)} of predicted iterations"
+    else:
+        interval, every = 1000, f"{EDIT} no prediction: every 1000 iterations"
+    lines = [
+        f"# {EDIT} checkpoints: a folder on a file system every node sees. --save and --load name the same",
+        "# folder, so running this script again resumes from the latest checkpoint in it.",
+        f'CKPT_DIR=${{CKPT_DIR:-$PWD/checkpoints/{_job_name(job.name)}}}',
+        "CKPT_ARGS=(",
+        '    --save "$CKPT_DIR" --load "$CKPT_DIR"',
+        f"    --save-interval {interval}   # {every}",
+    ]
+    if walltime is not None:
+        minutes = math.ceil(walltime / 60) - math.ceil(EXIT_BEFORE_S / 60)
+        if minutes > 0:
+            lines.append(f"    --exit-duration-in-mins {minutes}   # save and exit "
+                         f"{EXIT_BEFORE_S / 60:.0f} min before --time; change it with --time")
+    lines.append(")")
+    return lines
 
 
 def _walltime_s(job: Job, prediction: Prediction | None) -> float | None:

@@ -1,35 +1,45 @@
-"""A plan as a torchtitan job config (TOML, ``--job.config_file``).
+"""A plan as a torchtitan configuration: a Python module with one function that returns a
+``Trainer.Config``.
 
-Keys checked against pytorch/torchtitan ``torchtitan/config/job_config.py`` (commit 6404b93, the
-last TOML-era layout in the reference index): ``[job] dump_folder, description``; ``[model] name,
-flavor, converters``; ``[training] local_batch_size, global_batch_size, seq_len, max_norm, steps,
-mixed_precision_param ("bfloat16" | "float32"), mixed_precision_reduce, dataset``; ``[parallelism]
-data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward
-("default" | "always" | "never"), tensor_parallel_degree, pipeline_parallel_degree,
-pipeline_parallel_schedule, pipeline_parallel_microbatch_size, module_fqns_per_model_part,
-context_parallel_degree``; ``[activation_checkpoint] mode ("selective" | "full" | "none"),
-selective_ac_option``. Batch semantics from ``torchtitan/distributed/pipeline_parallel.py``:
-the pipeline runs ``local_batch_size / pipeline_parallel_microbatch_size`` micro-batches per step
-and ``module_fqns_per_model_part`` lists each (virtual) stage's modules, placed on pp ranks
-round-robin (loop style) for 1F1B / Interleaved1F1B / GPipe; gradient accumulation is
-``global_batch_size / (local_batch_size * dp)``. Model flavors: ``torchtitan/models/llama3/
-__init__.py`` (8B, 70B, 405B). Newer torchtitan (2026) moves to Python configs
-(``torchtitan/config/README.md``: ``--module/--config``; its ``ParallelismConfig`` renames
-``module_fqns_per_model_part`` to ``pipeline_parallel_module_fqns_per_model_part`` and the
-micro-batch size to ``num_pp_microbatches``); the TOML keys still map one to one onto its
-frozen ``--section.option`` flags.
+Targets torchtitan 0.3.0 (PyPI, 2026-09; :data:`TORCHTITAN_VERSION`). torchtitan's configuration
+refactor removed the TOML job files (``--job.config_file``): a run is now a Python function
+returning ``Trainer.Config``, named on the command line with ``--module`` (any importable module)
+and ``--config`` (the function), and the ``--section.option`` flags are frozen, kept only for old
+scripts (pytorch/torchtitan ``torchtitan/config/README.md``, commit 1b4a5ca; ``ConfigManager``
+in ``torchtitan/config/manager.py`` of 0.3.0). So the recipe is a module, run as::
 
-What torchtitan cannot express, stated in the file as ``NOTE(paraplan)`` comments:
+    PYTHONPATH=<its folder> torchrun ... -m torchtitan.train --module <file name> --config paraplan_config
+
+Names checked against torchtitan 0.3.0 (and, where torchtitan is installed, ``pip install -e
+".[frameworks]"``, part of ``dev``, the tests import each recipe and parse it with torchtitan's own
+``ConfigManager``): ``TrainingConfig`` and ``ParallelismConfig`` (``torchtitan/config/configs.py``:
+``local_batch_size``, ``global_batch_size``, ``seq_len``, ``max_norm``, ``steps``,
+``disable_cuda_graphs``, ``mixed_precision_param``, ``mixed_precision_reduce`` (``"float32"``
+only); ``data_parallel_replicate_degree``, ``data_parallel_shard_degree``,
+``fsdp_reshard_after_forward``, ``tensor_parallel_degree``, ``enable_sequence_parallel``,
+``pipeline_parallel_degree``, ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size``,
+``module_fqns_per_model_part``, ``context_parallel_degree``); ``FullAC`` / ``SelectiveAC``
+(``torchtitan/distributed/activation_checkpoint.py``); ``CheckpointManager.Config`` (``enable``,
+``folder``, ``interval``); the Llama 3 flavors of ``torchtitan/models/llama3/__init__.py``
+(``model_registry("8B" | "70B" | "405B")``). Batch semantics (``torchtitan/trainer.py``,
+``torchtitan/distributed/pipeline_parallel.py``): the pipeline runs ``local_batch_size /
+pipeline_parallel_microbatch_size`` micro-batches per step, gradient accumulation is
+``global_batch_size / (local_batch_size * dp)``, ``module_fqns_per_model_part`` lists each
+(virtual) stage's modules (``tok_embeddings``, ``layers.<i>``, ``norm``, ``lm_head``) placed on pp
+ranks round-robin, and CUDA graphs (on by default) refuse pipeline parallelism.
+
+What torchtitan cannot express, stated in the module's docstring as ``NOTE(paraplan)`` lines:
 
 - ZeRO-1 and ZeRO-2: torchtitan shards data parallelism with FSDP2 or replicates it with DDP.
   ZeRO-0 is DDP (``data_parallel_replicate_degree = dp``); ZeRO-3 is FSDP resharding after
   forward (``"always"``); ZeRO-1/2 become FSDP that keeps parameters gathered between forward
   and backward (``"never"``, FSDP's ZeRO-2-like mode): less memory than ZeRO-1, more traffic.
-- sequence parallelism off with tp > 1: torchtitan's TP always shards norms along the sequence.
-- selective recompute: torchtitan's per-op policy (``selective_ac_option = "op"``) saves matmul
-  and attention outputs, close to but not the same as Megatron-LM's "recompute core attention".
-- a model that is not one of torchtitan's llama3 flavors: ``name``/``flavor`` are left as
-  ``EDIT-ME`` (torchtitan refuses to start) and the note lists the architecture to register.
+- selective recompute: torchtitan's per-op policy (``SelectiveAC``) saves matmul and attention
+  outputs, close to but not the same as Megatron-LM's "recompute core attention"; every n-th layer
+  (``recompute: layer``) is gone from 0.3.0, whose ``FullAC`` recomputes every layer.
+- gradients reduced in bf16: ``mixed_precision_reduce`` takes ``"float32"`` only.
+- a model that is not one of torchtitan's Llama 3 flavors: ``model_spec()`` raises until the
+  user registers the architecture the note lists.
 
 fp16 is refused with a ConfigError naming ``precision``: torchtitan trains in bfloat16 or
 float32 (``training.mixed_precision_param``) and has no loss scaling.
@@ -37,7 +47,7 @@ float32 (``training.mixed_precision_param``) and has no loss scaling.
 
 from __future__ import annotations
 
-import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from paraplan.export._common import (
@@ -45,7 +55,6 @@ from paraplan.export._common import (
     NOTE,
     PLACEHOLDER,
     check_prediction,
-    comment,
     common_notes,
     header_lines,
     layer_split,
@@ -57,14 +66,21 @@ from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
 
+TORCHTITAN_VERSION = "0.3.0"  # the release the recipe targets (and the tests parse it with)
+CONFIG_FUNCTION = "paraplan_config"  # the --config name
+CHECKPOINT_EVERY_S = 3600.0  # a checkpoint about every hour of predicted training
+
 _SCHEDULE = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
-# torchtitan/models/llama3/__init__.py: (layers, dim, heads, kv heads, ffn hidden) of each flavor
+# torchtitan/models/llama3/__init__.py: (layers, dim, heads, kv heads, ffn hidden, vocab) of each flavor
 _LLAMA3_FLAVORS = {
-    "8B": (32, 4096, 32, 8, 14336),
-    "70B": (80, 8192, 64, 8, 28672),
-    "405B": (126, 16384, 128, 8, 53248),
+    "8B": (32, 4096, 32, 8, 14336, 128256),
+    "70B": (80, 8192, 64, 8, 28672, 128256),
+    "405B": (126, 16384, 128, 8, 53248, 128256),
 }
 _RESHARD = {0: None, 1: "never", 2: "never", 3: "always"}
+# paraplan's recompute policy -> torchtitan's activation-checkpointing class (None: off)
+_AC = {Recompute.NONE: None, Recompute.FULL: "FullAC", Recompute.SELECTIVE: "SelectiveAC",
+       Recompute.LAYER: "FullAC", Recompute.OP: "SelectiveAC"}
 
 
 def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
@@ -78,20 +94,20 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append(f"parallel.zero_stage: torchtitan has no ZeRO-{p.zero_stage}; the recipe uses FSDP over "
                    f"dp={p.dp} with fsdp_reshard_after_forward = \"never\" (optimizer states, gradients and "
                    f"parameters sharded, parameters kept gathered from forward to backward): {closest}")
-    if p.zero_stage == 0 and p.dp > 1 and (p.tp > 1 or p.pp > 1 or p.cp > 1):
-        out.append("parallel.zero_stage: ZeRO-0 is DDP (data_parallel_replicate_degree); torchtitan releases "
-                   "before 2025 refuse DDP combined with TP/PP/CP (\"DDP has not supported > 1D "
-                   "parallelism\"); there, use HSDP/FSDP instead")
-    if p.tp > 1 and not p.sequence_parallel:
-        out.append("parallel.sequence_parallel: torchtitan's tensor parallelism always shards norms along the "
-                   "sequence; activations will take less memory than predicted")
     if p.tp_comm_overlap or p.overlap_p2p_comm:
         out.append("parallel.tp_comm_overlap / overlap_p2p_comm: Megatron-LM's overlaps; torchtitan's async "
-                   "TP is parallelism.enable_async_tensor_parallel (with torch.compile), not set here")
+                   "TP is CompileConfig.enable_async_tensor_parallel (with torch.compile), not set here")
     if p.recompute is Recompute.SELECTIVE:
         out.append("parallel.recompute: torchtitan's selective recompute is per-op (saves matmul and attention "
                    "outputs), not Megatron-LM's core-attention recompute the prediction assumed; "
                    "predict with recompute: op for torchtitan's own")
+    if p.recompute is Recompute.LAYER:
+        out.append(f"parallel.recompute: torchtitan {TORCHTITAN_VERSION} has no every-n-th-layer policy; the "
+                   "recipe recomputes every layer (FullAC): more recompute than predicted; predict with "
+                   "recompute: full for torchtitan's own")
+    if p.grad_reduce_in_fp32 is False and job.precision is not Precision.FP32:
+        out.append("parallel.grad_reduce_in_fp32: torchtitan reduces gradients in float32 "
+                   "(training.mixed_precision_reduce takes \"float32\" only); the prediction reduced them in bf16")
     if _flavor(job) is None:
         out.append(
             f"model: {m.name} is not one of torchtitan's llama3 flavors (8B, 70B, 405B); register a model "
@@ -99,24 +115,22 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
             f"kv_heads={m.num_query_groups}, ffn_hidden_size={m.ffn_hidden_size}, "
             f"vocab_size={m.vocab_size}, activation={m.activation}, normalization={m.normalization}, "
             f"position_embedding={m.position_embedding}, bias={m.add_bias_linear}, "
-            f"parallel_residual={m.parallel_residual} and set [model] name and flavor"
+            f"parallel_residual={m.parallel_residual} and return its ModelSpec from model_spec()"
         )
     if job.precision is Precision.FP8:
-        out.append("precision: FP8 uses torchao's float8 converter (tensorwise scaling by default), "
-                   "not Transformer Engine's recipe")
+        out.append("precision: FP8 uses torchao's float8 converter (Float8LinearConverter, rowwise scaling by "
+                   "default) under torch.compile, not Transformer Engine's recipe")
     return out
 
 
-def torchtitan_config(job: Job) -> dict[str, dict[str, Any]]:
-    """The config as nested mappings (what ``render_torchtitan`` writes as TOML)."""
+def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[str, dict[str, Any]]:
+    """What the recipe sets, by ``Trainer.Config`` field: ``training`` and ``parallelism`` (the
+    keyword arguments of ``TrainingConfig`` and ``ParallelismConfig``), ``model`` (flavor and
+    FP8), ``activation_checkpoint`` (the class name, or None) and ``checkpoint``."""
     m, p = job.model, job.parallel
     if job.precision is Precision.FP16:
         raise ConfigError("precision: torchtitan trains in bfloat16 or float32 "
                           "(training.mixed_precision_param) and has no fp16 loss scaling")
-    flavor = _flavor(job)
-    model: dict[str, Any] = {"name": "llama3" if flavor else PLACEHOLDER, "flavor": flavor or PLACEHOLDER}
-    if job.precision is Precision.FP8:
-        model["converters"] = ["float8"]
     # with pipelining one step pushes all of a DP rank's micro-batches through the pipeline;
     # without it torchtitan accumulates gradients over global / (local * dp) steps
     local = p.micro_batch_size * p.num_microbatches if p.pp > 1 else p.micro_batch_size
@@ -130,8 +144,9 @@ def torchtitan_config(job: Job) -> dict[str, dict[str, Any]]:
     if steps is not None:
         training["steps"] = steps
     training["mixed_precision_param"] = "float32" if job.precision is Precision.FP32 else "bfloat16"
-    training["mixed_precision_reduce"] = "bfloat16" if p.grad_reduce_in_fp32 is False else "float32"
-    training["dataset"] = "c4"
+    training["mixed_precision_reduce"] = "float32"
+    if p.pp > 1:
+        training["disable_cuda_graphs"] = True  # torchtitan's CUDA graphs refuse pipeline parallelism
     sharded = p.zero_stage > 0 and p.dp > 1
     shard = min(p.data_parallel_shard_degree or p.dp, p.dp)  # hybrid sharding: HSDP
     parallelism: dict[str, Any] = {
@@ -141,53 +156,118 @@ def torchtitan_config(job: Job) -> dict[str, dict[str, Any]]:
     if sharded:
         parallelism["fsdp_reshard_after_forward"] = _RESHARD[p.zero_stage]
     parallelism["tensor_parallel_degree"] = p.tp
+    if p.tp > 1:
+        parallelism["enable_sequence_parallel"] = p.sequence_parallel
     parallelism["pipeline_parallel_degree"] = p.pp
     parallelism["pipeline_parallel_schedule"] = _SCHEDULE[p.schedule]
     parallelism["pipeline_parallel_microbatch_size"] = p.micro_batch_size
     if p.pp > 1:
         parallelism["module_fqns_per_model_part"] = _module_fqns(job)
     parallelism["context_parallel_degree"] = p.cp
-    ac: dict[str, Any] = {"mode": _AC_MODE[p.recompute]}
-    if p.recompute in (Recompute.SELECTIVE, Recompute.OP):
-        ac["selective_ac_option"] = "op"
-    elif p.recompute is Recompute.LAYER:
-        ac["selective_ac_option"] = str(p.checkpoint_every)
     return {
-        "job": {"dump_folder": "./outputs", "description": f"paraplan export of {job.name}"},
-        "model": model,
+        "model": {"flavor": _flavor(job), "float8": job.precision is Precision.FP8},
         "training": training,
         "parallelism": parallelism,
-        "activation_checkpoint": ac,
+        "activation_checkpoint": {"class": _AC[p.recompute]},
+        "checkpoint": {"enable": True, "folder": "checkpoint", "interval": _checkpoint_interval(prediction)},
     }
 
 
 def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
-    """torchtitan TOML text, with the plan, prediction and notes as comments."""
+    """The recipe: a Python module whose ``paraplan_config()`` returns the ``Trainer.Config``."""
     check_prediction(job, prediction)
-    config = torchtitan_config(job)
-    head = header_lines(job, prediction, "torchtitan job config")
+    config = torchtitan_config(job, prediction)
+    c = job.cluster
+    flavor, float8 = config["model"]["flavor"], config["model"]["float8"]
+    ac = config["activation_checkpoint"]["class"]
+    ckpt = config["checkpoint"]
+    head = header_lines(job, prediction, f"torchtitan configuration for torchtitan {TORCHTITAN_VERSION}")
     head += [f"{NOTE} {n}" for n in notes(job, prediction)]
     head += [
-        "Keys checked against pytorch/torchtitan torchtitan/config/job_config.py (TOML-era layout).",
-        "Run on every node: torchrun --nproc-per-node <gpus> -m torchtitan.train --job.config_file <this file>",
+        "",
+        "Save this file under a module name (letters, digits, _) and run on every node, its folder on",
+        "PYTHONPATH:",
+        f"  torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node} --rdzv-backend c10d \\",
+        "      --rdzv-endpoint <first node>:29500 -m torchtitan.train \\",
+        f"      --module <file name without .py> --config {CONFIG_FUNCTION}",
+        f"Resume: checkpoints go to <dump_folder>/{ckpt['folder']} every {ckpt['interval']} steps; the same",
+        "command run again loads the latest one there.",
+        f"Names checked against torchtitan {TORCHTITAN_VERSION} (torchtitan/config/configs.py, trainer.py).",
     ]
-    extra = {
-        "model": [f"{EDIT} tokenizer / HF assets (hf_assets_path, or tokenizer_path in older releases)"],
-        "training": [f"{EDIT} dataset (and dataset_path) are placeholders, not part of the plan"]
-        + ([] if "steps" in config["training"] else
-           [f"{EDIT} steps: the job has no train_tokens; torchtitan's default is 10000"]),
-    }
-    parts = [comment(head)]
-    for section, values in config.items():
-        lines = [f"[{section}]"] + [f"# {line}" for line in extra.get(section, [])]
-        lines += [f"{key} = {_toml(value)}" for key, value in values.items()]
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
+    imports = [
+        "from torchtitan.components.checkpoint import CheckpointManager",
+        "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
+        "from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw",
+    ]
+    if float8:
+        imports.append("from torchtitan.components.quantization import Float8LinearConverter")
+    imports.append("from torchtitan.config import " + ", ".join(
+        (["CompileConfig"] if float8 else []) + ["ParallelismConfig", "TrainingConfig"]))
+    if ac is not None:
+        imports.append(f"from torchtitan.distributed.activation_checkpoint import {ac}")
+    imports += [
+        "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader",
+        "from torchtitan.models.common.config_utils import decoder_vocab_size",
+    ]
+    if flavor is not None:
+        imports.append("from torchtitan.models.llama3 import model_registry")
+    imports.append("from torchtitan.trainer import Trainer")
+
+    if flavor is None:
+        spec_body = [
+            f'    """{PLACEHOLDER}: {job.model.name} is not one of torchtitan\'s Llama 3 flavors; register the',
+            '    architecture of the model note above and return its ModelSpec here."""',
+            f'    raise NotImplementedError("{PLACEHOLDER}: register {job.model.name} with torchtitan '
+            'and return its ModelSpec")',
+        ]
+    elif float8:
+        spec_body = [
+            f"    # torchtitan's Llama 3 {flavor}; FP8 matmuls through torchao's float8 (compiled: see compile=)",
+            f'    return model_registry("{flavor}", converters=[Float8LinearConverter.Config('
+            "model_compile_enabled=True)])",
+        ]
+    else:
+        spec_body = [f"    # torchtitan's Llama 3 {flavor}", f'    return model_registry("{flavor}")']
+
+    steps_note = "" if "steps" in config["training"] else \
+        f"  # {EDIT} the job has no train_tokens: torchtitan's default is 10000 steps"
+    body = [
+        f"def {CONFIG_FUNCTION}() -> Trainer.Config:",
+        "    spec = model_spec()",
+        "    return Trainer.Config(",
+        "        model_spec=spec,",
+        f'        hf_assets_path="./assets/hf/{PLACEHOLDER}",  # {EDIT} the folder with the tokenizer files',
+        '        dump_folder="./outputs",',
+        "        loss=ChunkedLossWrapper.Config(",
+        "            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec)),",
+        "        ),",
+        f"        optimizer=default_adamw(lr=3e-4),  # {EDIT} optimiser, schedule and data: placeholders",
+        "        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=200),",
+        '        dataloader=HuggingFaceTextDataLoader.Config(dataset="c4"),',
+        "        training=TrainingConfig(" + steps_note,
+        *[f"            {k}={_py(v, 12)}," for k, v in config["training"].items()],
+        "        ),",
+        "        parallelism=ParallelismConfig(",
+        *[f"            {k}={_py(v, 12)}," for k, v in config["parallelism"].items()],
+        "        ),",
+        f"        activation_checkpoint={'None' if ac is None else ac + '.Config()'},",
+        "        checkpoint=CheckpointManager.Config("
+        + ", ".join(f"{k}={_py(v)}" for k, v in ckpt.items()) + "),",
+    ]
+    if float8:
+        body.append('        compile=CompileConfig(enable=True, components=["model", "loss"]),')
+    body.append("    )")
+    quotes = '"' * 3
+    docstring = "r" + quotes + "\n".join(head).replace(quotes, "'" * 3) + "\n" + quotes
+    parts = [docstring, "\n".join(imports), "\n".join(["def model_spec():", *spec_body]), "\n".join(body)]
+    return "\n\n\n".join(parts) + "\n"
 
 
-# paraplan's recompute policy -> torchtitan's activation_checkpoint.mode
-_AC_MODE = {Recompute.NONE: "none", Recompute.FULL: "full", Recompute.SELECTIVE: "selective",
-            Recompute.LAYER: "selective", Recompute.OP: "selective"}
+def _checkpoint_interval(prediction: Prediction | None) -> int:
+    """Steps between checkpoints: about an hour of predicted steps (torchtitan's 500 without one)."""
+    if prediction is None:
+        return 500
+    return max(1, math.floor(CHECKPOINT_EVERY_S / prediction.iteration_s))
 
 
 def _flavor(job: Job) -> str | None:
@@ -197,7 +277,8 @@ def _flavor(job: Job) -> str | None:
             and m.rotary_percent == 1.0 and not m.add_bias_linear and not m.parallel_residual
             and m.untie_embeddings_and_output_weights):
         return None
-    shape = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size)
+    shape = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size,
+             m.vocab_size)
     return next((name for name, dims in _LLAMA3_FLAVORS.items() if dims == shape), None)
 
 
@@ -213,19 +294,13 @@ def _module_fqns(job: Job) -> list[list[str]]:
         parts.append([f"layers.{i}" for i in range(start, start + size)])
         start += size
     parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
+    parts[-1] += ["norm", "lm_head"]
     return parts
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+def _py(value: Any, indent: int = 0) -> str:
+    """A Python literal; a list of lists with one inner list a line."""
     if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
-        return "[\n" + "".join(f"    {_toml(v)},\n" for v in value) + "]"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {value!r}")
+        pad = " " * (indent + 4)
+        return "[\n" + "".join(f"{pad}{v!r},\n" for v in value) + " " * indent + "]"
+    return repr(value)

@@ -73,6 +73,27 @@ class JobInventory:
     hardware_flops_per_iteration: float
 
     @property
+    def executed_flops_per_iteration(self) -> float:
+        """FLOPs the kernels of one iteration execute on all GPUs, activation recompute
+        included, every operator (the hardware FLOPs count matrix multiplications only). No GPU
+        runs them faster than its peak, so ``iteration_s`` is at least this over the GPUs'
+        summed peak."""
+        plan = self.job.parallel
+        ranks = plan.tp * plan.dp * plan.cp
+        phases = (Phase.FWD, Phase.BWD_INPUT, Phase.BWD_WEIGHT)
+
+        def run(ops: tuple[Op, ...]) -> float:
+            return sum(op.work(ph)[0] for op in ops for ph in phases)
+
+        total = 0.0
+        for st in self.stages:
+            weights = recompute_cost(plan, st.layer_ops, self.shape, st.num_layers).op_weights
+            again = sum(w * op.work(Phase.FWD)[0] for w, op in zip(weights, st.layer_ops, strict=True))
+            per_mb = st.num_layers * (run(st.layer_ops) + again) + run(st.end_ops)
+            total += ranks * (plan.num_microbatches * per_mb + st.optimizer.work(Phase.OPTIMIZER)[0])
+        return total
+
+    @property
     def param_bytes(self) -> float:
         return param_bytes(self.job.precision)
 
@@ -241,23 +262,55 @@ def _unsharded(job: Job) -> LocalShape:
     return shard_shape(job.model, 1, 1, False, plan.micro_batch_size, job.precision)
 
 
+# Kinds whose FLOPs the usual model-FLOPs count holds: the matrix multiplications
+# (Megatron-LM's and torchtitan's MFU formulas count nothing else).
+_MATMUL_KINDS = (OpKind.GEMM, OpKind.BMM, OpKind.ATTENTION)
+# the products of queries with keys and of scores with values (flash, or unfused as two BMMs)
+_SCORE_KINDS = (OpKind.BMM, OpKind.ATTENTION)
+
+
+def _model_flops(op: Op) -> float:
+    """Forward FLOPs of ``op`` the model needs: a causal model's score products need only the
+    unmasked half of the square (the models paraplan describes are causal decoders)."""
+    return op.flops * (0.5 if op.kind in _SCORE_KINDS else 1.0)
+
+
+def _executed_flops(op: Op, forward: float = 1.0, backward: float = 1.0) -> float:
+    """FLOPs the kernel of ``op`` runs: flash attention skips the masked half
+    (``exec_fraction``), an unfused kernel computes the whole square and masks it."""
+    return (forward * op.flops + backward * op.bwd_flops) * op.exec_fraction
+
+
 def _count_flops(job: Job, x: LocalShape) -> tuple[float, float]:
     """Model and hardware FLOPs of one iteration, summed over every layer of the whole model
-    (``x`` is the unsharded shape), counting attention as the full square as the literature
-    does. Hardware FLOPs add the recomputed forward passes."""
+    (``x`` is the unsharded shape).
+
+    Model FLOPs follow the definition Megatron-LM prints MFU with (``num_floating_point_
+    operations`` in ``megatron/training/training.py``, also NeMo's and MaxText's): the matrix
+    multiplications only, three times their forward FLOPs (the backward pass computes two
+    gradients per forward product), causal attention's unmasked half of the square:
+    72 B s l h^2 (1 + s/12h + V/12lh) for GPT. Narayanan et al. 2021 and torchtitan count the
+    whole square (s/6h), which lets MFU pass 100 % at long sequences. Hardware FLOPs (HFU) are
+    the matrix-multiplication FLOPs the kernels execute: half the square for flash attention,
+    all of it for unfused attention, FlashAttention's backward recomputation of the scores
+    (``bwd_flops`` of the attention core) and the forward passes activation recompute repeats.
+    So MFU <= HFU <= 1 on every valid job."""
     model, plan = job.model, job.parallel
     layer = count_layer_ops(model, x)
-    ends = count_embedding_ops(model, x) + count_head_ops(model, x)
-    per_mb_model = sum(op.flops + op.bwd_flops for op in layer) * model.num_layers
-    per_mb_model += sum(op.flops + op.bwd_flops for op in ends if op.kind is not OpKind.EMBEDDING)
+    ends = tuple(op for op in count_embedding_ops(model, x) + count_head_ops(model, x))
+    layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
+    ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
+    per_mb_model = 3.0 * (sum(map(_model_flops, layer_mm)) * model.num_layers + sum(map(_model_flops, ends_mm)))
+    per_mb_executed = sum(map(_executed_flops, layer_mm)) * model.num_layers + sum(map(_executed_flops, ends_mm))
     recomputed = 0.0  # per micro-batch, over every stage's layers
     if plan.recompute is not Recompute.NONE:
         for n, stages in Counter(count_layers_per_stage(model, plan)).items():
             weights = recompute_cost(plan, layer, x, n).op_weights
-            recomputed += stages * n * sum(w * op.flops for w, op in zip(weights, layer, strict=True))
+            recomputed += stages * n * sum(
+                _executed_flops(op, w, 0.0) for w, op in zip(weights, layer, strict=True) if op.kind in _MATMUL_KINDS
+            )
     micro_batches = plan.global_batch_size // plan.micro_batch_size
-    hardware = (per_mb_model + recomputed) * micro_batches
-    return per_mb_model * micro_batches, hardware
+    return per_mb_model * micro_batches, (per_mb_executed + recomputed) * micro_batches
 
 
 def _params(model, x: LocalShape) -> float:

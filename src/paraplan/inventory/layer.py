@@ -285,8 +285,13 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     qkv_out = (x.heads + 2 * x.groups) * x.d
     ops: list[Op] = [norm(model, x, "input norm")]
     fp8 = x.fp8_linears
+    # Its bias (add_qkv_bias: GPT-2, GPT-NeoX, Qwen2) is applied by the GEMM kernel itself (addmm,
+    # Transformer Engine's epilogue): parameters, gradients and optimizer states count it; its
+    # FLOPs (one add per output) stay inside the kernel's 2mkn, as in the sampled GPT-NeoX linear1
+    # the GPU curves were fitted on.
     ops.append(
-        gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=bias, saved=e * hidden_norm, fp8=fp8)
+        gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=model.add_qkv_bias,
+             saved=e * hidden_norm, fp8=fp8)
     )
     # q, k and v are views of the projection's output; backward joins their gradients (cat)
     ops.append(

@@ -74,6 +74,7 @@ class OpEstimate:
     bwd_s: float
     recompute_s: float
     source: str
+    dims: tuple[tuple[str, int], ...] = ()  # the inventory's shape names, e.g. (("m", 4096), ("k", ...), ("n", ...))
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,9 @@ class Prediction:
             "job": job.name,
             "backend": self.backend,
             "model": job.model.name,
+            "seq_length": job.model.seq_length,
             "gpu": self.gpu_name,
+            "cluster": self.placement.cluster if self.placement is not None else job.cluster.name,
             "num_gpus": job.cluster.num_gpus,
             "parallel": self.plan_dict(),
             "precision": job.precision.value,

@@ -179,6 +179,7 @@ def explain_layer(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm:
                 bwd_s=bwd,
                 recompute_s=fwd * again,
                 source=_source(cm, op),
+                dims=op.dims,
             )
         )
     colls = []

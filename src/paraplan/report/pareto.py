@@ -1,51 +1,208 @@
-"""Pareto chart: every feasible plan's time against its cost, the front highlighted."""
+"""Pareto chart: every plan the search scored, time against cost or memory, the front drawn.
+
+The cloud is every plan that fits and meets the bounds, at the search's numbers (the screen's
+for plans it did not predict exactly); the front is made of exact predictions.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from paraplan.prediction import Prediction
+from paraplan.search import SearchResult, pareto_front
+
+MAX_POINTS = 20_000  # per cluster configuration in the cloud; more are sampled (the front is always whole)
 
 
-def _cluster(p: Prediction) -> str:
-    return p.placement.cluster if p.placement is not None else p.job.cluster.name
+def _plan_key(p: Prediction) -> tuple:
+    cluster = p.placement.cluster if p.placement is not None else p.job.cluster.name
+    order = p.placement.node_order if p.placement is not None else ()
+    return cluster, p.job.cluster.num_gpus, p.job.parallel.model_dump_json(), order
 
 
-def _label(p: Prediction) -> str:
+def pareto_plans(result: SearchResult, axis: str) -> tuple[list[Prediction], bool]:
+    """The front of time against ``axis`` over every plan the search predicted exactly (the
+    ranked shortlist and the plans the screen put near the front), sorted by time; and
+    whether time is time to train (else time per token)."""
+    plans = list({_plan_key(p): p for p in [*result.ranked, *result.front]}.values())
+    if axis == "cost":
+        plans = [p for p in plans if p.usd_per_million_tokens is not None]
+    to_train = bool(plans) and all(p.time_to_train_s is not None for p in plans)
+    x, y = _axes(axis, to_train)
+    return pareto_front(plans, x, y), to_train
+
+
+def _axes(axis: str, to_train: bool):
+    if to_train:
+        def x(p):
+            return p.time_to_train_s
+    else:
+        def x(p):
+            return 1.0 / p.tokens_per_s
+    if axis == "memory":
+        def y(p):
+            return p.worst_memory.total
+    elif to_train:
+        def y(p):
+            return p.cost_to_train_usd
+    else:
+        def y(p):
+            return p.usd_per_million_tokens
+    return x, y
+
+
+def _runs(values: list) -> list[tuple]:
+    out: list[list] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return [(v, n) for v, n in out]
+
+
+def _short(p: Prediction, with_gpus: bool) -> str:
     q = p.job.parallel
-    gpus = p.gpu_name if p.placement is not None else f"{p.job.cluster.num_gpus}x{p.gpu_name}"
-    return f"{gpus} tp{q.tp} pp{q.pp} dp{q.dp}"
+    text = f"tp{q.tp} pp{q.pp} dp{q.dp}" + (f" cp{q.cp}" if q.cp > 1 else "") + (f" vpp{q.vpp}" if q.vpp > 1 else "")
+    text += f" mbs{q.micro_batch_size} Z{q.zero_stage} {q.recompute.value}"
+    layers = [st.num_layers for st in p.stages]
+    if len(set(layers)) > 1:
+        text += ", layers " + ",".join(f"{n}x{v}" if n > 1 else str(v) for v, n in _runs(layers))
+    if with_gpus:
+        name = p.placement.cluster if p.placement is not None else p.job.cluster.name
+        text = f"{p.job.cluster.num_gpus} x {name}: {text}"
+    return text
 
 
-def plot_pareto(plans: list[Prediction], front: list[Prediction], path: Path, *, to_train: bool) -> Path:
-    """Scatter of time (to train, or per iteration) against dollars, front connected."""
+def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, axis: str, to_train: bool) -> Path:
+    """Scatter of every scored plan (one colour per cluster configuration), the front on top."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.lines
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    def xy(p: Prediction) -> tuple[float, float]:
-        if to_train:
-            return p.time_to_train_s / 86400, p.cost_to_train_usd
-        return 1e6 / p.tokens_per_s, p.usd_per_million_tokens
-
-    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
+    train_tokens = next((p.job.train_tokens for p in front if p.job.train_tokens), None)
+    several = len(result.configurations) > 1
+    sizes = {c for c, _, _ in result.configurations}
+    fig, ax = plt.subplots(figsize=(11, 5.5), layout="constrained")
+    rng = np.random.default_rng(0)
+    shown = total = 0
+    x, y = _axes(axis, to_train)
+    fx = [x(p) / 86400 if to_train else x(p) * 1e6 for p in front]
+    fy = [y(p) / 2**30 if axis == "memory" else y(p) for p in front]
+    all_x, all_y = [np.asarray(fx)], [np.asarray(fy)]
     try:
-        gpus = sorted({_cluster(p) for p in plans})
-        for name in gpus:
-            pts = [xy(p) for p in plans if _cluster(p) == name]
-            ax.scatter([x for x, _ in pts], [y for _, y in pts], s=10, alpha=0.4, label=name)
-        fx = [xy(p) for p in front]
-        ax.plot([x for x, _ in fx], [y for _, y in fx], color="black", marker="o", linewidth=1.2, label="Pareto front")
-        for p, (x, y) in zip(front[:8], fx[:8], strict=False):
-            ax.annotate(_label(p), (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
-        ax.set_xlabel("days to train" if to_train else "seconds per million tokens")
-        ax.set_ylabel("dollars to train" if to_train else "dollars per million tokens")
-        ax.set_xscale("log")
+        for s in result.scored:
+            t = s.seconds_per_token
+            v = s.memory_bytes / 2**30 if axis == "memory" else s.usd_per_token
+            if v is None or len(t) == 0:
+                continue
+            if to_train:
+                xs, ys = t * train_tokens / 86400, (v if axis == "memory" else v * train_tokens)
+            else:
+                xs, ys = t * 1e6, (v if axis == "memory" else v * 1e6)
+            idx = np.arange(len(xs))
+            if len(idx) > MAX_POINTS:
+                idx = np.sort(rng.choice(len(idx), MAX_POINTS, replace=False))
+            shown, total = shown + len(idx), total + len(xs)
+            all_x.append(xs[idx])
+            all_y.append(ys[idx])
+            label = s.cluster if len(sizes) == len(result.configurations) else f"{s.num_gpus} x {s.cluster}"
+            ax.scatter(xs[idx], ys[idx], s=8, alpha=0.35, label=f"{label} ({len(xs):,} plans)", rasterized=True)
+        ax.plot(fx, fy, color="black", marker="o", markersize=5, linewidth=1.2, drawstyle="steps-post",
+                label=f"Pareto front ({len(front)} plans)")
+        xa, ya = np.concatenate(all_x), np.concatenate(all_y)
+        log_x = bool(len(xa)) and xa.max() / max(xa.min(), 1e-300) > 5
+        if log_x:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
+        if axis == "cost":
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+                lambda v, _: f"${v:,.0f}" if to_train else f"${v:,.2f}"))
+        numbers = [f"#{i + 1}" for i in range(len(front))]
+        labelled = _labelled(fx, fy, log_x, numbers, (xa.min(), xa.max(), ya.min(), ya.max()))
+        for i, left, below in labelled:
+            ax.annotate(numbers[i], (fx[i], fy[i]), fontsize=8, xytext=(-3 if left else 3, -3 if below else 3),
+                        textcoords="offset points", ha="right" if left else "left", va="top" if below else "bottom")
+        # what the numbered points are, beside the plot (the front's table has them all)
+        handles, labels = ax.get_legend_handles_labels()
+        blank = matplotlib.lines.Line2D([], [], linestyle="none")
+        for i, _, _ in labelled:
+            handles.append(blank)
+            labels.append(f"#{i + 1} {_short(front[i], several)}")
+        if len(labelled) < len(front):
+            handles.append(blank)
+            labels.append(f"(all {len(front)} in the front's table)")
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                  handletextpad=0.3)
+        tokens = f" {tokens_text(train_tokens)} tokens" if to_train else ""
+        ax.set_xlabel(f"days to train{tokens}" if to_train else "seconds per million tokens")
+        if axis == "memory":
+            ax.set_ylabel("GiB per GPU (worst pipeline stage)")
+        else:
+            ax.set_ylabel(f"dollars to train{tokens}" if to_train else "dollars per million tokens")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title("Time against cost of every feasible plan")
+        what = "memory per GPU" if axis == "memory" else "cost"
+        sampled = f", {shown:,} of {total:,} drawn" if shown < total else ""
+        ax.set_title(f"Time against {what}: every plan that fits{sampled}; the front is exact")
         fig.savefig(path, dpi=120)
     finally:
         plt.close(fig)
     return Path(path)
+
+
+def tokens_text(n: float) -> str:
+    """A token count as people write it: 2T, 300B, 1.5M."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def _minor_label(v: float, _pos) -> str:
+    """Minor ticks of a log axis: label 2 and 5 of each decade."""
+    if v <= 0:
+        return ""
+    lead = v / 10 ** np.floor(np.log10(v))
+    return f"{v:g}" if round(lead) in (2, 5) and abs(lead - round(lead)) < 1e-6 else ""
+
+
+def _labelled(xs: list[float], ys: list[float], log_x: bool, texts: list[str],
+              extent: tuple[float, float, float, float], most: int = 10) -> list[tuple[int, bool, bool]]:
+    """Which front points get a label (numbered as the front's table rows), and whether it
+    goes to the left of the point and below it: the first, the last, then the others, each
+    where its box (estimated in fractions of the plot, whose data spans ``extent``: x and y
+    min and max) stays inside and overlaps no label taken; at most ``most``."""
+    if not xs:
+        return []
+    x0, x1, y0, y1 = extent
+    if log_x:
+        x, x0, x1 = np.log(np.asarray(xs)), np.log(x0), np.log(x1)
+    else:
+        x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    nx = (x - x0) / max(x1 - x0, 1e-300) * 0.9 + 0.05  # matplotlib's 5 % margins
+    ny = (y - y0) / max(y1 - y0, 1e-300) * 0.9 + 0.05
+    boxes: list[tuple[float, float, float, float]] = []
+    chosen: list[tuple[int, bool, bool]] = []
+    for i in [0, len(xs) - 1, *range(1, len(xs) - 1)]:
+        if len(chosen) >= most:
+            break
+        width = 0.0085 * len(texts[i]) + 0.01
+        prefer_left = bool(nx[i] > 0.6)
+        for left, below in ((prefer_left, False), (prefer_left, True), (not prefer_left, False), (not prefer_left, True)):
+            x_lo = nx[i] - width if left else nx[i]
+            y_lo = ny[i] - 0.055 if below else ny[i]
+            box = (x_lo, y_lo, x_lo + width, y_lo + 0.045)
+            if box[0] < 0 or box[2] > 1 or box[1] < 0 or box[3] > 1:
+                continue
+            if all(box[2] < b[0] or b[2] < box[0] or box[3] < b[1] or b[3] < box[1] for b in boxes):
+                boxes.append(box)
+                chosen.append((i, left, below))
+                break
+    return sorted(chosen)

@@ -29,6 +29,7 @@ import functools
 import itertools
 
 from paraplan.schedule.pipeline import PipelineResult, Task
+from paraplan.schedule.steady import LONG, extrapolate
 
 # command kinds
 FWD, BWD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
@@ -129,6 +130,35 @@ def _flat(p: int, m: int) -> tuple[list[int], list[int], list[int], tuple[int, .
     return kinds, [g[3] for g in graph], [g[4] for g in graph], tuple(last)
 
 
+@functools.lru_cache(maxsize=64)
+def _stage0_done(p: int, m: int) -> tuple[int, ...]:
+    """Node of each micro-batch's backward on stage 0, in micro-batch order."""
+    done = [0] * m
+    for k, (stage, kind, mb, _, _) in enumerate(_graph(p, m)):
+        if stage == 0 and kind == BWD:
+            done[mb] = k
+    return tuple(done)
+
+
+def _node_ends(dur, p: int, m: int) -> list[float]:
+    """When each node of ``_graph`` ends, given the durations indexed as in ``_flat``."""
+    kinds, first, second, _ = _flat(p, m)
+    end = [0.0] * len(kinds)
+    for k, (kind, a, b) in enumerate(zip(kinds, first, second, strict=True)):
+        t0 = end[a] if a >= 0 else 0.0
+        if b >= 0 and end[b] > t0:
+            t0 = end[b]
+        end[k] = t0 + dur[kind]
+    return end
+
+
+def _finish_of(p: int, m: int, dur) -> tuple[float, ...]:
+    """Each stage's finish for one plan's durations (``dur`` as in ``_flat``)."""
+    fwd, bwd = [float(dur[4 * i]) for i in range(p)], [float(dur[4 * i + 1]) for i in range(p)]
+    send_grad = float(dur[3])
+    return simulate_deepspeed_pipeline(fwd, bwd, send_grad, m, fwd_extra_s=float(dur[2]) - send_grad).finish
+
+
 def transfer_s(stage: int, p: int, m: int, p2p_s: float, fwd_extra_s: float = 0.0) -> float:
     """Seconds stage ``stage`` of ``p`` spends in transfers over ``m`` micro-batches: a
     rendezvous holds both ends, so every activation and gradient in or out of it counts."""
@@ -157,15 +187,18 @@ def simulate_deepspeed_pipeline(
     dur = []
     for i in range(p):
         dur += [fwd_s[i], bwd_s[i], p2p_s + fwd_extra_s, p2p_s]
-    kinds, first, second, last = _flat(p, m)
-    end = [0.0] * len(kinds)
-    for k, (kind, a, b) in enumerate(zip(kinds, first, second, strict=True)):
-        t0 = end[a] if a >= 0 else 0.0
-        if b >= 0 and end[b] > t0:
-            t0 = end[b]
-        end[k] = t0 + dur[kind]
-    finish = tuple(end[k] for k in last)
     busy = tuple(m * (fwd_s[i] + bwd_s[i]) + transfer_s(i, p, m, p2p_s, fwd_extra_s) for i in range(p))
+
+    def run(k: int) -> tuple[tuple[float, ...], list[float]]:
+        end = _node_ends(dur, p, k)
+        return tuple(end[n] for n in _flat(p, k)[3]), [end[n] for n in _stage0_done(p, k)]
+
+    steady = None if keep_tasks else extrapolate(run, m, p)
+    if steady is not None:
+        return PipelineResult(makespan=max(steady), finish=steady, busy=busy, tasks=None)
+    end = _node_ends(dur, p, m)
+    kinds = _flat(p, m)[0]
+    finish = tuple(end[k] for k in _flat(p, m)[3])
     tasks = None
     if keep_tasks:
         tasks = tuple(
@@ -208,6 +241,9 @@ def deepspeed_finish(p: int, m: int, dur):
     send). Returns an array of shape (p, plans), equal to the simulation's finish times."""
     import numpy as np
 
+    if m > LONG:  # each plan on its own, extrapolated from its steady state
+        columns = [_finish_of(p, m, dur[:, j]) for j in range(dur.shape[1])]
+        return np.asarray(columns).T
     levels, last, n = _levels(p, m)
     end = np.zeros((n + 1, dur.shape[1]))
     for ids, a, b, kind in levels:

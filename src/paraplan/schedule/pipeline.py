@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from paraplan.schedule.steady import extrapolate
 from paraplan.specs import Schedule
 
 
@@ -120,6 +121,39 @@ def _last_task(schedule: Schedule, p: int, m: int, v: int) -> tuple[int, ...]:
     return tuple(last)
 
 
+@functools.lru_cache(maxsize=64)
+def _stage0_done(schedule: Schedule, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Index of the task that finishes each micro-batch on stage 0 (its first chunk's
+    backward), in micro-batch order."""
+    done = [0] * m
+    for k, (i, c, backward, j, _, _) in enumerate(_structure(schedule, p, m, v)):
+        if i == 0 and c == 0 and backward:
+            done[j] = k
+    return tuple(done)
+
+
+def _task_ends(
+    dur: list[float], arrival: tuple[float, float], overlap_p2p: bool, schedule: Schedule, p: int, m: int, v: int
+) -> list[float]:
+    """When each task of ``_structure`` ends, given each (stage, chunk, direction)'s duration."""
+    kinds, prevs, deps = _flat_structure(schedule, p, m, v)
+    end = [0.0] * len(kinds)
+    stage_of = 2 * v
+    k = 0
+    for kind, prev, dep in zip(kinds, prevs, deps, strict=True):
+        t0 = end[prev] if prev >= 0 else 0.0
+        if dep >= 0:
+            t_dep = end[dep]
+            # with asynchronous sends, an input from another stage arrives one transfer later
+            if overlap_p2p and kinds[dep] // stage_of != kind // stage_of:
+                t_dep += arrival[kind & 1]
+            if t_dep > t0:
+                t0 = t_dep
+        end[k] = t0 + dur[kind]
+        k += 1
+    return end
+
+
 def simulate_pipeline(
     fwd_s: list[float],
     bwd_s: list[float],
@@ -157,29 +191,20 @@ def simulate_pipeline(
         for c in range(v):
             dur.append(fwd_s[i] / v + (0.0 if (i == p - 1 and c == last_chunk) else blocking * (p2p_s + fwd_extra_s)))
             dur.append(bwd_s[i] / v + (0.0 if (i == 0 and c == 0) else blocking * p2p_s))
-    kinds, prevs, deps = _flat_structure(schedule, p, m, v)
-    end = [0.0] * len(kinds)
-    # with asynchronous sends, an input from another stage arrives one transfer after its task
+    busy = tuple(m * sum(dur[(i * v + c) * 2 + b] for c in range(v) for b in (0, 1)) for i in range(p))
     arrival = (p2p_s + fwd_extra_s, p2p_s) if overlap_p2p else (0.0, 0.0)
-    stage_of = 2 * v
-    k = 0
-    for kind, prev, dep in zip(kinds, prevs, deps, strict=True):
-        t0 = end[prev] if prev >= 0 else 0.0
-        if dep >= 0:
-            t_dep = end[dep]
-            if overlap_p2p and kinds[dep] // stage_of != kind // stage_of:
-                t_dep += arrival[kind & 1]
-            if t_dep > t0:
-                t0 = t_dep
-        end[k] = t0 + dur[kind]
-        k += 1
-    clock, busy = [0.0] * p, [0.0] * p
-    for i in range(p):
-        clock[i] = end[_last_task(schedule, p, m, v)[i]]
-    for i in range(p):
-        for c in range(v):
-            for backward in (0, 1):
-                busy[i] += dur[(i * v + c) * 2 + backward] * m
+
+    def run(k: int) -> tuple[tuple[float, ...], list[float]]:
+        end = _task_ends(dur, arrival, overlap_p2p, schedule, p, k, v)
+        last = _last_task(schedule, p, k, v)
+        return tuple(end[last[i]] for i in range(p)), [end[t] for t in _stage0_done(schedule, p, k, v)]
+
+    steady = None if keep_tasks else extrapolate(run, m, p)
+    if steady is not None:
+        return PipelineResult(makespan=max(steady), finish=steady, busy=busy, tasks=None)
+    end = _task_ends(dur, arrival, overlap_p2p, schedule, p, m, v)
+    last = _last_task(schedule, p, m, v)
+    clock = tuple(end[last[i]] for i in range(p))
     tasks = None
     if keep_tasks:
         structure = _structure(schedule, p, m, v)
@@ -187,4 +212,4 @@ def simulate_pipeline(
             Task(i, c, j, backward, end[k] - dur[(i * v + c) * 2 + backward], end[k])
             for k, (i, c, backward, j, _, _) in enumerate(structure)
         )
-    return PipelineResult(makespan=max(clock), finish=tuple(clock), busy=tuple(busy), tasks=tasks)
+    return PipelineResult(makespan=max(clock), finish=clock, busy=busy, tasks=tasks)

@@ -32,7 +32,7 @@ from paraplan.prediction import CommCosts, LayerCost, Prediction, stage_timing
 from paraplan.prediction.hetero import predict_hetero
 from paraplan.prediction.memory import estimate_stage_memory
 from paraplan.search.partition import closed_form_s, partition_layers
-from paraplan.search.space import SearchSpace, rejection_reason
+from paraplan.search.space import SearchSpace, rejection_reason, runs_as_zero, sp_axis
 from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision
 from paraplan.specs.hetero import stage_groups
 
@@ -66,6 +66,7 @@ class Candidate:
     node_order: tuple[int, ...]
     layers: tuple[int, ...]
     estimate_s: float  # iteration seconds by the closed form plus the once-per-iteration parts
+    memory_bytes: float = 0.0  # the worst stage's, exact (straight lines in the layer count)
 
 
 def _lines(job: HeteroJob, layer_costs: dict | None = None):
@@ -174,14 +175,16 @@ def plan_candidates(
             no_fit += 1
             continue
         per_iter = max(once[g, mixed[s]][s] for s, gs in enumerate(groups) for g in gs)
-        out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter))
+        worst = float(np.max(mem[:, 0] + (np.array(part.layers) - 1) * mem[:, 1]))
+        out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter, worst))
         # Megatron-LM's even split too, when it fits and differs: the partition is optimal
         # for the closed form, the exact simulation may still prefer equal stages
         even = count_layers_per_stage(model, job.parallel)
         if even != part.layers and L % S == 0:
             t = T[np.arange(S), np.array(even) - 1]
             if np.all(np.isfinite(t)):
-                out.append(Candidate(plan_args, order, even, closed_form_s(t, m) + per_iter))
+                worst = float(np.max(mem[:, 0] + (np.array(even) - 1) * mem[:, 1]))
+                out.append(Candidate(plan_args, order, even, closed_form_s(t, m) + per_iter, worst))
     return out, no_fit
 
 
@@ -204,7 +207,8 @@ def enumerate_hetero(
     excluded: Counter = Counter()
     cands: list[Candidate] = []
     partitions: dict = {}
-    sps = (True, False) if space.sequence_parallel == "both" else (None,)
+    sps = sp_axis(space)
+    runs: set = set()  # distinct runs (``runs_as_zero``; tp = 1 repeats itself with sp on and off)
     for gbs, tp, pp, cp, vpp, mbs, zero, recompute, sp in itertools.product(
         space.batch_sizes(global_batch_size), tps, pps, space.cp, space.vpp, space.micro_batch_size,
         space.zero_stage, space.recompute, sps,
@@ -230,12 +234,16 @@ def enumerate_hetero(
             "zero_stage": zero, "recompute": recompute, "framework": space.framework,
             "sequence_parallel": (tp > 1) if sp is None else (sp and tp > 1), **space.extra,
         }
+        run = (gbs, tp, pp, cp, mbs, runs_as_zero(zero, dp * cp, precision), recompute, plan["sequence_parallel"])
+        if run in runs:
+            continue
         try:
             job = HeteroJob(model=model, cluster=cluster, parallel=plan, precision=precision,
                             train_tokens=train_tokens)
         except (ValidationError, ConfigError) as err:
             excluded[rejection_reason(err)] += 1
             continue
+        runs.add(run)
         found, _ = plan_candidates(model, cluster, job, orders, plan, partitions)
         if not found:
             hbm = min(g.gpu.hbm_bytes for g in cluster.node_groups)

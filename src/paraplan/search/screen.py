@@ -45,7 +45,7 @@ from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.prediction.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.schedule.deepspeed import deepspeed_finish
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
-from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason
+from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason, runs_as_zero
 from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Phase, Precision, Recompute, Schedule
 
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
@@ -286,12 +286,13 @@ def screen_plans(
         lockstep = lockstep or job.parallel.runs_deepspeed_train_schedule
     valid = ok[vinv]
     sched = schedule[vinv]
-    # Distinct plans (sequence parallelism "both" repeats the tp = 1 plans), first kept.
-    rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "zero", "recompute")),
+    # Distinct runs, the first valid one kept: sequence parallelism "both" repeats the tp = 1
+    # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
+    runs_as = runs_as_zero(zero, plans["dp"] * cp, precision)
+    rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute")), _codes(runs_as),
                 _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64))
-    first = np.zeros(len(rkey), dtype=bool)
-    first[np.unique(rkey, return_index=True)[1]] = True
-    keep = np.flatnonzero(valid & first)
+    candidates = np.flatnonzero(valid)
+    keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
     plans = {k: v[keep] for k, v in plans.items()}
     sp_on, sched = sp_on[keep], sched[keep]
     considered = len(keep) + sum(excluded.values())

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Precision, Recompute
@@ -38,7 +39,7 @@ class SearchSpace:
     zero_stage: tuple[int, ...] = (0, 1)
     recompute: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     vpp: tuple[int, ...] = (1,)
-    sequence_parallel: str = "with_tp"  # "with_tp": on whenever tp > 1; "both": try on and off
+    sequence_parallel: str = "with_tp"  # "with_tp": on whenever tp > 1; "both": try on and off; "off"
     allow_tp_across_nodes: bool = False
     framework: str = "megatron"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -49,8 +50,33 @@ class SearchSpace:
     # Global batch sizes to try (ranked by tokens/s); ``None``: the one the search is given.
     global_batch_sizes: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.sequence_parallel not in SEQUENCE_PARALLEL:
+            raise ConfigError(f"sequence_parallel: {self.sequence_parallel!r} is not one of {', '.join(SEQUENCE_PARALLEL)}")
+
     def batch_sizes(self, global_batch_size: int) -> tuple[int, ...]:
         return self.global_batch_sizes or (global_batch_size,)
+
+    @classmethod
+    def full(cls, **changes: Any) -> SearchSpace:
+        """Every axis the screen models (the README's "whole space"): context parallel 1-8,
+        interleaving 1-8 virtual stages, micro-batch 1-16, ZeRO 0-3, Megatron-LM's three
+        recompute policies, sequence parallelism on and off; ``changes`` replace fields."""
+        return cls(**{**FULL_SPACE, **changes})
+
+
+SEQUENCE_PARALLEL = ("with_tp", "both", "off")
+
+#: The axes of ``SearchSpace.full()`` (tp and pp keep their defaults: powers of two up to the
+#: cluster, divisors of the GPU count).
+FULL_SPACE: dict[str, Any] = dict(
+    cp=(1, 2, 4, 8),
+    vpp=(1, 2, 3, 4, 6, 8),
+    micro_batch_size=(1, 2, 4, 8, 16),
+    zero_stage=(0, 1, 2, 3),
+    recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
+    sequence_parallel="both",
+)
 
 
 @dataclass
@@ -73,8 +99,26 @@ def plan_axes(
     n = cluster.num_gpus
     tps = space.tp or tuple(_powers_of_two(n))
     pps = space.pp or tuple(p for p in range(1, min(model.num_layers, n) + 1) if n % p == 0)
-    sps: tuple[bool | None, ...] = (True, False) if space.sequence_parallel == "both" else (None,)
-    return tps, pps, sps
+    return tps, pps, sp_axis(space)
+
+
+def sp_axis(space: SearchSpace) -> tuple[bool | None, ...]:
+    """The sequence-parallel values the space tries (``None``: on with tp > 1)."""
+    return {"both": (True, False), "off": (False,)}.get(space.sequence_parallel, (None,))
+
+
+def runs_as_zero(zero, grad_group, precision: Precision):
+    """The ZeRO stage a plan runs as (ints or numpy arrays). ZeRO shards over the gradient
+    group (dp x cp ranks, ``ParallelPlan.zero_shards``); with one rank there nothing is sharded
+    or communicated: stages 1 and 2 keep every optimizer state and gradient, exchange nothing
+    (``inventory.job._grad_sync`` and ``_per_microbatch_dp`` return nothing for a group of
+    one) and step over every parameter, as ZeRO 0 does. ZeRO-3 is the same run too except in
+    FP8, where the model holds the FP8 copy of the layer being gathered besides the rank's
+    shard (``prediction.memory``). Such plans are one run, listed once."""
+    alone = np.asarray(grad_group) == 1
+    same = alone & ((np.asarray(zero) < 3) | (precision is not Precision.FP8))
+    out = np.where(same, 0, zero)
+    return int(out) if np.ndim(out) == 0 else out
 
 
 def plan_job(
@@ -175,9 +219,11 @@ def enumerate_plans(
 
 
 def iter_unique(jobs: list[Job]) -> Iterator[Job]:
+    """The distinct runs among ``jobs``, first kept (see :func:`runs_as_zero`)."""
     seen = set()
     for job in jobs:
-        key = job.parallel.model_dump_json()
+        p = job.parallel
+        key = p.model_copy(update={"zero_stage": runs_as_zero(p.zero_stage, p.grad_group, job.precision)}).model_dump_json()
         if key not in seen:
             seen.add(key)
             yield job

@@ -1,7 +1,7 @@
 """Validated, frozen configuration types: what a job is made of."""
 
 from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
-from paraplan.specs.errors import ConfigError, format_validation_error
+from paraplan.specs.errors import ConfigError, InternalError, format_validation_error
 from paraplan.specs.hardware import (
     ClusterSpec,
     CollectiveCurve,
@@ -26,6 +26,7 @@ __all__ = [
     "GpuSpec",
     "HeteroClusterSpec",
     "HeteroJob",
+    "InternalError",
     "Job",
     "LinkSpec",
     "ModelSpec",

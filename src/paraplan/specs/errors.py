@@ -14,13 +14,20 @@ class ConfigError(ValueError):
     """Bad user input. ``str(err)`` is one line: ``field: reason``."""
 
 
+class InternalError(RuntimeError):
+    """A result paraplan must not give (a utilisation above 100 %, a step faster than the GPUs'
+    peak allows): a bug, never an answer. ``str(err)`` is one line."""
+
+
 def format_validation_error(err: ValidationError) -> str:
     """The first error of a pydantic ValidationError as ``field.path: reason``."""
     first = err.errors(include_url=False)[0]
     loc = ".".join(str(part) for part in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if _OWN_MESSAGE.match(msg):
-        return msg
+        # a nested spec's own message names its field from the spec ("vocab_size: ..."):
+        # prefix where the spec sits in the job unless the message already starts there
+        return msg if not loc or msg.startswith(loc) else f"{loc}.{msg}"
     if first["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; the README lists the job file's keys)"
     elif first["type"] == "missing":

@@ -23,18 +23,24 @@ class ModelSpec(BaseModel):
     kv_channels: int | None = Field(default=None, ge=1)
     ffn_hidden_size: int | None = Field(default=None, ge=1)
     seq_length: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
+    # the tokenizer's tokens; with only padded_vocab_size given, the padded size stands for it
+    vocab_size: int | None = Field(default=None, ge=1)
     padded_vocab_size: int | None = Field(default=None, ge=1)
     make_vocab_size_divisible_by: int = Field(default=128, ge=1)
     activation: Literal["gelu", "swiglu"] = "gelu"
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
     position_embedding: Literal["rotary", "learned", "alibi", "none"] = "learned"
     rotary_percent: float = Field(default=1.0, gt=0, le=1.0)
+    # RoPE's base frequency (HF rope_theta, Megatron-LM --rotary-base); None: the framework's
+    # default (10000). It changes no cost, only the launch recipe.
+    rope_theta: float | None = Field(default=None, gt=0)
     attention: Literal["flash", "unfused"] = "flash"
     parallel_residual: bool = False
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = True
     add_bias_mlp: bool | None = None  # GPT-NeoX's use_bias_in_mlp; default: add_bias_linear
+    # a bias on the QKV projection (Megatron-LM --add-qkv-bias; Qwen2); default: add_bias_linear
+    add_qkv_bias: bool | None = None
     # Megatron-LM applies the MLP up projection's bias inside the fused bias-GELU kernel
     # (default on); without the fusion (GPT-NeoX's default) it is an add kernel of its own.
     bias_gelu_fusion: bool = True
@@ -51,6 +57,18 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _derive(self) -> ModelSpec:
         fields = {}
+        if self.vocab_size is None:
+            if self.padded_vocab_size is None:
+                raise ValueError(
+                    "vocab_size: required but missing (give vocab_size, the tokenizer's tokens, "
+                    "or padded_vocab_size, the embedding rows the model holds)"
+                )
+            fields["vocab_size"] = self.padded_vocab_size
+        if self.rope_theta is not None and self.position_embedding != "rotary":
+            raise ValueError(
+                f"rope_theta: only rotary position embeddings have a base frequency "
+                f"(position_embedding is {self.position_embedding})"
+            )
         if self.num_query_groups is None:
             fields["num_query_groups"] = self.num_attention_heads
         if self.kv_channels is None:
@@ -62,6 +80,8 @@ class ModelSpec(BaseModel):
             fields["kv_channels"] = self.hidden_size // self.num_attention_heads
         if self.add_bias_mlp is None:
             fields["add_bias_mlp"] = self.add_bias_linear
+        if self.add_qkv_bias is None:
+            fields["add_qkv_bias"] = self.add_bias_linear
         if self.ffn_hidden_size is None:
             if self.activation == "swiglu":
                 # Megatron-LM's default for SwiGLU keeps the parameter count of a 4h GELU MLP.

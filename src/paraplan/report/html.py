@@ -1,0 +1,162 @@
+"""One prediction as one self-contained HTML page (``paraplan report``): the summary, the
+breakdown per stage, the pipeline timeline, memory per stage, the operators and collectives of
+one layer and its GEMMs. Pictures are inlined as base64 PNG; the page loads nothing from
+anywhere (no scripts, no fonts, no links).
+"""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from paraplan.prediction import Prediction
+from paraplan.report.gemms import gemm_rows
+from paraplan.report.plots import gpus_label, render_png
+from paraplan.report.stagebars import COMPONENTS, stage_bars
+from paraplan.units import format_bytes, format_seconds
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
+th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #e4e4e4; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; white-space: normal; }
+tr.total td { font-weight: bold; border-top: 1px solid #999; }
+img { max-width: 100%; height: auto; } .note { color: #666; font-size: 0.9em; } .bad { color: #b00; font-weight: bold; }
+"""
+
+
+def _table(header: list[str], rows: list[list[str]], left: int = 1, total: bool = False) -> str:
+    """An HTML table; the first ``left`` columns are text (left-aligned), the rest numbers.
+    Cells are escaped here."""
+    def cells(values: list[str], tag: str) -> str:
+        return "".join(
+            f'<{tag}{" class=l" if i < left else ""}>{escape(str(v))}</{tag}>' for i, v in enumerate(values)
+        )
+
+    body = [f"<tr>{cells(r, 'td')}</tr>" for r in rows]
+    if total and body:
+        body[-1] = body[-1].replace("<tr>", '<tr class="total">', 1)
+    return f"<table><thead><tr>{cells(header, 'th')}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _picture(pred: Prediction, kind: str, alt: str) -> str:
+    data = base64.b64encode(render_png(pred, kind)).decode("ascii")
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else (f"${x:,.0f}" if x >= 100 else f"${x:,.2f}")
+
+
+def _summary(pred: Prediction) -> str:
+    job, plan = pred.job, pred.job.parallel
+    rows = [
+        ["model", f"{job.model.name} ({pred.params_total / 1e9:.2f} B parameters)"],
+        ["GPUs", f"{gpus_label(pred)} ({job.cluster.name})"],
+        ["plan", f"tp={plan.tp} pp={plan.pp} dp={plan.dp} cp={plan.cp} vpp={plan.vpp}, ZeRO-{plan.zero_stage}, "
+                 f"{plan.schedule.value}, {plan.framework.value}, recompute {plan.recompute.value}"],
+        ["batch", f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
+                  f"({plan.num_microbatches} micro-batches), sequence {job.model.seq_length}, {job.precision.value}"],
+        ["iteration time", format_seconds(pred.iteration_s)],
+        ["tokens / s", f"{pred.tokens_per_s:,.0f}"],
+        ["model TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f}"],
+        ["MFU", _pct(pred.mfu)],
+        ["HFU (with recompute)", _pct(pred.hfu)],
+        ["pipeline bubble", _pct(pred.bubble_fraction)],
+        ["backend", pred.backend],
+        ["cluster $ / hour", _usd(pred.cost_per_hour_usd)],
+        ["$ per million tokens", _usd(pred.usd_per_million_tokens)],
+    ]
+    if pred.time_to_train_s is not None:
+        rows += [[f"time to train {job.train_tokens:.3g} tokens", format_seconds(pred.time_to_train_s)],
+                 ["cost to train", _usd(pred.cost_to_train_usd)]]
+    return _table(["", ""], rows, left=1)
+
+
+def _breakdown(pred: Prediction) -> str:
+    bars = stage_bars(pred)
+    header = ["component"] + [f"stage {b.stage}{' (critical)' if b.critical else ''}" for b in bars]
+    rows = [[name] + [f"{b.seconds[k]:.4f}" for b in bars] for k, name in enumerate(COMPONENTS)]
+    rows.append(["iteration"] + [f"{b.total_s:.4f}" for b in bars])
+    return _table(header, rows, total=True)
+
+
+def _memory(pred: Prediction) -> str:
+    rows = [
+        [f"stage {m.stage}", format_bytes(m.weights), format_bytes(m.gradients), format_bytes(m.optimizer_states),
+         f"{format_bytes(m.activations)} ({m.in_flight_microbatches:g} in flight)", format_bytes(m.buffers),
+         format_bytes(m.total), format_bytes(hbm), "fits" if m.total <= hbm else "DOES NOT FIT"]
+        for m, hbm in zip(pred.memory, pred.hbm_bytes, strict=True)
+    ]
+    header = ["stage", "weights", "gradients", "optimizer states", "activations", "buffers", "total", "HBM", ""]
+    return _table(header, rows)
+
+
+def _operators(pred: Prediction) -> str:
+    rows = [
+        [o.name, o.role, o.kind, f"{o.flops / 1e9:.2f}", f"{o.bytes / 1e6:.1f}", f"{o.fwd_s * 1e3:.3f}",
+         f"{o.bwd_s * 1e3:.3f}", f"{o.recompute_s * 1e3:.3f}", o.source]
+        for o in pred.layer_ops
+    ]
+    ops = pred.layer_ops
+    rows.append(["total", "", "", f"{sum(o.flops for o in ops) / 1e9:.2f}", f"{sum(o.bytes for o in ops) / 1e6:.1f}",
+                 f"{sum(o.fwd_s for o in ops) * 1e3:.3f}", f"{sum(o.bwd_s for o in ops) * 1e3:.3f}",
+                 f"{sum(o.recompute_s for o in ops) * 1e3:.3f}", ""])
+    table = _table(["operator", "role", "kind", "GFLOP", "MB", "fwd ms", "bwd ms", "recompute ms", "model"], rows,
+                   left=3, total=True)
+    colls = [
+        [c.name, c.kind, f"{c.dim} x{c.group_size} over {c.group_nodes} node(s)", c.phase, str(c.count),
+         f"{c.bytes / 1e6:.2f}", f"{c.seconds * 1e3:.3f}", c.source]
+        for c in pred.layer_collectives
+    ]
+    if not colls:
+        return table + '<p class="note">No collectives in a layer (tp = cp = 1).</p>'
+    header = ["collective", "kind", "group", "phase", "calls", "MB", "ms (all calls)", "model"]
+    return table + "<h3>Collectives of one layer</h3>" + _table(header, colls, left=4)
+
+
+def _gemms(pred: Prediction) -> str:
+    rows = [
+        [g.operator, g.role, str(g.batch), f"{g.m:,}", f"{g.n:,}", f"{g.k:,}", f"{g.flops / 1e9:.2f}",
+         f"{g.fwd_s * 1e3:.3f}", f"{g.bwd_s * 1e3:.3f}", f"{g.fwd_tflops_per_s:.1f}"]
+        for g in gemm_rows(pred)
+    ]
+    if not rows:
+        return '<p class="note">No GEMM-shaped operators in a layer.</p>'
+    header = ["GEMM", "role", "batch", "M", "N", "K", "GFLOP (fwd)", "fwd ms", "bwd ms (2 GEMMs)", "fwd TFLOP/s"]
+    return _table(header, rows, left=2)
+
+
+def render_html(pred: Prediction) -> str:
+    """The whole report of ``pred`` (made with ``keep_timeline=True``) as one HTML page."""
+    title = f"paraplan: {pred.job.model.name} on {gpus_label(pred)}"
+    notes = "".join(f'<p class="note">uncalibrated: {escape(n)}</p>' for n in pred.uncalibrated)
+    verdict = "" if pred.fits else '<p class="bad">The plan does not fit in GPU memory.</p>'
+    sections = [
+        f"<h1>{escape(title)}</h1>",
+        f'<p class="note">Job {escape(pred.job.name)}; predicted by paraplan ({escape(pred.backend)} backend).</p>',
+        verdict, _summary(pred), notes,
+        "<h2>Where one iteration goes</h2>",
+        '<p class="note">Seconds of one iteration on each pipeline stage; the critical stage is the '
+        "breakdown of the iteration time, the others fill it with idle time.</p>",
+        _picture(pred, "breakdown", "breakdown per pipeline stage"), _breakdown(pred),
+        "<h2>Pipeline schedule</h2>", _picture(pred, "timeline", "pipeline schedule"),
+        "<h2>Memory per GPU, by stage</h2>", _picture(pred, "memory", "memory per stage"), _memory(pred),
+        "<h2>Operators of one layer</h2>",
+        '<p class="note">One transformer layer of the critical stage, one micro-batch, one GPU.</p>',
+        _operators(pred),
+        "<h2>GEMMs of one layer</h2>",
+        '<p class="note">Y[M, N] = X[M, K] W[K, N], batch products each; backward runs two GEMMs of the '
+        "same FLOPs (input and weight gradients). Fused flash attention is one kernel, not listed.</p>",
+        _gemms(pred),
+    ]
+    body = "\n".join(s for s in sections if s)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_STYLE}</style></head><body>\n{body}\n</body></html>\n"
+    )

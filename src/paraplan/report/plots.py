@@ -1,0 +1,282 @@
+"""Pictures of one prediction: the breakdown per pipeline stage, the pipeline schedule as a
+Gantt chart, and memory per stage (``paraplan predict --plot``, ``paraplan report``).
+
+matplotlib is an optional extra (``paraplan[plot]``), imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from paraplan.prediction import Prediction
+from paraplan.regress.plot import check_plot_path, load_pyplot
+from paraplan.report.stagebars import COMPONENTS, stage_bars, timeline_bars
+from paraplan.specs import ConfigError
+
+#: The pictures ``render_plot`` draws; ``plot_kind_for`` finds one in a file name.
+PLOT_KINDS = ("breakdown", "timeline", "memory")
+
+_COMPONENT_COLORS = dict(
+    zip(
+        COMPONENTS,
+        ("#4c72b0", "#dd8452", "#c8a2c8", "#55a868", "#8172b3", "#c44e52", "#937860", "#e5e5e5"),
+        strict=True,
+    )
+)
+_TASK_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "DP/ZeRO": "#c44e52", "optimizer": "#937860"}
+_LATER_CHUNK = {"forward": "#8fb0dc", "backward": "#f0b98d"}  # interleaved: the stage's later chunks
+_MEMORY_PARTS = (
+    ("weights", "weights", "#4c72b0"),
+    ("gradients", "gradients", "#dd8452"),
+    ("optimizer states", "optimizer_states", "#55a868"),
+    ("activations", "activations", "#c44e52"),
+    ("runtime buffers", "buffers", "#937860"),
+)
+
+
+def plot_kind_for(path: str | os.PathLike[str], kind: str | None = None) -> str:
+    """The picture a ``--plot`` file asks for: ``kind`` when given, else the one kind its file
+    name contains (``breakdown.png``, ``llama-timeline.svg``)."""
+    if kind is not None:
+        if kind not in PLOT_KINDS:
+            raise ConfigError(f"--plot-kind: unknown kind {kind!r} (available: {', '.join(PLOT_KINDS)})")
+        return kind
+    named = [k for k in PLOT_KINDS if k in Path(path).stem.lower()]
+    if len(named) != 1:
+        raise ConfigError(
+            f"--plot {path}: the file name must name one plot kind ({', '.join(PLOT_KINDS)}), or pass --plot-kind"
+        )
+    return named[0]
+
+
+def check_plots(
+    paths: list[Path], kind: str | None = None, *, overwrite: bool = False
+) -> list[tuple[Path, str]]:
+    """(path, kind) of each ``--plot`` file, checked before any work: a kind for each, a usable
+    .png/.svg/.pdf path not already there unless ``overwrite``, and matplotlib installed
+    (``check_plot_path``)."""
+    if kind is not None and len(paths) > 1:
+        raise ConfigError("--plot-kind: names the kind of one --plot file; name the kind in each file name instead")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ConfigError("--plot: the same file is named twice")
+    planned = []
+    for path in paths:
+        chosen = plot_kind_for(path, kind)
+        check_plot_path(path, overwrite=overwrite, flag="--force")
+        planned.append((path, chosen))
+    return planned
+
+
+def gpus_label(pred: Prediction) -> str:
+    """"32 x H100-SXM5-80GB", or the node groups of a heterogeneous cluster."""
+    if pred.placement is not None:
+        return pred.gpu_name
+    return f"{pred.job.cluster.num_gpus} x {pred.gpu_name}"
+
+
+def _title(pred: Prediction) -> str:
+    plan = pred.job.parallel
+    degrees = f"tp={plan.tp} pp={plan.pp} dp={plan.dp}" + (f" cp={plan.cp}" if plan.cp > 1 else "")
+    degrees += f" vpp={plan.vpp}" if plan.vpp > 1 else ""
+    return (
+        f"{pred.job.model.name} on {gpus_label(pred)}, {degrees}, "
+        f"{plan.num_microbatches} micro-batches, {plan.schedule.value}"
+    )
+
+
+def _stage_ticks(ax, stages: list[int], critical: int | None) -> None:
+    """"stage 3" under each bar; past eight stages just the number, the axis says what it is."""
+    if len(stages) <= 8:
+        labels = [f"stage {s}\n(critical)" if s == critical else f"stage {s}" for s in stages]
+        ax.set_xticks(range(len(stages)), labels, fontsize="small")
+        return
+    ax.set_xticks(range(len(stages)), [str(s) for s in stages], fontsize="small")
+    ax.set_xlabel("pipeline stage" + (f" (critical: {critical})" if critical is not None else ""))
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.1f} %" if share >= 1e-3 or share == 0 else f"{100 * share:.2g} %"
+
+
+def _seconds_unit(seconds: float) -> tuple[float, str]:
+    return (1e3, "ms") if seconds < 1.0 else (1.0, "s")
+
+
+def _few_bars(ax, n: int) -> None:
+    """Keep one or two bars as narrow as three would be."""
+    pad = max(0.0, (3 - n) / 2)
+    ax.set_xlim(-0.6 - pad, n - 0.4 + pad)
+
+
+def figure_breakdown(pred: Prediction):
+    """A stacked bar per pipeline stage (``stage_bars``); the critical stage's adds up to the
+    iteration time, drawn as a dashed line."""
+    plt = load_pyplot()
+    bars = stage_bars(pred)
+    scale, unit = _seconds_unit(pred.iteration_s)
+    width = min(16.0, 9.0 + 0.45 * len(bars))
+    fig, ax = plt.subplots(figsize=(width, 5.2), layout="constrained")
+    x = range(len(bars))
+    bottom = [0.0] * len(bars)
+    (crit,) = [b for b in bars if b.critical]
+    for k, name in enumerate(COMPONENTS):
+        heights = [b.seconds[k] * scale for b in bars]
+        if not any(heights):
+            continue
+        # the legend carries the critical stage's figures: thin slices stay readable
+        label = f"{name}: {crit.seconds[k] * scale:.3g} {unit} ({_pct(crit.seconds[k] / crit.total_s)})"
+        ax.bar(x, heights, bottom=bottom, width=0.7, label=label, color=_COMPONENT_COLORS[name],
+               edgecolor="white", linewidth=0.5)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.axhline(pred.iteration_s * scale, color="black", linestyle="--", linewidth=1)
+    ax.annotate(f"iteration {pred.iteration_s * scale:.4g} {unit}", (1.0, pred.iteration_s * scale),
+                xycoords=("axes fraction", "data"), xytext=(-4, 4), textcoords="offset points",
+                ha="right", va="bottom", fontsize="small")
+    _stage_ticks(ax, [b.stage for b in bars], crit.stage)
+    ax.set_ylabel(f"seconds of one iteration ({unit})")
+    ax.set_ylim(0, pred.iteration_s * scale * 1.08)
+    _few_bars(ax, len(bars))
+    fig.suptitle("Where one iteration goes, per pipeline stage\n" + _title(pred), fontsize="medium")
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+              frameon=False, title=f"critical stage {crit.stage}", title_fontsize="small", alignment="left")
+    return fig
+
+
+def _timeline_windows(pred: Prediction, end: float) -> list[tuple[float, float]]:
+    """The time ranges the Gantt chart shows: the whole iteration, or, when it holds too many
+    micro-batches to see one, its start and its end (where the bubbles are), side by side."""
+    plan = pred.job.parallel
+    m, pp = plan.num_microbatches, len(pred.stages)
+    share = 1.5 * pp / m  # about three micro-batches per stage of warm-up and of cool-down
+    if m * plan.vpp <= 40 or share >= 0.4:
+        return [(0.0, end * 1.01)]
+    return [(0.0, end * share), (end * (1 - share), end * (1 + 0.02 * share))]
+
+
+def figure_timeline(pred: Prediction):
+    """The pipeline schedule as a Gantt chart: one row per stage (stage 0 on top), forward and
+    backward of each micro-batch (numbered where they are wide enough), then the stage's
+    exposed DP traffic and the optimizer step. A long schedule shows its start and its end."""
+    plt = load_pyplot()
+    from matplotlib.patches import Patch
+
+    bars = timeline_bars(pred)
+    pp = len(pred.stages)
+    scale, unit = _seconds_unit(pred.iteration_s)
+    end = pred.iteration_s * scale
+    windows = _timeline_windows(pred, end)
+    fig, axes = plt.subplots(1, len(windows), figsize=(13, 1.6 + 0.55 * pp), layout="constrained", sharey=True,
+                             squeeze=False)
+    axes = list(axes[0])
+    ax_px = 13 * fig.dpi * 0.85 / len(windows)
+    tasks = [b for b in bars if b.microbatch is not None]
+    typical = sorted(b.end - b.start for b in tasks)[len(tasks) // 2] * scale
+    for ax, (lo, hi) in zip(axes, windows, strict=True):
+        px_per_unit = ax_px / (hi - lo)
+        edge = 0.4 if typical * px_per_unit >= 4 else 0.0  # white gaps would wash out thin bars
+        for kind in _TASK_COLORS:
+            for later in (False, True):
+                chosen = [b for b in bars if b.kind == kind and (b.chunk > 0) == later]
+                if not chosen:
+                    continue
+                color = _LATER_CHUNK[kind] if later else _TASK_COLORS[kind]
+                for stage in range(pp):
+                    spans = [(b.start * scale, (b.end - b.start) * scale) for b in chosen if b.stage == stage]
+                    if spans:
+                        ax.broken_barh(spans, (stage - 0.38, 0.76), facecolors=color, edgecolor="white",
+                                       linewidth=edge)
+        for b in tasks:
+            if lo <= b.start * scale and b.end * scale <= hi and (b.end - b.start) * scale * px_per_unit >= 14:
+                ax.text((b.start + b.end) / 2 * scale, b.stage, str(b.microbatch), ha="center", va="center",
+                        fontsize=6.5, color="white" if b.chunk == 0 else "black")
+        ax.axvline(end, color="black", linestyle="--", linewidth=1)
+        ax.set_xlim(lo, hi)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks(range(pp), [f"stage {i}" for i in range(pp)], fontsize="small")
+    axes[0].set_ylim(pp - 0.5, -0.5)
+    dashed = f"dashed: iteration {end:.4g} {unit}"
+    plan = pred.job.parallel
+    if plan.runs_deepspeed_train_schedule and plan.pp > 1:
+        head = "Pipeline schedule (DeepSpeed: transfers are rendezvous between tasks)"
+    elif plan.overlap_p2p_comm or plan.pp == 1:
+        head = "Pipeline schedule"
+    else:
+        head = "Pipeline schedule (a task's bar includes its blocking send)"
+    if len(axes) > 1:
+        axes[0].set_xlabel(f"start of the iteration ({unit})")
+        axes[1].set_xlabel(f"end of the iteration ({unit}); {dashed}")
+        axes[1].tick_params(left=False)
+        head += ": its start and end, the middle left out"
+    else:
+        axes[0].set_xlabel(f"time in the iteration ({unit}); {dashed}")
+    fig.suptitle(head + "\n" + _title(pred), fontsize="medium")
+    legend = [Patch(color=_TASK_COLORS["forward"], label="forward"),
+              Patch(color=_TASK_COLORS["backward"],
+                    label="backward" + (" (with recompute)" if plan.recompute.value != "none" else ""))]
+    if any(b.chunk > 0 for b in bars):
+        legend += [Patch(color=_LATER_CHUNK["forward"], label="forward, later chunk"),
+                   Patch(color=_LATER_CHUNK["backward"], label="backward, later chunk")]
+    if any(b.kind == "DP/ZeRO" for b in bars):
+        legend.append(Patch(color=_TASK_COLORS["DP/ZeRO"], label="exposed DP/ZeRO communication"))
+    legend.append(Patch(color=_TASK_COLORS["optimizer"], label="optimizer step"))
+    fig.legend(handles=legend, loc="outside lower center", ncol=len(legend), fontsize="small", frameon=False)
+    return fig
+
+
+def figure_memory(pred: Prediction):
+    """Memory per GPU of each pipeline stage, stacked by part, against the GPU's HBM."""
+    plt = load_pyplot()
+    gib = 2.0**30
+    n = len(pred.memory)
+    fig, ax = plt.subplots(figsize=(min(14.0, 6.5 + 0.45 * n), 4.8), layout="constrained")
+    x = list(range(n))
+    bottom = [0.0] * n
+    for label, field, color in _MEMORY_PARTS:
+        heights = [getattr(m, field) / gib for m in pred.memory]
+        ax.bar(x, heights, bottom=bottom, width=0.7, label=label, color=color, edgecolor="white", linewidth=0.5)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    for i, total in zip(x, bottom, strict=True):
+        ax.annotate(f"{total:.1f}", (i, total), xytext=(0, 2), textcoords="offset points", ha="center",
+                    va="bottom", fontsize="x-small")
+    hbm = [h / gib for h in pred.hbm_bytes]
+    ax.hlines(hbm, [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linestyles="--", linewidth=1.2,
+              label="HBM of the GPU")
+    _stage_ticks(ax, [m.stage for m in pred.memory], None)
+    ax.set_ylabel("GiB per GPU")
+    _few_bars(ax, n)
+    ax.set_ylim(0, max(*hbm, *bottom) * 1.1)
+    verdict = "fits" if pred.fits else "DOES NOT FIT"
+    fig.suptitle(f"Memory per GPU by pipeline stage ({verdict})\n" + _title(pred), fontsize="medium")
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+              frameon=False)
+    return fig
+
+
+_FIGURES = {"breakdown": figure_breakdown, "timeline": figure_timeline, "memory": figure_memory}
+
+
+def render_plot(pred: Prediction, kind: str, path: str | os.PathLike[str]) -> Path:
+    """Write picture ``kind`` of ``pred`` to ``path`` (.png, .svg or .pdf by suffix).
+    The caller checks the path first (``check_plot_path``), before predicting."""
+    check_plot_path(path, overwrite=True)
+    fig = _FIGURES[kind](pred)
+    try:
+        fig.savefig(Path(path), dpi=130)
+    finally:
+        load_pyplot().close(fig)
+    return Path(path)
+
+
+def render_png(pred: Prediction, kind: str) -> bytes:
+    """Picture ``kind`` of ``pred`` as PNG bytes (for the HTML report)."""
+    fig = _FIGURES[kind](pred)
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=110)
+    finally:
+        load_pyplot().close(fig)
+    return buffer.getvalue()

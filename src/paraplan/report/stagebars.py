@@ -1,0 +1,115 @@
+"""What the pictures of one prediction are drawn from: one bar of components per pipeline stage
+(``stage_bars``) and the pipeline schedule as timed bars per stage (``timeline_bars``).
+
+Both read a prediction made with ``keep_timeline=True`` (``Prediction.pipeline``): the
+schedule the iteration time came from. Every stage's bar spans the whole iteration: what the
+stage computes, communicates and steps, and its idle time (pipeline bubble, and waiting for
+the slowest stage). The critical stage's bar is ``Prediction.breakdown`` itself, so it adds up
+to ``iteration_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.prediction import Prediction
+
+#: The components of a stage's bar, in drawing order (bottom to top).
+COMPONENTS = (
+    "forward compute",
+    "backward compute",
+    "recompute",
+    "TP/CP communication",
+    "pipeline p2p",
+    "exposed DP/ZeRO communication",
+    "optimizer step",
+    "pipeline bubble (idle)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StageBar:
+    """One pipeline stage's seconds in one iteration, by component (``COMPONENTS`` order)."""
+
+    stage: int
+    seconds: tuple[float, ...]
+    critical: bool
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds)
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(zip(COMPONENTS, self.seconds, strict=True))
+
+
+def _require_timeline(pred: Prediction) -> None:
+    if pred.pipeline is None:
+        raise ValueError("this picture needs the pipeline schedule: predict with keep_timeline=True")
+
+
+def critical_stage(pred: Prediction) -> int:
+    """The stage whose pipeline drain and exposed DP traffic end last (the facade's choice)."""
+    _require_timeline(pred)
+    finish = pred.pipeline.finish
+    return max(range(len(pred.stages)), key=lambda i: finish[i] + pred.stages[i].exposed_dp_s)
+
+
+def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
+    """One bar per pipeline stage. A stage's p2p time is what its blocking sends add to its
+    busy time in the schedule; its idle time is the rest of the iteration."""
+    _require_timeline(pred)
+    crit = critical_stage(pred)
+    m = pred.job.parallel.num_microbatches
+    bars = []
+    for t in pred.stages:
+        if t.stage == crit:
+            b = pred.breakdown
+            parts = (
+                b.forward_compute_s, b.backward_compute_s, b.recompute_s, b.tp_communication_s,
+                b.pipeline_p2p_s, b.dp_communication_s, b.optimizer_step_s, b.pipeline_bubble_s,
+            )
+        else:
+            busy = m * t.busy_mb_s
+            sends = max(0.0, pred.pipeline.busy[t.stage] - busy)
+            work = (
+                m * t.forward_mb_s, m * t.backward_mb_s, m * t.recompute_mb_s,
+                m * (t.tp_fwd_mb_s + t.tp_bwd_mb_s), sends, t.exposed_dp_s, t.optimizer_s,
+            )
+            parts = (*work, max(0.0, pred.iteration_s - sum(work)))
+        bars.append(StageBar(stage=t.stage, seconds=parts, critical=t.stage == crit))
+    return tuple(bars)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineBar:
+    """One timed bar of the schedule: a forward or backward of a micro-batch (its blocking
+    send included), or a stage's exposed DP traffic or optimizer step after its last task."""
+
+    stage: int
+    kind: str  # "forward" | "backward" | "DP/ZeRO" | "optimizer"
+    start: float
+    end: float
+    microbatch: int | None = None
+    chunk: int = 0
+
+
+def timeline_bars(pred: Prediction) -> tuple[TimelineBar, ...]:
+    """The schedule the prediction used, then each stage's exposed DP traffic and optimizer step."""
+    _require_timeline(pred)
+    tasks = pred.pipeline.tasks
+    if tasks is None:
+        raise ValueError("this picture needs the pipeline's tasks: predict with keep_timeline=True")
+    bars = [
+        TimelineBar(t.stage, "backward" if t.backward else "forward", t.start, t.end, t.mb, t.chunk)
+        for t in tasks
+    ]
+    # the optimizer steps start together once the last stage has drained (the gradient-norm
+    # all-reduce spans every stage), as the facade times them
+    step_start = max(pred.pipeline.finish[t.stage] + t.exposed_dp_s for t in pred.stages)
+    for t in pred.stages:
+        start = pred.pipeline.finish[t.stage]
+        if t.exposed_dp_s > 0:
+            bars.append(TimelineBar(t.stage, "DP/ZeRO", start, start + t.exposed_dp_s))
+        bars.append(TimelineBar(t.stage, "optimizer", step_start, step_start + t.optimizer_s))
+    return tuple(bars)

@@ -1,0 +1,58 @@
+"""Thousands of identical micro-batches cost what a few do: the steady state is extrapolated,
+and the extrapolation equals the task-by-task simulation."""
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan.schedule import simulate_deepspeed_pipeline, simulate_pipeline
+from paraplan.schedule.deepspeed import deepspeed_finish
+from paraplan.schedule.steady import LONG
+from paraplan.specs import Schedule
+
+times = st.floats(0.1, 3.0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    p=st.integers(2, 6),
+    data=st.data(),
+    schedule=st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE]),
+    overlap=st.booleans(),
+)
+def test_an_extrapolated_schedule_equals_the_full_simulation(p, data, schedule, overlap):
+    fwd = data.draw(st.lists(times, min_size=p, max_size=p))
+    bwd = data.draw(st.lists(times, min_size=p, max_size=p))
+    m = p * (LONG // p + data.draw(st.integers(1, 40)))  # a multiple of p past LONG
+    vpp = 2 if schedule is Schedule.INTERLEAVED else 1
+    short = simulate_pipeline(fwd, bwd, 0.05, m, schedule, vpp, overlap_p2p=overlap)
+    full = simulate_pipeline(fwd, bwd, 0.05, m, schedule, vpp, keep_tasks=True, overlap_p2p=overlap)
+    assert short.finish == pytest.approx(full.finish, rel=1e-9)
+    assert short.busy == pytest.approx(full.busy, rel=1e-12)
+
+
+@settings(max_examples=8, deadline=None)
+@given(p=st.integers(2, 6), data=st.data(), extra=st.integers(1, 50))
+def test_deepspeeds_extrapolated_schedule_equals_its_full_simulation(p, data, extra):
+    fwd = data.draw(st.lists(times, min_size=p, max_size=p))
+    bwd = data.draw(st.lists(times, min_size=p, max_size=p))
+    m = LONG + extra
+    short = simulate_deepspeed_pipeline(fwd, bwd, 0.05, m, fwd_extra_s=0.01)
+    full = simulate_deepspeed_pipeline(fwd, bwd, 0.05, m, keep_tasks=True, fwd_extra_s=0.01)
+    assert short.finish == pytest.approx(full.finish, rel=1e-9)
+    dur = np.array([[f, b, 0.06, 0.05] for f, b in zip(fwd, bwd, strict=True)]).reshape(-1, 1)
+    assert deepspeed_finish(p, m, dur)[:, 0] == pytest.approx(full.finish, rel=1e-9)
+
+
+def test_two_million_micro_batches_take_no_longer_than_two_thousand():
+    fwd, bwd = [1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.2]
+    start = time.perf_counter()
+    many = simulate_pipeline(fwd, bwd, 0.01, 2_000_000, Schedule.INTERLEAVED, 2)
+    assert time.perf_counter() - start < 1.0
+    few = simulate_pipeline(fwd, bwd, 0.01, 2000, Schedule.INTERLEAVED, 2)
+    # the steady state adds the same seconds per micro-batch
+    per_mb = (many.makespan - few.makespan) / (2_000_000 - 2000)
+    assert per_mb == pytest.approx(max(f + b for f, b in zip(fwd, bwd, strict=True)), rel=0.02)
