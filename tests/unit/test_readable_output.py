@@ -54,8 +54,31 @@ def test_the_layout_narrows_step_by_step():
     assert "┏" in wide and "first number" in wide and "headers:" not in wide  # boxed, full headers
     assert "headers: description = description of the thing" in eighty  # short headers, a legend
     assert "long notes by name" in eighty  # the detail column under the table
-    assert re.search(r"^  first number: +1,234,567.891", narrow, re.M)  # one block per row
+    blocks = [line for line in narrow.splitlines() if line.startswith("name ")]
+    assert len(blocks) > 2 and "first" in "".join(blocks)  # blocks of columns, each repeating the name
     assert re.search(r"^  first number:\s*\n    1,234,567.891", narrowest, re.M)  # each value under its header
+
+
+def test_where_no_block_of_columns_fits_each_row_is_a_block_of_lines():
+    table = ReadableTable("long keys")
+    table.add_column("key")
+    table.add_column("size", number=True)
+    table.add_row("a-key-of-forty-characters-for-a-narrow-x", "1,234,567")
+    assert re.search(r"^  size: 1,234,567", render(table, 45), re.M)
+
+
+def test_settings_every_row_shares_are_said_once_above_a_narrow_table():
+    table = ReadableTable("plans", shared="every plan")
+    table.add_column("#", number=True)
+    table.add_column("tp", number=True, setting=True)
+    table.add_column("recompute", setting=True, short="rc", legend="recompute (sel = selective)",
+                     compact=lambda s: {"selective": "sel"}.get(s, s))
+    table.add_column("name")
+    for rank in (1, 2):
+        table.add_row(str(rank), "8", "selective" if rank == 1 else "full", "a-name-of-fifty-characters-".ljust(50, "x"))
+    wide, narrow = render(table, 300), render(table, 60)
+    assert "every plan" not in wide and "selective" in wide  # wide: as it is
+    assert "every plan: tp 8" in narrow and "sel " in narrow and "rc = recompute (sel = selective)" in narrow
 
 
 def test_cells_are_data_not_markup():

@@ -219,18 +219,17 @@ def _print(result, top, output, front, axis, save_best, pareto) -> None:
 
         write_text(render_csv(rows) if rows else "")
     else:
-        width = out.width
-        out.print(render_search(result, rows, width=width))
+        out.print(render_search(result, rows))
         if not result.ranked and closest is not None:
             missed = " and ".join({"memory": "does not fit", "deadline": "misses the deadline",
                                    "budget": "exceeds the budget"}[b] for b in closest.over)
-            out.print(Group(*render_plans(result, [plan_row(closest.pred, 1)], f"Nearest plan ({missed})", width)))
+            out.print(Group(*render_plans(result, [plan_row(closest.pred, 1)], f"Nearest plan ({missed})")))
         if save_best is not None and result.ranked:
             err.print(f"wrote {save_best}")
         if front is not None:
             what = "memory per GPU" if axis == "memory" else "cost"
             title = f"Pareto front: time against {what} ({len(front)} plans)"
-            out.print(Group(*render_plans(result, search_rows(result, plans=front), title, width)))
+            out.print(Group(*render_plans(result, search_rows(result, plans=front), title)))
             err.print(f"wrote {pareto}")
 
 

@@ -1,23 +1,21 @@
 """Tables of a plan search: the ranked plans, the families of plans that were excluded, and
 when nothing is left, which bound excluded everything and the plan nearest to it.
 
-Tables fit the terminal without cutting a number or a name: at full width they are drawn as
-they are; when that is too wide, in a compact style (abbreviated headers with a legend, plan
-settings every row shares said once); then wrapped into blocks of columns, each repeating the
-rank; and at last one plan per block of lines (:func:`fit_table`, usable by any table).
+The tables are :class:`~paraplan.report.layout.ReadableTable`: they fit the terminal without
+cutting a number or a name (full; compact with abbreviated headers, a legend and the plan
+settings every plan shares said once; blocks of columns each repeating the rank; one plan per
+block of lines).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from rich import box
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
+from rich.console import Group, RenderableType
 from rich.text import Text
 
+from paraplan.report.layout import Col, ReadableTable
 from paraplan.report.pareto import tokens_text
 from paraplan.report.tables import render_uncalibrated
 from paraplan.search import SearchResult
@@ -63,89 +61,6 @@ def _runs(values: list, sep: str = ", ") -> str:
     return sep.join(f"{v} (x{n})" if n > 1 else str(v) for v, n in out)
 
 
-# --- fitting a table to the terminal ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column: its header, its cell, and how it may shrink. ``short``: a shorter header
-    (explained by ``legend``) for narrow terminals; ``compact``: a shorter cell; ``setting``:
-    a plan setting, said once above the table when every row has the same value."""
-
-    header: str
-    cell: Callable[[dict], str]
-    right: bool = True
-    short: str | None = None
-    legend: str | None = None
-    compact: Callable[[dict], str] | None = None
-    setting: bool = False
-
-
-def _table(columns: Sequence[Column], rows: Sequence[dict], *, compact: bool, title: str | None = None) -> Table:
-    if compact:
-        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False, title=title,
-                      title_justify="left")
-    else:
-        table = Table(title=title, title_justify="left")
-    for c in columns:
-        header = (c.short or c.header) if compact else c.header
-        table.add_column(header, justify="right" if c.right else "left", overflow="fold")
-    for r in rows:
-        table.add_row(*(((c.compact or c.cell) if compact else c.cell)(r) for c in columns))
-    return table
-
-
-def _width(table: Table) -> int:
-    return Console(width=10_000).measure(table).maximum
-
-
-def fit_table(title: str, columns: Sequence[Column], rows: Sequence[dict], width: int) -> list[RenderableType]:
-    """The table of ``rows`` in at most ``width`` columns of text, no cell cut; the first
-    column (the rank) is repeated in every block when the columns are wrapped."""
-    full = _table(columns, rows, compact=False, title=title)
-    if _width(full) <= width:
-        return [full]
-    out: list[RenderableType] = [Text(title)]
-    shown = list(columns)
-    if len(rows) > 1:  # settings every plan shares are said once
-        same = [c for c in columns if c.setting and len({c.cell(r) for r in rows}) == 1]
-        if same:
-            out.append(Text("every plan: " + ", ".join(f"{c.header} {c.cell(rows[0])}" for c in same)))
-            shown = [c for c in columns if c not in same]
-    legend = [f"{c.short} = {c.legend}" for c in shown if c.short and c.legend]
-    notes = [Text("columns: " + "; ".join(legend))] if legend else []
-    table = _table(shown, rows, compact=True)
-    if _width(table) <= width:
-        return [*out, table, *notes]
-    key, rest = shown[0], shown[1:]
-    blocks: list[list[Column]] = []
-    for c in rest:
-        if blocks and _width(_table([key, *blocks[-1], c], rows, compact=True)) <= width:
-            blocks[-1].append(c)
-        else:
-            blocks.append([c])
-    if all(_width(_table([key, *b], rows, compact=True)) <= width for b in blocks):
-        for i, b in enumerate(blocks):
-            if i:
-                out.append(Text(""))
-            out.append(_table([key, *b], rows, compact=True))
-        return [*out, *notes]
-    return [*out, *_vertical(shown, rows)]
-
-
-def _vertical(columns: Sequence[Column], rows: Sequence[dict]) -> list[RenderableType]:
-    """One block of "header  value" lines per row, for terminals too narrow for any table."""
-    out: list[RenderableType] = []
-    for r in rows:
-        table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False)
-        table.add_column(overflow="fold")
-        table.add_column(overflow="fold")
-        for c in columns:
-            table.add_row(c.header, c.cell(r))
-        out += [Text(""), table]
-    return out
-
-
 # --- the search tables -------------------------------------------------------------------
 
 
@@ -155,49 +70,66 @@ def _usd(x: float) -> str:
 
 _RECOMPUTE_SHORT = {"none": "none", "selective": "sel", "full": "full"}
 
+Cell = Callable[[dict], str]
 
-def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> list[Column]:
-    """The columns that say something for these rows."""
-    columns = [Column("#", lambda r: str(r["rank"]))]
+
+def _setting(header: str, cell: Cell, **kwargs) -> tuple[Col, Cell]:
+    return Col(header, setting=True, **kwargs), cell
+
+
+def _number(header: str, cell: Cell, **kwargs) -> tuple[Col, Cell]:
+    return Col(header, number=True, **kwargs), cell
+
+
+def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> list[tuple[Col, Cell]]:
+    """The columns that say something for these rows, each with its cell."""
+    columns = [_number("#", lambda r: str(r["rank"]))]
     if several_configurations or len({(r["cluster"], r["num_gpus"]) for r in rows}) > 1:
-        columns += [Column("cluster", lambda r: r["cluster"], right=False),
-                    Column("GPUs", lambda r: str(r["num_gpus"]))]
+        columns += [(Col("cluster"), lambda r: r["cluster"]), _number("GPUs", lambda r: str(r["num_gpus"]))]
     columns += [
-        Column("tp", lambda r: str(r["tp"]), setting=True),
-        Column("pp", lambda r: str(r["pp"]), setting=True),
-        Column("dp", lambda r: str(r["dp"]), setting=True),
-        Column("cp", lambda r: str(r["cp"]), setting=True),
-        Column("vpp", lambda r: str(r["vpp"]), setting=True),
-        Column("sp", lambda r: "on" if r["sequence_parallel"] else "off", right=False, setting=True),
-        Column("mbs", lambda r: str(r["micro_batch_size"]), setting=True),
+        _setting("tp", lambda r: str(r["tp"]), number=True),
+        _setting("pp", lambda r: str(r["pp"]), number=True),
+        _setting("dp", lambda r: str(r["dp"]), number=True),
+        _setting("cp", lambda r: str(r["cp"]), number=True),
+        _setting("vpp", lambda r: str(r["vpp"]), number=True),
+        _setting("sp", lambda r: "on" if r["sequence_parallel"] else "off"),
+        _setting("mbs", lambda r: str(r["micro_batch_size"]), number=True),
     ]
     if len({r["global_batch_size"] for r in rows}) > 1:
-        columns.append(Column("gbs", lambda r: str(r["global_batch_size"]), setting=True))
+        columns.append(_setting("gbs", lambda r: str(r["global_batch_size"]), number=True))
     columns += [
-        Column("ZeRO", lambda r: str(r["zero_stage"]), short="Z", legend="ZeRO stage", setting=True),
-        Column("recompute", lambda r: r["recompute"], right=False, short="rc",
-               legend="recompute (sel = selective)", compact=lambda r: _RECOMPUTE_SHORT.get(r["recompute"], r["recompute"]),
-               setting=True),
+        _setting("ZeRO", lambda r: str(r["zero_stage"]), number=True, short="Z", legend="ZeRO stage"),
+        _setting("recompute", lambda r: r["recompute"], short="rc", legend="recompute (sel = selective)",
+                 compact=lambda text: _RECOMPUTE_SHORT.get(text, text)),
     ]
     if any(len(set(r["layers_per_stage"])) > 1 for r in rows):
-        columns.append(Column("layers/stage", lambda r: _runs(r["layers_per_stage"]), right=False))
+        columns.append((Col("layers/stage", wrap=True), lambda r: _runs(r["layers_per_stage"])))
     if any("node_order" in r for r in rows):
-        columns.append(Column("node order", lambda r: _runs(r.get("node_order", [])), right=False))
+        columns.append((Col("node order", wrap=True), lambda r: _runs(r.get("node_order", []))))
     columns += [
-        Column("iter s", lambda r: f"{r['iteration_s']:.2f}"),
-        Column("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
-        Column("MFU", lambda r: f"{100 * r['mfu']:.1f} %", compact=lambda r: f"{100 * r['mfu']:.1f}%"),
-        Column("GiB/GPU", lambda r: f"{r['memory_per_gpu_bytes'] / 2**30:.1f}", short="GiB", legend="memory per GPU"),
+        _number("iter s", lambda r: f"{r['iteration_s']:.2f}"),
+        _number("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+        _number("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
+        _number("GiB/GPU", lambda r: f"{r['memory_per_gpu_bytes'] / 2**30:.1f}", short="GiB", legend="memory per GPU"),
     ]
     if any(r["usd_per_million_tokens"] is not None for r in rows):
-        columns.append(Column("$/M tok", lambda r: _usd(r["usd_per_million_tokens"]), short="$/Mt",
-                              legend="dollars per million tokens"))
+        columns.append(_number("$/M tok", lambda r: _usd(r["usd_per_million_tokens"]), short="$/Mt",
+                               legend="dollars per million tokens"))
     if any(r["time_to_train_s"] is not None for r in rows):
-        columns.append(Column("to train", lambda r: format_seconds(r["time_to_train_s"]), short="time",
-                              legend="time to train"))
+        columns.append(_number("to train", lambda r: format_seconds(r["time_to_train_s"]), short="time",
+                               legend="time to train"))
     if any(r["cost_to_train_usd"] is not None for r in rows):
-        columns.append(Column("cost", lambda r: _usd(r["cost_to_train_usd"])))
+        columns.append(_number("cost", lambda r: _usd(r["cost_to_train_usd"])))
     return columns
+
+
+def plans_table(title: str, rows: list[dict[str, Any]], several_configurations: bool) -> ReadableTable:
+    """The plans of ``rows``, one per row, laid out at the width it is printed at."""
+    columns = plan_columns(rows, several_configurations)
+    table = ReadableTable(title, [col for col, _ in columns], shared="every plan")
+    for r in rows:
+        table.add_row(*(cell(r) for _, cell in columns))
+    return table
 
 
 def _clusters_note(result: SearchResult) -> list[Text]:
@@ -208,36 +140,34 @@ def _clusters_note(result: SearchResult) -> list[Text]:
     return [Text("clusters: " + "; ".join(f"{c} = {g}" for c, g in gpus), overflow="fold")]
 
 
-def render_plans(result: SearchResult, rows: list[dict[str, Any]], title: str, width: int) -> list[RenderableType]:
-    """The plans of ``rows`` as a table fitted to ``width``, with their notes."""
+def render_plans(result: SearchResult, rows: list[dict[str, Any]], title: str) -> list[RenderableType]:
+    """The plans of ``rows`` as a table, with their notes."""
     several = len(result.configurations) > 1
-    out = fit_table(title, plan_columns(rows, several), rows, width)
+    out: list[RenderableType] = [plans_table(title, rows, several)]
     if several:
         out += _clusters_note(result)
     notes = render_uncalibrated(tuple(dict.fromkeys(n for r in rows for n in r["uncalibrated"])))
     return [*out, *notes]
 
 
-def render_excluded(result: SearchResult) -> Table:
-    why = Table(title="Excluded plans", title_justify="left")
-    why.add_column("reason", overflow="fold")
-    why.add_column("plans", justify="right", no_wrap=True)
+def render_excluded(result: SearchResult) -> ReadableTable:
+    why = ReadableTable("Excluded plans")
+    why.add_column("reason", wrap=True)
+    why.add_column("plans", number=True)
     for reason, count in result.excluded.most_common():
         why.add_row(reason, f"{count:,}")
     return why
 
 
-def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str | None = None,
-                  width: int = 200) -> Group:
+def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str | None = None) -> Group:
     """The ranked plans (columns that say nothing for these rows are left out), then the
-    excluded families; with ``title`` (e.g. the Pareto front) only the plans. Fitted to
-    ``width`` columns of text."""
+    excluded families; with ``title`` (e.g. the Pareto front) only the plans."""
     plans_only = title is not None
     title = title or (
         f"Best plans by {result.objective} ({len(result.ranked):,} ranked, timed exactly after the screen; "
         f"{result.considered:,} considered)"
     )
-    parts = render_plans(result, rows, title, width) if rows or plans_only else []
+    parts = render_plans(result, rows, title) if rows or plans_only else []
     if plans_only:
         return Group(*parts)
     return Group(*parts, render_excluded(result))
