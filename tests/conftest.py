@@ -9,17 +9,24 @@ import pytest
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def _shared(folder: str, probe: str) -> Path:
+    """``../shared/data/<folder>``, or a skip when its ``probe`` file is absent."""
+    path = SHARED_DATA / folder
+    if not (path / probe).exists():
+        pytest.skip(f"../shared/data/{folder} is not present")
+    return path
+
+
 @pytest.fixture(scope="session")
 def gpumodeling_dir() -> Path:
-    path = SHARED_DATA / "gpumodeling"
-    if not (path / "runs_perlmutter.json").exists():
-        pytest.skip("../shared/data/gpumodeling is not present")
-    return path
+    return _shared("gpumodeling", "runs_perlmutter.json")
 
 
 @pytest.fixture(scope="session")
 def published_dir() -> Path:
-    path = SHARED_DATA / "published"
-    if not (path / "runs_dev.json").exists():
-        pytest.skip("../shared/data/published is not present")
-    return path
+    return _shared("published", "runs_dev.json")
+
+
+@pytest.fixture(scope="session")
+def xla_tables_dir() -> Path:
+    return _shared("xla_perf_tables", "matmul.csv")

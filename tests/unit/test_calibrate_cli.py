@@ -31,7 +31,7 @@ from paraplan.costmodel import estimate_collective_s
 from paraplan.inventory.samples import op_for_sample
 from paraplan.samples.gpumodeling import NCCL_KINDS, collective_for_row, group_layout
 from paraplan.specs import EfficiencyCurve, EfficiencySpec, GpuSpec, Precision
-from readable import assert_readable_text
+from readable import WIDTHS, assert_readable_text
 
 runner = CliRunner()
 GPU_FILE = "NVIDIAA100-SXM4-80GB"  # the file-name spelling of the catalog's A100-SXM4-80GB
@@ -45,8 +45,8 @@ TRUTH = EfficiencySpec(
 )
 
 
-def run(*args: str):
-    return runner.invoke(app, ["calibrate", *args], env={"COLUMNS": "80"})
+def run(*args: str, width: int = 80):
+    return runner.invoke(app, ["calibrate", *args], env={"COLUMNS": str(width)})
 
 
 def _operator_folder(folder: Path, rows_per_tag: int = 16) -> Path:
@@ -86,15 +86,16 @@ def _block(text: str, first: str) -> dict:
     return yaml.safe_load(text[text.rindex(first):])
 
 
-def test_operators_prints_tables_at_80_columns_and_the_efficiency_block(operators_dir):
-    result = run("operators", str(operators_dir), "--gpu", "A100-SXM4-80GB", "--date", "2026-01-01")
+@pytest.mark.parametrize("width", WIDTHS)
+def test_operators_prints_tables_at_80_and_200_columns_and_the_efficiency_block(operators_dir, width):
+    result = run("operators", str(operators_dir), "--gpu", "A100-SXM4-80GB", "--date", "2026-01-01", width=width)
     assert result.exit_code == 0, result.output
     out = result.stdout
     for title in ("Achieved fraction of peak", "Fit on", "Comparison fit", "Hold-out errors", "Final fit",
                   "In-sample errors"):
         assert title in out
     tables = out[: out.rindex("efficiency:")]  # the YAML block after them keeps its long source line
-    assert_readable_text(tables, 80)  # no number cut, no line past 80 columns
+    assert_readable_text(tables, width)  # no number cut, no line past the terminal
     eff = EfficiencySpec.model_validate(_block(out, "efficiency:")["efficiency"])
     assert eff.gemm.max_fraction == pytest.approx(TRUTH.gemm.max_fraction, rel=0.02)
     assert eff.memory.max_fraction == pytest.approx(TRUTH.memory.max_fraction, rel=0.02)
@@ -167,13 +168,14 @@ def _nccl_folder(folder: Path) -> Path:
     return folder
 
 
-def test_links_recovers_the_link_parameters_and_prints_their_yaml(tmp_path):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_links_recovers_the_link_parameters_and_prints_their_yaml(tmp_path, width):
     folder = _nccl_folder(tmp_path / "nccl_perlmutter")
-    result = run("links", str(folder), "--cluster", "perlmutter", "--date", "2026-01-01")
+    result = run("links", str(folder), "--cluster", "perlmutter", "--date", "2026-01-01", width=width)
     assert result.exit_code == 0, result.output
     out = result.stdout
     tables = out[: out.rindex("# YAML")]
-    assert_readable_text(tables, 80)
+    assert_readable_text(tables, width)
     assert "Fitted links" in out and "Errors per collective and config" in out
     fitted = _block(out, "# YAML")
     assert fitted["intra_node"]["topology"] == "mesh"

@@ -3,9 +3,12 @@ names whole at 80 and at 200 columns, and --help shows flags as flags."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+import typer
+import yaml
 from rich.text import Text
 from typer.testing import CliRunner
 
@@ -157,6 +160,70 @@ def test_heterogeneous_stages_table_keeps_every_number():
     assert_readable(render_prediction(pred))
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_plain_predict_of_the_demo_job_keeps_every_number(width):
+    import paraplan
+    from paraplan.catalog.jobs import demo_job_mapping
+    from paraplan.report.tables import render_prediction
+
+    numbers = numbers_of(render_prediction(paraplan.predict(demo_job_mapping())))
+    assert numbers
+    assert_readable_text(cli(width, "predict").stdout, width, numbers)
+
+
+# -- search ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default_search() -> dict:
+    return json.loads(cli(200, "search", "--format", "json").stdout)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_default_search_shows_every_plan_and_exclusion_whole(width, default_search):
+    plans = default_search["plans"]
+    numbers = [n for p in plans for n in (f"{p['iteration_s']:.2f}", f"{p['tokens_per_s']:,.0f}",
+                                          f"{p['memory_per_gpu_bytes'] / 2**30:.1f}")]
+    numbers += [f"{count:,}" for count in default_search["excluded"].values()]
+    assert_readable_text(cli(width, "search").stdout, width, numbers)
+
+
+# -- calibrate ---------------------------------------------------------------------------------
+
+
+def _tables_and_block(text: str, first: str) -> tuple[str, dict]:
+    """The tables a calibrate command prints, and the YAML block after them (its lines may be
+    long: it is pasted into the catalog as it is)."""
+    at = text.rindex(first)
+    return text[:at], yaml.safe_load(text[at:])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_calibrate_attention_prints_its_fitted_curve_whole(width):
+    tables, block = _tables_and_block(cli(width, "calibrate", "attention", "--gpu", "H100-SXM5-80GB").stdout,
+                                      "attention:")
+    assert_readable_text(tables, width, [f"{block['attention']['max_fraction']:.4f}",
+                                         f"{block['attention']['half_work']:.3g}"])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_calibrate_gemm_table_prints_its_fitted_curve_whole(width, xla_tables_dir):
+    text = cli(width, "calibrate", "gemm-table", str(xla_tables_dir / "matmul.csv"), "--gpu-key", "sm_90",
+               "--gpu", "H100-SXM5-80GB").stdout
+    tables, block = _tables_and_block(text, "gemm:")
+    assert_readable_text(tables, width, [f"{block['gemm']['max_fraction']:.4f}", f"{block['gemm']['half_work']:.3g}"])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_calibrate_collective_table_prints_every_bandwidth_whole(width, xla_tables_dir):
+    text = cli(width, "calibrate", "collective-table", str(xla_tables_dir / "collectives.csv"), "--gpu-key", "sm_90",
+               "--cluster", "dgx-h100").stdout
+    tables, block = _tables_and_block(text, "collectives:")
+    bandwidths = [v.split()[0] for curve in block["collectives"].values() for v in curve["bus_bytes_per_s"].values()]
+    assert len(bandwidths) == 9
+    assert_readable_text(tables, width, bandwidths)
+
+
 # -- fit ---------------------------------------------------------------------------------------
 
 KEYS = [f"op/A100-SXM4-80GB/fp16/{op}/{way}" for op in ("RMSlayernorm", "linear_final", "cross_entropy")
@@ -220,10 +287,20 @@ def test_samples_import_tables_keep_every_count():
 
 # -- --help ------------------------------------------------------------------------------------
 
-COMMANDS = [[], ["predict"], ["catalog"], ["validate"], ["fit"], ["search"], ["export"], ["sharding"], ["samples"],
-            ["samples", "import"], ["samples", "import", "gpumodeling"], ["calibrate"], ["calibrate", "operators"],
-            ["calibrate", "links"], ["calibrate", "gemm-table"], ["calibrate", "attention"],
-            ["calibrate", "collective-table"]]
+def _command_paths(command, path: tuple[str, ...] = ()) -> list[list[str]]:
+    """Every command and group of the app, as the words that name it."""
+    paths = [list(path)]
+    for name, sub in getattr(command, "commands", {}).items():
+        paths += _command_paths(sub, (*path, name))
+    return paths
+
+
+COMMANDS = _command_paths(typer.main.get_command(app))
+
+
+def test_the_help_check_covers_every_command():
+    assert ["report"] in COMMANDS and ["calibrate", "collective-table"] in COMMANDS
+    assert ["samples", "import", "gpumodeling"] in COMMANDS
 
 
 @pytest.mark.parametrize("width", WIDTHS)

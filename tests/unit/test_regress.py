@@ -722,6 +722,26 @@ def test_paraplan_fit_shows_one_bar_with_an_eta_across_every_stage(tmp_path, sam
     assert shares == sorted(shares) and all(len(f) <= 80 for f in frames)
 
 
+@pytest.mark.parametrize("width", [80, 200])
+def test_paraplan_fit_prints_every_regressor_and_number_whole(tmp_path, samples_file, monkeypatch, width):
+    """Issue 14: at 80 and 200 columns no cell of fit's tables is cut to '…'."""
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+    from paraplan.regress.store import load_models
+    from paraplan.report.fitting import fit_rows, render_fit
+    from readable import assert_readable_text, numbers_of
+
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", str(samples_file), "--out", "a.models", "--quick", "--learning-curves", "c.png"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    rows = fit_rows(load_models(tmp_path / "a.models")[0])
+    numbers = numbers_of(render_fit(rows, tmp_path / "a.models"))
+    assert len(numbers) == 2 * 5 and "Learning curves" in result.stdout
+    assert_readable_text(result.stdout, width, [*numbers, "linear1/fwd", "linear1/bwd"])
+
+
 def test_the_quick_budget_fits_one_regressor_in_seconds():
     X, b, t = distorted(2000, seed=3, noise=0.01)
     start = time.perf_counter()
