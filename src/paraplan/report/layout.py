@@ -207,11 +207,12 @@ class ReadableTable:
     # -- the parts every narrow layout shares ----------------------------------------------------
 
     def _same(self) -> list[int]:
-        """The ``setting`` columns whose value every row shares (with more than one row)."""
+        """The ``setting`` columns whose value every row shares (with more than one row); never
+        the first column, which keys the rows."""
         if len(self.rows) < 2:
             return []
         return [i for i, c in enumerate(self.columns)
-                if c.setting and len({_plain(r.cells[i]) for r in self.rows}) == 1]
+                if i and c.setting and len({_plain(r.cells[i]) for r in self.rows}) == 1]
 
     def _narrow_columns(self) -> list[int]:
         """The columns a narrow layout shows: all but the settings said once above it."""
