@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.jsonsafe import json_depth
+from paraplan.catalog.userdata import json_depth
 from paraplan.regress.estimators import ALGORITHMS, ResidualRegressor
 from paraplan.regress.select import FittedRegressor
 from paraplan.specs import ConfigError

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paraplan.jsonsafe import json_depth
+from paraplan.catalog.userdata import json_depth
 from paraplan.samples.schema import SCHEMA_VERSION, validate_samples
 from paraplan.specs import ConfigError
 

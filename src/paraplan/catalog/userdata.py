@@ -1,4 +1,4 @@
-"""Helpers for reading JSON that a user (or an attacker) wrote: model manifests, metadata."""
+"""Reading data that a user (or an attacker) wrote: model manifests, metadata."""
 
 from __future__ import annotations
 
