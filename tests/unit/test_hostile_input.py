@@ -218,3 +218,18 @@ def test_every_example_job_file_still_loads():
     assert examples
     for path in examples:
         load_job(path)
+
+
+@pytest.mark.parametrize("where", [{"model": {"name": "gpt2", "seq_length": 10**400}},
+                                   {"cluster": {"name": "dgx-a100", "num_nodes": 10**30}},
+                                   {"parallel": {"tp": 2**53 + 2}}])
+def test_a_count_beyond_two_to_the_53_is_refused(where):
+    message = error_of({**BASE, **where})
+    assert "at most 2**53" in message
+
+
+def test_a_value_too_large_to_repr_is_still_echoed_short():
+    from paraplan.specs import short_repr
+
+    assert short_repr(10**5000) == "an integer of about 5000 digits"
+    assert short_repr([10**5000]) == "a list too large to show"

@@ -21,15 +21,25 @@ def _wrap(parser):
     return validate
 
 
+#: The largest count a field takes: every integer up to it is exact as a float (the cost model
+#: computes in floats).
+MAX_INT = 2**53
+
+
 def _whole_number(value: object) -> object:
-    """An int (or a NumPy integer), never a bool, a float such as 2.0 or a string such as "2"."""
+    """An int (or a NumPy integer) of at most :data:`MAX_INT`, never a bool, a float such as
+    2.0 or a string such as "2"."""
     if value is None:
         return value
     if not isinstance(value, bool) and not isinstance(value, float | str):
         try:
-            return operator.index(value)
+            number = operator.index(value)
         except TypeError:
             pass
+        else:
+            if abs(number) > MAX_INT:
+                raise ValueError(f"expected a whole number of at most 2**53, got {short_repr(number)}")
+            return number
     hint = f" (write {int(value)})" if isinstance(value, float) and value.is_integer() else ""
     raise ValueError(f"expected a whole number, got {short_repr(value)}{hint}")
 

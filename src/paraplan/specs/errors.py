@@ -22,7 +22,12 @@ _REPR.maxstring, _REPR.maxother, _REPR.maxlong = MAX_ECHO, MAX_ECHO, MAX_ECHO
 def short_repr(value: object) -> str:
     """``repr(value)`` cut to about :data:`MAX_ECHO` characters, without building the full
     repr of a large value (an error message echoes what the user gave, never all of it)."""
-    text = _REPR.repr(value)
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # a nested int of more than 4,300 digits
+        return f"a {type(value).__name__} too large to show"
     return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 3] + "..."
 
 
