@@ -233,3 +233,8 @@ def test_a_value_too_large_to_repr_is_still_echoed_short():
 
     assert short_repr(10**5000) == "an integer of about 5000 digits"
     assert short_repr([10**5000]) == "a list too large to show"
+
+
+def test_a_yaml_syntax_error_says_what_is_wrong_and_where(tmp_path):
+    message = file_error(tmp_path, "model: gpt2\ncluster: [dgx-a100\n")
+    assert "not valid YAML" in message and "line 3" in message and "expected" in message

@@ -48,6 +48,9 @@ def load_yaml(text: str, where: str) -> Any:
             loader.dispose()
     except ConfigError:
         raise
+    except yaml.MarkedYAMLError as err:
+        reason = f"{err.problem}, line {err.problem_mark.line + 1}" if err.problem and err.problem_mark else None
+        raise ConfigError(f"{where}: not valid YAML ({reason or _first_line(err)})") from None
     except (yaml.YAMLError, ValueError, RecursionError) as err:  # an int of more than 4,300 digits
         raise ConfigError(f"{where}: not valid YAML ({_first_line(err)})") from None
 
