@@ -47,9 +47,13 @@ def _split(text: object, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise UnitError(f"expected {what}, got {text!r}")
     if isinstance(text, (int, float)):
-        if not math.isfinite(text):
+        try:
+            value = float(text)
+        except OverflowError:  # an int past float's range
+            value = math.inf
+        if not math.isfinite(value):
             raise UnitError(f"expected {what}, got {text!r} (not a finite number)")
-        return float(text), ""
+        return value, ""
     if not isinstance(text, str):
         raise UnitError(f"expected {what}, got {text!r}")
     match = _QUANTITY.match(text)

@@ -89,7 +89,8 @@ def sharding_command(
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
 
-        write_text(render_json({"plan": data, "verification": None if check is None else check.to_dict()}))
+        with user_errors():  # a non-finite number is an internal error (exit 3), never output
+            write_text(render_json({"plan": data, "verification": None if check is None else check.to_dict()}))
     else:
         from paraplan.report.sharding import render_sharding
 
