@@ -184,7 +184,8 @@ def search_command(
             plot_pareto(result, front, pareto, axis=axis, to_train=to_train)
         if save_best is not None and result.ranked:
             _save_best(result, save_best)
-    _print(result, top, output, front, axis, save_best, pareto)
+    with user_errors():  # a non-finite number is an internal error (exit 3), never output
+        _print(result, top, output, front, axis, save_best, pareto)
     if not result.ranked:
         from paraplan.report.search import no_plan_message
 

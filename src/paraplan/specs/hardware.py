@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from paraplan.specs._types import Bandwidth, Bytes, Float, FlopRate, Int, Seconds, Usd
+from paraplan.specs._types import Bandwidth, Bytes, Float, FlopRate, Fraction, HalfWork, Int, Seconds, Usd
 from paraplan.specs.enums import Precision
 from paraplan.specs.errors import short_repr
 
@@ -22,8 +22,8 @@ class EfficiencyCurve(BaseModel):
     """
 
     model_config = _FROZEN
-    max_fraction: Float = Field(gt=0, le=1.0)
-    half_work: Float = Field(ge=0)
+    max_fraction: Fraction
+    half_work: HalfWork
     source: str | None = None  # where this curve's numbers come from, when not the spec's source
     # the GPU whose measurements the curve was taken from when this GPU has none of its own
     transferred_from: str | None = None
@@ -93,7 +93,7 @@ class CollectiveCurve(BaseModel):
 
     model_config = _FROZEN
     bus_bytes_per_s: dict[int, Bandwidth]
-    half_bytes: Float = Field(ge=0)
+    half_bytes: HalfWork
 
     def bus_for(self, group: int, size_bytes: float) -> float:
         sizes = sorted(self.bus_bytes_per_s)
@@ -119,8 +119,8 @@ class LinkSpec(BaseModel):
         validation_alias=AliasChoices("bandwidth_bytes_per_s", "bandwidth")
     )
     latency_s: Seconds = Field(default=5e-6, validation_alias=AliasChoices("latency_s", "latency"))
-    efficiency: Float = Field(default=0.8, gt=0, le=1.0)
-    p2p_efficiency: Float | None = Field(default=None, gt=0, le=1.0)
+    efficiency: Fraction = 0.8
+    p2p_efficiency: Fraction | None = None
     topology: Literal["switch", "mesh"] = "switch"
     source: str | None = None  # where the efficiency was measured (None: a generic guess)
     # measured curves that replace ``efficiency`` for these collectives inside a node
@@ -147,7 +147,7 @@ class GpuSpec(BaseModel):
     aliases: tuple[str, ...] = ()
     vendor: str = "unknown"
     peak_flops: dict[Precision, FlopRate]
-    hbm_bytes: Bytes = Field(gt=0)
+    hbm_bytes: Bytes
     hbm_bandwidth_bytes_per_s: Bandwidth = Field(
         validation_alias=AliasChoices("hbm_bandwidth_bytes_per_s", "hbm_bandwidth")
     )
