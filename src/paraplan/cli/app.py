@@ -6,7 +6,7 @@ import typer
 
 from paraplan.cli.calibrate import calibrate_app
 from paraplan.cli.catalog import catalog_command
-from paraplan.cli.common import HELP_SETTINGS
+from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
@@ -25,17 +25,23 @@ app = typer.Typer(
     **HELP_SETTINGS,
 )
 # The one-line summaries `paraplan --help` lists (each whole at 80 columns; the commands' own
-# --help has their full text).
-app.command("predict", short_help="Predict one iteration's time, breakdown, memory and cost.")(predict_command)
-app.command("report", short_help="Write one HTML page of a prediction: pictures, tables, GEMMs.")(report_command)
-app.command("catalog", short_help="List the catalog's GPUs, models or clusters.")(catalog_command)
-app.command("validate", short_help="Predict measured runs; print the errors.")(validate_command)
-app.add_typer(samples_app, name="samples", short_help="Import measured operator and collective timings.")
-app.command("fit", short_help="Fit the learned backend's regressors to samples.")(fit_command)
-app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves and links to measurements.")
-app.command("search", short_help="Search the parallel plans of a model on a cluster.")(search_command)
-app.command("export", short_help="Write the launch recipe of a job's plan.")(export_command)
-app.command("sharding", short_help="Plan the sharding of a JAX step function.")(sharding_command)
+# --help has their full text, then the exit codes).
+for _name, _command, _summary in (
+    ("predict", predict_command, "Predict one iteration's time, breakdown, memory and cost."),
+    ("report", report_command, "Write one HTML page of a prediction: pictures, tables, GEMMs."),
+    ("catalog", catalog_command, "List the catalog's GPUs, models or clusters."),
+    ("validate", validate_command, "Predict measured runs; print the errors."),
+    ("fit", fit_command, "Fit the learned backend's regressors to samples."),
+    ("search", search_command, "Search the parallel plans of a model on a cluster."),
+    ("export", export_command, "Write the launch recipe of a job's plan."),
+    ("sharding", sharding_command, "Plan the sharding of a JAX step function."),
+):
+    app.command(_name, short_help=_summary, epilog=EXIT_CODES)(_command)
+# groups (Typer lists them after the commands)
+app.add_typer(samples_app, name="samples", short_help="Import measured operator and collective timings.",
+              epilog=EXIT_CODES)
+app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves and links to measurements.",
+              epilog=EXIT_CODES)
 
 
 def _print_version(value: bool) -> None:
