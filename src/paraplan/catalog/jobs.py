@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -292,11 +293,27 @@ def read_job_mapping(path: Path | str) -> dict[str, Any]:
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:
-        first = str(err).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML/JSON ({first})") from None
+        raise ConfigError(f"{path}: not valid YAML/JSON ({_syntax_error(err, text)})") from None
+    except ValueError:  # Python refuses to read an integer of more than 4,300 digits
+        digits = re.search(r"\d{4301,}", text)
+        where = f" at line {text.count(chr(10), 0, digits.start()) + 1}" if digits else ""
+        raise ConfigError(f"{path}: an integer of more than 4,300 digits{where}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with model, cluster and parallel")
     return raw
+
+
+def _syntax_error(err: yaml.YAMLError | json.JSONDecodeError, text: str) -> str:
+    """What is wrong and where, in one line: the parser's problem, its line and column."""
+    if isinstance(err, json.JSONDecodeError):
+        return str(err)
+    if isinstance(err, yaml.reader.ReaderError):  # a character YAML does not allow (a NUL)
+        line = text.count("\n", 0, err.position) + 1
+        code = err.character if isinstance(err.character, int) else ord(err.character)
+        return f"character U+{code:04X} is not allowed at line {line}"
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
