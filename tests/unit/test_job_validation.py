@@ -145,7 +145,7 @@ def test_an_integer_of_thousands_of_digits_is_refused_not_a_traceback(tmp_path):
 
     path = tmp_path / "job.yaml"
     path.write_text("model: gpt2\ncluster: dgx-a100\ntrain_tokens: " + "9" * 5000 + "\n")
-    with pytest.raises(ConfigError, match="an integer of more than 4,300 digits at line 3$"):
+    with pytest.raises(ConfigError, match=r"an integer of more than 4,300 digits at line 3$"):
         load_job(path)
 
 
