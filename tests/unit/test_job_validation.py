@@ -56,7 +56,8 @@ def test_unknown_keys_and_bad_values_name_the_field():
 
 def test_global_batch_must_be_a_multiple_of_micro_batch_times_dp():
     message = error_of(parallel={"tp": 4, "pp": 4, "micro_batch_size": 3, "global_batch_size": 64})
-    assert message == "parallel.global_batch_size: 64 is not divisible by micro_batch_size*dp = 3*2"
+    assert message == ("parallel.global_batch_size: 64 is not divisible by micro_batch_size*dp = 3*2 "
+                       "(dp = cluster.num_nodes 4 x cluster.gpus_per_node 8 / tp*pp*cp 16)")
 
 
 def test_interleaving_needs_layers_divisible_by_pp_times_vpp():
@@ -123,3 +124,35 @@ def test_a_model_flag_renames_the_job_it_changes():
     assert resolve_job(apply_overrides(raw, {"model": "gpt3-13b"})).name == "neox-20b-run (--model gpt3-13b)"
     assert resolve_job(apply_overrides(raw, {"model": "gpt-neox-20b"})).name == "neox-20b-run"
     assert resolve_job(apply_overrides(raw, {"tensor_model_parallel_size": 2})).name == "neox-20b-run"
+
+
+def test_a_batch_the_derived_data_parallel_size_does_not_divide_says_where_dp_came_from():
+    message = error_of(cluster={"name": "dgx-a100", "num_nodes": 6}, parallel={"tp": 4, "pp": 4, "global_batch_size": 64})
+    assert message.endswith("(dp = cluster.num_nodes 6 x cluster.gpus_per_node 8 / tp*pp*cp 16)")
+
+
+def test_a_yaml_syntax_error_names_the_line_and_column(tmp_path):
+    from paraplan.catalog import load_job
+
+    path = tmp_path / "job.yaml"
+    path.write_text("model: gpt2\ncluster:\n\tname: dgx-a100\n")
+    with pytest.raises(ConfigError, match=r"cannot start any token, line 3\)$"):
+        load_job(path)
+
+
+def test_an_integer_of_thousands_of_digits_is_refused_not_a_traceback(tmp_path):
+    from paraplan.catalog import load_job
+
+    path = tmp_path / "job.yaml"
+    path.write_text("model: gpt2\ncluster: dgx-a100\ntrain_tokens: " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"an integer of more than 4,300 digits, line 3\)$"):
+        load_job(path)
+
+
+def test_a_nul_byte_names_its_line(tmp_path):
+    from paraplan.catalog import load_job
+
+    path = tmp_path / "job.yaml"
+    path.write_text("model: gpt2\ncluster: dgx-a100\nname: a\x00b\n")
+    with pytest.raises(ConfigError, match=r"character U\+0000 is not allowed, line 3\)$"):
+        load_job(path)

@@ -12,6 +12,7 @@ JSON the key). The checks walk the parsed node graph, never the expanded data.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import yaml
@@ -51,8 +52,22 @@ def load_yaml(text: str, where: str) -> Any:
     except yaml.MarkedYAMLError as err:
         reason = f"{err.problem}, line {err.problem_mark.line + 1}" if err.problem and err.problem_mark else None
         raise ConfigError(f"{where}: not valid YAML ({reason or _first_line(err)})") from None
-    except (yaml.YAMLError, ValueError, RecursionError) as err:  # an int of more than 4,300 digits
+    except yaml.reader.ReaderError as err:  # a character YAML does not allow (a NUL)
+        code = err.character if isinstance(err.character, int) else ord(err.character)
+        line = text.count("\n", 0, err.position) + 1
+        raise ConfigError(f"{where}: not valid YAML (character U+{code:04X} is not allowed, line {line})") from None
+    except ValueError as err:
+        raise ConfigError(f"{where}: not valid YAML ({_too_long_int(err, text)})") from None
+    except (yaml.YAMLError, RecursionError) as err:
         raise ConfigError(f"{where}: not valid YAML ({_first_line(err)})") from None
+
+
+def _too_long_int(err: ValueError, text: str) -> str:
+    """Python refuses to read an integer of more than 4,300 digits: say so, and where."""
+    digits = re.search(r"\d{4301,}", text)
+    if digits is None:
+        return _first_line(err)
+    return f"an integer of more than 4,300 digits, line {text.count(chr(10), 0, digits.start()) + 1}"
 
 
 def load_json(text: str, where: str) -> Any:
@@ -65,8 +80,8 @@ def load_json(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{where}: not valid JSON ({err.msg}, line {err.lineno})") from None
-    except ValueError as err:  # an int of more than 4,300 digits
-        raise ConfigError(f"{where}: not valid JSON ({_first_line(err)})") from None
+    except ValueError as err:
+        raise ConfigError(f"{where}: not valid JSON ({_too_long_int(err, text)})") from None
     if json_depth(data) > MAX_DEPTH:
         raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep")
     return data

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
+from typer.exceptions import TyperException
 
 from paraplan.cli.calibrate import calibrate_app
 from paraplan.cli.catalog import catalog_command
-from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS
+from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, usage_error
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
@@ -61,5 +64,19 @@ def _root(
     """Predict LLM training iteration time, memory and cost for a parallel plan."""
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The ``paraplan`` script. A command line click refuses (a value of the wrong type, an
+    unknown option, a missing value) ends, like paraplan's own errors, in one line naming the
+    flag and the reason with exit code 2, instead of click's usage box."""
+    try:
+        code = app(args=argv, prog_name="paraplan", standalone_mode=False)
+    except TyperException as exc:  # click's exceptions (typer vendors click) but Exit and Abort
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if not message.strip():  # no arguments: the help is on the screen already
+            sys.exit(getattr(exc, "exit_code", 2))
+        message = message.replace("Value error, ", "")
+        ctx = getattr(exc, "ctx", None)
+        usage_error(f"{message} (see {ctx.command_path} --help)" if ctx is not None else message)
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

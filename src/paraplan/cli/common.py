@@ -58,6 +58,13 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def usage_error(message: str) -> None:
+    """A command line click refused: one line on stderr, exit code 2 (outside a command, so
+    by ``sys.exit`` rather than ``typer.Exit``)."""
+    err.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
 def write_text(text: str) -> None:
     """Machine-readable output goes to stdout untouched by rich."""
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -30,11 +30,12 @@ class Job(BaseModel):
     def _consistent(self) -> Job:
         p, m, c = self.parallel, self.model, self.cluster
         model_parallel = p.tp * p.pp * p.cp
-        if p.data_parallel_size is None:
+        derived = p.data_parallel_size is None  # dp is what the cluster leaves: say where it came from
+        if derived:
             if c.num_gpus % model_parallel:
                 raise ValueError(
                     f"parallel: tp*pp*cp = {model_parallel} does not divide the cluster's "
-                    f"{c.num_gpus} GPUs"
+                    f"{c.num_gpus} GPUs (cluster.num_nodes {c.num_nodes} x cluster.gpus_per_node {c.gpus_per_node})"
                 )
             p = p.model_copy(update={"data_parallel_size": c.num_gpus // model_parallel})
         if model_parallel * p.dp != c.num_gpus:
@@ -48,6 +49,8 @@ class Job(BaseModel):
             raise ValueError(
                 f"parallel.global_batch_size: {p.global_batch_size} is not divisible by "
                 f"micro_batch_size*dp = {p.micro_batch_size}*{p.dp}"
+                + (f" (dp = cluster.num_nodes {c.num_nodes} x cluster.gpus_per_node {c.gpus_per_node} / "
+                   f"tp*pp*cp {model_parallel})" if derived else "")
             )
         shard = p.data_parallel_shard_degree
         if shard is not None and p.grad_group % shard:
