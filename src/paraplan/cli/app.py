@@ -13,6 +13,7 @@ from paraplan.cli.report import report_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
 from paraplan.cli.sharding import sharding_command
+from paraplan.cli.trace import trace_app
 from paraplan.cli.validate import validate_command
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app.add_typer(calibrate_app, name="calibrate")
 app.command("search")(search_command)
 app.command("export")(export_command)
 app.command("sharding")(sharding_command)
+app.add_typer(trace_app, name="trace")
 
 
 def _print_version(value: bool) -> None:
