@@ -135,7 +135,7 @@ def decode_trace(path: Path) -> RankTrace:
         raise TraceFileError(f"{path}: no iterations (no ProfilerStep#N markers nor a train-step region)")
     timeline = device_threads if device_threads else threads
     windows, source = _windows(markers, regions)
-    segments = [_sweep(events) for events in timeline.values()]
+    segments = [(segs, [e for _, e, _ in segs]) for segs in (_sweep(ev) for ev in timeline.values())]
     iterations = tuple(_iteration(step, start, end, segments) for step, start, end in windows)
     rank = info.get("rank")
     if rank is None:
@@ -199,13 +199,13 @@ def _sweep(events: list) -> list[tuple[float, float, str]]:
     return out
 
 
-def _iteration(step: int, start: float, end: float, segments: list[list]) -> Iteration:
+def _iteration(step: int, start: float, end: float, segments: list[tuple[list, list]]) -> Iteration:
     compute: dict[str, list] = defaultdict(list)
     comm_dim: dict[str, list] = defaultdict(list)
     comm_kind: dict[str, list] = defaultdict(list)
-    for segs in segments:
-        first = bisect_right([e for _, e, _ in segs], start) if segs else 0
-        for s, e, label in segs[first:]:
+    for segs, ends in segments:
+        for i in range(bisect_right(ends, start), len(segs)):
+            s, e, label = segs[i]
             if s >= end:
                 break
             piece = (max(s, start), min(e, end))

@@ -42,6 +42,7 @@ def _has_ijson() -> bool:
 def read_header(path: Path) -> dict[str, Any]:
     """The trace's top-level fields that precede `traceEvents` (rank, process groups, ...)."""
     path = Path(path)
+    _check_start(path)
     if not _has_ijson():
         return {k: v for k, v in _load_whole(path).items() if k in HEADER_KEYS}
     import ijson
@@ -69,18 +70,13 @@ def read_header(path: Path) -> dict[str, Any]:
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
     """Every event of the trace, in file order. Raises TraceFileError when the file is bad."""
     path = Path(path)
-    if path.stat().st_size == 0:
-        raise TraceFileError(f"{path}: empty file")
+    _check_start(path)
     if not _has_ijson():
         yield from _whole_events(path)
         return
     import ijson
 
-    with _guarded(path), _open(path) as f:
-        first = _first_char(f)
-    prefix = "item" if first == b"[" else "traceEvents.item"
-    if first not in (b"[", b"{"):
-        raise TraceFileError(f"{path}: not a JSON trace (starts with {first!r})")
+    prefix = "item" if _check_start(path) == b"[" else "traceEvents.item"
     count = 0
     with _guarded(path), _open(path) as f:
         for event in ijson.items(f, prefix, use_float=True):
@@ -92,11 +88,21 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
         _no_events(path)
 
 
-def _first_char(f: IO[bytes]) -> bytes:
-    while True:
-        c = f.read(1)
-        if not c or not c.isspace():
-            return c
+def _check_start(path: Path) -> bytes:
+    """The file's first non-blank byte, which must open a JSON object or array."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise TraceFileError(f"{path}: {exc.strerror or exc}") from None
+    if size == 0:
+        raise TraceFileError(f"{path}: empty file")
+    with _guarded(path), _open(path) as f:
+        first = f.read(1)
+        while first and first.isspace():
+            first = f.read(1)
+    if first not in (b"[", b"{"):
+        raise TraceFileError(f"{path}: not a JSON trace (starts with {first!r})")
+    return first
 
 
 def _no_events(path: Path) -> None:

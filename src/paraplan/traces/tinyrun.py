@@ -30,32 +30,54 @@ def record_run(
     out: Path,
     *,
     nproc: int = 2,
-    wait: int = 1,
-    warmup: int = 2,
     active: int = 5,
     num_layers: int = 4,
     shapes: bool = True,
     force: bool = False,
 ) -> Path:
     """Spawn `nproc` gloo processes that train and profile; return the directory of traces."""
+    return record_runs({mode: out}, nproc=nproc, active=active, num_layers=num_layers, shapes=shapes, force=force)[0]
+
+
+def record_runs(
+    runs: dict[str, Path],
+    *,
+    nproc: int = 2,
+    wait: int = 1,
+    warmup: int = 2,
+    active: int = 5,
+    num_layers: int = 4,
+    shapes: bool = True,
+    force: bool = False,
+) -> list[Path]:
+    """Several modes, one after the other in the same processes (`{"ddp": dir, ...}`): the
+    processes start and import torch once."""
     import torch.multiprocessing as mp
 
     from paraplan.traces.tinygpt import TinyConfig
 
-    if mode not in MODES:
-        raise ConfigError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
+    for mode in runs:
+        if mode not in MODES:
+            raise ConfigError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
     if nproc < 2:
         raise ConfigError(f"--nproc {nproc}: a distributed run needs at least 2 processes")
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ConfigError(f"{out}: exists and is not empty (use --force to write over it)")
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("rank*.json*"):
-        old.unlink()
+    if num_layers < 1 or (num_layers % nproc and "pipeline" in runs):
+        raise ConfigError(f"--layers {num_layers}: a pipeline needs a multiple of --nproc ({nproc})")
+    outs = [Path(out) for out in runs.values()]
+    for out in outs:
+        if out.exists() and any(out.iterdir()) and not force:
+            raise ConfigError(f"{out}: exists and is not empty (use --force to write over it)")
+    for out in outs:
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("rank*.json*"):
+            old.unlink()
     cfg = TinyConfig(num_layers=num_layers)
-    settings = {"mode": mode, "nproc": nproc, "wait": wait, "warmup": warmup, "active": active, "shapes": shapes}
-    mp.spawn(_worker, args=(nproc, _free_port(), str(out), settings, cfg), nprocs=nproc, join=True)
-    return out
+    jobs = [
+        ({"mode": m, "nproc": nproc, "wait": wait, "warmup": warmup, "active": active, "shapes": shapes}, str(o))
+        for m, o in zip(runs, outs, strict=True)
+    ]
+    mp.spawn(_worker, args=(nproc, _free_port(), jobs, cfg), nprocs=nproc, join=True)
+    return outs
 
 
 def _free_port() -> int:
@@ -64,47 +86,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out: str, settings: dict, cfg) -> None:
+def _worker(rank: int, world: int, port: int, jobs: list, cfg) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for settings, out in jobs:
+            _profile_one(rank, world, Path(out), settings, cfg)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _profile_one(rank: int, world: int, out: Path, settings: dict, cfg) -> None:
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from paraplan.traces.tinygpt import build_step
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        step = build_step(settings["mode"], cfg, rank, world)
-        wait, warmup, active = settings["wait"], settings["warmup"], settings["active"]
-        trace = Path(out) / f"rank{rank}.json.gz"
-        timers: list[dict] = []
-        with profile(
-            activities=[ProfilerActivity.CPU],
-            record_shapes=settings["shapes"],  # gives the collectives' bytes (and triples the size)
-            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-            on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
-        ) as prof:
-            for n in range(wait + warmup + active):
-                t0 = time.perf_counter()
-                loss = step()
-                t1 = time.perf_counter()
-                if n >= wait + warmup:
-                    timers.append({"step": n, "seconds": t1 - t0, "loss": loss})
-                prof.step()
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, timers)
-        if rank == 0:
-            record = {
-                **settings,
-                "model": asdict(cfg),
-                "torch": torch.__version__,
-                "what": "wall-clock seconds of each profiled iteration (time.perf_counter around the step)",
-                "ranks": {str(r): t for r, t in enumerate(gathered)},
-            }
-            (Path(out) / TIMERS_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    finally:
-        dist.destroy_process_group()
+    step = build_step(settings["mode"], cfg, rank, world)
+    wait, warmup, active = settings["wait"], settings["warmup"], settings["active"]
+    trace = out / f"rank{rank}.json.gz"
+    timers: list[dict] = []
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=settings["shapes"],  # gives the collectives' bytes (and triples the size)
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
+    ) as prof:
+        for n in range(wait + warmup + active):
+            t0 = time.perf_counter()
+            loss = step()
+            t1 = time.perf_counter()
+            if n >= wait + warmup:
+                timers.append({"step": n, "seconds": t1 - t0, "loss": loss})
+            prof.step()
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, timers)
+    if rank == 0:
+        record = {
+            **settings,
+            "model": asdict(cfg),
+            "torch": torch.__version__,
+            "what": "wall-clock seconds of each profiled iteration (time.perf_counter around the step)",
+            "ranks": {str(r): t for r, t in enumerate(gathered)},
+        }
+        (out / TIMERS_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def load_timers(directory: Path) -> dict[int, dict[int, float]]:
