@@ -39,25 +39,44 @@ DTYPE_BYTES: dict[str, float] = {
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
-_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+_NUMBER = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"  # unambiguous: linear time
+#: The longest quantity read ("80 GB" needs a few characters); longer text is refused unread.
+_MAX_QUANTITY = 100
 _QUANTITY = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-z/$]*)\s*$")
+
+
+def _shown(text: object) -> str:
+    """What an error echoes of the user's value: a string or number cut short, else its type."""
+    if isinstance(text, str):
+        return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+    if isinstance(text, int) and abs(text) >= 10**40:
+        return f"an integer of about {int(text.bit_length() * 0.30103)} digits"
+    if isinstance(text, (int, float)):
+        return repr(text)
+    return f"a value of type {type(text).__name__}"
 
 
 def _split(text: object, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
-        raise UnitError(f"expected {what}, got {text!r}")
+        raise UnitError(f"expected {what}, got {_shown(text)}")
     if isinstance(text, (int, float)):
-        if not math.isfinite(text):
-            raise UnitError(f"expected {what}, got {text!r} (not a finite number)")
-        return float(text), ""
+        try:
+            value = float(text)
+        except OverflowError:  # an int beyond any float
+            value = math.inf
+        if not math.isfinite(value):
+            raise UnitError(f"expected {what}, got {_shown(text)} (not a finite number)")
+        return value, ""
     if not isinstance(text, str):
-        raise UnitError(f"expected {what}, got {text!r}")
+        raise UnitError(f"expected {what}, got {_shown(text)}")
+    if len(text) > _MAX_QUANTITY:
+        raise UnitError(f"cannot read {_shown(text)} as {what} (longer than {_MAX_QUANTITY} characters)")
     match = _QUANTITY.match(text)
     if match is None:
-        raise UnitError(f"cannot read {text!r} as {what}")
+        raise UnitError(f"cannot read {_shown(text)} as {what}")
     value = float(match.group(1))
     if not math.isfinite(value):
-        raise UnitError(f"cannot read {text!r} as {what} (not a finite number)")
+        raise UnitError(f"cannot read {_shown(text)} as {what} (not a finite number)")
     return value, match.group(2)
 
 
@@ -66,7 +85,7 @@ def _prefix(prefix: str, text: object, what: str) -> float:
         return _DECIMAL[prefix]
     if prefix in _BINARY:
         return _BINARY[prefix]
-    raise UnitError(f"unknown unit prefix {prefix!r} in {text!r} (expected {what})")
+    raise UnitError(f"unknown unit prefix {prefix!r} in {_shown(text)} (expected {what})")
 
 
 def parse_bytes(text: object) -> float:
@@ -78,7 +97,7 @@ def parse_bytes(text: object) -> float:
         return value * _prefix(unit[:-1], text, "a size such as '80 GB'")
     if unit.endswith("b"):
         return value * _prefix(unit[:-1], text, "a size such as '80 GB'") / 8.0
-    raise UnitError(f"cannot read {text!r} as a size such as '80 GB' or '80 GiB'")
+    raise UnitError(f"cannot read {_shown(text)} as a size such as '80 GB' or '80 GiB'")
 
 
 def parse_bandwidth(text: object) -> float:
@@ -90,7 +109,7 @@ def parse_bandwidth(text: object) -> float:
     if unit.endswith("ps"):
         unit = unit[:-2] + "/s"
     if not unit.endswith("/s"):
-        raise UnitError(f"cannot read {text!r} as {what}")
+        raise UnitError(f"cannot read {_shown(text)} as {what}")
     return parse_bytes(f"{value} {unit[:-2]}")
 
 
@@ -103,7 +122,7 @@ def parse_flops(text: object) -> float:
     for suffix in ("FLOPS", "FLOP/s", "flops", "FLOPs", "F"):
         if unit.endswith(suffix):
             return value * _prefix(unit[: -len(suffix)], text, what)
-    raise UnitError(f"cannot read {text!r} as {what}")
+    raise UnitError(f"cannot read {_shown(text)} as {what}")
 
 
 _SECONDS = {
@@ -133,7 +152,7 @@ def parse_seconds(text: object) -> float:
     if unit == "":
         return value
     if unit not in _SECONDS:
-        raise UnitError(f"cannot read {text!r} as {what}")
+        raise UnitError(f"cannot read {_shown(text)} as {what}")
     return value * _SECONDS[unit]
 
 
@@ -150,7 +169,7 @@ def parse_usd(text: object) -> float:
     for suffix in ("USD", "usd", "$"):
         if unit.endswith(suffix):
             return value * _prefix(unit[: -len(suffix)], text, what)
-    raise UnitError(f"cannot read {text!r} as {what}")
+    raise UnitError(f"cannot read {_shown(text)} as {what}")
 
 
 def parse_count(text: object) -> float:
@@ -163,7 +182,7 @@ def parse_count(text: object) -> float:
         return value * 1e9
     if unit in _DECIMAL:
         return value * _DECIMAL[unit]
-    raise UnitError(f"cannot read {text!r} as {what}")
+    raise UnitError(f"cannot read {_shown(text)} as {what}")
 
 
 def format_bytes(value: float) -> str:

@@ -179,3 +179,11 @@ def test_a_job_file_that_is_not_text_is_rejected(tmp_path):
     result = run("predict", str(path))
     assert result.exit_code == 2
     assert "not a text file" in result.output
+
+
+@pytest.mark.parametrize("command", ["predict", "search", "export", "sharding", "validate", "fit", "catalog",
+                                     "report", "samples", "calibrate"])
+def test_every_command_s_help_states_the_exit_codes(command):
+    text = " ".join(run(command, "--help").output.split())
+    assert "Exit codes: 0 an answer; 1 a valid question with no answer" in text
+    assert "2 bad input" in text and "3 internal error" in text

@@ -78,3 +78,30 @@ def test_profile_adds_xla_s_view_of_every_chosen_block(devices):
     plan = json.loads(result.stdout)["plan"]
     assert plan["costs"] == "analytic"  # CPU: compiled, not timed
     assert all(b["profile"]["xla_flops"] > 0 and b["profile"]["measured_s"] is None for b in plan["blocks"])
+
+
+def test_a_budget_no_plan_meets_exits_1_naming_the_nearest_plan_in_stderr_and_json():
+    result = run(GPT, "--args", SMALL, "--no-verify", "--memory-budget", "1KB", "--format", "json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["plan"]["fits"] is False
+    for said in (data["no_plan"], " ".join(result.stderr.split())):
+        assert said.startswith("no plan fits the memory budget") and "the nearest" in said
+        assert "layers.*.qkv" in said and "batch sharded over" in said and "needs 256.00 KiB per device" in said
+
+
+def test_help_says_the_target_s_code_is_run_and_the_exit_codes():
+    text = " ".join(run("--help").output.split())
+    assert "runs its code" in text and "only on code you trust" in text
+    assert "Exit codes: 0 an answer; 1 a valid question with no answer" in text
+
+
+def test_a_sharded_step_that_computes_something_else_is_an_internal_error_exit_3(monkeypatch):
+    from paraplan.sharding.plan import ShardingPlan
+    from paraplan.sharding.verify import Verification
+
+    wrong = Verification(0.5, False, {}, {}, None, None, 0.0)
+    monkeypatch.setattr(ShardingPlan, "verify", lambda self, fn, args: wrong)
+    result = run(GPT, "--args", SMALL, "--mesh", "data=2")
+    assert result.exit_code == 3
+    assert "internal error:" in result.stderr and "differ from the unsharded" in result.stderr

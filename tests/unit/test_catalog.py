@@ -443,7 +443,7 @@ def test_hf_missing_file_is_a_one_line_config_error(tmp_path):
 def test_hf_invalid_json_is_a_one_line_config_error(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"^model\.hf_config: .* is not valid JSON"):
+    with pytest.raises(ConfigError, match=r"^model\.hf_config: .*not valid JSON"):
         model_from_hf_config(path, {})
 
 

@@ -108,6 +108,16 @@ def test_nothing_is_written_over_an_existing_output_without_force(tmp_path):
     assert target.read_text() == "keep me"
     assert run("summarize", str(DDP), "--format", "json", "--output", str(target), "--force").exit_code == 0
     assert json.loads(target.read_text())["iterations"]["count"] == 2
+    table = tmp_path / "summary.txt"
+    assert run("summarize", str(DDP), "--output", str(table)).exit_code == 0
+    assert "Noise:" in table.read_text() and max(map(len, table.read_text().splitlines())) <= 80
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["measured.json", "summary.txt"]
+
+
+def test_the_trace_commands_help_states_the_exit_codes():
+    for command in ("summarize", "record"):
+        text = " ".join(run(command, "--help").output.split())
+        assert "2 bad input" in text and "3 internal error" in text
 
 
 def test_trace_record_refuses_a_non_empty_directory_without_force(tmp_path):

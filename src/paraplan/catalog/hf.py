@@ -13,10 +13,10 @@ the job must give ``seq_length``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from paraplan.catalog.userdata import load_json
 from paraplan.specs import ConfigError
 
 _WHERE = "model.hf_config"
@@ -35,10 +35,12 @@ def _read(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise _fail(f"cannot read {path} ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise _fail(f"{path} is not a text file (it is not UTF-8)") from None
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise _fail(f"{path} is not valid JSON (line {err.lineno}: {err.msg})") from None
+        config = load_json(text, str(path))
+    except ConfigError as err:
+        raise _fail(str(err)) from None
     if not isinstance(config, dict):
         raise _fail(f"{path} is not a JSON object")
     return config

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
+from paraplan.catalog.userdata import load_data, load_yaml
 from paraplan.specs import (
     ConfigError,
     GpuSpec,
@@ -18,6 +17,7 @@ from paraplan.specs import (
     Job,
     ModelSpec,
     format_validation_error,
+    short_repr,
 )
 
 _JOB_KEYS = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order"}
@@ -52,6 +52,28 @@ def _gpu(value: Any) -> GpuSpec | Any:
     if not isinstance(value, dict | GpuSpec):
         raise ConfigError("cluster.gpu: expected a catalog GPU name or a mapping of GPU fields")
     return value
+
+
+def _cluster_value(value: Any) -> str | dict[str, Any]:
+    """A job's ``cluster``: a catalog name (or cluster file) or a mapping with string keys."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"cluster: expected a catalog cluster name or a mapping (gpu, num_nodes, ...), got {short_repr(value)}"
+        )
+    _string_keys(value, "cluster")
+    groups = value.get("node_groups")
+    for i, group in enumerate(groups if isinstance(groups, list | tuple) else ()):
+        if isinstance(group, dict):
+            _string_keys(group, f"cluster.node_groups.{i}")
+    return value
+
+
+def _string_keys(mapping: dict[Any, Any], where: str) -> None:
+    bad = next((k for k in mapping if not isinstance(k, str)), None)
+    if bad is not None:
+        raise ConfigError(f"{where}.{short_repr(bad)}: unknown key (keys are names, not {type(bad).__name__}s)")
 
 
 def _cluster(value: Any) -> Any:
@@ -177,12 +199,12 @@ def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:
         raise ConfigError("node_order: expected a list with one node group (index or name) per node")
     out = []
     for v in value:
-        if isinstance(v, int) and 0 <= v < len(names):
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(names):
             out.append(v)
         elif isinstance(v, str) and names.count(v) == 1:
             out.append(names.index(v))
         else:
-            raise ConfigError(f"node_order: {v!r} is not a node group (indices 0-{len(names) - 1} or one of: "
+            raise ConfigError(f"node_order: {short_repr(v)} is not a node group (indices 0-{len(names) - 1} or one of: "
                               f"{', '.join(names)})")
     return out
 
@@ -277,7 +299,7 @@ def demo_job_mapping() -> dict[str, Any]:
     from importlib import resources
 
     text = (resources.files("paraplan.catalog") / "demo-job.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return load_yaml(text, "demo-job.yaml")
 
 
 def read_job_mapping(path: Path | str) -> dict[str, Any]:
@@ -289,11 +311,7 @@ def read_job_mapping(path: Path | str) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read the job file ({err.strerror})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
-    try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        first = str(err).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML/JSON ({first})") from None
+    raw = load_data(text, str(path), is_json=path.suffix.lower() == ".json")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with model, cluster and parallel")
     return raw
@@ -321,9 +339,8 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
                 f"gpu: the catalog has no reference node for {gpu.name}; name a --cluster too"
             )
         cluster = {}  # a cluster described by its GPU: the reference node's network (_cluster)
-    if cluster is not None and not isinstance(cluster, str | dict):
-        raise ConfigError("cluster: expected a catalog cluster name or a mapping (gpu, num_nodes, ...)")
-    cluster = {"name": cluster} if isinstance(cluster, str) else dict(cluster or {})
+    cluster = {} if cluster is None else _cluster_value(cluster)
+    cluster = {"name": cluster} if isinstance(cluster, str) else dict(cluster)
     if "gpu" in given:
         cluster["gpu"] = given["gpu"]
     for key in _CLUSTER_FLAGS:
@@ -344,9 +361,13 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def expand_cluster(cluster: dict[str, Any], base_dir: Path | str = ".") -> dict[str, Any]:
+def expand_cluster(cluster: Any, base_dir: Path | str = ".") -> dict[str, Any]:
     """A cluster mapping whose ``name`` may be the path of a cluster file (YAML/JSON): the
-    file's mapping with the other keys laid over it."""
+    file's mapping with the other keys laid over it. Anything but a mapping with string keys
+    is a ConfigError."""
+    cluster = _cluster_value(cluster)
+    if isinstance(cluster, str):
+        cluster = {"name": cluster}
     name = cluster.get("name")
     if isinstance(name, str) and name.endswith(_FILE_SUFFIXES):
         path = Path(name) if Path(name).is_absolute() else Path(base_dir) / name
@@ -356,7 +377,7 @@ def expand_cluster(cluster: dict[str, Any], base_dir: Path | str = ".") -> dict[
             raw = read_job_mapping(path)
         except ConfigError as err:
             raise ConfigError(f"cluster: {err}") from None
-        return {**raw, **{k: v for k, v in cluster.items() if k != "name"}}
+        return _cluster_value({**raw, **{k: v for k, v in cluster.items() if k != "name"}})
     return cluster
 
 

@@ -22,6 +22,7 @@ from paraplan.specs import (
     HeteroClusterSpec,
     ModelSpec,
     format_validation_error,
+    short_repr,
 )
 
 Kind = Literal["gpus", "models", "clusters"]
@@ -57,12 +58,15 @@ def load_catalog_entry(kind: Kind, name: str) -> dict[str, Any]:
     index = _index(kind)
     hit = index.get(catalog_key(name))
     if hit is None:
-        close = difflib.get_close_matches(catalog_key(name), list(index), n=1, cutoff=0.5)
+        key = catalog_key(name)
+        close = difflib.get_close_matches(key, list(index), n=1, cutoff=0.5) if len(key) <= 100 else []
         if close:
             hint = f"; did you mean {index[close[0]][0]}?"
         else:
-            hint = f"; known: {', '.join(catalog_names(kind))}"
-        raise ConfigError(f"unknown {_SINGULAR[kind]} {name!r}{hint}")
+            names = catalog_names(kind)
+            more = f", ... ({len(names)} in all: paraplan catalog {kind})" if len(names) > 8 else ""
+            hint = f"; known: {', '.join(names[:8])}{more}"
+        raise ConfigError(f"unknown {_SINGULAR[kind]} {short_repr(name)}{hint}")
     return dict(hit[1])
 
 

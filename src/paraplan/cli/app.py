@@ -6,6 +6,7 @@ import typer
 
 from paraplan.cli.calibrate import calibrate_app
 from paraplan.cli.catalog import catalog_command
+from paraplan.cli.common import EXIT_CODES
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
@@ -23,17 +24,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("predict")(predict_command)
-app.command("report")(report_command)
-app.command("catalog")(catalog_command)
-app.command("validate")(validate_command)
-app.add_typer(samples_app, name="samples")
-app.command("fit")(fit_command)
-app.add_typer(calibrate_app, name="calibrate")
-app.command("search")(search_command)
-app.command("export")(export_command)
-app.command("sharding")(sharding_command)
-app.add_typer(trace_app, name="trace")
+app.command("predict", epilog=EXIT_CODES)(predict_command)
+app.command("report", epilog=EXIT_CODES)(report_command)
+app.command("catalog", epilog=EXIT_CODES)(catalog_command)
+app.command("validate", epilog=EXIT_CODES)(validate_command)
+app.add_typer(samples_app, name="samples", epilog=EXIT_CODES)
+app.command("fit", epilog=EXIT_CODES)(fit_command)
+app.add_typer(calibrate_app, name="calibrate", epilog=EXIT_CODES)
+app.command("search", epilog=EXIT_CODES)(search_command)
+app.command("export", epilog=EXIT_CODES)(export_command)
+app.command("sharding", epilog=EXIT_CODES)(sharding_command)
+app.add_typer(trace_app, name="trace", epilog=EXIT_CODES)
 
 
 def _print_version(value: bool) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from paraplan.cli.common import OutputFormat, out, write_text
+from paraplan.cli.common import OutputFormat, out, user_errors, write_text
 
 
 class Kind(str, enum.Enum):
@@ -26,8 +26,10 @@ def catalog_command(
 
     rows = catalog_rows(kind.value)
     if output is OutputFormat.json:
-        write_text(render_json(rows))
+        with user_errors():  # a non-finite number is an internal error (exit 3), never output
+            write_text(render_json(rows))
     elif output is OutputFormat.csv:
-        write_text(render_csv(rows))
+        with user_errors():
+            write_text(render_csv(rows))
     else:
         out.print(render_catalog(kind.value, rows))

@@ -15,6 +15,11 @@ from rich.markup import escape
 from paraplan.specs import ConfigError, InternalError, format_validation_error
 from paraplan.units import UnitError
 
+# every command's --help ends with this; the README's table says the same
+EXIT_CODES = ("Exit codes: 0 an answer; 1 a valid question with no answer (search, sharding: no plan fits "
+              "or meets the bounds; the nearest plan is named); 2 bad input (one line naming the field); "
+              "3 internal error (an impossible result: a bug to report).")
+
 out = Console(soft_wrap=False)
 err = Console(stderr=True)
 

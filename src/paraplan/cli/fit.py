@@ -66,11 +66,13 @@ def fit_command(
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
 
-        write_text(render_json({"models": rows, "learning_curves": curves}))
+        with user_errors():  # a non-finite number is an internal error (exit 3), never output
+            write_text(render_json({"models": rows, "learning_curves": curves}))
     elif output is OutputFormat.csv:
         from paraplan.report.formats import render_csv
 
-        write_text(render_csv(rows))
+        with user_errors():
+            write_text(render_csv(rows))
     else:
         out.print(render_fit(rows, out_file))
         if curves is not None:

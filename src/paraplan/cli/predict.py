@@ -85,20 +85,21 @@ def predict_command(
         err.print(f"wrote {kind} picture to {render_plot(pred, kind, path)}", highlight=False)
     for note in getattr(cost_model, "notes", ()):
         err.print(f"note: {models}: {note}", highlight=False)
-    if output is OutputFormat.json:
-        data = pred.to_dict()
-        if explain:
-            from dataclasses import asdict
+    with user_errors():  # a non-finite number is an internal error (exit 3), never output
+        if output is OutputFormat.json:
+            data = pred.to_dict()
+            if explain:
+                from dataclasses import asdict
 
-            data["layer_ops"] = [asdict(o) for o in pred.layer_ops]
-            data["layer_collectives"] = [asdict(c) for c in pred.layer_collectives]
-        write_text(render_json(data))
-    elif output is OutputFormat.csv:
-        write_text(render_csv([pred.to_dict()]))
-    else:
-        from paraplan.report.tables import render_explain, render_prediction
+                data["layer_ops"] = [asdict(o) for o in pred.layer_ops]
+                data["layer_collectives"] = [asdict(c) for c in pred.layer_collectives]
+            write_text(render_json(data))
+        elif output is OutputFormat.csv:
+            write_text(render_csv([pred.to_dict()]))
+        else:
+            from paraplan.report.tables import render_explain, render_prediction
 
-        out.print(f"seq_length {pred.job.model.seq_length:,} tokens per sequence", highlight=False)
-        out.print(render_prediction(pred))
-        if explain:
-            out.print(render_explain(pred))
+            out.print(f"seq_length {pred.job.model.seq_length:,} tokens per sequence", highlight=False)
+            out.print(render_prediction(pred))
+            if explain:
+                out.print(render_explain(pred))

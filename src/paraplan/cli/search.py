@@ -95,11 +95,17 @@ def search_command(
     from paraplan.units import parse_seconds, parse_usd
 
     with user_errors():
+        _check_outputs(save_best, pareto, force)  # before the work, not after
+        for flag, value in (("--top", top), ("--num-gpus", num_gpus), ("--num-nodes", num_nodes)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag}: expected a positive whole number, got {value}")
+        budget_usd = _positive("--budget", budget, parse_usd, "amount")
+        deadline_s = _positive("--deadline", deadline, parse_seconds, "duration")
         if objective not in OBJECTIVES:
             raise ConfigError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
         if pareto_axis is not None and pareto_axis not in PARETO_AXES:
             raise ConfigError(f"pareto_axis: {pareto_axis!r} is not one of {', '.join(PARETO_AXES)}")
-        batches = _ints("global_batch_size", global_batch_size) if global_batch_size else None
+        batches = _ints("--global-batch-size", global_batch_size) if global_batch_size is not None else None
         if job_file is not None:
             raw = read_job_mapping(job_file)
         elif model or cluster or gpu:
@@ -121,6 +127,7 @@ def search_command(
         if job_file is not None and ignored:
             err.print(f"note: the search neither varies nor keeps the job file's {', '.join(ignored)}; "
                       "predict the plan it finds with them", highlight=False, soft_wrap=True)
+        _check_batch(given.get("global_batch_size"))
         mapping["parallel"] = {"global_batch_size": given.get("global_batch_size")}
         base_dir = job_file.parent if job_file else Path(".")
         mapping["cluster"] = expand_cluster(mapping["cluster"], base_dir)
@@ -146,7 +153,8 @@ def search_command(
         bases = [_base(mapping, t, num_gpus, sizes, base_dir) for t in targets]
         bases = [b for group in bases for b in group]
         base = bases[0][1]
-        gbs = mapping["parallel"]["global_batch_size"] or base.parallel.global_batch_size
+        gbs = mapping["parallel"]["global_batch_size"]
+        gbs = base.parallel.global_batch_size if gbs is None else gbs
         search_space = _space(space, framework=framework, allow_tp_across_nodes=allow_tp_across_nodes,
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
@@ -161,16 +169,11 @@ def search_command(
             dict(
                 model=b.model, cluster=target, global_batch_size=gbs, precision=b.precision, space=search_space,
                 objective=objective, train_tokens=b.train_tokens,
-                budget_usd=parse_usd(budget) if budget else None,
-                deadline_s=parse_seconds(deadline) if deadline else None,
+                budget_usd=budget_usd, deadline_s=deadline_s,
                 pareto=axis,
             )
             for target, b in bases
         ]
-        for path in (save_best, pareto):
-            if path is not None and path.exists() and not force:
-                raise ConfigError(f"{'save_best' if path is save_best else 'pareto'}: {path} already exists; "
-                                  "pass --force to overwrite it")
         with err.status(f"searching plans for {base.model.name} on {len(bases)} cluster configuration(s)"):
             result = merge_results(run_searches(searches, executor))
         front = None
@@ -181,7 +184,8 @@ def search_command(
             plot_pareto(result, front, pareto, axis=axis, to_train=to_train)
         if save_best is not None and result.ranked:
             _save_best(result, save_best)
-    _print(result, top, output, front, axis, save_best, pareto)
+    with user_errors():  # a non-finite number is an internal error (exit 3), never output
+        _print(result, top, output, front, axis, save_best, pareto)
     if not result.ranked:
         from paraplan.report.search import no_plan_message
 
@@ -248,20 +252,20 @@ def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp
     if name not in SPACES:
         raise ConfigError(f"space: {name!r} is not one of {', '.join(SPACES)}")
     axes: dict = {}
-    if tp:
-        axes["tp"] = tuple(_ints("tp", tp))
-    if pp:
-        axes["pp"] = tuple(_ints("pp", pp))
-    if cp:
-        axes["cp"] = tuple(_ints("cp", cp))
-    if vpp:
-        axes["vpp"] = tuple(_ints("vpp", vpp))
-    if micro_batch_size:
-        axes["micro_batch_size"] = tuple(_ints("micro_batch_size", micro_batch_size))
-    if zero:
-        stages = _ints("zero", zero, low=0)
+    if tp is not None:
+        axes["tp"] = tuple(_ints("--tp", tp))
+    if pp is not None:
+        axes["pp"] = tuple(_ints("--pp", pp))
+    if cp is not None:
+        axes["cp"] = tuple(_ints("--cp", cp))
+    if vpp is not None:
+        axes["vpp"] = tuple(_ints("--vpp", vpp))
+    if micro_batch_size is not None:
+        axes["micro_batch_size"] = tuple(_ints("--micro-batch-size", micro_batch_size))
+    if zero is not None:
+        stages = _ints("--zero", zero, low=0)
         if max(stages) > 3:
-            raise ConfigError(f"zero: ZeRO stages are 0, 1, 2 or 3, got {zero!r}")
+            raise ConfigError(f"--zero: ZeRO stages are 0, 1, 2 or 3, got {zero!r}")
         axes["zero_stage"] = tuple(stages)
     if recompute:
         names = [r.strip() for r in recompute.split(",") if r.strip()]
@@ -296,6 +300,55 @@ def _ints(name: str, text: str, low: int = 1) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def _check_outputs(save_best: Path | None, pareto: Path | None, force: bool) -> None:
+    """--save-best and --pareto can be written (folder there, no file unless --force, a picture
+    suffix and matplotlib for --pareto), checked before the search runs."""
+    from paraplan.regress.plot import check_plot_path
+    from paraplan.regress.store import check_output_path
+    from paraplan.specs import ConfigError
+
+    try:
+        if save_best is not None:
+            check_output_path(save_best, overwrite=force, flag="--force", what="job file")
+    except ConfigError as exc:
+        raise ConfigError(f"--save-best {exc}") from None
+    try:
+        if pareto is not None:
+            check_plot_path(pareto, overwrite=force, flag="--force")
+    except ConfigError as exc:
+        raise ConfigError(f"--pareto {exc}") from None
+
+
+def _positive(flag: str, text: str | None, parse, what: str) -> float | None:
+    """``text`` read by ``parse`` (units), refused unless it is above zero."""
+    from paraplan.specs import ConfigError, short_repr
+    from paraplan.units import UnitError
+
+    if text is None:
+        return None
+    try:
+        value = parse(text)
+    except UnitError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+    if not value > 0:
+        raise ConfigError(f"{flag}: expected a positive {what}, got {short_repr(text)}")
+    return value
+
+
+def _check_batch(value) -> None:
+    """The job file's global batch size, as the plan would validate it."""
+    from pydantic import ValidationError
+
+    from paraplan.specs import ConfigError, ParallelPlan, format_validation_error
+
+    if value is None:
+        return
+    try:
+        ParallelPlan(global_batch_size=value)
+    except ValidationError as exc:
+        raise ConfigError(f"parallel.{format_validation_error(exc)}") from None
+
+
 def _base(mapping, target, num_gpus, sizes, base_dir):
     """(cluster to search, resolved job for its model, precision and tokens) per node count."""
     from paraplan.catalog.jobs import resolve_job
@@ -314,7 +367,7 @@ def _base(mapping, target, num_gpus, sizes, base_dir):
             raise ConfigError(f"num_gpus: {num_gpus} is not a multiple of {node.gpus_per_node} GPUs per node")
         target = {**target, "num_nodes": num_gpus // node.gpus_per_node}
     out = []
-    for nodes in (_ints("sizes", sizes) if sizes else [None]):
+    for nodes in (_ints("--sizes", sizes) if sizes is not None else [None]):
         c = dict(target) if nodes is None else {**target, "num_nodes": nodes}
         if c.get("num_nodes") is None:
             c.pop("num_nodes", None)

@@ -7,6 +7,7 @@ import os
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from paraplan.cli.common import OutputFormat, err, out, user_errors, write_text
 
@@ -34,7 +35,10 @@ def sharding_command(
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json")] = OutputFormat.table,
 ) -> None:
     """Trace the step, group its operators into communication-free blocks, cost every block's
-    strategies on the mesh, pick the cheapest chain within the memory budget, and compile it."""
+    strategies on the mesh, pick the cheapest chain within the memory budget, and compile it.
+
+    This imports FILE.py (or MODULE) and runs its code (the module, the example-args function
+    and the step itself), by design, with your permissions: run it only on code you trust."""
     from paraplan.specs import ConfigError
     from paraplan.units import parse_bytes
 
@@ -86,21 +90,26 @@ def sharding_command(
             with err.status(f"compiling the plan on {size} devices"):
                 check = plan.verify(step.fn, call_args)
     data = plan.to_dict()
+    from paraplan.report.sharding import no_plan_message
+
+    missed = None if plan.fits else no_plan_message(data, memory_budget)
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
 
-        write_text(render_json({"plan": data, "verification": None if check is None else check.to_dict()}))
+        result = {"plan": data, "verification": None if check is None else check.to_dict()}
+        with user_errors():  # a non-finite number is an internal error (exit 3), never output
+            write_text(render_json(result if missed is None else {**result, "no_plan": missed}))
     else:
         from paraplan.report.sharding import render_sharding
 
         out.print(render_sharding(data, None if check is None else check.to_dict()))
-    if not plan.fits:
-        from paraplan.units import format_bytes
-
-        err.print(f"[bold red]error:[/] memory_budget: the smallest plan found needs {format_bytes(data['memory_bytes'])} "
-                  f"per device, over the budget {memory_budget}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=1)
-    if check is not None and check.matches is False:
+    if check is not None and check.matches is False:  # the compiled plan computes something else: a bug
+        err.print(f"[bold red]internal error:[/] the sharded step's results differ from the unsharded step's "
+                  f"(max |error| {check.max_abs_error:.2e}); the plan is not an answer; please report it to "
+                  "paraplan with the step function", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=3)
+    if missed is not None:  # a valid question with no answer: exit 1, the nearest plan named
+        err.print(f"[bold red]{missed[:7]}[/]{escape(missed[7:])}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
 
 

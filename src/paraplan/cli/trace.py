@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import enum
+import io
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from paraplan.cli.common import err, out, user_errors, write_text
+from paraplan.cli.common import EXIT_CODES, err, out, user_errors, write_text
 from paraplan.specs import ConfigError
 
 trace_app = typer.Typer(
@@ -23,7 +25,7 @@ class TraceFormat(str, enum.Enum):
     json = "json"
 
 
-@trace_app.command("summarize")
+@trace_app.command("summarize", epilog=EXIT_CODES)
 def summarize_command(
     paths: Annotated[list[Path], typer.Argument(help="A directory of rank traces, or trace files (.json, .json.gz).")],
     output: Annotated[TraceFormat, typer.Option("--format", "-f")] = TraceFormat.table,
@@ -42,22 +44,37 @@ def summarize_command(
         summary = summarize(paths)
     for path, reason in summary.skipped:
         err.print(f"[yellow]skipped:[/] {path}: {reason}", highlight=False, soft_wrap=True)
-    if output is TraceFormat.json:
-        text = render_json(trace_record(summary))
-        if to is None:
-            write_text(text)
+    if to is None:
+        if output is TraceFormat.json:
+            write_text(render_json(trace_record(summary)))
         else:
-            to.write_text(text + "\n")
-    elif to is None:
-        out.print(render_trace_summary(summary))
+            out.print(render_trace_summary(summary))
+        return
+    if output is TraceFormat.json:
+        text = render_json(trace_record(summary)) + "\n"
     else:
         from rich.console import Console
 
-        with to.open("w") as f:
-            Console(file=f, width=80, soft_wrap=False).print(render_trace_summary(summary))
+        console = Console(width=80, soft_wrap=False, record=True, file=io.StringIO())
+        console.print(render_trace_summary(summary))
+        text = console.export_text()
+    _write_atomically(to, text)
 
 
-@trace_app.command("record")
+def _write_atomically(target: Path, text: str) -> None:
+    """A reader never sees half a file: write beside it, then rename over it."""
+    from paraplan.atomic import sweep_stale, temp_path
+
+    sweep_stale(target)
+    tmp = temp_path(target)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@trace_app.command("record", epilog=EXIT_CODES)
 def record_command(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for rank*.json.gz and timers.json.")],
     mode: Annotated[str, typer.Option(help="ddp | fsdp | pipeline")] = "ddp",

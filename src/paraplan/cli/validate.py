@@ -39,8 +39,10 @@ def validate_command(
         err.print("[bold red]error:[/] no run could be validated", highlight=False)
         raise typer.Exit(code=2)
     if output is OutputFormat.json:
-        write_text(render_json(validation_rows(results, components=True)))
+        with user_errors():  # a non-finite number is an internal error (exit 3), never output
+            write_text(render_json(validation_rows(results, components=True)))
     elif output is OutputFormat.csv:
-        write_text(render_csv(validation_rows(results, components=False)))
+        with user_errors():
+            write_text(render_csv(validation_rows(results, components=False)))
     else:
         out.print(render_validation(results, components=components))

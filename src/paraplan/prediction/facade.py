@@ -19,9 +19,10 @@ from paraplan.prediction.result import (
     Prediction,
     StageTiming,
 )
+from paraplan.prediction.sanity import check_iteration, check_possible
 from paraplan.prediction.stages import CommCosts, LayerCost, explain_layer, stage_timing
 from paraplan.schedule import simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
-from paraplan.specs import InternalError, Job, Schedule
+from paraplan.specs import Job, Schedule
 
 
 def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
@@ -104,11 +105,11 @@ def assemble_prediction(
         dp_communication_s=tc.exposed_dp_s,
         optimizer_step_s=step[opt],
     )
+    check_iteration(job, iteration)
     num_gpus = job.cluster.num_gpus
     mfu = inv.model_flops_per_iteration / (iteration * peak_flops_total)
     hfu = inv.hardware_flops_per_iteration / (iteration * peak_flops_total)
-    check_possible(job, inv, iteration, peak_flops_total, mfu, hfu)
-    return Prediction(
+    prediction = Prediction(
         job=job,
         backend=backend,
         iteration_s=iteration,
@@ -127,32 +128,5 @@ def assemble_prediction(
         uncalibrated=uncalibrated,
         _explain=functools.partial(explain, inv.stages[crit]),
     )
-
-
-def check_possible(job: Job, inv: JobInventory, iteration_s: float, peak_flops_total: float,
-                   mfu: float, hfu: float) -> None:
-    """Raise InternalError for a prediction no cluster can reach: an iteration that is not a
-    positive finite number of seconds, shorter than the kernels' executed FLOPs take at the
-    GPUs' summed peak, or an MFU or HFU above 100 %. Validated inputs cannot make the roofline
-    beat a peak (every efficiency is at most 1 and every peak, bandwidth and latency positive),
-    and model and hardware FLOPs count no more than the kernels run (causal attention's half),
-    so each is a bug."""
-    if not (0 < iteration_s < float("inf")):
-        _impossible(job, [f"iteration time {iteration_s!r} s"])
-    problems = []
-    floor_s = inv.executed_flops_per_iteration / peak_flops_total
-    if iteration_s < floor_s * (1 - 1e-9):
-        problems.append(f"an iteration of {iteration_s:.4g} s, faster than the {floor_s:.4g} s its kernels' "
-                        "FLOPs take at the GPUs' peak")
-    problems += [f"{name} {100 * value:.1f} %, above 100 %" for name, value in (("MFU", mfu), ("HFU", hfu))
-                 if value > 1 + 1e-9]
-    if problems:
-        _impossible(job, problems)
-
-
-def _impossible(job: Job, problems: list[str]) -> None:
-    raise InternalError(
-        f"internal error: the prediction for job {job.name!r} ({job.model.name} on "
-        f"{job.cluster.num_gpus} x {job.cluster.gpu.name}) is impossible: {'; '.join(problems)}. "
-        "It is not an answer; please report it to paraplan with the job file"
-    )
+    check_possible(prediction, inv, peak_flops_total)
+    return prediction

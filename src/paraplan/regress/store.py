@@ -31,7 +31,6 @@ import math
 import os
 import re
 import struct
-import tempfile
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.jsonsafe import json_depth
+from paraplan.atomic import sweep_stale, temp_path
+from paraplan.catalog.userdata import json_depth
 from paraplan.regress.estimators import ALGORITHMS, ResidualRegressor
 from paraplan.regress.select import FittedRegressor
 from paraplan.specs import ConfigError
@@ -119,10 +119,11 @@ def save_models(
     if json_depth(json.loads(text)) > MAX_MANIFEST_DEPTH:
         raise ConfigError(f"{path}: cannot save: metadata is nested more than {MAX_MANIFEST_DEPTH} levels deep")
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    sweep_stale(target)  # what an earlier writer killed mid-write left beside the target
+    tmp = temp_path(target)
     try:
         with (
-            os.fdopen(fd, "wb") as fh,
+            open(tmp, "xb") as fh,
             zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf,
         ):
             zf.writestr(MANIFEST, text)

@@ -119,3 +119,16 @@ def _own(row: dict[str, Any], count: int) -> dict[str, float]:
     """The block's own collectives per block: its all-reduces (resharding into it, all-gathers
     and all-to-alls, belongs to the edge, not the block)."""
     return {k: v / count for k, v in row["comm_bytes"].items() if k == "all-reduce"}
+
+
+def no_plan_message(plan: dict[str, Any], budget: str, *, shown: int = 3) -> str:
+    """"no plan fits ...": the budget, and the nearest plan (the search's least memory) named by
+    its batch axes and its first ``shown`` folded weight strategies, with what it needs."""
+    rows = fold_blocks(plan["blocks"])
+    named = ", ".join(f"{r['weight']} {r['strategy']}" for r in rows[:shown])
+    more = f" and {len(rows) - shown} more" if len(rows) > shown else ""
+    mesh = ",".join(f"{k}={v}" for k, v in plan["mesh"].items())
+    return (f"no plan fits the memory budget (memory_budget: {budget} per device) on mesh {mesh}; the nearest, "
+            f"batch sharded over {', '.join(plan['batch_axes']) or 'nothing'}, {named}{more}, needs "
+            f"{format_bytes(plan['memory_bytes'])} per device, over the budget; try a larger mesh (--mesh) "
+            "or a larger --memory-budget")

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paraplan.jsonsafe import json_depth
+from paraplan.atomic import sweep_stale, temp_path
+from paraplan.catalog.userdata import json_depth
 from paraplan.samples.schema import SCHEMA_VERSION, validate_samples
 from paraplan.specs import ConfigError
 
@@ -118,7 +119,8 @@ def save_samples(
         raise ConfigError(f"{path}: metadata is nested more than {MAX_METADATA_DEPTH} levels deep")
     table = pa.Table.from_pandas(frame, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: encoded})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    sweep_stale(path)  # what an earlier writer killed mid-write left beside the target
+    tmp = temp_path(path)
     try:
         pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, path)

@@ -14,7 +14,7 @@ from paraplan.prediction.memory import estimate_memory
 from paraplan.search.pareto import PARETO_AXES, near_front
 from paraplan.search.screen import screen_plans, screenable
 from paraplan.search.space import SearchSpace, enumerate_plans, iter_unique
-from paraplan.specs import ClusterSpec, ConfigError, HeteroClusterSpec, ModelSpec, Precision
+from paraplan.specs import ClusterSpec, ConfigError, HeteroClusterSpec, ModelSpec, Precision, short_repr
 
 OBJECTIVES = ("time", "cost")
 
@@ -116,6 +116,14 @@ SCREENED_OUT = "slower than the shortlist (screened, not timed exactly)"
 FRONT_SLACK = 0.04
 
 
+def _check_bounds(global_batch_size: int, budget_usd: float | None, deadline_s: float | None) -> None:
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int | np.integer) or global_batch_size < 1:
+        raise ConfigError(f"global_batch_size: expected a whole number >= 1, got {short_repr(global_batch_size)}")
+    for name, value in (("budget", budget_usd), ("deadline", deadline_s)):
+        if value is not None and not 0 < value < np.inf:
+            raise ConfigError(f"{name}: expected a positive finite number, got {short_repr(value)}")
+
+
 def search_plans(
     model: ModelSpec,
     cluster: ClusterSpec | HeteroClusterSpec,
@@ -154,6 +162,7 @@ def search_plans(
         raise ConfigError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
     if pareto is not None and pareto not in PARETO_AXES:
         raise ConfigError(f"pareto: {pareto!r} is not one of {', '.join(PARETO_AXES)}")
+    _check_bounds(global_batch_size, budget_usd, deadline_s)
     if (budget_usd is not None or deadline_s is not None) and train_tokens is None:
         raise ConfigError("train_tokens: a budget or a deadline needs the number of tokens to train")
     space = space or SearchSpace()

@@ -64,7 +64,7 @@ def _first_line(exc: BaseException) -> str:
 
 def parse_kwargs(text: str | None) -> dict[str, Any]:
     """``hidden=1024,num_layers=32`` -> {"hidden": 1024, "num_layers": 32} (values read as YAML)."""
-    import yaml
+    from paraplan.catalog.userdata import load_yaml
 
     out: dict[str, Any] = {}
     for part in (text or "").split(","):
@@ -73,7 +73,7 @@ def parse_kwargs(text: str | None) -> dict[str, Any]:
         key, sep, value = part.partition("=")
         if not sep or not key.strip().isidentifier():
             raise ConfigError(f"args: expected NAME=VALUE pairs separated by commas, got {part.strip()!r}")
-        out[key.strip()] = yaml.safe_load(value.strip())
+        out[key.strip()] = load_yaml(value.strip(), f"args: {key.strip()}")
     return out
 
 

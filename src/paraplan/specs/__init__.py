@@ -1,7 +1,7 @@
 """Validated, frozen configuration types: what a job is made of."""
 
 from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
-from paraplan.specs.errors import ConfigError, InternalError, format_validation_error
+from paraplan.specs.errors import ConfigError, InternalError, format_validation_error, short_repr
 from paraplan.specs.hardware import (
     ClusterSpec,
     CollectiveCurve,
@@ -37,4 +37,5 @@ __all__ = [
     "Recompute",
     "Schedule",
     "format_validation_error",
+    "short_repr",
 ]

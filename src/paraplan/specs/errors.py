@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import re
+import reprlib
 
 from pydantic import ValidationError
 
 # Messages raised by paraplan's own validators start with the full field path ("parallel.tp: ").
 _OWN_MESSAGE = re.compile(r"^[A-Za-z_][\w.]*: ")
+
+
+#: The most characters of a user's value an error message echoes.
+MAX_ECHO = 60
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 2, 4, 4, 3, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = MAX_ECHO, MAX_ECHO, MAX_ECHO
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` cut to about :data:`MAX_ECHO` characters, without building the full
+    repr of a large value (an error message echoes what the user gave, never all of it)."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # a nested int of more than 4,300 digits
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 3] + "..."
 
 
 class ConfigError(ValueError):
@@ -22,7 +43,7 @@ class InternalError(RuntimeError):
 def format_validation_error(err: ValidationError) -> str:
     """The first error of a pydantic ValidationError as ``field.path: reason``."""
     first = err.errors(include_url=False)[0]
-    loc = ".".join(str(part) for part in first["loc"])
+    loc = ".".join(str(part) if len(str(part)) <= MAX_ECHO else short_repr(part) for part in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if _OWN_MESSAGE.match(msg):
         # a nested spec's own message names its field from the spec ("vocab_size: ..."):
@@ -33,5 +54,5 @@ def format_validation_error(err: ValidationError) -> str:
     elif first["type"] == "missing":
         msg = "required but missing"
     elif first["type"] != "value_error":
-        msg = f"{msg} (got {first['input']!r})"
+        msg = f"{msg} (got {short_repr(first['input'])})"
     return f"{loc}: {msg}" if loc else msg

@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from paraplan.specs._types import Bandwidth, Bytes, FlopRate, Seconds, Usd
+from paraplan.specs._types import Bandwidth, Bytes, Float, FlopRate, Fraction, HalfWork, Int, Seconds, Usd
 from paraplan.specs.enums import Precision
+from paraplan.specs.errors import short_repr
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -21,8 +22,8 @@ class EfficiencyCurve(BaseModel):
     """
 
     model_config = _FROZEN
-    max_fraction: float = Field(gt=0, le=1.0)
-    half_work: float = Field(ge=0)
+    max_fraction: Fraction
+    half_work: HalfWork
     source: str | None = None  # where this curve's numbers come from, when not the spec's source
     # the GPU whose measurements the curve was taken from when this GPU has none of its own
     transferred_from: str | None = None
@@ -59,7 +60,7 @@ class EfficiencySpec(BaseModel):
     kernel_overhead_s: Seconds = 4e-6
     # Compute slowdown while NCCL kernels run beside it (their SMs and HBM traffic): Lee et al.
     # 2025, arXiv 2507.03114, average over A100, H100, MI250 and MI210 (40 % at most).
-    overlap_slowdown: float = Field(default=0.189, ge=0.0, le=2.0)
+    overlap_slowdown: Float = Field(default=0.189, ge=0.0, le=2.0)
     precisions: dict[Precision, PrecisionCurves] = Field(default_factory=dict)
     source: str = (
         "generic defaults (no calibration for this GPU); see docs/calibration.md for the "
@@ -92,7 +93,7 @@ class CollectiveCurve(BaseModel):
 
     model_config = _FROZEN
     bus_bytes_per_s: dict[int, Bandwidth]
-    half_bytes: float = Field(ge=0)
+    half_bytes: HalfWork
 
     def bus_for(self, group: int, size_bytes: float) -> float:
         sizes = sorted(self.bus_bytes_per_s)
@@ -118,8 +119,8 @@ class LinkSpec(BaseModel):
         validation_alias=AliasChoices("bandwidth_bytes_per_s", "bandwidth")
     )
     latency_s: Seconds = Field(default=5e-6, validation_alias=AliasChoices("latency_s", "latency"))
-    efficiency: float = Field(default=0.8, gt=0, le=1.0)
-    p2p_efficiency: float | None = Field(default=None, gt=0, le=1.0)
+    efficiency: Fraction = 0.8
+    p2p_efficiency: Fraction | None = None
     topology: Literal["switch", "mesh"] = "switch"
     source: str | None = None  # where the efficiency was measured (None: a generic guess)
     # measured curves that replace ``efficiency`` for these collectives inside a node
@@ -146,7 +147,7 @@ class GpuSpec(BaseModel):
     aliases: tuple[str, ...] = ()
     vendor: str = "unknown"
     peak_flops: dict[Precision, FlopRate]
-    hbm_bytes: Bytes = Field(gt=0)
+    hbm_bytes: Bytes
     hbm_bandwidth_bytes_per_s: Bandwidth = Field(
         validation_alias=AliasChoices("hbm_bandwidth_bytes_per_s", "hbm_bandwidth")
     )
@@ -180,8 +181,8 @@ class ClusterSpec(BaseModel):
     name: str = "custom"
     aliases: tuple[str, ...] = ()
     gpu: GpuSpec
-    num_nodes: int = Field(default=1, ge=1)
-    gpus_per_node: int = Field(ge=1)
+    num_nodes: Int = Field(default=1, ge=1)
+    gpus_per_node: Int = Field(ge=1)
     intra_node: LinkSpec | None = None
     inter_node: LinkSpec | None = None
     price_per_gpu_hour: Usd | None = None
@@ -192,13 +193,13 @@ class ClusterSpec(BaseModel):
         if self.intra_node is None and self.gpus_per_node > 1:
             if self.gpu.intra_node is None:
                 raise ValueError(
-                    f"intra_node: cluster {self.name!r} has {self.gpus_per_node} GPUs per node "
+                    f"intra_node: cluster {short_repr(self.name)} has {self.gpus_per_node} GPUs per node "
                     f"but neither it nor GPU {self.gpu.name} names an intra-node link"
                 )
             object.__setattr__(self, "intra_node", self.gpu.intra_node)
         if self.inter_node is None and self.num_nodes > 1:
             raise ValueError(
-                f"cluster.inter_node: cluster {self.name!r} has {self.num_nodes} nodes but no "
+                f"cluster.inter_node: cluster {short_repr(self.name)} has {self.num_nodes} nodes but no "
                 "inter-node link (give bandwidth and latency)"
             )
         return self

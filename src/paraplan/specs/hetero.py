@@ -12,8 +12,9 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from paraplan.specs._types import Count
+from paraplan.specs._types import Count, Int
 from paraplan.specs.enums import Precision
+from paraplan.specs.errors import short_repr
 from paraplan.specs.hardware import ClusterSpec, LinkSpec
 from paraplan.specs.job import Job
 from paraplan.specs.model import ModelSpec
@@ -52,7 +53,7 @@ class HeteroClusterSpec(BaseModel):
             )
         if self.num_nodes > 1 and self.fabric is None:
             raise ValueError(
-                f"inter_node: cluster {self.name!r} has {self.num_nodes} nodes but neither it nor a "
+                f"inter_node: cluster {short_repr(self.name)} has {self.num_nodes} nodes but neither it nor a "
                 "node group names an inter-node link"
             )
         return self
@@ -116,7 +117,7 @@ class HeteroJob(BaseModel):
     parallel: ParallelPlan = ParallelPlan()
     precision: Precision = Precision.BF16
     train_tokens: Count | None = None
-    node_order: tuple[int, ...] | None = None
+    node_order: tuple[Int, ...] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> HeteroJob:

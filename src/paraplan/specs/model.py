@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from paraplan.specs._types import Bool, Float, Int
+
 
 class ModelSpec(BaseModel):
     """A GPT-style decoder. Optional fields are derived as Megatron-LM derives them."""
@@ -14,44 +16,44 @@ class ModelSpec(BaseModel):
 
     name: str = "custom"
     aliases: tuple[str, ...] = ()
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
-    num_query_groups: int | None = Field(
+    num_layers: Int = Field(ge=1)
+    hidden_size: Int = Field(ge=1)
+    num_attention_heads: Int = Field(ge=1)
+    num_query_groups: Int | None = Field(
         default=None, ge=1, validation_alias=AliasChoices("num_query_groups", "num_kv_heads")
     )
-    kv_channels: int | None = Field(default=None, ge=1)
-    ffn_hidden_size: int | None = Field(default=None, ge=1)
-    seq_length: int = Field(ge=1)
+    kv_channels: Int | None = Field(default=None, ge=1)
+    ffn_hidden_size: Int | None = Field(default=None, ge=1)
+    seq_length: Int = Field(ge=1)
     # the tokenizer's tokens; with only padded_vocab_size given, the padded size stands for it
-    vocab_size: int | None = Field(default=None, ge=1)
-    padded_vocab_size: int | None = Field(default=None, ge=1)
-    make_vocab_size_divisible_by: int = Field(default=128, ge=1)
+    vocab_size: Int | None = Field(default=None, ge=1)
+    padded_vocab_size: Int | None = Field(default=None, ge=1)
+    make_vocab_size_divisible_by: Int = Field(default=128, ge=1)
     activation: Literal["gelu", "swiglu"] = "gelu"
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
     position_embedding: Literal["rotary", "learned", "alibi", "none"] = "learned"
-    rotary_percent: float = Field(default=1.0, gt=0, le=1.0)
+    rotary_percent: Float = Field(default=1.0, gt=0, le=1.0)
     # RoPE's base frequency (HF rope_theta, Megatron-LM --rotary-base); None: the framework's
     # default (10000). It changes no cost, only the launch recipe.
-    rope_theta: float | None = Field(default=None, gt=0)
+    rope_theta: Float | None = Field(default=None, gt=0)
     attention: Literal["flash", "unfused"] = "flash"
-    parallel_residual: bool = False
-    untie_embeddings_and_output_weights: bool = False
-    add_bias_linear: bool = True
-    add_bias_mlp: bool | None = None  # GPT-NeoX's use_bias_in_mlp; default: add_bias_linear
+    parallel_residual: Bool = False
+    untie_embeddings_and_output_weights: Bool = False
+    add_bias_linear: Bool = True
+    add_bias_mlp: Bool | None = None  # GPT-NeoX's use_bias_in_mlp; default: add_bias_linear
     # a bias on the QKV projection (Megatron-LM --add-qkv-bias; Qwen2); default: add_bias_linear
-    add_qkv_bias: bool | None = None
+    add_qkv_bias: Bool | None = None
     # Megatron-LM applies the MLP up projection's bias inside the fused bias-GELU kernel
     # (default on); without the fusion (GPT-NeoX's default) it is an add kernel of its own.
-    bias_gelu_fusion: bool = True
+    bias_gelu_fusion: Bool = True
     # Megatron-Core applies SwiGLU in one fused kernel (--bias-swiglu-fusion, on by default);
     # eager PyTorch (torchtitan and fms-fsdp without torch.compile) runs silu, then a multiply
-    swiglu_fusion: bool = True
+    swiglu_fusion: Bool = True
     # Megatron-LM fuses the bias of the row-parallel projections into the dropout-residual
     # kernel (default on); GPT-NeoX's bias_dropout_fusion defaults to off: one more add each.
-    bias_dropout_fusion: bool = True
-    attention_dropout: float = Field(default=0.0, ge=0, lt=1.0)
-    hidden_dropout: float = Field(default=0.0, ge=0, lt=1.0)
+    bias_dropout_fusion: Bool = True
+    attention_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
+    hidden_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
     source: str | None = None
 
     @model_validator(mode="after")

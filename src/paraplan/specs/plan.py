@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from paraplan.specs._types import Bool, Int
 from paraplan.specs.enums import Framework, Recompute, Schedule
+from paraplan.specs.errors import short_repr
 
 # The recompute policies each framework offers (its own names in ``inventory.recompute``).
 RECOMPUTE_CHOICES = {
@@ -21,65 +23,65 @@ class ParallelPlan(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    tensor_model_parallel_size: int = Field(
+    tensor_model_parallel_size: Int = Field(
         default=1, ge=1, validation_alias=AliasChoices("tensor_model_parallel_size", "tp")
     )
-    pipeline_model_parallel_size: int = Field(
+    pipeline_model_parallel_size: Int = Field(
         default=1, ge=1, validation_alias=AliasChoices("pipeline_model_parallel_size", "pp")
     )
-    data_parallel_size: int | None = Field(
+    data_parallel_size: Int | None = Field(
         default=None, ge=1, validation_alias=AliasChoices("data_parallel_size", "dp")
     )
-    context_parallel_size: int = Field(
+    context_parallel_size: Int = Field(
         default=1, ge=1, validation_alias=AliasChoices("context_parallel_size", "cp")
     )
-    sequence_parallel: bool = False
-    virtual_pipeline_model_parallel_size: int | None = Field(
+    sequence_parallel: Bool = False
+    virtual_pipeline_model_parallel_size: Int | None = Field(
         default=None,
         ge=1,
         validation_alias=AliasChoices("virtual_pipeline_model_parallel_size", "vpp"),
     )
-    zero_stage: int = Field(default=0, ge=0, le=3)
-    micro_batch_size: int = Field(default=1, ge=1)
-    global_batch_size: int | None = Field(default=None, ge=1)
+    zero_stage: Int = Field(default=0, ge=0, le=3)
+    micro_batch_size: Int = Field(default=1, ge=1)
+    global_batch_size: Int | None = Field(default=None, ge=1)
     recompute: Recompute = Recompute.NONE
     # Megatron-LM's --recompute-method and --recompute-num-layers (with recompute: full)
     recompute_method: Literal["uniform", "block"] | None = None
-    recompute_num_layers: int | None = Field(default=None, ge=1)
+    recompute_num_layers: Int | None = Field(default=None, ge=1)
     # torchtitan's selective_ac_option N / fms-fsdp's every n-th block (with recompute: layer)
-    recompute_every: int | None = Field(default=None, ge=1)
+    recompute_every: Int | None = Field(default=None, ge=1)
     schedule: Schedule = Schedule.ONE_F_ONE_B
-    layers_per_stage: tuple[int, ...] | None = None
+    layers_per_stage: tuple[Int, ...] | None = None
     framework: Framework = Framework.MEGATRON
-    overlap_grad_reduce: bool | None = None
-    scatter_gather_p2p: bool | None = None
-    pipeline_mask: bool | None = None
+    overlap_grad_reduce: Bool | None = None
+    scatter_gather_p2p: Bool | None = None
+    pipeline_mask: Bool | None = None
     # DeepSpeed activation checkpointing's partition_activations (Megatron-DeepSpeed
     # --partition-activations): each TP rank keeps 1/tp of a checkpointed layer input and the
     # backward pass all-gathers it before recomputing the layer.
-    partition_activations: bool = False
-    gradient_accumulation_fusion: bool | None = None
-    deepspeed_train_schedule: bool | None = None
+    partition_activations: Bool = False
+    gradient_accumulation_fusion: Bool | None = None
+    deepspeed_train_schedule: Bool | None = None
     # gradients accumulated and reduced in fp32 (Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
     # and fsdp (torchtitan) yes for bf16 and fp8 training, deepspeed no
-    grad_reduce_in_fp32: bool | None = None
+    grad_reduce_in_fp32: Bool | None = None
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: Bool = False
     # PyTorch FSDP's version (framework fsdp): FSDP2 (fully_shard, torchtitan; the default) copies
     # each gathered unit out of the all-gather buffer and its gradients into the reduce-scatter
     # buffer; FSDP1's flat parameters (fms-fsdp, MosaicML) are views of those buffers
-    fsdp_version: Literal[1, 2] | None = None
+    fsdp_version: Int | None = Field(default=None, ge=1, le=2)
     # Hybrid sharding (FSDP HYBRID_SHARD, torchtitan's data_parallel_shard_degree, Megatron's
     # --num-distributed-optimizer-instances): ZeRO shards over groups of this many data-
     # parallel ranks, and the shards' replicas all-reduce their gradients
-    data_parallel_shard_degree: int | None = Field(
+    data_parallel_shard_degree: Int | None = Field(
         default=None, ge=1, validation_alias=AliasChoices("data_parallel_shard_degree", "dp_shard")
     )
     # Megatron-LM --overlap-p2p-communication (NeMo overlap_p2p_comm): pipeline sends run
     # asynchronously beside the next task instead of holding the sending stage
-    overlap_p2p_comm: bool = False
+    overlap_p2p_comm: Bool = False
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -158,8 +160,11 @@ class ParallelPlan(BaseModel):
                     f"parallel.layers_per_stage: {len(self.layers_per_stage)} stages given but "
                     f"pp={self.pipeline_model_parallel_size}"
                 )
-            if min(self.layers_per_stage) < 0:
-                raise ValueError("parallel.layers_per_stage: layer counts must be >= 0")
+            if min(self.layers_per_stage) < 1:
+                raise ValueError(
+                    "parallel.layers_per_stage: every stage needs >= 1 layer "
+                    f"(got {short_repr(list(self.layers_per_stage))})"
+                )
         return self
 
     # Short names used throughout the code.

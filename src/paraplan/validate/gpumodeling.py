@@ -9,11 +9,11 @@ Nothing here feeds back into any estimate: measured runs are for validation only
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from paraplan.catalog import resolve_job
+from paraplan.catalog.userdata import load_json
 from paraplan.prediction import Prediction, StageTiming, predict
 from paraplan.prediction.backends import ModelSet, make_cost_model
 from paraplan.specs import ConfigError
@@ -26,11 +26,11 @@ _CLUSTERS = {"perlmutter": "perlmutter-gpumodeling", "vista": "vista-gpumodeling
 def load_runs(path: Path | str) -> list[dict[str, Any]]:
     path = Path(path)
     try:
-        runs = json.loads(path.read_text(encoding="utf-8"))
+        runs = load_json(path.read_text(encoding="utf-8"), str(path))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
     if not isinstance(runs, list) or not all(isinstance(r, dict) and "parallel" in r for r in runs):
         raise ConfigError(
             f"{path}: expected a list of run records as in runs_perlmutter.json or runs_dev.json"

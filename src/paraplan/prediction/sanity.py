@@ -1,0 +1,68 @@
+"""The last check before a prediction is an answer: every figure it reports is a finite number
+a cluster can reach. A figure that is not is a bug (``InternalError``, exit code 3), never output."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+from paraplan.inventory import JobInventory
+from paraplan.prediction.result import Prediction
+from paraplan.specs import InternalError, Job
+
+
+def check_possible(prediction: Prediction, inv: JobInventory, peak_flops_total: float) -> None:
+    """Raise InternalError for a prediction no cluster can reach: an iteration that is not a
+    positive finite number of seconds, shorter than the kernels' executed FLOPs take at the
+    GPUs' summed peak, an MFU or HFU above 100 %, or any reported time, rate, memory or cost
+    figure that is negative or not finite. Validated inputs cannot make the roofline beat a
+    peak (every efficiency is at most 1 and every peak, bandwidth and latency positive and
+    bounded), and model and hardware FLOPs count no more than the kernels run (causal
+    attention's half), so each is a bug."""
+    iteration_s = prediction.iteration_s
+    check_iteration(prediction.job, iteration_s)
+    problems = []
+    floor_s = inv.executed_flops_per_iteration / peak_flops_total
+    if iteration_s < floor_s * (1 - 1e-9):
+        problems.append(f"an iteration of {iteration_s:.4g} s, faster than the {floor_s:.4g} s its kernels' "
+                        "FLOPs take at the GPUs' peak")
+    problems += [f"{name} {100 * value:.1f} %, above 100 %"
+                 for name, value in (("MFU", prediction.mfu), ("HFU", prediction.hfu)) if value > 1 + 1e-9]
+    problems += [f"{name} {value!r}" for name, value in reported_figures(prediction)
+                 if not (0 <= value < math.inf)]
+    if problems:
+        _impossible(prediction.job, problems)
+
+
+def check_iteration(job: Job, iteration_s: float) -> None:
+    """Raise InternalError unless the iteration is a positive finite number of seconds (the
+    figures divided by it are then finite too)."""
+    if not (0 < iteration_s < math.inf):
+        _impossible(job, [f"iteration time {iteration_s!r} s"])
+
+
+def reported_figures(prediction: Prediction) -> list[tuple[str, float]]:
+    """Every number a prediction reports that must be finite and not negative, by name."""
+    p = prediction
+    figures = [(name, getattr(p, name)) for name in ("tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
+                                                     "bubble_fraction", "params_total",
+                                                     "model_flops_per_iteration")]
+    figures += [(f"breakdown.{k}", v) for k, v in asdict(p.breakdown).items()]
+    for st in p.stages:
+        figures += [(f"stages[{st.stage}].{k}", float(v)) for k, v in asdict(st).items()]
+    for mem in p.memory:
+        figures += [(f"memory[{mem.stage}].{k}", float(v)) for k, v in asdict(mem).items()]
+        figures.append((f"memory[{mem.stage}].total", mem.total))
+    for name in ("cost_per_hour_usd", "usd_per_million_tokens", "time_to_train_s", "cost_to_train_usd"):
+        value = getattr(p, name)
+        if value is not None:
+            figures.append((name, value))
+    return figures
+
+
+def _impossible(job: Job, problems: list[str]) -> None:
+    raise InternalError(
+        f"internal error: the prediction for job {job.name!r} ({job.model.name} on "
+        f"{job.cluster.num_gpus} x {job.cluster.gpu.name}) is impossible: {'; '.join(problems)}. "
+        "It is not an answer; please report it to paraplan with the job file"
+    )
