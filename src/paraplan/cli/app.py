@@ -17,6 +17,7 @@ from paraplan.cli.report import report_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
 from paraplan.cli.sharding import sharding_command
+from paraplan.cli.trace import trace_app
 from paraplan.cli.validate import validate_command
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ app.add_typer(calibrate_app, name="calibrate", epilog=EXIT_CODES)
 app.command("search", epilog=EXIT_CODES)(search_command)
 app.command("export", epilog=EXIT_CODES)(export_command)
 app.command("sharding", epilog=EXIT_CODES)(sharding_command)
+app.add_typer(trace_app, name="trace", epilog=EXIT_CODES)
 
 
 def _print_version(value: bool) -> None:
