@@ -17,6 +17,7 @@ from paraplan.cli.report import report_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
 from paraplan.cli.sharding import sharding_command
+from paraplan.cli.trace import trace_app
 from paraplan.cli.validate import validate_command
 
 app = typer.Typer(
@@ -44,6 +45,8 @@ for _name, _command, _summary in (
 app.add_typer(samples_app, name="samples", short_help="Import measured operator and collective timings.",
               epilog=EXIT_CODES)
 app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves and links to measurements.",
+              epilog=EXIT_CODES)
+app.add_typer(trace_app, name="trace", short_help="Read PyTorch profiler traces: iterations, components.",
               epilog=EXIT_CODES)
 
 

@@ -1,0 +1,144 @@
+"""What `paraplan trace summarize` shows: iteration statistics, where each rank's time went,
+and the components of the fastest and the median iteration (tables within 80 columns)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from paraplan.traces.decode import Iteration
+from paraplan.traces.rules import COMPUTE_CLASSES
+from paraplan.traces.summary import TraceSummary
+
+_RANK_COLUMNS = 4  # more ranks than this: min / median / max over ranks
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def _components(it: Iteration) -> dict[str, float]:
+    """One iteration's components, in the order tables show them."""
+    rows = {f"compute {k}": v for k, v in it.compute_by_class.items()}
+    rows.update({f"comm {k}": v for k, v in it.comm_by_kind.items()})
+    rows.update({f"exposed comm {k}": v for k, v in it.exposed_by_dimension.items()})
+    rows["overlapped comm"] = it.overlap_s
+    rows["idle"] = it.idle_s
+    return rows
+
+
+def _order(name: str) -> tuple:
+    head = name.split(" ")[0]
+    rank = {"compute": 0, "comm": 1, "exposed": 2, "overlapped": 3, "idle": 4}.get(head, 5)
+    klass = name.removeprefix("compute ")
+    return (rank, COMPUTE_CLASSES.index(klass) if rank == 0 and klass in COMPUTE_CLASSES else 0, name)
+
+
+def trace_record(s: TraceSummary) -> dict[str, Any]:
+    """The summary as plain data (`--format json`); seconds throughout."""
+    def per_rank(step: int) -> list[dict[str, Any]]:
+        return [
+            {"rank": r.rank, "iteration_s": (it := s.iteration(r, step)).iteration_s, "compute_s": it.compute_s,
+             "comm_s": it.comm_s, "exposed_comm_s": it.exposed_comm_s, "components_s": _components(it)}
+            for r in s.ranks
+        ]
+
+    return {
+        "files": [str(r.path) for r in s.ranks],
+        "skipped": [{"file": str(f), "reason": why} for f, why in s.skipped],
+        "device": s.ranks[0].device,
+        "backend": s.ranks[0].backend,
+        "iteration_source": s.ranks[0].iteration_source,
+        "iterations": {"count": len(s.steps), "steps": list(s.steps), **s.stats()},
+        "iteration_s": {str(k): v for k, v in s.step_times_s.items()},
+        "noise_pct": s.noise_pct,
+        "fastest": {"step": s.fastest_step, "ranks": per_rank(s.fastest_step)},
+        "median": {"step": s.median_step, "ranks": per_rank(s.median_step)},
+        "ranks": [
+            {**vars(sh), "overlap_fraction": sh.overlap_fraction} for sh in s.shares()
+        ],
+        "slowest_rank": s.slowest_rank,
+        "collectives": s.collective_totals(),
+    }
+
+
+def render_trace_summary(s: TraceSummary) -> Group:
+    first = s.ranks[0]
+    steps = f"#{s.steps[0]}-#{s.steps[-1]}" if len(s.steps) > 1 else f"#{s.steps[0]}"
+    head = Text(
+        f"{len(s.steps)} iterations ({first.iteration_source} {steps}) on {len(s.ranks)} ranks, "
+        f"{first.device} trace" + (f", {first.backend}" if first.backend else "")
+    )
+    st = s.stats()
+    times = Table(box=box.SIMPLE_HEAD)
+    for col in ("min", "median", "mean", "p90", "max", "std"):
+        times.add_column(col, justify="right", no_wrap=True)
+    times.add_row(*(_ms(st[f"{c}_s"]) for c in ("min", "median", "mean", "p90", "max", "std")))
+    noise = Text(
+        f"Noise: the typical (median) iteration is {s.noise_pct:.1f} % slower than the fastest "
+        f"(#{s.fastest_step}, {_ms(s.step_times_s[s.fastest_step])} ms)."
+    )
+    return Group(
+        head, _title("Iteration time (ms; a step takes its slowest rank's time)"), times, noise,
+        _shares(s),
+        _title(f"Components of the fastest iteration, #{s.fastest_step} (ms)"),
+        _iteration_table(s, s.fastest_step),
+        _title(f"Components of the median iteration, #{s.median_step} (ms)"),
+        _iteration_table(s, s.median_step),
+    )
+
+
+def _title(text: str) -> Text:
+    return Text("\n" + text, style="bold")
+
+
+def _shares(s: TraceSummary) -> Group:
+    t = Table(box=box.SIMPLE_HEAD)
+    for col in ("rank", "iteration", "compute", "comm", "exposed", "overlap", "idle"):
+        t.add_column(col, justify="right", no_wrap=True)
+    shares = s.shares()
+    for sh in shares:
+        t.add_row(str(sh.rank), _ms(sh.iteration_s), _ms(sh.compute_s), _ms(sh.comm_s), _ms(sh.exposed_comm_s),
+                  _pct(sh.overlap_s, sh.comm_s), _ms(sh.idle_s))
+    slow = max(shares, key=lambda x: x.compute_s)
+    rest = [x.compute_s for x in shares if x.rank != slow.rank]
+    more = f", {_ms(slow.compute_s - statistics.median(rest))} ms more than the others' median" if rest else ""
+    note = Text(
+        f"Slowest rank: {slow.rank} (the most compute, {_ms(slow.compute_s)} ms{more}). "
+        "Overlap: the share of communication time hidden under compute."
+    )
+    return Group(_title("Per rank (ms, median over its iterations)"), t, note)
+
+
+def _iteration_table(s: TraceSummary, step: int) -> Table:
+    comps = {r.rank: _components(s.iteration(r, step)) for r in s.ranks}
+    names = sorted({n for c in comps.values() for n in c}, key=_order)
+    t = Table(box=box.SIMPLE_HEAD)
+    t.add_column("component", no_wrap=True)
+    few = len(s.ranks) <= _RANK_COLUMNS
+    headers = [f"rank {r.rank}" for r in s.ranks] if few else ["min", "median", "max", "max rank"]
+    for h in headers:
+        t.add_column(h, justify="right", no_wrap=True)
+    for name in [*names, "iteration"]:
+        values = {
+            rank: (s.iteration(next(r for r in s.ranks if r.rank == rank), step).iteration_s
+                   if name == "iteration" else c.get(name, 0.0))
+            for rank, c in comps.items()
+        }
+        if few:
+            t.add_row(name, *(_ms(values[r.rank]) for r in s.ranks), end_section=name == names[-1])
+        else:
+            top = max(values, key=values.__getitem__)
+            v = list(values.values())
+            t.add_row(name, _ms(min(v)), _ms(statistics.median(v)), _ms(max(v)), str(top),
+                      end_section=name == names[-1])
+    return t

@@ -1,0 +1,302 @@
+"""Decode one rank's trace into iterations, and each iteration into components.
+
+One pass over the events keeps, per thread, only (start, end, label) of each duration event (the
+label from the rules in `rules.py`; names, arguments and flow events are dropped as they stream
+by). Then, per thread, a sweep gives every instant to the innermost event's class (or to the
+outermost claiming one), and each iteration window is cut out of those segments:
+
+    iteration_s = compute_s + exposed communication + idle_s
+
+where compute is the union of compute segments, communication the union of communication
+segments (on any thread: gloo works on its own threads, NCCL on its own streams), exposed
+communication the part of it that no compute overlaps, and idle the rest.
+On a GPU trace (kernels present) the segments are the device's kernels; on a CPU trace, the
+host's operators.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paraplan.traces import intervals as iv
+from paraplan.traces.reader import TraceFileError, iter_events, read_header
+from paraplan.traces.rules import (
+    COMPUTE_CLASSES,
+    DTYPE_BYTES,
+    P2P_KINDS,
+    STEP_MARKER,
+    TRAIN_STEP_REGIONS,
+    classify,
+    collective_kind,
+    group_dimension,
+)
+
+_DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_SKIP_CATEGORIES = frozenset({"Trace", "fwdbwd", "ac2g", "gpu_user_annotation", "cuda_runtime", "cuda_driver"})
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One communication operation as the trace shows it (the transfer, waiting included)."""
+
+    step: int
+    kind: str  # all_reduce, all_gather, reduce_scatter, send, recv, ...
+    dimension: str  # tp, pp, dp, cp, ep or unknown
+    group: str
+    bytes: int | None  # the input's bytes (None when the trace did not record shapes)
+    group_size: int | None
+    start_us: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One iteration on one rank; compute + exposed communication + idle = iteration_s."""
+
+    step: int
+    start_us: float
+    iteration_s: float
+    compute_s: float
+    compute_by_class: dict[str, float]
+    comm_by_dimension: dict[str, float]  # busy time (union) of each dimension's communication
+    exposed_by_dimension: dict[str, float]  # ... of it with no compute beneath
+    comm_by_kind: dict[str, float]  # "dp all_reduce" -> busy seconds
+    overlap_s: float  # communication hidden under compute
+    idle_s: float
+
+    @property
+    def comm_s(self) -> float:
+        return sum(self.comm_by_dimension.values()) if self.comm_by_dimension else 0.0
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(self.exposed_by_dimension.values())
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    path: Path
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    device: str  # "gpu" (kernels present) or "cpu"
+    iteration_source: str  # "ProfilerStep" or the train-step region's name
+    iterations: tuple[Iteration, ...]
+    collectives: tuple[Collective, ...] = field(repr=False)
+    events: int = 0
+
+
+def decode_trace(path: Path) -> RankTrace:
+    """Read one rank's trace file and decode it. Raises TraceFileError when it cannot."""
+    path = Path(path)
+    header = read_header(path)
+    info = header.get("distributedInfo") or {}
+    groups = _Groups(info)
+    threads: dict[Any, list] = defaultdict(list)  # (pid, tid) -> [(ts, end, label, claims)]
+    device_threads: dict[Any, list] = defaultdict(list)
+    markers: list[tuple[int, float, float, Any]] = []
+    regions: list[tuple[str, float, float]] = []
+    pending: list[tuple[float, float, str, str, str, int | None, int | None]] = []
+    count = 0
+    for ev in iter_events(path):
+        count += 1
+        if ev.get("ph") != "X" or "dur" not in ev:
+            continue
+        cat = ev.get("cat") or ""
+        if cat in _SKIP_CATEGORIES:
+            continue
+        name = ev.get("name") or ""
+        ts, dur = float(ev.get("ts", 0.0)), float(ev["dur"])
+        key = (ev.get("pid"), ev.get("tid"))
+        m = STEP_MARKER.match(name)
+        if m:
+            markers.append((int(m.group(1)), ts, ts + dur, key))
+            continue
+        if any(r.match(name) for r in TRAIN_STEP_REGIONS):
+            regions.append((name, ts, ts + dur))
+            continue
+        verdict = classify(name, cat)
+        label = verdict.klass
+        if label == "comm":
+            args = ev.get("args") or {}
+            kind = verdict.collective or _kind_from_args(args)
+            dim, group, size = groups.dimension(kind, args)
+            label = f"comm {dim} {kind}"
+            if verdict.transfer:
+                pending.append((ts, dur, kind, dim, group, _bytes(args), size))
+        (device_threads if cat in _DEVICE_CATEGORIES else threads)[key].append((ts, ts + dur, label, verdict.claims))
+    if not markers and not regions:
+        raise TraceFileError(f"{path}: no iterations (no ProfilerStep#N markers nor a train-step region)")
+    timeline = device_threads if device_threads else threads
+    windows, source = _windows(markers, regions)
+    segments = [(segs, [e for _, e, _ in segs]) for segs in (_sweep(ev) for ev in timeline.values())]
+    iterations = tuple(_iteration(step, start, end, segments) for step, start, end in windows)
+    rank = info.get("rank")
+    if rank is None:
+        found = _RANK_IN_NAME.search(path.name)
+        rank = int(found.group(1)) if found else None
+    return RankTrace(
+        path=path,
+        rank=rank,
+        world_size=info.get("world_size"),
+        backend=info.get("backend"),
+        device="gpu" if device_threads else "cpu",
+        iteration_source=source,
+        iterations=iterations,
+        collectives=tuple(_collectives(pending, windows)),
+        events=count,
+    )
+
+
+def _windows(markers, regions) -> tuple[list[tuple[int, float, float]], str]:
+    if markers:
+        # the thread with the most markers is the training loop's (a trace has one)
+        per_thread: dict[Any, int] = defaultdict(int)
+        for *_, key in markers:
+            per_thread[key] += 1
+        main = max(per_thread, key=per_thread.__getitem__)
+        return sorted((s, a, b) for s, a, b, k in markers if k == main), "ProfilerStep"
+    name = regions[0][0]
+    spans = sorted((a, b) for n, a, b in regions if n == name)
+    return [(i, a, b) for i, (a, b) in enumerate(spans)], name
+
+
+def _sweep(events: list) -> list[tuple[float, float, str]]:
+    """Give every instant of one thread to a class: the outermost claiming event's, else the
+    innermost classified one's. An event that outlives its parent closes the parent."""
+    events.sort(key=lambda e: (e[0], -e[1]))
+    out: list[tuple[float, float, str]] = []
+    stack: list[tuple[float, str, bool]] = []  # (end, effective label, claims)
+    cursor = 0.0
+    for ts, end, label, claims in events:
+        while stack and (stack[-1][0] <= ts or end > stack[-1][0]):
+            top_end, top_label, _ = stack.pop()
+            stop = min(top_end, ts) if top_end > ts else top_end
+            if stop > cursor:
+                out.append((cursor, stop, top_label))
+            cursor = max(cursor, stop)
+        if stack:
+            if ts > cursor:
+                out.append((cursor, ts, stack[-1][1]))
+            parent_label, parent_claims = stack[-1][1], stack[-1][2]
+            effective = parent_label if parent_claims else (label or parent_label)
+            claims = claims or parent_claims
+        else:
+            effective = label or "other"
+        stack.append((end, effective, claims))
+        cursor = ts
+    while stack:
+        top_end, top_label, _ = stack.pop()
+        if top_end > cursor:
+            out.append((cursor, top_end, top_label))
+        cursor = max(cursor, top_end)
+    return out
+
+
+def _iteration(step: int, start: float, end: float, segments: list[tuple[list, list]]) -> Iteration:
+    compute: dict[str, list] = defaultdict(list)
+    comm_dim: dict[str, list] = defaultdict(list)
+    comm_kind: dict[str, list] = defaultdict(list)
+    for segs, ends in segments:
+        for i in range(bisect_right(ends, start), len(segs)):
+            s, e, label = segs[i]
+            if s >= end:
+                break
+            piece = (max(s, start), min(e, end))
+            if label.startswith("comm "):
+                _, dim, kind = label.split(" ", 2)
+                comm_dim[dim].append(piece)
+                comm_kind[f"{dim} {kind}"].append(piece)
+            else:
+                compute[label].append(piece)
+    busy = iv.union(p for pieces in compute.values() for p in pieces)
+    comm_all = iv.union(p for pieces in comm_dim.values() for p in pieces)
+    exposed: dict[str, float] = {}
+    covered = busy
+    for dim in sorted(comm_dim, key=_DIM_ORDER.index):
+        mine = iv.union(comm_dim[dim])
+        exposed[dim] = iv.length(iv.subtract(mine, covered)) * 1e-6
+        covered = iv.union([*covered, *mine])
+    span = end - start
+    return Iteration(
+        step=step,
+        start_us=start,
+        iteration_s=span * 1e-6,
+        compute_s=iv.length(busy) * 1e-6,
+        compute_by_class={c: iv.length(iv.union(compute[c])) * 1e-6 for c in COMPUTE_CLASSES if c in compute},
+        comm_by_dimension={d: iv.length(iv.union(comm_dim[d])) * 1e-6 for d in sorted(comm_dim, key=_DIM_ORDER.index)},
+        exposed_by_dimension=exposed,
+        comm_by_kind={k: iv.length(iv.union(v)) * 1e-6 for k, v in sorted(comm_kind.items())},
+        overlap_s=iv.length(iv.intersect(comm_all, busy)) * 1e-6,
+        idle_s=max(0.0, span - iv.length(iv.union([*busy, *comm_all]))) * 1e-6,
+    )
+
+
+_DIM_ORDER = ["tp", "cp", "ep", "pp", "dp", "unknown"]
+
+
+def _collectives(pending, windows) -> list[Collective]:
+    starts = [a for _, a, _ in windows]
+    out = []
+    for ts, dur, kind, dim, group, nbytes, size in sorted(pending):
+        i = bisect_right(starts, ts) - 1
+        if i < 0 or ts >= windows[i][2]:
+            continue
+        out.append(Collective(windows[i][0], kind, dim, group, nbytes, size, ts, dur * 1e-6))
+    return out
+
+
+def _kind_from_args(args: dict) -> str:
+    return collective_kind(str(args.get("Collective name", ""))) if args.get("Collective name") else "other"
+
+
+def _bytes(args: dict) -> int | None:
+    """Input bytes: NCCL's `In msg nelems` x dtype, or gloo's recorded `Input Dims` x type."""
+    if "In msg nelems" in args:
+        size = DTYPE_BYTES.get(str(args.get("dtype")))
+        return int(args["In msg nelems"]) * size if size else None
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not dims or not types:
+        return None
+    size = DTYPE_BYTES.get(str(types[0]))
+    if size is None or not isinstance(dims[0], list):
+        return None
+    n = 1
+    for d in dims[0]:
+        n *= int(d)
+    return n * size
+
+
+class _Groups:
+    """Which parallel dimension a communication event belongs to."""
+
+    def __init__(self, info: dict) -> None:
+        self.config = {str(g.get("pg_name")): g for g in info.get("pg_config") or []}
+        self.single = len(self.config) <= 1
+
+    def dimension(self, kind: str, args: dict) -> tuple[str, str, int | None]:
+        size = args.get("Group size")
+        name = str(args.get("Process Group Name", ""))
+        if not name and self.single and self.config:
+            name = next(iter(self.config))  # gloo names no group: with one, it is that one
+        config = self.config.get(name, {})
+        desc = str(args.get("Process Group Description", "") or config.get("pg_desc", ""))
+        group = desc or name or "world"
+        dim = group_dimension(desc) or group_dimension(name)
+        if dim is None:
+            if kind in P2P_KINDS:
+                dim = "pp"
+            elif self.single or desc == "default_pg":
+                # one process group: the collectives are data parallel's (DDP, FSDP, ZeRO)
+                dim = "dp"
+            else:
+                dim = "unknown"
+        if size is None:
+            size = config.get("pg_size")
+        return dim, group, int(size) if size is not None else None

@@ -1,0 +1,169 @@
+"""Read a Chrome / Kineto trace file (plain or gzipped JSON) one event at a time.
+
+ijson (the `traces` extra) streams the `traceEvents` array, so a multi-GB trace never sits in
+memory whole; without ijson the file is read with the standard library's json (whole). A file
+that is empty, truncated, not JSON or not a trace raises `TraceFileError` naming the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from paraplan.specs import ConfigError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+#: The trace's small top-level fields kept beside the events (Kineto writes them first).
+HEADER_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
+
+
+class TraceFileError(ConfigError):
+    """A trace file paraplan cannot read; ``str(err)`` is one line starting with the file name."""
+
+
+def _open(path: Path) -> IO[bytes]:
+    with open(path, "rb") as probe:
+        gz = probe.read(2) == _GZIP_MAGIC
+    return gzip.open(path, "rb") if gz else open(path, "rb")
+
+
+def _has_ijson() -> bool:
+    try:
+        import ijson  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The trace's top-level fields that precede `traceEvents` (rank, process groups, ...)."""
+    path = Path(path)
+    _check_start(path)
+    if not _has_ijson():
+        return {k: v for k, v in _load_whole(path).items() if k in HEADER_KEYS}
+    import ijson
+
+    header: dict[str, Any] = {}
+    with _guarded(path), _open(path) as f:
+        builder, key, depth = None, None, 0
+        for prefix, event, value in ijson.parse(f):
+            if builder is not None:
+                builder.event(event, value)
+                depth += {"start_map": 1, "start_array": 1, "end_map": -1, "end_array": -1}.get(event, 0)
+                if depth == 0:
+                    header[key] = builder.value
+                    builder = None
+            elif prefix == "" and event == "map_key":
+                if value == "traceEvents":
+                    break
+                key = value
+                builder = ijson.ObjectBuilder() if key in HEADER_KEYS else None
+            elif prefix == "" and event == "start_array":
+                break  # a bare array of events has no header
+    return header
+
+
+def iter_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Every event of the trace, in file order. Raises TraceFileError when the file is bad."""
+    path = Path(path)
+    _check_start(path)
+    if not _has_ijson():
+        yield from _whole_events(path)
+        return
+    import ijson
+
+    prefix = "item" if _check_start(path) == b"[" else "traceEvents.item"
+    count = 0
+    with _guarded(path), _open(path) as f:
+        for event in ijson.items(f, prefix, use_float=True):
+            if not isinstance(event, dict):
+                raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
+            count += 1
+            yield event
+    if count == 0:
+        _no_events(path)
+
+
+def _check_start(path: Path) -> bytes:
+    """The file's first non-blank byte, which must open a JSON object or array."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise TraceFileError(f"{path}: {exc.strerror or exc}") from None
+    if size == 0:
+        raise TraceFileError(f"{path}: empty file")
+    with _guarded(path), _open(path) as f:
+        first = f.read(1)
+        while first and first.isspace():
+            first = f.read(1)
+    if first not in (b"[", b"{"):
+        raise TraceFileError(f"{path}: not a JSON trace (starts with {first!r})")
+    return first
+
+
+def _no_events(path: Path) -> None:
+    with _guarded(path), _open(path) as f:
+        import ijson
+
+        keys = [v for p, e, v in ijson.parse(f) if p == "" and e == "map_key"]
+    if "traceEvents" not in keys and keys:
+        raise TraceFileError(f"{path}: not a profiler trace (no traceEvents; keys: {', '.join(keys[:5])})")
+    raise TraceFileError(f"{path}: the trace holds no events")
+
+
+def _load_whole(path: Path) -> dict[str, Any]:
+    with _guarded(path), _open(path) as f:
+        data = json.load(f)
+    if isinstance(data, list):
+        return {"traceEvents": data}
+    if not isinstance(data, dict) or "traceEvents" not in data:
+        raise TraceFileError(f"{path}: not a profiler trace (no traceEvents)")
+    return data
+
+
+def _whole_events(path: Path) -> Iterator[dict[str, Any]]:
+    events = _load_whole(path)["traceEvents"]
+    if not events:
+        raise TraceFileError(f"{path}: the trace holds no events")
+    for event in events:
+        if not isinstance(event, dict):
+            raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
+        yield event
+
+
+class _guarded:
+    """Turn the many ways a file can be broken into one TraceFileError naming it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None or isinstance(exc, TraceFileError):
+            return False
+        reason = _reason(exc)
+        if reason is None:
+            return False
+        raise TraceFileError(f"{self.path}: {reason}") from None
+
+
+def _reason(exc: BaseException) -> str | None:
+    name = type(exc).__name__
+    if isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile):
+        return f"truncated or corrupt gzip ({exc})"
+    if name == "IncompleteJSONError" or isinstance(exc, json.JSONDecodeError):
+        text = str(exc).splitlines()[0] if str(exc) else name
+        if "premature EOF" in text or "Expecting" in text or "Unterminated" in text:
+            return f"truncated or malformed JSON ({text})"
+        return f"not valid JSON ({text})"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not a text JSON file (binary content)"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return None

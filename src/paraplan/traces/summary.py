@@ -1,0 +1,192 @@
+"""Many ranks' decoded traces -> iteration statistics and components, as one record.
+
+An iteration's time is the slowest rank's time for that step (the job moves on when every rank
+has). The fastest and the median iteration are shown per rank and component; noise is how much
+slower the typical (median) iteration is than the fastest one.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paraplan.specs import ConfigError
+from paraplan.traces.decode import Iteration, RankTrace, decode_trace
+from paraplan.traces.reader import TraceFileError
+
+_TRACE_NAME = re.compile(r"rank|trace", re.I)
+_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """One rank's medians over the iterations: where its time went."""
+
+    rank: int
+    iteration_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    overlap_s: float
+    idle_s: float
+
+    @property
+    def overlap_fraction(self) -> float:
+        return self.overlap_s / self.comm_s if self.comm_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    ranks: tuple[RankTrace, ...]
+    steps: tuple[int, ...]  # the steps every rank has
+    step_times_s: dict[int, float]  # step -> slowest rank's time
+    skipped: tuple[tuple[Path, str], ...] = field(default=())
+
+    @property
+    def times(self) -> list[float]:
+        return [self.step_times_s[s] for s in self.steps]
+
+    def stats(self) -> dict[str, float]:
+        t = sorted(self.times)
+        n = len(t)
+        p90 = t[min(n - 1, max(0, round(0.9 * (n - 1))))]
+        return {
+            "min_s": t[0],
+            "median_s": statistics.median(t),
+            "mean_s": statistics.fmean(t),
+            "p90_s": p90,
+            "max_s": t[-1],
+            "std_s": statistics.pstdev(t) if n > 1 else 0.0,
+        }
+
+    @property
+    def fastest_step(self) -> int:
+        return min(self.steps, key=self.step_times_s.__getitem__)
+
+    @property
+    def median_step(self) -> int:
+        """The step whose time is the median (the upper middle one for an even count, so that
+        two iterations show the fastest and the other)."""
+        ordered = sorted(self.steps, key=self.step_times_s.__getitem__)
+        return ordered[len(ordered) // 2]
+
+    @property
+    def noise_pct(self) -> float:
+        """How much slower the typical iteration is than the fastest, in percent."""
+        return 100.0 * (statistics.median(self.times) / min(self.times) - 1.0)
+
+    def iteration(self, rank: RankTrace, step: int) -> Iteration:
+        return next(it for it in rank.iterations if it.step == step)
+
+    def shares(self) -> list[RankShare]:
+        out = []
+        for r in self.ranks:
+            its = [self.iteration(r, s) for s in self.steps]
+
+            def med(f, its=its):
+                return statistics.median(f(i) for i in its)
+
+            out.append(RankShare(
+                rank=r.rank, iteration_s=med(lambda i: i.iteration_s), compute_s=med(lambda i: i.compute_s),
+                comm_s=med(lambda i: i.comm_s), exposed_comm_s=med(lambda i: i.exposed_comm_s),
+                overlap_s=med(lambda i: i.overlap_s), idle_s=med(lambda i: i.idle_s),
+            ))
+        return out
+
+    @property
+    def slowest_rank(self) -> int:
+        """The rank with the most compute: the one the others wait for."""
+        return max(self.shares(), key=lambda s: s.compute_s).rank
+
+    def collective_totals(self) -> list[dict]:
+        """Per rank, dimension and kind: count, bytes and busy seconds per iteration (means)."""
+        acc: dict[tuple, list[float]] = defaultdict(lambda: [0, 0, 0.0, False])
+        steps = set(self.steps)
+        for r in self.ranks:
+            for c in r.collectives:
+                if c.step not in steps:
+                    continue
+                a = acc[(r.rank, c.dimension, c.kind, c.group, c.group_size)]
+                a[0] += 1
+                a[1] += c.bytes or 0
+                a[2] += c.duration_s
+                a[3] = a[3] or c.bytes is None
+        n = len(self.steps)
+        return [
+            {"rank": k[0], "dimension": k[1], "kind": k[2], "group": k[3], "group_size": k[4],
+             "count_per_iteration": a[0] / n, "bytes_per_iteration": None if a[3] else a[1] / n,
+             "seconds_per_iteration": a[2] / n}
+            for k, a in sorted(acc.items(), key=lambda kv: tuple(str(x) for x in kv[0]))
+        ]
+
+
+def trace_files(paths: list[Path]) -> list[Path]:
+    """The trace files named, a directory standing for the traces in it (names with 'rank'
+    or 'trace', else every .json / .json.gz file)."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_SUFFIXES))
+            named = [f for f in found if _TRACE_NAME.search(f.name)]
+            if not (named or found):
+                raise ConfigError(f"{p}: no .json or .json.gz trace files in this directory")
+            files.extend(named or found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise ConfigError(f"{p}: no such file or directory")
+    return files
+
+
+def summarize(paths: list[Path], decoded: list[RankTrace] | None = None) -> TraceSummary:
+    """Decode every rank's trace and summarise. A bad file among good ones is skipped and named
+    in `skipped`; when nothing can be read, or the files do not belong together, TraceFileError."""
+    files = trace_files(paths)
+    ranks, skipped = [], []
+    for f in files:
+        try:
+            ranks.append(decode_trace(f))
+        except TraceFileError as exc:
+            if len(files) == 1:
+                raise
+            skipped.append((f, str(exc).removeprefix(f"{f}: ")))
+    if not ranks:
+        f, reason = skipped[0]
+        raise TraceFileError(f"{f}: {reason} (and no other file could be read)")
+    ranks = _assign_ranks(ranks)
+    _check_together(ranks)
+    steps = sorted(set.intersection(*(set(it.step for it in r.iterations) for r in ranks)))
+    if not steps:
+        spans = "; ".join(f"{r.path.name}: steps {_span(r)}" for r in ranks)
+        raise TraceFileError(f"the files share no iteration (different runs?): {spans}")
+    times = {s: max(next(it.iteration_s for it in r.iterations if it.step == s) for r in ranks) for s in steps}
+    return TraceSummary(tuple(ranks), tuple(steps), times, tuple(skipped))
+
+
+def _assign_ranks(ranks: list[RankTrace]) -> list[RankTrace]:
+    from dataclasses import replace
+
+    taken = {r.rank for r in ranks if r.rank is not None}
+    free = (n for n in range(len(ranks) + len(taken)) if n not in taken)
+    out = [r if r.rank is not None else replace(r, rank=next(free)) for r in ranks]
+    return sorted(out, key=lambda r: r.rank)
+
+
+def _check_together(ranks: list[RankTrace]) -> None:
+    seen: dict[int, Path] = {}
+    for r in ranks:
+        if r.rank in seen:
+            raise TraceFileError(f"{r.path}: rank {r.rank} again (also {seen[r.rank]}): files of different runs?")
+        seen[r.rank] = r.path
+    worlds = {r.world_size for r in ranks if r.world_size is not None}
+    if len(worlds) > 1:
+        which = ", ".join(f"{r.path.name}: {r.world_size}" for r in ranks)
+        raise TraceFileError(f"the files disagree on the world size ({which}): files of different runs?")
+
+
+def _span(r: RankTrace) -> str:
+    steps = [it.step for it in r.iterations]
+    return f"{min(steps)}-{max(steps)}" if steps else "none"

@@ -1,0 +1,169 @@
+"""Train a tiny GPT on the CPU over a few processes (gloo) and record profiler traces.
+
+    python -m paraplan.traces.tinyrun --mode ddp --nproc 2 --out runs/ddp
+
+writes one Chrome trace per rank (`rank0.json.gz`, ...) and `timers.json`, the wall-clock time
+of every profiled iteration on every rank as the training loop measured it: the ground truth the
+trace decoder is checked against. Modes: `ddp` (DistributedDataParallel), `fsdp` (fully_shard,
+FSDP2) and `pipeline` (a GPipe schedule over `nproc` stages, torch.distributed.pipelining).
+torch is imported inside the functions, as everywhere in paraplan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from paraplan.specs import ConfigError
+
+MODES = ("ddp", "fsdp", "pipeline")
+TIMERS_FILE = "timers.json"
+
+
+def record_run(
+    mode: str,
+    out: Path,
+    *,
+    nproc: int = 2,
+    active: int = 5,
+    num_layers: int = 4,
+    shapes: bool = True,
+    force: bool = False,
+) -> Path:
+    """Spawn `nproc` gloo processes that train and profile; return the directory of traces."""
+    return record_runs({mode: out}, nproc=nproc, active=active, num_layers=num_layers, shapes=shapes, force=force)[0]
+
+
+def record_runs(
+    runs: dict[str, Path],
+    *,
+    nproc: int = 2,
+    wait: int = 1,
+    warmup: int = 2,
+    active: int = 5,
+    num_layers: int = 4,
+    shapes: bool = True,
+    force: bool = False,
+) -> list[Path]:
+    """Several modes, one after the other in the same processes (`{"ddp": dir, ...}`): the
+    processes start and import torch once."""
+    import torch.multiprocessing as mp
+
+    from paraplan.traces.tinygpt import TinyConfig
+
+    for mode in runs:
+        if mode not in MODES:
+            raise ConfigError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
+    if nproc < 2:
+        raise ConfigError(f"--nproc {nproc}: a distributed run needs at least 2 processes")
+    if num_layers < 1 or (num_layers % nproc and "pipeline" in runs):
+        raise ConfigError(f"--layers {num_layers}: a pipeline needs a multiple of --nproc ({nproc})")
+    outs = [Path(out) for out in runs.values()]
+    for out in outs:
+        if out.exists() and any(out.iterdir()) and not force:
+            raise ConfigError(f"{out}: exists and is not empty (use --force to write over it)")
+    for out in outs:
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("rank*.json*"):
+            old.unlink()
+    cfg = TinyConfig(num_layers=num_layers)
+    jobs = [
+        ({"mode": m, "nproc": nproc, "wait": wait, "warmup": warmup, "active": active, "shapes": shapes}, str(o))
+        for m, o in zip(runs, outs, strict=True)
+    ]
+    mp.spawn(_worker, args=(nproc, _free_port(), jobs, cfg), nprocs=nproc, join=True)
+    return outs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, jobs: list, cfg) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for settings, out in jobs:
+            _profile_one(rank, world, Path(out), settings, cfg)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _profile_one(rank: int, world: int, out: Path, settings: dict, cfg) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from paraplan.traces.tinygpt import build_step
+
+    step = build_step(settings["mode"], cfg, rank, world)
+    wait, warmup, active = settings["wait"], settings["warmup"], settings["active"]
+    trace = out / f"rank{rank}.json.gz"
+    timers: list[dict] = []
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=settings["shapes"],  # gives the collectives' bytes (and triples the size)
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
+    ) as prof:
+        for n in range(wait + warmup + active):
+            t0 = time.perf_counter()
+            loss = step()
+            t1 = time.perf_counter()
+            if n >= wait + warmup:
+                timers.append({"step": n, "seconds": t1 - t0, "loss": loss})
+            prof.step()
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, timers)
+    if rank == 0:
+        record = {
+            **settings,
+            "model": asdict(cfg),
+            "torch": torch.__version__,
+            "what": "wall-clock seconds of each profiled iteration (time.perf_counter around the step)",
+            "ranks": {str(r): t for r, t in enumerate(gathered)},
+        }
+        (out / TIMERS_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def load_timers(directory: Path) -> dict[int, dict[int, float]]:
+    """rank -> step number -> wall-clock seconds, from a run's `timers.json`."""
+    record = json.loads((Path(directory) / TIMERS_FILE).read_text())
+    return {int(r): {t["step"]: t["seconds"] for t in steps} for r, steps in record["ranks"].items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m paraplan.traces.tinyrun", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=MODES, default="ddp")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--active", type=int, default=5, help="profiled iterations")
+    parser.add_argument("--layers", type=int, default=4, help="transformer layers (a multiple of --nproc)")
+    parser.add_argument(
+        "--no-shapes", dest="shapes", action="store_false", help="record no shapes: a third of the size, no bytes"
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--force", action="store_true", help="write over a non-empty --out")
+    args = parser.parse_args(argv)
+    try:
+        record_run(
+            args.mode, args.out, nproc=args.nproc, active=args.active, num_layers=args.layers,
+            shapes=args.shapes, force=args.force,
+        )
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+
+
+if __name__ == "__main__":
+    main()
