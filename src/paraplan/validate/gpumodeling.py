@@ -3,7 +3,8 @@
 ``runs_perlmutter.json`` (see ../shared/data/gpumodeling/README.md) holds five real
 3D-parallel GPT-NeoX/DeepSpeed runs with their configuration, the measured iteration time and
 per-component times of the fastest iteration on the first, a middle and the last pipeline
-stage. This module turns each record's *configuration* into a job, predicts it, and compares.
+stage. This module reads each record as a ``MeasuredRun`` (its *configuration* as the job) and
+compares the components paraplan predicts with those measured (``runs.validate_runs`` predicts).
 Nothing here feeds back into any estimate: measured runs are for validation only.
 """
 
