@@ -1,8 +1,9 @@
 """Decode one rank's trace into iterations, and each iteration into components.
 
 One pass over the events keeps, per thread, only (start, end, label) of each duration event (the
-label from the rules in `rules.py`; names, arguments and flow events are dropped as they stream
-by). Then, per thread, a sweep gives every instant to the innermost event's class (or to the
+label from the rules in `rules.py`, decided once per name and category; names, arguments and
+flow events are dropped as they stream by), in arrays: a 1 GB trace holds millions of events.
+Then, per thread, a sweep gives every instant to the innermost event's class (or to the
 outermost claiming one), and each iteration window is cut out of those segments:
 
     iteration_s = compute_s + exposed communication + idle_s
