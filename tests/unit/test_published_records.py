@@ -135,3 +135,15 @@ def test_a_missing_dp_is_derived_from_the_gpus_and_the_other_degrees():
     run = copy.deepcopy(_FSDP_RUN)
     run["parallel"]["dp"] = None
     assert job_from_record(run).mapping["parallel"]["dp"] == 96
+
+
+def test_a_published_record_becomes_a_measured_run_with_its_source_and_assumptions():
+    from paraplan.validate import MeasuredRun, measured_from_record
+    from paraplan.validate.published import measured_from_published
+
+    run = measured_from_published(copy.deepcopy(_FSDP_RUN))
+    assert isinstance(run, MeasuredRun)
+    assert (run.kind, run.source, run.gpu) == ("published", "ibm", "H100-SXM5-80GB")
+    assert run.measured_iteration_s == pytest.approx(192 * 4096 / (7500 * 96))
+    assert run.components == () and run.assumed
+    assert measured_from_record(copy.deepcopy(_FSDP_RUN)) == run

@@ -8,6 +8,7 @@ import gzip
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,28 @@ def test_a_gpu_trace_is_read_from_its_kernels_and_nccl_arguments(tmp_path):
     assert it.overlap_s == pytest.approx(100e-6) and it.exposed_by_dimension == {"tp": pytest.approx(300e-6)}
     (c,) = trace.collectives
     assert (c.kind, c.dimension, c.bytes, c.group_size, c.step) == ("all_reduce", "tp", 2048, 4, 7)
+
+
+def test_the_fixtures_decode_to_what_the_decoder_gave_before_it_was_made_fast():
+    # decoded.json: every iteration and collective of each fixture, as the decoder of main at
+    # 5042c42 (tuples per event, no caches, no merged segments) gave them
+    before = json.loads((FIXTURES / "decoded.json").read_text())
+    for name, expected in before.items():
+        trace = decode_trace(FIXTURES / name)
+        assert [asdict(it) for it in trace.iterations] == expected["iterations"], name
+        assert [asdict(c) for c in trace.collectives] == expected["collectives"], name
+        assert trace.events == expected["events"], name
+
+
+def test_back_to_back_events_of_one_class_still_split_at_an_iteration_edge(tmp_path):
+    steps = [(1, 0, 100), (2, 100, 0), (3, 100, 100)]  # step 2 takes no time
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": ts,
+               "dur": dur} for n, ts, dur in steps]
+    events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": ts, "dur": 50}
+               for ts in (50, 100)]
+    first, empty, last = decode_trace(_write(events, tmp_path / "rank0.json")).iterations
+    assert first.compute_by_class == last.compute_by_class == {"gemm": pytest.approx(50e-6)}
+    assert empty.compute_by_class == {} and empty.iteration_s == 0
 
 
 @pytest.mark.parametrize(("name", "kind"), [

@@ -18,7 +18,7 @@ from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
 from paraplan.cli.sharding import sharding_command
 from paraplan.cli.trace import trace_app
-from paraplan.cli.validate import validate_command
+from paraplan.cli.validate import validate_app
 
 app = typer.Typer(
     name="paraplan",
@@ -34,7 +34,6 @@ for _name, _command, _summary in (
     ("predict", predict_command, "Predict one iteration's time, breakdown, memory and cost."),
     ("report", report_command, "Write one HTML page of a prediction: pictures, tables, GEMMs."),
     ("catalog", catalog_command, "List the catalog's GPUs, models or clusters."),
-    ("validate", validate_command, "Predict measured runs; print the errors."),
     ("fit", fit_command, "Fit the learned backend's regressors to samples."),
     ("search", search_command, "Search the parallel plans of a model on a cluster."),
     ("export", export_command, "Write the launch recipe of a job's plan."),
@@ -45,6 +44,8 @@ for _name, _command, _summary in (
 app.add_typer(samples_app, name="samples", short_help="Import measured operator and collective timings.",
               epilog=EXIT_CODES)
 app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves and links to measurements.",
+              epilog=EXIT_CODES)
+app.add_typer(validate_app, name="validate", short_help="Predict measured runs or a traced job; print the errors.",
               epilog=EXIT_CODES)
 app.add_typer(trace_app, name="trace", short_help="Read PyTorch profiler traces: iterations, components.",
               epilog=EXIT_CODES)

@@ -1,15 +1,48 @@
-"""`paraplan validate RUNS.json...`: predict measured runs and print the error tables."""
+"""`paraplan validate RUNS.json...` (measured runs: the error tables) and `paraplan validate
+trace JOB TRACE_DIR` (a profiler trace beside the prediction of its job, per component)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from paraplan.cli.common import OutputFormat, err, out, user_errors, write_text
+from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, OutputFormat, err, out, user_errors, write_text
 
 
+class _RunsByDefault(TyperGroup):
+    """`paraplan validate FILE...` is `paraplan validate runs FILE...`: a first word that names
+    no subcommand goes to `runs`. The help shows both forms, and `runs`' options."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["runs", *args]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[runs] RUNS_FILES... [OPTIONS]")
+        formatter.write_usage(ctx.command_path, "trace JOB TRACE_DIR [OPTIONS]", prefix="   or: ")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        runs = self.commands["runs"]
+        runs.format_options(click.Context(runs, info_name="runs", parent=ctx), formatter)
+        self.format_commands(ctx, formatter)
+
+
+validate_app = typer.Typer(
+    name="validate",
+    cls=_RunsByDefault,
+    help="Predict measured runs from their configuration and print the errors: run files "
+    "(runs_perlmutter.json, runs_dev*.json; `runs`, the default) or a profiler trace of a job (`trace`).",
+    no_args_is_help=True,
+    **HELP_SETTINGS,
+)
+
+
+@validate_app.command("runs", short_help="Measured runs from run files; the default form.", epilog=EXIT_CODES)
 def validate_command(
     runs_files: Annotated[
         list[Path],
@@ -46,3 +79,51 @@ def validate_command(
             write_text(render_csv(validation_rows(results, components=False)))
     else:
         out.print(render_validation(results, components=components))
+
+
+@validate_app.command("trace", short_help="A profiler trace beside the prediction of its job, per component.",
+                      epilog=EXIT_CODES)
+def trace_command(
+    job_file: Annotated[Path, typer.Argument(metavar="JOB", help="The job file of the traced run.")],
+    trace_dir: Annotated[Path, typer.Argument(help="Its rank traces (rank*.json.gz), as `paraplan trace record` writes.")],
+    output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    iteration: Annotated[str, typer.Option(help="fastest | median: the iteration compared.")] = "fastest",
+    plot: Annotated[Path | None, typer.Option(help="Also draw the components' shares, measured beside predicted "
+                                                   "(.png, .svg, .pdf).")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --plot file.")] = False,
+) -> None:
+    """Predict the job a profiler trace recorded; print, per pipeline stage, each component
+    measured and predicted (compute by kernel class, exposed communication per dimension, idle)
+    with its error, and the iteration's."""
+    from paraplan.catalog import load_job
+    from paraplan.regress.plot import check_plot_path
+    from paraplan.report.formats import render_csv, render_json
+    from paraplan.report.tracevalidation import (
+        component_rows,
+        render_trace_validation,
+        render_trace_validation_plot,
+        trace_validation_record,
+    )
+    from paraplan.specs import ConfigError, HeteroJob
+    from paraplan.validate import validate_run
+    from paraplan.validate.trace import load_trace_run
+
+    with user_errors():
+        if plot is not None:
+            check_plot_path(plot, overwrite=force, flag="--force")  # before the work, not after
+        job = load_job(job_file)
+        if isinstance(job, HeteroJob):
+            raise ConfigError(f"{job_file}: a heterogeneous cluster; validate trace takes one GPU type")
+        measured, skipped = load_trace_run(job, trace_dir, iteration)
+        result = validate_run(measured)
+    for path, reason in skipped:
+        err.print(f"[yellow]skipped:[/] {path}: {reason}", highlight=False, soft_wrap=True)
+    with user_errors():  # a non-finite number is an internal error (exit 3), never output
+        if output is OutputFormat.json:
+            write_text(render_json(trace_validation_record(result)))
+        elif output is OutputFormat.csv:
+            write_text(render_csv(component_rows(result)))
+        else:
+            out.print(render_trace_validation(result))
+    if plot is not None:
+        err.print(f"wrote {render_trace_validation_plot(result, plot)}", highlight=False)

@@ -2,7 +2,7 @@
 prediction is (``result``), what a stage costs (``stages``), memory, and the choice of cost
 model (``backends``)."""
 
-from paraplan.prediction.facade import all_ops, assemble_prediction, predict
+from paraplan.prediction.facade import all_ops, assemble_prediction, predict, stage_sends_s
 from paraplan.prediction.result import (
     Breakdown,
     CollectiveEstimate,
@@ -37,5 +37,6 @@ __all__ = [
     "exposed_beside",
     "ops_seconds",
     "predict",
+    "stage_sends_s",
     "stage_timing",
 ]

@@ -86,14 +86,7 @@ def assemble_prediction(
     iteration = drain[crit] + step[opt]
     m = plan.num_microbatches
     tc = timings[crit]
-    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-    if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
-        sends = 0.0  # no pipeline, or asynchronous sends that hold no stage: waiting is bubble
-    elif lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
-        sends = transfer_s(crit, plan.pp, m, p2p, mask)
-    else:  # each of the stage's v chunks sends forward and backward, except out of the model's ends
-        forward_sends = m * v - (m if crit == plan.pp - 1 else 0)
-        sends = (p2p + mask) * forward_sends + p2p * (m * v - (m if crit == 0 else 0))
+    sends = stage_sends_s(job, crit, p2p, mask)
     busy = m * tc.busy_mb_s
     breakdown = Breakdown(
         forward_compute_s=m * tc.forward_mb_s,
@@ -130,3 +123,19 @@ def assemble_prediction(
     )
     check_possible(prediction, inv, peak_flops_total)
     return prediction
+
+
+def stage_sends_s(job: Job, stage: int, p2p_s: float, mask_s: float = 0.0) -> float:
+    """Seconds stage ``stage`` spends holding pipeline sends over one iteration (``p2p_s`` one
+    activation or gradient, ``mask_s`` what a forward send carries besides)."""
+    plan = job.parallel
+    lockstep = plan.runs_deepspeed_train_schedule and plan.pp > 1
+    m = plan.num_microbatches
+    if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
+        return 0.0  # no pipeline, or asynchronous sends that hold no stage: waiting is bubble
+    if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
+        return transfer_s(stage, plan.pp, m, p2p_s, mask_s)
+    # each of the stage's v chunks sends forward and backward, except out of the model's ends
+    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
+    forward_sends = m * v - (m if stage == plan.pp - 1 else 0)
+    return (p2p_s + mask_s) * forward_sends + p2p_s * (m * v - (m if stage == 0 else 0))

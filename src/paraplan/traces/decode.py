@@ -1,8 +1,9 @@
 """Decode one rank's trace into iterations, and each iteration into components.
 
 One pass over the events keeps, per thread, only (start, end, label) of each duration event (the
-label from the rules in `rules.py`; names, arguments and flow events are dropped as they stream
-by). Then, per thread, a sweep gives every instant to the innermost event's class (or to the
+label from the rules in `rules.py`, decided once per name and category; names, arguments and
+flow events are dropped as they stream by), in arrays: a 1 GB trace holds millions of events.
+Then, per thread, a sweep gives every instant to the innermost event's class (or to the
 outermost claiming one), and each iteration window is cut out of those segments:
 
     iteration_s = compute_s + exposed communication + idle_s
@@ -17,11 +18,14 @@ host's operators.
 from __future__ import annotations
 
 import re
+from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from paraplan.traces import intervals as iv
 from paraplan.traces.reader import TraceFileError, iter_events, read_header
@@ -97,45 +101,15 @@ def decode_trace(path: Path) -> RankTrace:
     path = Path(path)
     header = read_header(path)
     info = header.get("distributedInfo") or {}
-    groups = _Groups(info)
-    threads: dict[Any, list] = defaultdict(list)  # (pid, tid) -> [(ts, end, label, claims)]
-    device_threads: dict[Any, list] = defaultdict(list)
-    markers: list[tuple[int, float, float, Any]] = []
-    regions: list[tuple[str, float, float]] = []
-    pending: list[tuple[float, float, str, str, str, int | None, int | None]] = []
-    count = 0
-    for ev in iter_events(path):
-        count += 1
-        if ev.get("ph") != "X" or "dur" not in ev:
-            continue
-        cat = ev.get("cat") or ""
-        if cat in _SKIP_CATEGORIES:
-            continue
-        name = ev.get("name") or ""
-        ts, dur = float(ev.get("ts", 0.0)), float(ev["dur"])
-        key = (ev.get("pid"), ev.get("tid"))
-        m = STEP_MARKER.match(name)
-        if m:
-            markers.append((int(m.group(1)), ts, ts + dur, key))
-            continue
-        if any(r.match(name) for r in TRAIN_STEP_REGIONS):
-            regions.append((name, ts, ts + dur))
-            continue
-        verdict = classify(name, cat)
-        label = verdict.klass
-        if label == "comm":
-            args = ev.get("args") or {}
-            kind = verdict.collective or _kind_from_args(args)
-            dim, group, size = groups.dimension(kind, args)
-            label = f"comm {dim} {kind}"
-            if verdict.transfer:
-                pending.append((ts, dur, kind, dim, group, _bytes(args), size))
-        (device_threads if cat in _DEVICE_CATEGORIES else threads)[key].append((ts, ts + dur, label, verdict.claims))
-    if not markers and not regions:
+    events = _Events(_Groups(info))
+    count = events.read(path)
+    if not events.markers and not events.regions:
         raise TraceFileError(f"{path}: no iterations (no ProfilerStep#N markers nor a train-step region)")
-    timeline = device_threads if device_threads else threads
-    windows, source = _windows(markers, regions)
-    segments = [(segs, [e for _, e, _ in segs]) for segs in (_sweep(ev) for ev in timeline.values())]
+    device = "gpu" if events.device else "cpu"
+    timeline = events.device if events.device else events.host
+    windows, source = _windows(events.markers, events.regions)
+    edges = frozenset(t for _, start, end in windows for t in (start, end))
+    segments = [_sweep(timeline.pop(key), events.classes, edges) for key in list(timeline)]
     iterations = tuple(_iteration(step, start, end, segments) for step, start, end in windows)
     rank = info.get("rank")
     if rank is None:
@@ -146,12 +120,106 @@ def decode_trace(path: Path) -> RankTrace:
         rank=rank,
         world_size=info.get("world_size"),
         backend=info.get("backend"),
-        device="gpu" if device_threads else "cpu",
+        device=device,
         iteration_source=source,
         iterations=iterations,
-        collectives=tuple(_collectives(pending, windows)),
+        collectives=tuple(_collectives(events.pending, windows)),
         events=count,
     )
+
+
+class _Thread:
+    """One thread's duration events, compactly (a 1 GB trace holds millions): start and end
+    (microseconds) and the index of each one's (label, claims) in `_Events.classes`."""
+
+    __slots__ = ("classes", "ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts, self.ends, self.classes = array("d"), array("d"), array("i")
+
+
+# What an event (by its name and category) is to the decoder.
+_SKIP, _MARKER, _REGION, _COMM, _SPAN = range(5)
+
+
+class _Events:
+    """One pass over a trace's events: iteration markers, train-step regions, communication
+    transfers, and every other duration event in its thread's `_Thread`."""
+
+    def __init__(self, groups: _Groups) -> None:
+        self.groups = groups
+        self.host: dict[Any, _Thread] = {}  # (pid, tid) -> its events
+        self.device: dict[Any, _Thread] = {}  # kernels, memcpy and memset
+        self.markers: list[tuple[int, float, float, Any]] = []
+        self.regions: list[tuple[str, float, float]] = []
+        self.pending: list[tuple[float, float, str, str, str, int | None, int | None]] = []
+        self.classes: list[tuple[str | None, bool]] = []  # (label, claims), by index
+        self._class_index: dict[tuple[str | None, bool], int] = {}
+        self._roles: dict[tuple[str, str], tuple[int, Any, bool]] = {}  # names repeat: decided once
+
+    def read(self, path: Path) -> int:
+        """Take in every event of the file; return how many there were."""
+        count = 0
+        roles = self._roles
+        for ev in iter_events(path):
+            count += 1
+            if ev.get("ph") != "X" or "dur" not in ev:
+                continue
+            cat = ev.get("cat") or ""
+            if cat in _SKIP_CATEGORIES:
+                continue
+            name = ev.get("name") or ""
+            role = roles.get((name, cat))
+            if role is None:
+                role = roles[(name, cat)] = self._role(name, cat)
+            what, value, on_device = role
+            ts, dur = float(ev.get("ts", 0.0)), float(ev["dur"])
+            key = (ev.get("pid"), ev.get("tid"))
+            if what == _MARKER:
+                self.markers.append((value, ts, ts + dur, key))
+                continue
+            if what == _REGION:
+                self.regions.append((name, ts, ts + dur))
+                continue
+            index = value if what == _SPAN else self._comm(value, ev, ts, dur)
+            threads = self.device if on_device else self.host
+            thread = threads.get(key)
+            if thread is None:
+                thread = threads[key] = _Thread()
+            thread.starts.append(ts)
+            thread.ends.append(ts + dur)
+            thread.classes.append(index)
+        return count
+
+    def _role(self, name: str, cat: str) -> tuple[int, Any, bool]:
+        """(what, value, on the device): a marker's step, a span's class index, a comm verdict."""
+        m = STEP_MARKER.match(name)
+        if m:
+            return _MARKER, int(m.group(1)), False
+        if any(r.match(name) for r in TRAIN_STEP_REGIONS):
+            return _REGION, name, False
+        verdict = classify(name, cat)
+        on_device = cat in _DEVICE_CATEGORIES
+        if verdict.klass == "comm":
+            return _COMM, verdict, on_device
+        return _SPAN, self._class(verdict.klass, verdict.claims), on_device
+
+    def _comm(self, verdict, ev: dict, ts: float, dur: float) -> int:
+        """A communication event's class index (its label names the dimension and kind, from
+        its arguments); a transfer is also kept as a collective."""
+        args = ev.get("args") or {}
+        kind = verdict.collective or _kind_from_args(args)
+        dim, group, size = self.groups.dimension(kind, args)
+        if verdict.transfer:
+            self.pending.append((ts, dur, kind, dim, group, _bytes(args), size))
+        return self._class(f"comm {dim} {kind}", verdict.claims)
+
+    def _class(self, label: str | None, claims: bool) -> int:
+        index = self._class_index.get((label, claims))
+        if index is None:
+            index = self._class_index[(label, claims)] = len(self.classes)
+            self.classes.append((label, claims))
+        return index
 
 
 def _windows(markers, regions) -> tuple[list[tuple[int, float, float]], str]:
@@ -167,23 +235,55 @@ def _windows(markers, regions) -> tuple[list[tuple[int, float, float]], str]:
     return [(i, a, b) for i, (a, b) in enumerate(spans)], name
 
 
-def _sweep(events: list) -> list[tuple[float, float, str]]:
+class _Segments:
+    """One thread's time cut into classified pieces, in order: starts, ends and labels. A piece
+    that continues the last one's class lengthens it (most do: nine in ten on real traces),
+    except at an iteration's edge (where a 0 s iteration would then find a piece to cut)."""
+
+    __slots__ = ("edges", "ends", "labels", "starts")
+
+    def __init__(self, edges: frozenset[float]) -> None:
+        self.starts, self.ends, self.labels = array("d"), array("d"), []
+        self.edges = edges
+
+    def add(self, start: float, end: float, label: str) -> None:
+        if self.labels and self.ends[-1] == start and self.labels[-1] == label and start not in self.edges:
+            self.ends[-1] = end
+            return
+        self.starts.append(start)
+        self.ends.append(end)
+        self.labels.append(label)
+
+
+def _in_time_order(thread: _Thread) -> zip:
+    """The thread's (start, end, class index) by start, the longer first at equal starts (a
+    stable sort: equal events keep the file's order)."""
+    starts = np.frombuffer(thread.starts, dtype=np.float64)
+    ends = np.frombuffer(thread.ends, dtype=np.float64)
+    order = np.lexsort((-ends, starts))
+    classes = np.frombuffer(thread.classes, dtype=np.intc)
+    return zip(array("d", starts[order].tobytes()), array("d", ends[order].tobytes()),
+               array("i", classes[order].tobytes()), strict=True)
+
+
+def _sweep(thread: _Thread, classes: list[tuple[str | None, bool]], edges: frozenset[float]) -> _Segments:
     """Give every instant of one thread to a class: the outermost claiming event's, else the
     innermost classified one's. An event that outlives its parent closes the parent."""
-    events.sort(key=lambda e: (e[0], -e[1]))
-    out: list[tuple[float, float, str]] = []
+    out = _Segments(edges)
+    add = out.add
     stack: list[tuple[float, str, bool]] = []  # (end, effective label, claims)
     cursor = 0.0
-    for ts, end, label, claims in events:
+    for ts, end, index in _in_time_order(thread):
+        label, claims = classes[index]
         while stack and (stack[-1][0] <= ts or end > stack[-1][0]):
             top_end, top_label, _ = stack.pop()
             stop = min(top_end, ts) if top_end > ts else top_end
             if stop > cursor:
-                out.append((cursor, stop, top_label))
+                add(cursor, stop, top_label)
             cursor = max(cursor, stop)
         if stack:
             if ts > cursor:
-                out.append((cursor, ts, stack[-1][1]))
+                add(cursor, ts, stack[-1][1])
             parent_label, parent_claims = stack[-1][1], stack[-1][2]
             effective = parent_label if parent_claims else (label or parent_label)
             claims = claims or parent_claims
@@ -194,20 +294,22 @@ def _sweep(events: list) -> list[tuple[float, float, str]]:
     while stack:
         top_end, top_label, _ = stack.pop()
         if top_end > cursor:
-            out.append((cursor, top_end, top_label))
+            add(cursor, top_end, top_label)
         cursor = max(cursor, top_end)
     return out
 
 
-def _iteration(step: int, start: float, end: float, segments: list[tuple[list, list]]) -> Iteration:
+def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -> Iteration:
     compute: dict[str, list] = defaultdict(list)
     comm_dim: dict[str, list] = defaultdict(list)
     comm_kind: dict[str, list] = defaultdict(list)
-    for segs, ends in segments:
-        for i in range(bisect_right(ends, start), len(segs)):
-            s, e, label = segs[i]
+    for segs in segments:
+        starts, ends, labels = segs.starts, segs.ends, segs.labels
+        for i in range(bisect_right(ends, start), len(labels)):
+            s = starts[i]
             if s >= end:
                 break
+            e, label = ends[i], labels[i]
             piece = (max(s, start), min(e, end))
             if label.startswith("comm "):
                 _, dim, kind = label.split(" ", 2)

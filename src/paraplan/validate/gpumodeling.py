@@ -3,39 +3,22 @@
 ``runs_perlmutter.json`` (see ../shared/data/gpumodeling/README.md) holds five real
 3D-parallel GPT-NeoX/DeepSpeed runs with their configuration, the measured iteration time and
 per-component times of the fastest iteration on the first, a middle and the last pipeline
-stage. This module turns each record's *configuration* into a job, predicts it, and compares.
+stage. This module reads each record as a ``MeasuredRun`` (its *configuration* as the job) and
+compares the components paraplan predicts with those measured (``runs.validate_runs`` predicts).
 Nothing here feeds back into any estimate: measured runs are for validation only.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from paraplan.catalog import resolve_job
-from paraplan.catalog.userdata import load_json
-from paraplan.prediction import Prediction, StageTiming, predict
-from paraplan.prediction.backends import ModelSet, make_cost_model
-from paraplan.specs import ConfigError
-from paraplan.validate.result import ComponentError, RunValidation
+from paraplan.prediction import Prediction, StageTiming
+from paraplan.validate.measured import MeasuredComponent, MeasuredRun
+from paraplan.validate.result import ComponentError
 
 # The clusters as the GPUModeling authors measured them (links fitted to their NCCL samples).
 _CLUSTERS = {"perlmutter": "perlmutter-gpumodeling", "vista": "vista-gpumodeling"}
-
-
-def load_runs(path: Path | str) -> list[dict[str, Any]]:
-    path = Path(path)
-    try:
-        runs = load_json(path.read_text(encoding="utf-8"), str(path))
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
-    if not isinstance(runs, list) or not all(isinstance(r, dict) and "parallel" in r for r in runs):
-        raise ConfigError(
-            f"{path}: expected a list of run records as in runs_perlmutter.json or runs_dev.json"
-        )
-    return runs
 
 
 def job_mapping_from_run(run: dict[str, Any]) -> dict[str, Any]:
@@ -100,10 +83,47 @@ def _stage_components(t: StageTiming, per_layer: dict[str, float]) -> dict[str, 
     }
 
 
-def _compare(run: dict[str, Any], pred: Prediction) -> tuple[ComponentError, ...]:
+#: The per-stage components, in the order tables show them (``_stage_components``'s keys).
+STAGE_COMPONENTS = (
+    "encoder_fwd", "encoder_bwd", "stage_fwd", "stage_bwd", "dp_allreduce", "dp_allgather", "optimizer_step",
+)
+_STAGES = ("first", "middle", "last")
+
+
+def measured_from_gpumodeling(run: dict[str, Any]) -> MeasuredRun:
+    """A GPUModeling25 record as a measured run: the fastest iteration (the reference), the
+    components of its first, middle and last stage, one TP all-reduce and one forward p2p send."""
     measured = run["measured"]["components_best_iteration_us"]
+    components = [
+        MeasuredComponent(name, where, index, measured[name][index] * 1e-6)
+        for index, where in enumerate(_STAGES)
+        for name in STAGE_COMPONENTS
+        if measured.get(name) is not None and measured[name][index] > 0
+    ]
+    if measured.get("mp_allreduce"):
+        components.append(MeasuredComponent("mp_allreduce", "-", None, sorted(measured["mp_allreduce"])[1] * 1e-6))
+    sent = [v for v in measured.get("pp_p2p") or () if v > 0]
+    if sent:
+        # one forward send (DeepSpeed's _exec_send_activations: the activation and the mask)
+        components.append(MeasuredComponent("pp_p2p", "-", None, min(sent) * 1e-6))
+    their = run.get("their_prediction", {}).get("derived_error_vs_statistics_pct", {}).get("vs_min")
+    job = resolve_job(job_mapping_from_run(run))
+    return MeasuredRun(
+        id=run["id"],
+        kind="gpumodeling25",
+        source="gpumodeling25",
+        job=job,
+        measured_iteration_s=run["measured"]["iteration_time_s"]["min"],
+        components=tuple(components),
+        gpu=job.cluster.gpu.name,
+        their_error=None if their is None else their / 100.0,
+    )
+
+
+def compare_gpumodeling(run: MeasuredRun, pred: Prediction) -> tuple[ComponentError, ...]:
+    """Each measured component beside paraplan's value of the same part."""
     stages = pred.stages
-    picks = {"first": stages[0], "middle": stages[1] if len(stages) > 2 else stages[0], "last": stages[-1]}
+    picks = (stages[0], stages[1] if len(stages) > 2 else stages[0], stages[-1])
     # One layer forward (with its TP all-reduces) and backward (with recompute), as traced.
     layer_f = sum(o.fwd_s for o in pred.layer_ops)
     layer_b = sum(o.bwd_s + o.recompute_s for o in pred.layer_ops)
@@ -111,54 +131,16 @@ def _compare(run: dict[str, Any], pred: Prediction) -> tuple[ComponentError, ...
     layer_tp_b = sum(c.seconds for c in pred.layer_collectives if c.phase != "fwd")
     recompute_tp = layer_tp_f if pred.job.parallel.recompute.value == "full" else 0.0
     per_layer = {"fwd": layer_f + layer_tp_f, "bwd": layer_b + layer_tp_b + recompute_tp}
-    out: list[ComponentError] = []
-    for index, (where, timing) in enumerate(picks.items()):
-        predicted = _stage_components(timing, per_layer)
-        for name, value in predicted.items():
-            got = measured.get(name)
-            if got is None or got[index] <= 0:
-                continue
-            out.append(ComponentError(name, where, got[index] * 1e-6, value))
     tp_calls = [c for c in pred.layer_collectives if c.name == "tp_allreduce"]
-    if tp_calls and measured.get("mp_allreduce"):
-        one_call = tp_calls[0].seconds / tp_calls[0].count
-        out.append(ComponentError("mp_allreduce", "-", sorted(measured["mp_allreduce"])[1] * 1e-6, one_call))
-    if pred.stages[0].p2p_s > 0 and measured.get("pp_p2p"):
-        # one forward send (DeepSpeed's _exec_send_activations: the activation and the mask)
-        sent = [v for v in measured["pp_p2p"] if v > 0]
-        if sent:
-            out.append(ComponentError("pp_p2p", "-", min(sent) * 1e-6, pred.stages[0].p2p_fwd_s))
+    out: list[ComponentError] = []
+    for c in run.components:
+        if c.stage_index is not None:
+            predicted = _stage_components(picks[c.stage_index], per_layer)[c.name]
+        elif c.name == "mp_allreduce" and tp_calls:
+            predicted = tp_calls[0].seconds / tp_calls[0].count
+        elif c.name == "pp_p2p" and stages[0].p2p_s > 0:
+            predicted = stages[0].p2p_fwd_s
+        else:
+            continue
+        out.append(ComponentError(c.name, c.stage, c.seconds, predicted))
     return tuple(out)
-
-
-def validate_runs(
-    runs: list[dict[str, Any]],
-    backend: str = "analytical",
-    models: ModelSet | None = None,
-    skipped: list[tuple[str, str]] | None = None,
-) -> list[RunValidation]:
-    """Predict every run from its configuration and compare with what was measured.
-    Accepts GPUModeling25 records (runs_perlmutter.json) and published records (runs_dev*.json);
-    ``backend``/``models`` choose the cost model; published records paraplan cannot read are
-    listed in ``skipped`` when it is given (see ``validate_published``)."""
-    from paraplan.validate.published import is_published_record, validate_published
-
-    traced = any("components_best_iteration_us" in r.get("measured", {}) for r in runs)
-    if runs and not traced and any(is_published_record(r) for r in runs):
-        return validate_published(runs, backend, models, skipped)
-    results = []
-    for run in runs:
-        job = resolve_job(job_mapping_from_run(run))
-        pred = predict(job, make_cost_model(job, backend, models))
-        their = run.get("their_prediction", {}).get("derived_error_vs_statistics_pct", {}).get("vs_min")
-        results.append(
-            RunValidation(
-                run_id=run["id"],
-                measured_iteration_s=run["measured"]["iteration_time_s"]["min"],
-                prediction=pred,
-                components=_compare(run, pred),
-                their_error=None if their is None else their / 100.0,
-                gpu=job.cluster.gpu.name,
-            )
-        )
-    return results

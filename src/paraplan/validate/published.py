@@ -13,11 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from paraplan.catalog import resolve_job
-from paraplan.prediction import predict
-from paraplan.prediction.backends import ModelSet, make_cost_model
 from paraplan.specs import ConfigError
+from paraplan.validate.measured import MeasuredRun
 from paraplan.validate.records import job_from_record
-from paraplan.validate.result import RunValidation
 
 
 def is_published_record(run: dict[str, Any]) -> bool:
@@ -55,38 +53,19 @@ def source_of(run: dict[str, Any]) -> str:
     return str(run["id"]).split("-")[0]
 
 
-def validate_published(
-    runs: list[dict[str, Any]],
-    backend: str = "analytical",
-    models: ModelSet | None = None,
-    skipped: list[tuple[str, str]] | None = None,
-) -> list[RunValidation]:
-    """Every record that maps onto a job, predicted and compared. A record paraplan cannot
-    read (an unknown GPU, a configuration its validation refuses, nothing measured to compare
-    with) is left out and, when ``skipped`` is given, appended to it as (run id, reason)."""
-    results = []
-    for run in runs:
-        try:
-            mapped = job_from_record(run)
-            job = resolve_job(mapped.mapping)
-            measured = measured_iteration_s(run)
-        except (ConfigError, KeyError, TypeError, ValueError) as err:
-            if skipped is None:
-                raise
-            reason = f"missing field {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
-            skipped.append((str(run.get("id", "?")), reason))
-            continue
-        pred = predict(job, make_cost_model(job, backend, models))
-        results.append(
-            RunValidation(
-                run_id=run["id"],
-                measured_iteration_s=measured,
-                prediction=pred,
-                components=(),
-                their_error=None,
-                source=source_of(run),
-                gpu=mapped.gpu,
-                assumed=mapped.assumed,
-            )
-        )
-    return results
+def measured_from_published(run: dict[str, Any]) -> MeasuredRun:
+    """A published record as a measured run: its configuration as a job on the catalog's
+    reference node of its GPU, its iteration time measured (or derived from its throughput).
+    A record paraplan cannot read raises ConfigError (or KeyError/TypeError/ValueError for a
+    malformed one), naming why."""
+    mapped = job_from_record(run)
+    job = resolve_job(mapped.mapping)
+    return MeasuredRun(
+        id=run["id"],
+        kind="published",
+        source=source_of(run),
+        job=job,
+        measured_iteration_s=measured_iteration_s(run),
+        gpu=mapped.gpu,
+        assumed=mapped.assumed,
+    )

@@ -29,6 +29,7 @@ class RunValidation:
     source: str = "gpumodeling25"
     gpu: str = ""
     assumed: tuple[str, ...] = ()  # what mapping the record onto a job had to assume
+    notes: tuple[str, ...] = ()  # how the measurement was taken (``MeasuredRun.notes``)
 
     @property
     def error(self) -> float:
