@@ -32,7 +32,9 @@ def _option(name: str, default: str) -> str:
 
 
 def run(*args: str) -> str:
-    done = subprocess.run([*PARAPLAN, *args], cwd=ROOT, check=True, capture_output=True, text=True)
+    done = subprocess.run([*PARAPLAN, *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"paraplan {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return done.stdout
 
 

@@ -157,3 +157,26 @@ def test_a_trace_without_shapes_is_one_line_exit_2():
     result = runner.invoke(app, ["calibrate", "trace", str(FIXTURES / "ddp"), "--job", str(JOB)])
     assert result.exit_code == 2
     assert "record_shapes=True" in result.output and "Traceback" not in result.output
+
+
+def test_the_per_call_overhead_is_fitted_with_the_memory_curve(calibrated):
+    (row,) = [r for r in calibrated.curves if r.kind == "overhead"]
+    assert "kernel_overhead_s" in row.reason
+    fitted = calibrated.cluster.gpu.efficiency.kernel_overhead_s
+    assert 0.0 <= fitted < 1e-3 and fitted != calibrated.before.gpu.efficiency.kernel_overhead_s
+
+
+def test_validate_trace_predicts_on_the_calibrated_cluster_when_asked(calibrated, tmp_path):
+    path = tmp_path / "mycluster.yaml"
+    path.write_text(cluster_file_yaml(calibrated.cluster, ["test"]), encoding="utf-8")
+    args = ["validate", "trace", str(JOB), str(FIXTURES / "ddp"), "--format", "json"]
+    nominal = runner.invoke(app, args)
+    on_it = runner.invoke(app, [*args, "--cluster", str(path)])
+    assert nominal.exit_code == 0 and on_it.exit_code == 0, on_it.output
+    assert nominal.stdout != on_it.stdout
+
+
+def test_validate_trace_names_an_unknown_cluster_in_one_line():
+    result = runner.invoke(app, ["validate", "trace", str(JOB), str(FIXTURES / "ddp"), "--cluster", "no-such"])
+    assert result.exit_code == 2
+    assert "no-such" in result.output and "Traceback" not in result.output

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paraplan.calibrate._common import US, ErrorStats, err_stats, silent
+from paraplan.calibrate._common import US, ErrorStats, err_stats, import_extra, silent
 from paraplan.calibrate.curves import MIN_HALF_WORK_LOG10, CurveFit, KernelPoints, fit_curve, predict_points
 from paraplan.calibrate.links import CollSamples, fit_links, predict_colls
 from paraplan.costmodel import estimate_op_s
@@ -131,7 +131,11 @@ def calibrate_from_trace(
         )
     gpu = job.cluster.gpu
     curves: list[CurveRow] = []
-    # memory first: a GEMM's time is the larger of its compute and its memory time
+    # memory first, with the per-call overhead every operator pays: a GEMM's time is the larger
+    # of its compute and its memory time, plus that overhead
+    gpu, overhead_row = _fit_overhead(timings, job, gpu, source)
+    if overhead_row is not None:
+        curves.append(overhead_row)
     for kind in ("memory", "gemm", "attention"):
         row = _fit_kind(kind, timings, job, gpu, seed, holdout, source)  # errors before: job.cluster.gpu
         curves.append(row)
@@ -171,6 +175,37 @@ def _fit_kind(kind, timings, job: Job, gpu, seed, holdout, source) -> CurveRow:
 
 
 _AT_PEAK = "runs at the nominal peak or faster: the GPU's peak is too low for these calls"
+
+
+def _fit_overhead(timings, job: Job, gpu, source: str):
+    """``kernel_overhead_s``, fitted together with the memory curve to the streaming
+    operators when they come in enough sizes (the smallest calls are all overhead, the largest
+    all bandwidth); the memory curve is then fitted again on its own with it fixed. Returns the
+    GPU with the overhead and a table row (None when it stays as it was)."""
+    points = _points("memory", [t for t in timings if t.klass == "memory"], job, source)
+    if points is None or _distinct_work(points) < MIN_POINTS:
+        return gpu, None
+    least_squares = import_extra("scipy.optimize").least_squares
+    every = list(range(len(points.ops)))
+
+    def trial(p: np.ndarray):
+        eff = gpu.efficiency.model_copy(update={"kernel_overhead_s": float(p[2]) * US})
+        return gpu.model_copy(update={"efficiency": eff}), EfficiencyCurve(max_fraction=float(p[0]),
+                                                                         half_work=float(10 ** p[1]))
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        g, curve = trial(p)
+        return np.log(predict_points(points, g, curve, every) / points.seconds)
+
+    bounds = ([0.01, MIN_HALF_WORK_LOG10, 0.0], [1.0, 13.0, 1e3])
+    starts = ([0.5, 4.0, overhead_us] for overhead_us in (0.5, 2.0, 8.0))  # the loss is not convex in it
+    result = min((least_squares(residuals, x0, bounds=bounds, loss="soft_l1", f_scale=0.1, x_scale="jac")
+                  for x0 in starts), key=lambda r: r.cost)
+    fitted, _ = trial(result.x)
+    before_us = gpu.efficiency.kernel_overhead_s / US
+    note = f"per-call overhead (kernel_overhead_s) {before_us:.2f} -> {result.x[2]:.2f} us, fitted with the memory curve"
+    row = CurveRow("overhead", len(points.ops), len(points.ops), None, None, None, note)
+    return fitted, row
 
 
 def _distinct_work(points: KernelPoints) -> int:

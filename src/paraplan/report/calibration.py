@@ -196,6 +196,9 @@ def render_trace_calibration(result: Any) -> Group:
     )
     notes: list[str] = []
     for row in result.curves:
+        if row.kind == "overhead":
+            notes.append(row.reason)
+            continue
         if row.fit is None:
             curves.add_row(row.kind, str(row.calls), str(row.points), "-", "-", "-", "-")
         else:
