@@ -17,6 +17,7 @@ data and never print; ``paraplan calibrate`` renders it (docs/calibration.md). s
 from paraplan.calibrate._common import ErrorStats, check_dependencies
 from paraplan.calibrate.catalog_yaml import (
     catalog_file,
+    cluster_file_yaml,
     efficiency_yaml,
     links_yaml,
     replace_efficiency_block,
@@ -58,6 +59,7 @@ __all__ = [
     "calibrate_operators",
     "catalog_file",
     "check_dependencies",
+    "cluster_file_yaml",
     "efficiency_yaml",
     "error_rows",
     "fit_efficiency",

@@ -14,7 +14,14 @@ from paraplan.calibrate.params import CURVES
 from paraplan.catalog.loader import catalog_key as _catalog_key
 from paraplan.specs import ClusterSpec, ConfigError, EfficiencyCurve, EfficiencySpec, LinkSpec
 
-__all__ = ["catalog_file", "efficiency_yaml", "links_yaml", "replace_efficiency_block", "write_new_file"]
+__all__ = [
+    "catalog_file",
+    "cluster_file_yaml",
+    "efficiency_yaml",
+    "links_yaml",
+    "replace_efficiency_block",
+    "write_new_file",
+]
 
 
 def efficiency_yaml(spec: EfficiencySpec, flops_keys: Sequence[str] = ()) -> str:
@@ -68,6 +75,27 @@ def links_yaml(cluster: ClusterSpec, source: str) -> str:
             lines.append(f"  p2p_efficiency: {link.p2p_efficiency:.4f}")
     lines.append(f"# source: {source}")
     return "\n".join(lines)
+
+
+def cluster_file_yaml(cluster: ClusterSpec, header: Sequence[str]) -> str:
+    """A whole cluster file (the GPU inline) that ``paraplan predict --cluster FILE`` loads:
+    every field that differs from its default, numbers to 4 significant digits, a curve's
+    ``source`` left out where it repeats the efficiency block's, ``header`` as comments."""
+    data = cluster.model_dump(mode="json", exclude_defaults=True)
+    shared = data.get("gpu", {}).get("efficiency", {}).get("source")
+    body = yaml.safe_dump(_tidy(data, shared), sort_keys=False, width=100, allow_unicode=True)
+    return "".join(f"# {line}\n" for line in header) + body
+
+
+def _tidy(value, shared: str | None):
+    if isinstance(value, dict):
+        curve = "max_fraction" in value  # a curve: its source is the block's
+        return {k: _tidy(v, shared) for k, v in value.items() if not (curve and k == "source" and v == shared)}
+    if isinstance(value, list):
+        return [_tidy(v, shared) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    return value
 
 
 def replace_efficiency_block(path: Path, block: str) -> None:

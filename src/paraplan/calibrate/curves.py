@@ -136,7 +136,7 @@ def load_attention_points(path: Path = ATTENTION_POINTS) -> KernelPoints:
 
 def _curves(gpu: GpuSpec, kind: str, precision: Precision, curve: EfficiencyCurve) -> GpuSpec:
     eff = gpu.efficiency
-    if precision in (Precision.BF16, Precision.FP16):
+    if kind == "memory" or precision in (Precision.BF16, Precision.FP16):  # memory: one curve for all
         eff = eff.model_copy(update={kind: curve})
     else:
         own = eff.precisions.get(precision) or PrecisionCurves(source="trial")
@@ -150,20 +150,40 @@ def predict_points(points: KernelPoints, gpu: GpuSpec, curve: EfficiencyCurve, i
     return np.array([estimate_op_s(points.ops[i], points.phases[i], trial, peak, points.precision) for i in index])
 
 
-def fit_curve(points: KernelPoints, gpu: GpuSpec, *, seed: int = 0, holdout: float = 0.2) -> CurveFit:
+#: The smallest half_work the fits consider (log10): no start-up cost beyond the kernel overhead.
+MIN_HALF_WORK_LOG10 = 3.0
+
+
+def fit_curve(
+    points: KernelPoints,
+    gpu: GpuSpec,
+    *,
+    seed: int = 0,
+    holdout: float = 0.2,
+    fit_half_work: bool = True,
+    loss: str = "linear",
+) -> CurveFit:
     """max_fraction and half_work of ``points.kind``'s curve on ``gpu`` (its other curves
-    as they are), fitted on 1 - ``holdout`` of the points and scored on the rest."""
+    as they are), fitted on 1 - ``holdout`` of the points and scored on the rest. With
+    ``fit_half_work=False`` (too few distinct sizes to tell the two apart) only max_fraction
+    is fitted and half_work is the smallest the fit allows (10**MIN_HALF_WORK_LOG10). ``loss``
+    is least_squares' (``soft_l1`` keeps one outlier call from pulling the curve)."""
     least_squares = import_extra("scipy.optimize").least_squares
     held = split_mask(list(range(len(points.ops))), holdout, seed)
     train, test = np.flatnonzero(~held), np.flatnonzero(held)
 
     def curve(p: np.ndarray) -> EfficiencyCurve:
-        return EfficiencyCurve(max_fraction=float(min(p[0], 1.0)), half_work=float(10 ** p[1]))
+        log_half = p[1] if fit_half_work else MIN_HALF_WORK_LOG10
+        return EfficiencyCurve(max_fraction=float(min(p[0], 1.0)), half_work=float(10**log_half))
 
     def residuals(p: np.ndarray) -> np.ndarray:
         return np.log(predict_points(points, gpu, curve(p), train) / points.seconds[train])
 
-    result = least_squares(residuals, [0.6, 9.5], bounds=([0.01, 3.0], [1.0, 13.0]))
+    if fit_half_work:
+        start, bounds = [0.6, 9.5], ([0.01, MIN_HALF_WORK_LOG10], [1.0, 13.0])
+    else:
+        start, bounds = [0.6], ([0.01], [1.0])
+    result = least_squares(residuals, start, bounds=bounds, loss=loss, f_scale=0.1)
     fitted = curve(result.x)
     score = err_stats(predict_points(points, gpu, fitted, test), points.seconds[test]) if len(test) else \
         err_stats(predict_points(points, gpu, fitted, train), points.seconds[train])

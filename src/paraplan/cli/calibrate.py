@@ -208,3 +208,48 @@ def collective_table_command(
         result = fit_collective_table(table, gpu_key, spec, min_bytes=min_mib * 2**20, seed=seed, holdout=holdout)
     out.print(render_collective_table(result, spec.name))
     write_text(result.block)
+
+
+@calibrate_app.command("trace", short_help="Fit a cluster's curves and links to a profiler trace of a job.")
+def trace_command(
+    paths: Annotated[list[Path], typer.Argument(
+        metavar="TRACE...", help="A directory of rank traces, or trace files (record_shapes=True).", show_default=False)],
+    job_file: Annotated[Path, typer.Option(
+        "--job", help="The job the trace ran (its cluster is the starting point).", show_default=False)],
+    seed: Seed = 0, holdout: Holdout = 0.2, date: Date = None,
+    out_file: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the calibrated cluster file here, not stdout.")] = None,
+    force: Force = False,
+) -> None:
+    """Fit the job's GPU efficiency curves (GEMM, attention, memory, norms and activations) to
+    the operators a profiler trace timed, and its links to the collectives it timed; write the
+    job's cluster with the fitted numbers as a cluster file for `paraplan predict --cluster`."""
+    from paraplan.calibrate import check_dependencies, cluster_file_yaml, write_new_file
+    from paraplan.calibrate.trace import calibrate_from_trace
+    from paraplan.catalog import load_job
+    from paraplan.regress.store import check_output_path
+    from paraplan.report.calibration import render_trace_calibration
+    from paraplan.specs import Job
+    from paraplan.traces.summary import trace_files
+
+    with user_errors():
+        check_dependencies()
+        if out_file is not None:
+            check_output_path(out_file, overwrite=force, flag="--force", what="cluster file")
+        job = load_job(job_file)
+        if not isinstance(job, Job):
+            raise ConfigError(f"--job {job_file}: a cluster of one GPU type is calibrated from a trace")
+        result = calibrate_from_trace(trace_files(paths), job, seed=seed, holdout=holdout, date=date, log=_log)
+        header = [
+            f"{result.cluster.name} calibrated by paraplan calibrate trace on {result.source.rsplit(' on ', 1)[-1]}",
+            f"from {len(result.files)} rank trace(s) of job {job.name} ({job_file})",
+            f"use it: paraplan predict JOB.yaml --cluster {out_file or 'THIS_FILE.yaml'}",
+        ]
+        text = cluster_file_yaml(result.cluster, header)
+    out.print(render_trace_calibration(result))
+    if out_file is None:
+        write_text("\n" + text)
+    else:
+        with user_errors():
+            write_new_file(out_file, text, overwrite=force, flag="--force")
+        _log(f"wrote the calibrated cluster to {out_file}")

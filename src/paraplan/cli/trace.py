@@ -82,7 +82,7 @@ def record_command(
     mode: Annotated[str, typer.Option(help="ddp | fsdp | pipeline")] = "ddp",
     nproc: Annotated[int, typer.Option(help="Processes (gloo, on the CPU).")] = 2,
     active: Annotated[int, typer.Option(help="Profiled iterations.")] = 5,
-    layers: Annotated[int, typer.Option(help="Transformer layers of the tiny GPT.")] = 4,
+    layers: Annotated[int, typer.Option(help="Transformer layers of the tiny GPT (examples/tiny-cpu describes 2).")] = 2,
     force: Annotated[bool, typer.Option(help="Write over a non-empty --out.")] = False,
 ) -> None:
     """Train a tiny GPT on the CPU over a few processes and record a profiler trace per rank

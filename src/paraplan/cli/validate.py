@@ -85,7 +85,11 @@ def validate_command(
                       epilog=EXIT_CODES)
 def trace_command(
     job_file: Annotated[Path, typer.Argument(metavar="JOB", help="The job file of the traced run.")],
-    trace_dir: Annotated[Path, typer.Argument(help="Its rank traces (rank*.json.gz), as `paraplan trace record` writes.")],
+    trace_dir: Annotated[Path, typer.Argument(
+        metavar="TRACE_DIR", help="Its rank traces (rank*.json.gz), as `paraplan trace record` writes.")],
+    cluster: Annotated[str | None, typer.Option(
+        help="Predict on this cluster (a file, e.g. from `paraplan calibrate trace`, or a catalog name) "
+             "instead of the job's.")] = None,
     output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
     iteration: Annotated[str, typer.Option(help="fastest | median: the iteration compared.")] = "fastest",
     plot: Annotated[Path | None, typer.Option(help="Also draw the components' shares, measured beside predicted "
@@ -111,7 +115,7 @@ def trace_command(
     with user_errors():
         if plot is not None:
             check_plot_path(plot, overwrite=force, flag="--force")  # before the work, not after
-        job = load_job(job_file)
+        job = load_job(job_file) if cluster is None else _job_on(job_file, cluster)
         if isinstance(job, HeteroJob):
             raise ConfigError(f"{job_file}: a heterogeneous cluster; validate trace takes one GPU type")
         measured, skipped = load_trace_run(job, trace_dir, iteration)
@@ -127,3 +131,13 @@ def trace_command(
             out.print(render_trace_validation(result))
     if plot is not None:
         err.print(f"wrote {render_trace_validation_plot(result, plot)}", highlight=False)
+
+
+def _job_on(job_file: Path, cluster: str):
+    """The job of ``job_file`` on another cluster (a file relative to the working directory)."""
+    from paraplan.catalog import resolve_job
+    from paraplan.catalog.jobs import read_job_mapping
+
+    raw = read_job_mapping(job_file)
+    raw["cluster"] = str(Path(cluster).resolve()) if Path(cluster).is_file() else cluster
+    return resolve_job(raw, base_dir=job_file.parent)

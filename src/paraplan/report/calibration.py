@@ -18,7 +18,7 @@ from rich.text import Text
 from paraplan.calibrate import EfficiencyFit, ErrorRow, ErrorStats, LinkCalibration, OperatorCalibration
 from paraplan.calibrate.operators import DEFAULT_MEMORY_TAGS
 
-__all__ = ["render_collective_table", "render_curve", "render_links", "render_operators"]
+__all__ = ["render_collective_table", "render_curve", "render_links", "render_operators", "render_trace_calibration"]
 
 _ERR_HEADERS = ("median\n|err| %", "mean\n|err| %", "median\nerr %")
 
@@ -185,3 +185,42 @@ def render_collective_table(fit: Any, cluster: str) -> Group:
         bus = [f"{f.curve.bus_bytes_per_s[n] / 1e9:.0f}" if n in f.curve.bus_bytes_per_s else "-" for n in groups]
         table.add_row(f.kind.value.replace("_", "-"), *bus, f"{f.curve.half_bytes / 1e6:.1f}", str(f.rows), *_stats(f.holdout))
     return Group(table, Text("errors on the held-out rows; the catalog block follows", style="dim"))
+
+
+def render_trace_calibration(result: Any) -> Group:
+    """``paraplan calibrate trace``: every curve and link, its fitted numbers, and its errors on
+    the trace's own calls before (the cluster as it was) and after the fit."""
+    curves = _table(
+        f"{result.cluster.gpu.name}: efficiency curves ({result.precision.value})",
+        "curve", "calls", "shapes", "max\nfraction", "half\nwork", "median err %\nbefore", "median err %\nafter",
+    )
+    notes: list[str] = []
+    for row in result.curves:
+        if row.kind == "overhead":
+            notes.append(row.reason)
+            continue
+        if row.fit is None:
+            curves.add_row(row.kind, str(row.calls), str(row.points), "-", "-", "-", "-")
+        else:
+            c = row.fit.curve
+            curves.add_row(row.kind, str(row.calls), str(row.points), f"{c.max_fraction:.4f}", f"{c.half_work:.3g}",
+                           f"{row.before.median:+,.1f}", f"{row.after.median:+,.1f}")
+        if row.reason:
+            notes.append(f"{row.kind}: {row.reason}")
+    parts: list[Any] = [curves]
+    if result.links:
+        links = _table(f"{result.cluster.name}: links", "link", "calls", "sizes\nkB", "fitted",
+                       "median err %\nbefore", "median err %\nafter")
+        for row in result.links:
+            sizes = f"{row.sizes[0] / 1e3:,.0f}-{row.sizes[1] / 1e3:,.0f}"
+            fitted = ", ".join(f.removesuffix("_s") for f in row.fitted)
+            links.add_row(row.side, str(row.calls), sizes, fitted, f"{row.before.median:+,.1f}",
+                          f"{row.after.median:+,.1f}")
+            if row.note:
+                notes.append(f"{row.side}: {row.note}")
+        parts.append(links)
+    else:
+        notes.append("links: no collective with recorded bytes (record_shapes=True) and a group of 2+: left as they were")
+    notes.append("errors: predicted/measured - 1 on the trace's own calls (median call of each shape), in-sample")
+    parts.append(Text("\n".join(notes), style="dim"))
+    return Group(*parts)

@@ -18,7 +18,7 @@ from torch import nn
 class TinyConfig:
     """Small enough that one iteration on two CPU processes takes tens of milliseconds."""
 
-    num_layers: int = 4
+    num_layers: int = 2
     hidden_size: int = 64
     num_attention_heads: int = 4
     seq_length: int = 64

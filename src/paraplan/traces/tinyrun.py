@@ -31,7 +31,7 @@ def record_run(
     *,
     nproc: int = 2,
     active: int = 5,
-    num_layers: int = 4,
+    num_layers: int = 2,
     shapes: bool = True,
     force: bool = False,
 ) -> Path:
@@ -46,7 +46,7 @@ def record_runs(
     wait: int = 1,
     warmup: int = 2,
     active: int = 5,
-    num_layers: int = 4,
+    num_layers: int = 2,
     shapes: bool = True,
     force: bool = False,
 ) -> list[Path]:
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=MODES, default="ddp")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--active", type=int, default=5, help="profiled iterations")
-    parser.add_argument("--layers", type=int, default=4, help="transformer layers (a multiple of --nproc)")
+    parser.add_argument("--layers", type=int, default=2, help="transformer layers (a multiple of --nproc)")
     parser.add_argument(
         "--no-shapes", dest="shapes", action="store_false", help="record no shapes: a third of the size, no bytes"
     )
