@@ -1,0 +1,8 @@
+"""Samplers that time operators (torch) and collectives (torch.distributed) on the user's own
+hardware and write sample records (:mod:`paraplan.samples.schema`).
+
+``records`` is the append-only journal every sampler writes through (nothing measured is lost;
+a killed sweep resumes); ``grid`` the shape grids (GPUModeling's YAML, ``--for job.yaml``,
+``--parts``); ``ops`` the operator sampler. torch is imported inside functions only
+(``pip install 'paraplan[profile]'``).
+"""
