@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,6 +13,8 @@ pytest.importorskip("sklearn")
 
 from paraplan.profile.adaptive import HeldOut, Pool, pools_from_samples, sample_adaptively, split_pool
 from paraplan.samples.schema import COLUMNS
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def synthetic_pool(n: int = 1200, seed: int = 0) -> Pool:
@@ -101,3 +106,42 @@ def test_a_samples_table_becomes_one_pool_per_regressor_with_duplicates_merged()
     (pool,) = pools
     assert len(pool) == 3 and pool.X.shape[0] == 3
     assert pool.points["time_s"].tolist() == pytest.approx([2e-4, 3e-4, 5e-4])  # geometric mean
+
+
+def test_a_shape_measure_cannot_time_is_skipped_and_never_asked_again(split):
+    candidates, heldout = split
+    asked: list[int] = []
+
+    def measure(points: pd.DataFrame) -> np.ndarray:
+        asked.extend(points["shape_id"])
+        times = replay(points).copy()
+        times[points["shape_id"].to_numpy() % 3 == 0] = np.nan  # "out of memory"
+        return times
+
+    result = sample_adaptively(candidates, measure, heldout, target_error=1e-6, batch_size=100)
+    assert result.stop_reason == "pool exhausted"
+    assert len(asked) == len(set(asked)) == len(candidates)
+    assert len(result.skipped) + result.n_samples == len(candidates)
+    assert all(candidates.points["shape_id"].iloc[result.chosen] % 3 != 0)
+
+
+def test_profile_adaptive_measures_a_grid_into_a_samples_file_and_resumes_from_its_journal(tmp_path):
+    pytest.importorskip("torch")
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+    from paraplan.samples import load_samples
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("gelu: {mp: [1], b: [1, 2], l: [32, 64, 128], dim: [32, 64, 128, 256]}\n")
+    out = tmp_path / "cpu.samples"
+    args = ["profile", "adaptive", "--grid", str(grid), "--device-name", "cpu-core", "--cluster",
+            str(REPO / "examples/tiny-cpu/cluster.yaml"), "--target-error", "5%", "--out", str(out), "-f", "json"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    record = json.loads(first.stdout)
+    assert record["summary"]["measured_now"] > 0
+    assert len(load_samples(out)) == record["summary"]["rows"]
+    again = CliRunner().invoke(app, [*args, "--force"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["summary"]["measured_now"] == 0  # all from the journal

@@ -84,7 +84,10 @@ class HeldOut:
 
     @classmethod
     def measured(cls, pool: Pool, measure: Measure) -> HeldOut:
-        return cls(pool.X, pool.baseline, _seconds(measure(pool.points), len(pool)))
+        """Measure every shape of ``pool``; those ``measure`` cannot time (NaN) are left out."""
+        times = _seconds(measure(pool.points), len(pool))
+        ok = np.isfinite(times)
+        return cls(pool.X[ok], pool.baseline[ok], times[ok])
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class AdaptiveRun:
     chosen: np.ndarray  # pool rows, in the order they were measured
     time_s: np.ndarray  # their measured seconds
     steps: list[Step] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # pool rows ``measure`` could not time (NaN)
     stop_reason: str = ""  # "target reached", "pool exhausted", "max_samples reached"
 
     @property
@@ -143,7 +147,8 @@ def sample_adaptively(
 ) -> AdaptiveRun:
     """Measure batches of ``pool`` until the held-out median error is at most ``target_error``.
 
-    ``measure(points)`` gets a DataFrame of pool rows and returns their seconds. Batches have
+    ``measure(points)`` gets a DataFrame of pool rows and returns their seconds (NaN for a
+    shape it cannot time, e.g. out of memory: it is skipped and never asked again). Batches have
     ``max(batch_size, growth * measured so far)`` shapes (``growth`` > 0 makes the schedule
     geometric); the seed has ``seed_size`` (default: ``max(batch_size, 10)``). ``order`` is
     "adaptive" or "random". An adaptive batch is the best-scored ``batch`` of a random shortlist
@@ -167,28 +172,53 @@ def sample_adaptively(
     first = max(batch_size, 10) if seed_size is None else seed_size
     first = min(max(2, first), limit)
     chosen = permutation[:first] if order == "random" else _maximin(scaled, first, rng)
-    run = AdaptiveRun(pool.key, order, target_error, np.asarray(chosen, dtype=int), np.empty(0))
-    run.time_s = _seconds(measure(pool.points.iloc[run.chosen]), len(run.chosen))
+    if len(heldout.time_s) == 0:
+        raise ValueError(f"{pool.key}: the held-out set is empty")
+    run = AdaptiveRun(pool.key, order, target_error, np.empty(0, dtype=int), np.empty(0))
+    _add(run, pool, measure, np.asarray(chosen, dtype=int))
+    tried = len(chosen)
     while True:
+        if len(run.chosen) < 2:
+            if tried >= limit:
+                run.stop_reason = "pool exhausted"
+                return run
+            batch = _unmeasured(permutation, run)[: max(batch_size, 2)]
+            _add(run, pool, measure, batch)
+            tried += len(batch)
+            continue
         model = _fit(pool, run, random_state)
         run.steps.append(_score(model, heldout, len(run.chosen)))
         if run.steps[-1].median_error <= target_error:
             run.stop_reason = "target reached"
             return run
-        if len(run.chosen) >= len(pool):
+        if tried >= len(pool):
             run.stop_reason = "pool exhausted"
             return run
-        if len(run.chosen) >= limit:
+        if tried >= limit:
             run.stop_reason = "max_samples reached"
             return run
-        size = min(max(batch_size, math.ceil(growth * len(run.chosen))), limit - len(run.chosen))
+        size = min(max(batch_size, math.ceil(growth * len(run.chosen))), limit - tried)
         if order == "random":
-            batch = permutation[len(run.chosen) : len(run.chosen) + size]
+            batch = _unmeasured(permutation, run)[:size]
         else:
             batch = _next_batch(pool, scaled, run, model, size, rng, shortlist)
-        times = _seconds(measure(pool.points.iloc[batch]), len(batch))
-        run.chosen = np.concatenate([run.chosen, batch])
-        run.time_s = np.concatenate([run.time_s, times])
+        _add(run, pool, measure, batch)
+        tried += len(batch)
+
+
+def _unmeasured(rows: np.ndarray, run: AdaptiveRun) -> np.ndarray:
+    return rows[np.isin(rows, np.concatenate([run.chosen, run.skipped]), invert=True)]
+
+
+def _add(run: AdaptiveRun, pool: Pool, measure: Measure, batch: np.ndarray) -> None:
+    """Measure ``batch`` (pool rows); the timed join ``run.chosen``, the rest ``run.skipped``."""
+    if len(batch) == 0:
+        return
+    times = _seconds(measure(pool.points.iloc[batch]), len(batch))
+    ok = np.isfinite(times)
+    run.chosen = np.concatenate([run.chosen, batch[ok]])
+    run.time_s = np.concatenate([run.time_s, times[ok]])
+    run.skipped += [int(i) for i in batch[~ok]]
 
 
 def heldout_error(estimator: Any, heldout: HeldOut) -> Step:
@@ -205,20 +235,21 @@ def split_pool(pool: Pool, fraction: float = 0.2, random_state: int = 0) -> tupl
     return pool.subset(np.sort(order[cut:])), pool.subset(np.sort(order[:cut]))
 
 
-def pools_from_samples(samples: Any) -> list[Pool]:
-    """One pool per regressor ``paraplan fit`` would fit on ``samples``, with its features.
+def pools_from_samples(samples: Any, hardware: Any = None) -> list[Pool]:
+    """One pool per regressor ``paraplan fit`` would fit on ``samples``, with its features
+    (GPUs outside the catalog from ``hardware``, a :class:`paraplan.fitting.Hardware`).
 
     Rows with identical features (one shape timed twice, or shapes the operator does not tell
     apart) become one candidate; its ``time_s`` is their geometric mean (NaN if unmeasured).
     """
     import pandas as pd
 
-    from paraplan.fitting import fit_tasks
+    from paraplan.fitting import Hardware, fit_tasks
 
     frame = samples.copy()
     frame["time_s"] = frame["time_s"].fillna(1.0)  # fit_tasks reads it; the pool does not use it
     pools = []
-    for task in fit_tasks(frame):
+    for task in fit_tasks(frame, hardware=hardware or Hardware()):
         _, first, inverse = np.unique(task.X.round(9), axis=0, return_index=True, return_inverse=True)
         inverse = np.asarray(inverse).reshape(-1)
         points = samples.loc[task.index[first]].copy()
@@ -230,8 +261,8 @@ def pools_from_samples(samples: Any) -> list[Pool]:
 
 def _seconds(times: Any, n: int) -> np.ndarray:
     out = np.asarray(times, dtype=float).reshape(-1)
-    if len(out) != n or not np.all(np.isfinite(out) & (out > 0)):
-        raise ValueError(f"measure: expected {n} finite positive times, got {out.tolist()[:5]}")
+    if len(out) != n or not np.all(np.isnan(out) | (np.isfinite(out) & (out > 0))):
+        raise ValueError(f"measure: expected {n} finite positive times (or NaN), got {out.tolist()[:5]}")
     return out
 
 
@@ -285,7 +316,7 @@ def _next_batch(
     when 0) with the highest disagreement + nearby error."""
     from scipy.spatial import cKDTree
 
-    free = np.setdiff1d(np.arange(len(pool)), run.chosen)
+    free = np.setdiff1d(np.arange(len(pool)), np.concatenate([run.chosen, run.skipped]).astype(int))
     if len(free) <= size:
         return free
     if shortlist:
