@@ -1,7 +1,8 @@
 """Alpha-beta times of NCCL collectives, in nccl-tests' bus-bandwidth convention.
 
 A ring all-reduce of S bytes over n ranks moves 2(n-1)/n * S bytes through each rank's
-link, an all-gather or reduce-scatter (n-1)/n * S; time = steps * latency + moved / busBw.
+link, an all-gather, reduce-scatter or all-to-all (n-1)/n * S, a (pipelined ring) broadcast
+S; time = steps * latency + moved / busBw.
 Within a node the bus bandwidth is the intra-node link's (on a direct-link mesh, the share of
 it that reaches the group's peers), or the link's measured curve for that collective
 (``LinkSpec.collectives``: bus bandwidth against message size and group size); across nodes each of the group's k GPUs on a node drives
@@ -36,6 +37,8 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
         return link.latency_s + coll.bytes / rate
     if coll.kind is CollectiveKind.ALL_REDUCE:
         moved, steps = 2.0 * (n - 1) / n * coll.bytes, 2 * (n - 1)
+    elif coll.kind is CollectiveKind.BROADCAST:
+        moved, steps = coll.bytes, n - 1
     else:
         moved, steps = (n - 1) / n * coll.bytes, n - 1
     curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
