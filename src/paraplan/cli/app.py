@@ -13,6 +13,7 @@ from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, usage_error
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
+from paraplan.cli.profile_comm import profile_app
 from paraplan.cli.report import report_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
@@ -46,6 +47,8 @@ app.add_typer(samples_app, name="samples", short_help="Import measured operator 
 app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves and links to measurements.",
               epilog=EXIT_CODES)
 app.add_typer(validate_app, name="validate", short_help="Predict measured runs or a traced job; print the errors.",
+              epilog=EXIT_CODES)
+app.add_typer(profile_app, name="profile", short_help="Time operators and collectives on your own hardware.",
               epilog=EXIT_CODES)
 app.add_typer(trace_app, name="trace", short_help="Read PyTorch profiler traces: iterations, components.",
               epilog=EXIT_CODES)

@@ -31,7 +31,7 @@ from paraplan.samples.store import check_samples_path
 from paraplan.specs import ConfigError, Precision
 from paraplan.units import UnitError, parse_bytes
 
-__all__ = ["CommConfig", "collective_row", "main", "parse_args", "point_key", "run_sweep"]
+__all__ = ["CommConfig", "collective_row", "device_name", "main", "parse_args", "point_key", "run_sweep", "validate_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +215,24 @@ def _sweep(config, job, device, points, hook, progress) -> Path | None:
     finally:
         if store is not None:
             store.close()
+
+
+def validate_sweep(min_bytes: str, max_bytes: str, factor: float, dtype: str, collectives: str, layouts: str,
+                   device: str, nnodes: int, nproc_per_node: int) -> None:
+    """Check a command line's sweep before any process is launched (a ConfigError or a
+    UnitError naming the flag)."""
+    sweep_sizes(int(parse_bytes(min_bytes)), int(parse_bytes(max_bytes)), factor)
+    if dtype not in ("auto", "fp32", "fp16", "bf16"):
+        raise ConfigError(f"--dtype {dtype!r}: expected auto, fp32, fp16 or bf16")
+    if device not in ("auto", "cuda", "cpu"):
+        raise ConfigError(f"--device {device!r}: expected auto, cuda or cpu")
+    try:
+        _kinds(collectives)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"--collectives {exc}") from None
+    if nnodes * nproc_per_node < 2:
+        raise ConfigError(f"{nnodes} node(s) x {nproc_per_node} process(es): a collective needs at least 2 ranks")
+    parse_layouts(layouts, nnodes, nproc_per_node)
 
 
 def _size(text: str) -> int:
