@@ -35,6 +35,16 @@ def torchrun_command(nnodes: int, nproc_per_node: int, sweep_args: Sequence[str]
             f"--rdzv-endpoint={master_addr}:{port}", "--rdzv-id=paraplan-comm", "-m", SAMPLER_MODULE, *sweep_args]
 
 
+def _flag_lines(args: Sequence[str]) -> list[str]:
+    """``--flag value`` pairs, one to a line, quoted for the shell."""
+    lines: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("-") or not lines:
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return [" ".join(line) for line in lines]
+
+
 def sbatch_script(
     nnodes: int,
     nproc_per_node: int,
@@ -58,7 +68,7 @@ def sbatch_script(
         head.append(f"#SBATCH --partition={partition}")
     if account is not None:
         head.append(f"#SBATCH --account={account}")
-    sweep = " \\\n    ".join(shlex.quote(a) for a in sweep_args)
+    sweep = " \\\n    ".join(_flag_lines(sweep_args))
     body = [
         "",
         "# paraplan's collective sampler: a size sweep of NCCL collectives within and across nodes,",
