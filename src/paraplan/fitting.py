@@ -9,8 +9,8 @@ samples are used: measured end-to-end runs never reach this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from paraplan.catalog import load_cluster, load_gpu
@@ -26,7 +26,7 @@ from paraplan.costmodel.features import (
 )
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim
 from paraplan.inventory.samples import op_for_sample
-from paraplan.specs import ClusterSpec, Phase, Precision
+from paraplan.specs import ClusterSpec, GpuSpec, Phase, Precision
 
 # Which sampled implementation an inventory operator is fitted on when the samples hold
 # several: Megatron-LM and the GPUModeling25 runs use the fused scale-mask-softmax kernel.
@@ -35,6 +35,34 @@ PREFERRED_VARIANT = {"softmax": "ScaledUpperTriangMaskedSoftmax"}
 # whose sampled setting differs from training (the optimizer files: fp16 without master
 # weights, whole stage on one GPU) are not fitted; they stay analytical.
 SKIPPED_NAMES = {"fillmask", "optimizer"}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """GPUs and clusters the samples name that the catalog does not hold (``paraplan fit
+    --cluster FILE``), by name; every other name is looked up in the catalog."""
+
+    gpus: dict[str, Any] = field(default_factory=dict)
+    clusters: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, clusters: Iterable[ClusterSpec]) -> Hardware:
+        clusters = list(clusters)
+        return cls({c.gpu.name: c.gpu for c in clusters}, {c.name: c for c in clusters})
+
+    def gpu(self, name: str) -> GpuSpec:
+        return self.gpus[name] if name in self.gpus else load_gpu(name)
+
+    def cluster(self, name: str, num_nodes: int | None = None) -> ClusterSpec:
+        if name in self.clusters:
+            found = self.clusters[name]
+            if num_nodes is None or num_nodes == found.num_nodes:
+                return found
+            return ClusterSpec.model_validate({**found.model_dump(), "num_nodes": num_nodes})
+        return load_cluster(name) if num_nodes is None else load_cluster(name, num_nodes=num_nodes)
+
+
+_CATALOG = Hardware()
 
 
 @dataclass(frozen=True)
@@ -47,7 +75,7 @@ class FitTask:
     groups: Any
 
 
-def _op_tasks(samples, progress: Callable[[int], None]) -> list[FitTask]:
+def _op_tasks(samples, progress: Callable[[int], None], hardware: Hardware) -> list[FitTask]:
     import numpy as np
 
     tasks = []
@@ -60,7 +88,7 @@ def _op_tasks(samples, progress: Callable[[int], None]) -> list[FitTask]:
         wanted = PREFERRED_VARIANT.get(name)
         variant = wanted if wanted in variants else ("" if "" in variants else sorted(variants)[0])
         group = group[group["variant"] == variant]
-        cluster = ClusterSpec(gpu=load_gpu(device), gpus_per_node=1)
+        cluster = ClusterSpec(gpu=hardware.gpu(device), gpus_per_node=1)
         cm = AnalyticalCostModel(cluster, Precision(dtype))
         rows, base, names = [], [], None
         for record in group.itertuples(index=False):
@@ -94,7 +122,7 @@ def _missing(value) -> bool:
     return bool(pd.isna(value))
 
 
-def _collective_tasks(samples, progress: Callable[[int], None]) -> list[FitTask]:
+def _collective_tasks(samples, progress: Callable[[int], None], hardware: Hardware) -> list[FitTask]:
     import numpy as np
 
     tasks = []
@@ -106,7 +134,7 @@ def _collective_tasks(samples, progress: Callable[[int], None]) -> list[FitTask]
         for record in group.itertuples(index=False):
             nodes, per_node = int(record.nodes), int(record.gpus_per_node)
             if nodes not in clusters:
-                clusters[nodes] = load_cluster(cluster_name, num_nodes=nodes)
+                clusters[nodes] = hardware.cluster(cluster_name, nodes)
             dim = ParallelDim.PP if kind is CollectiveKind.SEND_RECV else ParallelDim.DP
             coll = Collective(f"sample_{name}", kind, dim, float(record.bytes), Phase.FWD)
             layout = GroupLayout(size=nodes * per_node, nodes=nodes, per_node=per_node)
@@ -125,15 +153,32 @@ def _collective_tasks(samples, progress: Callable[[int], None]) -> list[FitTask]
     return tasks
 
 
-def fit_tasks(samples, progress: Callable[[int], None] | None = None) -> list[FitTask]:
+def fit_tasks(
+    samples, progress: Callable[[int], None] | None = None, hardware: Hardware = _CATALOG
+) -> list[FitTask]:
     """The regression problems a samples table defines (one per regressor). ``progress(rows)``
     is called as each group of rows is turned into features; the rows add up to
-    :func:`fitted_rows`."""
+    :func:`fitted_rows`. GPUs and clusters are the catalog's unless ``hardware`` has them."""
 
     def nothing(rows: int) -> None:
         pass
 
-    return _op_tasks(samples, progress or nothing) + _collective_tasks(samples, progress or nothing)
+    return _op_tasks(samples, progress or nothing, hardware) + _collective_tasks(samples, progress or nothing, hardware)
+
+
+def fittable(tasks: list[FitTask]) -> tuple[list[FitTask], dict[str, int]]:
+    """The tasks with enough distinct shapes to fit and evaluate a regressor, and the distinct
+    shapes of the others (their operators stay analytical): {key: distinct samples}."""
+    from paraplan.regress.select import MIN_DISTINCT_SAMPLES
+
+    keep, small = [], {}
+    for task in tasks:
+        distinct = len(set(task.groups)) if task.groups is not None else len({tuple(r) for r in task.X.tolist()})
+        if distinct < MIN_DISTINCT_SAMPLES:
+            small[task.key] = distinct
+        else:
+            keep.append(task)
+    return keep, small
 
 
 def fitted_rows(samples) -> int:
@@ -259,7 +304,7 @@ def regressor_sizes(samples) -> dict[str, int]:
     return sizes
 
 
-def training_metadata(samples_path, samples, budget: str, seed: int) -> dict[str, Any]:
+def training_metadata(samples_path, samples, budget: str, seed: int, hardware: Hardware = _CATALOG) -> dict[str, Any]:
     """What a models file records about how it was made."""
     from paraplan import __version__
 
@@ -274,18 +319,18 @@ def training_metadata(samples_path, samples, budget: str, seed: int) -> dict[str
         "seed": seed,
         "paraplan_version": __version__,
         "target": "log(measured / analytical estimate)",
-        "fingerprints": fingerprints(samples),
+        "fingerprints": fingerprints(samples, hardware),
     }
 
 
-def fingerprints(samples) -> dict[str, str]:
+def fingerprints(samples, hardware: Hardware = _CATALOG) -> dict[str, str]:
     """The baselines the residuals are relative to: each sampled GPU's catalog peaks and
     efficiency curves, each sampled cluster's links, as the catalog has them now."""
     from paraplan.costmodel.features import cluster_fingerprint, gpu_fingerprint
 
     out = {}
     for device in sorted(set(samples.loc[samples["kind"] == "op", "device"])):
-        out[f"gpu/{device}"] = gpu_fingerprint(load_gpu(device))
+        out[f"gpu/{device}"] = gpu_fingerprint(hardware.gpu(device))
     for name in sorted(set(samples.loc[samples["kind"] == "collective", "cluster"])):
-        out[f"cluster/{name}"] = cluster_fingerprint(load_cluster(name))
+        out[f"cluster/{name}"] = cluster_fingerprint(hardware.cluster(name))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from comm_workers import spawn, sweep_killed, sweep_logging_points, sweep_recording_buffers, sweep_slow_rank
@@ -15,7 +16,7 @@ from paraplan.profile.comm_timing import TimingSettings
 from paraplan.profile.launch import sbatch_script, torchrun_command
 from paraplan.profile.records import journal_path
 from paraplan.profile.sweep import Layout, auto_layouts, parse_layouts, sweep_points, sweep_sizes
-from paraplan.report.profiling import comm_summary_rows, render_comm_summary
+from paraplan.report.profile_comm import comm_summary_rows, render_comm_summary
 from paraplan.samples import load_samples, validate_samples
 from paraplan.samples.schema import COLLECTIVE_NAMES
 from paraplan.specs import ConfigError, Precision
@@ -23,6 +24,7 @@ from readable import assert_readable
 
 pytest.importorskip("torch.distributed")
 runner = CliRunner()
+TINY_CLUSTER = Path(__file__).parents[2] / "examples" / "tiny-cpu" / "cluster.yaml"
 FAST = TimingSettings(warmup=1, repeats=2, iters=1)
 
 
@@ -79,7 +81,7 @@ def test_four_processes_on_two_emulated_nodes(tmp_path):
     assert {(n, 1, 2) for n in ("all_reduce", "all_gather", "broadcast", "send_recv")} <= layouts
     assert {("all_reduce", 2, 1), ("all_reduce", 2, 2), ("send_recv", 2, 1)} <= layouts
     assert ("send_recv", 2, 2) not in layouts
-    assert (frame["device"] == "cpu").all() and (frame["dtype"] == "fp32").all()
+    assert (frame["device"] == "cpu-core").all() and (frame["dtype"] == "fp32").all()
     assert len(frame) == len(set(zip(frame["name"], frame["nodes"], frame["gpus_per_node"], frame["bytes"], strict=True)))
     calls = json.loads((tmp_path / "calls.0").read_text())
     gathers = {(c["out"], c["in"]) for c in calls if "gather" in c["call"]}
@@ -171,17 +173,25 @@ def test_cli_slurm_and_errors(tmp_path):
     assert result.exit_code == 0 and result.stdout.startswith("torchrun --nnodes=2 --nproc-per-node=4")
 
 
-def test_cli_local_run_then_fit(tmp_path):
-    """`paraplan profile comm` runs 2 processes here; `paraplan fit --quick` fits its
-    collective regressors (the catalog's dgx-a100 stands in for this CPU: fit needs a
-    catalog cluster for the analytical baseline)."""
+def test_cli_local_run_then_fit_with_operator_samples(tmp_path):
+    """`paraplan profile comm` runs 2 gloo processes here; `paraplan fit --quick` reads its
+    file with an operator samples file of the same machine (cpu-core, examples/tiny-cpu)."""
     out = tmp_path / "net.samples"
     result = runner.invoke(app, ["profile", "comm", "--out", str(out), "--max-bytes", "512 KiB", "--factor", "2",
-                                 "--cluster-name", "dgx-a100", "--repeats", "2", "--iters", "2", "--warmup", "1"])
+                                 "--cluster-name", "tiny-cpu-gloo", "--repeats", "2", "--iters", "2",
+                                 "--warmup", "1"])
     assert result.exit_code == 0, result.output
     assert "all_to_all" in result.stdout and "busbw" in result.stdout
-    models = tmp_path / "net.models"
-    fit = runner.invoke(app, ["fit", str(out), "--out", str(models), "--quick", "--format", "json"])
+    assert set(load_samples(out)["device"]) == {"cpu-core"}
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("gelu: {mp: [1, 2], b: [1, 2, 4], l: [16, 32], dim: [32, 64]}\n")
+    ops = tmp_path / "cpu.samples"
+    made = runner.invoke(app, ["profile", "ops", "--grid", str(grid), "--out", str(ops), "--format", "json"])
+    assert made.exit_code == 0, made.output
+    models = tmp_path / "cpu.models"
+    fit = runner.invoke(app, ["fit", str(ops), str(out), "--out", str(models), "--quick", "--format", "json",
+                              "--cluster", str(TINY_CLUSTER)])
     assert fit.exit_code == 0, fit.output
     keys = {m["key"] for m in json.loads(fit.stdout)["models"]}
-    assert {f"collective/dgx-a100/{k.value}/intra" for k in CollectiveKind} <= keys
+    assert {f"collective/tiny-cpu-gloo/{k.value}/intra" for k in CollectiveKind} <= keys
+    assert "op/cpu-core/fp32/gelu/fwd" in keys

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
 from paraplan.catalog.userdata import load_data, load_yaml
 from paraplan.specs import (
+    ClusterSpec,
     ConfigError,
     GpuSpec,
     HeteroClusterSpec,
@@ -399,3 +400,17 @@ def resolve_hetero(cluster: dict[str, Any]) -> HeteroClusterSpec:
         if key in raw:
             raise ConfigError(f"cluster.{key}: a heterogeneous cluster sets it per node group (node_groups)")
     return hetero_cluster(raw)
+
+
+def load_cluster_file(path: Path | str) -> ClusterSpec:
+    """A cluster of one GPU type from a cluster file (YAML/JSON), as a job's ``cluster:`` names it."""
+    path = Path(path)
+    cluster = _cluster(expand_cluster({"name": str(path)}))
+    if isinstance(cluster, dict):
+        if is_hetero(cluster):
+            raise ConfigError(f"{path}: a cluster of node groups; name a cluster of one GPU type")
+        try:
+            return ClusterSpec.model_validate(cluster)
+        except ValidationError as err:
+            raise ConfigError(f"{path}: {format_validation_error(err)}") from None
+    return cluster

@@ -11,13 +11,7 @@ from typing import Annotated
 
 import typer
 
-from paraplan.cli.common import HELP_SETTINGS, err, out, user_errors, write_text
-
-# until the operator sampler's `profile` group lands: the group with its one command
-profile_app = typer.Typer(
-    name="profile", help="Time operators and collectives on your own hardware.", no_args_is_help=True,
-    **HELP_SETTINGS,
-)
+from paraplan.cli.common import err, out, user_errors, write_text
 
 
 class Launcher(str, enum.Enum):
@@ -27,13 +21,15 @@ class Launcher(str, enum.Enum):
 
 
 def _sweep_args(out_file: Path, min_bytes: str, max_bytes: str, factor: float, dtype: str, collectives: str,
-                layouts: str, device: str, cluster_name: str, warmup: int, repeats: int, iters: int,
+                layouts: str, device: str, cluster_name: str, device_name: str, warmup: int, repeats: int, iters: int,
                 force: bool) -> list[str]:
     args = ["--out", str(out_file), "--min-bytes", min_bytes, "--max-bytes", max_bytes, "--factor", f"{factor:g}",
             "--dtype", dtype, "--collectives", collectives, "--layouts", layouts, "--device", device,
             "--warmup", str(warmup), "--repeats", str(repeats), "--iters", str(iters)]
     if cluster_name:
         args += ["--cluster-name", cluster_name]
+    if device_name:
+        args += ["--device-name", device_name]
     return [*args, "--force"] if force else args
 
 
@@ -50,7 +46,10 @@ def comm_command(
     collectives: Annotated[str, typer.Option(help="'all' or a comma list (all_reduce,all_gather,...).")] = "all",
     layouts: Annotated[str, typer.Option(help="Groups: 'auto' or NODESxGPUS,... (1x8,2x8,2x1).")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cuda (NCCL) or cpu (gloo).")] = "auto",
-    cluster_name: Annotated[str, typer.Option(help="Catalog cluster the job runs on (paraplan fit needs it).")] = "",
+    cluster_name: Annotated[str, typer.Option(help="Cluster the job runs on: a catalog name, or the name in "
+                                              "the file you give `paraplan fit --cluster`.")] = "",
+    device_name: Annotated[str, typer.Option(help="Catalog GPU to file the rows under (default: torch's "
+                                             "name; cpu-core on CPU).")] = "",
     warmup: Annotated[int, typer.Option(min=0)] = 2,
     repeats: Annotated[int, typer.Option(min=1)] = 5,
     iters: Annotated[int, typer.Option(help="Calls per timing (1 once a call takes 10 ms).", min=1)] = 5,
@@ -77,7 +76,7 @@ def comm_command(
                               "use --launcher torchrun or slurm")
         target = out_file.resolve() if launcher is Launcher.slurm else out_file
         args = _sweep_args(target, min_bytes, max_bytes, factor, dtype, collectives, layouts, device,
-                           cluster_name, warmup, repeats, iters, force)
+                           cluster_name, device_name, warmup, repeats, iters, force)
         if launcher is Launcher.torchrun:
             write_text(shlex.join(torchrun_command(nnodes, nproc_per_node, args, master_addr)))
             if nnodes > 1:
@@ -99,7 +98,7 @@ def comm_command(
 
 
 def _summary(out_file: Path) -> None:
-    from paraplan.report.profiling import comm_summary_rows, render_comm_summary
+    from paraplan.report.profile_comm import comm_summary_rows, render_comm_summary
     from paraplan.samples import load_samples
 
     frame = load_samples(out_file)
@@ -107,5 +106,3 @@ def _summary(out_file: Path) -> None:
     title = f"{out_file}: {len(frame)} collective timings" + (f" ({seconds:.1f} s)" if seconds else "")
     out.print(render_comm_summary(comm_summary_rows(frame), title))
 
-
-profile_app.command("comm", epilog=None)(comm_command)

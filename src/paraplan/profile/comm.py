@@ -25,6 +25,7 @@ from typing import Any
 
 from paraplan.inventory import CollectiveKind
 from paraplan.profile.comm_timing import CommGroups, TimingSettings, time_point
+from paraplan.profile.ops import default_device_name
 from paraplan.profile.records import RecordStore, journal_path
 from paraplan.profile.sweep import ALL_KINDS, Point, parse_layouts, sweep_points, sweep_sizes
 from paraplan.samples.store import check_samples_path
@@ -49,6 +50,7 @@ class CommConfig:
     layouts: str = "auto"
     device: str = "auto"  # cuda when torch sees a GPU, else cpu
     cluster: str = ""
+    device_name: str = ""  # default: the operator sampler's name for the device
     force: bool = False
     timing: TimingSettings = field(default_factory=TimingSettings)
 
@@ -109,20 +111,10 @@ def _device(config: CommConfig, job: _Job) -> Any:
     return torch.device("cpu")
 
 
-def device_name(device: Any) -> str:
-    """The ``device`` column: the catalog GPU's name when the catalog knows the GPU (else
-    torch's name for it), ``"cpu"`` for processes on CPU cores."""
-    if device.type != "cuda":
-        return "cpu"
-    import torch
-
-    from paraplan.catalog import load_gpu
-
-    name = torch.cuda.get_device_name(device)
-    try:
-        return load_gpu(name).name
-    except ConfigError:
-        return name
+def device_name(config: CommConfig, device: Any) -> str:
+    """The ``device`` column: ``--device-name``, else what the operator sampler files its rows
+    under (torch's GPU name; ``cpu-core`` for processes on CPU cores)."""
+    return config.device_name or default_device_name(str(device))
 
 
 def _dtype(config: CommConfig, device: Any) -> Precision:
@@ -178,7 +170,7 @@ def _open_store(config: CommConfig, header: dict[str, Any]) -> RecordStore:
 def _sweep(config, job, device, points, hook, progress) -> Path | None:
     import torch.distributed as dist
 
-    name = device_name(device)
+    name = device_name(config, device)
     store, message = None, None
     if job.rank == 0:
         try:
@@ -261,7 +253,10 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collectives", type=_kinds, default=ALL_KINDS, help="'all' or a comma list")
     parser.add_argument("--layouts", default="auto", help="'auto' or NODESxGPUS,... (e.g. 1x8,2x8,2x1)")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
-    parser.add_argument("--cluster-name", default="", help="catalog cluster the job runs on (for paraplan fit)")
+    parser.add_argument("--cluster-name", default="", help="cluster the job runs on (paraplan fit: a catalog name "
+                        "or the name in a --cluster file)")
+    parser.add_argument("--device-name", default="", help="catalog GPU to file the rows under "
+                        "(default: torch's name; cpu-core on CPU)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iters", type=int, default=5, help="calls per timing (1 once a call takes 10 ms)")
@@ -276,7 +271,8 @@ def parse_args(argv: Sequence[str] | None = None) -> CommConfig:
         parser.error("--warmup must be >= 0, --repeats and --iters >= 1")
     return CommConfig(
         out=a.out, min_bytes=a.min_bytes, max_bytes=a.max_bytes, factor=a.factor, dtype=a.dtype,
-        kinds=a.collectives, layouts=a.layouts, device=a.device, cluster=a.cluster_name, force=a.force,
+        kinds=a.collectives, layouts=a.layouts, device=a.device, cluster=a.cluster_name,
+        device_name=a.device_name, force=a.force,
         timing=TimingSettings(warmup=a.warmup, repeats=a.repeats, iters=a.iters),
     )
 
