@@ -34,7 +34,6 @@ def render_comm_summary(rows: list[dict[str, Any]], title: str) -> ReadableTable
     table = ReadableTable(title)
     table.add_column("collective")
     table.add_column("group", legend="nodes x ranks per node")
-    table.add_column("points", number=True)
     table.add_column("smallest size", short="small", number=True)
     table.add_column("time at smallest", short="t small", number=True)
     table.add_column("largest size", short="large", number=True)
@@ -42,7 +41,7 @@ def render_comm_summary(rows: list[dict[str, Any]], title: str) -> ReadableTable
     table.add_column("bus bandwidth at largest", short="busbw", number=True)
     for r in rows:
         table.add_row(
-            r["collective"], f"{r['nodes']}x{r['gpus_per_node']}", str(r["points"]),
+            r["collective"], f"{r['nodes']}x{r['gpus_per_node']}",
             format_bytes(r["smallest_bytes"]), f"{r['smallest_s'] * 1e6:,.0f} us",
             format_bytes(r["largest_bytes"]), f"{r['largest_s'] * 1e3:,.2f} ms",
             f"{r['largest_bus_bytes_per_s'] / 1e9:,.2f} GB/s",
