@@ -213,3 +213,23 @@ def _frame(rows: list[dict]):
     frame = pd.DataFrame(rows)
     frame["source"], frame["row"] = "test", range(len(rows))
     return frame
+
+
+def test_the_sweep_summary_reads_at_80_columns() -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from paraplan.report.profile import render_sweep
+    from readable import assert_readable
+
+    record = {
+        "summary": {"out": "h100.samples", "journal": "h100.samples.journal", "device": "H100-SXM5-80GB",
+                    "points": 3, "measured_now": 2, "skipped_now": 1, "resumed": 0, "rows": 4, "wall_s": 1.5,
+                    "s_per_point": 0.5, "median_spread": 0.02},
+        "operators": [{"operator": "cross_entropy", "dtype": "bf16", "points": 2, "median_fwd_s": 1.25e-4,
+                       "median_bwd_s": 2.5e-4}],
+        "skipped": [{"reason": "fp8: the sampler has no FP8 kernels yet (Transformer Engine's are not timed)",
+                     "points": 1}],
+    }
+    for table in render_sweep(record).renderables[2:]:
+        assert_readable(table)
