@@ -14,6 +14,8 @@ __all__ = [
     "DTYPE_BYTES",
     "UnitError",
     "format_bytes",
+    "format_count",
+    "format_rate",
     "format_seconds",
     "parse_bandwidth",
     "parse_bytes",
@@ -191,6 +193,19 @@ def format_bytes(value: float) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.2f} {name}"
     return f"{value:.0f} B"
+
+
+def format_count(value: float) -> str:
+    """A count (parameters) with B/M/k so that a small model is not printed as "0.00 B"."""
+    for name, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {name}"
+    return f"{value:.0f}"
+
+
+def format_rate(tera: float) -> str:
+    """TFLOP/s with one decimal, or three significant digits below 1 (a CPU's 0.0283)."""
+    return f"{tera:.1f}" if abs(tera) >= 1 or tera == 0 else f"{tera:.3g}"
 
 
 def format_seconds(value: float) -> str:

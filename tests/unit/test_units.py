@@ -35,3 +35,14 @@ def test_flop_rates_and_durations_and_money_parse():
 def test_unreadable_quantities_raise_a_unit_error_that_quotes_the_input(bad):
     with pytest.raises(units.UnitError):
         units.parse_bytes(bad) if bad != "80 GB/h" else units.parse_bandwidth(bad)
+
+
+def test_a_small_models_parameters_and_rate_are_not_printed_as_zero():
+    from paraplan.units import format_count, format_rate
+
+    assert format_count(3.41e6) == "3.41 M"
+    assert format_count(8.03e9) == "8.03 B"
+    assert format_count(512) == "512"
+    assert format_rate(0.0107) == "0.0107"
+    assert format_rate(409.84) == "409.8"
+    assert format_rate(0.0) == "0.0"

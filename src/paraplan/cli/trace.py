@@ -83,6 +83,11 @@ def record_command(
     nproc: Annotated[int, typer.Option(help="Processes (gloo, on the CPU).")] = 2,
     active: Annotated[int, typer.Option(help="Profiled iterations.")] = 5,
     layers: Annotated[int, typer.Option(help="Transformer layers of the tiny GPT (examples/tiny-cpu describes 2).")] = 2,
+    hidden: Annotated[int, typer.Option(help="Hidden size.")] = 64,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
+    seq: Annotated[int, typer.Option(help="Sequence length.")] = 64,
+    micro_batch: Annotated[int, typer.Option(help="Micro-batch size (per rank).")] = 4,
+    profile: Annotated[bool, typer.Option(help="Profile (traces); --no-profile only times the iterations.")] = True,
     force: Annotated[bool, typer.Option(help="Write over a non-empty --out.")] = False,
 ) -> None:
     """Train a tiny GPT on the CPU over a few processes and record a profiler trace per rank
@@ -94,5 +99,8 @@ def record_command(
             import torch  # noqa: F401
         except ImportError:
             raise ConfigError("trace record: needs torch (pip install 'paraplan[profile]')") from None
-        done = record_run(mode, out_dir, nproc=nproc, active=active, num_layers=layers, force=force)
-    err.print(f"wrote {done}/rank*.json.gz and {done}/timers.json", highlight=False)
+        model = {"hidden_size": hidden, "num_attention_heads": heads, "seq_length": seq, "micro_batch_size": micro_batch}
+        done = record_run(mode, out_dir, nproc=nproc, active=active, num_layers=layers, force=force, profile=profile,
+                          model=model)
+    err.print(f"wrote {done}/rank*.json.gz and {done}/timers.json" if profile else f"wrote {done}/timers.json",
+              highlight=False)

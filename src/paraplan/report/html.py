@@ -13,7 +13,7 @@ from paraplan.prediction import Prediction
 from paraplan.report.gemms import gemm_rows
 from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
-from paraplan.units import format_bytes, format_seconds
+from paraplan.units import format_bytes, format_count, format_rate, format_seconds
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
@@ -56,7 +56,7 @@ def _usd(x: float | None) -> str:
 def _summary(pred: Prediction) -> str:
     job, plan = pred.job, pred.job.parallel
     rows = [
-        ["model", f"{job.model.name} ({pred.params_total / 1e9:.2f} B parameters)"],
+        ["model", f"{job.model.name} ({format_count(pred.params_total)} parameters)"],
         ["GPUs", f"{gpus_label(pred)} ({job.cluster.name})"],
         ["plan", f"tp={plan.tp} pp={plan.pp} dp={plan.dp} cp={plan.cp} vpp={plan.vpp}, ZeRO-{plan.zero_stage}, "
                  f"{plan.schedule.value}, {plan.framework.value}, recompute {plan.recompute.value}"],
@@ -64,7 +64,7 @@ def _summary(pred: Prediction) -> str:
                   f"({plan.num_microbatches} micro-batches), sequence {job.model.seq_length}, {job.precision.value}"],
         ["iteration time", format_seconds(pred.iteration_s)],
         ["tokens / s", f"{pred.tokens_per_s:,.0f}"],
-        ["model TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f}"],
+        ["model TFLOP/s per GPU", format_rate(pred.tflops_per_gpu)],
         ["MFU", _pct(pred.mfu)],
         ["HFU (with recompute)", _pct(pred.hfu)],
         ["pipeline bubble", _pct(pred.bubble_fraction)],

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from paraplan.prediction import Prediction
 from paraplan.report.layout import ReadableTable
-from paraplan.units import format_bytes, format_seconds
+from paraplan.units import format_bytes, format_count, format_rate, format_seconds
 
 
 def _pct(x: float) -> str:
@@ -47,12 +47,12 @@ def render_prediction(pred: Prediction) -> Group:
     summary.add_column("value", justify="right")
     summary.add_row("iteration time", format_seconds(pred.iteration_s))
     summary.add_row("tokens / s", f"{pred.tokens_per_s:,.0f}")
-    summary.add_row("model TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f}")
+    summary.add_row("model TFLOP/s per GPU", format_rate(pred.tflops_per_gpu))
     summary.add_row("MFU", _pct(pred.mfu))
     if plan.recompute.value != "none":
         summary.add_row("HFU (with recompute)", _pct(pred.hfu))
     summary.add_row("pipeline bubble", _pct(pred.bubble_fraction))
-    summary.add_row("parameters", f"{pred.params_total / 1e9:.2f} B")
+    summary.add_row("parameters", format_count(pred.params_total))
     summary.add_row("backend", pred.backend)
 
     parts = Table(title="Where one iteration goes (critical path)", title_justify="left")

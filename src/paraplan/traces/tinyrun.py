@@ -34,9 +34,14 @@ def record_run(
     num_layers: int = 2,
     shapes: bool = True,
     force: bool = False,
+    profile: bool = True,
+    model: dict | None = None,
 ) -> Path:
-    """Spawn `nproc` gloo processes that train and profile; return the directory of traces."""
-    return record_runs({mode: out}, nproc=nproc, active=active, num_layers=num_layers, shapes=shapes, force=force)[0]
+    """Spawn `nproc` gloo processes that train and profile; return the directory of traces.
+    ``profile=False`` times the iterations without the profiler (timers.json only); ``model``
+    overrides TinyConfig's other fields (hidden_size, seq_length, micro_batch_size, ...)."""
+    return record_runs({mode: out}, nproc=nproc, active=active, num_layers=num_layers, shapes=shapes, force=force,
+                       profile=profile, model=model)[0]
 
 
 def record_runs(
@@ -49,9 +54,13 @@ def record_runs(
     num_layers: int = 2,
     shapes: bool = True,
     force: bool = False,
+    profile: bool = True,
+    model: dict | None = None,
 ) -> list[Path]:
     """Several modes, one after the other in the same processes (`{"ddp": dir, ...}`): the
     processes start and import torch once."""
+    import dataclasses
+
     import torch.multiprocessing as mp
 
     from paraplan.traces.tinygpt import TinyConfig
@@ -59,10 +68,20 @@ def record_runs(
     for mode in runs:
         if mode not in MODES:
             raise ConfigError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
-    if nproc < 2:
-        raise ConfigError(f"--nproc {nproc}: a distributed run needs at least 2 processes")
+    if nproc < 1 or (nproc < 2 and "pipeline" in runs):
+        raise ConfigError(f"--nproc {nproc}: {'a pipeline needs' if nproc >= 1 else 'needs'} at least "
+                          f"{2 if nproc >= 1 else 1} process{'es' if nproc >= 1 else ''}")
+    known = {f.name for f in dataclasses.fields(TinyConfig)} - {"num_layers"}
+    for key, value in (model or {}).items():
+        if key not in known:
+            raise ConfigError(f"model.{key}: not a TinyConfig field (known: {', '.join(sorted(known))})")
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model.{key}: expected a positive integer (got {value!r})")
     if num_layers < 1 or (num_layers % nproc and "pipeline" in runs):
         raise ConfigError(f"--layers {num_layers}: a pipeline needs a multiple of --nproc ({nproc})")
+    cfg = TinyConfig(num_layers=num_layers, **(model or {}))
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ConfigError(f"--hidden {cfg.hidden_size}: not a multiple of the {cfg.num_attention_heads} heads")
     outs = [Path(out) for out in runs.values()]
     for out in outs:
         if out.exists() and any(out.iterdir()) and not force:
@@ -71,9 +90,9 @@ def record_runs(
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("rank*.json*"):
             old.unlink()
-    cfg = TinyConfig(num_layers=num_layers)
     jobs = [
-        ({"mode": m, "nproc": nproc, "wait": wait, "warmup": warmup, "active": active, "shapes": shapes}, str(o))
+        ({"mode": m, "nproc": nproc, "wait": wait, "warmup": warmup, "active": active, "shapes": shapes,
+          "profile": profile}, str(o))
         for m, o in zip(runs, outs, strict=True)
     ]
     mp.spawn(_worker, args=(nproc, _free_port(), jobs, cfg), nprocs=nproc, join=True)
@@ -102,8 +121,6 @@ def _worker(rank: int, world: int, port: int, jobs: list, cfg) -> None:
 
 
 def _profile_one(rank: int, world: int, out: Path, settings: dict, cfg) -> None:
-    import torch
-    import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from paraplan.traces.tinygpt import build_step
@@ -112,6 +129,10 @@ def _profile_one(rank: int, world: int, out: Path, settings: dict, cfg) -> None:
     wait, warmup, active = settings["wait"], settings["warmup"], settings["active"]
     trace = out / f"rank{rank}.json.gz"
     timers: list[dict] = []
+    if not settings.get("profile", True):
+        _time_only(step, wait + warmup, active, timers)
+        _write_timers(rank, world, out, settings, cfg, timers)
+        return
     with profile(
         activities=[ProfilerActivity.CPU],
         record_shapes=settings["shapes"],  # gives the collectives' bytes (and triples the size)
@@ -125,14 +146,32 @@ def _profile_one(rank: int, world: int, out: Path, settings: dict, cfg) -> None:
             if n >= wait + warmup:
                 timers.append({"step": n, "seconds": t1 - t0, "loss": loss})
             prof.step()
+    _write_timers(rank, world, out, settings, cfg, timers)
+
+
+def _time_only(step, skip: int, active: int, timers: list[dict]) -> None:
+    """Run ``skip`` warm-up iterations, then time ``active`` ones, without the profiler."""
+    for n in range(skip + active):
+        t0 = time.perf_counter()
+        loss = step()
+        t1 = time.perf_counter()
+        if n >= skip:
+            timers.append({"step": n, "seconds": t1 - t0, "loss": loss})
+
+
+def _write_timers(rank: int, world: int, out: Path, settings: dict, cfg, timers: list[dict]) -> None:
+    import torch
+    import torch.distributed as dist
+
     gathered: list = [None] * world
     dist.all_gather_object(gathered, timers)
     if rank == 0:
+        what = "profiled" if settings.get("profile", True) else "unprofiled"
         record = {
             **settings,
             "model": asdict(cfg),
             "torch": torch.__version__,
-            "what": "wall-clock seconds of each profiled iteration (time.perf_counter around the step)",
+            "what": f"wall-clock seconds of each {what} iteration (time.perf_counter around the step)",
             "ranks": {str(r): t for r, t in enumerate(gathered)},
         }
         (out / TIMERS_FILE).write_text(json.dumps(record, indent=1) + "\n")
@@ -153,13 +192,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-shapes", dest="shapes", action="store_false", help="record no shapes: a third of the size, no bytes"
     )
+    parser.add_argument("--no-profile", dest="profile", action="store_false", help="only time the iterations")
+    for flag, field, default in (("--hidden", "hidden_size", 64), ("--heads", "num_attention_heads", 4),
+                                 ("--seq", "seq_length", 64), ("--micro-batch", "micro_batch_size", 4)):
+        parser.add_argument(flag, dest=field, type=int, default=default)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--force", action="store_true", help="write over a non-empty --out")
     args = parser.parse_args(argv)
+    model = {k: getattr(args, k) for k in ("hidden_size", "num_attention_heads", "seq_length", "micro_batch_size")}
     try:
         record_run(
             args.mode, args.out, nproc=args.nproc, active=args.active, num_layers=args.layers,
-            shapes=args.shapes, force=args.force,
+            shapes=args.shapes, force=args.force, profile=args.profile, model=model,
         )
     except ConfigError as exc:
         parser.exit(2, f"error: {exc}\n")
