@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, OutputFormat, err, out, user_errors, write_text
+from paraplan.cli.profile_comm import comm_command
 from paraplan.specs import ConfigError
 
 profile_app = typer.Typer(
@@ -49,8 +50,6 @@ def ops_command(
 
     with user_errors():
         check_samples_path(out_file, overwrite=force, flag="--force")
-        if not grid and job_file is None:
-            raise ConfigError("give --grid FILE or --for JOB (the shapes to sample)")
         points, job_dtype = _grid_points(grid, job_file, neighbours)
         points = split(points, parts, part)
         settings = ops.SweepSettings(device=device, device_name=device_name or ops.default_device_name(device),
@@ -164,3 +163,7 @@ def adaptive_command(
         write_text(render_json(record))
     else:
         out.print(render_adaptive(record))
+
+
+profile_app.command("comm", short_help="Time collectives over a size sweep (here, torchrun or SLURM).",
+                    epilog=EXIT_CODES)(comm_command)
