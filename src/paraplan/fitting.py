@@ -73,6 +73,7 @@ class FitTask:
     measured: Any
     feature_names: list[str]
     groups: Any
+    index: Any = None  # the samples table's index label of each row
 
 
 def _op_tasks(samples, progress: Callable[[int], None], hardware: Hardware) -> list[FitTask]:
@@ -104,7 +105,10 @@ def _op_tasks(samples, progress: Callable[[int], None], hardware: Hardware) -> l
         X = np.asarray(rows, dtype=float)
         groups = [hash(tuple(r)) for r in X.round(9).tolist()]
         tasks.append(
-            FitTask(op_key(device, dtype, name, phase), X, np.asarray(base), group["time_s"].to_numpy(), names, groups)
+            FitTask(
+                op_key(device, dtype, name, phase), X, np.asarray(base), group["time_s"].to_numpy(), names, groups,
+                group.index.to_numpy(),
+            )
         )
     return tasks
 
@@ -129,9 +133,9 @@ def _collective_tasks(samples, progress: Callable[[int], None], hardware: Hardwa
     colls = samples[samples["kind"] == "collective"]
     for (cluster_name, name), group in _reporting(colls.groupby(["cluster", "name"], sort=True), progress):
         kind = CollectiveKind(name)
-        per_link: dict[str, tuple[list, list, list]] = {}
+        per_link: dict[str, tuple[list, list, list, list]] = {}
         clusters: dict[int, ClusterSpec] = {}
-        for record in group.itertuples(index=False):
+        for label, record in zip(group.index, group.itertuples(index=False), strict=True):
             nodes, per_node = int(record.nodes), int(record.gpus_per_node)
             if nodes not in clusters:
                 clusters[nodes] = hardware.cluster(cluster_name, nodes)
@@ -139,15 +143,18 @@ def _collective_tasks(samples, progress: Callable[[int], None], hardware: Hardwa
             coll = Collective(f"sample_{name}", kind, dim, float(record.bytes), Phase.FWD)
             layout = GroupLayout(size=nodes * per_node, nodes=nodes, per_node=per_node)
             b = estimate_collective_s(coll, layout, clusters[nodes])
-            rows, base, measured = per_link.setdefault(collective_key(cluster_name, name, layout), ([], [], []))
+            rows, base, measured, labels = per_link.setdefault(
+                collective_key(cluster_name, name, layout), ([], [], [], [])
+            )
             rows.append(collective_features(coll, layout, b))
             base.append(b)
             measured.append(record.time_s)
-        for key, (rows, base, measured) in sorted(per_link.items()):
+            labels.append(label)
+        for key, (rows, base, measured, labels) in sorted(per_link.items()):
             tasks.append(
                 FitTask(
                     key, np.asarray(rows, dtype=float), np.asarray(base), np.asarray(measured),
-                    list(COLLECTIVE_FEATURES), None,
+                    list(COLLECTIVE_FEATURES), None, np.asarray(labels),
                 )
             )
     return tasks

@@ -44,26 +44,14 @@ def ops_command(
     A killed run, started again with the same command, continues where it stopped."""
     from paraplan.cli.progress import StagedProgress
     from paraplan.profile import ops, records
-    from paraplan.profile.grid import grid_for_job, load_grid, split
+    from paraplan.profile.grid import split
     from paraplan.report.profile import render_sweep, sweep_record
     from paraplan.samples.store import check_samples_path
 
     with user_errors():
         check_samples_path(out_file, overwrite=force, flag="--force")
-        if not grid and job_file is None:
-            raise ConfigError("give --grid FILE or --for JOB (the shapes to sample)")
-        points, job_dtype = [], None
-        if grid:
-            points += load_grid(grid)
-        if job_file is not None:
-            from paraplan.catalog.jobs import load_job
-
-            job = load_job(job_file)
-            if not hasattr(job, "parallel"):
-                raise ConfigError(f"{job_file}: --for takes a job of one GPU type")
-            points += grid_for_job(job, neighbours=neighbours)
-            job_dtype = job.precision.value
-        points = split(list(dict.fromkeys(points)), parts, part)
+        points, job_dtype = _grid_points(grid, job_file, neighbours)
+        points = split(points, parts, part)
         settings = ops.SweepSettings(device=device, device_name=device_name or ops.default_device_name(device),
                                      dtypes=tuple(dict.fromkeys(dtype or [job_dtype or "fp32"])), threads=threads)
         info = ops.device_info(device)
@@ -88,6 +76,93 @@ def ops_command(
         write_text(render_csv([record["summary"]]))
     else:
         out.print(render_sweep(record))
+
+
+def _grid_points(grid: list[Path] | None, job_file: Path | None, neighbours: bool) -> tuple[list, str | None]:
+    """The grid points of ``--grid`` files and ``--for JOB`` (no repeats), and the job's dtype."""
+    from paraplan.profile.grid import grid_for_job, load_grid
+
+    if not grid and job_file is None:
+        raise ConfigError("give --grid FILE or --for JOB (the shapes to sample)")
+    points, job_dtype = [], None
+    if grid:
+        points += load_grid(grid)
+    if job_file is not None:
+        from paraplan.catalog.jobs import load_job
+
+        job = load_job(job_file)
+        if not hasattr(job, "parallel"):
+            raise ConfigError(f"{job_file}: --for takes a job of one GPU type")
+        points += grid_for_job(job, neighbours=neighbours)
+        job_dtype = job.precision.value
+    return list(dict.fromkeys(points)), job_dtype
+
+
+def _fraction(text: str) -> float:
+    """``5%`` or ``0.05`` -> 0.05."""
+    value = text.strip()
+    try:
+        number = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise ConfigError(f"--target-error: {text!r} is not a fraction (0.05) or a percentage (5%)") from None
+    if not 0.0 < number < 1.0:
+        raise ConfigError(f"--target-error: {text!r} must be between 0 and 100 %")
+    return number
+
+
+@profile_app.command("adaptive", short_help="Time only the shapes the regressors need, to a target error.",
+                     epilog=EXIT_CODES)
+def adaptive_command(
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="Samples file to write (journal beside it).")],
+    grid: Annotated[list[Path] | None, typer.Option("--grid", help="Grid YAML: the candidate shapes.")] = None,
+    job_file: Annotated[Path | None, typer.Option("--for", help="Candidates: this job's shapes and its "
+                                                  "neighbour plans'.")] = None,
+    target_error: Annotated[str, typer.Option(help="Held-out median |error| to stop at (5% or 0.05).")] = "5%",
+    batch: Annotated[int, typer.Option(help="Shapes measured between two fits (at least).")] = 8,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="fp32, fp16, bf16 (repeatable).")] = None,
+    device_name: Annotated[str | None, typer.Option(help="Catalog GPU name to file the rows under.")] = None,
+    cluster_files: Annotated[list[Path] | None, typer.Option("--cluster", help="Cluster file for a GPU the "
+                                                             "catalog lacks (e.g. examples/tiny-cpu/cluster.yaml).")] = None,
+    threads: Annotated[int, typer.Option(help="CPU threads.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the held-out split and the loop.")] = 0,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+    output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """Per regressor (operator, dtype, direction): hold 20 % of the candidate shapes out, then
+    measure batches where the regressors disagree most or err most until the held-out median
+    error reaches the target. Every point is journalled; the same command resumes."""
+    from paraplan.catalog.jobs import load_cluster_file
+    from paraplan.fitting import Hardware
+    from paraplan.profile import ops, records
+    from paraplan.profile.adaptive_sweep import JournalMeasure, run_adaptive_sweep
+    from paraplan.report.adaptive import adaptive_record, render_adaptive
+    from paraplan.samples.store import check_samples_path
+
+    with user_errors():
+        check_samples_path(out_file, overwrite=force, flag="--force")
+        target = _fraction(target_error)
+        points, job_dtype = _grid_points(grid, job_file, True)
+        hardware = Hardware.of(load_cluster_file(p) for p in cluster_files or [])
+        settings = ops.SweepSettings(device=device, device_name=device_name or ops.default_device_name(device),
+                                     dtypes=tuple(dict.fromkeys(dtype or [job_dtype or "fp32"])), threads=threads)
+        info = ops.device_info(device)
+        header = {**ops.sweep_header(points, settings, info, (1, 1)), "adaptive": {"target": target, "seed": seed}}
+        with records.RecordStore(records.journal_path(out_file), header) as store:
+            measure = JournalMeasure(points, settings, store, progress=lambda key, outcome: err.print(
+                f"{key}: {outcome}", highlight=False))
+            runs = run_adaptive_sweep(points, measure, target_error=target, batch_size=batch, random_state=seed,
+                                      hardware=hardware)
+            meta = store.finalize(out_file, ops.metadata(store, settings, info, (1, 1), f"adaptive {target:g}"),
+                                  overwrite=force)
+            record = adaptive_record(runs, measure.measured, measure.skipped, len(store.rows()), target, out_file)
+    del meta
+    if output is OutputFormat.json:
+        from paraplan.report.formats import render_json
+
+        write_text(render_json(record))
+    else:
+        out.print(render_adaptive(record))
 
 
 profile_app.command("comm", short_help="Time collectives over a size sweep (here, torchrun or SLURM).",

@@ -1,0 +1,44 @@
+"""What `paraplan profile adaptive` shows: per regressor, shapes measured and the held-out error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+
+from paraplan.report.layout import ReadableTable
+
+__all__ = ["adaptive_record", "render_adaptive"]
+
+
+def adaptive_record(runs: list[Any], measured: int, skipped: int, rows: int, target: float, out: Path) -> dict:
+    """The adaptive sweep as plain data (JSON output, and what :func:`render_adaptive` prints)."""
+    regressors = [
+        {"regressor": r.key, "measured": r.n_samples, "skipped": len(r.skipped), "reached": r.reached,
+         "median_error": r.median_error, "stop": r.stop_reason}
+        for r in runs if r is not None
+    ]
+    summary = {"out": str(out), "rows": rows, "measured_now": measured, "skipped_now": skipped,
+               "target_error": target, "whole_pools": sum(r is None for r in runs)}
+    return {"summary": summary, "regressors": regressors}
+
+
+def render_adaptive(record: dict[str, Any]) -> Group:
+    s = record["summary"]
+    items: list[Any] = [
+        Text(f"{s['rows']} samples written to {s['out']}", style="bold"),
+        Text(f"points: {s['measured_now']} measured now, {s['skipped_now']} skipped now; "
+             f"{s['whole_pools']} pools too small to hold out were measured whole"),
+    ]
+    if record["regressors"]:
+        table = ReadableTable(f"held-out median |error| per regressor (target {100 * s['target_error']:g} %)")
+        table.add_column("regressor")
+        table.add_column("shapes", number=True)
+        table.add_column("error %", number=True)
+        table.add_column("stopped", wrap=True)
+        for r in record["regressors"]:
+            table.add_row(r["regressor"], str(r["measured"]), f"{100 * r['median_error']:.1f}", r["stop"])
+        items.append(table)
+    return Group(*items)
