@@ -48,7 +48,7 @@ app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves
               epilog=EXIT_CODES)
 app.add_typer(validate_app, name="validate", short_help="Predict measured runs or a traced job; print the errors.",
               epilog=EXIT_CODES)
-app.add_typer(profile_app, name="profile", short_help="Time operators on your own hardware into samples.",
+app.add_typer(profile_app, name="profile", short_help="Time operators and collectives on your hardware into samples.",
               epilog=EXIT_CODES)
 app.add_typer(trace_app, name="trace", short_help="Read PyTorch profiler traces: iterations, components.",
               epilog=EXIT_CODES)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, OutputFormat, err, out, user_errors, write_text
+from paraplan.cli.profile_comm import comm_command
 from paraplan.specs import ConfigError
 
 profile_app = typer.Typer(
@@ -87,3 +88,7 @@ def ops_command(
         write_text(render_csv([record["summary"]]))
     else:
         out.print(render_sweep(record))
+
+
+profile_app.command("comm", short_help="Time collectives over a size sweep (here, torchrun or SLURM).",
+                    epilog=EXIT_CODES)(comm_command)

@@ -1,7 +1,8 @@
 """Alpha-beta times of NCCL collectives, in nccl-tests' bus-bandwidth convention.
 
 A ring all-reduce of S bytes over n ranks moves 2(n-1)/n * S bytes through each rank's
-link, an all-gather or reduce-scatter (n-1)/n * S; time = steps * latency + moved / busBw.
+link, an all-gather, reduce-scatter or all-to-all (n-1)/n * S, a (pipelined ring) broadcast
+S; time = steps * latency + moved / busBw.
 Within a node the bus bandwidth is the intra-node link's (on a direct-link mesh, the share of
 it that reaches the group's peers), or the link's measured curve for that collective
 (``LinkSpec.collectives``: bus bandwidth against message size and group size); across nodes each of the group's k GPUs on a node drives
@@ -12,6 +13,16 @@ from __future__ import annotations
 
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout
 from paraplan.specs import ClusterSpec, LinkSpec
+
+
+def bus_factor(kind: CollectiveKind, n: int) -> float:
+    """nccl-tests' bus bandwidth / algorithm bandwidth (bytes / time) of a collective on
+    ``n`` ranks: the share of its size that crosses each rank's link."""
+    if kind is CollectiveKind.ALL_REDUCE:
+        return 2.0 * (n - 1) / n
+    if kind in (CollectiveKind.BROADCAST, CollectiveKind.SEND_RECV):
+        return 1.0
+    return (n - 1) / n
 
 
 def _intra_bus(link: LinkSpec, group_per_node: int, gpus_per_node: int) -> float:
@@ -34,10 +45,8 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
         if not layout.crosses_nodes and link.topology == "mesh" and cluster.gpus_per_node > 2:
             rate /= cluster.gpus_per_node - 1  # only the direct link to that one peer
         return link.latency_s + coll.bytes / rate
-    if coll.kind is CollectiveKind.ALL_REDUCE:
-        moved, steps = 2.0 * (n - 1) / n * coll.bytes, 2 * (n - 1)
-    else:
-        moved, steps = (n - 1) / n * coll.bytes, n - 1
+    moved = bus_factor(coll.kind, n) * coll.bytes
+    steps = 2 * (n - 1) if coll.kind is CollectiveKind.ALL_REDUCE else n - 1
     curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
     if curve is not None:
         # measured bus bandwidth against message size (its half size holds the latency)

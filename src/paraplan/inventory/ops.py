@@ -79,6 +79,10 @@ class CollectiveKind(str, Enum):
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     SEND_RECV = "send_recv"
+    # Not emitted by the inventory yet (expert-parallel dispatch, parameter broadcasts); the
+    # collective sampler measures them and the cost model times them.
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
 
 
 class ParallelDim(str, Enum):
@@ -92,8 +96,8 @@ class ParallelDim(str, Enum):
 @dataclass(frozen=True, slots=True)
 class Collective:
     """One collective call. ``bytes`` follows nccl-tests' size convention: the buffer for an
-    all-reduce, the whole output of an all-gather (input of a reduce-scatter), the message of
-    a send/recv. ``count`` is how many such calls one layer (or one stage) makes in ``phase``."""
+    all-reduce or a broadcast, the whole output of an all-gather (input of a reduce-scatter),
+    one rank's whole send buffer of an all-to-all, the message of a send/recv. ``count`` is how many such calls one layer (or one stage) makes in ``phase``."""
 
     name: str
     kind: CollectiveKind

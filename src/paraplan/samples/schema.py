@@ -11,7 +11,7 @@ columns (importers and paraplan's own profiler write it; the regressors read it)
     ``RMSlayernorm``, ``RoPE``, ``gelu``, ``res_add``, ``embedding``, ``cross_entropy``,
     ``optimizer``, ``fillmask``). For collectives, the
     :class:`paraplan.inventory.CollectiveKind` value (``all_reduce``, ``all_gather``,
-    ``reduce_scatter``, ``send_recv``).
+    ``reduce_scatter``, ``send_recv``, ``all_to_all``, ``broadcast``).
 ``variant``
     The source's own tag when it differs from ``name`` (``ScaledUpperTriangMaskedSoftmax``
     for a ``softmax``, ``parallel_cross_entropy_128`` for ``cross_entropy``,
@@ -28,8 +28,8 @@ columns (importers and paraplan's own profiler write it; the regressors read it)
     ``mp``; ``vp`` is null when the source has no such column). Null for collectives.
 ``bytes``, ``nodes``, ``gpus_per_node`` (collectives; nullable integers)
     The call's size in paraplan's ``Collective.bytes`` convention (nccl-tests': the buffer of
-    an all-reduce, the TOTAL output of an all-gather, the input of a reduce-scatter, the
-    message of a send/recv) and the group's layout, ``nodes`` x ``gpus_per_node`` ranks. Null
+    an all-reduce or a broadcast, the TOTAL output of an all-gather, the input of a
+    reduce-scatter, one rank's whole send buffer of an all-to-all, the message of a send/recv) and the group's layout, ``nodes`` x ``gpus_per_node`` ranks. Null
     for operators.
 ``dtype``
     The element type the timing ran in (a :class:`paraplan.specs.Precision` value, e.g.
