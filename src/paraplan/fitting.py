@@ -30,7 +30,7 @@ from paraplan.specs import ClusterSpec, GpuSpec, Phase, Precision
 
 # Which sampled implementation an inventory operator is fitted on when the samples hold
 # several: Megatron-LM and the GPUModeling25 runs use the fused scale-mask-softmax kernel.
-PREFERRED_VARIANT = {"softmax": "ScaledUpperTriangMaskedSoftmax"}
+PREFERRED_VARIANT = {"softmax": "ScaledUpperTriangMaskedSoftmax", "flash_atten": "flash_atten_causal"}
 # Operators the inventory has no counterpart for (fillmask is fused into the softmax) or
 # whose sampled setting differs from training (the optimizer files: fp16 without master
 # weights, whole stage on one GPU) are not fitted; they stay analytical.
@@ -96,7 +96,7 @@ def _op_tasks(samples, progress: Callable[[int], None], hardware: Hardware) -> l
             row = {k: getattr(record, k) for k in ("mp", "b", "h", "l", "dim") if not _missing(getattr(record, k))}
             if not _missing(record.vp):
                 row["Vp"] = record.vp
-            op = op_for_sample(variant or name, row)
+            op = op_for_sample(variant or name, row, Precision(dtype))  # its traffic in the timed precision
             way_phases = (Phase.FWD,) if phase == "fwd" else (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
             b = sum(cm.estimate_op_s(op, ph) for ph in way_phases)
             rows.append(op_features(op, phase, b))

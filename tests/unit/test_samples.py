@@ -108,9 +108,25 @@ def test_memory_bound_rows():
 
 def test_every_tag_maps_to_its_inventory_operator():
     row = {"mp": 2.0, "b": 4.0, "h": 16.0, "l": 1024.0, "dim": 2048.0}
-    renamed = {"ScaledUpperTriangMaskedSoftmax": "softmax", "parallel_cross_entropy_128": "cross_entropy"}
+    renamed = {"ScaledUpperTriangMaskedSoftmax": "softmax", "parallel_cross_entropy_128": "cross_entropy",
+               "flash_atten_causal": "flash_atten"}
     for tag in SAMPLE_TAGS:
         assert op_for_sample(tag, row).name == renamed.get(tag, tag)
+
+
+def test_a_sample_timed_in_fp32_moves_twice_the_bytes_of_the_same_shape_in_fp16():
+    from paraplan.specs import Precision
+
+    row = {"b": 4.0, "l": 256.0, "dim": 256.0}
+    for tag in ("layernorm", "gelu"):
+        half, full = op_for_sample(tag, row), op_for_sample(tag, {**row, "mp": 1.0}, Precision.FP32)
+        assert full.work(Phase.FWD)[1] == pytest.approx(2 * half.work(Phase.FWD)[1], rel=0.01)
+
+
+def test_paraplans_flash_attention_samples_are_causal_and_gpumodelings_are_not():
+    row = {"mp": 1.0, "b": 4.0, "h": 8.0, "l": 256.0, "dim": 256.0}
+    assert op_for_sample("flash_atten", row).exec_fraction == 1.0  # flash_attn_func's default
+    assert op_for_sample("flash_atten_causal", row).exec_fraction == 0.5  # as a GPT layer runs it
 
 
 def test_unknown_tags_and_bad_rows_raise_value_error():

@@ -84,9 +84,10 @@ def _model(
 
 
 def _shape(model: ModelSpec, row: Mapping[str, Any], *, tp: int | None = None) -> LocalShape:
-    """The per-rank shape: ``tp = mp`` (or the given ``tp``), no CP/SP, fp16, micro-batch ``b``."""
+    """The per-rank shape: ``tp = mp`` (or the given ``tp``), no CP/SP, micro-batch ``b``, in
+    the row's ``precision`` (fp16, GPUModeling's, when it names none)."""
     tp = _int(row, "mp", 1) if tp is None else tp
-    return shard_shape(model, tp, 1, False, _int(row, "b"), Precision.FP16)
+    return shard_shape(model, tp, 1, False, _int(row, "b"), row.get(PRECISION_KEY, Precision.FP16))
 
 
 def _pick(ops: tuple[Op, ...], name: str) -> Op:
@@ -174,6 +175,16 @@ def _flash(row: Mapping[str, Any]) -> Op:
     return dataclasses.replace(op, exec_fraction=1.0)
 
 
+def _flash_causal(row: Mapping[str, Any]) -> Op:
+    """``flash_atten_causal``: causal flash attention as a GPT layer runs it (paraplan's own
+    sampler times it so), the inventory's op as it is (``exec_fraction`` 0.5). Whether a kernel
+    really skips the masked half is the device's: the CPU's scaled_dot_product_attention does
+    not (the same time either way), FlashAttention on a GPU does."""
+    hidden, heads, d = _attention_heads(row)
+    model = _model(row, hidden=hidden, heads=heads, kv_channels=d, attention="flash")
+    return _pick(count_layer_ops(model, _shape(model, row)), "flash_atten")
+
+
 def _norm(name: str, normalization: str) -> Callable[[Mapping[str, Any]], Op]:
     def build(row: Mapping[str, Any]) -> Op:
         dim = _int(row, "dim")
@@ -245,6 +256,7 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any]], Op]] = {
     "softmax": _unfused("softmax"),
     "ScaledUpperTriangMaskedSoftmax": _scaled_softmax,
     "flash_atten": _flash,
+    "flash_atten_causal": _flash_causal,
     "layernorm": _norm("layernorm", "layernorm"),
     "RMSlayernorm": _norm("RMSlayernorm", "rmsnorm"),
     "RoPE": _rope,
@@ -258,13 +270,19 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any]], Op]] = {
 SAMPLE_TAGS: tuple[str, ...] = tuple(_BUILDERS)
 
 
-def op_for_sample(tag: str, row: Mapping[str, float]) -> Op:
+#: The key under which ``op_for_sample`` passes the sample's precision to the builders.
+PRECISION_KEY = "precision"
+
+
+def op_for_sample(tag: str, row: Mapping[str, float], precision: Precision = Precision.FP16) -> Op:
     """The inventory operator timed by one GPUModeling operator row.
 
     ``tag`` is the file's operator tag (``linear1`` ... ``parallel_cross_entropy_128``, see
     :data:`SAMPLE_TAGS`); ``row`` maps column names (``mp``, ``b``, ``h``, ``l``, ``dim``,
     ``Vp``) to values; extra columns such as the timings are ignored. Compare the measured
     forward time with phase FWD and the measured backward time with BWD_INPUT + BWD_WEIGHT.
+    ``precision`` is the one the row was timed in: it sets the bytes per element of the
+    operator's traffic (GPUModeling timed fp16; paraplan's own sampler records fp32 too).
     Raises ``ValueError`` for an unknown tag or a row whose shape cannot be built.
     """
     try:
@@ -273,4 +291,4 @@ def op_for_sample(tag: str, row: Mapping[str, float]) -> Op:
         raise ValueError(
             f"unknown GPUModeling operator tag {tag!r} (known: {', '.join(SAMPLE_TAGS)})"
         ) from None
-    return build(row)
+    return build({**row, PRECISION_KEY: Precision(precision)})

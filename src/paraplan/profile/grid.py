@@ -53,7 +53,9 @@ _OPS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     **{t: (t, "", ("mp", "b", "l", "dim"), ()) for t in ("linear1", "linear2", "linear3", "linear4", "gelu")},
     "linear_final": ("linear_final", "", ("mp", "b", "l", "dim"), ("Vp",)),
     "embedding": ("embedding", "", ("mp", "b", "l", "dim"), ("Vp",)),
-    **{t: (t, "", ("mp", "b", "h", "l", "dim"), ()) for t in ("baddbmm", "bmm", "flash_atten", "RoPE")},
+    **{t: (t, "", ("mp", "b", "h", "l", "dim"), ()) for t in ("baddbmm", "bmm", "RoPE")},
+    # timed causal, as a GPT layer runs it (GPUModeling's samples are the non-causal default)
+    "flash_atten": ("flash_atten", "flash_atten_causal", ("mp", "b", "h", "l", "dim"), ()),
     "softmax": ("softmax", "", ("mp", "b", "h", "l"), ("dim",)),
     **{t: (t, "", ("b", "l", "dim"), ()) for t in ("layernorm", "RMSlayernorm", "res_add")},
     "cross_entropy": ("cross_entropy", "parallel_cross_entropy_128", ("mp", "b", "l"), ("Vp",)),

@@ -23,7 +23,7 @@ from paraplan.profile.grid import GridPoint
 from paraplan.profile.kernels import Unsupported, build_kernel
 from paraplan.profile.records import RecordStore
 from paraplan.profile.timing import TimingPolicy, measure
-from paraplan.specs import ConfigError
+from paraplan.specs import ConfigError, Precision
 
 __all__ = [
     "CPU_DEVICE_NAME",
@@ -188,11 +188,10 @@ def measure_point(point: GridPoint, dtype: str, settings: SweepSettings
             raise Unsupported("fp8: the CPU has no FP8 matrix units (a GPU of compute capability 8.9+ has)")
         raise Unsupported("fp8: the sampler has no FP8 kernels yet (Transformer Engine's are not timed)")
     try:
-        op = op_for_sample(point.tag, point.values())
+        op = op_for_sample(point.tag, point.values(), Precision(dtype))
     except (ValueError, LookupError) as exc:
         raise Unsupported(f"unsupported shape: {exc}") from None
-    scale = {"fp32": 2.0, "fp16": 1.0, "bf16": 1.0}[dtype]  # op_for_sample counts fp16 bytes
-    need = scale * (op.bytes + op.bwd_bytes)
+    need = op.bytes + op.bwd_bytes
     limit = _memory_limit(settings.device)
     if need > limit:
         raise Unsupported(f"out of memory: needs about {need / 2**30:.1f} GiB, {limit / 2**30:.1f} GiB free")
