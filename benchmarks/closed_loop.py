@@ -78,7 +78,7 @@ def main() -> None:
     if not samples[0].exists():
         run("profile", "ops", "--for", str(EXAMPLES / "two.yaml"), "--out", str(samples[0]), cwd=work)
     if has_command("profile", "comm") and not (work / "comm.samples").exists():
-        run("profile", "comm", "--nproc-per-node", "2", "--cluster-name", "tiny-cpu-gloo",
+        run("profile", "comm", "--nproc-per-node", "2", "--cluster-name", "tiny-cpu-gloo", "--factor", "2",
             "--out", str(work / "comm.samples"), cwd=work)
     if (work / "comm.samples").exists():
         samples.append(work / "comm.samples")

@@ -41,7 +41,7 @@ def comm_command(
     nnodes: Annotated[int, typer.Option(help="Nodes (torchrun, slurm).", min=1)] = 1,
     min_bytes: Annotated[str, typer.Option(help="Smallest size (nccl-tests' convention).")] = "1 KiB",
     max_bytes: Annotated[str, typer.Option(help="Largest size.")] = "64 MiB",
-    factor: Annotated[float, typer.Option(help="Step between sizes.")] = 4.0,
+    factor: Annotated[float, typer.Option(help="Step between sizes (2: 17 sizes from 1 KiB to 64 MiB; a regressor needs 10).")] = 2.0,
     dtype: Annotated[str, typer.Option(help="fp32, fp16, bf16 or auto (bf16 on GPUs, fp32 on CPU).")] = "auto",
     collectives: Annotated[str, typer.Option(help="'all' or a comma list (all_reduce,all_gather,...).")] = "all",
     layouts: Annotated[str, typer.Option(help="Groups: 'auto' or NODESxGPUS,... (1x8,2x8,2x1).")] = "auto",

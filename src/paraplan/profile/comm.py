@@ -44,7 +44,7 @@ class CommConfig:
     out: Path
     min_bytes: int = 1024
     max_bytes: int = 64 * 2**20
-    factor: float = 4.0
+    factor: float = 2.0
     dtype: str = "auto"  # bf16 on GPUs, fp32 on CPU
     kinds: tuple[CollectiveKind, ...] = ALL_KINDS
     layouts: str = "auto"
@@ -248,7 +248,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", "-o", type=Path, required=True, help="samples file to write (rank 0)")
     parser.add_argument("--min-bytes", type=_size, default=1024, help="smallest size (default 1 KiB)")
     parser.add_argument("--max-bytes", type=_size, default=64 * 2**20, help="largest size (default 64 MiB)")
-    parser.add_argument("--factor", type=float, default=4.0, help="size step (default 4)")
+    parser.add_argument("--factor", type=float, default=2.0, help="size step (default 2: 17 sizes to 64 MiB)")
     parser.add_argument("--dtype", default="auto", help="fp32, fp16, bf16 (default: bf16 on GPUs, fp32 on CPU)")
     parser.add_argument("--collectives", type=_kinds, default=ALL_KINDS, help="'all' or a comma list")
     parser.add_argument("--layouts", default="auto", help="'auto' or NODESxGPUS,... (e.g. 1x8,2x8,2x1)")
