@@ -233,3 +233,17 @@ def test_the_sweep_summary_reads_at_80_columns() -> None:
     }
     for table in render_sweep(record).renderables[2:]:
         assert_readable(table)
+
+
+def test_one_sweep_for_several_jobs_measures_each_shared_shape_once():
+    from paraplan.catalog.jobs import load_job
+    from paraplan.cli.profile import _grid_points
+    from paraplan.profile.grid import grid_for_job
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    jobs = [examples / "small-cpu" / "one.yaml", examples / "small-cpu" / "two.yaml"]
+    both, dtypes = _grid_points(None, jobs, True)
+    one, two = (set(grid_for_job(load_job(j))) for j in jobs)
+    assert set(both) == one | two and len(both) == len(set(both))
+    assert one & two  # they share shapes: measured once, so fit never sees the same point twice
+    assert dtypes == ["fp32"]

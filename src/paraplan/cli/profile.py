@@ -25,8 +25,9 @@ def ops_command(
                                            "keeps every point as measured; the same command resumes).")],
     grid: Annotated[list[Path] | None, typer.Option("--grid", help="Grid YAML (GPUModeling kernel grid or "
                                                     "paraplan's; repeatable).")] = None,
-    job_file: Annotated[Path | None, typer.Option("--for", help="Sample the shapes this job and its "
-                                                  "neighbour plans (tp, micro-batch x2, /2) need.")] = None,
+    job_file: Annotated[list[Path] | None, typer.Option("--for", help="Sample the shapes this job and its "
+                                                        "neighbour plans (tp, micro-batch x2, /2) need "
+                                                        "(repeatable: one sweep for several jobs).")] = None,
     neighbours: Annotated[bool, typer.Option(help="With --for: also the neighbour plans.")] = True,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     dtype: Annotated[list[str] | None, typer.Option("--dtype", help="fp32, fp16, bf16, fp8 (repeatable; "
@@ -53,7 +54,7 @@ def ops_command(
         points, job_dtype = _grid_points(grid, job_file, neighbours)
         points = split(points, parts, part)
         settings = ops.SweepSettings(device=device, device_name=device_name or ops.default_device_name(device),
-                                     dtypes=tuple(dict.fromkeys(dtype or [job_dtype or "fp32"])), threads=threads)
+                                     dtypes=tuple(dict.fromkeys(dtype or job_dtype or ["fp32"])), threads=threads)
         info = ops.device_info(device)
         header = ops.sweep_header(points, settings, info, (parts, part))
         with records.RecordStore(records.journal_path(out_file), header) as store:
@@ -62,7 +63,7 @@ def ops_command(
                 bar.add_work(todo)
                 result = ops.run_sweep(points, settings, store,
                                        progress=lambda key, outcome: (bar.stage(key), bar.advance(1)))
-            grid_name = ", ".join(str(g) for g in grid or []) + (f" --for {job_file}" if job_file else "")
+            grid_name = ", ".join(str(g) for g in grid or []) + "".join(f" --for {j}" for j in job_file or [])
             meta = store.finalize(out_file, ops.metadata(store, settings, info, (parts, part), grid_name.strip()),
                                   overwrite=force)
             record = sweep_record(result, store, meta, out_file)
@@ -78,24 +79,26 @@ def ops_command(
         out.print(render_sweep(record))
 
 
-def _grid_points(grid: list[Path] | None, job_file: Path | None, neighbours: bool) -> tuple[list, str | None]:
-    """The grid points of ``--grid`` files and ``--for JOB`` (no repeats), and the job's dtype."""
+def _grid_points(grid: list[Path] | None, job_files: list[Path] | None, neighbours: bool
+                 ) -> tuple[list, list[str]]:
+    """The grid points of ``--grid`` files and every ``--for JOB`` (no repeats: one sweep for
+    several jobs measures a shape they share once), and the jobs' precisions."""
     from paraplan.profile.grid import grid_for_job, load_grid
 
-    if not grid and job_file is None:
+    if not grid and not job_files:
         raise ConfigError("give --grid FILE or --for JOB (the shapes to sample)")
-    points, job_dtype = [], None
+    points, job_dtypes = [], []
     if grid:
         points += load_grid(grid)
-    if job_file is not None:
+    for job_file in job_files or []:
         from paraplan.catalog.jobs import load_job
 
         job = load_job(job_file)
         if not hasattr(job, "parallel"):
             raise ConfigError(f"{job_file}: --for takes a job of one GPU type")
         points += grid_for_job(job, neighbours=neighbours)
-        job_dtype = job.precision.value
-    return list(dict.fromkeys(points)), job_dtype
+        job_dtypes.append(job.precision.value)
+    return list(dict.fromkeys(points)), list(dict.fromkeys(job_dtypes))
 
 
 def _fraction(text: str) -> float:
@@ -115,8 +118,8 @@ def _fraction(text: str) -> float:
 def adaptive_command(
     out_file: Annotated[Path, typer.Option("--out", "-o", help="Samples file to write (journal beside it).")],
     grid: Annotated[list[Path] | None, typer.Option("--grid", help="Grid YAML: the candidate shapes.")] = None,
-    job_file: Annotated[Path | None, typer.Option("--for", help="Candidates: this job's shapes and its "
-                                                  "neighbour plans'.")] = None,
+    job_file: Annotated[list[Path] | None, typer.Option("--for", help="Candidates: this job's shapes and its "
+                                                        "neighbour plans' (repeatable).")] = None,
     target_error: Annotated[str, typer.Option(help="Held-out median |error| to stop at (5% or 0.05).")] = "5%",
     batch: Annotated[int, typer.Option(help="Shapes measured between two fits (at least).")] = 8,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
@@ -145,7 +148,7 @@ def adaptive_command(
         points, job_dtype = _grid_points(grid, job_file, True)
         hardware = Hardware.of(load_cluster_file(p) for p in cluster_files or [])
         settings = ops.SweepSettings(device=device, device_name=device_name or ops.default_device_name(device),
-                                     dtypes=tuple(dict.fromkeys(dtype or [job_dtype or "fp32"])), threads=threads)
+                                     dtypes=tuple(dict.fromkeys(dtype or job_dtype or ["fp32"])), threads=threads)
         info = ops.device_info(device)
         header = {**ops.sweep_header(points, settings, info, (1, 1)), "adaptive": {"target": target, "seed": seed}}
         with records.RecordStore(records.journal_path(out_file), header) as store:
