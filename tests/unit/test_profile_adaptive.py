@@ -33,6 +33,17 @@ def replay(points: pd.DataFrame) -> np.ndarray:
     return points["time_s"].to_numpy()
 
 
+def recording():
+    """(the shape ids asked, in order; a replay ``measure`` that records them)."""
+    asked: list[int] = []
+
+    def measure(points: pd.DataFrame) -> np.ndarray:
+        asked.extend(points["shape_id"])
+        return replay(points)
+
+    return asked, measure
+
+
 @pytest.fixture(scope="module")
 def split():
     candidates, held = split_pool(synthetic_pool(), 0.2, random_state=0)
@@ -56,11 +67,7 @@ def test_on_a_known_function_the_adaptive_loop_reaches_the_target_with_fewer_sam
 
 def test_it_never_measures_a_held_out_shape(split):
     candidates, held_pool = split_pool(synthetic_pool(), 0.2, random_state=0)
-    asked: list[int] = []
-
-    def measure(points: pd.DataFrame) -> np.ndarray:
-        asked.extend(points["shape_id"])
-        return replay(points)
+    asked, measure = recording()
 
     result = sample_adaptively(candidates, measure, HeldOut.measured(held_pool, replay), target_error=0.02)
     assert asked and not set(asked) & set(held_pool.points["shape_id"])
@@ -125,7 +132,78 @@ def test_a_shape_measure_cannot_time_is_skipped_and_never_asked_again(split):
     assert all(candidates.points["shape_id"].iloc[result.chosen] % 3 != 0)
 
 
-def test_profile_adaptive_measures_a_grid_into_a_samples_file_and_resumes_from_its_journal(tmp_path):
+def test_the_out_of_bag_stop_needs_no_held_out_set_and_stops_at_the_target(split):
+    candidates, held_pool = split_pool(synthetic_pool(), 0.2, random_state=0)
+    asked, measure = recording()
+
+    for order in ("random", "adaptive"):
+        asked.clear()
+        result = sample_adaptively(candidates, measure, None, target_error=0.02, batch_size=10, order=order,
+                                   stop="oob")
+        assert result.reached and result.stop == "oob"
+        assert result.stop_error == result.steps[-1].oob_error <= 0.02
+        assert all(s.oob_error > 0.02 for s in result.steps[:-1])  # it stops at the first step there
+        assert np.isnan(result.median_error)  # no held-out set was scored
+        assert asked and not set(asked) & set(held_pool.points["shape_id"])
+        assert sorted(asked) == sorted(candidates.points["shape_id"].iloc[result.chosen])
+
+
+def test_the_out_of_bag_stop_only_scores_a_held_out_set_it_is_given(split):
+    candidates, _ = split
+    bare = sample_adaptively(candidates, replay, None, target_error=0.02, batch_size=10, stop="oob")
+    scored = run(split, stop="oob")
+    assert np.array_equal(bare.chosen, scored.chosen)  # the held-out set does not decide anything
+    assert 0.0 < scored.median_error < 0.1  # but says where the error is after the stop
+    again = run(split, stop="oob")
+    assert np.array_equal(scored.chosen, again.chosen)
+    assert [s.oob_error for s in scored.steps] == [s.oob_error for s in again.steps]
+
+
+def test_a_held_out_stop_without_a_held_out_set_and_an_unknown_stop_are_refused(split):
+    candidates, _ = split
+    with pytest.raises(ValueError, match="held-out set is empty"):
+        sample_adaptively(candidates, replay, None)
+    with pytest.raises(ValueError, match="stop"):
+        run(split, stop="never")
+
+
+def test_a_live_sweep_with_the_out_of_bag_stop_times_no_held_out_shape():
+    from paraplan.catalog.jobs import load_cluster_file
+    from paraplan.fitting import Hardware
+    from paraplan.profile.adaptive_sweep import run_adaptive_sweep
+    from paraplan.profile.grid import load_grid
+    from paraplan.profile.ops import SweepSettings
+
+    points = load_grid([REPO / "examples/tiny-cpu/grid.yaml"])
+    hardware = Hardware.of([load_cluster_file(REPO / "examples/tiny-cpu/cluster.yaml")])
+
+    class Fake:
+        settings = SweepSettings(device_name="cpu-core")
+
+        def __init__(self) -> None:
+            self.asked: list[tuple[str, str]] = []
+
+        def __call__(self, frame: pd.DataFrame) -> np.ndarray:
+            self.asked += list(zip(frame["point"], frame["phase"], strict=True))
+            size = frame[["b", "l", "dim"]].fillna(1).prod(axis=1).to_numpy(dtype=float)
+            return 1e-6 + 1e-9 * size * (1.3 if frame["phase"].iloc[0] == "bwd" else 1.0)
+
+    def sweep(stop: str) -> tuple[list, list]:
+        fake = Fake()
+        runs = run_adaptive_sweep(points, fake, target_error=0.05, stop=stop, order="random", hardware=hardware)
+        assert runs and all(r is not None and r.stop == stop for r in runs)  # no pool measured whole
+        assert len(fake.asked) == len(set(fake.asked))  # and no shape timed twice
+        return runs, fake.asked
+
+    runs, asked = sweep("oob")
+    # every shape timed is one a regressor trained on (or could not time): none only to score
+    assert len(asked) == sum(r.n_samples + len(r.skipped) for r in runs)
+    runs, asked = sweep("holdout")
+    assert len(asked) > sum(r.n_samples + len(r.skipped) for r in runs)  # the held-out 20 % too
+
+
+@pytest.mark.parametrize("stop", ["oob", "holdout"])
+def test_profile_adaptive_measures_a_grid_into_a_samples_file_and_resumes_from_its_journal(tmp_path, stop):
     pytest.importorskip("torch")
     from typer.testing import CliRunner
 
@@ -136,11 +214,14 @@ def test_profile_adaptive_measures_a_grid_into_a_samples_file_and_resumes_from_i
     grid.write_text("gelu: {mp: [1], b: [1, 2], l: [32, 64, 128], dim: [32, 64, 128, 256]}\n")
     out = tmp_path / "cpu.samples"
     args = ["profile", "adaptive", "--grid", str(grid), "--device-name", "cpu-core", "--cluster",
-            str(REPO / "examples/tiny-cpu/cluster.yaml"), "--target-error", "5%", "--out", str(out), "-f", "json"]
+            str(REPO / "examples/tiny-cpu/cluster.yaml"), "--target-error", "5%", "--out", str(out), "-f", "json",
+            "--stop", stop, "--order", "random"]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     record = json.loads(first.stdout)
     assert record["summary"]["measured_now"] > 0
+    on = {"oob": "out-of-bag", "holdout": "held-out"}[stop]
+    assert record["regressors"] and all(r["error_on"] == on for r in record["regressors"])
     assert len(load_samples(out)) == record["summary"]["rows"]
     again = CliRunner().invoke(app, [*args, "--force"])
     assert again.exit_code == 0, again.output

@@ -19,7 +19,12 @@ the features and analytical baselines ``paraplan fit`` computes for them
 4. repeat until the target is met, the pool is exhausted or ``max_samples`` are measured.
 
 ``order="random"`` runs the same loop on a random order of the pool: the baseline adaptive
-sampling is compared against. :func:`pools_from_samples` turns a samples table into pools;
+sampling is compared against.
+
+``stop="oob"`` judges step 3 by the forest's out-of-bag median |error| over the measured shapes
+instead, so no held-out set has to be measured at all (a live sweep then times only the shapes
+the loop trains on). A held-out set, when given, is still scored at every step (a replay's
+honest check of where the out-of-bag stop left the error) but never decides the stop. :func:`pools_from_samples` turns a samples table into pools;
 with measured ``time_s`` it is a replay (``benchmarks/adaptive_replay.py``), with an empty one
 it is the grid a live sampler will measure.
 """
@@ -48,6 +53,7 @@ __all__ = [
 ]
 
 ORDERS = ("adaptive", "random")
+STOPS = ("holdout", "oob")
 #: The forest the loop fits: its trees are the ensemble whose spread marks disagreement.
 FOREST_PARAMS: dict[str, Any] = {"n_estimators": 60, "min_samples_leaf": 1, "max_features": 1.0, "oob_score": True}
 
@@ -92,12 +98,14 @@ class HeldOut:
 
 @dataclass(frozen=True)
 class Step:
-    """The held-out error after training on ``n_samples`` shapes (fractions of time)."""
+    """The errors after training on ``n_samples`` shapes (fractions of time): on the held-out
+    set, and out of bag on the measured shapes."""
 
     n_samples: int
-    median_error: float  # median |predicted - measured| / measured
+    median_error: float  # median |predicted - measured| / measured (NaN: no held-out set)
     mean_error: float
     signed_median: float  # median (predicted - measured) / measured
+    oob_error: float = math.nan  # the forest's out-of-bag median |error| over the measured shapes
 
 
 @dataclass
@@ -112,6 +120,7 @@ class AdaptiveRun:
     steps: list[Step] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # pool rows ``measure`` could not time (NaN)
     stop_reason: str = ""  # "target reached", "pool exhausted", "max_samples reached"
+    stop: str = "holdout"  # the error the target is judged on: "holdout" or "oob" (out-of-bag)
 
     @property
     def reached(self) -> bool:
@@ -130,11 +139,18 @@ class AdaptiveRun:
     def best_error(self) -> float:
         return min((s.median_error for s in self.steps), default=math.nan)
 
+    @property
+    def stop_error(self) -> float:
+        """The error the stop was judged on, at the end: held-out or out-of-bag median."""
+        if not self.steps:
+            return math.nan
+        return self.steps[-1].oob_error if self.stop == "oob" else self.steps[-1].median_error
+
 
 def sample_adaptively(
     pool: Pool,
     measure: Measure,
-    heldout: HeldOut,
+    heldout: HeldOut | None = None,
     *,
     target_error: float = 0.05,
     batch_size: int = 16,
@@ -144,8 +160,11 @@ def sample_adaptively(
     order: str = "adaptive",
     shortlist: int = 4,
     random_state: int = 0,
+    stop: str = "holdout",
 ) -> AdaptiveRun:
-    """Measure batches of ``pool`` until the held-out median error is at most ``target_error``.
+    """Measure batches of ``pool`` until the median error is at most ``target_error``: on
+    ``heldout`` (``stop="holdout"``), or the forest's out-of-bag error over the measured shapes
+    (``stop="oob"``; ``heldout`` is then optional and only scored, never used to stop).
 
     ``measure(points)`` gets a DataFrame of pool rows and returns their seconds (NaN for a
     shape it cannot time, e.g. out of memory: it is skipped and never asked again). Batches have
@@ -157,6 +176,8 @@ def sample_adaptively(
     """
     if order not in ORDERS:
         raise ValueError(f"order: {order!r} is not one of {', '.join(ORDERS)}")
+    if stop not in STOPS:
+        raise ValueError(f"stop: {stop!r} is not one of {', '.join(STOPS)}")
     if not 0.0 < target_error:
         raise ValueError("target_error: must be > 0")
     if batch_size < 1:
@@ -172,9 +193,11 @@ def sample_adaptively(
     first = max(batch_size, 10) if seed_size is None else seed_size
     first = min(max(2, first), limit)
     chosen = permutation[:first] if order == "random" else _maximin(scaled, first, rng)
-    if len(heldout.time_s) == 0:
-        raise ValueError(f"{pool.key}: the held-out set is empty")
-    run = AdaptiveRun(pool.key, order, target_error, np.empty(0, dtype=int), np.empty(0))
+    if stop == "holdout" and (heldout is None or len(heldout.time_s) == 0):
+        raise ValueError(f"{pool.key}: the held-out set is empty (stop='oob' needs none)")
+    if heldout is not None and len(heldout.time_s) == 0:
+        heldout = None
+    run = AdaptiveRun(pool.key, order, target_error, np.empty(0, dtype=int), np.empty(0), stop=stop)
     _add(run, pool, measure, np.asarray(chosen, dtype=int))
     tried = len(chosen)
     while True:
@@ -187,8 +210,8 @@ def sample_adaptively(
             tried += len(batch)
             continue
         model = _fit(pool, run, random_state)
-        run.steps.append(_score(model, heldout, len(run.chosen)))
-        if run.steps[-1].median_error <= target_error:
+        run.steps.append(_score(model, heldout, pool, run))
+        if run.stop_error <= target_error:
             run.stop_reason = "target reached"
             return run
         if tried >= len(pool):
@@ -294,8 +317,26 @@ def _fit(pool: Pool, run: AdaptiveRun, random_state: int) -> ResidualRegressor:
         return ResidualRegressor("rforest", params, random_state).fit(pool.X[run.chosen], y)
 
 
-def _score(model: ResidualRegressor, heldout: HeldOut, n: int) -> Step:
-    return _step(model.predict(heldout.X), heldout, n)
+def _score(model: ResidualRegressor, heldout: HeldOut | None, pool: Pool, run: AdaptiveRun) -> Step:
+    """The held-out errors (NaN without a held-out set) and the out-of-bag median |error|."""
+    n = len(run.chosen)
+    step = _step(model.predict(heldout.X), heldout, n) if heldout is not None else Step(n, *[math.nan] * 3)
+    return Step(step.n_samples, step.median_error, step.mean_error, step.signed_median, _oob_error(model, pool, run))
+
+
+def _oob_error(model: ResidualRegressor, pool: Pool, run: AdaptiveRun) -> float:
+    """Median |relative error| of each measured shape predicted by the trees that did not see
+    it (NaN when no shape has such a prediction yet)."""
+    forest = model.estimator_
+    if not hasattr(forest, "oob_prediction_"):
+        return math.nan
+    y = np.log(run.time_s / pool.baseline[run.chosen])
+    pred = np.asarray(forest.oob_prediction_, dtype=float).reshape(len(y), -1)[:, 0]
+    # A shape in every bootstrap sample has no out-of-bag prediction (sklearn leaves NaN or 0).
+    ok = np.isfinite(pred)
+    if not ok.any():
+        return math.nan
+    return float(np.median(np.abs(np.expm1(pred[ok] - y[ok]))))
 
 
 def _step(pred_log_ratio: Any, heldout: HeldOut, n: int) -> Step:

@@ -2,8 +2,10 @@
 with the operator sampler (:mod:`~paraplan.profile.ops`) through its journal.
 
 Every grid point (x dtype) becomes a forward and a backward candidate; each regressor's pool
-(operator, dtype, direction) sets 20 % of its shapes aside as the held-out set, measures them,
-then runs the loop on the rest. A point is measured once, forward and backward together, and
+(operator, dtype, direction) runs the loop. With ``stop="holdout"`` it first sets 20 % of its
+shapes aside as the held-out set and measures them, then runs the loop on the rest; with
+``stop="oob"`` the loop runs on the whole pool and stops on the forest's out-of-bag error, so no
+shape is measured only to score the others. A point is measured once, forward and backward together, and
 appended to the journal at once: the backward pool reuses what the forward loop measured, and a
 killed run started again with the same command reuses the whole journal. A point the sampler
 cannot run (out of memory, unsupported) is recorded as skipped and left out of the pool.
@@ -106,10 +108,14 @@ def run_adaptive_sweep(
     batch_size: int = 8,
     random_state: int = 0,
     hardware: Any = None,
+    stop: str = "holdout",
+    order: str = "adaptive",
 ) -> list[AdaptiveRun | None]:
     """One adaptive run per regressor pool of ``points`` (None where the pool was measured whole
     because it had fewer than :data:`MIN_POOL` shapes). ``hardware``: GPUs outside the catalog
-    (:class:`paraplan.fitting.Hardware`)."""
+    (:class:`paraplan.fitting.Hardware`). ``stop`` and ``order``: as
+    :func:`~paraplan.profile.adaptive.sample_adaptively`'s; ``stop="oob"`` measures no held-out
+    set."""
     frame = candidate_samples(points, measure.settings.dtypes, measure.settings.device_name)
     runs: list[AdaptiveRun | None] = []
     for pool in pools_from_samples(frame, hardware):
@@ -117,16 +123,16 @@ def run_adaptive_sweep(
             measure(pool.points)
             runs.append(None)
             continue
+        options = {"target_error": target_error, "batch_size": batch_size, "growth": 0.1,
+                   "random_state": random_state, "order": order, "stop": stop}
+        if stop == "oob":
+            runs.append(sample_adaptively(pool, measure, None, **options))
+            continue
         candidates, held = split_pool(pool, 0.2, random_state)
         heldout = HeldOut.measured(held, measure)
         if len(heldout.time_s) == 0:
             measure(candidates.points)
             runs.append(None)
             continue
-        runs.append(
-            sample_adaptively(
-                candidates, measure, heldout, target_error=target_error, batch_size=batch_size,
-                growth=0.1, random_state=random_state,
-            )
-        )
+        runs.append(sample_adaptively(candidates, measure, heldout, **options))
     return runs

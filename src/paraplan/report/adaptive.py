@@ -17,7 +17,8 @@ def adaptive_record(runs: list[Any], measured: int, skipped: int, rows: int, tar
     """The adaptive sweep as plain data (JSON output, and what :func:`render_adaptive` prints)."""
     regressors = [
         {"regressor": r.key, "measured": r.n_samples, "skipped": len(r.skipped), "reached": r.reached,
-         "median_error": r.median_error, "stop": r.stop_reason}
+         "median_error": r.stop_error, "error_on": "out-of-bag" if r.stop == "oob" else "held-out",
+         "stop": r.stop_reason}
         for r in runs if r is not None
     ]
     summary = {"out": str(out), "rows": rows, "measured_now": measured, "skipped_now": skipped,
@@ -30,10 +31,11 @@ def render_adaptive(record: dict[str, Any]) -> Group:
     items: list[Any] = [
         Text(f"{s['rows']} samples written to {s['out']}", style="bold"),
         Text(f"points: {s['measured_now']} measured now, {s['skipped_now']} skipped now; "
-             f"{s['whole_pools']} pools too small to hold out were measured whole"),
+             f"{s['whole_pools']} pools too small for the loop were measured whole"),
     ]
     if record["regressors"]:
-        table = ReadableTable(f"held-out median |error| per regressor (target {100 * s['target_error']:g} %)")
+        on = " or ".join(dict.fromkeys(r["error_on"] for r in record["regressors"]))
+        table = ReadableTable(f"{on} median |error| per regressor (target {100 * s['target_error']:g} %)")
         table.add_column("regressor")
         table.add_column("shapes", number=True)
         table.add_column("error %", number=True)
