@@ -213,7 +213,7 @@ def collective_table_command(
 @calibrate_app.command("trace", short_help="Fit a cluster's curves and links to a profiler trace of a job.")
 def trace_command(
     paths: Annotated[list[Path], typer.Argument(
-        metavar="TRACE...", help="A directory of rank traces, or trace files (record_shapes=True).", show_default=False)],
+        metavar="TRACE", help="A directory of rank traces, or trace files (record_shapes=True).", show_default=False)],
     job_file: Annotated[Path, typer.Option(
         "--job", help="The job the trace ran (its cluster is the starting point).", show_default=False)],
     seed: Seed = 0, holdout: Holdout = 0.2, date: Date = None,
