@@ -134,18 +134,24 @@ def load_attention_points(path: Path = ATTENTION_POINTS) -> KernelPoints:
     return KernelPoints("attention", Precision.BF16, ops, phases, np.array(seconds), f"{Path(path).name}: {title}")
 
 
-def _curves(gpu: GpuSpec, kind: str, precision: Precision, curve: EfficiencyCurve) -> GpuSpec:
+def with_curve(
+    gpu: GpuSpec, kind: str, precision: Precision, curve: EfficiencyCurve, source: str | None = None
+) -> GpuSpec:
+    """``gpu`` with ``curve`` as its ``kind`` curve in ``precision`` (the 16-bit curves are the
+    base ones, others go under ``precisions``; memory has one curve for all). ``source``, when
+    given, becomes the precision's curves' source too (else a new entry says "trial")."""
     eff = gpu.efficiency
-    if kind == "memory" or precision in (Precision.BF16, Precision.FP16):  # memory: one curve for all
+    if kind == "memory" or precision in (Precision.BF16, Precision.FP16):
         eff = eff.model_copy(update={kind: curve})
     else:
-        own = eff.precisions.get(precision) or PrecisionCurves(source="trial")
-        eff = eff.model_copy(update={"precisions": {**eff.precisions, precision: own.model_copy(update={kind: curve})}})
+        own = eff.precisions.get(precision) or PrecisionCurves(source=source or "trial")
+        own = own.model_copy(update={kind: curve, **({"source": source} if source else {})})
+        eff = eff.model_copy(update={"precisions": {**eff.precisions, precision: own}})
     return gpu.model_copy(update={"efficiency": eff})
 
 
 def predict_points(points: KernelPoints, gpu: GpuSpec, curve: EfficiencyCurve, index: Sequence[int]) -> np.ndarray:
-    trial = _curves(gpu, points.kind, points.precision, curve)
+    trial = with_curve(gpu, points.kind, points.precision, curve)
     peak = gpu.flops_for(points.precision)
     return np.array([estimate_op_s(points.ops[i], points.phases[i], trial, peak, points.precision) for i in index])
 

@@ -33,7 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.calibrate._common import US, ErrorStats, err_stats, import_extra, silent
-from paraplan.calibrate.curves import MIN_HALF_WORK_LOG10, CurveFit, KernelPoints, fit_curve, predict_points
+from paraplan.calibrate.curves import (
+    MIN_HALF_WORK_LOG10,
+    CurveFit,
+    KernelPoints,
+    fit_curve,
+    predict_points,
+    with_curve,
+)
 from paraplan.calibrate.links import CollSamples, fit_links, predict_colls
 from paraplan.costmodel import estimate_op_s
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout, Op, OpKind, ParallelDim
@@ -47,7 +54,6 @@ from paraplan.specs import (
     ModelSpec,
     Phase,
     Precision,
-    PrecisionCurves,
 )
 from paraplan.traces.decode import RankTrace, decode_trace
 from paraplan.traces.ops import ELEMENT_BYTES, OpTiming, operator_timings
@@ -310,15 +316,7 @@ def _curve_of(gpu, kind: str, precision: Precision):
 
 
 def _with_curve(gpu, fit: CurveFit, source: str):
-    curve = fit.curve.model_copy(update={"source": source})
-    eff = gpu.efficiency
-    if fit.kind == "memory" or fit.precision in (Precision.BF16, Precision.FP16):
-        eff = eff.model_copy(update={fit.kind: curve})
-    else:
-        own = eff.precisions.get(fit.precision) or PrecisionCurves(source=source)
-        own = own.model_copy(update={fit.kind: curve, "source": source})
-        eff = eff.model_copy(update={"precisions": {**eff.precisions, fit.precision: own}})
-    return gpu.model_copy(update={"efficiency": eff})
+    return with_curve(gpu, fit.kind, fit.precision, fit.curve.model_copy(update={"source": source}), source)
 
 
 # -- collectives ------------------------------------------------------------------------------

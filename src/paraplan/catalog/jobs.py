@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
-from paraplan.catalog.userdata import load_data, load_yaml
+from paraplan.catalog.userdata import load_data, load_yaml, read_text
 from paraplan.specs import (
     ClusterSpec,
     ConfigError,
@@ -306,12 +306,7 @@ def demo_job_mapping() -> dict[str, Any]:
 def read_job_mapping(path: Path | str) -> dict[str, Any]:
     """The raw mapping of a job file (YAML or JSON), before resolution."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read the job file ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
+    text = read_text(path, "the job file")
     raw = load_data(text, str(path), is_json=path.suffix.lower() == ".json")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with model, cluster and parallel")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,6 +32,17 @@ _MERGE = "tag:yaml.org,2002:merge"
 
 class _Loader(_BASE):  # type: ignore[valid-type, misc]
     """PyYAML's safe loader; the limits are checked between composing and constructing."""
+
+
+def read_text(path: str | Path, what: str = "") -> str:
+    """The text of a file the user named; a one-line ConfigError naming the file when it cannot
+    be read (``what`` says what it is: "PATH: cannot read the job file (reason)") or is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read{' ' + what if what else ''} ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
 
 
 def load_yaml(text: str, where: str) -> Any:

@@ -189,17 +189,11 @@ def parse_grid(doc: Any, where: str = "grid") -> list[GridPoint]:
 
 def load_grid(paths: Sequence[str | Path]) -> list[GridPoint]:
     """The points of grid files, in order; a point given twice is measured once."""
-    from paraplan.catalog.userdata import load_yaml
+    from paraplan.catalog.userdata import load_yaml, read_text
 
     points: list[GridPoint] = []
     for path in map(Path, paths):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the grid ({exc.strerror})") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
-        points += parse_grid(load_yaml(text, str(path)), str(path))
+        points += parse_grid(load_yaml(read_text(path, "the grid"), str(path)), str(path))
     return list(dict.fromkeys(points))
 
 

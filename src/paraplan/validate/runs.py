@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from paraplan.catalog.userdata import load_json
+from paraplan.catalog.userdata import load_json, read_text
 from paraplan.costmodel import CostModel
 from paraplan.prediction import Prediction, predict
 from paraplan.prediction.backends import ModelSet, make_cost_model
@@ -32,12 +32,7 @@ _COMPARE: dict[str, Callable[[MeasuredRun, Prediction, CostModel], tuple[Compone
 def load_runs(path: Path | str) -> list[dict[str, Any]]:
     """The run records of a runs_perlmutter.json (GPUModeling25) or runs_dev*.json (published)."""
     path = Path(path)
-    try:
-        runs = load_json(path.read_text(encoding="utf-8"), str(path))
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
+    runs = load_json(read_text(path), str(path))
     if not isinstance(runs, list) or not all(isinstance(r, dict) and "parallel" in r for r in runs):
         raise ConfigError(
             f"{path}: expected a list of run records as in runs_perlmutter.json or runs_dev.json"
