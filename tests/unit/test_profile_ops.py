@@ -247,3 +247,18 @@ def test_one_sweep_for_several_jobs_measures_each_shared_shape_once():
     assert set(both) == one | two and len(both) == len(set(both))
     assert one & two  # they share shapes: measured once, so fit never sees the same point twice
     assert dtypes == ["fp32"]
+
+
+def test_a_missing_or_binary_grid_or_runs_file_is_one_line_naming_it(tmp_path):
+    from paraplan.profile.grid import load_grid
+    from paraplan.specs import ConfigError
+    from paraplan.validate.runs import load_runs
+
+    binary = tmp_path / "grid.yaml"
+    binary.write_bytes(b"\xff\xfe\x00grid")
+    with pytest.raises(ConfigError, match=r"grid\.yaml: not a text file \(it is not UTF-8\)"):
+        load_grid([binary])
+    with pytest.raises(ConfigError, match=r"nope\.yaml: cannot read the grid \("):
+        load_grid([tmp_path / "nope.yaml"])
+    with pytest.raises(ConfigError, match=r"runs\.json: cannot read \("):
+        load_runs(tmp_path / "runs.json")
