@@ -357,6 +357,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
     exists = {_FIRST: np.ones(len(pp), dtype=bool), _MID: pp >= 3, _LAST: pp >= 2}
     full, selective = rc == 2, rc == 1
     gpipe, interleaved, zb_h1, zb_v = sched == 2, sched == 1, sched == 3, sched == 4
+    zero_bubble = bool(zb_h1.any() or zb_v.any())  # costed only when the space has such plans
 
     def ends(name: str, c: int) -> np.ndarray:
         # stage 0 carries both ends when there is one stage
@@ -386,7 +387,8 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
             forward, backward = forward + dp_f, backward + dp_b
             exposed = reduce_s + gather_s
         f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
-        wg[c] = n * A["layer_w"][a] + ends("end_w", c)
+        if zero_bubble:
+            wg[c] = n * A["layer_w"][a] + ends("end_w", c)
         drain_extra[c], opt[c] = exposed, B["optimizer"][b, c]
         # memory.estimate_stage_memory, with the stage's micro-batches in flight
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(3)])
@@ -398,11 +400,12 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         chunks = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))
         # memory.in_flight_microbatches of the zero-bubble schedules (schedule.peak_in_flight)
-        flight = np.where(zb_h1, np.minimum(p, m), flight)
-        flight = np.where(zb_v, np.minimum(2 * p, m + np.minimum(m, stage + 1)) / 2, flight)
+        if zero_bubble:
+            flight = np.where(zb_h1, np.minimum(p, m), flight)
+            flight = np.where(zb_v, np.minimum(2 * p, m + np.minimum(m, stage + 1)) / 2, flight)
         mem[c] = B["static"][b, c] + (held * flight + work) + B["buffers"][b, c]
     finish = _finish(f, bw, p2p, m, p, v, gpipe, p2p + p2p_mask)
-    if zb_h1.any() or zb_v.any():
+    if zero_bubble:
         _zero_bubble_finish(finish, f, bw, wg, p2p, p2p + p2p_mask, m, p, zb_h1, zb_v)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
         _lockstep_finish(finish, f, bw, p2p, p2p + p2p_mask, pp, m, (sched == 0) & (pp > 1))
