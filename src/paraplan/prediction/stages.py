@@ -42,6 +42,7 @@ class LayerCost:
     bwd_total: float
     comm_fwd: float  # the layer's TP/CP collectives
     comm_bwd: float
+    wgrad_total: float = 0.0  # the weight-gradient operators' part of bwd_total
 
     def recompute_s(self, rc: RecomputeCost) -> float:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
@@ -72,7 +73,8 @@ class LayerCost:
             share = 1.0 / comm.plan.tp
             tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
             tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
-        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f, tp_b + cp_b)
+        wgrad = sum(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f, tp_b + cp_b, wgrad)
 
 
 def exposed_beside(compute_s: float, comm_s: float, exposed_share: float, slowdown: float) -> float:
@@ -117,6 +119,7 @@ def stage_timing(
     recompute = n * layer.recompute_s(recompute_cost(plan, st.layer_ops, inv.shape, n))
     forward = n * layer_f + ops_seconds(cm, st.end_ops, (Phase.FWD,))
     backward = n * layer_b + ops_seconds(cm, st.end_ops, BACKWARD)
+    wgrad = n * layer.wgrad_total + ops_seconds(cm, st.end_ops, (Phase.BWD_WEIGHT,))
     slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
     if st.per_microbatch_dp:
         dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
@@ -154,6 +157,7 @@ def stage_timing(
         exposed_dp_s=exposed,
         optimizer_s=cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER),
         p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
+        wgrad_mb_s=wgrad,
     )
 
 
