@@ -205,3 +205,20 @@ def test_a_hugging_face_moe_config_reads_as_the_catalog_model_it_describes(model
     y = shard_shape(catalog, 1, 1, False, 1, Precision.BF16)
     assert _params(read, x) == _params(catalog, y)
     assert _params(read, x, active=True) == _params(catalog, y, active=True)
+
+
+def test_the_published_moe_runs_become_moe_jobs_or_are_skipped_with_a_reason():
+    from pathlib import Path
+
+    from paraplan.validate.published import measured_from_published
+    from paraplan.validate.runs import load_runs
+
+    runs = load_runs(Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "runs_moe_dev.json")
+    mixtral = measured_from_published(next(r for r in runs if "mixtral" in r["id"]))
+    assert mixtral.job.model.num_moe_experts == 8 and mixtral.job.parallel.ep == 8
+    assert mixtral.job.parallel.etp == 1 and mixtral.job.parallel.vpp == 8
+    assert any("balanced" in a for a in mixtral.assumed)
+    deepseek = next(r for r in runs if r["id"].startswith("megatron-docs-deepseek"))
+    from paraplan.validate.records import _experts
+    fields = _experts(deepseek, [])
+    assert fields["moe_layer_freq"] == (0,) * 3 + (1,) * 58 and fields["multi_latent_attention"]

@@ -47,6 +47,7 @@ from paraplan.export._common import (
     common_notes,
     header_lines,
     layer_split,
+    refuse_zero_bubble,
     train_iterations,
 )
 from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
@@ -137,6 +138,7 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
 def render_deepspeed(job: Job, prediction: Prediction | None = None) -> str:
     """``ds_config.json`` text."""
     check_prediction(job, prediction)
+    refuse_zero_bubble(job, "DeepSpeed's pipeline engine")
     return json.dumps(deepspeed_config(job, prediction), indent=2) + "\n"
 
 

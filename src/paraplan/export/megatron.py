@@ -59,6 +59,7 @@ from paraplan.export._common import (
     layer_split,
     layers_per_virtual_stage,
     micro_batches,
+    refuse_zero_bubble,
     train_iterations,
 )
 from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
@@ -123,6 +124,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
 def render_megatron(job: Job, prediction: Prediction | None = None) -> str:
     """A bash snippet defining ``MEGATRON_ARGS`` for ``pretrain_gpt.py``."""
     check_prediction(job, prediction)
+    refuse_zero_bubble(job, "Megatron-LM")
     head = header_lines(job, prediction, f"Megatron-LM arguments for pretrain_gpt.py ({TARGET})")
     head += [f"{NOTE} {n}" for n in notes(job, prediction)]
     head += [

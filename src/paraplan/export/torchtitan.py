@@ -70,7 +70,10 @@ TORCHTITAN_VERSION = "0.3.0"  # the release the recipe targets (and the tests pa
 CONFIG_FUNCTION = "paraplan_config"  # the --config name
 CHECKPOINT_EVERY_S = 3600.0  # a checkpoint about every hour of predicted training
 
-_SCHEDULE = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
+# torch.distributed.pipelining's schedule names (torchtitan's parallelism.pipeline_parallel_schedule);
+# ScheduleInterleavedZeroBubble with one stage per rank issues ZB-H1's order
+_SCHEDULE = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe",
+             Schedule.ZB_H1: "InterleavedZeroBubble", Schedule.ZB_V: "ZBVZeroBubble"}
 # torchtitan/models/llama3/__init__.py: (layers, dim, heads, kv heads, ffn hidden, vocab) of each flavor
 _LLAMA3_FLAVORS = {
     "8B": (32, 4096, 32, 8, 14336, 128256),
@@ -87,6 +90,14 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What torchtitan will do differently from the plan paraplan predicted."""
     m, p = job.model, job.parallel
     out = common_notes(job, prediction)
+    if p.schedule is Schedule.ZB_H1:
+        out.append("parallel.schedule: zb-h1 runs as InterleavedZeroBubble with one model part per rank "
+                   "(PyTorch's one-chunk order is ZB-H1's); a release that wants two parts per rank "
+                   "for it needs zb-v instead")
+    elif p.schedule is Schedule.ZB_V:
+        out.append("parallel.schedule: ZBVZeroBubble places rank 0's two parts at both ends of the model "
+                   "(embedding and LM head on one rank); paraplan's stages keep the LM head on the last "
+                   "stage, so stage 0's memory and the ends' times are placed differently")
     if p.zero_stage in (1, 2) and p.dp > 1:
         closest = ("less memory, more communication than predicted; re-predict with zero_stage: 2 for "
                    "closer numbers" if p.zero_stage == 1 else
@@ -285,7 +296,10 @@ def _flavor(job: Job) -> str | None:
 def _module_fqns(job: Job) -> list[list[str]]:
     """Each (virtual) pipeline stage's modules in model order, as paraplan split the layers."""
     p = job.parallel
-    if p.vpp > 1:
+    if p.schedule is Schedule.ZB_V:  # 2 parts per rank, placed in a V by torchtitan
+        parts_n = 2 * p.pp
+        sizes = [job.model.num_layers // parts_n + (k < job.model.num_layers % parts_n) for k in range(parts_n)]
+    elif p.vpp > 1:
         sizes = [layers_per_virtual_stage(job)] * (p.pp * p.vpp)
     else:
         sizes = list(layer_split(job))

@@ -21,8 +21,8 @@ from paraplan.prediction.result import (
 )
 from paraplan.prediction.sanity import check_iteration, check_possible
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
-from paraplan.schedule import simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
-from paraplan.specs import Job, Schedule
+from paraplan.schedule import placement, simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
+from paraplan.specs import Job
 
 
 def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
@@ -78,7 +78,7 @@ def assemble_prediction(
     else:
         pipe = simulate_pipeline(
             fwd, bwd, p2p, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_timeline, fwd_extra_s=mask,
-            overlap_p2p=plan.overlap_p2p_comm,
+            overlap_p2p=plan.overlap_p2p_comm, wgrad_s=[t.wgrad_mb_s for t in timings],
         )
     drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
     crit = max(range(plan.pp), key=drain.__getitem__)
@@ -137,6 +137,8 @@ def stage_sends_s(job: Job, stage: int, p2p_s: float, mask_s: float = 0.0) -> fl
     if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
         return transfer_s(stage, plan.pp, m, p2p_s, mask_s)
     # each of the stage's v chunks sends forward and backward, except out of the model's ends
-    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-    forward_sends = m * v - (m if stage == plan.pp - 1 else 0)
-    return (p2p_s + mask_s) * forward_sends + p2p_s * (m * v - (m if stage == 0 else 0))
+    # and between two chunks of the same stage (ZB-V's turn on the last stage)
+    where_is = placement(plan.schedule, plan.pp, plan.schedule.chunks(plan.vpp))
+    forward_sends = m * sum(where_is[s + 1][0] != i for s, (i, _) in enumerate(where_is[:-1]) if i == stage)
+    backward_sends = m * sum(where_is[s - 1][0] != i for s, (i, _) in enumerate(where_is) if s > 0 and i == stage)
+    return (p2p_s + mask_s) * forward_sends + p2p_s * backward_sends

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params
 from paraplan.inventory.recompute import recompute_cost
+from paraplan.schedule import peak_in_flight
 from paraplan.specs import Recompute, Schedule
 
 # CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
@@ -47,6 +48,13 @@ def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
         v = plan.vpp
         chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         return chunks / v
+    if plan.schedule.splits_backward and p > 1:
+        # counted on the schedule's order (``schedule.peak_in_flight``): ZB-H1 holds
+        # min(p, m) on every stage (stage i defers i W passes, each keeping its micro-batch's
+        # activations: an upper bound, the W pass needs only its GEMMs' inputs), the same
+        # peak as 1F1B's stage 0; ZB-V min(2p, m + min(m, i + 1)) half-stage chunks, at most
+        # p micro-batches, also 1F1B's peak (Qi et al. 2023, Sections 2.1 and 6)
+        return peak_in_flight(plan.schedule, stage, p, m, plan.schedule.chunks(plan.vpp))
     return float(min(p - stage, m))
 
 

@@ -49,6 +49,9 @@ class StageTiming:
     exposed_dp_s: float
     optimizer_s: float
     p2p_mask_s: float = 0.0  # what a forward send carries besides the activation
+    # the weight-gradient operators' share of backward_mb_s (the W pass of a zero-bubble
+    # schedule; everything else of the backward, collectives and recompute included, is B)
+    wgrad_mb_s: float = 0.0
 
     @property
     def p2p_fwd_s(self) -> float:

@@ -44,6 +44,7 @@ class LayerCost:
     bwd_total: float
     comm_fwd: float  # the layer's TP/CP collectives
     comm_bwd: float
+    wgrad_total: float = 0.0  # the weight-gradient operators' part of bwd_total
 
     def recompute_s(self, rc: RecomputeCost) -> float:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
@@ -76,7 +77,8 @@ class LayerCost:
             tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
             tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
         ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
-        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f + ep_f, tp_b + cp_b + ep_b)
+        wgrad = sum(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f + ep_f, tp_b + cp_b + ep_b, wgrad)
 
 
 def _expert_comm(
@@ -152,6 +154,7 @@ def stage_timing(
     tp_b = comm.total(st.end_collectives, BACKWARD)
     forward = ops_seconds(cm, st.end_ops, (Phase.FWD,))
     backward = ops_seconds(cm, st.end_ops, BACKWARD)
+    wgrad = ops_seconds(cm, st.end_ops, (Phase.BWD_WEIGHT,))
     recompute = 0.0
     for block in st.blocks:
         k, layer = block.num_layers, layers[block.moe]
@@ -160,6 +163,7 @@ def stage_timing(
         recompute += k * layer.recompute_s(recompute_cost(plan, block.ops, inv.shape, k))
         forward += k * layer.fwd_total
         backward += k * layer.bwd_total
+        wgrad += k * layer.wgrad_total
     slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
     if st.per_microbatch_dp:
         dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
@@ -197,6 +201,7 @@ def stage_timing(
         exposed_dp_s=exposed,
         optimizer_s=cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER),
         p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
+        wgrad_mb_s=wgrad,
     )
 
 

@@ -18,6 +18,29 @@ RECOMPUTE_CHOICES = {
 }
 
 
+# Which frameworks run the zero-bubble schedules (a missing one is refused with its reason).
+# torchtitan: ``parallelism.pipeline_parallel_schedule`` ZBVZeroBubble / InterleavedZeroBubble
+# (torch.distributed.pipelining); Megatron-LM mainline and DeepSpeed's pipeline engine have none.
+ZERO_BUBBLE_FRAMEWORKS = {
+    Framework.MEGATRON: "Megatron-LM has no zero-bubble schedule (Sea AI Lab's fork "
+    "sail-sg/zero-bubble-pipeline-parallelism adds them)",
+    Framework.DEEPSPEED: "DeepSpeed's pipeline engine runs its lock-step 1F1B TrainSchedule "
+    "(Megatron-DeepSpeed's --enable-zbh1-pipeline is not modelled)",
+}
+
+
+def _check_zero_bubble(plan: ParallelPlan) -> None:
+    """The zero-bubble schedules need a pipeline and a framework that runs them."""
+    if not plan.schedule.splits_backward:
+        return
+    name = plan.schedule.value
+    if plan.pp < 2:
+        raise ValueError(f"parallel.schedule: {name!r} is a pipeline schedule; it needs pipeline_model_parallel_size >= 2")
+    reason = ZERO_BUBBLE_FRAMEWORKS.get(plan.framework)
+    if reason is not None:
+        raise ValueError(f"parallel.schedule: {name!r} needs framework 'fsdp' (torchtitan); {reason}")
+
+
 class ParallelPlan(BaseModel):
     """Megatron-LM argument names, with the short aliases tp, pp, dp, cp and vpp."""
 
@@ -107,16 +130,23 @@ class ParallelPlan(BaseModel):
         if vpp is not None and vpp > 1:
             if self.pp < 2:
                 raise ValueError("parallel.vpp: interleaving needs pipeline_model_parallel_size >= 2")
-            if "schedule" in self.model_fields_set and self.schedule is not Schedule.INTERLEAVED:
+            if self.schedule is Schedule.ZB_V and vpp != 2:
+                raise ValueError(
+                    f"parallel.schedule: 'zb-v' runs exactly 2 chunks per stage; leave "
+                    f"virtual_pipeline_model_parallel_size out or set it to 2, not {vpp}"
+                )
+            if "schedule" in self.model_fields_set and self.schedule not in (Schedule.INTERLEAVED, Schedule.ZB_V):
                 raise ValueError(
                     f"parallel.schedule: {self.schedule.value!r} does not interleave; "
                     f"vpp={vpp} needs schedule 'interleaved' (or leave schedule out)"
                 )
-            object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
+            if self.schedule is not Schedule.ZB_V:
+                object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
         if self.schedule is Schedule.INTERLEAVED and (vpp is None or vpp < 2):
             raise ValueError(
                 "parallel.schedule: 'interleaved' needs virtual_pipeline_model_parallel_size >= 2"
             )
+        _check_zero_bubble(self)
         if self.framework is Framework.DEEPSPEED and self.pp > 1 and self.zero_stage > 1:
             raise ValueError(
                 f"parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1, "
