@@ -188,6 +188,28 @@ def test_the_default_search_shows_every_plan_and_exclusion_whole(width, default_
     assert_readable_text(cli(width, "search").stdout, width, numbers)
 
 
+MOE_SEARCH = ("search", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--num-nodes", "2",
+              "--global-batch-size", "64", "--etp", "tp,1", "--schedule", "1f1b,zb-h1,zb-v", "--framework", "fsdp",
+              "--recompute", "full", "--top", "20")
+
+
+@pytest.fixture(scope="module")
+def moe_search() -> dict:
+    return json.loads(cli(200, *MOE_SEARCH, "--format", "json").stdout)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_mixture_of_experts_search_shows_ep_etp_and_schedule_whole(width, moe_search):
+    plans = moe_search["plans"]
+    numbers = [n for p in plans for n in (f"{p['iteration_s']:.2f}", f"{p['tokens_per_s']:,.0f}",
+                                          f"{p['memory_per_gpu_bytes'] / 2**30:.1f}")]
+    numbers += [f"{count:,}" for count in moe_search["excluded"].values()]
+    text = cli(width, *MOE_SEARCH).stdout
+    assert_readable_text(text, width, numbers)
+    assert {"1f1b", "zb-v"} <= {p["schedule"] for p in plans}
+    assert re.search(r"^.*\bep\b.*\betp\b.*\bsched(ule)?\b.*tokens/s", text, re.M)  # the header row
+
+
 # -- calibrate ---------------------------------------------------------------------------------
 
 

@@ -45,12 +45,23 @@ from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.prediction.memory import activations_per_microbatch, estimate_stage_memory
 from paraplan.schedule.deepspeed import deepspeed_finish
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
-from paraplan.search.space import SearchSpace, plan_axes, plan_job, rejection_reason, runs_as_zero
+from paraplan.search.space import (
+    EP_EXPERTS,
+    EP_STAGE,
+    SearchSpace,
+    expert_axes,
+    pipe_axis,
+    plan_axes,
+    plan_job,
+    rejection_reason,
+    runs_as_zero,
+)
 from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Phase, Precision, Recompute, Schedule
 
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
 #: exact path (e.g. ``layers_per_stage``: uneven stages).
-SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule"})
+SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule", "expert_load_imbalance",
+                              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm"})
 
 _RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_V)
@@ -77,7 +88,9 @@ class Screen:
     precision: Precision
     space: SearchSpace
     train_tokens: float | None
-    plans: dict[str, np.ndarray]  # gbs tp pp dp cp vpp mbs zero recompute (index) sp (raw: 0 off, 1 on, 2 with tp)
+    # gbs tp pp dp cp ep etp (raw: 0 as tp) sched (raw: index into _SCHEDULES, -1 the plan's own) vpp mbs zero
+    # recompute (index) sp (raw: 0 off, 1 on, 2 with tp)
+    plans: dict[str, np.ndarray]
     iteration_s: np.ndarray
     memory_bytes: np.ndarray  # worst stage, bytes per GPU
     excluded: Counter  # reason -> plans removed by the divisibility rules and the Job validator
@@ -97,18 +110,13 @@ class Screen:
 
     def job(self, i: int) -> Job:
         """The Job of plan ``i`` (the same Job ``enumerate_plans`` builds for it)."""
-        p = {k: int(v[i]) for k, v in self.plans.items()}
-        sp = None if p["sp"] == 2 else bool(p["sp"])
-        return plan_job(
-            self.model, self.cluster, self.precision, self.space, self.train_tokens,
-            global_batch_size=p["gbs"], tp=p["tp"], pp=p["pp"], cp=p["cp"], vpp=p["vpp"],
-            micro_batch_size=p["mbs"], zero_stage=p["zero"], recompute=_RECOMPUTE[p["recompute"]],
-            sequence_parallel=sp,
-        )
+        return _job_at(self.model, self.cluster, self.precision, self.space, self.train_tokens, self.plans, i)
 
 
 def _codes(values: np.ndarray) -> np.ndarray:
     """Dense integer codes of ``values`` (equal values, equal codes)."""
+    if len(values) and values.min() == values.max():  # an axis the space does not vary (ep of a dense model)
+        return np.zeros(values.shape, dtype=np.int64)
     return np.unique(values, return_inverse=True)[1].reshape(values.shape)
 
 
@@ -125,12 +133,18 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     (same order, same reasons), as arrays, and the exclusion counts."""
     n, gpn, layers = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
     tps, pps, sps = plan_axes(model, cluster, space)
-    outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, space.vpp, space.micro_batch_size)
+    eps, etps = expert_axes(model, space, n)
+    pipes = pipe_axis(space)
+    sched_codes = tuple(-1 if s is None else _SCHEDULES.index(s) for s, _ in pipes)
+    outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, tuple(e or 0 for e in etps),
+             tuple(range(len(pipes))), space.micro_batch_size)
     rc = tuple(_RECOMPUTE.index(Recompute(r)) for r in space.recompute)
     inner = (space.zero_stage, rc, tuple(2 if s is None else int(s) for s in sps))
     n_inner = int(np.prod([len(a) for a in inner]))
     idx = np.indices([len(a) for a in outer]).reshape(len(outer), -1)
-    gbs, tp, pp, cp, vpp, mbs = (np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
+    gbs, tp, pp, cp, ep, etp, pipe, mbs = (np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
+    vpp = np.asarray([v for _, v in pipes], dtype=np.int64)[pipe]
+    sched = np.asarray(sched_codes, dtype=np.int64)[pipe]
     excluded: Counter = Counter()
     alive = np.ones(len(gbs), dtype=bool)
 
@@ -153,11 +167,16 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
         "interleaving needs layers divisible by pp*vpp and micro-batches by pp",
     )
     rule(layers % pp != 0, "pp does not divide the layers evenly (uneven splits are off)")
+    if model.is_moe:
+        rule((ep > 1) & (model.num_moe_experts % ep != 0), EP_EXPERTS)
+        rule((tp * cp * dp) % (ep * np.where(etp == 0, tp, etp)) != 0, EP_STAGE)
     keep = np.flatnonzero(alive)
     inner_idx = np.indices([len(a) for a in inner]).reshape(len(inner), -1)
     o = np.repeat(keep, n_inner)
     k = np.tile(np.arange(n_inner), len(keep))
-    plans = {name: a[o] for name, a in (("gbs", gbs), ("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("vpp", vpp), ("mbs", mbs))}
+    named = (("gbs", gbs), ("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep), ("etp", etp), ("sched", sched),
+             ("vpp", vpp), ("mbs", mbs))
+    plans = {name: a[o] for name, a in named}
     plans["zero"], plans["recompute"], plans["sp"] = (
         np.asarray(a, dtype=np.int64)[i][k] for a, i in zip(inner, inner_idx, strict=True)
     )
@@ -165,13 +184,13 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
 
 
 def _job_at(model, cluster, precision, space, train_tokens, plans, i: int) -> Job:
-    sp = int(plans["sp"][i])
+    p = {k: int(v[i]) for k, v in plans.items()}
     return plan_job(
         model, cluster, precision, space, train_tokens,
-        global_batch_size=int(plans["gbs"][i]), tp=int(plans["tp"][i]), pp=int(plans["pp"][i]),
-        cp=int(plans["cp"][i]), vpp=int(plans["vpp"][i]), micro_batch_size=int(plans["mbs"][i]),
-        zero_stage=int(plans["zero"][i]), recompute=_RECOMPUTE[int(plans["recompute"][i])],
-        sequence_parallel=None if sp == 2 else bool(sp),
+        global_batch_size=p["gbs"], tp=p["tp"], pp=p["pp"], cp=p["cp"], vpp=p["vpp"], micro_batch_size=p["mbs"],
+        zero_stage=p["zero"], recompute=_RECOMPUTE[p["recompute"]],
+        sequence_parallel=None if p["sp"] == 2 else bool(p["sp"]), ep=p["ep"], etp=p["etp"] or None,
+        schedule=None if p["sched"] < 0 else _SCHEDULES[p["sched"]],
     )
 
 
@@ -271,10 +290,12 @@ def screen_plans(
     args = (model, cluster, precision, space, train_tokens)
     tp, pp, cp, zero, vpp = plans["tp"], plans["pp"], plans["cp"], plans["zero"], plans["vpp"]
     sp_on = np.where(plans["sp"] == 2, tp > 1, (plans["sp"] == 1) & (tp > 1))
+    ep, etp = plans["ep"], np.where(plans["etp"] == 0, tp, plans["etp"])  # etp unset runs as tp
 
     # The Job validator: its verdict depends on these axes only (the batch rules ran above).
     vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero),
-                _codes(plans["recompute"]))  # a framework refuses some recompute policies
+                _codes(plans["recompute"]),  # a framework refuses some recompute policies
+                _codes(plans["sched"]), _codes(ep), _codes(plans["etp"]))
     reps, vinv = _representatives(vkey)
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
@@ -298,11 +319,11 @@ def screen_plans(
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
     runs_as = runs_as_zero(zero, plans["dp"] * cp, precision)
     rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute")), _codes(runs_as),
-                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64))
+                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), _codes(sched), _codes(ep), _codes(etp))
     candidates = np.flatnonzero(valid)
     keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
     plans = {k: v[keep] for k, v in plans.items()}
-    sp_on, sched = sp_on[keep], sched[keep]
+    sp_on, sched, ep, etp = sp_on[keep], sched[keep], ep[keep], etp[keep]
     considered = len(keep) + sum(excluded.values())
     clock["validate"] = time.perf_counter()
 
@@ -311,7 +332,8 @@ def screen_plans(
         empty = np.zeros(0)
         return Screen(*args, plans, empty, empty, excluded, considered)
     cm = AnalyticalCostModel(cluster, precision)
-    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs))
+    # a MoE layer's dispatch, experts and their activations follow ep and etp too
+    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), _codes(ep), _codes(etp))
     if not fused or precision is Precision.FP8:
         # a layer's backward adds its gradients to .grad on all but the first micro-batch;
         # FP8 layers cast their weights once per iteration: both are shared by m micro-batches
@@ -322,7 +344,8 @@ def screen_plans(
     a_reps, a = _representatives(akey, prefer=pp > 1)
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
     A = _shard_table(model, cm, a_invs)
-    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero))
+    # the experts' parameters per rank and their gradient sync over the expert data-parallel group
+    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(ep), _codes(etp))
     b_reps, b = _representatives(bkey)
     b_invs = [count_job(_job_at(*args, plans, int(i))) for i in b_reps]
     B = _layout_table(cm, b_invs)
