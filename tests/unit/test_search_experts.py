@@ -145,3 +145,11 @@ def test_bad_expert_and_schedule_flags_are_one_line_errors(flags, message):
     result = runner.invoke(app, ["search", "--cluster", "dgx-h100", *flags])
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("axis", "message"), [({"schedule": ("1f1b", "zb-h1")}, r"^schedule: the uneven-stage"),
+                                               ({"ep": (2,)}, r"^ep: the uneven-stage")])
+def test_the_uneven_stage_search_refuses_the_axes_it_does_not_vary(axis, message):
+    space = SearchSpace(uneven_layers=True, **axis)
+    with pytest.raises(ConfigError, match=message):
+        search_plans(load_model("mixtral-8x7b"), load_cluster("dgx-h100", num_nodes=1), 64, Precision.BF16, space)

@@ -4,16 +4,18 @@ Nothing here counts FLOPs, bytes or collective volumes. The space's plans differ
 axes, and each quantity the exact prediction uses depends on only some of them, so each is
 costed once per distinct value of its axes with the same code the exact path runs:
 
-- a *shard shape* (tp, cp, sequence parallelism, micro-batch) fixes one layer's operators
-  and TP/CP collectives, the embedding and LM-head operators and collectives, the pipeline
+- a *shard shape* (tp, cp, sequence parallelism, micro-batch; for a mixture of experts also
+  ep and etp: the tokens a rank's experts receive, the all-to-all and its group's placement)
+  fixes one layer's operators and TP/CP/EP collectives, the embedding and LM-head operators and collectives, the pipeline
   message and the saved activations: one representative Job of the space is inventoried
   (``count_job``) and costed with ``AnalyticalCostModel`` through the prediction's own
   ``LayerCost`` and ``CommCosts``, and its activations through ``memory``'s own function;
-- a *layout* (tp, cp, pp, ZeRO stage, hence dp) fixes every stage's parameters, its
+- a *layout* (tp, cp, pp, ZeRO stage, hence dp; ep and etp: the experts' parameters per rank
+  and their gradient sync over the expert data-parallel group) fixes every stage's parameters, its
   data-parallel collectives (``group_layout``), its optimizer step and its weight, gradient
   and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
 
-The remaining axes (pp, dp, ZeRO, vpp, recompute, global batch, number of micro-batches) are
+The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
 combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
 term by term. Memory is the exact formula (the screen's verdict equals ``estimate_memory``'s;
 tests check it). Time differs from ``predict`` only in the pipeline: the event simulation is
