@@ -64,7 +64,7 @@ def search_command(
     schedule: Annotated[str | None, Opt(
         "--schedule", help="Pipeline schedules to try: 1f1b, interleaved (vpp from --vpp, else 2), gpipe, zb-h1, "
                            "zb-v (zero-bubble: --framework fsdp), e.g. 1f1b,interleaved,zb-h1,zb-v.",
-        show_default="the job file's, else 1f1b (interleaved with --vpp above 1)")] = None,
+        show_default="1f1b (interleaved with --vpp above 1)")] = None,
     allow_tp_across_nodes: Annotated[bool, Opt("--allow-tp-across-nodes",
                                                help="Also try tensor parallelism across nodes.")] = False,
     uneven_layers: Annotated[bool, Opt("--uneven-layers", help="Let stages hold unequal layer counts (exact partition; "
@@ -167,7 +167,7 @@ def search_command(
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
                               batches=batches if batches and len(batches) > 1 else None, ep=ep, etp=etp,
-                              schedule=schedule or given.get("schedule"))
+                              schedule=schedule)
         if etp is not None and not base.model.is_moe:
             raise ConfigError("etp: the model is dense (it has no num_moe_experts); expert parallelism "
                               "applies to mixtures of experts")
