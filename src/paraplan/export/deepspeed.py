@@ -33,6 +33,15 @@ What DeepSpeed's JSON cannot hold, and where it comes from instead (recorded in
 - context parallelism and FP8: not DeepSpeed features (Ulysses sequence parallelism is a
   different algorithm; FP8 GEMMs come from Transformer Engine in the framework).
 
+Mixtures of experts: DeepSpeed's MoE layer is built by the launching framework, so
+``_paraplan.launcher.megatron_deepspeed_moe_args`` holds Megatron-DeepSpeed's arguments
+(``megatron/arguments.py``: --num-experts, --moe-expert-parallel-size, --topk, --mlp-type standard,
+--expert-interval, --disable-moe-token-dropping or --moe-train-capacity-factor, --moe-loss-coeff).
+Refused, naming the field: shared experts (its ``residual`` MLP type is PR-MoE, a different model),
+MLA, sigmoid routers (``TopKGate`` is softmax), etp > 1, an ep that does not divide dp
+(``deepspeed/utils/groups.py`` carves expert groups out of the data-parallel ranks) and MoE layers
+that are not every n-th layer (``get_num_experts_per_layer``: layer i, from 0, when (i+1) % n == 0).
+
 ZeRO-2/3 together with pipeline parallelism is refused with a ConfigError: DeepSpeed's pipeline
 engine supports ZeRO stage 0 or 1 only.
 """

@@ -40,6 +40,18 @@ NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4
   (megatron/core/transformer/pipeline_parallel_layer_layout.py): layout strings such as
   ``Et*11|t*12|t*12|t*9L``.
 
+Mixtures of experts (``_add_moe_args`` and the MoE README of Megatron-LM, NVIDIA's DeepSeek-V3 and
+Qwen3 launch scripts; spellings in /work/research/moe-facts.md (b)): --num-experts, --moe-router-topk,
+--moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq (int N, or a list
+expression that ``moe_freq_type`` evaluates), --moe-router-score-function (softmax | sigmoid),
+--moe-router-load-balancing-type (aux_loss | seq_aux_loss | sinkhorn | none), --moe-aux-loss-coeff,
+--moe-expert-capacity-factor, --moe-grouped-gemm, --moe-token-dispatcher-type (allgather | alltoall |
+flex | alltoall_seq; ``TransformerConfig`` accepts the capacity factor and the shared-expert overlap
+with alltoall only), --expert-model-parallel-size, --expert-tensor-parallel-size,
+--moe-shared-expert-overlap, --overlap-moe-expert-parallel-comm with --delay-wgrad-compute (as
+NVIDIA's scripts give them); MLA: --multi-latent-attention, --q-lora-rank, --kv-lora-rank,
+--qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim; --qk-layernorm.
+
 The recipe is a bash array (``MEGATRON_ARGS=( ... )``) so that comments can sit beside the
 flags and a launcher can pass ``"${MEGATRON_ARGS[@]}"``. Data, tokenizer and optimiser
 arguments are not part of a parallel plan; the recipe says so instead of inventing them.

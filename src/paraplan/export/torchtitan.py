@@ -41,6 +41,15 @@ What torchtitan cannot express, stated in the module's docstring as ``NOTE(parap
 - a model that is not one of torchtitan's Llama 3 flavors: ``model_spec()`` raises until the
   user registers the architecture the note lists.
 
+Mixtures of experts: ``ParallelismConfig.expert_parallel_degree`` (0.3.0 has no
+``expert_tensor_parallel_degree``: its experts are never tensor-parallel, and
+``ParallelDims`` folds EP into the dp_shard x cp x tp ranks, efsdp = dp_shard * cp * tp / ep), so
+etp > 1 and an ep that does not divide those ranks are refused naming ``parallel.etp`` /
+``parallel.ep``; EP turns CUDA graphs off (``Trainer.Config._validate_cuda_graphs`` refuses the
+standard all-to-all dispatcher). The MoE flavors are those of ``torchtitan/models/deepseek_v3`` (16B,
+236B, 671B) and ``torchtitan/models/qwen3`` (30B-A3B, 235B-A22B), matched by layers, width, heads,
+experts, top-k, expert width and vocabulary; any other MoE model gets the placeholder ``model_spec()``.
+
 fp16 is refused with a ConfigError naming ``precision``: torchtitan trains in bfloat16 or
 float32 (``training.mixed_precision_param``) and has no loss scaling.
 """
