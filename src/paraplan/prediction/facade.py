@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, link_gaps
+from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, expert_gaps, link_gaps
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.result import (
@@ -20,7 +20,7 @@ from paraplan.prediction.result import (
     StageTiming,
 )
 from paraplan.prediction.sanity import check_iteration, check_possible
-from paraplan.prediction.stages import CommCosts, LayerCost, explain_layer, stage_timing
+from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
 from paraplan.schedule import placement, simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
 from paraplan.specs import Job
 
@@ -33,11 +33,12 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     if prepare is not None:  # batched backends estimate the whole job's operators at once
         prepare(inv)
     comm = CommCosts(inv, cm)
-    layer = LayerCost.of(inv.stages[0], cm, comm)
-    timings = tuple(stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
-    crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layer=layer)
+    layers = layer_costs(inv, cm, comm)
+    timings = tuple(stage_timing(inv, st, cm, comm, layers) for st in inv.stages)
+    crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layers=layers)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
     gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
+    gaps += expert_gaps(job)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )
@@ -45,7 +46,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
 
 def all_ops(inv: JobInventory) -> list[Op]:
     """Every distinct operator the job runs (each stage's layer, ends and optimizer)."""
-    ops = {id(op): op for st in inv.stages for op in (*st.layer_ops, *st.end_ops, st.optimizer)}
+    ops = {id(op): op for st in inv.stages for op in (*(o for b in st.blocks for o in b.ops), *st.end_ops, st.optimizer)}
     return list(ops.values())
 
 
@@ -115,6 +116,7 @@ def assemble_prediction(
         stages=timings,
         memory=estimate_memory(inv),
         params_total=inv.params_total,
+        params_active=inv.params_active,
         model_flops_per_iteration=inv.model_flops_per_iteration,
         pipeline=pipe if keep_timeline else None,
         placement=placement,

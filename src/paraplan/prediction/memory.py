@@ -62,15 +62,19 @@ def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[f
     """(bytes held per micro-batch in flight, extra working bytes for the one being processed):
     the layers keep what the recompute policy keeps (``inventory.recompute``); the ends keep
     what they save while their micro-batch is processed."""
-    rc = recompute_cost(inv.job.parallel, st.layer_ops, inv.shape, st.num_layers)
+    held = working = 0.0
+    for block in st.blocks:
+        rc = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers)
+        held += rc.held_bytes
+        working = max(working, rc.working_bytes)
     end_saved = sum(op.saved_bytes for op in st.end_ops)
-    return rc.held_bytes, rc.working_bytes + end_saved
+    return held, working + end_saved
 
 
 def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     plan = inv.job.parallel
-    dp, zero = plan.zero_shards, plan.zero_stage
-    params = st.params
+    dp, zero, edp = plan.zero_shards, plan.zero_stage, plan.edp
+    params, experts = st.params, st.expert_params
     held, working = activations_per_microbatch(inv, st)
     flight = in_flight_microbatches(inv, st.index)
     if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
@@ -82,13 +86,23 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each): of the
     # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards), plus the layer being
     # gathered and used
-    per_layer = 2.0 * fp8_weight_params(st.layer_ops)
-    fp8_copies = per_layer * (st.num_layers / dp + 1 if zero >= 3 else st.num_layers)
+    fp8_copies = 0.0
+    for block in st.blocks:
+        per_layer = 2.0 * fp8_weight_params(block.ops)
+        fp8_copies += per_layer * (block.num_layers / dp + 1 if zero >= 3 else block.num_layers)
+
+    def sharded(bytes_per_param: float, from_stage: int) -> float:
+        """The stage's weights at ``bytes_per_param``, sharded over the data-parallel ranks
+        (the experts' over the expert data-parallel ranks) from ZeRO stage ``from_stage``."""
+        if zero < from_stage:
+            return (params + experts) * bytes_per_param
+        return (params / dp + experts / edp) * bytes_per_param
+
     return StageMemory(
         stage=st.index,
-        weights=params * inv.param_bytes / (dp if zero >= 3 else 1) + fp8_copies,
-        gradients=params * inv.grad_bytes / (dp if zero >= 2 else 1),
-        optimizer_states=params * adam_state_bytes(inv.job.precision) / (dp if zero >= 1 else 1),
+        weights=sharded(inv.param_bytes, 3) + fp8_copies,
+        gradients=sharded(inv.grad_bytes, 2),
+        optimizer_states=sharded(adam_state_bytes(inv.job.precision), 1),
         activations=held * flight + working,
         buffers=RUNTIME_RESERVE_BYTES,
         in_flight_microbatches=flight,

@@ -57,9 +57,13 @@ _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedu
 _FIRST, _MID, _LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
 
 
-def screenable(space: SearchSpace) -> bool:
+def screenable(space: SearchSpace, model: ModelSpec | None = None) -> bool:
     """Whether the vectorised screen models every axis of ``space`` (the recompute policies
-    it tabulates are Megatron-LM's; torchtitan's layer and op policies take the exact path)."""
+    it tabulates are Megatron-LM's; torchtitan's layer and op policies take the exact path)
+    and every layer of ``model`` alike (dense and mixture-of-experts layers mixed, as in
+    DeepSeek-V3, take the exact path)."""
+    if model is not None and len(set(model.moe_layers)) > 1:
+        return False
     return set(space.extra) <= SCREENABLE_EXTRA and set(space.recompute) <= set(_RECOMPUTE)
 
 
@@ -191,7 +195,7 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         job = inv.job
         st, x, plan = inv.stages[0], inv.shape, job.parallel
         comm = CommCosts(inv, cm)
-        layer = LayerCost.of(st, cm, comm)
+        layer = LayerCost.of(st.blocks[0], cm, comm)
         row = {
             "layer_f": layer.fwd_total,
             "layer_b": layer.bwd_total,
@@ -216,7 +220,7 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
             inv_r = dataclasses.replace(inv, job=job_r)
             for c, ops in ends.items():
-                held, working = activations_per_microbatch(inv_r, dataclasses.replace(st, num_layers=1, end_ops=ops))
+                held, working = activations_per_microbatch(inv_r, dataclasses.replace(st.with_layers(1), end_ops=ops))
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
                 row[f"work{r}_{c}"] = working
         rows.append(row)
@@ -255,6 +259,8 @@ def screen_plans(
 ) -> Screen:
     """Screen every plan of ``space`` (see the module docstring)."""
     space = space or SearchSpace()
+    if len(set(model.moe_layers)) > 1:
+        raise ConfigError("search: the screen does not model dense and MoE layers mixed")
     if not screenable(space):
         unknown = sorted(set(space.extra) - SCREENABLE_EXTRA) + sorted(
             r.value for r in set(space.recompute) - set(_RECOMPUTE))

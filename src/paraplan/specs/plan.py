@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from paraplan.specs._types import Bool, Int
+from paraplan.specs._types import Bool, Float, Int
 from paraplan.specs.enums import Framework, Recompute, Schedule
 from paraplan.specs.errors import short_repr
 
@@ -105,6 +105,24 @@ class ParallelPlan(BaseModel):
     # Megatron-LM --overlap-p2p-communication (NeMo overlap_p2p_comm): pipeline sends run
     # asynchronously beside the next task instead of holding the sending stage
     overlap_p2p_comm: Bool = False
+    # Mixture of experts (Megatron-Core's names): experts split over expert_model_parallel_size
+    # ranks, each expert's weights over expert_tensor_parallel_size ranks (default: tp); the
+    # expert groups fold into the tp x cp x dp ranks of a pipeline stage (MoE parallel folding)
+    expert_model_parallel_size: Int = Field(
+        default=1, ge=1, validation_alias=AliasChoices("expert_model_parallel_size", "ep")
+    )
+    expert_tensor_parallel_size: Int | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("expert_tensor_parallel_size", "etp")
+    )
+    # the busiest expert-parallel rank's routed tokens over the mean (1.0: the router balances
+    # perfectly, as its auxiliary loss aims to); it sets the MoE layer's time, which every rank
+    # waits for at the all-to-all
+    expert_load_imbalance: Float = Field(default=1.0, ge=1.0, le=64.0)
+    # --moe-shared-expert-overlap: the shared experts compute while the dispatch and combine
+    # all-to-alls run; --overlap-moe-expert-parallel-comm (Megatron-Core, DeepSeek's DualPipe
+    # idea): one micro-batch's all-to-all runs beside another's computation
+    moe_shared_expert_overlap: Bool = False
+    overlap_moe_expert_parallel_comm: Bool = False
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -219,6 +237,21 @@ class ParallelPlan(BaseModel):
     @property
     def vpp(self) -> int:
         return self.virtual_pipeline_model_parallel_size or 1
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
+
+    @property
+    def etp(self) -> int:
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallelism: the ranks that hold the same experts (Megatron-Core's
+        expert_data_parallel group, tp*cp*dp / (etp*ep) of a stage), over which the experts'
+        gradients are reduced and the distributed optimizer shards their states."""
+        return max(1, self.tp * self.cp * self.dp // (self.etp * self.ep))
 
     @property
     def grad_group(self) -> int:
