@@ -89,6 +89,11 @@ def common_notes(job: Job, prediction: Prediction | None) -> list[str]:
         )
     if prediction is not None and prediction.placement is not None:
         notes.append(placement_note(prediction))
+    p = job.parallel
+    if job.model.is_moe:
+        balance = " (perfect balance)" if p.expert_load_imbalance == 1.0 else ""
+        notes.append(f"parallel.expert_load_imbalance: not a launch setting; the prediction assumed the busiest "
+                     f"expert-parallel rank gets {p.expert_load_imbalance:g}x the mean routed tokens{balance}")
     return notes
 
 

@@ -116,6 +116,7 @@ def assemble_prediction(
         stages=timings,
         memory=estimate_memory(inv),
         params_total=inv.params_total,
+        params_active=inv.params_active,
         model_flops_per_iteration=inv.model_flops_per_iteration,
         pipeline=pipe if keep_timeline else None,
         placement=placement,

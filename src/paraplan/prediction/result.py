@@ -128,6 +128,7 @@ class Prediction:
     placement: Placement | None = None
     # kernels timed with generic guesses, not curves measured on the GPU (one note each)
     uncalibrated: tuple[str, ...] = ()
+    params_active: float = 0.0  # a mixture of experts': those one token is computed with
     _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -231,6 +232,7 @@ class Prediction:
             "hfu": self.hfu,
             "bubble_fraction": self.bubble_fraction,
             "params_total": self.params_total,
+            "params_active": self.params_active,
             "model_flops_per_iteration": self.model_flops_per_iteration,
             "breakdown": asdict(self.breakdown),
             "memory": {
