@@ -293,6 +293,8 @@ def screen_plans(
     tp, pp, cp, zero, vpp = plans["tp"], plans["pp"], plans["cp"], plans["zero"], plans["vpp"]
     sp_on = np.where(plans["sp"] == 2, tp > 1, (plans["sp"] == 1) & (tp > 1))
     ep, etp = plans["ep"], np.where(plans["etp"] == 0, tp, plans["etp"])  # etp unset runs as tp
+    # keys of the axes a space may not vary (a dense model: ep 1, etp = tp; one schedule per vpp)
+    experts = (_codes(ep), _codes(etp)) if model.is_moe else ()
 
     # The Job validator: its verdict depends on these axes only (the batch rules ran above).
     vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero),
@@ -321,11 +323,13 @@ def screen_plans(
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
     runs_as = runs_as_zero(zero, plans["dp"] * cp, precision)
     rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute")), _codes(runs_as),
-                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), _codes(sched), _codes(ep), _codes(etp))
+                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), *experts,
+                *((_codes(sched),) if space.schedule is not None else ()))
     candidates = np.flatnonzero(valid)
     keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
     plans = {k: v[keep] for k, v in plans.items()}
-    sp_on, sched, ep, etp = sp_on[keep], sched[keep], ep[keep], etp[keep]
+    sp_on, sched = sp_on[keep], sched[keep]
+    experts = tuple(c[keep] for c in experts)
     considered = len(keep) + sum(excluded.values())
     clock["validate"] = time.perf_counter()
 
@@ -335,7 +339,7 @@ def screen_plans(
         return Screen(*args, plans, empty, empty, excluded, considered)
     cm = AnalyticalCostModel(cluster, precision)
     # a MoE layer's dispatch, experts and their activations follow ep and etp too
-    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), _codes(ep), _codes(etp))
+    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), *experts)
     if not fused or precision is Precision.FP8:
         # a layer's backward adds its gradients to .grad on all but the first micro-batch;
         # FP8 layers cast their weights once per iteration: both are shared by m micro-batches
@@ -347,7 +351,7 @@ def screen_plans(
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
     A = _shard_table(model, cm, a_invs)
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
-    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(ep), _codes(etp))
+    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), *experts)
     b_reps, b = _representatives(bkey)
     b_invs = [count_job(_job_at(*args, plans, int(i))) for i in b_reps]
     B = _layout_table(cm, b_invs)
