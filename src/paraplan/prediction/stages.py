@@ -55,7 +55,8 @@ class LayerCost:
     def of(cls, block: LayerBlock, cm: CostModel, comm: CommCosts) -> LayerCost:
         ops = block.ops
         fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
-        bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        weight = tuple(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + w for op, w in zip(ops, weight, strict=True))
         tp = tuple(c for c in block.collectives if c.dim is ParallelDim.TP)
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
@@ -77,7 +78,7 @@ class LayerCost:
             tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
             tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
         ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
-        wgrad = sum(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        wgrad = sum(weight)
         return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f + ep_f, tp_b + cp_b + ep_b, wgrad)
 
 
