@@ -49,6 +49,7 @@ class StageTiming:
     exposed_dp_s: float
     optimizer_s: float
     p2p_mask_s: float = 0.0  # what a forward send carries besides the activation
+    offload_mb_s: float = 0.0  # host copies offload leaves exposed, included in forward/backward_mb_s
 
     @property
     def p2p_fwd_s(self) -> float:
