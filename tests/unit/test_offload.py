@@ -148,3 +148,34 @@ def test_torchtitan_export_turns_on_fsdp_cpu_offload():
     on = job(zero_stage=3, framework="fsdp", offload_optimizer="cpu", offload_param="cpu")
     assert torchtitan_config(on)["training"]["enable_cpu_offload"] is True
     assert "enable_cpu_offload" not in torchtitan_config(job(zero_stage=3, framework="fsdp"))["training"]
+
+
+def test_a_saved_job_keeps_its_offload():
+    from paraplan.catalog.jobs import job_mapping
+
+    j = job(zero_stage=3, framework="deepspeed", offload_optimizer="cpu", offload_param="cpu")
+    again = resolve_job(job_mapping(j))
+    assert (again.parallel.offload_optimizer, again.parallel.offload_param) == ("cpu", "cpu")
+
+
+def test_the_search_tries_optimizer_offload_on_and_off_and_the_screen_agrees_with_predict():
+    from paraplan.catalog import load_cluster, load_model
+    from paraplan.search import SearchSpace
+    from paraplan.search.screen import screen_plans
+
+    space = SearchSpace(tp=(1,), pp=(1,), zero_stage=(1, 2), micro_batch_size=(1,), framework="deepspeed",
+                        offload_optimizer=("none", "cpu"))
+    screen = screen_plans(load_model("gpt3-1.3b"), load_cluster("dgx-h100"), 64, space=space)
+    devices = [screen.job(i).parallel.offload_optimizer for i in range(len(screen))]
+    assert sorted(set(devices)) == ["cpu", "none"]
+    for i in range(len(screen)):
+        pred = predict(screen.job(i))
+        assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=1e-6)
+        assert screen.memory_bytes[i] == pytest.approx(max(m.total for m in pred.memory), rel=1e-12)
+
+
+def test_an_offload_device_the_search_does_not_know_fails_naming_the_axis():
+    from paraplan.search import SearchSpace
+
+    with pytest.raises(ConfigError, match="offload_optimizer: 'disk'"):
+        SearchSpace(offload_optimizer=("none", "disk"))

@@ -113,44 +113,68 @@ class OffloadTime:
     optimizer_s: float | None  # None: the GPU's own optimizer step stands
 
 
+def _shard(inv: JobInventory, st: StageInventory) -> float:
+    """Parameters of ``st`` one GPU owns under ZeRO (all of them without it)."""
+    p = inv.job.parallel
+    return st.params / (p.zero_shards if p.zero_stage >= 1 else 1)
+
+
+def gradient_copy_s(inv: JobInventory, st: StageInventory) -> float:
+    """Seconds to copy one GPU's gradient partition to the host (ZeRO-Offload), 0 without
+    optimizer offload."""
+    if inv.job.parallel.offload_optimizer == "none":
+        return 0.0
+    return _shard(inv, st) * inv.grad_bytes / host_bytes_per_s(inv.job.cluster)
+
+
+def exposed_gradient_copy_s(inv: JobInventory, copy_s, backward_s):
+    """What the gradient copy adds to each micro-batch's backward pass: its excess over the
+    backward it overlaps, every micro-batch under ZeRO-2/3 (which reduce, and copy out, every
+    micro-batch's gradients), once per iteration under ZeRO-1 (at the accumulation boundary;
+    spread over the micro-batches here). Works on numbers and numpy arrays alike."""
+    p = inv.job.parallel
+    exposed = (copy_s - backward_s) * (copy_s > backward_s)
+    return exposed if p.zero_stage >= 2 else exposed / p.num_microbatches
+
+
+def optimizer_step_s(inv: JobInventory, st: StageInventory) -> float | None:
+    """The optimizer step with offload: the node's CPUs run CPU-Adam over all its GPUs'
+    partitions (NVMe state traffic overlapped with it), then the updated 16-bit parameters go
+    back to the GPU unless they live on the host. None without optimizer offload."""
+    job = inv.job
+    p, c = job.parallel, job.cluster
+    if p.offload_optimizer == "none":
+        return None
+    shard = _shard(inv, st)
+    cpu = shard * c.gpus_per_node / cpu_adam_params_per_s(c)
+    if p.offload_optimizer == "nvme":  # read and write the states
+        cpu = max(cpu, 2.0 * shard * adam_state_bytes(job.precision) * c.gpus_per_node / nvme_bytes_per_s(c))
+    back = 0.0 if p.offload_param != "none" else shard * inv.param_bytes / host_bytes_per_s(c)
+    return cpu + back
+
+
 def offload_time(inv: JobInventory, st: StageInventory, forward_s: float, backward_s: float,
                  layer_saved_bytes: float) -> OffloadTime:
     """``forward_s`` and ``backward_s``: the stage's compute for one micro-batch, which the
     copies overlap; ``layer_saved_bytes``: what one layer saves for the backward pass per
     micro-batch (what activation offload copies out and back)."""
-    job = inv.job
-    p, c = job.parallel, job.cluster
+    p, c = inv.job.parallel, inv.job.cluster
     link = host_bytes_per_s(c)
-    shard = st.params / (p.zero_shards if p.zero_stage >= 1 else 1)
     fwd = bwd = 0.0
-    step: float | None = None
     if p.offload_param != "none":
         # ZeRO-3 fetches every layer's shard to the GPU before its all-gather, in the forward
         # and again in the backward pass, prefetched while the previous layer computes
         rate = link if p.offload_param == "cpu" else min(link, nvme_bytes_per_s(c) / c.gpus_per_node)
-        fetch = shard * inv.param_bytes / rate
+        fetch = _shard(inv, st) * inv.param_bytes / rate
         fwd += max(0.0, fetch - forward_s)
         bwd += max(0.0, fetch - backward_s)
-    if p.offload_optimizer != "none":
-        # ZeRO-2/3 reduce (and copy out) gradients every micro-batch; ZeRO-1 once, at the
-        # accumulation boundary: charged to the last micro-batch only (spread over all here)
-        copy = shard * inv.grad_bytes / link
-        exposed = max(0.0, copy - backward_s)
-        bwd += exposed if p.zero_stage >= 2 else exposed / p.num_microbatches
-        cpu = shard * c.gpus_per_node / cpu_adam_params_per_s(c)  # the node's CPUs serve all its GPUs
-        if p.offload_optimizer == "nvme":  # read and write the states, overlapped with the step
-            io = 2.0 * shard * adam_state_bytes(job.precision) * c.gpus_per_node / nvme_bytes_per_s(c)
-            cpu = max(cpu, io)
-        # the updated 16-bit parameters go back to the GPU, unless they live on the host
-        back = 0.0 if p.offload_param != "none" else shard * inv.param_bytes / link
-        step = cpu + back
+    bwd += exposed_gradient_copy_s(inv, gradient_copy_s(inv, st), backward_s)
     if p.cpu_offloading:
-        k = min(p.cpu_offloading_num_layers or 0, st.num_layers)
+        k, n = min(p.cpu_offloading_num_layers or 0, st.num_layers), st.num_layers
         per_layer = layer_saved_bytes / link
-        n = st.num_layers
         fwd += k * max(0.0, per_layer - forward_s / n)
         bwd += k * max(0.0, per_layer - backward_s / n)
-    return OffloadTime(fwd, bwd, step)
+    return OffloadTime(fwd, bwd, optimizer_step_s(inv, st))
 
 
 def offload_notes(job: Job, host_bytes_per_gpu: float) -> tuple[str, ...]:

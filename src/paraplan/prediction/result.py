@@ -206,6 +206,9 @@ class Prediction:
             "framework": plan.framework.value,
             "layers_per_stage": [s.num_layers for s in self.stages],
             **({"node_order": list(self.placement.node_order)} if self.placement is not None else {}),
+            **({"offload_optimizer": plan.offload_optimizer, "offload_param": plan.offload_param,
+                "cpu_offloading_num_layers": plan.cpu_offloading_num_layers if plan.cpu_offloading else 0}
+               if plan.offloads else {}),
         }
 
     def to_dict(self) -> dict:
