@@ -89,9 +89,43 @@ def megatron_parser():
     for flag, options in choices.items():
         p.add_argument(flag, choices=options, default=None)
     p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
+    # mixture of experts and MLA (_add_moe_args, _add_network_size_args; /work/research/moe-facts.md (b))
+    for flag in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                 "--moe-shared-expert-intermediate-size", "--expert-model-parallel-size",
+                 "--expert-tensor-parallel-size", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+                 "--qk-pos-emb-head-dim", "--v-head-dim"):
+        p.add_argument(flag, type=int, default=None)
+    for flag in ("--moe-grouped-gemm", "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm",
+                 "--delay-wgrad-compute", "--multi-latent-attention", "--qk-layernorm"):
+        p.add_argument(flag, action="store_true")
+    p.add_argument("--moe-layer-freq", type=moe_freq_type, default=1)
+    p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default="softmax")
+    p.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "sinkhorn", "none"],
+                   default="aux_loss")
+    p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex", "alltoall_seq"],
+                   default="allgather")
     p.add_argument("--save", type=str, default=None)
     p.add_argument("--load", type=str, default=None)
     return p
+
+
+def moe_freq_type(x):
+    """Megatron-LM's --moe-layer-freq type (megatron/training/arguments.py ``moe_freq_type``): an int,
+    or a Python list expression of 0/1 per layer, which it evaluates."""
+    if "[" in x:
+        return eval(x, {"__builtins__": {}})  # what Megatron-LM's _eval_pattern does
+    return int(x)
+
+
+def megatron_moe_layers(args):
+    """Which layers Megatron-LM makes MoE layers (an int N: every N-th from layer 0)."""
+    freq = args.moe_layer_freq
+    if isinstance(freq, int):
+        return [int(i % freq == 0) for i in range(args.num_layers)]
+    assert len(freq) == args.num_layers
+    return freq
 
 
 def bash_array(text, name):
@@ -651,3 +685,172 @@ def test_export_writes_a_new_file_and_bad_input_is_one_line_with_exit_2(tmp_path
         result = invoke(*args)
         assert result.exit_code == 2
         assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+
+
+# ---------------------------------------------------------------- mixtures of experts
+
+
+def moe_job(model="mixtral-8x7b", nodes=4, **parallel):
+    """A catalog MoE model (a name, or a mapping of a name and overrides) on DGX H100 nodes."""
+    parallel = {"tp": 1, "pp": 1, "micro_batch_size": 1, "global_batch_size": 64, "zero_stage": 1, **parallel}
+    return resolve_job({"model": model, "cluster": {"name": "dgx-h100", "num_nodes": nodes}, "parallel": parallel})
+
+
+MOE_FLAGS = ("--num-experts", "--moe-", "--expert-", "--overlap-moe", "--delay-wgrad", "--multi-latent",
+             "--q-lora", "--kv-lora", "--qk-", "--v-head")
+
+
+def test_megatron_arguments_for_deepseek_v3_carry_its_layer_pattern_and_latent_attention():
+    job = moe_job("deepseek-v3", nodes=128, pp=16, ep=64, etp=1, global_batch_size=1024, recompute="full")
+    args = parse_megatron(render_megatron(job))
+    assert "--moe-layer-freq '([0]*3+[1]*58)'" in render_megatron(job)  # NVIDIA's own DeepSeek-V3 spelling
+    assert megatron_moe_layers(args) == [0] * 3 + [1] * 58 == [int(v) for v in job.model.moe_layers]
+    assert args.multi_latent_attention
+    assert (args.q_lora_rank, args.kv_lora_rank, args.qk_head_dim, args.qk_pos_emb_head_dim, args.v_head_dim) == (
+        1536, 512, 128, 64, 128)
+    assert (args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size) == (256, 8, 2048)
+    assert args.moe_shared_expert_intermediate_size == 2048 and args.moe_router_score_function == "sigmoid"
+    assert (args.moe_router_load_balancing_type, args.moe_aux_loss_coeff) == ("aux_loss", 1e-4)
+    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (64, 1)
+    assert args.moe_token_dispatcher_type == "alltoall" and args.moe_grouped_gemm
+    # Megatron-LM's expert grid: world % (etp * ep * pp) == 0
+    assert job.cluster.num_gpus % (args.expert_tensor_parallel_size * 64 * args.pipeline_model_parallel_size) == 0
+
+
+def test_megatron_arguments_for_mixtral_carry_its_experts_top_2_and_expert_parallelism():
+    job = moe_job(tp=2, sequence_parallel=True, ep=4, etp=1, moe_shared_expert_overlap=False,
+                  overlap_moe_expert_parallel_comm=True)
+    tokens = megatron_args(job)
+    assert " ".join(tokens).count("--num-experts 8 --moe-router-topk 2") == 1
+    args = parse_megatron(render_megatron(job))
+    assert (args.num_experts, args.moe_router_topk, args.expert_model_parallel_size) == (8, 2, 4)
+    assert args.moe_layer_freq == 1 and megatron_moe_layers(args) == [1] * 32
+    assert args.overlap_moe_expert_parallel_comm and args.delay_wgrad_compute  # NVIDIA's scripts pair them
+    assert args.moe_expert_capacity_factor is None and not args.multi_latent_attention
+    assert any(n.startswith("parallel.expert_load_imbalance: not a launch setting")
+               for n in export_notes("megatron", job))
+
+
+@pytest.mark.parametrize("model, pattern", [
+    ({"name": "mixtral-8x7b", "moe_layer_freq": 2, "moe_first_k_dense": 1}, "([0]*2+([1]+[0])*15)"),
+    ({"name": "mixtral-8x7b", "moe_layer_freq": 4}, "4"),
+    ({"name": "mixtral-8x7b", "moe_layer_freq": [0, 1] * 16}, "(([0]+[1])*16)"),
+    ({"name": "mixtral-8x7b", "moe_first_k_dense": 31}, "([0]*31+[1])"),
+], ids=["every-2nd-after-1-dense", "every-4th", "odd-layers", "last-layer-only"])
+def test_megatron_layer_pattern_is_compact_and_evaluates_to_the_models_moe_layers(model, pattern):
+    job = moe_job(model)
+    args = parse_megatron(render_megatron(job))
+    assert megatron_moe_layers(args) == [int(v) for v in job.model.moe_layers]
+    assert dict(itertools.pairwise(megatron_args(job)))["--moe-layer-freq"] == pattern
+
+
+def test_capacity_factor_and_shared_expert_overlap_get_the_alltoall_dispatcher_they_need():
+    job = moe_job({"name": "mixtral-8x7b", "moe_expert_capacity_factor": 1.25, "moe_aux_loss_coeff": 0})
+    args = parse_megatron(render_megatron(job))
+    assert (args.moe_expert_capacity_factor, args.moe_token_dispatcher_type) == (1.25, "alltoall")
+    assert args.moe_router_load_balancing_type == "none"  # no auxiliary loss
+
+
+def test_a_dense_models_exports_carry_no_mixture_of_experts_setting():
+    job = load_job(LLAMA)
+    assert not [t for t in megatron_args(job) if t.startswith(MOE_FLAGS)]
+    assert "expert_parallel_degree" not in titan_recipe(render_torchtitan(job))["ParallelismConfig"]
+    launcher = json.loads(render_deepspeed(job))["_paraplan"]["launcher"]
+    assert "megatron_deepspeed_moe_args" not in launcher and "expert_model_parallel_size" not in launcher
+    assert not any("expert" in n for n in export_notes("megatron", job))
+
+
+def test_slurm_script_launches_megatron_with_the_mixture_of_experts_flags():
+    job = moe_job("deepseek-v3", nodes=128, pp=16, ep=64, etp=1, global_batch_size=1024, recompute="full")
+    text = render_slurm(job)
+    assert bash_array(text, "MEGATRON_ARGS") == megatron_args(job)
+    args = parse_megatron(text, "DATA_ARGS", "TRAIN_ARGS")
+    assert args.num_experts == 256 and args.multi_latent_attention and args.expert_model_parallel_size == 64
+
+
+def test_torchtitan_recipe_for_qwen3_30b_a3b_uses_torchtitans_flavor_and_expert_parallel_degree(
+        tmp_path, monkeypatch):
+    job = moe_job("qwen3-30b-a3b", nodes=2, ep=8, zero_stage=3)
+    text = render_torchtitan(job)
+    calls = titan_recipe(text)
+    assert calls["model_registry"]["*args"] == ["30B-A3B"] and "from torchtitan.models.qwen3 import" in text
+    assert calls["ParallelismConfig"]["expert_parallel_degree"] == 8
+    config = titan_parse(text, tmp_path, monkeypatch, name="recipe_qwen3_moe")
+    assert (config.model_spec.name, config.model_spec.flavor) == ("qwen3", "30B-A3B")
+    assert config.parallelism.expert_parallel_degree == 8
+    # torchtitan's mesh: ep divides dp_shard * cp * tp (ParallelDims: efsdp = dp_shard * cp * tp / ep)
+    par = config.parallelism
+    assert par.data_parallel_shard_degree * par.context_parallel_degree * par.tensor_parallel_degree % 8 == 0
+
+
+def test_every_torchtitan_key_of_a_moe_recipe_is_a_field_of_the_installed_torchtitan():
+    pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
+    import dataclasses
+
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+
+    for job in (moe_job("qwen3-30b-a3b", nodes=2, ep=8, zero_stage=3),
+                moe_job(tp=2, pp=2, sequence_parallel=True, ep=8, etp=1, zero_stage=1)):
+        calls = titan_recipe(render_torchtitan(job))
+        for cls in (ParallelismConfig, TrainingConfig):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            assert set(calls[cls.__name__]) - {"*args"} <= fields
+
+
+def test_torchtitan_leaves_mixtral_to_the_user_with_its_experts_in_the_model_note():
+    job = moe_job(tp=2, pp=2, sequence_parallel=True, ep=8, etp=1)
+    text = render_torchtitan(job)
+    assert "model_registry" not in titan_recipe(text) and 'raise NotImplementedError("EDIT-ME' in text
+    assert "NOTE(paraplan): model: mixtral-8x7b is not one of torchtitan's mixture-of-experts flavors" in text
+    assert "num_experts=8, top_k=2" in text
+
+
+@pytest.mark.parametrize("target, model, parallel, field", [
+    ("torchtitan", "mixtral-8x7b", {"tp": 2, "sequence_parallel": True, "ep": 2, "zero_stage": 3}, "parallel.etp"),
+    ("torchtitan", "mixtral-8x7b", {"ep": 8, "zero_stage": 0}, "parallel.ep"),
+    ("deepspeed", "deepseek-v3", {"ep": 8}, "model.moe_shared_expert_intermediate_size"),
+    ("deepspeed", {"name": "deepseek-v3", "moe_shared_expert_intermediate_size": None}, {"ep": 8},
+     "model.multi_latent_attention"),
+    ("deepspeed", {"name": "mixtral-8x7b", "moe_router_score_function": "sigmoid"}, {"ep": 8},
+     "model.moe_router_score_function"),
+    ("deepspeed", "mixtral-8x7b", {"tp": 2, "sequence_parallel": True, "ep": 2, "etp": 2}, "parallel.etp"),
+    ("deepspeed", "mixtral-8x7b", {"tp": 8, "sequence_parallel": True, "ep": 8, "etp": 1}, "parallel.ep"),
+    ("deepspeed", {"name": "mixtral-8x7b", "moe_first_k_dense": 3}, {"ep": 8}, "model.moe_first_k_dense"),
+    ("deepspeed", {"name": "mixtral-8x7b", "moe_layer_freq": 3}, {"ep": 8}, "model.moe_layer_freq"),
+], ids=["titan-etp", "titan-ep-ddp", "ds-shared", "ds-mla", "ds-sigmoid", "ds-etp", "ds-ep-dp", "ds-first-k",
+        "ds-freq-3-of-32"])
+def test_each_moe_refusal_is_one_line_naming_its_field(target, model, parallel, field):
+    job = moe_job(model, **parallel)
+    with pytest.raises(ConfigError) as err:
+        render(target, job)
+    message = str(err.value)
+    assert message.startswith(f"{field}: ") and "\n" not in message
+
+
+def test_deepspeed_carries_megatron_deepspeeds_moe_arguments_for_mixtral():
+    job = moe_job(tp=2, pp=2, sequence_parallel=True, ep=8, etp=1)
+    launcher = json.loads(render_deepspeed(job))["_paraplan"]["launcher"]
+    tokens = launcher["megatron_deepspeed_moe_args"]
+    # Megatron-DeepSpeed megatron/arguments.py: --num-experts nargs='+', --topk, --expert-interval,
+    # --moe-expert-parallel-size, --mlp-type standard|residual, --disable-moe-token-dropping, --moe-loss-coeff
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    p.add_argument("--num-experts", type=int, nargs="+", default=[1])
+    p.add_argument("--mlp-type", choices=["standard", "residual"], default="standard")
+    for flag, default in (("--topk", 1), ("--expert-interval", 2), ("--moe-expert-parallel-size", 1)):
+        p.add_argument(flag, type=int, default=default)
+    p.add_argument("--disable-moe-token-dropping", action="store_false", dest="moe_token_dropping")
+    p.add_argument("--moe-train-capacity-factor", type=float, default=1.0)
+    p.add_argument("--moe-loss-coeff", type=float, default=0.1)
+    args = p.parse_args(tokens)
+    assert (args.num_experts, args.topk, args.moe_expert_parallel_size, args.expert_interval) == ([8], 2, 8, 1)
+    assert args.mlp_type == "standard" and not args.moe_token_dropping and args.moe_loss_coeff == 0.02
+    assert launcher["data_parallel_size"] % args.moe_expert_parallel_size == 0  # DeepSpeed's groups.py
+    assert launcher["expert_model_parallel_size"] == 8
+
+
+def test_deepspeed_shifts_megatron_lms_every_n_th_moe_layer_and_says_so():
+    job = moe_job({"name": "mixtral-8x7b", "moe_layer_freq": 2}, ep=8)
+    tokens = json.loads(render_deepspeed(job))["_paraplan"]["launcher"]["megatron_deepspeed_moe_args"]
+    assert dict(itertools.pairwise(tokens))["--expert-interval"] == "2"
+    assert any(n.startswith("model.moe_layer_freq: Megatron-DeepSpeed puts the experts in layers 2, 4")
+               for n in export_notes("deepspeed", job))

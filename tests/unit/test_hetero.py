@@ -167,11 +167,10 @@ def test_stage_time_and_memory_are_straight_lines_in_the_layer_count():
     job = gpt2xl_job(order, recompute="selective")
     lines, _, p2p, mem = _lines(job)
     inv = count_job(job.view_job(0))
-    layer_params = sum(op.params for op in inv.stages[0].layer_ops)
     for s in (0, 3, 7):
         stage = inv.stages[s]
         for k in (1, 4, 9):
-            scaled = dataclasses.replace(stage, num_layers=k, params=stage.params + (k - stage.num_layers) * layer_params)
+            scaled = stage.with_layers(k)
             assert estimate_stage_memory(inv, scaled).total == pytest.approx(mem[s, 0] + (k - 1) * mem[s, 1])
     for layers in [(6,) * 8, (2, 9, 7, 6, 6, 6, 6, 6)]:
         pred = predict_hetero(gpt2xl_job(order, layers=layers, recompute="selective"))
@@ -319,7 +318,7 @@ def test_traffic_that_stays_inside_a_node_group_uses_that_groups_network():
 
 def test_a_mixed_stage_takes_one_groups_whole_timing_not_a_mix_of_parts():
     from paraplan.costmodel import AnalyticalCostModel
-    from paraplan.prediction import CommCosts, LayerCost, stage_timing
+    from paraplan.prediction import CommCosts, layer_costs, stage_timing
 
     job = gpt2xl_job((0,) + (1,) * 7, pp=4)
     pred = predict_hetero(job)
@@ -328,7 +327,7 @@ def test_a_mixed_stage_takes_one_groups_whole_timing_not_a_mix_of_parts():
     for g in (0, 1):  # both types of the mixed stage 0, on the network between groups
         cm = AnalyticalCostModel(job.cluster.view(g, crossing=True), job.precision)
         comm = CommCosts(inv, cm)
-        options.append(stage_timing(inv, inv.stages[0], cm, comm, LayerCost.of(inv.stages[0], cm, comm)))
+        options.append(stage_timing(inv, inv.stages[0], cm, comm, layer_costs(inv, cm, comm)))
     slower = max(options, key=lambda t: t.forward_mb_s + t.backward_mb_s + t.tp_fwd_mb_s + t.tp_bwd_mb_s)
     assert pred.stages[0] == dataclasses.replace(slower, p2p_s=pred.stages[0].p2p_s)
 

@@ -57,11 +57,11 @@ def test_a_timeline_lists_every_task_once():
 def _reference_makespan(fwd, bwd, c, m, v):
     """A direct, slow event loop over Megatron's interleaved order (independent of the
     cached task graph): repeat until every stage has issued all of its tasks."""
-    from paraplan.schedule.pipeline import _order
+    from paraplan.schedule.orders import F, stage_order
 
     p = len(fwd)
     sched = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
-    orders = [_order(sched, i, p, m, v) for i in range(p)]
+    orders = [[(kind != F, ch, j) for kind, ch, j in stage_order(sched, i, p, m, v)] for i in range(p)]
     done, clock, pos = {}, [0.0] * p, [0] * p
     while any(pos[i] < len(orders[i]) for i in range(p)):
         for i in range(p):

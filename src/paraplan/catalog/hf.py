@@ -1,8 +1,10 @@
 """Read a Hugging Face ``config.json`` as a ModelSpec mapping.
 
 Supported ``model_type`` values: llama, mistral, qwen2 (gated SiLU MLP, RMSNorm, rotary;
-Qwen2 with a bias on the QKV projection), gpt_neox (GELU, LayerNorm, partial rotary, parallel
-residual) and gpt2 (GELU, LayerNorm, learned positions). Only the shape matters to the cost
+Qwen2 with a bias on the QKV projection), qwen3 (with per-head query/key norms), gpt_neox
+(GELU, LayerNorm, partial rotary, parallel residual), gpt2 (GELU, LayerNorm, learned
+positions), and the mixtures of experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2 and
+deepseek_v3 (multi-head latent attention, shared experts, first dense layers). Only the shape matters to the cost
 model, so tokenizer, RoPE scaling, dropout and initialisation fields are ignored; the RoPE base
 (``rope_theta``) is kept for the launch recipes.
 
@@ -21,7 +23,8 @@ from paraplan.specs import ConfigError
 
 _WHERE = "model.hf_config"
 _LLAMA_LIKE = ("llama", "mistral", "qwen2")
-SUPPORTED_MODEL_TYPES = (*_LLAMA_LIKE, "gpt_neox", "gpt2")
+SUPPORTED_MODEL_TYPES = (*_LLAMA_LIKE, "gpt_neox", "gpt2", "mixtral", "qwen3", "qwen2_moe", "qwen3_moe",
+                         "deepseek_v2", "deepseek_v3")
 
 
 def _fail(reason: str) -> ConfigError:
@@ -137,10 +140,92 @@ def _gpt2(config: dict[str, Any], path: Path) -> dict[str, Any]:
     }
 
 
+def _moe_layers(num_layers: int, sparse_step: int, dense: list[int], first_dense: int) -> dict[str, Any]:
+    """Which layers are MoE, as Megatron-LM's ``moe_layer_freq``: HF's every ``sparse_step``-th
+    layer counting from 1 (Qwen's ``decoder_sparse_step``, Llama 4's ``interleave_moe_layer_step``)
+    except ``dense`` (``mlp_only_layers``), after the first ``first_dense``
+    (DeepSeek's ``first_k_dense_replace``)."""
+    pattern = tuple(
+        0 if i in dense or i < first_dense or (i + 1) % sparse_step else 1 for i in range(num_layers)
+    )
+    if all(pattern):
+        return {}
+    return {"moe_layer_freq": pattern}
+
+
+def _mixtral(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    fields = _llama_like(config, path)
+    fields.update({
+        "num_moe_experts": _get(config, path, "num_local_experts"),
+        "moe_router_topk": _get(config, path, "num_experts_per_tok"),
+        "moe_ffn_hidden_size": fields["ffn_hidden_size"],
+        "moe_aux_loss_coeff": float(config.get("router_aux_loss_coef") or 0.0),
+    })
+    return fields
+
+
+def _qwen3(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    fields = _llama_like(config, path)
+    fields["qk_layernorm"] = True  # Qwen3Attention's q_norm and k_norm (RMSNorm per head)
+    fields["add_qkv_bias"] = bool(config.get("attention_bias"))
+    return fields
+
+
+def _qwen_moe(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Qwen2-MoE and Qwen3-MoE: ``num_experts`` routed experts of ``moe_intermediate_size``,
+    Qwen2-MoE with a shared expert of ``shared_expert_intermediate_size``."""
+    fields = _qwen3(config, path) if config.get("model_type") == "qwen3_moe" else _llama_like(config, path)
+    layers = fields["num_layers"]
+    fields.update({
+        "num_moe_experts": _get(config, path, "num_experts"),
+        "moe_router_topk": _get(config, path, "num_experts_per_tok"),
+        "moe_ffn_hidden_size": _get(config, path, "moe_intermediate_size"),
+        "moe_aux_loss_coeff": float(config.get("router_aux_loss_coef") or 0.0),
+        **_moe_layers(layers, int(config.get("decoder_sparse_step") or 1), list(config.get("mlp_only_layers") or []), 0),
+    })
+    if config.get("shared_expert_intermediate_size"):
+        fields["moe_shared_expert_intermediate_size"] = config["shared_expert_intermediate_size"]
+    return fields
+
+
+def _deepseek(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """DeepSeek-V2/V3: multi-head latent attention, shared and routed experts, the first
+    ``first_k_dense_replace`` layers dense (``intermediate_size``)."""
+    fields = _llama_like(config, path)
+    fields.pop("num_query_groups")  # MLA has no key-value groups
+    moe_ffn = _get(config, path, "moe_intermediate_size")
+    fields.update({
+        "multi_latent_attention": True,
+        "kv_lora_rank": _get(config, path, "kv_lora_rank"),
+        "qk_head_dim": _get(config, path, "qk_nope_head_dim"),
+        "qk_pos_emb_head_dim": _get(config, path, "qk_rope_head_dim"),
+        "v_head_dim": _get(config, path, "v_head_dim"),
+        "num_moe_experts": _get(config, path, "n_routed_experts"),
+        "moe_router_topk": _get(config, path, "num_experts_per_tok"),
+        "moe_ffn_hidden_size": moe_ffn,
+        "moe_router_score_function": "sigmoid" if config.get("scoring_func") == "sigmoid" else "softmax",
+        "moe_aux_loss_coeff": float(config.get("aux_loss_alpha") or 0.0),
+        **_moe_layers(fields["num_layers"], int(config.get("moe_layer_freq") or 1), [],
+                      int(config.get("first_k_dense_replace") or 0)),
+    })
+    fields.pop("kv_channels", None)
+    if config.get("q_lora_rank"):
+        fields["q_lora_rank"] = config["q_lora_rank"]
+    if config.get("n_shared_experts"):
+        fields["moe_shared_expert_intermediate_size"] = config["n_shared_experts"] * moe_ffn
+    return fields
+
+
 _READERS = {
     **{name: _llama_like for name in _LLAMA_LIKE},
     "gpt_neox": _gpt_neox,
     "gpt2": _gpt2,
+    "mixtral": _mixtral,
+    "qwen3": _qwen3,
+    "qwen2_moe": _qwen_moe,
+    "qwen3_moe": _qwen_moe,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
 }
 
 

@@ -294,10 +294,14 @@ _PARALLEL_FLAGS = (
     "recompute",
     "schedule",
     "framework",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "expert_load_imbalance",
 )
 _SHORT = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
           "dp": "data_parallel_size", "cp": "context_parallel_size",
-          "vpp": "virtual_pipeline_model_parallel_size"}
+          "vpp": "virtual_pipeline_model_parallel_size", "ep": "expert_model_parallel_size",
+          "etp": "expert_tensor_parallel_size"}
 
 
 def demo_job_mapping() -> dict[str, Any]:

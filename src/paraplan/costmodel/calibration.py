@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision
 from paraplan.inventory import Op
-from paraplan.specs import ClusterSpec, GpuSpec, Precision
+from paraplan.specs import ClusterSpec, GpuSpec, Job, Precision
 
 _GAPS: dict[tuple, tuple] = {}  # (GPU, its efficiency spec, precision, ops) -> (spec, notes)
 
@@ -74,4 +74,21 @@ def link_gaps(cluster: ClusterSpec) -> tuple[str, ...]:
                 f"{cluster.name}: {where} collectives at a generic {link.efficiency:.0%} of the link's "
                 "bandwidth (no NCCL measurements for this cluster)"
             )
+    return tuple(notes)
+
+
+def expert_gaps(job: Job) -> tuple[str, ...]:
+    """What a mixture-of-experts prediction assumes without a measurement: the router's
+    balance (the busiest expert-parallel rank sets each MoE layer's time, and the default is
+    the auxiliary loss's ideal, a perfectly even split) and the experts' GEMMs, costed on the
+    GPU's dense GEMM curve (no grouped-GEMM measurements in the catalog)."""
+    model, plan = job.model, job.parallel
+    if not model.is_moe:
+        return ()
+    notes = [
+        "experts' GEMMs costed on the dense GEMM curve at their summed size (no grouped-GEMM measurements)"
+    ]
+    if plan.ep > 1 and plan.expert_load_imbalance == 1.0 and model.moe_expert_capacity_factor is None:
+        notes.insert(0, "expert load assumed perfectly balanced over the expert-parallel ranks "
+                     "(parallel.expert_load_imbalance 1.0); give the busiest rank's tokens over the mean")
     return tuple(notes)

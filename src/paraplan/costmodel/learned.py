@@ -85,7 +85,7 @@ class LearnedCostModel:
         """Predict every operator of the job with one regressor call per operator kind."""
         ops: dict[int, Op] = {}
         for st in inv.stages:
-            for op in (*st.layer_ops, *st.end_ops, st.optimizer):
+            for op in (*(o for b in st.blocks for o in b.ops), *st.end_ops, st.optimizer):
                 ops[id(op)] = op
         batches: dict[str, list[tuple[Op, str, float]]] = {}
         for op in ops.values():

@@ -15,10 +15,11 @@ from paraplan.specs import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec
 COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "attention"}
 
 
-def _seconds(work: float, rate: float, curve: EfficiencyCurve) -> float:
+def _seconds(work: float, rate: float, curve: EfficiencyCurve, launches: int = 1) -> float:
+    """``work`` issued as ``launches`` kernels of equal size (each ramps up on its own)."""
     if work <= 0.0:
         return 0.0
-    return (work + curve.half_work) / (rate * curve.max_fraction)
+    return (work + launches * curve.half_work) / (rate * curve.max_fraction)
 
 
 def compute_precision(op: Op, job_precision: Precision) -> Precision:
@@ -62,9 +63,10 @@ def estimate_op_s(
         return 0.0
     eff = gpu.efficiency
     compute, memory, _ = op_curves(op, phase, eff, precision)
-    memory_s = _seconds(traffic, gpu.hbm_bandwidth_bytes_per_s, memory)
-    compute_s = 0.0 if compute is None else _seconds(flops, peak_flops, compute)
-    return (compute_s if compute_s > memory_s else memory_s) + eff.kernel_overhead_s
+    n = op.launches
+    memory_s = _seconds(traffic, gpu.hbm_bandwidth_bytes_per_s, memory, n)
+    compute_s = 0.0 if compute is None else _seconds(flops, peak_flops, compute, n)
+    return (compute_s if compute_s > memory_s else memory_s) + n * eff.kernel_overhead_s
 
 
 # Curves per efficiency spec, shared by every cost model of the same (catalog) GPU. The spec
@@ -106,9 +108,10 @@ class AnalyticalCostModel:
         if curves is None:
             curves = self._curves[key] = op_curves(op, phase, self.gpu.efficiency, precision)
         compute, memory, _ = curves
-        memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory)
-        compute_s = 0.0 if compute is None else _seconds(flops, self._peaks[precision], compute)
-        return (compute_s if compute_s > memory_s else memory_s) + self.gpu.efficiency.kernel_overhead_s
+        n = op.launches
+        memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory, n)
+        compute_s = 0.0 if compute is None else _seconds(flops, self._peaks[precision], compute, n)
+        return (compute_s if compute_s > memory_s else memory_s) + n * self.gpu.efficiency.kernel_overhead_s
 
     def estimate_collective_s(self, coll: Collective, layout: GroupLayout) -> float:
         return _collective_s(coll, layout, self.cluster)

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from paraplan.inventory.partition import count_layers_per_stage
-from paraplan.specs import Job
+from paraplan.specs import ConfigError, Job
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -20,6 +20,16 @@ def check_prediction(job: Job, prediction: Prediction | None) -> None:
     """A recipe's numbers must describe the job it launches."""
     if prediction is not None and prediction.job != job:
         raise ValueError("export: the prediction was made for a different job than the one exported")
+
+
+def refuse_zero_bubble(job: Job, framework: str) -> None:
+    """A framework without zero-bubble schedules gets no recipe for one."""
+    schedule = job.parallel.schedule
+    if schedule.splits_backward:
+        raise ConfigError(
+            f"parallel.schedule: {framework} has no {schedule.value!r} schedule; export to torchtitan, "
+            "or re-predict with schedule 1f1b"
+        )
 
 
 def plan_summary(job: Job) -> str:
@@ -79,6 +89,11 @@ def common_notes(job: Job, prediction: Prediction | None) -> list[str]:
         )
     if prediction is not None and prediction.placement is not None:
         notes.append(placement_note(prediction))
+    p = job.parallel
+    if job.model.is_moe:
+        balance = " (perfect balance)" if p.expert_load_imbalance == 1.0 else ""
+        notes.append(f"parallel.expert_load_imbalance: not a launch setting; the prediction assumed the busiest "
+                     f"expert-parallel rank gets {p.expert_load_imbalance:g}x the mean routed tokens{balance}")
     return notes
 
 

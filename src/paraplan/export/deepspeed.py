@@ -33,6 +33,15 @@ What DeepSpeed's JSON cannot hold, and where it comes from instead (recorded in
 - context parallelism and FP8: not DeepSpeed features (Ulysses sequence parallelism is a
   different algorithm; FP8 GEMMs come from Transformer Engine in the framework).
 
+Mixtures of experts: DeepSpeed's MoE layer is built by the launching framework, so
+``_paraplan.launcher.megatron_deepspeed_moe_args`` holds Megatron-DeepSpeed's arguments
+(``megatron/arguments.py``: --num-experts, --moe-expert-parallel-size, --topk, --mlp-type standard,
+--expert-interval, --disable-moe-token-dropping or --moe-train-capacity-factor, --moe-loss-coeff).
+Refused, naming the field: shared experts (its ``residual`` MLP type is PR-MoE, a different model),
+MLA, sigmoid routers (``TopKGate`` is softmax), etp > 1, an ep that does not divide dp
+(``deepspeed/utils/groups.py`` carves expert groups out of the data-parallel ranks) and MoE layers
+that are not every n-th layer (``get_num_experts_per_layer``: layer i, from 0, when (i+1) % n == 0).
+
 ZeRO-2/3 together with pipeline parallelism is refused with a ConfigError: DeepSpeed's pipeline
 engine supports ZeRO stage 0 or 1 only.
 """
@@ -47,6 +56,7 @@ from paraplan.export._common import (
     common_notes,
     header_lines,
     layer_split,
+    refuse_zero_bubble,
     train_iterations,
 )
 from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
@@ -94,6 +104,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         default = "true" if p.zero_stage == 3 else "false"
         out.append(f"parallel.overlap_grad_reduce: overlap_comm is {str(_overlap_comm(job)).lower()} as the "
                    f"prediction assumed; DeepSpeed's own default for ZeRO-{p.zero_stage} is {default}")
+    out += _moe_notes(job)
     if p.pp > 1 and p.overlaps_grad_reduce:
         out.append("parallel.framework: the prediction overlapped gradient reduction with the last backward "
                    "(framework=megatron); DeepSpeed's pipeline engine reduces after the pipeline drains; "
@@ -104,6 +115,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
 def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str, Any]:
     """The config as a mapping (what ``render_deepspeed`` writes as JSON)."""
     p = job.parallel
+    moe_args = megatron_deepspeed_moe_args(job)
     if p.pp > 1 and p.zero_stage > 1:
         raise ConfigError(
             f"parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1, "
@@ -142,7 +154,7 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
                     "DeepSpeed ignores this block (DeepSpeedConfig reads only its own keys); for GPT-NeoX "
                     "copy the other keys into your NeoX YAML and drop this one.",
                     "gradient_clipping 1.0 and steps_per_print are defaults, not part of the plan."],
-        "launcher": _launcher(job),
+        "launcher": _launcher(job, moe_args),
         "notes": notes(job, prediction),
     }
     return config
@@ -151,6 +163,7 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
 def render_deepspeed(job: Job, prediction: Prediction | None = None) -> str:
     """``ds_config.json`` text."""
     check_prediction(job, prediction)
+    refuse_zero_bubble(job, "DeepSpeed's pipeline engine")
     return json.dumps(deepspeed_config(job, prediction), indent=2) + "\n"
 
 
@@ -172,7 +185,78 @@ def _fp16(job: Job) -> dict[str, Any]:
             "hysteresis": 2, "min_loss_scale": 1}
 
 
-def _launcher(job: Job) -> dict[str, Any]:
+def megatron_deepspeed_moe_args(job: Job) -> list[str]:
+    """Megatron-DeepSpeed's mixture-of-experts arguments (``megatron/arguments.py``) as argv tokens;
+    none for a dense model. What it cannot express is refused, naming the field."""
+    m, p = job.model, job.parallel
+    if not m.is_moe:
+        return []
+    if m.moe_shared_expert_intermediate_size:
+        raise ConfigError("model.moe_shared_expert_intermediate_size: Megatron-DeepSpeed has no shared experts "
+                          "(its --mlp-type residual is PR-MoE's residual MLP, a different model)")
+    if m.multi_latent_attention:
+        raise ConfigError("model.multi_latent_attention: Megatron-DeepSpeed has no multi-head latent attention")
+    if m.moe_router_score_function != "softmax":
+        raise ConfigError(f"model.moe_router_score_function: DeepSpeed's top-k gate scores with softmax only, "
+                          f"not {m.moe_router_score_function}")
+    if p.etp > 1:
+        raise ConfigError(f"parallel.etp: the DeepSpeed export keeps each expert whole on a rank "
+                          f"(expert_tensor_parallel_size 1); etp={p.etp}: re-predict with etp: 1")
+    if p.dp % p.ep:
+        raise ConfigError(f"parallel.ep: DeepSpeed carves expert-parallel groups out of the data-parallel ranks "
+                          f"(deepspeed/utils/groups.py: dp % ep == 0); ep={p.ep} does not divide dp={p.dp}")
+    interval = _expert_interval(job)
+    if interval is None:
+        field = "moe_first_k_dense" if m.moe_first_k_dense else "moe_layer_freq"
+        raise ConfigError(f"model.{field}: Megatron-DeepSpeed puts experts in every --expert-interval-th layer "
+                          "only (layers n, 2n, ... counted from 1); this model's MoE layers are not such a pattern")
+    args = ["--num-experts", str(m.num_moe_experts), "--moe-expert-parallel-size", str(p.ep),
+            "--topk", str(m.moe_router_topk), "--mlp-type", "standard", "--expert-interval", str(interval[0])]
+    if m.moe_expert_capacity_factor is None:
+        args.append("--disable-moe-token-dropping")  # dropless, as predicted
+    else:
+        args += ["--moe-train-capacity-factor", f"{m.moe_expert_capacity_factor:g}"]
+    args += ["--moe-loss-coeff", f"{m.moe_aux_loss_coeff:g}"]
+    return args
+
+
+def _expert_interval(job: Job) -> tuple[int, bool] | None:
+    """Megatron-DeepSpeed's ``--expert-interval`` n for the model's MoE layers (it makes layer i, from 0,
+    a MoE layer when (i + 1) % n == 0: ``get_num_experts_per_layer`` in megatron/model/transformer.py),
+    and whether it shifts them: Megatron-LM's every-N-th pattern (layers 0, N, 2N, ...) becomes
+    layers N-1, 2N-1, ..., the same number when N divides the layers. None: not expressible."""
+    m = job.model
+    pattern = m.moe_layers
+    for n in range(1, m.num_layers + 1):
+        if pattern == tuple((i + 1) % n == 0 for i in range(m.num_layers)):
+            return n, False
+    freq = m.moe_layer_freq
+    if isinstance(freq, int) and not m.moe_first_k_dense and m.num_layers % freq == 0:
+        return freq, True
+    return None
+
+
+def _moe_notes(job: Job) -> list[str]:
+    m, p = job.model, job.parallel
+    if not m.is_moe:
+        return []
+    out = [f"model.num_moe_experts: the mixture of experts is set up by Megatron-DeepSpeed's arguments in "
+           f"_paraplan.launcher.megatron_deepspeed_moe_args (experts split over ep={p.ep} data-parallel ranks)"]
+    interval = _expert_interval(job)
+    if interval is not None and interval[1]:
+        n = interval[0]
+        out.append(f"model.moe_layer_freq: Megatron-DeepSpeed puts the experts in layers {n}, {2 * n}, ... "
+                   f"(from 1), Megatron-LM in layers 1, {n + 1}, ...: as many MoE layers, shifted by {n - 1}")
+    if m.moe_grouped_gemm:
+        out.append("model.moe_grouped_gemm: DeepSpeed's MoE layer runs a rank's experts one after another, "
+                   "not as one grouped GEMM as predicted")
+    if p.overlap_moe_expert_parallel_comm:
+        out.append("parallel.overlap_moe_expert_parallel_comm: DeepSpeed does not overlap the expert all-to-alls "
+                   "with another micro-batch's computation; the prediction hid them")
+    return out
+
+
+def _launcher(job: Job, moe_args: list[str]) -> dict[str, Any]:
     """The plan's settings that the launching framework, not DeepSpeed's JSON, applies."""
     p = job.parallel
     iterations = train_iterations(job)
@@ -194,4 +278,4 @@ def _launcher(job: Job) -> dict[str, Any]:
         "precision": job.precision.value,
         "seq_length": job.model.seq_length,
         "train_iters": iterations,
-    }
+    } | ({"expert_model_parallel_size": p.ep, "megatron_deepspeed_moe_args": moe_args} if moe_args else {})

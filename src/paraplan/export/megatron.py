@@ -40,6 +40,18 @@ NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4
   (megatron/core/transformer/pipeline_parallel_layer_layout.py): layout strings such as
   ``Et*11|t*12|t*12|t*9L``.
 
+Mixtures of experts (``_add_moe_args`` and the MoE README of Megatron-LM, NVIDIA's DeepSeek-V3 and
+Qwen3 launch scripts; spellings in /work/research/moe-facts.md (b)): --num-experts, --moe-router-topk,
+--moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq (int N, or a list
+expression that ``moe_freq_type`` evaluates), --moe-router-score-function (softmax | sigmoid),
+--moe-router-load-balancing-type (aux_loss | seq_aux_loss | sinkhorn | none), --moe-aux-loss-coeff,
+--moe-expert-capacity-factor, --moe-grouped-gemm, --moe-token-dispatcher-type (allgather | alltoall |
+flex | alltoall_seq; ``TransformerConfig`` accepts the capacity factor and the shared-expert overlap
+with alltoall only), --expert-model-parallel-size, --expert-tensor-parallel-size,
+--moe-shared-expert-overlap, --overlap-moe-expert-parallel-comm with --delay-wgrad-compute (as
+NVIDIA's scripts give them); MLA: --multi-latent-attention, --q-lora-rank, --kv-lora-rank,
+--qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim; --qk-layernorm.
+
 The recipe is a bash array (``MEGATRON_ARGS=( ... )``) so that comments can sit beside the
 flags and a launcher can pass ``"${MEGATRON_ARGS[@]}"``. Data, tokenizer and optimiser
 arguments are not part of a parallel plan; the recipe says so instead of inventing them.
@@ -47,6 +59,7 @@ arguments are not part of a parallel plan; the recipe says so instead of inventi
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from paraplan.export._common import (
@@ -59,6 +72,7 @@ from paraplan.export._common import (
     layer_split,
     layers_per_virtual_stage,
     micro_batches,
+    refuse_zero_bubble,
     train_iterations,
 )
 from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
@@ -123,6 +137,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
 def render_megatron(job: Job, prediction: Prediction | None = None) -> str:
     """A bash snippet defining ``MEGATRON_ARGS`` for ``pretrain_gpt.py``."""
     check_prediction(job, prediction)
+    refuse_zero_bubble(job, "Megatron-LM")
     head = header_lines(job, prediction, f"Megatron-LM arguments for pretrain_gpt.py ({TARGET})")
     head += [f"{NOTE} {n}" for n in notes(job, prediction)]
     head += [
@@ -172,6 +187,13 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
         model.append(["--untie-embeddings-and-output-weights"])
     if not m.add_bias_linear:
         model.append(["--disable-bias-linear"])
+    if m.qk_layernorm:
+        model.append(["--qk-layernorm"])
+    if m.multi_latent_attention:
+        model += [["--multi-latent-attention"],
+                  *([["--q-lora-rank", str(m.q_lora_rank)]] if m.q_lora_rank is not None else []),
+                  ["--kv-lora-rank", str(m.kv_lora_rank)], ["--qk-head-dim", str(m.qk_head_dim)],
+                  ["--qk-pos-emb-head-dim", str(m.qk_pos_emb_head_dim)], ["--v-head-dim", str(m.v_head_dim)]]
     model += [
         ["--attention-dropout", f"{m.attention_dropout:g}"],
         ["--hidden-dropout", f"{m.hidden_dropout:g}"],
@@ -240,12 +262,95 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
 
     return [
         ("model", model),
+        *_experts(job),
         (f"parallelism (data-parallel size {p.dp} = {job.cluster.num_gpus} GPUs / (tp*pp*cp); "
          "Megatron-LM derives it)", par),
         (f"batch ({micro_batches(job)} per iteration)", batch),
         ("recompute and precision", memory),
         (f"training length: {job.train_tokens:.4g} tokens = {iterations} iterations" if iterations else "", length),
     ]
+
+
+def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
+    """The mixture-of-experts flags (none for a dense model)."""
+    m, p = job.model, job.parallel
+    if not m.is_moe:
+        return []
+    model: list[list[str]] = [
+        ["--num-experts", str(m.num_moe_experts)],
+        ["--moe-router-topk", str(m.moe_router_topk)],
+        ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)],
+    ]
+    if m.moe_shared_expert_intermediate_size:
+        model.append(["--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)])
+    model += [
+        ["--moe-layer-freq", moe_layer_freq(job)],
+        ["--moe-router-score-function", m.moe_router_score_function],
+        ["--moe-router-load-balancing-type", "aux_loss" if m.moe_aux_loss_coeff > 0 else "none"],
+    ]
+    if m.moe_aux_loss_coeff > 0:
+        model.append(["--moe-aux-loss-coeff", f"{m.moe_aux_loss_coeff:g}"])
+    if m.moe_expert_capacity_factor is not None:
+        model.append(["--moe-expert-capacity-factor", f"{m.moe_expert_capacity_factor:g}"])
+    if m.moe_grouped_gemm:
+        model.append(["--moe-grouped-gemm"])
+    par: list[list[str]] = [
+        ["--expert-model-parallel-size", str(p.ep)],
+        ["--expert-tensor-parallel-size", str(p.etp)],
+    ]
+    why = []
+    if p.ep > 1:
+        why.append(f"ep={p.ep}: the all-to-all dispatch and combine paraplan predicted "
+                   "(Megatron-LM's default, allgather, gathers every token on every expert rank)")
+    if m.moe_expert_capacity_factor is not None:
+        why.append("the capacity factor works with alltoall only")
+    if p.moe_shared_expert_overlap:
+        why.append("the shared-expert overlap works with alltoall only")
+    if p.overlap_moe_expert_parallel_comm:
+        why.append("the expert-parallel overlap hides the all-to-alls")
+    if why:
+        par.append(["--moe-token-dispatcher-type", "alltoall"])
+    if p.moe_shared_expert_overlap:
+        par.append(["--moe-shared-expert-overlap"])
+    if p.overlap_moe_expert_parallel_comm:  # NVIDIA's DeepSeek-V3 / Qwen3 scripts give both
+        par += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
+    edp = p.tp * p.cp * p.dp // (p.etp * p.ep)
+    title = (f"experts: ep={p.ep} x etp={p.etp} fold into each stage's tp*cp*dp = {p.tp * p.cp * p.dp} ranks "
+             f"(expert data-parallel size {edp}; Megatron-LM derives it)")
+    if why:
+        title += "; alltoall dispatcher: " + "; ".join(why)
+    return [("mixture of experts", model), (title, par)]
+
+
+def moe_layer_freq(job: Job) -> str:
+    """``--moe-layer-freq``: an int N (a MoE layer every N-th layer from the first) or, for any
+    other pattern (first dense layers included), Megatron-LM's list expression (``moe_freq_type``
+    evaluates it), the shortest of: the runs of equal layers, or runs then a repeated block, e.g.
+    ``([0]*3+[1]*58)`` or ``([0]*1+([1]+[0])*4)``."""
+    m = job.model
+    if isinstance(m.moe_layer_freq, int) and not m.moe_first_k_dense:
+        return str(m.moe_layer_freq)
+    pattern = [int(v) for v in m.moe_layers]
+    best = _runs(pattern)
+    n = len(pattern)
+    for start in range(n):
+        for period in range(1, (n - start) // 2 + 1):
+            repeats, rest = divmod(n - start, period)
+            block = pattern[start:start + period]
+            if rest or block * repeats != pattern[start:]:
+                continue
+            inner = _runs(block)[1:-1]
+            head = _runs(pattern[:start])[1:-1] + "+" if start else ""
+            candidate = f"({head}({inner})*{repeats})"
+            if len(candidate) < len(best):
+                best = candidate
+    return best
+
+
+def _runs(pattern: list[int]) -> str:
+    """``([0]*3+[1]*58)``: the pattern as runs of equal values."""
+    runs = [(v, len(list(group))) for v, group in itertools.groupby(pattern)]
+    return "(" + "+".join(f"[{v}]" if k == 1 else f"[{v}]*{k}" for v, k in runs) + ")"
 
 
 def _uneven_split(job: Job) -> list[list[str]]:

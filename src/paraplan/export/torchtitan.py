@@ -41,6 +41,15 @@ What torchtitan cannot express, stated in the module's docstring as ``NOTE(parap
 - a model that is not one of torchtitan's Llama 3 flavors: ``model_spec()`` raises until the
   user registers the architecture the note lists.
 
+Mixtures of experts: ``ParallelismConfig.expert_parallel_degree`` (0.3.0 has no
+``expert_tensor_parallel_degree``: its experts are never tensor-parallel, and
+``ParallelDims`` folds EP into the dp_shard x cp x tp ranks, efsdp = dp_shard * cp * tp / ep), so
+etp > 1 and an ep that does not divide those ranks are refused naming ``parallel.etp`` /
+``parallel.ep``; EP turns CUDA graphs off (``Trainer.Config._validate_cuda_graphs`` refuses the
+standard all-to-all dispatcher). The MoE flavors are those of ``torchtitan/models/deepseek_v3`` (16B,
+236B, 671B) and ``torchtitan/models/qwen3`` (30B-A3B, 235B-A22B), matched by layers, width, heads,
+experts, top-k, expert width and vocabulary; any other MoE model gets the placeholder ``model_spec()``.
+
 fp16 is refused with a ConfigError naming ``precision``: torchtitan trains in bfloat16 or
 float32 (``training.mixed_precision_param``) and has no loss scaling.
 """
@@ -70,12 +79,24 @@ TORCHTITAN_VERSION = "0.3.0"  # the release the recipe targets (and the tests pa
 CONFIG_FUNCTION = "paraplan_config"  # the --config name
 CHECKPOINT_EVERY_S = 3600.0  # a checkpoint about every hour of predicted training
 
-_SCHEDULE = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe"}
+# torch.distributed.pipelining's schedule names (torchtitan's parallelism.pipeline_parallel_schedule);
+# ScheduleInterleavedZeroBubble with one stage per rank issues ZB-H1's order
+_SCHEDULE = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.GPIPE: "GPipe",
+             Schedule.ZB_H1: "InterleavedZeroBubble", Schedule.ZB_V: "ZBVZeroBubble"}
 # torchtitan/models/llama3/__init__.py: (layers, dim, heads, kv heads, ffn hidden, vocab) of each flavor
 _LLAMA3_FLAVORS = {
     "8B": (32, 4096, 32, 8, 14336, 128256),
     "70B": (80, 8192, 64, 8, 28672, 128256),
     "405B": (126, 16384, 128, 8, 53248, 128256),
+}
+# torchtitan/models/deepseek_v3/__init__.py and qwen3/__init__.py (0.3.0): (layers, dim, heads, experts,
+# top-k, expert hidden, vocab) of each mixture-of-experts flavor
+_MOE_FLAVORS = {
+    ("deepseek_v3", "16B"): (27, 2048, 16, 64, 6, 1408, 102400),
+    ("deepseek_v3", "236B"): (60, 5120, 128, 160, 6, 1536, 102400),
+    ("deepseek_v3", "671B"): (61, 7168, 128, 256, 8, 2048, 129280),
+    ("qwen3", "30B-A3B"): (48, 2048, 32, 128, 8, 768, 151936),
+    ("qwen3", "235B-A22B"): (94, 4096, 64, 128, 8, 1536, 151936),
 }
 _RESHARD = {0: None, 1: "never", 2: "never", 3: "always"}
 # paraplan's recompute policy -> torchtitan's activation-checkpointing class (None: off)
@@ -87,6 +108,14 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What torchtitan will do differently from the plan paraplan predicted."""
     m, p = job.model, job.parallel
     out = common_notes(job, prediction)
+    if p.schedule is Schedule.ZB_H1:
+        out.append("parallel.schedule: zb-h1 runs as InterleavedZeroBubble with one model part per rank "
+                   "(PyTorch's one-chunk order is ZB-H1's); a release that wants two parts per rank "
+                   "for it needs zb-v instead")
+    elif p.schedule is Schedule.ZB_V:
+        out.append("parallel.schedule: ZBVZeroBubble places rank 0's two parts at both ends of the model "
+                   "(embedding and LM head on one rank); paraplan's stages keep the LM head on the last "
+                   "stage, so stage 0's memory and the ends' times are placed differently")
     if p.zero_stage in (1, 2) and p.dp > 1:
         closest = ("less memory, more communication than predicted; re-predict with zero_stage: 2 for "
                    "closer numbers" if p.zero_stage == 1 else
@@ -108,7 +137,18 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     if p.grad_reduce_in_fp32 is False and job.precision is not Precision.FP32:
         out.append("parallel.grad_reduce_in_fp32: torchtitan reduces gradients in float32 "
                    "(training.mixed_precision_reduce takes \"float32\" only); the prediction reduced them in bf16")
-    if _flavor(job) is None:
+    if _flavor(job) is None and m.is_moe:
+        shipped = ", ".join(f"{family} {flavor}" for family, flavor in _MOE_FLAVORS)
+        out.append(
+            f"model: {m.name} is not one of torchtitan's mixture-of-experts flavors ({shipped}); register a "
+            f"model with num_layers={m.num_layers}, hidden_size={m.hidden_size}, heads={m.num_attention_heads}, "
+            f"kv_heads={m.num_query_groups}, num_experts={m.num_moe_experts}, top_k={m.moe_router_topk}, "
+            f"expert hidden={m.moe_ffn_hidden_size}, shared expert hidden="
+            f"{m.moe_shared_expert_intermediate_size or 0}, MoE layers={sum(m.moe_layers)} of {m.num_layers} "
+            f"(dense hidden {m.ffn_hidden_size}), router score={m.moe_router_score_function}, "
+            f"vocab_size={m.vocab_size} and return its ModelSpec from model_spec()"
+        )
+    elif _flavor(job) is None:
         out.append(
             f"model: {m.name} is not one of torchtitan's llama3 flavors (8B, 70B, 405B); register a model "
             f"with num_layers={m.num_layers}, hidden_size={m.hidden_size}, heads={m.num_attention_heads}, "
@@ -153,8 +193,10 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
         raise ConfigError("parallel.cpu_offloading: torchtitan has no activation offload")
     if p.offload_param == "cpu":  # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer state
         training["enable_cpu_offload"] = True
-    if p.pp > 1:
-        training["disable_cuda_graphs"] = True  # torchtitan's CUDA graphs refuse pipeline parallelism
+    if p.pp > 1 or (m.is_moe and p.ep > 1):
+        # torchtitan's CUDA graphs refuse pipeline parallelism and the standard all-to-all expert
+        # dispatcher (its CPU synchronisation; Trainer.Config._validate_cuda_graphs)
+        training["disable_cuda_graphs"] = True
     sharded = p.zero_stage > 0 and p.dp > 1
     shard = min(p.data_parallel_shard_degree or p.dp, p.dp)  # hybrid sharding: HSDP
     parallelism: dict[str, Any] = {
@@ -172,8 +214,12 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
     if p.pp > 1:
         parallelism["module_fqns_per_model_part"] = _module_fqns(job)
     parallelism["context_parallel_degree"] = p.cp
+    if m.is_moe:
+        _check_experts(job, parallelism["data_parallel_shard_degree"])
+        parallelism["expert_parallel_degree"] = p.ep
+    family, flavor = _flavor(job) or (None, None)
     return {
-        "model": {"flavor": _flavor(job), "float8": job.precision is Precision.FP8},
+        "model": {"family": family, "flavor": flavor, "float8": job.precision is Precision.FP8},
         "training": training,
         "parallelism": parallelism,
         "activation_checkpoint": {"class": _AC[p.recompute]},
@@ -186,7 +232,7 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
     check_prediction(job, prediction)
     config = torchtitan_config(job, prediction)
     c = job.cluster
-    flavor, float8 = config["model"]["flavor"], config["model"]["float8"]
+    family, flavor, float8 = config["model"]["family"], config["model"]["flavor"], config["model"]["float8"]
     ac = config["activation_checkpoint"]["class"]
     ckpt = config["checkpoint"]
     head = header_lines(job, prediction, f"torchtitan configuration for torchtitan {TORCHTITAN_VERSION}")
@@ -218,24 +264,24 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         "from torchtitan.models.common.config_utils import decoder_vocab_size",
     ]
     if flavor is not None:
-        imports.append("from torchtitan.models.llama3 import model_registry")
+        imports.append(f"from torchtitan.models.{family} import model_registry")
     imports.append("from torchtitan.trainer import Trainer")
 
     if flavor is None:
         spec_body = [
-            f'    """{PLACEHOLDER}: {job.model.name} is not one of torchtitan\'s Llama 3 flavors; register the',
+            f'    """{PLACEHOLDER}: {job.model.name} is not one of torchtitan\'s model flavors; register the',
             '    architecture of the model note above and return its ModelSpec here."""',
             f'    raise NotImplementedError("{PLACEHOLDER}: register {job.model.name} with torchtitan '
             'and return its ModelSpec")',
         ]
     elif float8:
         spec_body = [
-            f"    # torchtitan's Llama 3 {flavor}; FP8 matmuls through torchao's float8 (compiled: see compile=)",
+            f"    # torchtitan's {family} {flavor}; FP8 matmuls through torchao's float8 (compiled: see compile=)",
             f'    return model_registry("{flavor}", converters=[Float8LinearConverter.Config('
             "model_compile_enabled=True)])",
         ]
     else:
-        spec_body = [f"    # torchtitan's Llama 3 {flavor}", f'    return model_registry("{flavor}")']
+        spec_body = [f"    # torchtitan's {family} {flavor}", f'    return model_registry("{flavor}")']
 
     steps_note = "" if "steps" in config["training"] else \
         f"  # {EDIT} the job has no train_tokens: torchtitan's default is 10000 steps"
@@ -278,22 +324,49 @@ def _checkpoint_interval(prediction: Prediction | None) -> int:
     return max(1, math.floor(CHECKPOINT_EVERY_S / prediction.iteration_s))
 
 
-def _flavor(job: Job) -> str | None:
-    """The torchtitan llama3 flavor with exactly this architecture, if there is one."""
+def _check_experts(job: Job, shard: int) -> None:
+    """torchtitan 0.3.0 folds expert parallelism into the FSDP x CP x TP ranks
+    (``ParallelDims``: efsdp = dp_shard * cp * tp / ep) and never splits an expert over TP ranks."""
+    p = job.parallel
+    if p.etp != 1:
+        raise ConfigError(
+            f"parallel.etp: torchtitan {TORCHTITAN_VERSION} has no expert_tensor_parallel_degree (its experts "
+            f"are never tensor-parallel, etp=1); etp={p.etp}: re-predict with etp: 1"
+        )
+    ranks = shard * p.cp * p.tp
+    if ranks % p.ep:
+        raise ConfigError(
+            f"parallel.ep: torchtitan {TORCHTITAN_VERSION} takes expert_parallel_degree from "
+            f"data_parallel_shard_degree x cp x tp = {shard} x {p.cp} x {p.tp} = {ranks} ranks, which ep={p.ep} "
+            "does not divide (ZeRO-0 replicates data parallelism and gives it no ranks)"
+        )
+
+
+def _flavor(job: Job) -> tuple[str, str] | None:
+    """The torchtitan model (module, flavor) with exactly this architecture, if there is one."""
     m = job.model
+    if m.is_moe:
+        shape = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_moe_experts, m.moe_router_topk,
+                 m.moe_ffn_hidden_size, m.vocab_size)
+        return next((key for key, dims in _MOE_FLAVORS.items() if dims == shape), None)
+    if m.multi_latent_attention or m.qk_layernorm:
+        return None
     if not (m.activation == "swiglu" and m.normalization == "rmsnorm" and m.position_embedding == "rotary"
             and m.rotary_percent == 1.0 and not m.add_bias_linear and not m.parallel_residual
             and m.untie_embeddings_and_output_weights):
         return None
     shape = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size,
              m.vocab_size)
-    return next((name for name, dims in _LLAMA3_FLAVORS.items() if dims == shape), None)
+    return next((("llama3", name) for name, dims in _LLAMA3_FLAVORS.items() if dims == shape), None)
 
 
 def _module_fqns(job: Job) -> list[list[str]]:
     """Each (virtual) pipeline stage's modules in model order, as paraplan split the layers."""
     p = job.parallel
-    if p.vpp > 1:
+    if p.schedule is Schedule.ZB_V:  # 2 parts per rank, placed in a V by torchtitan
+        parts_n = 2 * p.pp
+        sizes = [job.model.num_layers // parts_n + (k < job.model.num_layers % parts_n) for k in range(parts_n)]
+    elif p.vpp > 1:
         sizes = [layers_per_virtual_stage(job)] * (p.pp * p.vpp)
     else:
         sizes = list(layer_split(job))

@@ -1,6 +1,13 @@
 """THE source of FLOPs, bytes, parameters, activations and collective volumes."""
 
-from paraplan.inventory.job import JobInventory, StageInventory, count_job, count_params
+from paraplan.inventory.job import (
+    JobInventory,
+    LayerBlock,
+    StageInventory,
+    count_active_params,
+    count_job,
+    count_params,
+)
 from paraplan.inventory.layer import count_layer_collectives, count_layer_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.partition import count_layers_per_stage
@@ -12,11 +19,13 @@ __all__ = [
     "CollectiveKind",
     "GroupLayout",
     "JobInventory",
+    "LayerBlock",
     "LocalShape",
     "Op",
     "OpKind",
     "ParallelDim",
     "StageInventory",
+    "count_active_params",
     "count_job",
     "count_layer_collectives",
     "count_layer_ops",

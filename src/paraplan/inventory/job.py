@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
 from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
 from paraplan.inventory.layer import count_layer_collectives, count_layer_ops
+from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
-from paraplan.inventory.partition import count_layers_per_stage
+from paraplan.inventory.partition import count_layers_per_stage, count_moe_layers_per_stage
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
-from paraplan.specs import Framework, Job, Phase, Precision, Recompute
+from paraplan.specs import Framework, Job, ModelSpec, Phase, Precision, Recompute
 
 
 def adam_state_bytes(precision: Precision) -> float:
@@ -38,27 +40,74 @@ def grad_bytes(job: Job) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerBlock:
+    """``num_layers`` layers of one kind on a stage (dense, or mixture of experts), each
+    running ``ops`` and ``collectives``."""
+
+    num_layers: int
+    ops: tuple[Op, ...]
+    collectives: tuple[Collective, ...]
+    moe: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StageInventory:
-    """One pipeline stage as one of its ranks sees it, for one micro-batch."""
+    """One pipeline stage as one of its ranks sees it, for one micro-batch. ``params`` are
+    the weights replicated over the data-parallel group, ``expert_params`` the experts' (this
+    rank's share), replicated over the expert data-parallel group."""
 
     index: int
-    num_layers: int
-    layer_ops: tuple[Op, ...]
-    layer_collectives: tuple[Collective, ...]
+    blocks: tuple[LayerBlock, ...]
     end_ops: tuple[Op, ...]
     end_collectives: tuple[Collective, ...]
     params: float
     grad_sync: tuple[Collective, ...]
     per_microbatch_dp: tuple[Collective, ...]  # ZeRO-2/3 communication of every micro-batch
     optimizer: Op
+    expert_params: float = 0.0
 
     @property
     def first(self) -> bool:
         return self.index == 0
 
+    @property
+    def num_layers(self) -> int:
+        return sum(b.num_layers for b in self.blocks)
+
+    @property
+    def layer_ops(self) -> tuple[Op, ...]:
+        """The operators of the stage's layer, when its layers are all of one kind."""
+        return self._only().ops
+
+    @property
+    def layer_collectives(self) -> tuple[Collective, ...]:
+        return self._only().collectives
+
+    def _only(self) -> LayerBlock:
+        kinds = {b.ops for b in self.blocks}
+        if len(kinds) != 1:
+            raise ValueError("this stage mixes dense and mixture-of-experts layers: read its blocks")
+        return self.blocks[0]
+
+    def with_layers(self, n: int) -> StageInventory:
+        """The stage with ``n`` layers of its one kind (parameters follow)."""
+        block = self._only()
+        per_layer = sum(op.params for op in block.ops if not op.expert)
+        per_layer_experts = sum(op.params for op in block.ops if op.expert)
+        delta = n - self.num_layers
+        return dataclasses.replace(
+            self,
+            blocks=(dataclasses.replace(block, num_layers=n),),
+            params=self.params + delta * per_layer,
+            expert_params=self.expert_params + delta * per_layer_experts,
+        )
+
     def ops(self) -> tuple[Op, ...]:
         """Every operator the stage runs for one micro-batch (layers repeated)."""
-        return self.layer_ops * self.num_layers + self.end_ops
+        out: tuple[Op, ...] = ()
+        for b in self.blocks:
+            out += b.ops * b.num_layers
+        return out + self.end_ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +120,7 @@ class JobInventory:
     params_total: float
     model_flops_per_iteration: float
     hardware_flops_per_iteration: float
+    params_active: float = 0.0  # those one token is computed with (MoE: its top-k experts)
 
     @property
     def executed_flops_per_iteration(self) -> float:
@@ -87,9 +137,11 @@ class JobInventory:
 
         total = 0.0
         for st in self.stages:
-            weights = recompute_cost(plan, st.layer_ops, self.shape, st.num_layers).op_weights
-            again = sum(w * op.work(Phase.FWD)[0] for w, op in zip(weights, st.layer_ops, strict=True))
-            per_mb = st.num_layers * (run(st.layer_ops) + again) + run(st.end_ops)
+            per_mb = run(st.end_ops)
+            for b in st.blocks:
+                weights = recompute_cost(plan, b.ops, self.shape, b.num_layers).op_weights
+                again = sum(w * op.work(Phase.FWD)[0] for w, op in zip(weights, b.ops, strict=True))
+                per_mb += b.num_layers * (run(b.ops) + again)
             total += ranks * (plan.num_microbatches * per_mb + st.optimizer.work(Phase.OPTIMIZER)[0])
         return total
 
@@ -106,24 +158,30 @@ def _layer_params(ops: tuple[Op, ...]) -> float:
     return sum(op.params for op in ops)
 
 
-def _grad_sync(job: Job, params: float, grad_e: float, param_e: float) -> tuple[Collective, ...]:
+def _grad_sync(
+    job: Job, params: float, grad_e: float, param_e: float, dim: ParallelDim = ParallelDim.DP
+) -> tuple[Collective, ...]:
     """Once-per-iteration data-parallel communication (ZeRO-2/3 reduce per micro-batch:
-    see ``_per_microbatch_dp``)."""
+    see ``_per_microbatch_dp``) over ``dim``: the data-parallel group, or for the experts'
+    weights the expert data-parallel group."""
     zero, framework = job.parallel.zero_stage, job.parallel.framework
-    if job.parallel.grad_group == 1:
+    group = job.parallel.grad_group if dim is ParallelDim.DP else job.parallel.edp
+    if group == 1 or params <= 0:
         return ()
+    p = "dp" if dim is ParallelDim.DP else "edp"
     grads, weights = params * grad_e, params * param_e
-    gather = Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.OPTIMIZER)
+    gather = Collective(f"{p}_allgather", CollectiveKind.ALL_GATHER, dim, weights, Phase.OPTIMIZER)
     if zero == 0:
-        return (Collective("dp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP, grads, Phase.BWD_WEIGHT),)
+        return (Collective(f"{p}_allreduce", CollectiveKind.ALL_REDUCE, dim, grads, Phase.BWD_WEIGHT),)
+    replicas = _replicate_allreduce(job, grads) if dim is ParallelDim.DP else ()
     if zero == 1:
         if framework is Framework.DEEPSPEED:
             # DeepSpeed's pipeline engine all-reduces gradients, then ZeRO-1 all-gathers the
             # updated fp16 weights (the trace shows c10d::allreduce_ then all_gather).
-            reduce = Collective("dp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
+            reduce = Collective(f"{p}_allreduce", CollectiveKind.ALL_REDUCE, dim, grads, Phase.BWD_WEIGHT)
         else:
-            reduce = Collective("dp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.DP, grads, Phase.BWD_WEIGHT)
-        return (reduce, *_replicate_allreduce(job, grads), gather)
+            reduce = Collective(f"{p}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, grads, Phase.BWD_WEIGHT)
+        return (reduce, *replicas, gather)
     return (gather,) if zero == 2 else ()
 
 
@@ -138,20 +196,25 @@ def _replicate_allreduce(job: Job, grads: float) -> tuple[Collective, ...]:
     return (Collective("dp_replicate_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.DP_REPLICATE, shard, Phase.BWD_WEIGHT),)
 
 
-def _per_microbatch_dp(job: Job, params: float, grad_e: float, param_e: float) -> tuple[Collective, ...]:
+def _per_microbatch_dp(
+    job: Job, params: float, grad_e: float, param_e: float, dim: ParallelDim = ParallelDim.DP
+) -> tuple[Collective, ...]:
     """ZeRO-2 and ZeRO-3 partition gradients, so every micro-batch's backward reduce-scatters
     them (DeepSpeed reduces "after every backward"); ZeRO-3 also all-gathers each layer's
     weights for the forward and again for the backward pass."""
     plan = job.parallel
-    if plan.zero_stage < 2 or plan.grad_group == 1:
+    group = plan.grad_group if dim is ParallelDim.DP else plan.edp
+    if plan.zero_stage < 2 or group == 1 or params <= 0:
         return ()
-    out = [Collective("dp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.DP, params * grad_e, Phase.BWD_WEIGHT)]
-    out += _replicate_allreduce(job, params * grad_e)
+    p = "dp" if dim is ParallelDim.DP else "edp"
+    out = [Collective(f"{p}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, params * grad_e, Phase.BWD_WEIGHT)]
+    if dim is ParallelDim.DP:
+        out += _replicate_allreduce(job, params * grad_e)
     if plan.zero_stage == 3:
         weights = params * param_e
         out += [
-            Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.FWD),
-            Collective("dp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.DP, weights, Phase.BWD_INPUT),
+            Collective(f"{p}_allgather", CollectiveKind.ALL_GATHER, dim, weights, Phase.FWD),
+            Collective(f"{p}_allgather", CollectiveKind.ALL_GATHER, dim, weights, Phase.BWD_INPUT),
         ]
     return tuple(out)
 
@@ -296,26 +359,56 @@ def _count_flops(job: Job, x: LocalShape) -> tuple[float, float]:
     (``bwd_flops`` of the attention core) and the forward passes activation recompute repeats.
     So MFU <= HFU <= 1 on every valid job."""
     model, plan = job.model, job.parallel
-    layer = count_layer_ops(model, x)
     ends = tuple(op for op in count_embedding_ops(model, x) + count_head_ops(model, x))
-    layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
     ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
-    per_mb_model = 3.0 * (sum(map(_model_flops, layer_mm)) * model.num_layers + sum(map(_model_flops, ends_mm)))
-    per_mb_executed = sum(map(_executed_flops, layer_mm)) * model.num_layers + sum(map(_executed_flops, ends_mm))
+    per_mb_model = 3.0 * sum(map(_model_flops, ends_mm))
+    per_mb_executed = sum(map(_executed_flops, ends_mm))
+    kinds = layer_kinds(model, x)
+    moe_layers = sum(model.moe_layers)
+    for moe, layer in kinds.items():
+        n = moe_layers if moe else model.num_layers - moe_layers
+        layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
+        per_mb_model += 3.0 * n * sum(map(_model_flops, layer_mm))
+        per_mb_executed += n * sum(map(_executed_flops, layer_mm))
     recomputed = 0.0  # per micro-batch, over every stage's layers
     if plan.recompute is not Recompute.NONE:
-        for n, stages in Counter(count_layers_per_stage(model, plan)).items():
-            weights = recompute_cost(plan, layer, x, n).op_weights
-            recomputed += stages * n * sum(
-                _executed_flops(op, w, 0.0) for w, op in zip(weights, layer, strict=True) if op.kind in _MATMUL_KINDS
-            )
+        split = zip(count_layers_per_stage(model, plan), count_moe_layers_per_stage(model, plan), strict=True)
+        for (n, n_moe), stages in Counter(split).items():
+            for moe, layer in kinds.items():
+                k = n_moe if moe else n - n_moe
+                if k == 0:
+                    continue
+                weights = recompute_cost(plan, layer, x, k).op_weights
+                recomputed += stages * k * sum(
+                    _executed_flops(op, w, 0.0) for w, op in zip(weights, layer, strict=True) if op.kind in _MATMUL_KINDS
+                )
     micro_batches = plan.global_batch_size // plan.micro_batch_size
     return per_mb_model * micro_batches, (per_mb_executed + recomputed) * micro_batches
 
 
-def _params(model, x: LocalShape) -> float:
-    """Parameters of the whole model held at shape ``x`` (tied embedding counted once)."""
-    total = _layer_params(count_layer_ops(model, x)) * model.num_layers
+def layer_kinds(model: ModelSpec, x: LocalShape) -> dict[bool, tuple[Op, ...]]:
+    """The operators of each kind of layer the model has, keyed by whether it is a mixture
+    of experts (a dense model: one kind; DeepSeek-V3, first dense layers then MoE: two)."""
+    moe = model.moe_layers
+    kinds = {}
+    if not all(moe):
+        kinds[False] = count_layer_ops(model, x)
+    if any(moe):
+        kinds[True] = count_moe_layer_ops(model, x)
+    return kinds
+
+
+def _params(model: ModelSpec, x: LocalShape, *, active: bool = False) -> float:
+    """Parameters of the whole model held at shape ``x`` (tied embedding counted once);
+    ``active``: those one token passes through (of the routed experts, its top-k)."""
+    moe_layers = sum(model.moe_layers)
+    total = 0.0
+    for moe, layer in layer_kinds(model, x).items():
+        n = moe_layers if moe else model.num_layers - moe_layers
+        experts = sum(op.params for op in layer if op.expert)
+        if active and experts:
+            experts *= model.moe_router_topk / model.num_moe_experts
+        total += n * (sum(op.params for op in layer if not op.expert) + experts)
     total += _layer_params(count_embedding_ops(model, x)) + _layer_params(count_head_ops(model, x))
     if not model.untie_embeddings_and_output_weights:
         total -= x.vocab * x.h
@@ -325,6 +418,12 @@ def _params(model, x: LocalShape) -> float:
 def count_params(job: Job) -> float:
     """Total parameters of the model (a tied LM head shares the embedding's weight)."""
     return _params(job.model, _unsharded(job))
+
+
+def count_active_params(job: Job) -> float:
+    """Parameters one token is computed with: all of a dense model's, a mixture of experts'
+    without the routed experts it is not sent to (Mixtral 8x7B: 12.9B of 46.7B)."""
+    return _params(job.model, _unsharded(job), active=True)
 
 
 def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[Op, ...]:
@@ -341,18 +440,27 @@ def count_job(job: Job) -> JobInventory:
     """The inventory every estimate reads: FLOPs, bytes, params, activations, collectives."""
     model, plan = job.model, job.parallel
     x = local_shape(model, plan, job.precision)
-    layer_ops = count_layer_ops(model, x)
-    layer_coll = count_layer_collectives(model, plan, x)
-    layer_params = _layer_params(layer_ops)
-    layer_ops += _grad_accumulation(job, layer_params) + _fp8_weight_casts(job, layer_ops)
-    layer_ops += _fsdp2_copies(job, layer_params)
+    kinds: dict[bool, tuple[tuple[Op, ...], tuple[Collective, ...], float, float]] = {}
+    for moe, ops in layer_kinds(model, x).items():
+        coll = count_moe_collectives(model, plan, x) if moe else count_layer_collectives(model, plan, x)
+        dense_p = sum(op.params for op in ops if not op.expert)
+        expert_p = sum(op.params for op in ops if op.expert)
+        ops += _grad_accumulation(job, dense_p + expert_p) + _fp8_weight_casts(job, ops)
+        ops += _fsdp2_copies(job, dense_p + expert_p)
+        kinds[moe] = (ops, coll, dense_p, expert_p)
     emb_ops, head_ops = count_embedding_ops(model, x), count_head_ops(model, x)
     param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     split = count_layers_per_stage(model, plan)
+    moe_split = count_moe_layers_per_stage(model, plan)
     last = plan.pp - 1
     stages = []
     for i, n_layers in enumerate(split):
-        params = layer_params * n_layers
+        counts = {False: n_layers - moe_split[i], True: moe_split[i]}
+        blocks = tuple(
+            LayerBlock(counts[moe], ops, coll, moe) for moe, (ops, coll, _, _) in kinds.items() if counts[moe]
+        )
+        params = sum(counts[moe] * k[2] for moe, k in kinds.items())
+        expert_params = sum(counts[moe] * k[3] for moe, k in kinds.items())
         end_ops = count_end_ops(job, x, first=i == 0, last=i == last)
         if i == 0:
             params += _layer_params(emb_ops)
@@ -361,23 +469,27 @@ def count_job(job: Job) -> JobInventory:
             if plan.pp == 1 and not model.untie_embeddings_and_output_weights:
                 params -= x.vocab * x.h  # the LM head reuses the embedding's weight
         grad_sync = _grad_sync(job, params, grad_e, param_e)
+        grad_sync += _grad_sync(job, expert_params, grad_e, param_e, ParallelDim.EDP)
         if not model.untie_embeddings_and_output_weights and plan.pp > 1 and i in (0, last):
             grad_sync += (
                 Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, x.vocab * x.h * grad_e, Phase.BWD_WEIGHT),
             )
-        updated = params / plan.zero_shards if plan.zero_stage >= 1 else params
+        if plan.zero_stage >= 1:
+            updated = params / plan.zero_shards + expert_params / plan.edp
+        else:
+            updated = params + expert_params
         stages.append(
             StageInventory(
                 index=i,
-                num_layers=n_layers,
-                layer_ops=layer_ops,
-                layer_collectives=layer_coll,
+                blocks=blocks,
                 end_ops=end_ops,
                 end_collectives=count_end_collectives(model, plan, x, first=i == 0, last=i == last),
                 params=params,
                 grad_sync=grad_sync,
-                per_microbatch_dp=_per_microbatch_dp(job, params, grad_e, param_e),
+                per_microbatch_dp=_per_microbatch_dp(job, params, grad_e, param_e)
+                + _per_microbatch_dp(job, expert_params, grad_e, param_e, ParallelDim.EDP),
                 optimizer=_optimizer_op(updated, grad_e, param_e, adam_state_bytes(job.precision)),
+                expert_params=expert_params,
             )
         )
     p2p = mask = None
@@ -399,6 +511,7 @@ def count_job(job: Job) -> JobInventory:
         p2p=p2p,
         p2p_mask=mask,
         params_total=_params(model, full),
+        params_active=_params(model, full, active=True),
         model_flops_per_iteration=model_flops,
         hardware_flops_per_iteration=hardware_flops,
     )

@@ -279,24 +279,145 @@ def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
 
 @functools.lru_cache(maxsize=256)
 def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
-    """Every operator of one transformer layer, in execution order."""
-    e, tokens, bias, mlp_bias = x.e, x.tokens, model.add_bias_linear, model.add_bias_mlp
+    """Every operator of one dense transformer layer, in execution order (a mixture-of-experts
+    layer: ``inventory.moe.count_moe_layer_ops``)."""
+    ops = attention_block_ops(model, x) + mlp_block_ops(model, x)
+    if x.fp8_linears:
+        ops += (fp8_casts([op for op in ops if op.fp8], x.e),)
+    return ops
+
+
+def _qk_norm(x: LocalShape, heads: int, groups: int, d: int) -> Op:
+    """RMSNorm of each query and key head (Qwen3, OLMo 2; Megatron-LM --qk-layernorm)."""
+    n = x.tokens * (heads + groups) * d
+    return elementwise("qk_norm", OpKind.NORM, "RMSNorm of query and key heads", n, x.e,
+                       flops_per_element=4.0, saved=x.e * n, params=2 * d, dims=(("elements", int(n)), ("dim", d)))
+
+
+def _mla_projections(model: ModelSpec, x: LocalShape) -> list[Op]:
+    """Multi-head latent attention's projections (DeepSeek-V2 section 2.1, Megatron-Core
+    ``MLASelfAttention``): the down projections to the query and key-value latents are
+    replicated on every tensor-parallel rank (``duplicated`` linears), their norms too; the up
+    projections split the heads. The key's rotary part is shared by the heads."""
+    e, tokens, fp8 = x.e, x.tokens, x.fp8_linears
+    qk, rope, v, heads = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim, x.heads
+    hidden_norm = x.b * x.s_norm * x.h
+    ops: list[Op] = []
+    if model.q_lora_rank:
+        r = model.q_lora_rank
+        ops.append(gemm("q_down", "query down projection (MLA)", tokens, x.h, r, e, bias=False, saved=e * hidden_norm, fp8=fp8))
+        ops.append(_latent_norm("q_norm", x, r))
+        ops.append(gemm("q_up", "query up projection (MLA)", tokens, r, heads * (qk + rope), e, bias=False, saved=e * tokens * r, fp8=fp8))
+    else:
+        ops.append(gemm("q_proj", "query projection (MLA)", tokens, x.h, heads * (qk + rope), e, bias=False, saved=e * hidden_norm, fp8=fp8))
+    kv = model.kv_lora_rank
+    ops.append(gemm("kv_down", "key-value down projection (MLA)", tokens, x.h, kv + rope, e, bias=False, saved=0.0, fp8=fp8))
+    ops.append(_latent_norm("kv_norm", x, kv))
+    ops.append(gemm("kv_up", "key-value up projection (MLA)", tokens, kv, heads * (qk + v), e, bias=False, saved=e * tokens * kv, fp8=fp8))
+    rotated = tokens * (heads + 1) * rope
+    ops.append(elementwise("RoPE", OpKind.ELEMENTWISE, "rotary embedding of the rope parts (MLA)", rotated, e,
+                           flops_per_element=3.0, dims=(("l", x.s), ("b", x.b), ("h", heads), ("d_rot", rope))))
+    return ops
+
+
+def _latent_norm(name: str, x: LocalShape, width: int) -> Op:
+    n = x.tokens * width
+    return elementwise(name, OpKind.NORM, "RMSNorm of the latent (MLA)", n, x.e, flops_per_element=4.0,
+                       saved=x.e * n, params=width, dims=(("b", x.b), ("l", x.s), ("dim", width)))
+
+
+def _mla_core(model: ModelSpec, x: LocalShape) -> Op:
+    """Flash attention over MLA's heads: queries and keys of qk_head_dim + qk_pos_emb_head_dim,
+    values of v_head_dim (192 and 128 in DeepSeek-V3)."""
+    d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+    q = x.b * x.s * x.heads
+    kv = x.b * x.s_kv * x.heads
+    flops = 2.0 * x.b * x.heads * x.s * x.s_kv * (d_qk + d_v)
+    traffic = x.e * (q * (d_qk + d_v) + kv * (d_qk + d_v))
+    kept = x.e * (q * d_qk + x.b * x.s * x.heads * (d_qk + d_v))
+    return Op(
+        name="flash_atten",
+        kind=OpKind.ATTENTION,
+        role="attention core (flash, causal; MLA heads)",
+        flops=flops,
+        bytes=traffic,
+        bwd_flops=2.5 * flops,
+        bwd_bytes=2.0 * traffic,
+        saved_bytes=kept + 4.0 * q,
+        selective_recompute=True,
+        selective_kept_bytes=kept,
+        exec_fraction=0.5,
+        dims=(("b", x.b), ("h", x.heads), ("l", x.s), ("l_kv", x.s_kv), ("d", d_qk)),
+    )
+
+
+def attention_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """The input norm, the attention and its residual add, in execution order."""
+    e, tokens, bias = x.e, x.tokens, model.add_bias_linear
     hidden_norm = x.b * x.s_norm * x.h  # what norms, dropout and residual adds touch
     qkv_out = (x.heads + 2 * x.groups) * x.d
     ops: list[Op] = [norm(model, x, "input norm")]
     fp8 = x.fp8_linears
+    if model.multi_latent_attention:
+        ops += _mla_projections(model, x)
+        ops.append(_mla_core(model, x))
+        out_width = x.heads * model.v_head_dim
+    else:
+        ops += _mha_projections(model, x, qkv_out, hidden_norm)
+        ops.extend(attention_core(model, x))
+        out_width = x.heads * x.d
+    if model.attention == "unfused":
+        # context [b, np, s, hn] -> [s, b, np*hn]: permute(...).contiguous(); its gradient is a view
+        ops.append(
+            _copy(
+                "context_copy",
+                "attention context to [s, b, h] layout",
+                tokens * x.heads * x.d,
+                e,
+                fwd_passes=1.0,
+                bwd_passes=0.0,
+            )
+        )
+    ops.append(
+        gemm(
+            "linear2",
+            "attention output projection",
+            tokens,
+            out_width,
+            x.h,
+            e,
+            bias=bias,
+            saved=e * tokens * out_width,
+            fp8=fp8,
+        )
+    )
+    if bias:
+        # GPT-J's parallel residual adds the attention output to nothing yet: its bias is a
+        # kernel of its own even when fused with dropout
+        alone = not model.bias_dropout_fusion or model.parallel_residual
+        ops.append(_bias("attention output bias", hidden_norm, x.h, e, own_kernel=alone))
+    if model.hidden_dropout > 0:
+        ops.append(_dropout(x, hidden_norm, "attention output dropout", selective=False))
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
+    return tuple(ops)
+
+
+def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm: float) -> list[Op]:
+    e, tokens = x.e, x.tokens
     # Its bias (add_qkv_bias: GPT-2, GPT-NeoX, Qwen2) is applied by the GEMM kernel itself (addmm,
     # Transformer Engine's epilogue): parameters, gradients and optimizer states count it; its
     # FLOPs (one add per output) stay inside the kernel's 2mkn, as in the sampled GPT-NeoX linear1
     # the GPU curves were fitted on.
-    ops.append(
+    ops = [
         gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=model.add_qkv_bias,
-             saved=e * hidden_norm, fp8=fp8)
-    )
+             saved=e * hidden_norm, fp8=x.fp8_linears)
+    ]
     # q, k and v are views of the projection's output; backward joins their gradients (cat)
     ops.append(
         _copy("qkv_split", "split of the QKV output (gradient: cat)", tokens * qkv_out, e, fwd_passes=0.0, bwd_passes=1.0)
     )
+    if model.qk_layernorm:
+        ops.append(_qk_norm(x, x.heads, x.groups, x.d))
     if model.position_embedding == "rotary":
         rotated = tokens * (x.heads + x.groups) * x.d * model.rotary_percent
         ops.append(
@@ -332,40 +453,14 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
                     bwd_passes=3.5,
                 )
             )
-    ops.extend(attention_core(model, x))
-    if model.attention == "unfused":
-        # context [b, np, s, hn] -> [s, b, np*hn]: permute(...).contiguous(); its gradient is a view
-        ops.append(
-            _copy(
-                "context_copy",
-                "attention context to [s, b, h] layout",
-                tokens * x.heads * x.d,
-                e,
-                fwd_passes=1.0,
-                bwd_passes=0.0,
-            )
-        )
-    ops.append(
-        gemm(
-            "linear2",
-            "attention output projection",
-            tokens,
-            x.heads * x.d,
-            x.h,
-            e,
-            bias=bias,
-            saved=e * tokens * x.heads * x.d,
-            fp8=fp8,
-        )
-    )
-    if bias:
-        # GPT-J's parallel residual adds the attention output to nothing yet: its bias is a
-        # kernel of its own even when fused with dropout
-        alone = not model.bias_dropout_fusion or model.parallel_residual
-        ops.append(_bias("attention output bias", hidden_norm, x.h, e, own_kernel=alone))
-    if model.hidden_dropout > 0:
-        ops.append(_dropout(x, hidden_norm, "attention output dropout", selective=False))
-    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
+    return ops
+
+
+def mlp_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """The pre-MLP norm, the dense MLP and its residual add, in execution order."""
+    e, tokens, mlp_bias, fp8 = x.e, x.tokens, model.add_bias_mlp, x.fp8_linears
+    hidden_norm = x.b * x.s_norm * x.h
+    ops: list[Op] = []
     ops.append(norm(model, x, "pre-MLP norm"))
     swiglu = model.activation == "swiglu"
     up_width = x.ffn * (2 if swiglu else 1)
@@ -408,13 +503,14 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "MLP output dropout", selective=False))
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
-    if fp8:
-        ops.append(fp8_casts([op for op in ops if op.fp8], e))
     return tuple(ops)
 
 
-def count_layer_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -> tuple[Collective, ...]:
-    """Tensor- and context-parallel communication of one layer.
+def count_layer_collectives(
+    model: ModelSpec, plan: ParallelPlan, x: LocalShape, *, dense_mlp: bool = True
+) -> tuple[Collective, ...]:
+    """Tensor- and context-parallel communication of one layer (``dense_mlp=False``: of its
+    attention alone, as in a MoE layer whose experts communicate over their own groups).
 
     Without sequence parallelism Megatron's f/g operators all-reduce the [s, b, h] activation
     twice forward and twice backward (GPT-NeoX's parallel residual reduces attention and MLP
@@ -424,10 +520,11 @@ def count_layer_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape)
     out: list[Collective] = []
     if plan.tp > 1:
         size = x.e * x.tokens * x.h
-        fwd_reductions = 1 if model.parallel_residual else 2
+        halves = 2 if dense_mlp else 1
+        fwd_reductions = 1 if model.parallel_residual else halves
         if plan.sequence_parallel:
             out += [
-                Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, size, Phase.FWD, 2),
+                Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, size, Phase.FWD, halves),
                 Collective(
                     "tp_reducescatter",
                     CollectiveKind.REDUCE_SCATTER,
@@ -450,7 +547,7 @@ def count_layer_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape)
                     ParallelDim.TP,
                     size,
                     Phase.BWD_INPUT,
-                    2,
+                    halves,
                 ),
             ]
         else:
@@ -459,7 +556,7 @@ def count_layer_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape)
                     "tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.FWD, fwd_reductions
                 ),
                 Collective(
-                    "tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.BWD_INPUT, 2
+                    "tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, size, Phase.BWD_INPUT, halves
                 ),
             ]
     if plan.partition_activations and plan.tp > 1 and not plan.sequence_parallel:

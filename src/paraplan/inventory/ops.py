@@ -53,6 +53,12 @@ class Op:
     # False for work a layer carries that recomputing the layer does not redo (gradient
     # accumulation, once-per-iteration FP8 weight casts, FSDP's buffer copies)
     recomputable: bool = True
+    # the experts' weights of a mixture-of-experts layer: split over expert parallelism and
+    # reduced (and sharded by the distributed optimizer) over the expert data-parallel group
+    expert: bool = False
+    # kernels of equal size the work is issued as (the local experts' GEMMs one by one,
+    # without a grouped GEMM): each pays its own ramp-up and launch
+    launches: int = 1
 
     @property
     def kept_under_selective(self) -> float:
@@ -79,9 +85,8 @@ class CollectiveKind(str, Enum):
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     SEND_RECV = "send_recv"
-    # Not emitted by the inventory yet (expert-parallel dispatch, parameter broadcasts); the
-    # collective sampler measures them and the cost model times them.
-    ALL_TO_ALL = "all_to_all"
+    ALL_TO_ALL = "all_to_all"  # expert-parallel token dispatch and combine
+    # not emitted by the inventory (parameter broadcasts); the collective sampler measures it
     BROADCAST = "broadcast"
 
 
@@ -91,6 +96,9 @@ class ParallelDim(str, Enum):
     DP = "dp"  # the gradient group; with hybrid sharding, the group ZeRO shards over
     PP = "pp"
     DP_REPLICATE = "dp_replicate"  # hybrid sharding: the replicas of one shard (HSDP)
+    EP = "ep"  # expert parallelism: the all-to-all of token dispatch and combine
+    ETP = "etp"  # expert tensor parallelism: one expert's MLP split over ranks
+    EDP = "edp"  # expert data parallelism: the ranks holding the same experts
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,3 +15,22 @@ def count_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, .
         return plan.layers_per_stage
     base, extra = divmod(model.num_layers, plan.pp)
     return tuple(base + (1 if i < extra else 0) for i in range(plan.pp))
+
+
+def count_moe_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
+    """How many of each stage's layers are mixtures of experts (``ModelSpec.moe_layers``).
+
+    Stage i holds consecutive layers; interleaved (vpp > 1), it holds model chunk i, i + pp,
+    i + 2 pp, ... of pp x vpp equal chunks, as Megatron-LM assigns them."""
+    moe = model.moe_layers
+    if not any(moe):
+        return (0,) * plan.pp
+    split = count_layers_per_stage(model, plan)
+    if plan.vpp > 1 and plan.layers_per_stage is None:
+        size = model.num_layers // (plan.pp * plan.vpp)
+        return tuple(
+            sum(sum(moe[(c * plan.pp + i) * size:(c * plan.pp + i + 1) * size]) for c in range(plan.vpp))
+            for i in range(plan.pp)
+        )
+    starts = [sum(split[:i]) for i in range(plan.pp)]
+    return tuple(sum(moe[a:a + n]) for a, n in zip(starts, split, strict=True))

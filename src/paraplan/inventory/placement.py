@@ -27,8 +27,15 @@ class GroupLayout:
 
 
 def _stride(dim: ParallelDim, plan: ParallelPlan) -> int:
-    if dim is ParallelDim.TP:
+    """Megatron-Core orders a stage's ranks tp-cp-dp for attention and, folding the expert
+    groups into the same ranks, etp-ep-edp for the experts (``expert_tensor_model_pipeline``
+    order ``tp-ep-dp-pp``): expert parallelism stays within a node first."""
+    if dim is ParallelDim.TP or dim is ParallelDim.ETP:
         return 1
+    if dim is ParallelDim.EP:
+        return plan.etp
+    if dim is ParallelDim.EDP:
+        return plan.etp * plan.ep
     if dim is ParallelDim.CP or dim is ParallelDim.DP:
         return plan.tp
     if dim is ParallelDim.DP_REPLICATE:
@@ -42,7 +49,8 @@ def _size(dim: ParallelDim, plan: ParallelPlan) -> int:
     With hybrid sharding (``data_parallel_shard_degree``) it is the shard group, and the
     replicas of each shard form the DP_REPLICATE group."""
     sizes = {ParallelDim.TP: plan.tp, ParallelDim.CP: plan.cp, ParallelDim.DP: plan.zero_shards,
-             ParallelDim.PP: plan.pp, ParallelDim.DP_REPLICATE: plan.grad_group // plan.zero_shards}
+             ParallelDim.PP: plan.pp, ParallelDim.DP_REPLICATE: plan.grad_group // plan.zero_shards,
+             ParallelDim.EP: plan.ep, ParallelDim.ETP: plan.etp, ParallelDim.EDP: plan.edp}
     return sizes[dim]
 
 

@@ -33,6 +33,15 @@ class LocalShape:
     tp: int
     e: int
     fp8_linears: bool = False
+    # mixture of experts on this rank: ``experts`` local experts of ``moe_ffn`` width each
+    # (1/etp of it), ``routed`` token copies they process (the busiest rank's), ``shared_ffn``
+    # the shared experts' width (1/tp of it), ``topk`` experts per token, ``num_experts`` all
+    experts: int = 0
+    moe_ffn: int = 0
+    routed: int = 0
+    shared_ffn: int = 0
+    topk: int = 0
+    num_experts: int = 0
 
     @property
     def tokens(self) -> int:
@@ -41,20 +50,43 @@ class LocalShape:
 
 def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> LocalShape:
     return shard_shape(
-        model, plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, precision
+        model, plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, precision,
+        ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance,
     )
 
 
 def shard_shape(
-    model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision
+    model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
+    *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0,
 ) -> LocalShape:
-    """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model)."""
+    """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
+
+    Experts: the tokens a rank's MoE layer takes in are its own (b x s/cp, /tp under sequence
+    parallelism); the ETP x EP ranks of an expert group each send theirs to the experts' owners,
+    so a rank's ``experts = E/ep`` experts receive tokens x topk x etp copies on average (the
+    etp ranks of an expert all see its tokens), times the load imbalance, capped by the capacity
+    factor when tokens over it are dropped."""
     s = model.seq_length // cp
+    s_norm = s // tp if sequence_parallel else s
+    moe: dict[str, int] = {}
+    if model.num_moe_experts is not None:
+        etp = etp or tp
+        load = imbalance
+        if model.moe_expert_capacity_factor is not None:
+            load = min(load, model.moe_expert_capacity_factor)
+        moe = {
+            "experts": model.num_moe_experts // ep,
+            "moe_ffn": model.moe_ffn_hidden_size // etp,
+            "routed": round(micro_batch * s_norm * model.moe_router_topk * etp * load),
+            "shared_ffn": (model.moe_shared_expert_intermediate_size or 0) // tp,
+            "topk": model.moe_router_topk,
+            "num_experts": model.num_moe_experts,
+        }
     return LocalShape(
         b=micro_batch,
         s=s,
         s_kv=model.seq_length,
-        s_norm=s // tp if sequence_parallel else s,
+        s_norm=s_norm,
         h=model.hidden_size,
         heads=model.num_attention_heads // tp,
         groups=max(1, model.num_query_groups // tp),
@@ -64,4 +96,5 @@ def shard_shape(
         tp=tp,
         e=_ACTIVATION_BYTES[precision],
         fp8_linears=precision is Precision.FP8,
+        **moe,
     )

@@ -17,6 +17,7 @@ from paraplan.prediction.stages import (
     LayerCost,
     explain_layer,
     exposed_beside,
+    layer_costs,
     ops_seconds,
     stage_timing,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "assemble_prediction",
     "explain_layer",
     "exposed_beside",
+    "layer_costs",
     "ops_seconds",
     "predict",
     "stage_sends_s",

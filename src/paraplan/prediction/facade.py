@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, link_gaps
+from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, expert_gaps, link_gaps
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.offload import offload_notes
@@ -21,9 +21,9 @@ from paraplan.prediction.result import (
     StageTiming,
 )
 from paraplan.prediction.sanity import check_iteration, check_possible
-from paraplan.prediction.stages import CommCosts, LayerCost, explain_layer, stage_timing
-from paraplan.schedule import simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
-from paraplan.specs import Job, Schedule
+from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
+from paraplan.schedule import placement, simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
+from paraplan.specs import Job
 
 
 def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
@@ -34,11 +34,12 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     if prepare is not None:  # batched backends estimate the whole job's operators at once
         prepare(inv)
     comm = CommCosts(inv, cm)
-    layer = LayerCost.of(inv.stages[0], cm, comm)
-    timings = tuple(stage_timing(inv, st, cm, comm, layer) for st in inv.stages)
-    crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layer=layer)
+    layers = layer_costs(inv, cm, comm)
+    timings = tuple(stage_timing(inv, st, cm, comm, layers) for st in inv.stages)
+    crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layers=layers)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
     gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
+    gaps += expert_gaps(job)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )
@@ -46,7 +47,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
 
 def all_ops(inv: JobInventory) -> list[Op]:
     """Every distinct operator the job runs (each stage's layer, ends and optimizer)."""
-    ops = {id(op): op for st in inv.stages for op in (*st.layer_ops, *st.end_ops, st.optimizer)}
+    ops = {id(op): op for st in inv.stages for op in (*(o for b in st.blocks for o in b.ops), *st.end_ops, st.optimizer)}
     return list(ops.values())
 
 
@@ -78,7 +79,7 @@ def assemble_prediction(
     else:
         pipe = simulate_pipeline(
             fwd, bwd, p2p, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_timeline, fwd_extra_s=mask,
-            overlap_p2p=plan.overlap_p2p_comm,
+            overlap_p2p=plan.overlap_p2p_comm, wgrad_s=[t.wgrad_mb_s for t in timings],
         )
     drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
     crit = max(range(plan.pp), key=drain.__getitem__)
@@ -118,6 +119,7 @@ def assemble_prediction(
         stages=timings,
         memory=memory,
         params_total=inv.params_total,
+        params_active=inv.params_active,
         model_flops_per_iteration=inv.model_flops_per_iteration,
         pipeline=pipe if keep_timeline else None,
         placement=placement,
@@ -139,6 +141,8 @@ def stage_sends_s(job: Job, stage: int, p2p_s: float, mask_s: float = 0.0) -> fl
     if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
         return transfer_s(stage, plan.pp, m, p2p_s, mask_s)
     # each of the stage's v chunks sends forward and backward, except out of the model's ends
-    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-    forward_sends = m * v - (m if stage == plan.pp - 1 else 0)
-    return (p2p_s + mask_s) * forward_sends + p2p_s * (m * v - (m if stage == 0 else 0))
+    # and between two chunks of the same stage (ZB-V's turn on the last stage)
+    where_is = placement(plan.schedule, plan.pp, plan.schedule.chunks(plan.vpp))
+    forward_sends = m * sum(where_is[s + 1][0] != i for s, (i, _) in enumerate(where_is[:-1]) if i == stage)
+    backward_sends = m * sum(where_is[s - 1][0] != i for s, (i, _) in enumerate(where_is) if s > 0 and i == stage)
+    return (p2p_s + mask_s) * forward_sends + p2p_s * backward_sends

@@ -20,12 +20,12 @@ from paraplan.costmodel import AnalyticalCostModel, calibration_gaps, link_gaps
 from paraplan.inventory import count_job
 from paraplan.prediction import (
     CommCosts,
-    LayerCost,
     Placement,
     Prediction,
     all_ops,
     assemble_prediction,
     explain_layer,
+    layer_costs,
     stage_timing,
 )
 from paraplan.specs import HeteroJob
@@ -62,7 +62,7 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
         if key not in costs:
             cm = AnalyticalCostModel(job.cluster.view(g, crossing), job.precision)
             comm = CommCosts(inv, cm)
-            costs[key] = {"cm": cm, "comm": comm, "layer": LayerCost.of(inv.stages[0], cm, comm)}
+            costs[key] = {"cm": cm, "comm": comm, "layers": layer_costs(inv, cm, comm)}
         return costs[key]
 
     crosses = [len(gs) > 1 or (s + 1 < pp and stage_groups[s + 1] != gs) for s, gs in enumerate(stage_groups)]

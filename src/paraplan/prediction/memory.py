@@ -16,6 +16,7 @@ from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.offload import count_offload
+from paraplan.schedule import peak_in_flight
 from paraplan.specs import Recompute, Schedule
 
 # CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
@@ -50,6 +51,13 @@ def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
         v = plan.vpp
         chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         return chunks / v
+    if plan.schedule.splits_backward and p > 1:
+        # counted on the schedule's order (``schedule.peak_in_flight``): ZB-H1 holds
+        # min(p, m) on every stage (stage i defers i W passes, each keeping its micro-batch's
+        # activations: an upper bound, the W pass needs only its GEMMs' inputs), the same
+        # peak as 1F1B's stage 0; ZB-V min(2p, m + min(m, i + 1)) half-stage chunks, at most
+        # p micro-batches, also 1F1B's peak (Qi et al. 2023, Sections 2.1 and 6)
+        return peak_in_flight(plan.schedule, stage, p, m, plan.schedule.chunks(plan.vpp))
     return float(min(p - stage, m))
 
 
@@ -57,15 +65,19 @@ def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[f
     """(bytes held per micro-batch in flight, extra working bytes for the one being processed):
     the layers keep what the recompute policy keeps (``inventory.recompute``); the ends keep
     what they save while their micro-batch is processed."""
-    rc = recompute_cost(inv.job.parallel, st.layer_ops, inv.shape, st.num_layers)
+    held = working = 0.0
+    for block in st.blocks:
+        rc = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers)
+        held += rc.held_bytes
+        working = max(working, rc.working_bytes)
     end_saved = sum(op.saved_bytes for op in st.end_ops)
-    return rc.held_bytes, rc.working_bytes + end_saved
+    return held, working + end_saved
 
 
 def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     plan = inv.job.parallel
-    dp, zero = plan.zero_shards, plan.zero_stage
-    params = st.params
+    dp, zero, edp = plan.zero_shards, plan.zero_stage, plan.edp
+    params, experts = st.params, st.expert_params
     held, working = activations_per_microbatch(inv, st)
     flight = in_flight_microbatches(inv, st.index)
     if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
@@ -77,18 +89,26 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each): of the
     # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards), plus the layer being
     # gathered and used
-    per_layer = 2.0 * fp8_weight_params(st.layer_ops)
-    fp8_copies = per_layer * (st.num_layers / dp + 1 if zero >= 3 else st.num_layers)
-    weights = params * inv.param_bytes / (dp if zero >= 3 else 1)
-    optimizer = params * adam_state_bytes(inv.job.precision) / (dp if zero >= 1 else 1)
-    activations = held * flight + working
+    fp8_copies = 0.0
+    for block in st.blocks:
+        per_layer = 2.0 * fp8_weight_params(block.ops)
+        fp8_copies += per_layer * (block.num_layers / dp + 1 if zero >= 3 else block.num_layers)
+
+    def sharded(bytes_per_param: float, from_stage: int) -> float:
+        """The stage's weights at ``bytes_per_param``, sharded over the data-parallel ranks
+        (the experts' over the expert data-parallel ranks) from ZeRO stage ``from_stage``."""
+        if zero < from_stage:
+            return (params + experts) * bytes_per_param
+        return (params / dp + experts / edp) * bytes_per_param
+
+    weights, optimizer = sharded(inv.param_bytes, 3), sharded(adam_state_bytes(inv.job.precision), 1)
     off = count_offload(inv, st, weights, optimizer, held * flight)  # what offload moves off the GPU
     return StageMemory(
         stage=st.index,
         weights=weights - off.weights + fp8_copies,
-        gradients=params * inv.grad_bytes / (dp if zero >= 2 else 1),
+        gradients=sharded(inv.grad_bytes, 2),
         optimizer_states=optimizer - off.optimizer_states,
-        activations=activations - off.activations,
+        activations=held * flight + working - off.activations,
         buffers=RUNTIME_RESERVE_BYTES,
         in_flight_microbatches=flight,
         host=off.on_host(inv.job),

@@ -86,6 +86,15 @@ class OffloadBytes:
         )
 
 
+def _shard(inv: JobInventory, st: StageInventory) -> float:
+    """Parameters of ``st`` one GPU updates: under ZeRO its shard (the experts' over the expert
+    data-parallel ranks), all of them without it (as the inventory's optimizer step)."""
+    p = inv.job.parallel
+    if p.zero_stage >= 1:
+        return st.params / p.zero_shards + st.expert_params / p.edp
+    return st.params + st.expert_params
+
+
 def count_offload(inv: JobInventory, st: StageInventory, weights: float, optimizer_states: float,
                   held_activations: float) -> OffloadBytes:
     """What leaves one GPU of stage ``st``: its optimizer states (``optimizer_states`` bytes on
@@ -93,7 +102,7 @@ def count_offload(inv: JobInventory, st: StageInventory, weights: float, optimiz
     (the bytes all in-flight micro-batches hold) the share of the offloaded layers."""
     p = inv.job.parallel
     opt = p.offload_optimizer != "none"
-    shard = st.params / (p.zero_shards if p.zero_stage >= 1 else 1)
+    shard = _shard(inv, st)
     layers = (p.cpu_offloading_num_layers or 0) if p.cpu_offloading else 0
     return OffloadBytes(
         optimizer_states=optimizer_states if opt else 0.0,
@@ -111,12 +120,6 @@ class OffloadTime:
     forward_mb_s: float
     backward_mb_s: float
     optimizer_s: float | None  # None: the GPU's own optimizer step stands
-
-
-def _shard(inv: JobInventory, st: StageInventory) -> float:
-    """Parameters of ``st`` one GPU owns under ZeRO (all of them without it)."""
-    p = inv.job.parallel
-    return st.params / (p.zero_shards if p.zero_stage >= 1 else 1)
 
 
 def gradient_copy_s(inv: JobInventory, st: StageInventory) -> float:

@@ -49,6 +49,9 @@ class StageTiming:
     exposed_dp_s: float
     optimizer_s: float
     p2p_mask_s: float = 0.0  # what a forward send carries besides the activation
+    # the weight-gradient operators' share of backward_mb_s (the W pass of a zero-bubble
+    # schedule; everything else of the backward, collectives and recompute included, is B)
+    wgrad_mb_s: float = 0.0
     offload_mb_s: float = 0.0  # host copies offload leaves exposed, included in forward/backward_mb_s
 
     @property
@@ -126,6 +129,7 @@ class Prediction:
     placement: Placement | None = None
     # kernels timed with generic guesses, not curves measured on the GPU (one note each)
     uncalibrated: tuple[str, ...] = ()
+    params_active: float = 0.0  # a mixture of experts': those one token is computed with
     _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -232,6 +236,7 @@ class Prediction:
             "hfu": self.hfu,
             "bubble_fraction": self.bubble_fraction,
             "params_total": self.params_total,
+            "params_active": self.params_active,
             "model_flops_per_iteration": self.model_flops_per_iteration,
             "breakdown": asdict(self.breakdown),
             "memory": {

@@ -12,6 +12,7 @@ from paraplan.costmodel import CostModel
 from paraplan.inventory import (
     Collective,
     JobInventory,
+    LayerBlock,
     Op,
     OpKind,
     ParallelDim,
@@ -27,6 +28,7 @@ from paraplan.specs import Phase
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 _ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
+_EXPERT_DIMS = (ParallelDim.EP, ParallelDim.ETP)
 
 
 def ops_seconds(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> float:
@@ -44,6 +46,7 @@ class LayerCost:
     bwd_total: float
     comm_fwd: float  # the layer's TP/CP collectives
     comm_bwd: float
+    wgrad_total: float = 0.0  # the weight-gradient operators' part of bwd_total
 
     def recompute_s(self, rc: RecomputeCost) -> float:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
@@ -51,12 +54,13 @@ class LayerCost:
         return sum(w * t for w, t in zip(rc.op_weights, self.fwd, strict=True)) + rc.comm_weight * self.comm_fwd
 
     @classmethod
-    def of(cls, st: StageInventory, cm: CostModel, comm: CommCosts) -> LayerCost:
-        ops = st.layer_ops
+    def of(cls, block: LayerBlock, cm: CostModel, comm: CommCosts) -> LayerCost:
+        ops = block.ops
         fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
         bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
-        tp = tuple(c for c in st.layer_collectives if c.dim is not ParallelDim.CP)
-        cp = tuple(c for c in st.layer_collectives if c.dim is ParallelDim.CP)
+        tp = tuple(c for c in block.collectives if c.dim is ParallelDim.TP)
+        cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
+        ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
         # Context parallelism passes K/V chunks around a ring while attention runs on the
         # chunk already there (TransformerEngine overlaps them): the excess is exposed, and
         # attention slows while the transfers run.
@@ -74,7 +78,42 @@ class LayerCost:
             share = 1.0 / comm.plan.tp
             tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
             tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
-        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f, tp_b + cp_b)
+        ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
+        wgrad = sum(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f + ep_f, tp_b + cp_b + ep_b, wgrad)
+
+
+def _expert_comm(
+    ops: tuple[Op, ...], fwd: tuple[float, ...], bwd: tuple[float, ...], colls: tuple[Collective, ...], comm: CommCosts
+) -> tuple[float, float]:
+    """Exposed seconds of a MoE layer's dispatch and combine (forward, backward). Without an
+    overlap they hold the layer up (the experts wait for their tokens). Megatron-Core's
+    --moe-shared-expert-overlap runs the shared experts beside them; its
+    --overlap-moe-expert-parallel-comm (DeepSeek-V3's DualPipe idea, section 3.2.1) runs one
+    micro-batch's all-to-alls beside another micro-batch's computation, the whole layer's."""
+    if not colls:
+        return 0.0, 0.0
+    f, b = comm.total(colls, (Phase.FWD,)), comm.total(colls, BACKWARD)
+    plan = comm.plan
+    if plan.overlap_moe_expert_parallel_comm:
+        beside_f, beside_b = sum(fwd), sum(bwd)
+    elif plan.moe_shared_expert_overlap:
+        shared = [op.role.startswith("shared experts") for op in ops]
+        beside_f = sum(t for s, t in zip(shared, fwd, strict=True) if s)
+        beside_b = sum(t for s, t in zip(shared, bwd, strict=True) if s)
+    else:
+        return f, b
+    return exposed_beside(beside_f, f, 0.0, comm.slowdown), exposed_beside(beside_b, b, 0.0, comm.slowdown)
+
+
+def layer_costs(inv: JobInventory, cm: CostModel, comm: CommCosts) -> dict[bool, LayerCost]:
+    """Each kind of layer's cost (dense, mixture of experts), costed once for every stage."""
+    out: dict[bool, LayerCost] = {}
+    for st in inv.stages:
+        for block in st.blocks:
+            if block.moe not in out:
+                out[block.moe] = LayerCost.of(block, cm, comm)
+    return out
 
 
 def exposed_beside(compute_s: float, comm_s: float, exposed_share: float, slowdown: float) -> float:
@@ -106,19 +145,27 @@ class CommCosts:
 
 
 def stage_timing(
-    inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layer: LayerCost
+    inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layers: dict[bool, LayerCost]
 ) -> StageTiming:
     """One stage's seconds per micro-batch and once per iteration (the parts the pipeline
     schedule, the DP overlap and the optimizer step are built from). The plan search costs
     stages with it too (``search.screen``, ``search.hetero``)."""
     plan = inv.job.parallel
     n = st.num_layers
-    layer_f, layer_b = layer.fwd_total, layer.bwd_total
-    tp_f = n * layer.comm_fwd + comm.total(st.end_collectives, (Phase.FWD,))
-    tp_b = n * layer.comm_bwd + comm.total(st.end_collectives, BACKWARD)
-    recompute = n * layer.recompute_s(recompute_cost(plan, st.layer_ops, inv.shape, n))
-    forward = n * layer_f + ops_seconds(cm, st.end_ops, (Phase.FWD,))
-    backward = n * layer_b + ops_seconds(cm, st.end_ops, BACKWARD)
+    tp_f = comm.total(st.end_collectives, (Phase.FWD,))
+    tp_b = comm.total(st.end_collectives, BACKWARD)
+    forward = ops_seconds(cm, st.end_ops, (Phase.FWD,))
+    backward = ops_seconds(cm, st.end_ops, BACKWARD)
+    wgrad = ops_seconds(cm, st.end_ops, (Phase.BWD_WEIGHT,))
+    recompute = 0.0
+    for block in st.blocks:
+        k, layer = block.num_layers, layers[block.moe]
+        tp_f += k * layer.comm_fwd
+        tp_b += k * layer.comm_bwd
+        recompute += k * layer.recompute_s(recompute_cost(plan, block.ops, inv.shape, k))
+        forward += k * layer.fwd_total
+        backward += k * layer.bwd_total
+        wgrad += k * layer.wgrad_total
     slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
     if st.per_microbatch_dp:
         dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
@@ -163,6 +210,7 @@ def stage_timing(
         exposed_dp_s=exposed,
         optimizer_s=optimizer_s,
         p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
+        wgrad_mb_s=wgrad,
         offload_mb_s=offload_mb,
     )
 
@@ -172,11 +220,16 @@ def _source(cm: CostModel, op: Op) -> str:
     return fwd if fwd == bwd or (op.bwd_flops == 0 and op.bwd_bytes == 0) else f"fwd: {fwd}; bwd: {bwd}"
 
 
-def explain_layer(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layer: LayerCost):
-    """The operators and collectives of one layer of stage ``st`` with their seconds (``--explain``)."""
-    weights = recompute_cost(inv.job.parallel, st.layer_ops, inv.shape, st.num_layers).op_weights
+def explain_layer(
+    inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layers: dict[bool, LayerCost]
+):
+    """The operators and collectives of one layer of stage ``st`` with their seconds
+    (``--explain``): of its mixture-of-experts layers when it has any."""
+    block = st.blocks[-1]
+    layer = layers[block.moe]
+    weights = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers).op_weights
     ops = []
-    for op, fwd, bwd, again in zip(st.layer_ops, layer.fwd, layer.bwd, weights, strict=True):
+    for op, fwd, bwd, again in zip(block.ops, layer.fwd, layer.bwd, weights, strict=True):
         ops.append(
             OpEstimate(
                 name=op.name,
@@ -193,7 +246,7 @@ def explain_layer(inv: JobInventory, st: StageInventory, *, cm: CostModel, comm:
             )
         )
     colls = []
-    for c in st.layer_collectives:
+    for c in block.collectives:
         layout = comm.pair if c.dim is ParallelDim.PP else comm.layouts[c.dim]
         colls.append(
             CollectiveEstimate(

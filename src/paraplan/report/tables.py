@@ -53,6 +53,8 @@ def render_prediction(pred: Prediction) -> Group:
         summary.add_row("HFU (with recompute)", _pct(pred.hfu))
     summary.add_row("pipeline bubble", _pct(pred.bubble_fraction))
     summary.add_row("parameters", format_count(pred.params_total))
+    if pred.job.model.is_moe:
+        summary.add_row("active parameters", format_count(pred.params_active))
     summary.add_row("backend", pred.backend)
 
     parts = Table(title="Where one iteration goes (critical path)", title_justify="left")
@@ -63,7 +65,8 @@ def render_prediction(pred: Prediction) -> Group:
         ("forward compute", pred.breakdown.forward_compute_s),
         ("backward compute", pred.breakdown.backward_compute_s),
         ("recompute", pred.breakdown.recompute_s),
-        ("TP communication", pred.breakdown.tp_communication_s),
+        ("TP / EP communication" if pred.job.model.is_moe else "TP communication",
+         pred.breakdown.tp_communication_s),
         ("pipeline p2p", pred.breakdown.pipeline_p2p_s),
         ("pipeline bubble", pred.breakdown.pipeline_bubble_s),
         ("exposed DP / ZeRO communication", pred.breakdown.dp_communication_s),

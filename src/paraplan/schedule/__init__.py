@@ -1,6 +1,7 @@
 """Stage times -> pipeline schedule -> iteration timeline."""
 
 from paraplan.schedule.deepspeed import simulate_deepspeed_pipeline, transfer_s
+from paraplan.schedule.orders import peak_in_flight, placement
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.schedule.pipeline import PipelineResult, Task, simulate_pipeline
 
@@ -8,6 +9,8 @@ __all__ = [
     "PipelineResult",
     "Task",
     "overlapped_s",
+    "peak_in_flight",
+    "placement",
     "sharded_pass_s",
     "simulate_deepspeed_pipeline",
     "simulate_pipeline",

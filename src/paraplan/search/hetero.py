@@ -15,7 +15,6 @@ and ranked by the exact numbers.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -28,9 +27,10 @@ from pydantic import ValidationError
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
 from paraplan.inventory.partition import count_layers_per_stage
-from paraplan.prediction import CommCosts, LayerCost, Prediction, stage_timing
+from paraplan.prediction import CommCosts, Prediction, stage_timing
 from paraplan.prediction.hetero import predict_hetero
 from paraplan.prediction.memory import estimate_stage_memory
+from paraplan.prediction.stages import layer_costs as cost_layers
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.search.space import SearchSpace, rejection_reason, runs_as_zero, sp_axis
 from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision
@@ -78,7 +78,6 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
     the first and the last differ only in memory (micro-batches in flight), so their timing is
     costed once."""
     inv = count_job(job.view_job(0))
-    layer_params = sum(op.params for op in inv.stages[0].layer_ops)
     pp = len(inv.stages)
     classes = sorted({0, min(1, pp - 1), pp - 1})
     pick = [0] + [min(1, pp - 1)] * (pp - 2) + [pp - 1] if pp > 1 else [0]
@@ -97,7 +96,7 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
             p, st0 = job.parallel, inv.stages[0]
             shape = (g, crossing, st0.layer_ops, st0.layer_collectives, p.tp, p.cp, p.tp_comm_overlap)
             if layer_costs is None or shape not in layer_costs:
-                layer = LayerCost.of(inv.stages[0], cm, comm)
+                layer = cost_layers(inv, cm, comm)
                 if layer_costs is not None:
                     layer_costs[shape] = layer
             else:
@@ -105,8 +104,8 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
             rows, per_iter = {}, {}
             for c in classes:
                 st = inv.stages[c]
-                one = stage_timing(inv, dataclasses.replace(st, num_layers=1), cm, comm, layer).busy_mb_s
-                two = stage_timing(inv, dataclasses.replace(st, num_layers=2), cm, comm, layer).busy_mb_s
+                one = stage_timing(inv, st.with_layers(1), cm, comm, layer).busy_mb_s
+                two = stage_timing(inv, st.with_layers(2), cm, comm, layer).busy_mb_s
                 full = stage_timing(inv, st, cm, comm, layer)
                 rows[c] = (one, two - one)
                 per_iter[c] = full.exposed_dp_s + full.optimizer_s
@@ -119,14 +118,10 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
             )
     mem = []
     for st in inv.stages:
-        m1 = estimate_stage_memory(inv, _with_layers(st, 1, layer_params)).total
-        m2 = estimate_stage_memory(inv, _with_layers(st, 2, layer_params)).total
+        m1 = estimate_stage_memory(inv, st.with_layers(1)).total
+        m2 = estimate_stage_memory(inv, st.with_layers(2)).total
         mem.append((m1, m2 - m1))
     return time_lines, once, p2p, np.array(mem)
-
-
-def _with_layers(st, k: int, layer_params: float):
-    return dataclasses.replace(st, num_layers=k, params=st.params + (k - st.num_layers) * layer_params)
 
 
 def plan_candidates(

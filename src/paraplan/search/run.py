@@ -176,7 +176,7 @@ def search_plans(
                               progress, shortlist, shortlist_within, pareto)
     if budget_usd is not None and cluster.price_per_gpu_hour is None:
         raise ConfigError("budget: the cluster has no price_per_gpu_hour")
-    if screen and screenable(space):
+    if screen and screenable(space, model):
         return _screened_search(model, cluster, global_batch_size, precision, space, objective, limits,
                                 progress, shortlist, shortlist_within, pareto)
     cands = enumerate_plans(model, cluster, global_batch_size, precision, space, train_tokens)

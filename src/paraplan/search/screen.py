@@ -71,13 +71,17 @@ from paraplan.specs import (
 SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule"})
 
 _RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE)
+_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_V)
 _FIRST, _MID, _LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
 
 
-def screenable(space: SearchSpace) -> bool:
+def screenable(space: SearchSpace, model: ModelSpec | None = None) -> bool:
     """Whether the vectorised screen models every axis of ``space`` (the recompute policies
-    it tabulates are Megatron-LM's; torchtitan's layer and op policies take the exact path)."""
+    it tabulates are Megatron-LM's; torchtitan's layer and op policies take the exact path)
+    and every layer of ``model`` alike (dense and mixture-of-experts layers mixed, as in
+    DeepSeek-V3, take the exact path)."""
+    if model is not None and len(set(model.moe_layers)) > 1:
+        return False
     return set(space.extra) <= SCREENABLE_EXTRA and set(space.recompute) <= set(_RECOMPUTE)
 
 
@@ -230,10 +234,11 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         job = inv.job
         st, x, plan = inv.stages[0], inv.shape, job.parallel
         comm = CommCosts(inv, cm)
-        layer = LayerCost.of(st, cm, comm)
+        layer = LayerCost.of(st.blocks[0], cm, comm)
         row = {
             "layer_f": layer.fwd_total,
             "layer_b": layer.bwd_total,
+            "layer_w": layer.wgrad_total,
             "comm_f": layer.comm_fwd,
             "comm_b": layer.comm_bwd,
             # one layer's recompute under each policy (inventory.recompute, as the prediction)
@@ -247,13 +252,14 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             colls = count_end_collectives(model, plan, x, first=flags[c][0], last=flags[c][1])
             row[f"end_f{c}"] = ops_seconds(cm, ops, (Phase.FWD,))
             row[f"end_b{c}"] = ops_seconds(cm, ops, BACKWARD)
+            row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,))
             row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
             row[f"endc_b{c}"] = comm.total(colls, BACKWARD)
         for r, policy in enumerate(_RECOMPUTE):
             job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
             inv_r = dataclasses.replace(inv, job=job_r)
             for c, ops in ends.items():
-                held, working = activations_per_microbatch(inv_r, dataclasses.replace(st, num_layers=1, end_ops=ops))
+                held, working = activations_per_microbatch(inv_r, dataclasses.replace(st.with_layers(1), end_ops=ops))
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
                 row[f"work{r}_{c}"] = working
         rows.append(row)
@@ -294,6 +300,8 @@ def screen_plans(
 ) -> Screen:
     """Screen every plan of ``space`` (see the module docstring)."""
     space = space or SearchSpace()
+    if len(set(model.moe_layers)) > 1:
+        raise ConfigError("search: the screen does not model dense and MoE layers mixed")
     if not screenable(space):
         unknown = sorted(set(space.extra) - SCREENABLE_EXTRA) + sorted(
             r.value for r in set(space.recompute) - set(_RECOMPUTE))
@@ -403,7 +411,8 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
     classes = (_FIRST, _MID, _LAST)
     exists = {_FIRST: np.ones(len(pp), dtype=bool), _MID: pp >= 3, _LAST: pp >= 2}
     full, selective = rc == 2, rc == 1
-    gpipe, interleaved = sched == 2, sched == 1
+    gpipe, interleaved, zb_h1, zb_v = sched == 2, sched == 1, sched == 3, sched == 4
+    zero_bubble = bool(zb_h1.any() or zb_v.any())  # costed only when the space has such plans
 
     def ends(name: str, c: int) -> np.ndarray:
         # stage 0 carries both ends when there is one stage
@@ -412,7 +421,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
     layer_f, layer_b, comm_f, comm_b = A["layer_f"][a], A["layer_b"][a], A["comm_f"][a], A["comm_b"][a]
     rc_layer = np.where(full, A["rc_full"][a], np.where(selective, A["rc_selective"][a], 0.0))
     held1 = np.choose(rc, [A["held0"][a], A["held1"][a], A["held2"][a]])
-    f, bw, drain_extra, opt, mem = {}, {}, {}, {}, {}
+    f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
     for c in classes:
         n = B["layers"][b, c]
         tp_f = n * comm_f + ends("endc_f", c)
@@ -439,6 +448,8 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         else:
             exposed = reduce_s + gather_s
         f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
+        if zero_bubble:
+            wg[c] = n * A["layer_w"][a] + ends("end_w", c)
         drain_extra[c], opt[c] = exposed, B["optimizer"][b, c]
         # memory.estimate_stage_memory, with the stage's micro-batches in flight
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(3)])
@@ -449,8 +460,14 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         stage = np.where(c == _LAST, p - 1, float(c))
         chunks = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))
+        # memory.in_flight_microbatches of the zero-bubble schedules (schedule.peak_in_flight)
+        if zero_bubble:
+            flight = np.where(zb_h1, np.minimum(p, m), flight)
+            flight = np.where(zb_v, np.minimum(2 * p, m + np.minimum(m, stage + 1)) / 2, flight)
         mem[c] = B["static"][b, c] + (held * flight + work) + B["buffers"][b, c]
     finish = _finish(f, bw, p2p, m, p, v, gpipe, p2p + p2p_mask)
+    if zero_bubble:
+        _zero_bubble_finish(finish, f, bw, wg, p2p, p2p + p2p_mask, m, p, zb_h1, zb_v)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
         _lockstep_finish(finish, f, bw, p2p, p2p + p2p_mask, pp, m, (sched == 0) & (pp > 1))
     neg = -np.inf
@@ -482,6 +499,32 @@ def _lockstep_finish(finish, f, b, x, xf, pp, m, which) -> None:
         finish[_LAST][sel] = done[p - 1]
         if p > 2:
             finish[_MID][sel] = done[1:p - 1].max(axis=0)
+
+
+def _zero_bubble_finish(finish, f, b, w, x, xf, m, p, zb_h1, zb_v) -> None:
+    """Replace ``finish`` of the zero-bubble plans with closed forms exact for equal stages
+    without sends and m >= p (ZB-H1) or m >= 2p with F = B = W (ZB-V), an estimate otherwise
+    (the search times its shortlist exactly). ZB-H1: m (F + B + W) + (p - 1) max(F + B - W, B)
+    (Qi et al. 2023's (p - 1)(F + B - W) while W <= F; the first stage waits (p - 1) B for its
+    first gradient in any case). ZB-V: m (F + B + W) + (p - 1) max(F, B, F + B - W) / 2, the
+    staggered start of p - 1 half-stage forwards (ibid. Section 6) when the passes are equal.
+    Sends: ZB-H1 as 1F1B; ZB-V two each way on middle stages, one on the two end stages."""
+    mid = p - 2
+    has_mid = mid > 0
+    neg = -np.inf
+    bx = {c: b[c] - w[c] for c in b}
+    one_way = {_FIRST: xf, _MID: xf + x, _LAST: x}  # 1F1B: stage 0 sends no gradient, the last no activation
+    v_way = {_FIRST: xf + x, _MID: 2 * (xf + x), _LAST: xf + x}
+    for sel, sends, share in ((zb_h1, one_way, 1.0), (zb_v, v_way, 0.5)):
+        if not sel.any():
+            continue
+        s = {c: f[c] + b[c] + sends[c] for c in f}
+        s_max = np.maximum(np.maximum(s[_FIRST], s[_LAST]), np.where(has_mid, s[_MID], neg))
+        gap = {c: share * np.maximum(np.maximum(f[c] + bx[c] - w[c], bx[c]), f[c] if share < 1 else bx[c]) for c in f}
+        g_max = np.maximum(np.maximum(gap[_FIRST], gap[_LAST]), np.where(has_mid, gap[_MID], neg))
+        t = m * s_max + (p - 1) * g_max
+        for c in (_FIRST, _MID, _LAST):
+            finish[c] = np.where(sel & (p > 1), t, finish[c])
 
 
 def _finish(f, b, x, m, p, v, gpipe, xf):

@@ -36,6 +36,19 @@ class Schedule(str, Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    # Zero-bubble schedules (Qi et al. 2023, arXiv 2401.10241): the backward split into an
+    # input-gradient pass B and a weight-gradient pass W that fills the bubbles
+    ZB_H1 = "zb-h1"  # 1F1B's memory, W passes delayed (Section 2.1)
+    ZB_V = "zb-v"  # two chunks per stage in a V (Section 6; torchtitan's ZBVZeroBubble)
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the schedule runs B and W as separate tasks."""
+        return self in (Schedule.ZB_H1, Schedule.ZB_V)
+
+    def chunks(self, vpp: int) -> int:
+        """Model chunks per pipeline stage under this schedule."""
+        return vpp if self is Schedule.INTERLEAVED else 2 if self is Schedule.ZB_V else 1
 
 
 class Framework(str, Enum):

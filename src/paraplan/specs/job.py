@@ -64,6 +64,7 @@ class Job(BaseModel):
         _check_divisible("parallel.cp", "seq_length", m.seq_length, p.cp)
         if m.padded_vocab_size is not None:
             _check_divisible("parallel.tp", "padded_vocab_size", m.padded_vocab_size, p.tp)
+        _check_experts(m, p)
         if p.sequence_parallel:
             _check_divisible("parallel.sequence_parallel", "seq_length", m.seq_length, p.tp * p.cp)
         if p.layers_per_stage is not None:
@@ -104,6 +105,42 @@ class Job(BaseModel):
     @property
     def tokens_per_iteration(self) -> int:
         return self.parallel.global_batch_size * self.model.seq_length
+
+
+def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:
+    """Megatron-Core's rules for mixture-of-experts parallelism (``initialize_model_parallel``
+    and ``TransformerConfig``): experts split evenly over EP ranks, each expert's MLP over ETP
+    ranks, and the ETP x EP expert group folds into a stage's tp x cp x dp ranks."""
+    if not m.is_moe:
+        given = {"expert_model_parallel_size": p.ep > 1, "expert_tensor_parallel_size": p.expert_tensor_parallel_size,
+                 "expert_load_imbalance": p.expert_load_imbalance != 1.0,
+                 "moe_shared_expert_overlap": p.moe_shared_expert_overlap,
+                 "overlap_moe_expert_parallel_comm": p.overlap_moe_expert_parallel_comm}
+        for name, value in given.items():
+            if value:
+                raise ValueError(f"parallel.{name}: the model is dense (it has no num_moe_experts)")
+        return
+    _check_divisible("parallel.ep", "num_moe_experts", m.num_moe_experts, p.ep)
+    _check_divisible("parallel.etp", "moe_ffn_hidden_size", m.moe_ffn_hidden_size, p.etp)
+    if m.moe_shared_expert_intermediate_size:
+        _check_divisible("parallel.tp", "moe_shared_expert_intermediate_size",
+                         m.moe_shared_expert_intermediate_size, p.tp)
+    stage = p.tp * p.cp * p.dp
+    if stage % (p.ep * p.etp):
+        raise ValueError(
+            f"parallel.ep: expert_model_parallel_size x expert_tensor_parallel_size = {p.ep} x {p.etp} "
+            f"does not divide the tp x cp x dp = {stage} ranks of a pipeline stage it folds into"
+        )
+    if p.tp > 1 and not p.sequence_parallel:
+        raise ValueError(
+            "parallel.sequence_parallel: Megatron-Core's MoE layers need sequence parallelism "
+            f"with tensor parallelism (tp={p.tp})"
+        )
+    if p.moe_shared_expert_overlap and not m.moe_shared_expert_intermediate_size:
+        raise ValueError(
+            "parallel.moe_shared_expert_overlap: the model has no shared experts "
+            "(moe_shared_expert_intermediate_size)"
+        )
 
 
 def _check_divisible(field: str, what: str, value: int, by: int) -> None:

@@ -54,6 +54,42 @@ class ModelSpec(BaseModel):
     bias_dropout_fusion: Bool = True
     attention_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
     hidden_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
+    # Qwen3's and OLMo 2's RMSNorm of each query and key head (Megatron-LM --qk-layernorm)
+    qk_layernorm: Bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3; Megatron-LM --multi-latent-attention,
+    # --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim):
+    # queries and keys/values pass through low-rank latents; each head's query and key are a
+    # qk_head_dim part without position and a qk_pos_emb_head_dim rotary part shared by the
+    # heads' keys.
+    multi_latent_attention: Bool = False
+    q_lora_rank: Int | None = Field(default=None, ge=1)  # None: queries are not compressed
+    kv_lora_rank: Int | None = Field(default=None, ge=1)
+    qk_head_dim: Int | None = Field(default=None, ge=1)
+    qk_pos_emb_head_dim: Int | None = Field(default=None, ge=1)
+    v_head_dim: Int | None = Field(default=None, ge=1)
+    # Mixture of experts, named as Megatron-Core names it (--num-experts, --moe-router-topk,
+    # --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq, ...).
+    num_moe_experts: Int | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("num_moe_experts", "num_experts")
+    )
+    moe_router_topk: Int | None = Field(default=None, ge=1)  # default 2 (Megatron-LM's)
+    moe_ffn_hidden_size: Int | None = Field(default=None, ge=1)  # default: ffn_hidden_size
+    # the shared experts' summed width (DeepSeek: n_shared_experts x moe_intermediate_size)
+    moe_shared_expert_intermediate_size: Int | None = Field(default=None, ge=1)
+    # which layers are MoE: every n-th (layer i when i % n == 0, Megatron-LM's int form) or a
+    # 0/1 pattern over the layers (its list form, e.g. DeepSeek-V3's [0]*3+[1]*58)
+    moe_layer_freq: Int | tuple[Literal[0, 1], ...] | None = None
+    # the first k layers dense (DeepSeek's first_k_dense_replace); combines with moe_layer_freq
+    moe_first_k_dense: Int | None = Field(default=None, ge=0)
+    moe_router_score_function: Literal["softmax", "sigmoid"] | None = None  # default softmax
+    # tokens an expert takes, as a multiple of its even share; None: dropless (Megatron's default)
+    moe_expert_capacity_factor: Float | None = Field(default=None, gt=0)
+    # the auxiliary load-balancing loss's coefficient (0: none, as DeepSeek-V3's aux-loss-free
+    # balancing); default 1e-2 (Megatron-LM's --moe-aux-loss-coeff default is 0, its recipes 1e-2)
+    moe_aux_loss_coeff: Float | None = Field(default=None, ge=0)
+    # one grouped GEMM for a rank's experts (--moe-grouped-gemm, on in every Megatron MoE
+    # recipe); off: one GEMM per local expert in a loop (SequentialMLP)
+    moe_grouped_gemm: Bool | None = None
     source: str | None = None
 
     @model_validator(mode="after")
@@ -84,12 +120,14 @@ class ModelSpec(BaseModel):
             fields["add_bias_mlp"] = self.add_bias_linear
         if self.add_qkv_bias is None:
             fields["add_qkv_bias"] = self.add_bias_linear
+        fields.update(self._derive_attention())
         if self.ffn_hidden_size is None:
             if self.activation == "swiglu":
                 # Megatron-LM's default for SwiGLU keeps the parameter count of a 4h GELU MLP.
                 fields["ffn_hidden_size"] = int(4 * self.hidden_size * 2 / 3 / 64) * 64
             else:
                 fields["ffn_hidden_size"] = 4 * self.hidden_size
+        fields.update(self._derive_moe(fields.get("ffn_hidden_size", self.ffn_hidden_size)))
         for key, value in fields.items():
             object.__setattr__(self, key, value)
         groups = self.num_query_groups or self.num_attention_heads
@@ -99,6 +137,67 @@ class ModelSpec(BaseModel):
                 f"num_query_groups={groups}"
             )
         return self
+
+    def _derive_attention(self) -> dict:
+        mla = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+        if not self.multi_latent_attention:
+            for name in mla:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only with multi_latent_attention: true")
+            return {}
+        if self.attention != "flash":
+            raise ValueError("multi_latent_attention: paraplan models MLA with flash attention only")
+        # DeepSeek-V3's sizes (Megatron-Core MLATransformerConfig's defaults)
+        defaults = {"kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+        return {k: v for k, v in defaults.items() if getattr(self, k) is None}
+
+    def _derive_moe(self, ffn: int) -> dict:
+        moe = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+               "moe_layer_freq", "moe_first_k_dense", "moe_router_score_function",
+               "moe_expert_capacity_factor", "moe_aux_loss_coeff", "moe_grouped_gemm")
+        if self.num_moe_experts is None:
+            for name in moe:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: the model is dense (give num_moe_experts for a mixture of experts)")
+            return {}
+        topk = self.moe_router_topk or 2
+        if topk > self.num_moe_experts:
+            raise ValueError(
+                f"moe_router_topk: {topk} is more than num_moe_experts={self.num_moe_experts}"
+            )
+        freq = self.moe_layer_freq
+        if isinstance(freq, tuple) and len(freq) != self.num_layers:
+            raise ValueError(
+                f"moe_layer_freq: the pattern has {len(freq)} entries but num_layers={self.num_layers}"
+            )
+        if isinstance(freq, int) and freq < 1:
+            raise ValueError(f"moe_layer_freq: {freq} is not >= 1")
+        if (self.moe_first_k_dense or 0) >= self.num_layers:
+            raise ValueError(
+                f"moe_first_k_dense: {self.moe_first_k_dense} leaves no MoE layer of num_layers={self.num_layers}"
+            )
+        return {
+            "moe_router_topk": topk,
+            "moe_ffn_hidden_size": self.moe_ffn_hidden_size or ffn,
+            "moe_layer_freq": 1 if freq is None else freq,
+            "moe_first_k_dense": self.moe_first_k_dense or 0,
+            "moe_router_score_function": self.moe_router_score_function or "softmax",
+            "moe_aux_loss_coeff": 1e-2 if self.moe_aux_loss_coeff is None else self.moe_aux_loss_coeff,
+            "moe_grouped_gemm": True if self.moe_grouped_gemm is None else self.moe_grouped_gemm,
+        }
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_experts is not None
+
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Whether each layer (in order) is a mixture of experts; all False for a dense model."""
+        if self.num_moe_experts is None:
+            return (False,) * self.num_layers
+        freq, first = self.moe_layer_freq, self.moe_first_k_dense or 0
+        pattern = freq if isinstance(freq, tuple) else tuple(int(i % freq == 0) for i in range(self.num_layers))
+        return tuple(bool(v) and i >= first for i, v in enumerate(pattern))
 
     def vocab_for(self, tp: int) -> int:
         """The vocabulary rows the model really holds, padded as Megatron-LM pads it for ``tp``."""

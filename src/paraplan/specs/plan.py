@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from paraplan.specs._types import Bool, Int
+from paraplan.specs._types import Bool, Float, Int
 from paraplan.specs.enums import Framework, Recompute, Schedule
 from paraplan.specs.errors import short_repr
 
@@ -16,6 +16,29 @@ RECOMPUTE_CHOICES = {
     Framework.DEEPSPEED: (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
     Framework.FSDP: (Recompute.NONE, Recompute.FULL, Recompute.LAYER, Recompute.OP),
 }
+
+
+# Which frameworks run the zero-bubble schedules (a missing one is refused with its reason).
+# torchtitan: ``parallelism.pipeline_parallel_schedule`` ZBVZeroBubble / InterleavedZeroBubble
+# (torch.distributed.pipelining); Megatron-LM mainline and DeepSpeed's pipeline engine have none.
+ZERO_BUBBLE_FRAMEWORKS = {
+    Framework.MEGATRON: "Megatron-LM has no zero-bubble schedule (Sea AI Lab's fork "
+    "sail-sg/zero-bubble-pipeline-parallelism adds them)",
+    Framework.DEEPSPEED: "DeepSpeed's pipeline engine runs its lock-step 1F1B TrainSchedule "
+    "(Megatron-DeepSpeed's --enable-zbh1-pipeline is not modelled)",
+}
+
+
+def _check_zero_bubble(plan: ParallelPlan) -> None:
+    """The zero-bubble schedules need a pipeline and a framework that runs them."""
+    if not plan.schedule.splits_backward:
+        return
+    name = plan.schedule.value
+    if plan.pp < 2:
+        raise ValueError(f"parallel.schedule: {name!r} is a pipeline schedule; it needs pipeline_model_parallel_size >= 2")
+    reason = ZERO_BUBBLE_FRAMEWORKS.get(plan.framework)
+    if reason is not None:
+        raise ValueError(f"parallel.schedule: {name!r} needs framework 'fsdp' (torchtitan); {reason}")
 
 
 class ParallelPlan(BaseModel):
@@ -82,6 +105,24 @@ class ParallelPlan(BaseModel):
     # Megatron-LM --overlap-p2p-communication (NeMo overlap_p2p_comm): pipeline sends run
     # asynchronously beside the next task instead of holding the sending stage
     overlap_p2p_comm: Bool = False
+    # Mixture of experts (Megatron-Core's names): experts split over expert_model_parallel_size
+    # ranks, each expert's weights over expert_tensor_parallel_size ranks (default: tp); the
+    # expert groups fold into the tp x cp x dp ranks of a pipeline stage (MoE parallel folding)
+    expert_model_parallel_size: Int = Field(
+        default=1, ge=1, validation_alias=AliasChoices("expert_model_parallel_size", "ep")
+    )
+    expert_tensor_parallel_size: Int | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("expert_tensor_parallel_size", "etp")
+    )
+    # the busiest expert-parallel rank's routed tokens over the mean (1.0: the router balances
+    # perfectly, as its auxiliary loss aims to); it sets the MoE layer's time, which every rank
+    # waits for at the all-to-all
+    expert_load_imbalance: Float = Field(default=1.0, ge=1.0, le=64.0)
+    # --moe-shared-expert-overlap: the shared experts compute while the dispatch and combine
+    # all-to-alls run; --overlap-moe-expert-parallel-comm (Megatron-Core, DeepSeek's DualPipe
+    # idea): one micro-batch's all-to-all runs beside another's computation
+    moe_shared_expert_overlap: Bool = False
+    overlap_moe_expert_parallel_comm: Bool = False
     # --- offload (issue 18) ---
     # DeepSpeed's zero_optimization.offload_optimizer / offload_param device: the optimizer
     # state and its step on the CPU (ZeRO-Offload), parameters on the host (ZeRO-3 only), or
@@ -110,16 +151,23 @@ class ParallelPlan(BaseModel):
         if vpp is not None and vpp > 1:
             if self.pp < 2:
                 raise ValueError("parallel.vpp: interleaving needs pipeline_model_parallel_size >= 2")
-            if "schedule" in self.model_fields_set and self.schedule is not Schedule.INTERLEAVED:
+            if self.schedule is Schedule.ZB_V and vpp != 2:
+                raise ValueError(
+                    f"parallel.schedule: 'zb-v' runs exactly 2 chunks per stage; leave "
+                    f"virtual_pipeline_model_parallel_size out or set it to 2, not {vpp}"
+                )
+            if "schedule" in self.model_fields_set and self.schedule not in (Schedule.INTERLEAVED, Schedule.ZB_V):
                 raise ValueError(
                     f"parallel.schedule: {self.schedule.value!r} does not interleave; "
                     f"vpp={vpp} needs schedule 'interleaved' (or leave schedule out)"
                 )
-            object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
+            if self.schedule is not Schedule.ZB_V:
+                object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
         if self.schedule is Schedule.INTERLEAVED and (vpp is None or vpp < 2):
             raise ValueError(
                 "parallel.schedule: 'interleaved' needs virtual_pipeline_model_parallel_size >= 2"
             )
+        _check_zero_bubble(self)
         if self.framework is Framework.DEEPSPEED and self.pp > 1 and self.zero_stage > 1:
             raise ValueError(
                 f"parallel.zero_stage: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1, "
@@ -210,6 +258,21 @@ class ParallelPlan(BaseModel):
     @property
     def vpp(self) -> int:
         return self.virtual_pipeline_model_parallel_size or 1
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
+
+    @property
+    def etp(self) -> int:
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallelism: the ranks that hold the same experts (Megatron-Core's
+        expert_data_parallel group, tp*cp*dp / (etp*ep) of a stage), over which the experts'
+        gradients are reduced and the distributed optimizer shards their states."""
+        return max(1, self.tp * self.cp * self.dp // (self.etp * self.ep))
 
     @property
     def grad_group(self) -> int:

@@ -144,13 +144,44 @@ def _vocab(run: dict[str, Any], assumed: list[str]) -> int:
 
 _EAGER = ("torchtitan", "fms-fsdp")  # families whose published runs are eager PyTorch
 _MOE_KEYS = ("num_experts", "num_moe_experts", "moe_num_experts", "experts")
+# the record's model fields that are ModelSpec's own (Megatron-LM names), copied when given
+_MODEL_FIELDS = ("kv_channels", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                 "moe_router_score_function", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+                 "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+_LAYER_RUN = re.compile(r"\[([01])\]\s*\*\s*(\d+)")
+
+
+def _moe_pattern(value: Any, num_layers: int) -> dict[str, Any]:
+    """Megatron-LM's --moe-layer-freq: an int, or a list expression such as "([0]*3+[1]*58)"."""
+    if value is None or isinstance(value, int):
+        return {} if value in (None, 1) else {"moe_layer_freq": value}
+    runs = _LAYER_RUN.findall(str(value))
+    pattern = tuple(int(bit) for bit, n in runs for _ in range(int(n)))
+    if len(pattern) != num_layers:
+        raise ConfigError(f"moe_layer_freq: cannot read {value!r} as a pattern of {num_layers} layers")
+    return {"moe_layer_freq": pattern}
+
+
+def _experts(run: dict[str, Any], assumed: list[str]) -> dict[str, Any]:
+    """The mixture-of-experts and MLA fields a record gives (none for a dense model)."""
+    m = run["model"]
+    experts = next((m[k] for k in _MOE_KEYS if isinstance(m.get(k), int)), None)
+    fields: dict[str, Any] = {k: m[k] for k in _MODEL_FIELDS if m.get(k) not in (None, False)}
+    if m.get("qk_layernorm") and not m.get("multi_latent_attention"):
+        fields["qk_layernorm"] = True
+    if experts is None or experts <= 1:
+        return {k: v for k, v in fields.items() if not k.startswith("moe_")}
+    fields["num_moe_experts"] = experts
+    fields.update(_moe_pattern(m.get("moe_layer_freq"), m["num_layers"]))
+    if "moe_layer_freq" not in fields and m.get("first_k_dense_replace"):
+        fields["moe_first_k_dense"] = m["first_k_dense_replace"]
+    if m.get("mtp_num_layers"):
+        assumed.append(f"{m['mtp_num_layers']} multi-token-prediction layer(s) left out (not modelled)")
+    return fields
 
 
 def _model(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str, Any]:
     m = run["model"]
-    experts = next((m[k] for k in _MOE_KEYS if isinstance(m.get(k), int)), None)
-    if (experts is not None and experts > 1) or (run["parallel"].get("ep") or 1) > 1:
-        raise ConfigError(f"{run['id']}: a mixture of experts is not modelled yet (issue 18); not predicted")
     activation = m.get("activation", "gelu")
     arch = dict(_ARCHITECTURES[activation])
     if family.name == "megatron" and activation == "gelu":
@@ -173,6 +204,7 @@ def _model(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str,
         # torchtitan's (Aug 2024) and fms-fsdp's published numbers ran without torch.compile:
         # SwiGLU as silu, then a multiply; Megatron/NeMo fuse it
         **({"swiglu_fusion": False} if family.name in _EAGER and activation == "swiglu" else {}),
+        **_experts(run, assumed),
     }
 
 
@@ -255,6 +287,12 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
         assumed.append(f"hybrid sharding within each {node}-GPU node ({family.name}'s rule)")
     if (family.overlap_p2p_comm or _P2P_OVERLAP.search(words)) and parallel["vpp"]:
         parallel["overlap_p2p_comm"] = True
+    if (p.get("ep") or 1) > 1 or p.get("etp"):
+        parallel["expert_model_parallel_size"] = p.get("ep") or 1
+        parallel["expert_tensor_parallel_size"] = p.get("etp") or p["tp"]
+        assumed.append("expert load perfectly balanced (the record gives no imbalance)")
+    if p.get("moe_a2a_overlap"):
+        parallel["overlap_moe_expert_parallel_comm"] = True
     if family.name == "megatron" and "(202" in str(run.get("framework", "")):
         # Megatron-LM of 2021-22 sent 1/tp of the activation between stages and all-gathered
         # it (Narayanan et al. SC'21, section 4.1, scatter/gather).

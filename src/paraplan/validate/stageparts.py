@@ -43,11 +43,12 @@ def predicted_stage_parts(pred: Prediction, cm: CostModel) -> list[dict[str, flo
     out = []
     for st, timing in zip(inv.stages, pred.stages, strict=True):
         parts: dict[str, float] = {}
-        again = recompute_cost(plan, st.layer_ops, inv.shape, st.num_layers).op_weights
-        for op, weight in zip(st.layer_ops, again, strict=True):
-            fwd = cm.estimate_op_s(op, Phase.FWD)
-            bwd = sum(cm.estimate_op_s(op, ph) for ph in BACKWARD)
-            _add(parts, CLASS_OF_KIND[op.kind], m * st.num_layers * (fwd * (1.0 + weight) + bwd))
+        for block in st.blocks:
+            again = recompute_cost(plan, block.ops, inv.shape, block.num_layers).op_weights
+            for op, weight in zip(block.ops, again, strict=True):
+                fwd = cm.estimate_op_s(op, Phase.FWD)
+                bwd = sum(cm.estimate_op_s(op, ph) for ph in BACKWARD)
+                _add(parts, CLASS_OF_KIND[op.kind], m * block.num_layers * (fwd * (1.0 + weight) + bwd))
         for op in st.end_ops:
             seconds = sum(cm.estimate_op_s(op, ph) for ph in (Phase.FWD, *BACKWARD))
             _add(parts, CLASS_OF_KIND[op.kind], m * seconds)

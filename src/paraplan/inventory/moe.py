@@ -1,0 +1,150 @@
+"""The operators and collectives of a mixture-of-experts layer (one micro-batch, one rank).
+
+A MoE layer is the dense layer's attention block followed, in place of the MLP, by what
+Megatron-Core's ``MoELayer`` runs (``megatron/core/transformer/moe``): the router (a linear
+layer to one score per expert, softmax or sigmoid, top-k), the auxiliary load-balancing loss,
+the permutation of each token's top-k copies by expert, the all-to-all that dispatches them
+to the experts' expert-parallel ranks (and the all-gather over the expert's tensor-parallel
+ranks), the local experts' MLPs as one grouped GEMM (or one GEMM per expert), then the same
+way back: the reduce-scatter, the all-to-all that combines, the unpermutation weighted by the
+router's probabilities. Shared experts (DeepSeek, Qwen2-MoE, Llama 4) are a dense MLP every
+token passes through, split by tensor parallelism.
+
+Volumes follow ``LocalShape``: ``routed`` token copies reach a rank's experts (the busiest
+rank's, with the load imbalance), each rank dispatches ``tokens x topk`` copies of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from paraplan.inventory.layer import (
+    _copy,
+    attention_block_ops,
+    count_layer_collectives,
+    elementwise,
+    fp8_casts,
+    gemm,
+    norm,
+)
+from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
+from paraplan.inventory.shapes import LocalShape
+from paraplan.specs import ModelSpec, ParallelPlan, Phase
+
+
+def _expert_gemm(name: str, role: str, x: LocalShape, k: int, n: int, *, grouped: bool) -> Op:
+    """The local experts' GEMM of ``routed`` rows in all: each expert's weight [k, n] is read
+    once, the rows of all experts together make the FLOPs. A grouped GEMM issues it as one
+    kernel (cuBLAS/CUTLASS grouped GEMM); without it each expert's GEMM is a kernel of its own."""
+    e, m, experts = x.e, x.routed, x.experts
+    one = gemm(name, role, m, k, n, e, bias=False, saved=e * m * k, fp8=x.fp8_linears)
+    operand = 1 if x.fp8_linears else e
+    weights = experts * k * n
+    return dataclasses.replace(
+        one,
+        bytes=operand * (m * k + weights) + e * m * n,
+        bwd_bytes=operand * (m * n + weights) + e * m * k + operand * (m * k + m * n) + e * weights,
+        bwd_weight_bytes=operand * (m * k + m * n) + e * weights,
+        params=weights,
+        expert=True,
+        launches=1 if grouped else max(1, experts),
+        dims=(*one.dims, ("experts", experts)),
+    )
+
+
+def _router(model: ModelSpec, x: LocalShape) -> list[Op]:
+    """The router on the rank's own tokens (sequence-parallel layout): scores, top-k and the
+    auxiliary loss's statistics over [tokens, experts]."""
+    tokens, experts, e = x.b * x.s_norm, x.num_experts, x.e
+    scores = tokens * experts
+    dims = (("tokens", tokens), ("experts", experts))
+    ops = [
+        gemm("router", "MoE router scores", tokens, x.h, experts, e, bias=False, saved=0.0),
+        elementwise("router_topk", OpKind.SOFTMAX, f"router {model.moe_router_score_function} and top-k",
+                    scores, e, flops_per_element=6.0, saved=e * scores, dims=dims),
+    ]
+    if model.moe_aux_loss_coeff:
+        ops.append(elementwise("moe_aux_loss", OpKind.ELEMENTWISE, "auxiliary load-balancing loss",
+                               scores, e, flops_per_element=2.0, dims=dims))
+    return ops
+
+
+def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
+    if not x.shared_ffn:
+        return []
+    e, tokens, fp8 = x.e, x.tokens, x.fp8_linears
+    swiglu = model.activation == "swiglu"
+    up = x.shared_ffn * (2 if swiglu else 1)
+    return [
+        gemm("shared_fc1", "shared experts up projection", tokens, x.h, up, e, bias=False,
+             saved=0.0, fp8=fp8),
+        elementwise("swiglu" if swiglu else "gelu", OpKind.ELEMENTWISE, "shared experts activation",
+                    tokens * x.shared_ffn, e, reads=2.0 if swiglu else 1.0, flops_per_element=8.0,
+                    saved=e * tokens * up, dims=(("l", x.s), ("b", x.b), ("ffn", x.shared_ffn))),
+        gemm("shared_fc2", "shared experts down projection", tokens, x.shared_ffn, x.h, e, bias=False,
+             saved=e * tokens * x.shared_ffn, fp8=fp8),
+    ]
+
+
+def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """The pre-MLP norm, router, dispatch, experts, combine and residual add, in order."""
+    e, grouped = x.e, bool(model.moe_grouped_gemm)
+    hidden_norm = x.b * x.s_norm * x.h
+    copies = x.b * x.s_norm * x.topk  # this rank's token copies, before dispatch and after combine
+    routed_h = float(copies) * x.h
+    swiglu = model.activation == "swiglu"
+    up = x.moe_ffn * (2 if swiglu else 1)
+    ops: list[Op] = [norm(model, x, "pre-MLP norm"), *_router(model, x)]
+    ops.append(_copy("moe_permute", "permute token copies by expert (gradient: unpermute)",
+                     routed_h, e, fwd_passes=1.0, bwd_passes=1.0))
+    ops.append(_expert_gemm("expert_fc1", "experts' up projection (grouped GEMM)" if grouped
+                            else "experts' up projection (one GEMM per expert)", x, x.h, up, grouped=grouped))
+    ops.append(elementwise("swiglu" if swiglu else "gelu", OpKind.ELEMENTWISE, "experts' activation",
+                           x.routed * x.moe_ffn, e, reads=2.0 if swiglu else 1.0, flops_per_element=8.0,
+                           saved=e * x.routed * up, dims=(("tokens", x.routed), ("ffn", x.moe_ffn))))
+    ops.append(_expert_gemm("expert_fc2", "experts' down projection", x, x.moe_ffn, x.h, grouped=grouped))
+    # the unpermutation scales each copy by its router probability and sums a token's copies;
+    # the probabilities' gradient needs the experts' outputs, which it keeps
+    ops.append(dataclasses.replace(
+        _copy("moe_unpermute", "unpermute and weight by router probabilities", routed_h, e,
+              fwd_passes=1.0, bwd_passes=2.0),
+        saved_bytes=e * routed_h,
+    ))
+    ops += _shared_experts(model, x)
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
+    return tuple(ops)
+
+
+@functools.lru_cache(maxsize=256)
+def count_moe_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """Every operator of one mixture-of-experts layer, in execution order."""
+    ops = attention_block_ops(model, x) + moe_block_ops(model, x)
+    if x.fp8_linears:
+        ops += (fp8_casts([op for op in ops if op.fp8 and not op.expert and op.name != "router"], x.e),)
+    return ops
+
+
+def count_moe_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -> tuple[Collective, ...]:
+    """The communication of one MoE layer: the attention's tensor- and context-parallel
+    collectives, the shared experts' (as a dense MLP's), and the expert-parallel ones: the dispatch and combine
+    all-to-alls over the EP group forward, their mirror images backward, and around the experts
+    the all-gather and reduce-scatter over their ETP ranks. An all-to-all's size is one rank's
+    whole send buffer (nccl-tests), taken at the busiest rank's load: it receives the most."""
+    out = list(count_layer_collectives(model, plan, x, dense_mlp=bool(x.shared_ffn)))
+    load = x.routed / max(1, plan.etp)  # token copies reaching this rank's experts from the EP group
+    if plan.ep > 1:
+        size = x.e * load * x.h
+        out += [
+            Collective("ep_alltoall", CollectiveKind.ALL_TO_ALL, ParallelDim.EP, size, Phase.FWD, 2),
+            Collective("ep_alltoall", CollectiveKind.ALL_TO_ALL, ParallelDim.EP, size, Phase.BWD_INPUT, 2),
+        ]
+    if plan.etp > 1:
+        size = x.e * x.routed * x.h
+        out += [
+            Collective("etp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.ETP, size, Phase.FWD),
+            Collective("etp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.ETP, size, Phase.FWD),
+            Collective("etp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.ETP, size, Phase.BWD_INPUT),
+            Collective("etp_reducescatter", CollectiveKind.REDUCE_SCATTER, ParallelDim.ETP, size, Phase.BWD_INPUT),
+        ]
+    return tuple(out)
