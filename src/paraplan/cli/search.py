@@ -57,6 +57,8 @@ def search_command(
         show_default="none,selective,full")] = None,
     sp: Annotated[str | None, Opt("--sp", help="Sequence parallelism: on (whenever tp > 1), off, or on,off (both).",
                                   show_default="on; full: on,off")] = None,
+    offload: Annotated[str | None, Opt("--offload", help="Optimizer offload (ZeRO-Offload) to try: none, cpu, nvme, "
+                                       "e.g. none,cpu for on and off.", show_default="none")] = None,
     allow_tp_across_nodes: Annotated[bool, Opt("--allow-tp-across-nodes",
                                                help="Also try tensor parallelism across nodes.")] = False,
     uneven_layers: Annotated[bool, Opt("--uneven-layers", help="Let stages hold unequal layer counts (exact partition; "
@@ -158,7 +160,7 @@ def search_command(
         search_space = _space(space, framework=framework, allow_tp_across_nodes=allow_tp_across_nodes,
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
-                              batches=batches if batches and len(batches) > 1 else None)
+                              offload=offload, batches=batches if batches and len(batches) > 1 else None)
         axis = None
         if pareto is not None:
             axis = pareto_axis or ("cost" if len(bases) > 1 and all(_priced(b) for _, b in bases) else "memory")
@@ -243,7 +245,7 @@ def _priced(job) -> bool:
 
 
 def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp, cp, vpp, micro_batch_size, zero,
-           recompute, sp, batches):
+           recompute, sp, batches, offload=None):
     """The SearchSpace of ``--space`` with the axes the list flags give."""
     from paraplan.search import SearchSpace
     from paraplan.specs import ConfigError, Recompute
@@ -278,6 +280,8 @@ def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp
         if not values or values - {"on", "off"}:
             raise ConfigError(f"sp: expected on, off or on,off, got {sp!r}")
         axes["sequence_parallel"] = "both" if values == {"on", "off"} else ("with_tp" if values == {"on"} else "off")
+    if offload:
+        axes["offload_optimizer"] = tuple(dict.fromkeys(v.strip().lower() for v in offload.split(",") if v.strip()))
     if batches:
         axes["global_batch_sizes"] = tuple(batches)
     common = dict(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers)

@@ -39,6 +39,8 @@ class SearchSpace:
     zero_stage: tuple[int, ...] = (0, 1)
     recompute: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     vpp: tuple[int, ...] = (1,)
+    # DeepSpeed's offload_optimizer devices to try ("none", "cpu", "nvme"): ZeRO-Offload on/off
+    offload_optimizer: tuple[str, ...] = ("none",)
     sequence_parallel: str = "with_tp"  # "with_tp": on whenever tp > 1; "both": try on and off; "off"
     allow_tp_across_nodes: bool = False
     framework: str = "megatron"
@@ -53,6 +55,10 @@ class SearchSpace:
     def __post_init__(self) -> None:
         if self.sequence_parallel not in SEQUENCE_PARALLEL:
             raise ConfigError(f"sequence_parallel: {self.sequence_parallel!r} is not one of {', '.join(SEQUENCE_PARALLEL)}")
+        bad = [o for o in self.offload_optimizer if o not in OFFLOAD_DEVICES]
+        if bad or not self.offload_optimizer:
+            raise ConfigError(f"offload_optimizer: {', '.join(map(repr, bad)) or 'nothing'} is not one of "
+                              f"{', '.join(OFFLOAD_DEVICES)}")
 
     def batch_sizes(self, global_batch_size: int) -> tuple[int, ...]:
         return self.global_batch_sizes or (global_batch_size,)
@@ -66,6 +72,7 @@ class SearchSpace:
 
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices
 
 #: The axes of ``SearchSpace.full()`` (tp and pp keep their defaults: powers of two up to the
 #: cluster, divisors of the GPU count).
@@ -137,6 +144,7 @@ def plan_job(
     zero_stage: int,
     recompute: Recompute,
     sequence_parallel: bool | None,
+    offload_optimizer: str = "none",
 ) -> Job:
     """The Job of one point of the space (raises ValidationError / ConfigError when the Job
     validator rejects it). ``sequence_parallel=None`` means on whenever tp > 1."""
@@ -154,9 +162,12 @@ def plan_job(
         "zero_stage": zero_stage,
         "recompute": recompute,
         "framework": space.framework,
+        **({"offload_optimizer": offload_optimizer} if offload_optimizer != "none" else {}),
         **space.extra,
     }
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
+    if offload_optimizer != "none":
+        name += f"-offload-{offload_optimizer}"
     if space.global_batch_sizes:
         name += f"-gbs{global_batch_size}"
     return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens)
@@ -185,9 +196,10 @@ def enumerate_plans(
     tps, pps, sps = plan_axes(model, cluster, space)
     excluded: Counter = Counter()
     jobs: list[Job] = []
-    for gbs, tp, pp, cp, vpp, mbs, zero, recompute, sp in itertools.product(
+    for gbs, tp, pp, cp, vpp, mbs, zero, recompute, sp, offload in itertools.product(
         space.batch_sizes(global_batch_size),
         tps, pps, space.cp, space.vpp, space.micro_batch_size, space.zero_stage, space.recompute, sps,
+        space.offload_optimizer,
     ):
         if n % (tp * pp * cp):
             excluded["tp*pp*cp does not divide the number of GPUs"] += 1
@@ -210,7 +222,7 @@ def enumerate_plans(
                 plan_job(
                     model, cluster, precision, space, train_tokens,
                     global_batch_size=gbs, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
-                    zero_stage=zero, recompute=recompute, sequence_parallel=sp,
+                    zero_stage=zero, recompute=recompute, sequence_parallel=sp, offload_optimizer=offload,
                 )
             )
         except (ValidationError, ConfigError) as err:
