@@ -232,8 +232,12 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     if p.offload_param != "none" or p.offload_optimizer == "nvme":
         raise ConfigError("parallel.offload_param: Megatron-LM offloads only the optimizer, to the CPU "
                           "(--optimizer-cpu-offload); parameter and NVMe offload are DeepSpeed's")
-    if p.offload_optimizer == "cpu":  # Megatron-Core's HybridDeviceOptimizer, the whole state on the CPU
-        par += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
+    if p.offload_optimizer == "cpu":
+        # Megatron-Core's HybridDeviceOptimizer with the whole state on the CPU, with the flags its
+        # guide names (docs.nvidia.com/megatron-core, "Optimizer CPU offload package"). Its
+        # --overlap-cpu-optimizer-d2h-h2d is left off: the prediction keeps the copies in series
+        par += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"],
+                ["--use-precision-aware-optimizer"]]
     if p.cpu_offloading:
         raise ConfigError(
             "parallel.cpu_offloading: Megatron-Core's TransformerConfig.cpu_offloading has no Megatron-LM "

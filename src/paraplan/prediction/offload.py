@@ -29,10 +29,12 @@ from paraplan.inventory.job import adam_state_bytes
 from paraplan.specs import ClusterSpec, Job, LinkSpec
 
 # When a node has no CPU-Adam measurement: DeepSpeed's CPU-Adam on a DGX-2 node's two Xeon
-# Platinum 8168 CPUs (48 cores), ZeRO-Offload paper (arXiv 2101.06840) Table 3: a 10-billion-
-# parameter step in 2.57 s, i.e. 3.9e9 parameters/s per node. Used with a note saying so.
+# Platinum 8168 CPUs (48 cores), as recalled from the ZeRO-Offload paper (arXiv 2101.06840,
+# its CPU-Adam latency table): a 10-billion-parameter step in 2.57 s, i.e. 3.9e9 parameters/s
+# per node. The figure was not re-read against the paper; every prediction that uses it says so.
 FALLBACK_CPU_ADAM_PARAMS_PER_S = 10e9 / 2.57
-FALLBACK_CPU_ADAM_SOURCE = "DeepSpeed CPU-Adam on a DGX-2 node (ZeRO-Offload paper, arXiv 2101.06840, Table 3)"
+FALLBACK_CPU_ADAM_SOURCE = ("DeepSpeed CPU-Adam on a DGX-2 node as recalled from the ZeRO-Offload paper "
+                            "(arXiv 2101.06840), not re-checked")
 # When a GPU has no host-link data: PCIe Gen4 x16, 64 GB/s bidirectional = 32 GB/s per direction
 # (PCI-SIG PCIe 4.0 base specification: 16 GT/s per lane, 128b/130b encoding).
 FALLBACK_HOST_LINK = LinkSpec(bandwidth_bytes_per_s=32e9, latency_s=10e-6, efficiency=0.8)
