@@ -28,6 +28,12 @@ JOBS = {
     "llama-3-70b dgx-h100 (pp=4, vpp=5, 256 micro-batches)": lambda: load_job(
         ROOT / "examples/llama-3-70b-dgx-h100-tp8-pp4.yaml"
     ),
+    "mixtral-8x7b dgx-h100 (MoE, ep=8, pp=4, vpp=8, 16 micro-batches)": lambda: load_job(
+        ROOT / "examples/mixtral-8x7b-dgx-h100-ep8.yaml"
+    ),
+    "deepseek-v3 dgx-h100 (MoE+MLA, ep=64, pp=16, 64 micro-batches)": lambda: load_job(
+        ROOT / "examples/deepseek-v3-dgx-h100-pp16-ep64.yaml"
+    ),
 }
 
 

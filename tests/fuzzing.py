@@ -87,6 +87,18 @@ BASES: tuple[dict[str, Any], ...] = (
                      "global_batch_size": 16, "zero_stage": 2},
         "train_tokens": 1.0e9,
     },
+    {  # a mixture of experts with MLA, shared experts and a layer pattern, expert parallelism
+        "name": "moe",
+        "model": {**_INLINE_MODEL, "name": "tiny-moe", "num_moe_experts": 8, "moe_router_topk": 2,
+                  "moe_ffn_hidden_size": 256, "moe_shared_expert_intermediate_size": 256,
+                  "moe_layer_freq": [0, 1, 1, 1], "moe_expert_capacity_factor": 1.5,
+                  "multi_latent_attention": True, "q_lora_rank": 128, "kv_lora_rank": 64,
+                  "qk_head_dim": 32, "qk_pos_emb_head_dim": 16, "v_head_dim": 32},
+        "cluster": {"name": "dgx-h100", "num_nodes": 2},
+        "parallel": {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "sequence_parallel": True, "micro_batch_size": 1,
+                     "global_batch_size": 32, "zero_stage": 1, "expert_load_imbalance": 1.3,
+                     "moe_shared_expert_overlap": True},
+    },
     {  # DeepSpeed ZeRO-3
         "name": "zero3",
         "model": "mistral-7b",
@@ -101,6 +113,7 @@ BASES: tuple[dict[str, Any], ...] = (
 _ALIASES = {
     "tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size", "dp": "data_parallel_size",
     "cp": "context_parallel_size", "vpp": "virtual_pipeline_model_parallel_size",
+    "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size", "num_moe_experts": "num_experts",
     "hbm_bandwidth": "hbm_bandwidth_bytes_per_s", "bandwidth": "bandwidth_bytes_per_s", "latency": "latency_s",
 }
 _ALIASES.update({v: k for k, v in list(_ALIASES.items())})

@@ -222,3 +222,13 @@ def test_the_published_moe_runs_become_moe_jobs_or_are_skipped_with_a_reason():
     from paraplan.validate.records import _experts
     fields = _experts(deepseek, [])
     assert fields["moe_layer_freq"] == (0,) * 3 + (1,) * 58 and fields["multi_latent_attention"]
+
+
+def test_fp8_training_casts_the_experts_inputs_as_well_as_the_attentions():
+    j = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100", num_nodes=4),
+            parallel={"tp": 1, "pp": 4, "ep": 8, "micro_batch_size": 1, "global_batch_size": 64}, precision="fp8")
+    ops = count_job(j).stages[0].blocks[0].ops
+    cast = next(op for op in ops if op.name == "fp8_cast")
+    fp8 = [op.name for op in ops if op.fp8]
+    assert {"expert_fc1", "expert_fc2", "linear1", "linear2"} <= set(fp8) and "router" not in fp8
+    assert dict(cast.dims)["gemms"] == len(fp8)

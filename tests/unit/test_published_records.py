@@ -7,7 +7,6 @@ import copy
 import pytest
 
 from paraplan.catalog import resolve_job
-from paraplan.specs import ConfigError
 from paraplan.validate.published import measured_iteration_s
 from paraplan.validate.records import family_of, job_from_record
 
@@ -105,11 +104,13 @@ def test_unreadable_records_are_skipped_with_their_reason_and_the_rest_validated
     assert "iteration_time_s" in reasons["no-time"]
 
 
-def test_a_mixture_of_experts_record_is_refused_not_predicted_as_dense():
+def test_a_mixture_of_experts_record_is_read_as_one_not_as_dense():
     run = copy.deepcopy(_FSDP_RUN)
     run["model"]["num_experts"] = 8
-    with pytest.raises(ConfigError, match="mixture of experts is not modelled"):
-        job_from_record(run)
+    run["parallel"]["ep"] = 2
+    mapping = job_from_record(run).mapping
+    assert mapping["model"]["num_moe_experts"] == 8
+    assert mapping["parallel"]["expert_model_parallel_size"] == 2
 
 
 @pytest.mark.parametrize(

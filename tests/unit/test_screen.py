@@ -66,6 +66,7 @@ def cases(draw):
         vpp=(1,) if schedule else draw(st.sampled_from(((1,), (1, 2), (2, 3)))),
         sequence_parallel=draw(st.sampled_from(("with_tp", "both"))),
         framework=draw(st.sampled_from(("megatron", "deepspeed", "fsdp"))),
+        offload_optimizer=draw(st.sampled_from((("none",), ("none", "cpu")))),  # ZeRO-Offload on/off
         extra=extra,
     )
     return model, cluster, precision, gbs, space

@@ -77,6 +77,22 @@ def test_screen_memory_equals_predict_memory_for_moe_plans(model_name, nodes, sc
             assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=TIME_TOLERANCE), job.name
 
 
+def test_moe_plans_with_optimizer_offload_screen_exactly_as_predicted():
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", num_nodes=1)
+    space = SearchSpace(micro_batch_size=(1,), recompute=("full",), zero_stage=(1, 2), etp=(None, 1), pp=(1, 2),
+                        offload_optimizer=("none", "cpu"))
+    screen = screen_plans(model, cluster, 64, Precision.BF16, space)
+    jobs = list(iter_unique(enumerate_plans(model, cluster, 64, Precision.BF16, space).jobs))
+    assert len(screen) == len(jobs)
+    assert {(job.parallel.ep > 1, job.parallel.offload_optimizer) for job in jobs} == {
+        (False, "none"), (False, "cpu"), (True, "none"), (True, "cpu")}
+    for i, job in enumerate(jobs):
+        assert screen.job(i).parallel == job.parallel
+        pred = predict(job)
+        assert screen.memory_bytes[i] == max(m.total for m in pred.memory), job.name
+        assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=TIME_TOLERANCE), job.name
+
+
 def test_an_ep_that_does_not_divide_is_never_enumerated():
     model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", num_nodes=1)
     space = SearchSpace(ep=(1, 3, 8, 16), etp=(None, 1), micro_batch_size=(1,), recompute=("full",), zero_stage=(1,))

@@ -243,6 +243,11 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
     for key in ("tp_comm_overlap", "overlap_p2p_comm"):
         if getattr(p, key):
             parallel[key] = True
+    for key in ("offload_optimizer", "offload_param"):  # offload (issue 18)
+        if getattr(p, key) != "none":
+            parallel[key] = getattr(p, key)
+    if p.cpu_offloading:
+        parallel.update(cpu_offloading=True, cpu_offloading_num_layers=p.cpu_offloading_num_layers)
     out: dict[str, Any] = {"name": job.name, "model": model, "cluster": cluster, "parallel": parallel,
                            "precision": job.precision.value}
     if job.train_tokens is not None:

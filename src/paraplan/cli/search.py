@@ -65,6 +65,8 @@ def search_command(
         "--schedule", help="Pipeline schedules to try: 1f1b, interleaved (vpp from --vpp, else 2), gpipe, zb-h1, "
                            "zb-v (zero-bubble: --framework fsdp), e.g. 1f1b,interleaved,zb-h1,zb-v.",
         show_default="1f1b (interleaved with --vpp above 1)")] = None,
+    offload: Annotated[str | None, Opt("--offload", help="Optimizer offload (ZeRO-Offload) to try: none, cpu, nvme, "
+                                       "e.g. none,cpu for on and off.", show_default="none")] = None,
     allow_tp_across_nodes: Annotated[bool, Opt("--allow-tp-across-nodes",
                                                help="Also try tensor parallelism across nodes.")] = False,
     uneven_layers: Annotated[bool, Opt("--uneven-layers", help="Let stages hold unequal layer counts (exact partition; "
@@ -166,8 +168,8 @@ def search_command(
         search_space = _space(space, framework=framework, allow_tp_across_nodes=allow_tp_across_nodes,
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
-                              batches=batches if batches and len(batches) > 1 else None, ep=ep, etp=etp,
-                              schedule=schedule)
+                              offload=offload, batches=batches if batches and len(batches) > 1 else None, ep=ep,
+                              etp=etp, schedule=schedule)
         if etp is not None and not base.model.is_moe:
             raise ConfigError("etp: the model is dense (it has no num_moe_experts); expert parallelism "
                               "applies to mixtures of experts")
@@ -255,7 +257,7 @@ def _priced(job) -> bool:
 
 
 def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp, cp, vpp, micro_batch_size, zero,
-           recompute, sp, batches, ep=None, etp=None, schedule=None):
+           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None):
     """The SearchSpace of ``--space`` with the axes the list flags give."""
     from paraplan.search import SearchSpace
     from paraplan.specs import ConfigError, Recompute
@@ -290,6 +292,8 @@ def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp
         if not values or values - {"on", "off"}:
             raise ConfigError(f"sp: expected on, off or on,off, got {sp!r}")
         axes["sequence_parallel"] = "both" if values == {"on", "off"} else ("with_tp" if values == {"on"} else "off")
+    if offload:
+        axes["offload_optimizer"] = tuple(dict.fromkeys(v.strip().lower() for v in offload.split(",") if v.strip()))
     if batches:
         axes["global_batch_sizes"] = tuple(batches)
     if ep is not None:

@@ -67,10 +67,16 @@ if TYPE_CHECKING:
 DEEPSPEED_VERSION = "0.19.8"  # the release the recipe targets (and the tests load it with)
 
 
+# where ZeRO-Infinity's NVMe offload writes: a placeholder, the node's local NVMe mount
+NVME_PATH = "/local_nvme"
+
+
 def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What the DeepSpeed config cannot say, or DeepSpeed will do differently."""
     p = job.parallel
     out = common_notes(job, prediction)
+    if "nvme" in (p.offload_optimizer, p.offload_param):
+        out.append(f"zero_optimization: nvme_path {NVME_PATH} is a placeholder: point it at each node's local NVMe")
     out.append(f"tp={p.tp} and pp={p.pp} are set in the launching framework, not in this file "
                "(see _paraplan.launcher)")
     if p.recompute is not Recompute.NONE:
@@ -118,6 +124,14 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
     zero: dict[str, Any] = {"stage": p.zero_stage}
     if p.zero_stage > 0:
         zero["overlap_comm"] = _overlap_comm(job)
+    for key, device in (("offload_optimizer", p.offload_optimizer), ("offload_param", p.offload_param)):
+        if device != "none":  # ZeRO-Offload / ZeRO-Infinity
+            zero[key] = {"device": device, "pin_memory": True}
+            if device == "nvme":
+                zero[key]["nvme_path"] = NVME_PATH
+    if p.cpu_offloading:
+        raise ConfigError("parallel.cpu_offloading: DeepSpeed has no activation offload of this kind "
+                          "(its cpu_checkpointing moves only checkpointed layer inputs)")
     config: dict[str, Any] = {
         "train_batch_size": p.global_batch_size,
         "train_micro_batch_size_per_gpu": p.micro_batch_size,

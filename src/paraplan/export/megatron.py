@@ -229,6 +229,21 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     if p.data_parallel_shard_degree is not None and p.zero_stage == 1:
         par.append(["--num-distributed-optimizer-instances", str(p.grad_group // p.data_parallel_shard_degree)])
 
+    if p.offload_param != "none" or p.offload_optimizer == "nvme":
+        raise ConfigError("parallel.offload_param: Megatron-LM offloads only the optimizer, to the CPU "
+                          "(--optimizer-cpu-offload); parameter and NVMe offload are DeepSpeed's")
+    if p.offload_optimizer == "cpu":
+        # Megatron-Core's HybridDeviceOptimizer with the whole state on the CPU, with the flags its
+        # guide names (docs.nvidia.com/megatron-core, "Optimizer CPU offload package"). Its
+        # --overlap-cpu-optimizer-d2h-h2d is left off: the prediction keeps the copies in series
+        par += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"],
+                ["--use-precision-aware-optimizer"]]
+    if p.cpu_offloading:
+        raise ConfigError(
+            "parallel.cpu_offloading: Megatron-Core's TransformerConfig.cpu_offloading has no Megatron-LM "
+            "command-line flag paraplan can vouch for; set cpu_offloading=True, cpu_offloading_num_layers="
+            f"{p.cpu_offloading_num_layers} in the model config (Megatron-Bridge: model.cpu_offloading)"
+        )
     batch = [["--micro-batch-size", str(p.micro_batch_size)], ["--global-batch-size", str(p.global_batch_size)]]
 
     memory: list[list[str]] = []

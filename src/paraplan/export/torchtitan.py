@@ -185,6 +185,14 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
         training["steps"] = steps
     training["mixed_precision_param"] = "float32" if job.precision is Precision.FP32 else "bfloat16"
     training["mixed_precision_reduce"] = "float32"
+    if p.offload_optimizer != p.offload_param or p.offload_param == "nvme":
+        raise ConfigError("parallel.offload_optimizer: torchtitan's training.enable_cpu_offload moves parameters, "
+                          "gradients and optimizer state together to the CPU; offload_optimizer and offload_param "
+                          f"must both be 'cpu' or both 'none' (got {p.offload_optimizer!r}, {p.offload_param!r})")
+    if p.cpu_offloading:
+        raise ConfigError("parallel.cpu_offloading: torchtitan has no activation offload")
+    if p.offload_param == "cpu":  # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer state
+        training["enable_cpu_offload"] = True
     if p.pp > 1 or (m.is_moe and p.ep > 1):
         # torchtitan's CUDA graphs refuse pipeline parallelism and the standard all-to-all expert
         # dispatcher (its CPU synchronisation; Trainer.Config._validate_cuda_graphs)

@@ -121,7 +121,7 @@ def count_moe_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     """Every operator of one mixture-of-experts layer, in execution order."""
     ops = attention_block_ops(model, x) + moe_block_ops(model, x)
     if x.fp8_linears:
-        ops += (fp8_casts([op for op in ops if op.fp8 and not op.expert and op.name != "router"], x.e),)
+        ops += (fp8_casts([op for op in ops if op.fp8], x.e),)
     return ops
 
 

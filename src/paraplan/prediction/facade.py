@@ -11,6 +11,7 @@ from collections.abc import Callable
 from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, expert_gaps, link_gaps
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
 from paraplan.prediction.memory import estimate_memory
+from paraplan.prediction.offload import offload_notes
 from paraplan.prediction.result import (
     Breakdown,
     CollectiveEstimate,
@@ -100,6 +101,8 @@ def assemble_prediction(
         optimizer_step_s=step[opt],
     )
     check_iteration(job, iteration)
+    memory = estimate_memory(inv)
+    uncalibrated += offload_notes(job, max(mem.host for mem in memory))
     num_gpus = job.cluster.num_gpus
     mfu = inv.model_flops_per_iteration / (iteration * peak_flops_total)
     hfu = inv.hardware_flops_per_iteration / (iteration * peak_flops_total)
@@ -114,7 +117,7 @@ def assemble_prediction(
         bubble_fraction=breakdown.pipeline_bubble_s / iteration,
         breakdown=breakdown,
         stages=timings,
-        memory=estimate_memory(inv),
+        memory=memory,
         params_total=inv.params_total,
         params_active=inv.params_active,
         model_flops_per_iteration=inv.model_flops_per_iteration,

@@ -4,7 +4,8 @@ Weights, gradients and Adam states follow the ZeRO stages (Rajbhandari et al. 20
 stage 1 partitions optimizer states over data-parallel ranks, stage 2 also gradients,
 stage 3 also weights. Activations are the inventory's saved bytes per micro-batch times the
 micro-batches a stage holds at once under its schedule; full recompute keeps only each
-layer's input, plus one layer's activations while it is recomputed.
+layer's input, plus one layer's activations while it is recomputed. Offload (``offload``)
+moves optimizer states, the ZeRO-3 parameter shard and some layers' activations to the host.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params
 from paraplan.inventory.recompute import recompute_cost
+from paraplan.prediction.offload import count_offload
 from paraplan.schedule import peak_in_flight
 from paraplan.specs import Recompute, Schedule
 
@@ -31,6 +33,7 @@ class StageMemory:
     activations: float
     buffers: float
     in_flight_microbatches: float
+    host: float = 0.0  # bytes this GPU keeps in host memory (offload), not counted in ``total``
 
     @property
     def total(self) -> float:
@@ -98,14 +101,17 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
             return (params + experts) * bytes_per_param
         return (params / dp + experts / edp) * bytes_per_param
 
+    weights, optimizer = sharded(inv.param_bytes, 3), sharded(adam_state_bytes(inv.job.precision), 1)
+    off = count_offload(inv, st, weights, optimizer, held * flight)  # what offload moves off the GPU
     return StageMemory(
         stage=st.index,
-        weights=sharded(inv.param_bytes, 3) + fp8_copies,
+        weights=weights - off.weights + fp8_copies,
         gradients=sharded(inv.grad_bytes, 2),
-        optimizer_states=sharded(adam_state_bytes(inv.job.precision), 1),
-        activations=held * flight + working,
+        optimizer_states=optimizer - off.optimizer_states,
+        activations=held * flight + working - off.activations,
         buffers=RUNTIME_RESERVE_BYTES,
         in_flight_microbatches=flight,
+        host=off.on_host(inv.job),
     )
 
 

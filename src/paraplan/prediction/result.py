@@ -52,6 +52,7 @@ class StageTiming:
     # the weight-gradient operators' share of backward_mb_s (the W pass of a zero-bubble
     # schedule; everything else of the backward, collectives and recompute included, is B)
     wgrad_mb_s: float = 0.0
+    offload_mb_s: float = 0.0  # host copies offload leaves exposed, included in forward/backward_mb_s
 
     @property
     def p2p_fwd_s(self) -> float:
@@ -209,6 +210,9 @@ class Prediction:
             "framework": plan.framework.value,
             "layers_per_stage": [s.num_layers for s in self.stages],
             **({"node_order": list(self.placement.node_order)} if self.placement is not None else {}),
+            **({"offload_optimizer": plan.offload_optimizer, "offload_param": plan.offload_param,
+                "cpu_offloading_num_layers": plan.cpu_offloading_num_layers if plan.cpu_offloading else 0}
+               if plan.offloads else {}),
         }
 
     def to_dict(self) -> dict:

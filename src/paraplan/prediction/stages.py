@@ -20,6 +20,8 @@ from paraplan.inventory import (
     group_layout,
 )
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
+from paraplan.prediction.memory import activations_per_microbatch
+from paraplan.prediction.offload import offload_time
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
 from paraplan.schedule import overlapped_s, sharded_pass_s
 from paraplan.specs import Phase
@@ -55,7 +57,8 @@ class LayerCost:
     def of(cls, block: LayerBlock, cm: CostModel, comm: CommCosts) -> LayerCost:
         ops = block.ops
         fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
-        bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        weight = tuple(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + w for op, w in zip(ops, weight, strict=True))
         tp = tuple(c for c in block.collectives if c.dim is ParallelDim.TP)
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
@@ -77,7 +80,7 @@ class LayerCost:
             tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
             tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
         ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
-        wgrad = sum(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
+        wgrad = sum(weight)
         return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f + ep_f, tp_b + cp_b + ep_b, wgrad)
 
 
@@ -178,6 +181,13 @@ def stage_timing(
             backward = float(sharded_pass_s(backward + tp_b, dp_b, units, slowdown)) - tp_b
         else:
             forward, backward = forward + dp_f, backward + dp_b
+    optimizer_s = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER)
+    offload_mb = 0.0
+    if plan.offloads:  # host copies the computation does not hide, and the step on the CPU
+        off = offload_time(inv, st, forward, backward, activations_per_microbatch(inv, st)[0] / n)
+        forward, backward = forward + off.forward_mb_s, backward + off.backward_mb_s
+        offload_mb = off.forward_mb_s + off.backward_mb_s
+        optimizer_s = optimizer_s if off.optimizer_s is None else off.optimizer_s
     reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
     gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
     if plan.overlaps_grad_reduce:
@@ -199,9 +209,10 @@ def stage_timing(
         grad_reduce_s=reduce_s,
         param_gather_s=gather_s,
         exposed_dp_s=exposed,
-        optimizer_s=cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER),
+        optimizer_s=optimizer_s,
         p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
         wgrad_mb_s=wgrad,
+        offload_mb_s=offload_mb,
     )
 
 

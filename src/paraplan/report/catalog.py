@@ -59,6 +59,8 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
                     "seq_length": m.seq_length,
                     "vocab_size": m.vocab_size,
                     "activation": m.activation,
+                    # routed experts x experts per token (a dense model: none)
+                    "experts": f"{m.num_moe_experts}x{m.moe_router_topk}" if m.is_moe else None,
                 }
             )
         elif isinstance(c := load_any_cluster(name), HeteroClusterSpec):
@@ -107,11 +109,12 @@ _HEADERS: dict[str, tuple[str, str | None]] = {
     "seq_length": ("sequence length", "seq"),
     "vocab_size": ("vocabulary", "vocab"),
     "activation": ("activation", None),
+    "experts": ("experts x top-k", "experts"),
     "gpu": ("GPU", None),
     "gpus_per_node": ("GPUs per node", "GPUs/node"),
     "price_per_gpu_hour_usd": ("$ per GPU-hour", "$/GPU-h"),
 }
-_TEXT = {"name", "gpu", "aliases", "activation", "efficiency"}
+_TEXT = {"name", "gpu", "aliases", "activation", "efficiency", "experts"}
 _PROSE = {"gpu", "aliases", "efficiency"}
 
 

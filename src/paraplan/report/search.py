@@ -120,6 +120,9 @@ def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> li
         _setting("recompute", lambda r: r["recompute"], short="rc", legend="recompute (sel = selective)",
                  compact=lambda text: _RECOMPUTE_SHORT.get(text, text)),
     ]
+    if any("offload_optimizer" in r for r in rows):  # ZeRO-Offload tried
+        columns.append(_setting("offload", lambda r: r.get("offload_optimizer", "none"), short="off",
+                                legend="optimizer offload"))
     if any(len(set(r["layers_per_stage"])) > 1 for r in rows):
         columns.append((Col("layers/stage", wrap=True), lambda r: _runs(r["layers_per_stage"])))
     if any("node_order" in r for r in rows):

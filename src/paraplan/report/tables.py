@@ -91,6 +91,9 @@ def render_prediction(pred: Prediction) -> Group:
     verdict = Text("fits", style="green") if pred.fits else Text("DOES NOT FIT", style="bold red")
     mem.add_row(Text("total", style="bold"), format_bytes(worst.total))
     mem.add_row(Text.assemble("of ", format_bytes(pred.hbm_bytes[worst.stage]), " HBM: "), verdict)
+    host = max(m.host for m in pred.memory)
+    if host > 0:  # offload: what each GPU keeps in host memory
+        mem.add_row("host memory per GPU (offload)", format_bytes(host))
 
     items: list[Any] = [head, summary, parts, mem]
     if pred.placement is not None:

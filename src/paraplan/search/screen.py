@@ -45,11 +45,13 @@ from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.prediction.memory import activations_per_microbatch, estimate_stage_memory
+from paraplan.prediction.offload import gradient_copy_s, optimizer_step_s
 from paraplan.schedule.deepspeed import deepspeed_finish
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.search.space import (
     EP_EXPERTS,
     EP_STAGE,
+    OFFLOAD_DEVICES,
     SearchSpace,
     expert_axes,
     pipe_axis,
@@ -58,7 +60,17 @@ from paraplan.search.space import (
     rejection_reason,
     runs_as_zero,
 )
-from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Phase, Precision, Recompute, Schedule
+from paraplan.specs import (
+    ClusterSpec,
+    ConfigError,
+    Job,
+    ModelSpec,
+    ParallelPlan,
+    Phase,
+    Precision,
+    Recompute,
+    Schedule,
+)
 
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
 #: exact path (e.g. ``layers_per_stage``: uneven stages).
@@ -91,7 +103,7 @@ class Screen:
     space: SearchSpace
     train_tokens: float | None
     # gbs tp pp dp cp ep etp (raw: 0 as tp) sched (raw: index into _SCHEDULES, -1 the plan's own) vpp mbs zero
-    # recompute (index) sp (raw: 0 off, 1 on, 2 with tp)
+    # recompute (index) sp (raw: 0 off, 1 on, 2 with tp) offload (OFFLOAD_DEVICES index)
     plans: dict[str, np.ndarray]
     iteration_s: np.ndarray
     memory_bytes: np.ndarray  # worst stage, bytes per GPU
@@ -141,7 +153,8 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, tuple(e or 0 for e in etps),
              tuple(range(len(pipes))), space.micro_batch_size)
     rc = tuple(_RECOMPUTE.index(Recompute(r)) for r in space.recompute)
-    inner = (space.zero_stage, rc, tuple(2 if s is None else int(s) for s in sps))
+    inner = (space.zero_stage, rc, tuple(2 if s is None else int(s) for s in sps),
+             tuple(OFFLOAD_DEVICES.index(o) for o in space.offload_optimizer))
     n_inner = int(np.prod([len(a) for a in inner]))
     idx = np.indices([len(a) for a in outer]).reshape(len(outer), -1)
     gbs, tp, pp, cp, ep, etp, pipe, mbs = (np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
@@ -179,13 +192,13 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     named = (("gbs", gbs), ("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep), ("etp", etp), ("sched", sched),
              ("vpp", vpp), ("mbs", mbs))
     plans = {name: a[o] for name, a in named}
-    plans["zero"], plans["recompute"], plans["sp"] = (
+    plans["zero"], plans["recompute"], plans["sp"], plans["offload"] = (
         np.asarray(a, dtype=np.int64)[i][k] for a, i in zip(inner, inner_idx, strict=True)
     )
     return plans, excluded
 
 
-def _job_at(model, cluster, precision, space, train_tokens, plans, i: int) -> Job:
+def _job_at(model, cluster, precision, space, train_tokens, plans, i: int, offload: str | None = None) -> Job:
     p = {k: int(v[i]) for k, v in plans.items()}
     return plan_job(
         model, cluster, precision, space, train_tokens,
@@ -193,7 +206,26 @@ def _job_at(model, cluster, precision, space, train_tokens, plans, i: int) -> Jo
         zero_stage=p["zero"], recompute=_RECOMPUTE[p["recompute"]],
         sequence_parallel=None if p["sp"] == 2 else bool(p["sp"]), ep=p["ep"], etp=p["etp"] or None,
         schedule=None if p["sched"] < 0 else _SCHEDULES[p["sched"]],
+        offload_optimizer=OFFLOAD_DEVICES[p["offload"]] if offload is None else offload,
     )
+
+
+_OFFLOAD_REASONS: list[str] = []  # the offload rejection reasons seen, by code
+
+
+def _offload_reasons(zero: np.ndarray, offload: np.ndarray, framework: str) -> np.ndarray:
+    """Per plan: -1 when ``plan.check_offload`` accepts its (ZeRO stage, offload device), else the
+    code of its rejection reason in ``_OFFLOAD_REASONS``."""
+    out = np.full(len(zero), -1, dtype=np.int64)
+    for z, o in {(int(a), int(b)) for a, b in zip(zero.tolist(), offload.tolist(), strict=True) if b}:
+        try:
+            ParallelPlan(zero_stage=z, framework=framework, offload_optimizer=OFFLOAD_DEVICES[o])
+        except ValidationError as err:
+            reason = rejection_reason(err)
+            if reason not in _OFFLOAD_REASONS:
+                _OFFLOAD_REASONS.append(reason)
+            out[(zero == z) & (offload == o)] = _OFFLOAD_REASONS.index(reason)
+    return out
 
 
 def _representatives(key: np.ndarray, prefer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -251,7 +283,7 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
 def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
     """Per layout and stage class: layers, DP communication, optimizer step, and the memory
     that does not depend on the micro-batch (weights, gradients, optimizer states, buffers)."""
-    keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "buffers")
+    keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "buffers", "grad_copy")
     out = {k: np.zeros((len(invs), 3)) for k in keys}
     for j, inv in enumerate(invs):
         comm = CommCosts(inv, cm)
@@ -264,7 +296,9 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str
             out["gather"][j, c] = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
             out["dp_f"][j, c] = comm.total(st.per_microbatch_dp, (Phase.FWD,))
             out["dp_b"][j, c] = comm.total(st.per_microbatch_dp, BACKWARD)
-            out["optimizer"][j, c] = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER)
+            step = optimizer_step_s(inv, st)  # offload: the CPU step replaces the GPU's
+            out["optimizer"][j, c] = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER) if step is None else step
+            out["grad_copy"][j, c] = gradient_copy_s(inv, st)
             out["static"][j, c] = mem.weights + mem.gradients + mem.optimizer_states
             out["buffers"][j, c] = mem.buffers
     return out
@@ -301,28 +335,36 @@ def screen_plans(
                 _codes(plans["recompute"]),  # a framework refuses some recompute policies
                 _codes(plans["sched"]), _codes(ep), _codes(plans["etp"]))
     reps, vinv = _representatives(vkey)
+    # Optimizer offload's own rules (ParallelPlan's first validator, so its reason comes first)
+    # depend on the ZeRO stage alone: checked once per (stage, device), the rest without offload.
+    offload_reason = _offload_reasons(zero, plans["offload"], space.framework)
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
     overlap = fused = True
     lockstep = False  # DeepSpeed's TrainSchedule (a framework setting: the same for the whole space)
-    per_key = np.bincount(vinv, minlength=len(reps))
+    offload_ok = offload_reason < 0
+    per_key = np.bincount(vinv[offload_ok], minlength=len(reps))
+    reasons = sorted(set(offload_reason[~offload_ok].tolist()))
+    for code in reasons:
+        excluded[_OFFLOAD_REASONS[code]] += int((offload_reason == code).sum())
     for j, i in enumerate(reps):
         try:
-            job = _job_at(*args, plans, int(i))
+            job = _job_at(*args, plans, int(i), offload="none")
         except (ValidationError, ConfigError) as err:
-            excluded[rejection_reason(err)] += int(per_key[j])
+            if per_key[j]:
+                excluded[rejection_reason(err)] += int(per_key[j])
             continue
         ok[j] = True
         schedule[j] = _SCHEDULES.index(job.parallel.schedule)
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
         fused = job.parallel.fuses_gradient_accumulation
         lockstep = lockstep or job.parallel.runs_deepspeed_train_schedule
-    valid = ok[vinv]
+    valid = ok[vinv] & offload_ok
     sched = schedule[vinv]
     # Distinct runs, the first valid one kept: sequence parallelism "both" repeats the tp = 1
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
     runs_as = runs_as_zero(zero, plans["dp"] * cp, precision)
-    rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute")), _codes(runs_as),
+    rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute", "offload")), _codes(runs_as),
                 _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), *experts,
                 *((_codes(sched),) if space.schedule is not None else ()))
     candidates = np.flatnonzero(valid)
@@ -351,7 +393,7 @@ def screen_plans(
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
     A = _shard_table(model, cm, a_invs)
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
-    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), *experts)
+    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts)
     b_reps, b = _representatives(bkey)
     b_invs = [count_job(_job_at(*args, plans, int(i))) for i in b_reps]
     B = _layout_table(cm, b_invs)
@@ -382,7 +424,7 @@ def screen_plans(
 
 def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockstep=False):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
-    rc = plans["recompute"]
+    rc, zero = plans["recompute"], plans["zero"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
     m = (gbs // (mbs * dp)).astype(np.float64)
     p = pp.astype(np.float64)
@@ -415,11 +457,17 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
             units = np.maximum(n, 1)
             forward = sharded_pass_s(forward + tp_f, dp_f, units, slowdown) - tp_f
             backward = sharded_pass_s(backward + tp_b, dp_b, units, slowdown) - tp_b
+        else:
+            forward, backward = forward + dp_f, backward + dp_b
+        copy = B["grad_copy"][b, c]
+        if copy.any():  # ZeRO-Offload's gradient copy, as offload.exposed_gradient_copy_s
+            exposed = (copy - backward) * (copy > backward)
+            backward = backward + np.where(zero >= 2, exposed, exposed / m)
+        if overlap:
             last_b, first_f = backward + recompute + tp_b, forward + tp_f
             exposed = (overlapped_s(last_b, reduce_s, slowdown) - last_b
                        + overlapped_s(first_f, gather_s, slowdown) - first_f)
         else:
-            forward, backward = forward + dp_f, backward + dp_b
             exposed = reduce_s + gather_s
         f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
         if zero_bubble:

@@ -39,6 +39,8 @@ class SearchSpace:
     zero_stage: tuple[int, ...] = (0, 1)
     recompute: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     vpp: tuple[int, ...] = (1,)
+    # DeepSpeed's offload_optimizer devices to try ("none", "cpu", "nvme"): ZeRO-Offload on/off
+    offload_optimizer: tuple[str, ...] = ("none",)
     sequence_parallel: str = "with_tp"  # "with_tp": on whenever tp > 1; "both": try on and off; "off"
     allow_tp_across_nodes: bool = False
     framework: str = "megatron"
@@ -74,6 +76,10 @@ class SearchSpace:
             values = getattr(self, name)
             if values is not None and (not values or any(v is not None and (isinstance(v, bool) or v < 1) for v in values)):
                 raise ConfigError(f"{name}: expected positive whole numbers, got {values!r}")
+        bad = [o for o in self.offload_optimizer if o not in OFFLOAD_DEVICES]
+        if bad or not self.offload_optimizer:
+            raise ConfigError(f"offload_optimizer: {', '.join(map(repr, bad)) or 'nothing'} is not one of "
+                              f"{', '.join(OFFLOAD_DEVICES)}")
 
     def batch_sizes(self, global_batch_size: int) -> tuple[int, ...]:
         return self.global_batch_sizes or (global_batch_size,)
@@ -88,6 +94,7 @@ class SearchSpace:
 
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices
 
 #: The axes of ``SearchSpace.full()`` (tp and pp keep their defaults: powers of two up to the
 #: cluster, divisors of the GPU count).
@@ -203,6 +210,7 @@ def plan_job(
     ep: int = 1,
     etp: int | None = None,
     schedule: Schedule | None = None,
+    offload_optimizer: str = "none",
 ) -> Job:
     """The Job of one point of the space (raises ValidationError / ConfigError when the Job
     validator rejects it). ``sequence_parallel=None`` means on whenever tp > 1; ``etp=None``
@@ -229,11 +237,14 @@ def plan_job(
         "recompute": recompute,
         "framework": space.framework,
         **moe,
+        **({"offload_optimizer": offload_optimizer} if offload_optimizer != "none" else {}),
         **space.extra,
     }
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
     name += (f"-ep{ep}" if ep > 1 else "") + (f"-etp{etp}" if etp is not None else "")
     name += f"-{schedule.value}" if schedule is not None else ""
+    if offload_optimizer != "none":
+        name += f"-offload-{offload_optimizer}"
     if space.global_batch_sizes:
         name += f"-gbs{global_batch_size}"
     return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens)
@@ -263,9 +274,9 @@ def enumerate_plans(
     eps, etps = expert_axes(model, space, n)
     excluded: Counter = Counter()
     jobs: list[Job] = []
-    for gbs, tp, pp, cp, ep, etp, (schedule, vpp), mbs, zero, recompute, sp in itertools.product(
+    for gbs, tp, pp, cp, ep, etp, (schedule, vpp), mbs, zero, recompute, sp, offload in itertools.product(
         space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, etps, pipe_axis(space),
-        space.micro_batch_size, space.zero_stage, space.recompute, sps,
+        space.micro_batch_size, space.zero_stage, space.recompute, sps, space.offload_optimizer,
     ):
         if n % (tp * pp * cp):
             excluded["tp*pp*cp does not divide the number of GPUs"] += 1
@@ -295,6 +306,7 @@ def enumerate_plans(
                     model, cluster, precision, space, train_tokens,
                     global_batch_size=gbs, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                     zero_stage=zero, recompute=recompute, sequence_parallel=sp, ep=ep, etp=etp, schedule=schedule,
+                    offload_optimizer=offload,
                 )
             )
         except (ValidationError, ConfigError) as err:

@@ -8,6 +8,7 @@ from paraplan.specs.hardware import (
     EfficiencyCurve,
     EfficiencySpec,
     GpuSpec,
+    HostSpec,
     LinkSpec,
     PrecisionCurves,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "GpuSpec",
     "HeteroClusterSpec",
     "HeteroJob",
+    "HostSpec",
     "InternalError",
     "Job",
     "LinkSpec",

@@ -139,6 +139,22 @@ class LinkSpec(BaseModel):
         return self.bandwidth_bytes_per_s * (self.p2p_efficiency or self.efficiency)
 
 
+class HostSpec(BaseModel):
+    """A node's host side, for offload (ZeRO-Offload / ZeRO-Infinity, activation offload).
+
+    ``memory_bytes`` is the node's CPU memory; ``cpu_adam_params_per_s`` how many parameters
+    the node's CPUs update per second with DeepSpeed's CPU-Adam (all its cores together);
+    ``nvme_bandwidth_bytes_per_s`` the node's aggregate NVMe read/write bandwidth. A field
+    left out is unknown: a prediction that needs it says so (or refuses, for NVMe)."""
+
+    model_config = _FROZEN
+    memory_bytes: Bytes | None = Field(default=None, validation_alias=AliasChoices("memory_bytes", "memory"))
+    cpu_adam_params_per_s: Float | None = Field(default=None, gt=0)
+    nvme_bandwidth_bytes_per_s: Bandwidth | None = Field(
+        default=None, validation_alias=AliasChoices("nvme_bandwidth_bytes_per_s", "nvme_bandwidth")
+    )
+
+
 class GpuSpec(BaseModel):
     """One accelerator: peak dense FLOP/s per precision, HBM size and bandwidth."""
 
@@ -152,6 +168,8 @@ class GpuSpec(BaseModel):
         validation_alias=AliasChoices("hbm_bandwidth_bytes_per_s", "hbm_bandwidth")
     )
     intra_node: LinkSpec | None = None
+    # the GPU's own link to its host CPU (PCIe, or NVLink-C2C on Grace Hopper), per direction
+    host_link: LinkSpec | None = None
     efficiency: EfficiencySpec = EfficiencySpec()
     reference_node: str | None = None  # catalog cluster whose links a job naming only the GPU gets
     sources: dict[str, str] = Field(default_factory=dict)
@@ -187,9 +205,14 @@ class ClusterSpec(BaseModel):
     inter_node: LinkSpec | None = None
     price_per_gpu_hour: Usd | None = None
     sources: dict[str, str] = Field(default_factory=dict)
+    # offload: each GPU's link to the host (default: the GPU's own) and the node's host side
+    host_link: LinkSpec | None = None
+    host: HostSpec = HostSpec()
 
     @model_validator(mode="after")
     def _intra_link(self) -> ClusterSpec:
+        if self.host_link is None and self.gpu.host_link is not None:
+            object.__setattr__(self, "host_link", self.gpu.host_link)
         if self.intra_node is None and self.gpus_per_node > 1:
             if self.gpu.intra_node is None:
                 raise ValueError(

@@ -88,6 +88,11 @@ class Job(BaseModel):
                     f"parallel.vpp: the interleaved schedule needs the number of micro-batches "
                     f"({p.num_microbatches}) to be a multiple of pp={p.pp}"
                 )
+        k = p.cpu_offloading_num_layers
+        if k is not None and k >= m.num_layers:  # Megatron-Core: "only for layers less than num_layers"
+            raise ValueError(
+                f"parallel.cpu_offloading_num_layers: {k} must be less than num_layers={m.num_layers}"
+            )
         if self.precision not in c.gpu.peak_flops:
             have = ", ".join(x.value for x in c.gpu.peak_flops)
             raise ValueError(

@@ -123,6 +123,27 @@ class ParallelPlan(BaseModel):
     # idea): one micro-batch's all-to-all runs beside another's computation
     moe_shared_expert_overlap: Bool = False
     overlap_moe_expert_parallel_comm: Bool = False
+    # --- offload (issue 18) ---
+    # DeepSpeed's zero_optimization.offload_optimizer / offload_param device: the optimizer
+    # state and its step on the CPU (ZeRO-Offload), parameters on the host (ZeRO-3 only), or
+    # either on NVMe (ZeRO-Infinity, ZeRO-3 only)
+    offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
+    offload_param: Literal["none", "cpu", "nvme"] = "none"
+    # Megatron-Core's TransformerConfig.cpu_offloading / cpu_offloading_num_layers: the saved
+    # activations of that many transformer layers go to host memory in the forward pass and
+    # come back for the backward pass
+    cpu_offloading: Bool = False
+    cpu_offloading_num_layers: Int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _offload_supported(self) -> ParallelPlan:
+        check_offload(self)
+        return self
+
+    @property
+    def offloads(self) -> bool:
+        """Whether anything of the plan lives off the GPU."""
+        return self.offload_optimizer != "none" or self.offload_param != "none" or self.cpu_offloading
 
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> ParallelPlan:
@@ -331,3 +352,42 @@ class ParallelPlan(BaseModel):
         if self.overlap_grad_reduce is not None:
             return self.overlap_grad_reduce
         return self.framework is not Framework.DEEPSPEED
+
+
+def check_offload(plan: ParallelPlan) -> None:
+    """The offload rules of DeepSpeed (its config docs: offload_param "available only with ZeRO
+    stage 3"; offload_optimizer to the CPU with stages 1-3, to NVMe with stage 3), Megatron-LM
+    (--optimizer-cpu-offload with the distributed optimizer; Megatron-Core's cpu_offloading
+    refuses pipeline parallelism and activation recomputation) and FSDP2 (CPUOffloadPolicy
+    moves parameters, gradients and optimizer state together, to the CPU only)."""
+    opt, par, fw = plan.offload_optimizer, plan.offload_param, plan.framework
+    if par != "none" and plan.zero_stage != 3:
+        raise ValueError(f"parallel.offload_param: parameters are offloaded only with zero_stage 3, not {plan.zero_stage}")
+    if opt != "none" and plan.zero_stage < 1:
+        raise ValueError("parallel.offload_optimizer: offloads the ZeRO-partitioned optimizer, so it needs zero_stage >= 1")
+    if opt == "nvme" and plan.zero_stage != 3:
+        raise ValueError(f"parallel.offload_optimizer: NVMe offload (ZeRO-Infinity) needs zero_stage 3, not {plan.zero_stage}")
+    if fw is Framework.MEGATRON:
+        if par != "none":
+            raise ValueError("parallel.offload_param: Megatron-LM offloads no parameters (its "
+                             "--optimizer-cpu-offload moves the optimizer only); use framework deepspeed or fsdp")
+        if opt == "nvme" or (opt == "cpu" and plan.zero_stage != 1):
+            raise ValueError("parallel.offload_optimizer: Megatron-LM's --optimizer-cpu-offload goes to the CPU "
+                             f"with the distributed optimizer (zero_stage 1), not {opt!r} with zero_stage {plan.zero_stage}")
+    if fw is Framework.FSDP and (opt != par or "nvme" in (opt, par)):
+        raise ValueError("parallel.offload_optimizer: FSDP2's CPUOffloadPolicy offloads parameters, gradients and "
+                         "optimizer state together to the CPU: set offload_optimizer and offload_param both to "
+                         f"'cpu' (got {opt!r} and {par!r})")
+    if plan.cpu_offloading_num_layers is not None and not plan.cpu_offloading:
+        raise ValueError("parallel.cpu_offloading_num_layers: goes with cpu_offloading: true")
+    if plan.cpu_offloading:
+        if fw is not Framework.MEGATRON:
+            raise ValueError(f"parallel.cpu_offloading: activation offload is Megatron-Core's; {fw.value} has none")
+        if plan.pp > 1:
+            raise ValueError("parallel.cpu_offloading: Megatron-Core has no pipeline parallelism with CPU "
+                             f"offloading (pp={plan.pp})")
+        if plan.recompute is not Recompute.NONE:
+            raise ValueError("parallel.cpu_offloading: Megatron-Core's CPU offloading does not work with "
+                             f"activation recomputation ({plan.recompute.value!r})")
+        if plan.cpu_offloading_num_layers is None:
+            raise ValueError("parallel.cpu_offloading_num_layers: say how many layers' activations to offload")
