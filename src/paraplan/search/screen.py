@@ -199,14 +199,15 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
 
 
 def _job_at(model, cluster, precision, space, train_tokens, plans, i: int, offload: str | None = None) -> Job:
-    p = {k: int(v[i]) for k, v in plans.items()}
+    sp, etp, sched = int(plans["sp"][i]), int(plans["etp"][i]), int(plans["sched"][i])
     return plan_job(
         model, cluster, precision, space, train_tokens,
-        global_batch_size=p["gbs"], tp=p["tp"], pp=p["pp"], cp=p["cp"], vpp=p["vpp"], micro_batch_size=p["mbs"],
-        zero_stage=p["zero"], recompute=_RECOMPUTE[p["recompute"]],
-        sequence_parallel=None if p["sp"] == 2 else bool(p["sp"]), ep=p["ep"], etp=p["etp"] or None,
-        schedule=None if p["sched"] < 0 else _SCHEDULES[p["sched"]],
-        offload_optimizer=OFFLOAD_DEVICES[p["offload"]] if offload is None else offload,
+        global_batch_size=int(plans["gbs"][i]), tp=int(plans["tp"][i]), pp=int(plans["pp"][i]),
+        cp=int(plans["cp"][i]), vpp=int(plans["vpp"][i]), micro_batch_size=int(plans["mbs"][i]),
+        zero_stage=int(plans["zero"][i]), recompute=_RECOMPUTE[int(plans["recompute"][i])],
+        sequence_parallel=None if sp == 2 else bool(sp), ep=int(plans["ep"][i]), etp=etp or None,
+        schedule=None if sched < 0 else _SCHEDULES[sched],
+        offload_optimizer=OFFLOAD_DEVICES[int(plans["offload"][i])] if offload is None else offload,
     )
 
 
