@@ -2,7 +2,8 @@
 
 Run: python benchmarks/bench_search.py [--sample N]
 Targets (issue 4): >= 100,000 plans screened per second per core; the whole space for GPT-3
-175B on 1,024 A100-80GB with global batch up to 2,048 searched in under 10 s.
+175B on 1,024 A100-80GB with global batch up to 2,048 searched in under 10 s. The Mixtral case
+(issue 18) adds expert parallelism: ep x etp multiply the shard shapes and layouts costed once.
 
 The process is pinned to one core. "Points" are all combinations of the space's axes (what
 the divisibility rules, the Job validator and the screen get through); "plans" are the valid,
@@ -40,6 +41,8 @@ SPACES = {
 CASES = {
     "GPT-3 175B, 1,024 A100-80GB (dgx-a100 x 128)": ("gpt3-175b", "dgx-a100", 128),
     "Llama-3-70B, 512 H100 (dgx-h100 x 64)": ("llama-3-70b", "dgx-h100", 64),
+    # a mixture of experts (issue 18): every ep dividing the 8 experts, etp = tp (full: tp and 1)
+    "Mixtral 8x7B, 64 H100 (dgx-h100 x 8)": ("mixtral-8x7b", "dgx-h100", 8),
 }
 SAMPLE = int(sys.argv[sys.argv.index("--sample") + 1]) if "--sample" in sys.argv else 300
 
@@ -61,6 +64,7 @@ def _screen(model, cluster, space, repeats: int = 3):
 def _plan(pred) -> str:
     p = pred.job.parallel
     text = f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" cp{p.cp}" if p.cp > 1 else "") + (f" vpp{p.vpp}" if p.vpp > 1 else "")
+    text += (f" ep{p.ep}" if p.ep > 1 else "") + (f" etp{p.etp}" if pred.job.model.is_moe and p.etp != p.tp else "")
     return f"{text} mbs{p.micro_batch_size} gbs{p.global_batch_size} ZeRO-{p.zero_stage} {p.recompute.value}"
 
 

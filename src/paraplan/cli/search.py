@@ -57,6 +57,14 @@ def search_command(
         show_default="none,selective,full")] = None,
     sp: Annotated[str | None, Opt("--sp", help="Sequence parallelism: on (whenever tp > 1), off, or on,off (both).",
                                   show_default="on; full: on,off")] = None,
+    ep: Annotated[str | None, Opt("--ep", help="Expert-parallel sizes to try (mixtures of experts), e.g. 1,2,4,8.",
+                                  show_default="every divisor of the experts; 1 for a dense model")] = None,
+    etp: Annotated[str | None, Opt("--etp", help="Expert tensor-parallel sizes to try, e.g. tp,1 (tp: as --tp).",
+                                   show_default="tp; full: tp,1")] = None,
+    schedule: Annotated[str | None, Opt(
+        "--schedule", help="Pipeline schedules to try: 1f1b, interleaved (vpp from --vpp, else 2), gpipe, zb-h1, "
+                           "zb-v (zero-bubble: --framework fsdp), e.g. 1f1b,interleaved,zb-h1,zb-v.",
+        show_default="1f1b (interleaved with --vpp above 1)")] = None,
     offload: Annotated[str | None, Opt("--offload", help="Optimizer offload (ZeRO-Offload) to try: none, cpu, nvme, "
                                        "e.g. none,cpu for on and off.", show_default="none")] = None,
     allow_tp_across_nodes: Annotated[bool, Opt("--allow-tp-across-nodes",
@@ -76,7 +84,7 @@ def search_command(
     force: Annotated[bool, Opt("--force", help="Overwrite --save-best / --pareto files that exist.")] = False,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
 ) -> None:
-    """Enumerate tp x pp x dp x cp x vpp x micro-batch x ZeRO x recompute plans; prune by
+    """Enumerate tp x pp x dp x cp x ep x schedule x vpp x micro-batch x ZeRO x recompute plans; prune by
     divisibility and memory (saying why), time the rest and rank them. Exit code 0 with
     plans, 1 when no plan is left (the bound that excluded them and the nearest plan are
     shown), 2 on bad input."""
@@ -160,7 +168,11 @@ def search_command(
         search_space = _space(space, framework=framework, allow_tp_across_nodes=allow_tp_across_nodes,
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
-                              offload=offload, batches=batches if batches and len(batches) > 1 else None)
+                              offload=offload, batches=batches if batches and len(batches) > 1 else None, ep=ep,
+                              etp=etp, schedule=schedule)
+        if etp is not None and not base.model.is_moe:
+            raise ConfigError("etp: the model is dense (it has no num_moe_experts); expert parallelism "
+                              "applies to mixtures of experts")
         axis = None
         if pareto is not None:
             axis = pareto_axis or ("cost" if len(bases) > 1 and all(_priced(b) for _, b in bases) else "memory")
@@ -245,7 +257,7 @@ def _priced(job) -> bool:
 
 
 def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp, cp, vpp, micro_batch_size, zero,
-           recompute, sp, batches, offload=None):
+           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None):
     """The SearchSpace of ``--space`` with the axes the list flags give."""
     from paraplan.search import SearchSpace
     from paraplan.specs import ConfigError, Recompute
@@ -284,6 +296,16 @@ def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp
         axes["offload_optimizer"] = tuple(dict.fromkeys(v.strip().lower() for v in offload.split(",") if v.strip()))
     if batches:
         axes["global_batch_sizes"] = tuple(batches)
+    if ep is not None:
+        axes["ep"] = tuple(_ints("--ep", ep))
+    if etp is not None:
+        words = [w.strip() for w in etp.split(",") if w.strip()]
+        numbers = [w for w in words if w.lower() != "tp"]
+        if not words or (numbers and not _ints("--etp", ",".join(numbers))):
+            raise ConfigError(f"--etp: expected tp or comma-separated whole numbers, got {etp!r}")
+        axes["etp"] = tuple(dict.fromkeys(None if w.lower() == "tp" else int(w) for w in words))
+    if schedule:
+        axes["schedule"] = tuple(dict.fromkeys(v.strip().lower() for v in str(schedule).split(",") if v.strip()))
     common = dict(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers)
     if name == "full":
         return SearchSpace.full(**common, **axes)

@@ -39,6 +39,7 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "num_gpus": sum(n for _, n in pred.placement.gpus) if placed else cluster.num_gpus,
         "gpu": pred.gpu_name,
         **pred.plan_dict(),
+        **_experts(pred),
         "iteration_s": pred.iteration_s,
         "tokens_per_s": pred.tokens_per_s,
         "mfu": pred.mfu,
@@ -48,6 +49,14 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "cost_to_train_usd": pred.cost_to_train_usd,
         "uncalibrated": list(pred.uncalibrated),
     }
+
+
+def _experts(pred) -> dict[str, Any]:
+    """A mixture of experts' expert-parallel sizes (nothing for a dense model)."""
+    if not pred.job.model.is_moe:
+        return {}
+    q = pred.job.parallel
+    return {"ep": q.ep, "etp": q.etp}
 
 
 def _runs(values: list, sep: str = ", ") -> str:
@@ -69,6 +78,8 @@ def _usd(x: float) -> str:
 
 
 _RECOMPUTE_SHORT = {"none": "none", "selective": "sel", "full": "full"}
+_PLAIN_SCHEDULES = ("1f1b", "interleaved")  # said by the vpp column: no schedule column for them alone
+_SCHEDULE_SHORT = {"interleaved": "intl"}
 
 Cell = Callable[[dict], str]
 
@@ -95,6 +106,13 @@ def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> li
         _setting("sp", lambda r: "on" if r["sequence_parallel"] else "off"),
         _setting("mbs", lambda r: str(r["micro_batch_size"]), number=True),
     ]
+    if any("ep" in r for r in rows):
+        columns.append(_setting("ep", lambda r: str(r.get("ep", 1)), number=True))
+    if any(r.get("etp", r["tp"]) != r["tp"] for r in rows):
+        columns.append(_setting("etp", lambda r: str(r.get("etp", r["tp"])), number=True))
+    if any(r["schedule"] not in _PLAIN_SCHEDULES for r in rows):
+        columns.append(_setting("schedule", lambda r: r["schedule"], short="sched", legend="pipeline schedule (intl = interleaved)",
+                                compact=lambda text: _SCHEDULE_SHORT.get(text, text)))
     if len({r["global_batch_size"] for r in rows}) > 1:
         columns.append(_setting("gbs", lambda r: str(r["global_batch_size"]), number=True))
     columns += [
@@ -237,6 +255,7 @@ def _memory_hints(pred) -> list[str]:
 def _plan_name(pred) -> str:
     q = pred.job.parallel
     text = f"tp{q.tp} pp{q.pp} dp{q.dp}" + (f" cp{q.cp}" if q.cp > 1 else "") + (f" vpp{q.vpp}" if q.vpp > 1 else "")
+    text += f" ep{q.ep}" if q.ep > 1 else ""
     text += f" mbs{q.micro_batch_size} ZeRO-{q.zero_stage} recompute {q.recompute.value}"
     if pred.placement is not None:
         return f"{text} on {pred.placement.cluster}"

@@ -170,6 +170,11 @@ def search_plans(
     if isinstance(cluster, HeteroClusterSpec) or space.uneven_layers:
         if isinstance(cluster, ClusterSpec):
             cluster = HeteroClusterSpec(name=cluster.name, node_groups=(cluster,))
+        if space.schedule is not None:
+            raise ConfigError("schedule: the uneven-stage search (node groups, --uneven-layers) tries the plan's own "
+                              "schedule; leave the schedule axis out")
+        if space.ep is not None and set(space.ep) != {1}:
+            raise ConfigError("ep: the uneven-stage search (node groups, --uneven-layers) keeps ep = 1")
         if budget_usd is not None and cluster.price_per_hour_usd is None:
             raise ConfigError("budget: a node group of the cluster has no price_per_gpu_hour")
         return _uneven_search(model, cluster, global_batch_size, precision, space, objective, limits,

@@ -4,16 +4,18 @@ Nothing here counts FLOPs, bytes or collective volumes. The space's plans differ
 axes, and each quantity the exact prediction uses depends on only some of them, so each is
 costed once per distinct value of its axes with the same code the exact path runs:
 
-- a *shard shape* (tp, cp, sequence parallelism, micro-batch) fixes one layer's operators
-  and TP/CP collectives, the embedding and LM-head operators and collectives, the pipeline
+- a *shard shape* (tp, cp, sequence parallelism, micro-batch; for a mixture of experts also
+  ep and etp: the tokens a rank's experts receive, the all-to-all and its group's placement)
+  fixes one layer's operators and TP/CP/EP collectives, the embedding and LM-head operators and collectives, the pipeline
   message and the saved activations: one representative Job of the space is inventoried
   (``count_job``) and costed with ``AnalyticalCostModel`` through the prediction's own
   ``LayerCost`` and ``CommCosts``, and its activations through ``memory``'s own function;
-- a *layout* (tp, cp, pp, ZeRO stage, hence dp) fixes every stage's parameters, its
+- a *layout* (tp, cp, pp, ZeRO stage, hence dp; ep and etp: the experts' parameters per rank
+  and their gradient sync over the expert data-parallel group) fixes every stage's parameters, its
   data-parallel collectives (``group_layout``), its optimizer step and its weight, gradient
   and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
 
-The remaining axes (pp, dp, ZeRO, vpp, recompute, global batch, number of micro-batches) are
+The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
 combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
 term by term. Memory is the exact formula (the screen's verdict equals ``estimate_memory``'s;
 tests check it). Time differs from ``predict`` only in the pipeline: the event simulation is
@@ -47,8 +49,12 @@ from paraplan.prediction.offload import gradient_copy_s, optimizer_step_s
 from paraplan.schedule.deepspeed import deepspeed_finish
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.search.space import (
+    EP_EXPERTS,
+    EP_STAGE,
     OFFLOAD_DEVICES,
     SearchSpace,
+    expert_axes,
+    pipe_axis,
     plan_axes,
     plan_job,
     rejection_reason,
@@ -68,7 +74,8 @@ from paraplan.specs import (
 
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
 #: exact path (e.g. ``layers_per_stage``: uneven stages).
-SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule"})
+SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule", "expert_load_imbalance",
+                              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm"})
 
 _RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_V)
@@ -95,7 +102,8 @@ class Screen:
     precision: Precision
     space: SearchSpace
     train_tokens: float | None
-    # gbs tp pp dp cp vpp mbs zero recompute (index) sp (raw: 0 off, 1 on, 2 with tp) offload (OFFLOAD_DEVICES index)
+    # gbs tp pp dp cp ep etp (raw: 0 as tp) sched (raw: index into _SCHEDULES, -1 the plan's own) vpp mbs zero
+    # recompute (index) sp (raw: 0 off, 1 on, 2 with tp) offload (OFFLOAD_DEVICES index)
     plans: dict[str, np.ndarray]
     iteration_s: np.ndarray
     memory_bytes: np.ndarray  # worst stage, bytes per GPU
@@ -116,18 +124,13 @@ class Screen:
 
     def job(self, i: int) -> Job:
         """The Job of plan ``i`` (the same Job ``enumerate_plans`` builds for it)."""
-        p = {k: int(v[i]) for k, v in self.plans.items()}
-        sp = None if p["sp"] == 2 else bool(p["sp"])
-        return plan_job(
-            self.model, self.cluster, self.precision, self.space, self.train_tokens,
-            global_batch_size=p["gbs"], tp=p["tp"], pp=p["pp"], cp=p["cp"], vpp=p["vpp"],
-            micro_batch_size=p["mbs"], zero_stage=p["zero"], recompute=_RECOMPUTE[p["recompute"]],
-            sequence_parallel=sp, offload_optimizer=OFFLOAD_DEVICES[p["offload"]],
-        )
+        return _job_at(self.model, self.cluster, self.precision, self.space, self.train_tokens, self.plans, i)
 
 
 def _codes(values: np.ndarray) -> np.ndarray:
     """Dense integer codes of ``values`` (equal values, equal codes)."""
+    if len(values) and values.min() == values.max():  # an axis the space does not vary (ep of a dense model)
+        return np.zeros(values.shape, dtype=np.int64)
     return np.unique(values, return_inverse=True)[1].reshape(values.shape)
 
 
@@ -144,13 +147,19 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     (same order, same reasons), as arrays, and the exclusion counts."""
     n, gpn, layers = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
     tps, pps, sps = plan_axes(model, cluster, space)
-    outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, space.vpp, space.micro_batch_size)
+    eps, etps = expert_axes(model, space, n)
+    pipes = pipe_axis(space)
+    sched_codes = tuple(-1 if s is None else _SCHEDULES.index(s) for s, _ in pipes)
+    outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, tuple(e or 0 for e in etps),
+             tuple(range(len(pipes))), space.micro_batch_size)
     rc = tuple(_RECOMPUTE.index(Recompute(r)) for r in space.recompute)
     inner = (space.zero_stage, rc, tuple(2 if s is None else int(s) for s in sps),
              tuple(OFFLOAD_DEVICES.index(o) for o in space.offload_optimizer))
     n_inner = int(np.prod([len(a) for a in inner]))
     idx = np.indices([len(a) for a in outer]).reshape(len(outer), -1)
-    gbs, tp, pp, cp, vpp, mbs = (np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
+    gbs, tp, pp, cp, ep, etp, pipe, mbs = (np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
+    vpp = np.asarray([v for _, v in pipes], dtype=np.int64)[pipe]
+    sched = np.asarray(sched_codes, dtype=np.int64)[pipe]
     excluded: Counter = Counter()
     alive = np.ones(len(gbs), dtype=bool)
 
@@ -173,11 +182,16 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
         "interleaving needs layers divisible by pp*vpp and micro-batches by pp",
     )
     rule(layers % pp != 0, "pp does not divide the layers evenly (uneven splits are off)")
+    if model.is_moe:
+        rule((ep > 1) & (model.num_moe_experts % ep != 0), EP_EXPERTS)
+        rule((tp * cp * dp) % (ep * np.where(etp == 0, tp, etp)) != 0, EP_STAGE)
     keep = np.flatnonzero(alive)
     inner_idx = np.indices([len(a) for a in inner]).reshape(len(inner), -1)
     o = np.repeat(keep, n_inner)
     k = np.tile(np.arange(n_inner), len(keep))
-    plans = {name: a[o] for name, a in (("gbs", gbs), ("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("vpp", vpp), ("mbs", mbs))}
+    named = (("gbs", gbs), ("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep), ("etp", etp), ("sched", sched),
+             ("vpp", vpp), ("mbs", mbs))
+    plans = {name: a[o] for name, a in named}
     plans["zero"], plans["recompute"], plans["sp"], plans["offload"] = (
         np.asarray(a, dtype=np.int64)[i][k] for a, i in zip(inner, inner_idx, strict=True)
     )
@@ -185,14 +199,15 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
 
 
 def _job_at(model, cluster, precision, space, train_tokens, plans, i: int, offload: str | None = None) -> Job:
-    sp = int(plans["sp"][i])
-    offload = OFFLOAD_DEVICES[int(plans["offload"][i])] if offload is None else offload
+    sp, etp, sched = int(plans["sp"][i]), int(plans["etp"][i]), int(plans["sched"][i])
     return plan_job(
         model, cluster, precision, space, train_tokens,
         global_batch_size=int(plans["gbs"][i]), tp=int(plans["tp"][i]), pp=int(plans["pp"][i]),
         cp=int(plans["cp"][i]), vpp=int(plans["vpp"][i]), micro_batch_size=int(plans["mbs"][i]),
         zero_stage=int(plans["zero"][i]), recompute=_RECOMPUTE[int(plans["recompute"][i])],
-        sequence_parallel=None if sp == 2 else bool(sp), offload_optimizer=offload,
+        sequence_parallel=None if sp == 2 else bool(sp), ep=int(plans["ep"][i]), etp=etp or None,
+        schedule=None if sched < 0 else _SCHEDULES[sched],
+        offload_optimizer=OFFLOAD_DEVICES[int(plans["offload"][i])] if offload is None else offload,
     )
 
 
@@ -312,10 +327,14 @@ def screen_plans(
     args = (model, cluster, precision, space, train_tokens)
     tp, pp, cp, zero, vpp = plans["tp"], plans["pp"], plans["cp"], plans["zero"], plans["vpp"]
     sp_on = np.where(plans["sp"] == 2, tp > 1, (plans["sp"] == 1) & (tp > 1))
+    ep, etp = plans["ep"], np.where(plans["etp"] == 0, tp, plans["etp"])  # etp unset runs as tp
+    # keys of the axes a space may not vary (a dense model: ep 1, etp = tp; one schedule per vpp)
+    experts = (_codes(ep), _codes(etp)) if model.is_moe else ()
 
     # The Job validator: its verdict depends on these axes only (the batch rules ran above).
     vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero),
-                _codes(plans["recompute"]))  # a framework refuses some recompute policies
+                _codes(plans["recompute"]),  # a framework refuses some recompute policies
+                _codes(plans["sched"]), _codes(ep), _codes(plans["etp"]))
     reps, vinv = _representatives(vkey)
     # Optimizer offload's own rules (ParallelPlan's first validator, so its reason comes first)
     # depend on the ZeRO stage alone: checked once per (stage, device), the rest without offload.
@@ -347,11 +366,13 @@ def screen_plans(
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
     runs_as = runs_as_zero(zero, plans["dp"] * cp, precision)
     rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute", "offload")), _codes(runs_as),
-                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64))
+                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), *experts,
+                *((_codes(sched),) if space.schedule is not None else ()))
     candidates = np.flatnonzero(valid)
     keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
     plans = {k: v[keep] for k, v in plans.items()}
     sp_on, sched = sp_on[keep], sched[keep]
+    experts = tuple(c[keep] for c in experts)
     considered = len(keep) + sum(excluded.values())
     clock["validate"] = time.perf_counter()
 
@@ -360,7 +381,8 @@ def screen_plans(
         empty = np.zeros(0)
         return Screen(*args, plans, empty, empty, excluded, considered)
     cm = AnalyticalCostModel(cluster, precision)
-    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs))
+    # a MoE layer's dispatch, experts and their activations follow ep and etp too
+    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), *experts)
     if not fused or precision is Precision.FP8:
         # a layer's backward adds its gradients to .grad on all but the first micro-batch;
         # FP8 layers cast their weights once per iteration: both are shared by m micro-batches
@@ -371,7 +393,8 @@ def screen_plans(
     a_reps, a = _representatives(akey, prefer=pp > 1)
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
     A = _shard_table(model, cm, a_invs)
-    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]))
+    # the experts' parameters per rank and their gradient sync over the expert data-parallel group
+    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts)
     b_reps, b = _representatives(bkey)
     b_invs = [count_job(_job_at(*args, plans, int(i))) for i in b_reps]
     B = _layout_table(cm, b_invs)

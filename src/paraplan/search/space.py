@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Precision, Recompute
+from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Precision, Recompute, Schedule
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -51,10 +51,31 @@ class SearchSpace:
     uneven_layers: bool = False
     # Global batch sizes to try (ranked by tokens/s); ``None``: the one the search is given.
     global_batch_sizes: tuple[int, ...] | None = None
+    # Expert parallelism (mixture-of-experts models; a dense model keeps ep = 1): ``None``:
+    # every ep that divides the experts (those that do not divide tp x cp x dp are counted out
+    # per plan), smallest first. ``etp``: expert tensor-parallel sizes, ``None`` meaning
+    # Megatron-Core's default, etp = tp.
+    ep: tuple[int, ...] | None = None
+    etp: tuple[int | None, ...] = (None,)
+    # Pipeline schedules to try ("1f1b", "interleaved", "gpipe", "zb-h1", "zb-v"); ``None``:
+    # the plan's own (1F1B, interleaved when vpp > 1, or ``extra["schedule"]``). Interleaved
+    # plans take the vpp axis's values above 1 (2 when it has none); zb-v runs 2 chunks.
+    schedule: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.sequence_parallel not in SEQUENCE_PARALLEL:
             raise ConfigError(f"sequence_parallel: {self.sequence_parallel!r} is not one of {', '.join(SEQUENCE_PARALLEL)}")
+        if self.schedule is not None:
+            known = [s.value for s in Schedule]
+            bad = [s for s in self.schedule if str(getattr(s, "value", s)) not in known]
+            if bad or not self.schedule:
+                raise ConfigError(f"schedule: {', '.join(map(repr, map(str, bad))) or 'nothing'} is not one of {', '.join(known)}")
+            if "schedule" in self.extra:
+                raise ConfigError("schedule: give the schedules as the schedule axis or in extra, not both")
+        for name in ("ep", "etp"):
+            values = getattr(self, name)
+            if values is not None and (not values or any(v is not None and (isinstance(v, bool) or v < 1) for v in values)):
+                raise ConfigError(f"{name}: expected positive whole numbers, got {values!r}")
         bad = [o for o in self.offload_optimizer if o not in OFFLOAD_DEVICES]
         if bad or not self.offload_optimizer:
             raise ConfigError(f"offload_optimizer: {', '.join(map(repr, bad)) or 'nothing'} is not one of "
@@ -67,7 +88,8 @@ class SearchSpace:
     def full(cls, **changes: Any) -> SearchSpace:
         """Every axis the screen models (the README's "whole space"): context parallel 1-8,
         interleaving 1-8 virtual stages, micro-batch 1-16, ZeRO 0-3, Megatron-LM's three
-        recompute policies, sequence parallelism on and off; ``changes`` replace fields."""
+        recompute policies, sequence parallelism on and off, expert tensor parallelism tp and
+        1 (mixtures of experts); ``changes`` replace fields."""
         return cls(**{**FULL_SPACE, **changes})
 
 
@@ -83,7 +105,12 @@ FULL_SPACE: dict[str, Any] = dict(
     zero_stage=(0, 1, 2, 3),
     recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
     sequence_parallel="both",
+    etp=(None, 1),
 )
+
+
+EP_EXPERTS = "ep does not divide the experts (num_moe_experts)"
+EP_STAGE = "ep x etp does not divide the tp x cp x dp ranks of a stage"
 
 
 @dataclass
@@ -112,6 +139,42 @@ def plan_axes(
 def sp_axis(space: SearchSpace) -> tuple[bool | None, ...]:
     """The sequence-parallel values the space tries (``None``: on with tp > 1)."""
     return {"both": (True, False), "off": (False,)}.get(space.sequence_parallel, (None,))
+
+
+def expert_axes(
+    model: ModelSpec, space: SearchSpace, num_gpus: int
+) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
+    """The ep and etp values the space tries. A dense model: ep 1 and etp unset (an expert
+    axis given for it is refused, the etp axis is ignored). A mixture of experts: ``space.ep`` or every divisor of the
+    experts, smallest first. Expert groups fill a node before they cross one whatever ep is
+    (the rank order puts ETP then EP innermost, ``inventory.placement``), and the all-to-all
+    is costed on the links it crosses; EP across nodes is not pruned (DeepSeek-V3 trained
+    with EP 64 over 8 nodes): smaller ep comes first, so of equally fast plans the one whose
+    expert group stays within a node ranks first."""
+    if not model.is_moe:
+        if space.ep is not None and set(space.ep) != {1}:
+            raise ConfigError("ep: the model is dense (it has no num_moe_experts); expert parallelism "
+                              "applies to mixtures of experts")
+        return (1,), (None,)
+    experts = model.num_moe_experts or 1
+    eps = tuple(space.ep) if space.ep is not None else tuple(
+        e for e in range(1, min(experts, num_gpus) + 1) if experts % e == 0)
+    return eps, tuple(dict.fromkeys(space.etp))
+
+
+def pipe_axis(space: SearchSpace) -> tuple[tuple[Schedule | None, int], ...]:
+    """The (schedule, vpp) pairs the space tries (schedule ``None``: the plan's own, from the
+    vpp and ``extra``)."""
+    if space.schedule is None:
+        return tuple((None, v) for v in space.vpp)
+    out: list[tuple[Schedule | None, int]] = []
+    for name in dict.fromkeys(space.schedule):
+        sched = Schedule(getattr(name, "value", name))
+        if sched is Schedule.INTERLEAVED:
+            out += [(sched, v) for v in (tuple(v for v in space.vpp if v > 1) or (2,))]
+        else:  # zb-v: its 2 chunks are the schedule's own (vpp left unset)
+            out.append((sched, 1))
+    return tuple(out)
 
 
 def runs_as_zero(zero, grad_group, precision: Precision):
@@ -144,12 +207,23 @@ def plan_job(
     zero_stage: int,
     recompute: Recompute,
     sequence_parallel: bool | None,
+    ep: int = 1,
+    etp: int | None = None,
+    schedule: Schedule | None = None,
     offload_optimizer: str = "none",
 ) -> Job:
     """The Job of one point of the space (raises ValidationError / ConfigError when the Job
-    validator rejects it). ``sequence_parallel=None`` means on whenever tp > 1."""
+    validator rejects it). ``sequence_parallel=None`` means on whenever tp > 1; ``etp=None``
+    expert tensor parallelism as tp; ``schedule=None`` the plan's own."""
     dp = cluster.num_gpus // (tp * pp * cp)
     sp = sequence_parallel
+    moe: dict[str, Any] = {}
+    if ep > 1:
+        moe["expert_model_parallel_size"] = ep
+    if etp is not None:
+        moe["expert_tensor_parallel_size"] = etp
+    if schedule is not None:
+        moe["schedule"] = schedule.value
     plan = {
         "tp": tp,
         "pp": pp,
@@ -162,10 +236,13 @@ def plan_job(
         "zero_stage": zero_stage,
         "recompute": recompute,
         "framework": space.framework,
+        **moe,
         **({"offload_optimizer": offload_optimizer} if offload_optimizer != "none" else {}),
         **space.extra,
     }
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
+    name += (f"-ep{ep}" if ep > 1 else "") + (f"-etp{etp}" if etp is not None else "")
+    name += f"-{schedule.value}" if schedule is not None else ""
     if offload_optimizer != "none":
         name += f"-offload-{offload_optimizer}"
     if space.global_batch_sizes:
@@ -194,12 +271,12 @@ def enumerate_plans(
     plan; :mod:`paraplan.search.screen` applies the same rules to arrays)."""
     n = cluster.num_gpus
     tps, pps, sps = plan_axes(model, cluster, space)
+    eps, etps = expert_axes(model, space, n)
     excluded: Counter = Counter()
     jobs: list[Job] = []
-    for gbs, tp, pp, cp, vpp, mbs, zero, recompute, sp, offload in itertools.product(
-        space.batch_sizes(global_batch_size),
-        tps, pps, space.cp, space.vpp, space.micro_batch_size, space.zero_stage, space.recompute, sps,
-        space.offload_optimizer,
+    for gbs, tp, pp, cp, ep, etp, (schedule, vpp), mbs, zero, recompute, sp, offload in itertools.product(
+        space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, etps, pipe_axis(space),
+        space.micro_batch_size, space.zero_stage, space.recompute, sps, space.offload_optimizer,
     ):
         if n % (tp * pp * cp):
             excluded["tp*pp*cp does not divide the number of GPUs"] += 1
@@ -217,12 +294,19 @@ def enumerate_plans(
         if model.num_layers % pp:
             excluded["pp does not divide the layers evenly (uneven splits are off)"] += 1
             continue
+        if ep > 1 and model.num_moe_experts % ep:
+            excluded[EP_EXPERTS] += 1
+            continue
+        if model.is_moe and (tp * cp * dp) % (ep * (etp or tp)):
+            excluded[EP_STAGE] += 1
+            continue
         try:
             jobs.append(
                 plan_job(
                     model, cluster, precision, space, train_tokens,
                     global_batch_size=gbs, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
-                    zero_stage=zero, recompute=recompute, sequence_parallel=sp, offload_optimizer=offload,
+                    zero_stage=zero, recompute=recompute, sequence_parallel=sp, ep=ep, etp=etp, schedule=schedule,
+                    offload_optimizer=offload,
                 )
             )
         except (ValidationError, ConfigError) as err:
@@ -235,7 +319,9 @@ def iter_unique(jobs: list[Job]) -> Iterator[Job]:
     seen = set()
     for job in jobs:
         p = job.parallel
-        key = p.model_copy(update={"zero_stage": runs_as_zero(p.zero_stage, p.grad_group, job.precision)}).model_dump_json()
+        same = {"zero_stage": runs_as_zero(p.zero_stage, p.grad_group, job.precision),
+                "expert_tensor_parallel_size": p.etp}  # etp unset runs as etp = tp
+        key = p.model_copy(update=same).model_dump_json()
         if key not in seen:
             seen.add(key)
             yield job
