@@ -60,11 +60,12 @@ def _shell_blocks() -> list:
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
-    """A scratch directory that looks like a checkout: examples and the test fixtures beside
-    it, ../shared above."""
+    """A scratch directory that looks like a checkout: examples, the benchmarks' data and the
+    test fixtures beside it, ../shared above."""
     work = tmp_path / "repo"
     work.mkdir()
     (work / "examples").symlink_to(ROOT / "examples")
+    (work / "benchmarks").symlink_to(ROOT / "benchmarks")
     (work / "tests").symlink_to(ROOT / "tests")
     if SHARED.is_dir():
         (tmp_path / "shared").symlink_to(SHARED)
