@@ -232,3 +232,12 @@ def test_fp8_training_casts_the_experts_inputs_as_well_as_the_attentions():
     fp8 = [op.name for op in ops if op.fp8]
     assert {"expert_fc1", "expert_fc2", "linear1", "linear2"} <= set(fp8) and "router" not in fp8
     assert dict(cast.dims)["gemms"] == len(fp8)
+
+
+def test_the_uneven_stage_search_refuses_a_model_mixing_dense_and_moe_layers_in_one_line():
+    from paraplan.catalog.loader import load_any_cluster
+    from paraplan.search import search_plans
+    from paraplan.specs import ConfigError
+
+    with pytest.raises(ConfigError, match="^search: the uneven-stage search needs every layer alike"):
+        search_plans(load_model("deepseek-v3"), load_any_cluster("hetero-a100-a10"), 64)

@@ -168,6 +168,11 @@ def search_plans(
     space = space or SearchSpace()
     limits = (train_tokens, budget_usd, deadline_s)
     if isinstance(cluster, HeteroClusterSpec) or space.uneven_layers:
+        if len(set(model.moe_layers)) > 1:
+            raise ConfigError(
+                f"search: the uneven-stage search needs every layer alike, and {model.name} mixes dense and "
+                "mixture-of-experts layers; predict its plans one by one with paraplan predict"
+            )
         if isinstance(cluster, ClusterSpec):
             cluster = HeteroClusterSpec(name=cluster.name, node_groups=(cluster,))
         if space.schedule is not None:
