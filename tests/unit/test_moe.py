@@ -239,5 +239,5 @@ def test_the_uneven_stage_search_refuses_a_model_mixing_dense_and_moe_layers_in_
     from paraplan.search import search_plans
     from paraplan.specs import ConfigError
 
-    with pytest.raises(ConfigError, match="^search: the uneven-stage search needs every layer alike"):
+    with pytest.raises(ConfigError, match=r"^search: the uneven-stage search needs every layer alike"):
         search_plans(load_model("deepseek-v3"), load_any_cluster("hetero-a100-a10"), 64)
