@@ -70,6 +70,16 @@ def test_the_timeline_holds_every_task_of_the_schedule_and_ends_with_the_iterati
     assert len(COMPONENTS) == 8
 
 
+@pytest.mark.parametrize(("schedule", "chunks"), [("zb-h1", 1), ("zb-v", 2)])
+def test_a_zero_bubble_timeline_draws_each_weight_gradient_pass_apart(schedule, chunks):
+    pred = predict(_job(schedule=schedule, framework="fsdp", zero_stage=1), keep_timeline=True)
+    bars = timeline_bars(pred)
+    tasks = pred.job.parallel.num_microbatches * 4 * chunks
+    assert sum(b.kind == "forward" for b in bars) == tasks
+    assert sum(b.kind == "backward" for b in bars) == tasks
+    assert sum(b.kind == "weight" for b in bars) == tasks
+
+
 # --- paraplan predict --plot ----------------------------------------------------------------
 
 def _run(*args):

@@ -25,8 +25,10 @@ _COMPONENT_COLORS = dict(
         strict=True,
     )
 )
-_TASK_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "DP/ZeRO": "#c44e52", "optimizer": "#937860"}
-_LATER_CHUNK = {"forward": "#8fb0dc", "backward": "#f0b98d"}  # interleaved: the stage's later chunks
+_TASK_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "weight": "#55a868", "DP/ZeRO": "#c44e52",
+                "optimizer": "#937860"}
+# interleaved and V schedules: the stage's later chunks
+_LATER_CHUNK = {"forward": "#8fb0dc", "backward": "#f0b98d", "weight": "#a3d3ae"}
 _MEMORY_PARTS = (
     ("weights", "weights", "#4c72b0"),
     ("gradients", "gradients", "#dd8452"),
@@ -213,16 +215,22 @@ def figure_timeline(pred: Prediction):
     else:
         axes[0].set_xlabel(f"time in the iteration ({unit}); {dashed}")
     fig.suptitle(head + "\n" + _title(pred), fontsize="medium")
-    legend = [Patch(color=_TASK_COLORS["forward"], label="forward"),
-              Patch(color=_TASK_COLORS["backward"],
-                    label="backward" + (" (with recompute)" if plan.recompute.value != "none" else ""))]
-    if any(b.chunk > 0 for b in bars):
-        legend += [Patch(color=_LATER_CHUNK["forward"], label="forward, later chunk"),
-                   Patch(color=_LATER_CHUNK["backward"], label="backward, later chunk")]
+    split = any(b.kind == "weight" for b in bars)  # zero-bubble: B and W passes apart
+    later = any(b.chunk > 0 for b in bars)
+    names = {"forward": "forward", "backward": "input gradient (B)" if split else "backward", "weight": "weight gradient (W)"}
+    if plan.recompute.value != "none":
+        names["backward"] += " (with recompute)"
+    legend = []
+    for kind in ("forward", "backward", "weight") if split else ("forward", "backward"):
+        legend.append(Patch(color=_TASK_COLORS[kind], label=names[kind]))
+        if later:  # beside its kind: the legend fills column by column when it takes two rows
+            short = {"forward": "forward", "backward": "B" if split else "backward", "weight": "W"}[kind]
+            legend.append(Patch(color=_LATER_CHUNK[kind], label=f"{short}, later chunk"))
     if any(b.kind == "DP/ZeRO" for b in bars):
         legend.append(Patch(color=_TASK_COLORS["DP/ZeRO"], label="exposed DP/ZeRO communication"))
     legend.append(Patch(color=_TASK_COLORS["optimizer"], label="optimizer step"))
-    fig.legend(handles=legend, loc="outside lower center", ncol=len(legend), fontsize="small", frameon=False)
+    columns = len(legend) if len(legend) <= 6 else -(-len(legend) // 2)  # two rows when many
+    fig.legend(handles=legend, loc="outside lower center", ncol=columns, fontsize="small", frameon=False)
     return fig
 
 

@@ -87,7 +87,7 @@ class TimelineBar:
     send included), or a stage's exposed DP traffic or optimizer step after its last task."""
 
     stage: int
-    kind: str  # "forward" | "backward" | "DP/ZeRO" | "optimizer"
+    kind: str  # "forward" | "backward" | "weight" (a zero-bubble W pass) | "DP/ZeRO" | "optimizer"
     start: float
     end: float
     microbatch: int | None = None
@@ -101,7 +101,8 @@ def timeline_bars(pred: Prediction) -> tuple[TimelineBar, ...]:
     if tasks is None:
         raise ValueError("this picture needs the pipeline's tasks: predict with keep_timeline=True")
     bars = [
-        TimelineBar(t.stage, "backward" if t.backward else "forward", t.start, t.end, t.mb, t.chunk)
+        TimelineBar(t.stage, "weight" if t.weight else "backward" if t.backward else "forward",
+                    t.start, t.end, t.mb, t.chunk)
         for t in tasks
     ]
     # the optimizer steps start together once the last stage has drained (the gradient-norm
