@@ -84,8 +84,7 @@ class StageInventory:
         return self._only().collectives
 
     def _only(self) -> LayerBlock:
-        kinds = {b.ops for b in self.blocks}
-        if len(kinds) != 1:
+        if any(b.ops is not self.blocks[0].ops for b in self.blocks):
             raise ValueError("this stage mixes dense and mixture-of-experts layers: read its blocks")
         return self.blocks[0]
 
@@ -344,7 +343,7 @@ def _executed_flops(op: Op, forward: float = 1.0, backward: float = 1.0) -> floa
     return (forward * op.flops + backward * op.bwd_flops) * op.exec_fraction
 
 
-def _count_flops(job: Job, x: LocalShape) -> tuple[float, float]:
+def _count_flops(job: Job, x: LocalShape, kinds: dict[bool, tuple[Op, ...]]) -> tuple[float, float]:
     """Model and hardware FLOPs of one iteration, summed over every layer of the whole model
     (``x`` is the unsharded shape).
 
@@ -363,7 +362,6 @@ def _count_flops(job: Job, x: LocalShape) -> tuple[float, float]:
     ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
     per_mb_model = 3.0 * sum(map(_model_flops, ends_mm))
     per_mb_executed = sum(map(_executed_flops, ends_mm))
-    kinds = layer_kinds(model, x)
     moe_layers = sum(model.moe_layers)
     for moe, layer in kinds.items():
         n = moe_layers if moe else model.num_layers - moe_layers
@@ -398,12 +396,14 @@ def layer_kinds(model: ModelSpec, x: LocalShape) -> dict[bool, tuple[Op, ...]]:
     return kinds
 
 
-def _params(model: ModelSpec, x: LocalShape, *, active: bool = False) -> float:
+def _params(
+    model: ModelSpec, x: LocalShape, *, active: bool = False, kinds: dict[bool, tuple[Op, ...]] | None = None
+) -> float:
     """Parameters of the whole model held at shape ``x`` (tied embedding counted once);
     ``active``: those one token passes through (of the routed experts, its top-k)."""
     moe_layers = sum(model.moe_layers)
     total = 0.0
-    for moe, layer in layer_kinds(model, x).items():
+    for moe, layer in (kinds or layer_kinds(model, x)).items():
         n = moe_layers if moe else model.num_layers - moe_layers
         experts = sum(op.params for op in layer if op.expert)
         if active and experts:
@@ -503,15 +503,16 @@ def count_job(job: Job) -> JobInventory:
             mask_bytes = 2.0 * job.model.seq_length**2
             mask = Collective("pp_p2p_mask", CollectiveKind.SEND_RECV, ParallelDim.PP, mask_bytes, Phase.FWD)
     full = _unsharded(job)
-    model_flops, hardware_flops = _count_flops(job, full)
+    full_kinds = layer_kinds(model, full)
+    model_flops, hardware_flops = _count_flops(job, full, full_kinds)
     return JobInventory(
         job=job,
         shape=x,
         stages=tuple(stages),
         p2p=p2p,
         p2p_mask=mask,
-        params_total=_params(model, full),
-        params_active=_params(model, full, active=True),
+        params_total=_params(model, full, kinds=full_kinds),
+        params_active=_params(model, full, active=True, kinds=full_kinds),
         model_flops_per_iteration=model_flops,
         hardware_flops_per_iteration=hardware_flops,
     )

@@ -48,10 +48,21 @@ def _size(dim: ParallelDim, plan: ParallelPlan) -> int:
     distributed optimizer over data x context parallel ranks (``with_context_parallel``).
     With hybrid sharding (``data_parallel_shard_degree``) it is the shard group, and the
     replicas of each shard form the DP_REPLICATE group."""
-    sizes = {ParallelDim.TP: plan.tp, ParallelDim.CP: plan.cp, ParallelDim.DP: plan.zero_shards,
-             ParallelDim.PP: plan.pp, ParallelDim.DP_REPLICATE: plan.grad_group // plan.zero_shards,
-             ParallelDim.EP: plan.ep, ParallelDim.ETP: plan.etp, ParallelDim.EDP: plan.edp}
-    return sizes[dim]
+    if dim is ParallelDim.TP:
+        return plan.tp
+    if dim is ParallelDim.CP:
+        return plan.cp
+    if dim is ParallelDim.DP:
+        return plan.zero_shards
+    if dim is ParallelDim.PP:
+        return plan.pp
+    if dim is ParallelDim.DP_REPLICATE:
+        return plan.grad_group // plan.zero_shards
+    if dim is ParallelDim.EP:
+        return plan.ep
+    if dim is ParallelDim.ETP:
+        return plan.etp
+    return plan.edp
 
 
 def group_layout(

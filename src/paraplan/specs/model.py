@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
@@ -193,11 +194,8 @@ class ModelSpec(BaseModel):
     @property
     def moe_layers(self) -> tuple[bool, ...]:
         """Whether each layer (in order) is a mixture of experts; all False for a dense model."""
-        if self.num_moe_experts is None:
-            return (False,) * self.num_layers
-        freq, first = self.moe_layer_freq, self.moe_first_k_dense or 0
-        pattern = freq if isinstance(freq, tuple) else tuple(int(i % freq == 0) for i in range(self.num_layers))
-        return tuple(bool(v) and i >= first for i, v in enumerate(pattern))
+        return _moe_pattern(self.num_layers, self.num_moe_experts is not None, self.moe_layer_freq,
+                            self.moe_first_k_dense or 0)
 
     def vocab_for(self, tp: int) -> int:
         """The vocabulary rows the model really holds, padded as Megatron-LM pads it for ``tp``."""
@@ -205,3 +203,14 @@ class ModelSpec(BaseModel):
             return self.padded_vocab_size
         multiple = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
+
+
+@functools.lru_cache(maxsize=64)
+def _moe_pattern(num_layers: int, moe: bool, freq: int | tuple[int, ...] | None, first: int) -> tuple[bool, ...]:
+    """Megatron-LM's --moe-layer-freq: layer i is MoE when i % freq == 0 (an int) or the
+    pattern says 1 (a list), except the first ``first`` layers (DeepSeek's first_k_dense_replace)."""
+    if not moe:
+        return (False,) * num_layers
+    freq = 1 if freq is None else freq
+    pattern = freq if isinstance(freq, tuple) else tuple(int(i % freq == 0) for i in range(num_layers))
+    return tuple(bool(v) and i >= first for i, v in enumerate(pattern))
