@@ -4,7 +4,7 @@ a cluster can reach. A figure that is not is a bug (``InternalError``, exit code
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import fields
 
 from paraplan.inventory import JobInventory
 from paraplan.prediction.result import Prediction
@@ -41,17 +41,22 @@ def check_iteration(job: Job, iteration_s: float) -> None:
         _impossible(job, [f"iteration time {iteration_s!r} s"])
 
 
+def _fields(record) -> list[tuple[str, object]]:
+    """A flat dataclass's fields and values (``asdict`` would deep-copy each one)."""
+    return [(f.name, getattr(record, f.name)) for f in fields(record)]
+
+
 def reported_figures(prediction: Prediction) -> list[tuple[str, float]]:
     """Every number a prediction reports that must be finite and not negative, by name."""
     p = prediction
     figures = [(name, getattr(p, name)) for name in ("tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
-                                                     "bubble_fraction", "params_total",
+                                                     "bubble_fraction", "params_total", "params_active",
                                                      "model_flops_per_iteration")]
-    figures += [(f"breakdown.{k}", v) for k, v in asdict(p.breakdown).items()]
+    figures += [(f"breakdown.{k}", v) for k, v in _fields(p.breakdown)]
     for st in p.stages:
-        figures += [(f"stages[{st.stage}].{k}", float(v)) for k, v in asdict(st).items()]
+        figures += [(f"stages[{st.stage}].{k}", float(v)) for k, v in _fields(st)]
     for mem in p.memory:
-        figures += [(f"memory[{mem.stage}].{k}", float(v)) for k, v in asdict(mem).items()]
+        figures += [(f"memory[{mem.stage}].{k}", float(v)) for k, v in _fields(mem)]
         figures.append((f"memory[{mem.stage}].total", mem.total))
     for name in ("cost_per_hour_usd", "usd_per_million_tokens", "time_to_train_s", "cost_to_train_usd"):
         value = getattr(p, name)
