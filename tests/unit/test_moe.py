@@ -241,3 +241,46 @@ def test_the_uneven_stage_search_refuses_a_model_mixing_dense_and_moe_layers_in_
 
     with pytest.raises(ConfigError, match=r"^search: the uneven-stage search needs every layer alike"):
         search_plans(load_model("deepseek-v3"), load_any_cluster("hetero-a100-a10"), 64)
+
+
+def test_an_all_to_all_across_nodes_runs_at_each_gpus_own_nic_not_the_nodes_summed():
+    from paraplan.costmodel.collectives import estimate_collective_s
+    from paraplan.inventory import Collective, GroupLayout
+    from paraplan.specs import Phase
+
+    cluster = load_cluster("dgx-h100", num_nodes=8)
+    size = 134e6
+    coll = Collective("ep_alltoall", CollectiveKind.ALL_TO_ALL, ParallelDim.EP, size, Phase.FWD)
+    seconds = estimate_collective_s(coll, GroupLayout(size=64, nodes=8, per_node=8), cluster)
+    off_node = size * 56 / 64  # each GPU's bytes for the 56 peers on other nodes, through its NIC
+    assert seconds >= off_node / cluster.inter_node.bus_bytes_per_s
+
+
+def test_mla_under_sequence_parallelism_gathers_its_latents_not_the_hidden_state():
+    j = job("deepseek-v3", nodes=128, tp=2, pp=16, ep=64, etp=1, sequence_parallel=True, global_batch_size=1024)
+    block = count_job(j).stages[1].blocks[0]
+    ops = {op.name: op for op in block.ops}
+    own = j.model.seq_length // 2  # micro-batch 1, s / tp tokens on this rank
+    assert dict(ops["q_down"].dims)["m"] == own and dict(ops["q_up"].dims)["m"] == j.model.seq_length
+    latent = [c for c in block.collectives if c.name == "tp_allgather_latent"]
+    assert latent[0].bytes == 2 * j.model.seq_length * (1536 + 512 + 64)
+
+
+def test_the_router_keeps_the_pre_mlp_norm_output_for_its_weight_gradient():
+    j = job(pp=4, ep=8)
+    router = _ops(j, "router")[0]
+    assert router.saved_bytes == 2 * j.model.seq_length * j.model.hidden_size
+
+
+def test_hugging_face_moe_layer_steps_count_as_each_family_counts_them(tmp_path):
+    import json
+
+    from paraplan.catalog.hf import model_from_hf_config
+
+    qwen = {**HF_CONFIGS["qwen3_moe"][0], "num_hidden_layers": 4, "decoder_sparse_step": 2}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", **qwen}))
+    assert ModelSpec(**model_from_hf_config(tmp_path, {"seq_length": 64})).moe_layers == (False, True, False, True)
+    deepseek = {**HF_CONFIGS["deepseek_v3"][0], "num_hidden_layers": 6, "first_k_dense_replace": 1, "moe_layer_freq": 2}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", **deepseek}))
+    pattern = ModelSpec(**model_from_hf_config(tmp_path, {"seq_length": 64})).moe_layers
+    assert pattern == (False, False, True, False, True, False)  # layer i MoE when i >= 1 and i % 2 == 0

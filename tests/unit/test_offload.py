@@ -29,10 +29,18 @@ def test_offloading_the_optimizer_frees_exactly_its_states_and_puts_them_and_fp3
     off = job(zero_stage=2, framework="deepspeed")
     m_on, m_off = estimate_memory(count_job(on))[0], estimate_memory(count_job(off))[0]
     assert m_on.optimizer_states == 0.0
-    assert m_off.total - m_on.total == pytest.approx(m_off.optimizer_states)
+    # ZeRO-2 offload keeps the gradient partition on the host too (the GPU: only its buckets)
+    assert m_on.gradients == 0.0
+    assert m_off.total - m_on.total == pytest.approx(m_off.optimizer_states + m_off.gradients)
     shard = count_job(on).stages[0].params / 8
     assert m_on.host == pytest.approx(shard * (adam_state_bytes(on.precision) + HOST_GRAD_BYTES))
     assert m_off.host == 0.0
+
+
+def test_zero_1_optimizer_offload_keeps_the_gradient_buffer_on_the_gpu():
+    on = job(zero_stage=1, framework="megatron", offload_optimizer="cpu")
+    off = job(zero_stage=1, framework="megatron")
+    assert estimate_memory(count_job(on))[0].gradients == estimate_memory(count_job(off))[0].gradients > 0
 
 
 def test_offloading_zero3_parameters_frees_exactly_the_parameter_shard():

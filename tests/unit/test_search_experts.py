@@ -169,3 +169,14 @@ def test_the_uneven_stage_search_refuses_the_axes_it_does_not_vary(axis, message
     space = SearchSpace(uneven_layers=True, **axis)
     with pytest.raises(ConfigError, match=message):
         search_plans(load_model("mixtral-8x7b"), load_cluster("dgx-h100", num_nodes=1), 64, Precision.BF16, space)
+
+
+@pytest.mark.parametrize("screen", [True, False])
+def test_zero_still_shards_the_experts_when_dp_x_cp_is_one(screen):
+    """tp 8 on 8 GPUs leaves dp x cp = 1, but ep 2 x etp 1 leaves an expert data-parallel group
+    of 4 that ZeRO-1 shards the experts' optimizer states over: ZeRO 0 and 1 are two runs."""
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", num_nodes=1)
+    space = SearchSpace(tp=(8,), pp=(1,), ep=(2,), etp=(1,), zero_stage=(0, 1), micro_batch_size=(1,),
+                        recompute=("full",))
+    result = search_plans(model, cluster, 8, space=space, screen=screen)
+    assert len(result.ranked) + sum(result.excluded.values()) == 2

@@ -140,13 +140,16 @@ def _gpt2(config: dict[str, Any], path: Path) -> dict[str, Any]:
     }
 
 
-def _moe_layers(num_layers: int, sparse_step: int, dense: list[int], first_dense: int) -> dict[str, Any]:
-    """Which layers are MoE, as Megatron-LM's ``moe_layer_freq``: HF's every ``sparse_step``-th
-    layer counting from 1 (Qwen's ``decoder_sparse_step``, Llama 4's ``interleave_moe_layer_step``)
-    except ``dense`` (``mlp_only_layers``), after the first ``first_dense``
-    (DeepSeek's ``first_k_dense_replace``)."""
+def _moe_layers(
+    num_layers: int, sparse_step: int, dense: list[int], first_dense: int, *, from_one: bool
+) -> dict[str, Any]:
+    """Which layers are MoE, as Megatron-LM's ``moe_layer_freq``: every ``sparse_step``-th
+    layer except ``dense`` (``mlp_only_layers``), after the first ``first_dense``
+    (DeepSeek's ``first_k_dense_replace``). Qwen's ``decoder_sparse_step`` counts layers from
+    1 (``(i + 1) % step == 0``, ``from_one``), DeepSeek's ``moe_layer_freq`` from 0
+    (``i % freq == 0``), as their modeling code does."""
     pattern = tuple(
-        0 if i in dense or i < first_dense or (i + 1) % sparse_step else 1 for i in range(num_layers)
+        0 if i in dense or i < first_dense or (i + int(from_one)) % sparse_step else 1 for i in range(num_layers)
     )
     if all(pattern):
         return {}
@@ -181,7 +184,8 @@ def _qwen_moe(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "moe_router_topk": _get(config, path, "num_experts_per_tok"),
         "moe_ffn_hidden_size": _get(config, path, "moe_intermediate_size"),
         "moe_aux_loss_coeff": float(config.get("router_aux_loss_coef") or 0.0),
-        **_moe_layers(layers, int(config.get("decoder_sparse_step") or 1), list(config.get("mlp_only_layers") or []), 0),
+        **_moe_layers(layers, int(config.get("decoder_sparse_step") or 1), list(config.get("mlp_only_layers") or []), 0,
+                      from_one=True),
     })
     if config.get("shared_expert_intermediate_size"):
         fields["moe_shared_expert_intermediate_size"] = config["shared_expert_intermediate_size"]
@@ -206,7 +210,7 @@ def _deepseek(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "moe_router_score_function": "sigmoid" if config.get("scoring_func") == "sigmoid" else "softmax",
         "moe_aux_loss_coeff": float(config.get("aux_loss_alpha") or 0.0),
         **_moe_layers(fields["num_layers"], int(config.get("moe_layer_freq") or 1), [],
-                      int(config.get("first_k_dense_replace") or 0)),
+                      int(config.get("first_k_dense_replace") or 0), from_one=False),
     })
     fields.pop("kv_channels", None)
     if config.get("q_lora_rank"):

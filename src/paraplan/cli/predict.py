@@ -33,7 +33,7 @@ def predict_command(
     micro_batch_size: Annotated[int | None, Opt()] = None,
     global_batch_size: Annotated[int | None, Opt()] = None,
     recompute: Annotated[str | None, Opt(help="none | selective | full (Megatron-LM) | layer | op (torchtitan, FSDP)")] = None,
-    schedule: Annotated[str | None, Opt(help="gpipe | 1f1b | interleaved")] = None,
+    schedule: Annotated[str | None, Opt(help="gpipe | 1f1b | interleaved | zb-h1 | zb-v")] = None,
     framework: Annotated[str | None, Opt(help="megatron | deepspeed | fsdp")] = None,
     precision: Annotated[str | None, Opt(help="fp32 | fp16 | bf16 | fp8")] = None,
     train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T, for time and cost to train.")] = None,

@@ -301,18 +301,19 @@ def _mla_projections(model: ModelSpec, x: LocalShape) -> list[Op]:
     projections split the heads. The key's rotary part is shared by the heads."""
     e, tokens, fp8 = x.e, x.tokens, x.fp8_linears
     qk, rope, v, heads = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim, x.heads
-    hidden_norm = x.b * x.s_norm * x.h
+    own = x.b * x.s_norm  # the rank's own tokens: all of them, or 1/tp under sequence parallelism
+    hidden_norm = own * x.h
     ops: list[Op] = []
     if model.q_lora_rank:
         r = model.q_lora_rank
-        ops.append(gemm("q_down", "query down projection (MLA)", tokens, x.h, r, e, bias=False, saved=e * hidden_norm, fp8=fp8))
-        ops.append(_latent_norm("q_norm", x, r))
+        ops.append(gemm("q_down", "query down projection (MLA)", own, x.h, r, e, bias=False, saved=e * hidden_norm, fp8=fp8))
+        ops.append(_latent_norm("q_norm", x, r, own))
         ops.append(gemm("q_up", "query up projection (MLA)", tokens, r, heads * (qk + rope), e, bias=False, saved=e * tokens * r, fp8=fp8))
     else:
         ops.append(gemm("q_proj", "query projection (MLA)", tokens, x.h, heads * (qk + rope), e, bias=False, saved=e * hidden_norm, fp8=fp8))
     kv = model.kv_lora_rank
-    ops.append(gemm("kv_down", "key-value down projection (MLA)", tokens, x.h, kv + rope, e, bias=False, saved=0.0, fp8=fp8))
-    ops.append(_latent_norm("kv_norm", x, kv))
+    ops.append(gemm("kv_down", "key-value down projection (MLA)", own, x.h, kv + rope, e, bias=False, saved=0.0, fp8=fp8))
+    ops.append(_latent_norm("kv_norm", x, kv, own))
     ops.append(gemm("kv_up", "key-value up projection (MLA)", tokens, kv, heads * (qk + v), e, bias=False, saved=e * tokens * kv, fp8=fp8))
     rotated = tokens * (heads + 1) * rope
     ops.append(elementwise("RoPE", OpKind.ELEMENTWISE, "rotary embedding of the rope parts (MLA)", rotated, e,
@@ -320,10 +321,10 @@ def _mla_projections(model: ModelSpec, x: LocalShape) -> list[Op]:
     return ops
 
 
-def _latent_norm(name: str, x: LocalShape, width: int) -> Op:
-    n = x.tokens * width
+def _latent_norm(name: str, x: LocalShape, width: int, tokens: int) -> Op:
+    n = tokens * width
     return elementwise(name, OpKind.NORM, "RMSNorm of the latent (MLA)", n, x.e, flops_per_element=4.0,
-                       saved=x.e * n, params=width, dims=(("b", x.b), ("l", x.s), ("dim", width)))
+                       saved=x.e * n, params=width, dims=(("tokens", tokens), ("dim", width)))
 
 
 def _mla_core(model: ModelSpec, x: LocalShape) -> Op:
@@ -506,6 +507,26 @@ def mlp_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     return tuple(ops)
 
 
+def _mla_gathers(model: ModelSpec, x: LocalShape, out: list[Collective], halves: int) -> list[Collective]:
+    """With sequence parallelism MLA gathers its latents, not the hidden state: the duplicated
+    down projections run on the rank's s/tp tokens and the query latent (or, uncompressed, the
+    hidden state for the column-parallel query projection) and the key-value latent with the
+    shared rotary key are all-gathered for the up projections (Megatron-Core
+    ``MLASelfAttention``); the backward pass reduce-scatters their gradients."""
+    width = (model.q_lora_rank or x.h) + model.kv_lora_rank + model.qk_pos_emb_head_dim
+    latent = x.e * x.tokens * width
+    kept = []
+    for c in out:
+        first = c.kind is CollectiveKind.ALL_GATHER and c.phase is Phase.FWD
+        if first or (c.kind is CollectiveKind.REDUCE_SCATTER and c.phase is Phase.BWD_INPUT):
+            kept.append(dataclasses.replace(c, name=c.name + "_latent", bytes=latent, count=1))
+            if halves > 1:
+                kept.append(dataclasses.replace(c, count=halves - 1))
+        else:
+            kept.append(c)
+    return kept
+
+
 def count_layer_collectives(
     model: ModelSpec, plan: ParallelPlan, x: LocalShape, *, dense_mlp: bool = True
 ) -> tuple[Collective, ...]:
@@ -550,6 +571,8 @@ def count_layer_collectives(
                     halves,
                 ),
             ]
+            if model.multi_latent_attention:
+                out = _mla_gathers(model, x, out, halves)
         else:
             out += [
                 Collective(

@@ -55,12 +55,13 @@ def _expert_gemm(name: str, role: str, x: LocalShape, k: int, n: int, *, grouped
 
 def _router(model: ModelSpec, x: LocalShape) -> list[Op]:
     """The router on the rank's own tokens (sequence-parallel layout): scores, top-k and the
-    auxiliary loss's statistics over [tokens, experts]."""
+    auxiliary loss's statistics over [tokens, experts]. The router keeps the pre-MLP norm's
+    output for its weight gradient (the shared experts gather it again from there)."""
     tokens, experts, e = x.b * x.s_norm, x.num_experts, x.e
     scores = tokens * experts
     dims = (("tokens", tokens), ("experts", experts))
     ops = [
-        gemm("router", "MoE router scores", tokens, x.h, experts, e, bias=False, saved=0.0),
+        gemm("router", "MoE router scores", tokens, x.h, experts, e, bias=False, saved=e * tokens * x.h),
         elementwise("router_topk", OpKind.SOFTMAX, f"router {model.moe_router_score_function} and top-k",
                     scores, e, flops_per_element=6.0, saved=e * scores, dims=dims),
     ]

@@ -364,7 +364,8 @@ def screen_plans(
     sched = schedule[vinv]
     # Distinct runs, the first valid one kept: sequence parallelism "both" repeats the tp = 1
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
-    runs_as = runs_as_zero(zero, plans["dp"] * cp, precision)
+    edp = tp * cp * plans["dp"] // np.maximum(ep * etp, 1) if model.is_moe else 1
+    runs_as = runs_as_zero(zero, plans["dp"] * cp, precision, edp)
     rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute", "offload")), _codes(runs_as),
                 _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), *experts,
                 *((_codes(sched),) if space.schedule is not None else ()))

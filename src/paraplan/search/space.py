@@ -177,15 +177,17 @@ def pipe_axis(space: SearchSpace) -> tuple[tuple[Schedule | None, int], ...]:
     return tuple(out)
 
 
-def runs_as_zero(zero, grad_group, precision: Precision):
+def runs_as_zero(zero, grad_group, precision: Precision, expert_group=1):
     """The ZeRO stage a plan runs as (ints or numpy arrays). ZeRO shards over the gradient
     group (dp x cp ranks, ``ParallelPlan.zero_shards``); with one rank there nothing is sharded
     or communicated: stages 1 and 2 keep every optimizer state and gradient, exchange nothing
     (``inventory.job._grad_sync`` and ``_per_microbatch_dp`` return nothing for a group of
     one) and step over every parameter, as ZeRO 0 does. ZeRO-3 is the same run too except in
     FP8, where the model holds the FP8 copy of the layer being gathered besides the rank's
-    shard (``prediction.memory``). Such plans are one run, listed once."""
-    alone = np.asarray(grad_group) == 1
+    shard (``prediction.memory``). Such plans are one run, listed once. A mixture of experts'
+    weights also shard over the expert data-parallel group (``expert_group``, tp x cp x dp /
+    (ep x etp)), which can hold several ranks when dp x cp is 1: then ZeRO does shard."""
+    alone = (np.asarray(grad_group) == 1) & (np.asarray(expert_group) == 1)
     same = alone & ((np.asarray(zero) < 3) | (precision is not Precision.FP8))
     out = np.where(same, 0, zero)
     return int(out) if np.ndim(out) == 0 else out
@@ -319,7 +321,8 @@ def iter_unique(jobs: list[Job]) -> Iterator[Job]:
     seen = set()
     for job in jobs:
         p = job.parallel
-        same = {"zero_stage": runs_as_zero(p.zero_stage, p.grad_group, job.precision),
+        same = {"zero_stage": runs_as_zero(p.zero_stage, p.grad_group, job.precision,
+                                           p.edp if job.model.is_moe else 1),
                 "expert_tensor_parallel_size": p.etp}  # etp unset runs as etp = tp
         key = p.model_copy(update=same).model_dump_json()
         if key not in seen:
