@@ -234,12 +234,12 @@ def test_fp8_training_casts_the_experts_inputs_as_well_as_the_attentions():
     assert dict(cast.dims)["gemms"] == len(fp8)
 
 
-def test_the_uneven_stage_search_refuses_a_model_mixing_dense_and_moe_layers_in_one_line():
+def test_the_heterogeneous_search_refuses_a_model_mixing_dense_and_moe_layers_in_one_line():
     from paraplan.catalog.loader import load_any_cluster
     from paraplan.search import search_plans
     from paraplan.specs import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^search: the uneven-stage search needs every layer alike"):
+    with pytest.raises(ConfigError, match=r"^search: the heterogeneous-cluster search needs every layer alike"):
         search_plans(load_model("deepseek-v3"), load_any_cluster("hetero-a100-a10"), 64)
 
 
@@ -284,3 +284,15 @@ def test_hugging_face_moe_layer_steps_count_as_each_family_counts_them(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", **deepseek}))
     pattern = ModelSpec(**model_from_hf_config(tmp_path, {"seq_length": 64})).moe_layers
     assert pattern == (False, False, True, False, True, False)  # layer i MoE when i >= 1 and i % 2 == 0
+
+
+def test_uneven_layers_let_the_search_split_deepseek_v3s_61_layers_over_pipeline_stages():
+    from paraplan.search import SearchSpace, search_plans
+
+    space = SearchSpace(tp=(1,), pp=(8, 16), ep=(8,), micro_batch_size=(1,), zero_stage=(1,),
+                        recompute=("full",), uneven_layers=True)
+    result = search_plans(load_model("deepseek-v3"), load_cluster("dgx-h100", num_nodes=32), 1024, space=space)
+    assert {p.job.parallel.pp for p in result.ranked} == {16}  # pp 8 holds too much per GPU
+    assert "pp does not divide the layers evenly (uneven splits are off)" not in result.excluded
+    best = result.ranked[0]
+    assert sum(s.num_layers for s in best.stages) == 61

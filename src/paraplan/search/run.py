@@ -167,11 +167,12 @@ def search_plans(
         raise ConfigError("train_tokens: a budget or a deadline needs the number of tokens to train")
     space = space or SearchSpace()
     limits = (train_tokens, budget_usd, deadline_s)
-    if isinstance(cluster, HeteroClusterSpec) or space.uneven_layers:
-        if len(set(model.moe_layers)) > 1:
+    mixed = len(set(model.moe_layers)) > 1  # dense and MoE layers (DeepSeek-V3): exact path
+    if isinstance(cluster, HeteroClusterSpec) or (space.uneven_layers and not mixed):
+        if mixed:
             raise ConfigError(
-                f"search: the uneven-stage search needs every layer alike, and {model.name} mixes dense and "
-                "mixture-of-experts layers; predict its plans one by one with paraplan predict"
+                f"search: the heterogeneous-cluster search needs every layer alike, and {model.name} mixes "
+                "dense and mixture-of-experts layers; predict its plans one by one with paraplan predict"
             )
         if isinstance(cluster, ClusterSpec):
             cluster = HeteroClusterSpec(name=cluster.name, node_groups=(cluster,))

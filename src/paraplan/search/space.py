@@ -293,7 +293,9 @@ def enumerate_plans(
         if vpp > 1 and (pp < 2 or model.num_layers % (pp * vpp) or (gbs // (mbs * dp)) % pp):
             excluded["interleaving needs layers divisible by pp*vpp and micro-batches by pp"] += 1
             continue
-        if model.num_layers % pp:
+        if model.num_layers % pp and not (space.uneven_layers and len(set(model.moe_layers)) > 1):
+            # a model mixing dense and MoE layers takes uneven_layers as Megatron-LM's split with
+            # the first stages one layer longer (--pipeline-model-parallel-layout)
             excluded["pp does not divide the layers evenly (uneven splits are off)"] += 1
             continue
         if ep > 1 and model.num_moe_experts % ep:
