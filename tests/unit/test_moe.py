@@ -296,3 +296,14 @@ def test_uneven_layers_let_the_search_split_deepseek_v3s_61_layers_over_pipeline
     assert "pp does not divide the layers evenly (uneven splits are off)" not in result.excluded
     best = result.ranked[0]
     assert sum(s.num_layers for s in best.stages) == 61
+
+
+def test_zb_v_places_each_stage_on_chunks_i_and_2p_minus_1_minus_i():
+    from paraplan.inventory.partition import count_moe_layers_per_stage
+
+    # 8 layers, the first 3 dense: chunks of 2 layers are (d d) (d m) (m m) (m m); pp 2
+    model = ModelSpec(**{**SMALL_MOE, "num_layers": 8}, moe_first_k_dense=3)
+    v = job(model, nodes=1, pp=2, framework="fsdp", schedule="zb-v", global_batch_size=8).parallel
+    flat = job(model, nodes=1, pp=2, framework="fsdp", schedule="zb-h1", global_batch_size=8).parallel
+    assert count_moe_layers_per_stage(model, v) == (2, 3)  # chunks 0 + 3 (0 + 2), 1 + 2 (1 + 2)
+    assert count_moe_layers_per_stage(model, flat) == (1, 4)
