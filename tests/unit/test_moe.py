@@ -307,3 +307,13 @@ def test_zb_v_places_each_stage_on_chunks_i_and_2p_minus_1_minus_i():
     flat = job(model, nodes=1, pp=2, framework="fsdp", schedule="zb-h1", global_batch_size=8).parallel
     assert count_moe_layers_per_stage(model, v) == (2, 3)  # chunks 0 + 3 (0 + 2), 1 + 2 (1 + 2)
     assert count_moe_layers_per_stage(model, flat) == (1, 4)
+
+
+def test_mla_tensor_parallel_ranks_all_reduce_their_duplicated_down_projections_gradients():
+    sp = job("deepseek-v3", nodes=128, tp=2, pp=16, ep=64, etp=1, sequence_parallel=True, global_batch_size=1024)
+    st = count_job(sp).stages[1]
+    dup = [c for c in st.grad_sync if c.name == "tp_allreduce_duplicated"]
+    per_layer = 7168 * 1536 + 1536 + 7168 * (512 + 64) + 512  # q_down, q_norm, kv_down, kv_norm
+    assert dup and dup[0].bytes == 4 * per_layer * st.num_layers  # fp32 gradients (bf16 training)
+    tp1 = job("deepseek-v3", nodes=128, pp=16, ep=64, global_batch_size=1024)
+    assert not [c for c in count_job(tp1).stages[1].grad_sync if c.name == "tp_allreduce_duplicated"]

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
-from paraplan.inventory.layer import count_layer_collectives, count_layer_ops
+from paraplan.inventory.layer import DUPLICATED_ACROSS_TP, count_layer_collectives, count_layer_ops
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.partition import count_layers_per_stage, count_moe_layers_per_stage
@@ -182,6 +182,20 @@ def _grad_sync(
             reduce = Collective(f"{p}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, grads, Phase.BWD_WEIGHT)
         return (reduce, *replicas, gather)
     return (gather,) if zero == 2 else ()
+
+
+def _duplicated_allreduce(job: Job, blocks: tuple[LayerBlock, ...], grad_e: float) -> tuple[Collective, ...]:
+    """MLA's duplicated down projections and latent norms (``layer.DUPLICATED_ACROSS_TP``)
+    under sequence parallelism: the tensor-parallel ranks all-reduce their gradients once per
+    iteration (Megatron-Core's ``finalize_model_grads`` for sequence-parallel parameters)."""
+    plan = job.parallel
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return ()
+    params = sum(b.num_layers * op.params for b in blocks for op in b.ops if op.name in DUPLICATED_ACROSS_TP)
+    if params <= 0:
+        return ()
+    return (Collective("tp_allreduce_duplicated", CollectiveKind.ALL_REDUCE, ParallelDim.TP, params * grad_e,
+                       Phase.BWD_WEIGHT),)
 
 
 def _replicate_allreduce(job: Job, grads: float) -> tuple[Collective, ...]:
@@ -470,6 +484,7 @@ def count_job(job: Job) -> JobInventory:
                 params -= x.vocab * x.h  # the LM head reuses the embedding's weight
         grad_sync = _grad_sync(job, params, grad_e, param_e)
         grad_sync += _grad_sync(job, expert_params, grad_e, param_e, ParallelDim.EDP)
+        grad_sync += _duplicated_allreduce(job, blocks, grad_e)
         if not model.untie_embeddings_and_output_weights and plan.pp > 1 and i in (0, last):
             grad_sync += (
                 Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, x.vocab * x.h * grad_e, Phase.BWD_WEIGHT),

@@ -321,6 +321,12 @@ def _mla_projections(model: ModelSpec, x: LocalShape) -> list[Op]:
     return ops
 
 
+# MLA's operators whose weights every tensor-parallel rank holds whole (Megatron-Core's
+# ``duplicated`` linears and the latent norms): under sequence parallelism each rank's gradient
+# covers its own tokens only, and the ranks all-reduce them once per iteration
+DUPLICATED_ACROSS_TP = frozenset({"q_down", "q_norm", "kv_down", "kv_norm"})
+
+
 def _latent_norm(name: str, x: LocalShape, width: int, tokens: int) -> Op:
     n = tokens * width
     return elementwise(name, OpKind.NORM, "RMSNorm of the latent (MLA)", n, x.e, flops_per_element=4.0,
