@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from paraplan.specs import ModelSpec, ParallelPlan, Schedule
+from paraplan.specs import ModelSpec, ParallelPlan
 
 
 def count_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
@@ -20,23 +20,16 @@ def count_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, .
 def count_moe_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     """How many of each stage's layers are mixtures of experts (``ModelSpec.moe_layers``).
 
-    Stage i holds consecutive layers; interleaved (vpp > 1), it holds model chunk i, i + pp,
-    i + 2 pp, ... of pp x vpp equal chunks, as Megatron-LM assigns them; under ZB-V, chunks i
-    and 2 pp - 1 - i of 2 pp, the V (torchtitan's ``ZBVZeroBubble`` stage placement)."""
+    Stage i holds consecutive layers; with several model chunks per stage (interleaved, ZB-V)
+    it holds the equal chunks the schedule places on it (``Schedule.virtual_stage``)."""
     moe = model.moe_layers
     if not any(moe):
         return (0,) * plan.pp
     split = count_layers_per_stage(model, plan)
-    p = plan.pp
-    if plan.schedule is Schedule.ZB_V and plan.layers_per_stage is None and model.num_layers % (2 * p) == 0:
-        size = model.num_layers // (2 * p)
-        return tuple(sum(moe[i * size:(i + 1) * size]) + sum(moe[(2 * p - 1 - i) * size:(2 * p - i) * size])
-                     for i in range(p))
-    if plan.vpp > 1 and plan.layers_per_stage is None:
-        size = model.num_layers // (plan.pp * plan.vpp)
-        return tuple(
-            sum(sum(moe[(c * plan.pp + i) * size:(c * plan.pp + i + 1) * size]) for c in range(plan.vpp))
-            for i in range(plan.pp)
-        )
+    p, chunks = plan.pp, plan.schedule.chunks(plan.vpp)
+    if chunks > 1 and plan.layers_per_stage is None and model.num_layers % (p * chunks) == 0:
+        size = model.num_layers // (p * chunks)
+        where = [[plan.schedule.virtual_stage(p, i, c) for c in range(chunks)] for i in range(p)]
+        return tuple(sum(sum(moe[v * size:(v + 1) * size]) for v in stage) for stage in where)
     starts = [sum(split[:i]) for i in range(plan.pp)]
     return tuple(sum(moe[a:a + n]) for a, n in zip(starts, split, strict=True))

@@ -30,19 +30,12 @@ F, B, W = 0, 1, 2
 Order = list[tuple[int, int, int]]
 
 
-def virtual_stage(schedule: Schedule, p: int, v: int, stage: int, chunk: int) -> int:
-    """The position of ``chunk`` of ``stage`` in the model (0 .. p v - 1)."""
-    if schedule is Schedule.ZB_V:
-        return stage if chunk == 0 else 2 * p - 1 - stage
-    return chunk * p + stage
-
-
 def placement(schedule: Schedule, p: int, v: int) -> list[tuple[int, int]]:
     """(stage, chunk) of each virtual stage, in model order."""
     out = [(0, 0)] * (p * v)
     for i in range(p):
         for c in range(v):
-            out[virtual_stage(schedule, p, v, i, c)] = (i, c)
+            out[schedule.virtual_stage(p, i, c)] = (i, c)
     return out
 
 

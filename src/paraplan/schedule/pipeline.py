@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from paraplan.schedule.orders import B, F, W, placement, stage_order, virtual_stage
+from paraplan.schedule.orders import B, F, W, placement, stage_order
 from paraplan.schedule.steady import extrapolate
 from paraplan.specs import Schedule
 
@@ -69,7 +69,7 @@ def _structure(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[int, i
             order = orders[i]
             while pos[i] < len(order):
                 kind, c, j = order[pos[i]]
-                s = virtual_stage(schedule, p, v, i, c)
+                s = schedule.virtual_stage(p, i, c)
                 if kind == F:
                     key = (*where_is[s - 1], F, j) if s > 0 else None
                 elif kind == B:

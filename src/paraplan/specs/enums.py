@@ -50,6 +50,13 @@ class Schedule(str, Enum):
         """Model chunks per pipeline stage under this schedule."""
         return vpp if self is Schedule.INTERLEAVED else 2 if self is Schedule.ZB_V else 1
 
+    def virtual_stage(self, p: int, stage: int, chunk: int) -> int:
+        """The position of ``chunk`` of ``stage`` in the model (0 .. p x chunks - 1): Megatron-
+        LM's interleaving puts chunk c of stage i at c p + i, ZB-V at i and 2p - 1 - i (a V)."""
+        if self is Schedule.ZB_V:
+            return stage if chunk == 0 else 2 * p - 1 - stage
+        return chunk * p + stage
+
 
 class Framework(str, Enum):
     """The training framework whose behaviour (grad sync, buffers) the prediction follows."""
