@@ -91,8 +91,7 @@ class StageInventory:
     def with_layers(self, n: int) -> StageInventory:
         """The stage with ``n`` layers of its one kind (parameters follow)."""
         block = self._only()
-        per_layer = sum(op.params for op in block.ops if not op.expert)
-        per_layer_experts = sum(op.params for op in block.ops if op.expert)
+        per_layer, per_layer_experts = split_params(block.ops)
         delta = n - self.num_layers
         return dataclasses.replace(
             self,
@@ -155,6 +154,27 @@ class JobInventory:
 
 def _layer_params(ops: tuple[Op, ...]) -> float:
     return sum(op.params for op in ops)
+
+
+def split_params(ops: tuple[Op, ...]) -> tuple[float, float]:
+    """(weights replicated over the data-parallel group, the experts' weights) of ``ops``."""
+    experts = sum(op.params for op in ops if op.expert)
+    return _layer_params(ops) - experts, experts
+
+
+def params_updated(job: Job, params: float, expert_params: float) -> float:
+    """Parameters one GPU's optimizer steps: under ZeRO its shard of the stage's weights (the
+    experts' over the expert data-parallel ranks), all of them without it."""
+    plan = job.parallel
+    if plan.zero_stage >= 1:
+        return params / plan.zero_shards + expert_params / plan.edp
+    return params + expert_params
+
+
+def _layers_of_kind(model: ModelSpec) -> dict[bool, int]:
+    """How many of the model's layers are dense (False) and mixtures of experts (True)."""
+    moe = sum(model.moe_layers)
+    return {False: model.num_layers - moe, True: moe}
 
 
 def _grad_sync(
@@ -376,9 +396,9 @@ def _count_flops(job: Job, x: LocalShape, kinds: dict[bool, tuple[Op, ...]]) -> 
     ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
     per_mb_model = 3.0 * sum(map(_model_flops, ends_mm))
     per_mb_executed = sum(map(_executed_flops, ends_mm))
-    moe_layers = sum(model.moe_layers)
+    counts = _layers_of_kind(model)
     for moe, layer in kinds.items():
-        n = moe_layers if moe else model.num_layers - moe_layers
+        n = counts[moe]
         layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
         per_mb_model += 3.0 * n * sum(map(_model_flops, layer_mm))
         per_mb_executed += n * sum(map(_executed_flops, layer_mm))
@@ -415,14 +435,13 @@ def _params(
 ) -> float:
     """Parameters of the whole model held at shape ``x`` (tied embedding counted once);
     ``active``: those one token passes through (of the routed experts, its top-k)."""
-    moe_layers = sum(model.moe_layers)
+    counts = _layers_of_kind(model)
     total = 0.0
     for moe, layer in (kinds or layer_kinds(model, x)).items():
-        n = moe_layers if moe else model.num_layers - moe_layers
-        experts = sum(op.params for op in layer if op.expert)
+        dense, experts = split_params(layer)
         if active and experts:
             experts *= model.moe_router_topk / model.num_moe_experts
-        total += n * (sum(op.params for op in layer if not op.expert) + experts)
+        total += counts[moe] * (dense + experts)
     total += _layer_params(count_embedding_ops(model, x)) + _layer_params(count_head_ops(model, x))
     if not model.untie_embeddings_and_output_weights:
         total -= x.vocab * x.h
@@ -457,8 +476,7 @@ def count_job(job: Job) -> JobInventory:
     kinds: dict[bool, tuple[tuple[Op, ...], tuple[Collective, ...], float, float]] = {}
     for moe, ops in layer_kinds(model, x).items():
         coll = count_moe_collectives(model, plan, x) if moe else count_layer_collectives(model, plan, x)
-        dense_p = sum(op.params for op in ops if not op.expert)
-        expert_p = sum(op.params for op in ops if op.expert)
+        dense_p, expert_p = split_params(ops)
         ops += _grad_accumulation(job, dense_p + expert_p) + _fp8_weight_casts(job, ops)
         ops += _fsdp2_copies(job, dense_p + expert_p)
         kinds[moe] = (ops, coll, dense_p, expert_p)
@@ -489,10 +507,7 @@ def count_job(job: Job) -> JobInventory:
             grad_sync += (
                 Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, x.vocab * x.h * grad_e, Phase.BWD_WEIGHT),
             )
-        if plan.zero_stage >= 1:
-            updated = params / plan.zero_shards + expert_params / plan.edp
-        else:
-            updated = params + expert_params
+        updated = params_updated(job, params, expert_params)
         stages.append(
             StageInventory(
                 index=i,

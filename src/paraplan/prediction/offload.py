@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.inventory import JobInventory, StageInventory
-from paraplan.inventory.job import adam_state_bytes
+from paraplan.inventory.job import adam_state_bytes, params_updated
 from paraplan.specs import ClusterSpec, Job, LinkSpec
 
 # When a node has no CPU-Adam measurement: DeepSpeed's CPU-Adam on a DGX-2 node's two Xeon
@@ -89,12 +89,8 @@ class OffloadBytes:
 
 
 def _shard(inv: JobInventory, st: StageInventory) -> float:
-    """Parameters of ``st`` one GPU updates: under ZeRO its shard (the experts' over the expert
-    data-parallel ranks), all of them without it (as the inventory's optimizer step)."""
-    p = inv.job.parallel
-    if p.zero_stage >= 1:
-        return st.params / p.zero_shards + st.expert_params / p.edp
-    return st.params + st.expert_params
+    """Parameters of ``st`` one GPU updates (the inventory's optimizer step's)."""
+    return params_updated(inv.job, st.params, st.expert_params)
 
 
 def count_offload(inv: JobInventory, st: StageInventory, weights: float, optimizer_states: float,
