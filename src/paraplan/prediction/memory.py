@@ -17,7 +17,7 @@ from paraplan.inventory.job import adam_state_bytes, fp8_weight_params
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.offload import count_offload
 from paraplan.schedule import peak_in_flight
-from paraplan.specs import Framework, ParallelPlan, Recompute, Schedule
+from paraplan.specs import Recompute, Schedule
 
 # CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
 # PyTorch's CUDA context alone takes 0.3-0.5 GiB; NCCL keeps a few hundred MiB per communicator.
@@ -101,29 +101,19 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
             return (params + experts) * bytes_per_param
         return (params / dp + experts / edp) * bytes_per_param
 
-    weights, optimizer = sharded(inv.param_bytes, 3), sharded(adam_state_bytes(inv.job.precision), 1)
-    off = count_offload(inv, st, weights, optimizer, held * flight)  # what offload moves off the GPU
+    weights, gradients = sharded(inv.param_bytes, 3), sharded(inv.grad_bytes, 2)
+    optimizer = sharded(adam_state_bytes(inv.job.precision), 1)
+    off = count_offload(inv, st, weights, gradients, optimizer, held * flight)  # what offload moves off the GPU
     return StageMemory(
         stage=st.index,
         weights=weights - off.weights + fp8_copies,
-        gradients=0.0 if gradients_on_host(inv.job.parallel) else sharded(inv.grad_bytes, 2),
+        gradients=gradients - off.gradients,
         optimizer_states=optimizer - off.optimizer_states,
         activations=held * flight + working - off.activations,
         buffers=RUNTIME_RESERVE_BYTES,
         in_flight_microbatches=flight,
         host=off.on_host(inv.job),
     )
-
-
-def gradients_on_host(plan: ParallelPlan) -> bool:
-    """Whether optimizer offload keeps the gradient partition on the host: DeepSpeed's ZeRO-2/3
-    offload copies each reduced bucket to its fp32 host partition (the GPU keeps only the
-    communication buckets, inside the runtime allowance) and FSDP2's CPUOffloadPolicy moves
-    gradients to the CPU. ZeRO-1 (DeepSpeed, Megatron's --optimizer-cpu-offload) keeps the
-    gradient buffer on the GPU and copies it in the step."""
-    if plan.offload_optimizer == "none":
-        return False
-    return plan.framework is Framework.FSDP or (plan.framework is Framework.DEEPSPEED and plan.zero_stage >= 2)
 
 
 def estimate_memory(inv: JobInventory) -> tuple[StageMemory, ...]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, params_updated
-from paraplan.specs import ClusterSpec, Job, LinkSpec
+from paraplan.specs import ClusterSpec, Framework, Job, LinkSpec
 
 # When a node has no CPU-Adam measurement: DeepSpeed's CPU-Adam on a DGX-2 node's two Xeon
 # Platinum 8168 CPUs (48 cores), as recalled from the ZeRO-Offload paper (arXiv 2101.06840,
@@ -74,6 +74,7 @@ class OffloadBytes:
 
     optimizer_states: float  # to the host (cpu) or NVMe
     host_gradients: float  # DeepSpeed's fp32 gradient partition on the host
+    gradients: float  # the device's gradient partition, where offload keeps it on the host
     weights: float  # the ZeRO-3 parameter shard, to the host or NVMe
     activations: float  # the offloaded layers' saved activations, all micro-batches in flight
 
@@ -93,18 +94,26 @@ def _shard(inv: JobInventory, st: StageInventory) -> float:
     return params_updated(inv.job, st.params, st.expert_params)
 
 
-def count_offload(inv: JobInventory, st: StageInventory, weights: float, optimizer_states: float,
-                  held_activations: float) -> OffloadBytes:
+def count_offload(inv: JobInventory, st: StageInventory, weights: float, gradients: float,
+                  optimizer_states: float, held_activations: float) -> OffloadBytes:
     """What leaves one GPU of stage ``st``: its optimizer states (``optimizer_states`` bytes on
-    the device without offload), its parameter shard (``weights``), and of ``held_activations``
-    (the bytes all in-flight micro-batches hold) the share of the offloaded layers."""
+    the device without offload), its gradient partition (``gradients``) where offload keeps it
+    on the host, its parameter shard (``weights``), and of ``held_activations`` (the bytes all
+    in-flight micro-batches hold) the share of the offloaded layers.
+
+    Gradients: DeepSpeed's ZeRO-2/3 offload copies each reduced bucket to its fp32 host
+    partition (the GPU keeps only the communication buckets, inside the runtime allowance) and
+    FSDP2's CPUOffloadPolicy moves gradients to the CPU; ZeRO-1 (DeepSpeed, Megatron's
+    --optimizer-cpu-offload) keeps the gradient buffer on the GPU and copies it in the step."""
     p = inv.job.parallel
     opt = p.offload_optimizer != "none"
     shard = _shard(inv, st)
     layers = (p.cpu_offloading_num_layers or 0) if p.cpu_offloading else 0
+    grads_on_host = opt and (p.framework is Framework.FSDP or (p.framework is Framework.DEEPSPEED and p.zero_stage >= 2))
     return OffloadBytes(
         optimizer_states=optimizer_states if opt else 0.0,
         host_gradients=shard * HOST_GRAD_BYTES if opt else 0.0,
+        gradients=gradients if grads_on_host else 0.0,
         weights=weights if p.offload_param != "none" else 0.0,
         activations=held_activations * min(layers, st.num_layers) / st.num_layers if layers else 0.0,
     )
