@@ -281,10 +281,12 @@ def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
 def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     """Every operator of one dense transformer layer, in execution order (a mixture-of-experts
     layer: ``inventory.moe.count_moe_layer_ops``)."""
-    ops = attention_block_ops(model, x) + mlp_block_ops(model, x)
-    if x.fp8_linears:
-        ops += (fp8_casts([op for op in ops if op.fp8], x.e),)
-    return ops
+    return with_fp8_casts(attention_block_ops(model, x) + mlp_block_ops(model, x), x)
+
+
+def with_fp8_casts(ops: tuple[Op, ...], x: LocalShape) -> tuple[Op, ...]:
+    """A layer's operators, followed in FP8 training by the casts of its FP8 GEMMs."""
+    return (*ops, fp8_casts([op for op in ops if op.fp8], x.e)) if x.fp8_linears else ops
 
 
 def _qk_norm(x: LocalShape, heads: int, groups: int, d: int) -> Op:

@@ -24,9 +24,9 @@ from paraplan.inventory.layer import (
     attention_block_ops,
     count_layer_collectives,
     elementwise,
-    fp8_casts,
     gemm,
     norm,
+    with_fp8_casts,
 )
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
@@ -71,6 +71,15 @@ def _router(model: ModelSpec, x: LocalShape) -> list[Op]:
     return ops
 
 
+_SHARED = "shared experts"  # the roles of the shared experts' operators begin with it
+
+
+def is_shared_expert(op: Op) -> bool:
+    """Whether ``op`` belongs to a MoE layer's shared experts (which Megatron-Core's
+    --moe-shared-expert-overlap runs beside the all-to-alls)."""
+    return op.role.startswith(_SHARED)
+
+
 def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
     if not x.shared_ffn:
         return []
@@ -78,12 +87,12 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
     swiglu = model.activation == "swiglu"
     up = x.shared_ffn * (2 if swiglu else 1)
     return [
-        gemm("shared_fc1", "shared experts up projection", tokens, x.h, up, e, bias=False,
+        gemm("shared_fc1", f"{_SHARED} up projection", tokens, x.h, up, e, bias=False,
              saved=0.0, fp8=fp8),
-        elementwise("swiglu" if swiglu else "gelu", OpKind.ELEMENTWISE, "shared experts activation",
+        elementwise("swiglu" if swiglu else "gelu", OpKind.ELEMENTWISE, f"{_SHARED} activation",
                     tokens * x.shared_ffn, e, reads=2.0 if swiglu else 1.0, flops_per_element=8.0,
                     saved=e * tokens * up, dims=(("l", x.s), ("b", x.b), ("ffn", x.shared_ffn))),
-        gemm("shared_fc2", "shared experts down projection", tokens, x.shared_ffn, x.h, e, bias=False,
+        gemm("shared_fc2", f"{_SHARED} down projection", tokens, x.shared_ffn, x.h, e, bias=False,
              saved=e * tokens * x.shared_ffn, fp8=fp8),
     ]
 
@@ -120,10 +129,7 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
 @functools.lru_cache(maxsize=256)
 def count_moe_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     """Every operator of one mixture-of-experts layer, in execution order."""
-    ops = attention_block_ops(model, x) + moe_block_ops(model, x)
-    if x.fp8_linears:
-        ops += (fp8_casts([op for op in ops if op.fp8], x.e),)
-    return ops
+    return with_fp8_casts(attention_block_ops(model, x) + moe_block_ops(model, x), x)
 
 
 def count_moe_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -> tuple[Collective, ...]:

@@ -19,6 +19,7 @@ from paraplan.inventory import (
     StageInventory,
     group_layout,
 )
+from paraplan.inventory.moe import is_shared_expert
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
 from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.prediction.offload import offload_time
@@ -99,7 +100,7 @@ def _expert_comm(
     if plan.overlap_moe_expert_parallel_comm:
         beside_f, beside_b = sum(fwd), sum(bwd)
     elif plan.moe_shared_expert_overlap:
-        shared = [op.role.startswith("shared experts") for op in ops]
+        shared = [is_shared_expert(op) for op in ops]
         beside_f = sum(t for s, t in zip(shared, fwd, strict=True) if s)
         beside_b = sum(t for s, t in zip(shared, bwd, strict=True) if s)
     else:
