@@ -89,7 +89,7 @@ def megatron_parser():
     for flag, options in choices.items():
         p.add_argument(flag, choices=options, default=None)
     p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
-    # mixture of experts and MLA (_add_moe_args, _add_network_size_args; /work/research/moe-facts.md (b))
+    # mixture of experts and MLA (Megatron-LM's _add_moe_args, _add_network_size_args)
     for flag in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                  "--moe-shared-expert-intermediate-size", "--expert-model-parallel-size",
                  "--expert-tensor-parallel-size", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",

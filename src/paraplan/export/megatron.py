@@ -41,7 +41,7 @@ NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4
   ``Et*11|t*12|t*12|t*9L``.
 
 Mixtures of experts (``_add_moe_args`` and the MoE README of Megatron-LM, NVIDIA's DeepSeek-V3 and
-Qwen3 launch scripts; spellings in /work/research/moe-facts.md (b)): --num-experts, --moe-router-topk,
+Qwen3 launch scripts in NVIDIA's Megatron-MoE-ModelZoo): --num-experts, --moe-router-topk,
 --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq (int N, or a list
 expression that ``moe_freq_type`` evaluates), --moe-router-score-function (softmax | sigmoid),
 --moe-router-load-balancing-type (aux_loss | seq_aux_loss | sinkhorn | none), --moe-aux-loss-coeff,
@@ -318,9 +318,8 @@ def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
         par.append(["--moe-shared-expert-overlap"])
     if p.overlap_moe_expert_parallel_comm:  # NVIDIA's DeepSeek-V3 / Qwen3 scripts give both
         par += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
-    edp = p.tp * p.cp * p.dp // (p.etp * p.ep)
     title = (f"experts: ep={p.ep} x etp={p.etp} fold into each stage's tp*cp*dp = {p.tp * p.cp * p.dp} ranks "
-             f"(expert data-parallel size {edp}; Megatron-LM derives it)")
+             f"(expert data-parallel size {p.edp}; Megatron-LM derives it)")
     if why:
         title += "; alltoall dispatcher: " + "; ".join(why)
     return [("mixture of experts", model), (title, par)]
