@@ -4,13 +4,15 @@ trace JOB TRACE_DIR` (a profiler trace beside the prediction of its job, per com
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import click
 import typer
 from typer.core import TyperGroup
 
 from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, OutputFormat, err, out, user_errors, write_text
+
+if TYPE_CHECKING:  # typer vendors click (0.29+): no click of its own is installed
+    from typer import _click as click
 
 
 class _RunsByDefault(TyperGroup):
@@ -28,7 +30,7 @@ class _RunsByDefault(TyperGroup):
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         runs = self.commands["runs"]
-        runs.format_options(click.Context(runs, info_name="runs", parent=ctx), formatter)
+        runs.format_options(type(ctx)(runs, info_name="runs", parent=ctx), formatter)
         self.format_commands(ctx, formatter)
 
 
