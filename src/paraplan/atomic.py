@@ -1,4 +1,5 @@
-"""Temporary files for atomic writes, and the sweep that removes those a killed writer left.
+"""Writing user files safely: the check before a write (:func:`check_output_path`), temporary
+files for atomic writes, and the sweep that removes those a killed writer left.
 
 A file is replaced atomically by writing a hidden temporary file beside it and renaming it over
 the target (a reader never sees half a file). A writer killed between the two (SIGKILL, power
@@ -15,9 +16,27 @@ import secrets
 import time
 from pathlib import Path
 
+from paraplan.specs import ConfigError
+
 # temporary files of earlier versions (tempfile.mkstemp's random names, no pid) older than this
 # are stranded: no write of a model or samples file takes a day
 LEGACY_AGE_S = 86400.0
+
+
+def check_output_path(
+    path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "overwrite=True", what: str = "model file"
+) -> None:
+    """Raise a one-line ConfigError unless a ``what`` can be written to ``path``: its folder
+    exists, it is not a folder, and it does not exist unless ``overwrite`` (``flag`` names the
+    option that allows replacing it, e.g. ``--force``). Nothing the user wrote is replaced
+    silently."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a {what}")
+    if target.exists() and not overwrite:
+        raise ConfigError(f"{path}: already exists (pass {flag} to replace it)")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{path}: directory {str(target.parent)!r} does not exist")
 
 
 def temp_path(target: Path) -> Path:

@@ -147,7 +147,7 @@ def test_an_existing_output_needs_force(tmp_path):
     pd.DataFrame(rows).to_csv(folder / "NVIDIAA100-SXM4-80GB_gelu_fp16.csv", index=False)
     out = tmp_path / "a.samples"
     out.write_text("keep me")
-    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(out)), "exists; pass --force")
+    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(out)), "already exists (pass --force to replace it)")
     assert out.read_text() == "keep me"
     result = run("import", "gpumodeling", str(folder), "--out", str(out), "--force")
     assert result.exit_code == 0, result.output
@@ -203,5 +203,5 @@ def test_an_unwritable_out_is_refused_before_importing(tmp_path, monkeypatch):
         folder / "NVIDIAA100-SXM4-80GB_gelu_fp16.csv", index=False
     )
     missing = tmp_path / "nowhere" / "a.samples"
-    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(missing)), "nowhere does not exist")
-    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(tmp_path), "--force"), "is a folder")
+    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(missing)), "nowhere' does not exist")
+    _one_line_error(run("import", "gpumodeling", str(folder), "--out", str(tmp_path), "--force"), "is a directory")

@@ -159,7 +159,7 @@ def test_cli_slurm_and_errors(tmp_path):
     assert again.exit_code == 2 and "--force" in again.output
     out.write_bytes(b"")
     for argv, message in (
-        ([], "exists; pass --force"),
+        ([], "already exists (pass --force to replace it)"),
         (["--force", "--nnodes", "2"], "--launcher local runs on this machine"),
         (["--force", "--layouts", "4x1"], "layout '4x1'"),
         (["--force", "--collectives", "all_reduce,gossip"], "--collectives"),

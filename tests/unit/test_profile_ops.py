@@ -162,7 +162,7 @@ def test_profile_ops_command_writes_resumes_and_fits(tmp_path: Path) -> None:
     assert first.exit_code == 0, first.output
     assert len(load_samples(out)) == 24  # half of 24 points, fwd and bwd
     again = runner.invoke(app, [*args, "--parts", "2", "--part", "1"])
-    assert again.exit_code == 2 and "exists; pass --force" in again.output
+    assert again.exit_code == 2 and "already exists (pass --force to replace it)" in again.output
     second = tmp_path / "cpu2.samples"
     done = runner.invoke(app, [*args[:-4], "--out", str(second), "--parts", "2", "--part", "2"])
     assert done.exit_code == 0, done.output

@@ -74,7 +74,7 @@ def test_an_existing_samples_file_is_never_overwritten_silently(tmp_path):
     path = tmp_path / "a100.samples"
     save_samples(_samples(), path)
     before = path.read_bytes()
-    with pytest.raises(ConfigError, match=r"a100.samples: exists; pass overwrite=True / --force"):
+    with pytest.raises(ConfigError, match=r"a100.samples: already exists \(pass overwrite=True / --force to replace it\)"):
         save_samples(_samples().iloc[:1], path)
     assert path.read_bytes() == before
     save_samples(_samples().iloc[:1], path, overwrite=True)

@@ -20,6 +20,7 @@ from paraplan.cli.search import search_command
 from paraplan.cli.sharding import sharding_command
 from paraplan.cli.trace import trace_app
 from paraplan.cli.validate import validate_app
+from paraplan.specs.extras import missing_extra_message
 
 app = typer.Typer(
     name="paraplan",
@@ -86,4 +87,9 @@ def main(argv: list[str] | None = None) -> None:
         usage_error(f"{message} (see {ctx.command_path} --help)" if ctx is not None else message)
     except typer.Abort:
         sys.exit(130)
+    except ModuleNotFoundError as exc:  # an optional module imported outside a command's user_errors
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        usage_error(message)
     sys.exit(code if isinstance(code, int) else 0)

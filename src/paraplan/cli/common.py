@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from paraplan.specs import ConfigError, InternalError, format_validation_error
+from paraplan.specs.extras import missing_extra_message
 from paraplan.units import UnitError
 
 # --help as click prints it: option names whole at any width (rich's help panels cut long option
@@ -39,9 +40,15 @@ class OutputFormat(str, enum.Enum):
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Bad input ends with one line on stderr naming the field and the reason, exit code 2;
-    an impossible prediction (a bug) with one line and exit code 3."""
+    an impossible prediction (a bug) with one line and exit code 3; an optional module that is
+    not installed, with one line naming the extra that installs it, exit code 2."""
     try:
         yield
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        _fail(message)
     except InternalError as exc:
         err.print(f"[bold red]{escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(code=3) from None

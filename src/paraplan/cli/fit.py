@@ -30,11 +30,12 @@ def fit_command(
     """Fit one residual regressor per (GPU, operator, direction) and (cluster, collective);
     print each one's cross-validated and held-out error next to the analytical baseline's."""
     import paraplan.fitting as fitting
+    from paraplan.atomic import check_output_path
     from paraplan.catalog.jobs import load_cluster_file
     from paraplan.cli.progress import StagedProgress
     from paraplan.regress.plot import check_plot_path
     from paraplan.regress.select import MIN_DISTINCT_SAMPLES
-    from paraplan.regress.store import check_output_path, save_models
+    from paraplan.regress.store import save_models
     from paraplan.report.fitting import fit_rows, render_fit, render_learning_curves
     from paraplan.samples.merge import load_many
     from paraplan.specs import ConfigError

@@ -60,7 +60,7 @@ def report_command(
 
 
 def _check_out(path: Path, suffix: str, force: bool, what: str) -> None:
-    from paraplan.regress.store import check_output_path
+    from paraplan.atomic import check_output_path
     from paraplan.specs import ConfigError
 
     if path.suffix.lower() != suffix:

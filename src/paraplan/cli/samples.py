@@ -113,7 +113,7 @@ def import_gpumodeling_command(
         from paraplan.samples.store import check_samples_path
 
         # the checks save_samples makes, before the import rather than after it
-        check_samples_path(out_file, overwrite=force, flag="--force to replace it")
+        check_samples_path(out_file, overwrite=force, flag="--force")
         try:
             from paraplan.samples.gpumodeling import gpumodeling_files, import_gpumodeling, summarize_import
             from paraplan.samples.store import save_samples

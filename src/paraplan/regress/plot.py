@@ -19,7 +19,7 @@ def check_plot_path(path: str | os.PathLike[str], *, overwrite: bool = False, fl
     .pdf name in an existing folder, not a folder, and not an existing file unless
     ``overwrite`` (``flag`` names the option that allows replacing it); and matplotlib, which
     draws it, is installed."""
-    from paraplan.regress.store import check_output_path
+    from paraplan.atomic import check_output_path
 
     if Path(path).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"{path}: a plot file name ends in {', '.join(PLOT_SUFFIXES)}")

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.atomic import sweep_stale, temp_path
+from paraplan.atomic import check_output_path, sweep_stale, temp_path
 from paraplan.catalog.userdata import json_depth
 from paraplan.regress.estimators import ALGORITHMS, ResidualRegressor
 from paraplan.regress.select import FittedRegressor
@@ -133,21 +133,6 @@ def save_models(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def check_output_path(
-    path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "overwrite=True", what: str = "model file"
-) -> None:
-    """Raise a one-line ConfigError unless a ``what`` can be written to ``path``: its folder
-    exists, it is not a folder, and it does not exist unless ``overwrite`` (``flag`` names the
-    option that allows replacing it, e.g. ``--force``)."""
-    target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"{path}: is a directory, not a {what}")
-    if target.exists() and not overwrite:
-        raise ConfigError(f"{path}: already exists (pass {flag} to replace it)")
-    if not target.parent.is_dir():
-        raise ConfigError(f"{path}: directory {str(target.parent)!r} does not exist")
 
 
 def load_models(path: str | os.PathLike[str]) -> tuple[dict[str, FittedRegressor], dict[str, Any]]:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paraplan.atomic import sweep_stale, temp_path
+from paraplan.atomic import check_output_path, sweep_stale, temp_path
 from paraplan.catalog.userdata import json_depth
 from paraplan.samples.schema import SCHEMA_VERSION, validate_samples
 from paraplan.specs import ConfigError
@@ -83,13 +83,7 @@ def check_samples_path(
 ) -> None:
     """Raise a one-line ConfigError unless a samples file can be written to ``path``: its
     folder exists, it is not a folder, and it does not exist unless ``overwrite``."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a folder, not a file name")
-    if path.exists() and not overwrite:
-        raise ConfigError(f"{path}: exists; pass {flag}")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{path}: folder {path.parent} does not exist")
+    check_output_path(path, overwrite=overwrite, flag=flag, what="samples file")
 
 
 def save_samples(
