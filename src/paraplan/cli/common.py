@@ -103,7 +103,7 @@ def _flag(name: str, type_: Any, *decls: str, key: str | None = None, **kwargs: 
 # the model: a catalog name, or a Hugging Face config.json, and the training sequence length
 MODEL_FLAGS = (
     _flag("seq_length", int | None, "--seq-length",
-          help="Tokens per training sequence (the model's, else the job's, when omitted)."),
+          help="Tokens per training sequence (default: the job's model's)."),
     _flag("hf_config", Path | None, "--hf-config",
           help="A Hugging Face config.json (or its folder) as the model, instead of --model; the "
                "sequence length is --seq-length, else the job's (max_position_embeddings is the "

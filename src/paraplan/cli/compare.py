@@ -28,9 +28,9 @@ Opt = typer.Option
 def compare_command(
     job_files: Annotated[list[Path] | None, typer.Argument(
         help="Job files A and B; one file (or none: the demo job) is A, and B is A with --vs.",
-        show_default=False)] = None,
+        metavar="A.yaml [B.yaml]", show_default=False)] = None,
     vs: Annotated[list[str] | None, Opt(
-        "--vs", help="B is A with this job flag changed, e.g. --vs tp=4 --vs zero-stage=3 (repeatable).")] = None,
+        "--vs", metavar="FLAG=VALUE", help="B is A with this job flag changed, e.g. --vs tp=4 --vs zero-stage=3 (repeatable).")] = None,
     flags: dict[str, Any] | None = None,
     backend: Backend = "analytical",
     models: ModelsFile = None,
