@@ -177,3 +177,10 @@ def test_a_run_with_a_job_file_says_nothing_of_the_demo_job():
     result = run("predict", str(ROOT / "examples" / "mistral-7b-one-node.yaml"), "--format", "json")
     assert result.exit_code == 0, result.output
     assert "demo job" not in result.stderr
+
+
+def test_a_search_without_a_job_file_names_what_it_took_from_the_demo_job_but_not_the_plan_it_varies():
+    result = run("search", "--model", "gpt2", "--num-nodes", "1", "--top", "1", "--format", "json")
+    assert result.exit_code == 0, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line == "from the demo job: --cluster aws-p5.48xlarge --global-batch-size 512"

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from paraplan.cli.common import MODEL_FLAGS, OutputFormat, err, out, takes_flags, user_errors, write_text
-from paraplan.cli.loading import cwd_paths
+from paraplan.cli.loading import cwd_paths, from_demo
 
 Opt = typer.Option
 
@@ -202,6 +202,10 @@ def search_command(
             plot_pareto(result, front, pareto, axis=axis, to_train=to_train)
         if save_best is not None and result.ranked:
             _save_best(result, save_best)
+    if job_file is None:  # the plan axes are searched, not taken from the demo job
+        shown = {**raw, "parallel": {"global_batch_size": (raw.get("parallel") or {}).get("global_batch_size")}}
+        err.print(f"from the demo job: {' '.join(from_demo(shown, flags, base.model.seq_length))}",
+                  highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
         _print(result, top, output, front, axis, save_best, pareto)
     if not result.ranked:
