@@ -73,6 +73,14 @@ def test_compare_writes_csv_one_row_per_figure(tmp_path):
     assert "breakdown.forward_compute_s" in figures and "memory.fits" in figures
 
 
+def test_vs_can_put_a_config_json_against_the_model_a_flag_names():
+    result = run("compare", "--model", "llama-3-8b", "--vs", f"hf-config={HF}", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["settings_that_differ"]["model"] == {"a": "llama-3-8b", "b": "llama-2-7b-config"}
+    assert data["b"]["seq_length"] == data["a"]["seq_length"]  # the config.json's model at the job's length
+
+
 def test_compare_of_the_demo_job_says_once_what_it_took_from_it():
     result = run("compare", "--vs", "tp=4")
     assert result.exit_code == 0, result.output

@@ -328,7 +328,9 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
     ``model`` and ``cluster`` replace the file's (a job name then says the model changed);
     ``gpu`` replaces the cluster's GPU, and without a cluster flag describes the cluster by its
     GPU, which takes its node and links from the GPU's reference node in the catalog as the
-    same mapping in a file does; cluster and parallel flags override single fields.
+    same mapping in a file does; cluster and parallel flags override single fields;
+    ``hf_config`` (a config.json) replaces the model, keeping the job's sequence length unless
+    ``seq_length`` gives one, which alone changes the sequence length of the job's model.
     """
     job = dict(raw)
     given = {k: v for k, v in flags.items() if v is not None}

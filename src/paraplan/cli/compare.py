@@ -52,12 +52,8 @@ def compare_command(
                               + (" and --vs" if vs else ""))
         a_file = files[0] if files else None
         b_file = files[1] if len(files) == 2 else a_file
-        changed = parse_vs(vs or [])
+        flags_b = flags_of_b(flags, parse_vs(vs or []))
         job_a, said = load_flagged_job(a_file, flags)
-        if "model" in changed or "hf_config" in changed:  # B's model replaces A's, whichever flag names it
-            flags_b = {**flags, "model": None, "hf_config": None, **changed}
-        else:
-            flags_b = {**flags, **changed}
         job_b, said_b = load_flagged_job(b_file, flags_b)
         (a, notes), (b, _) = predict_flagged(job_a, backend, models), predict_flagged(job_b, backend, models)
         comparison = compare_predictions(a, b)
@@ -72,6 +68,13 @@ def compare_command(
             write_text(render_csv(comparison_rows(comparison)))
         else:
             out.print(render_comparison(comparison, names))
+
+
+def flags_of_b(flags: dict[str, Any], changed: dict[str, Any]) -> dict[str, Any]:
+    """The job flags with B's changes; a model named by one flag replaces one named by the other."""
+    if "model" in changed or "hf_config" in changed:
+        return {**flags, "model": None, "hf_config": None, **changed}
+    return {**flags, **changed}
 
 
 def parse_vs(items: list[str]) -> dict[str, Any]:
