@@ -87,7 +87,14 @@ def test_a_change_from_zero_has_no_percentage_and_any_other_is_its_ratio(a, b):
 def test_the_table_fits_80_columns_with_every_number_whole(tp4_against_tp8):
     text = assert_readable(render_comparison(tp4_against_tp8, ("a.yaml", "b.yaml")))[80]
     assert "tp 4 -> 8" in text
-    assert "TP communication" in text and "pipeline bubble" in text
+    assert "TP communication" in text and "pipeline p2p" in text
+
+
+def test_the_table_leaves_out_a_component_neither_plan_has():
+    cmp = compare_predictions(_pred(pp=1), _pred(pp=1, tp=8))
+    assert max(cmp.a.breakdown.pipeline_bubble_s, cmp.b.breakdown.pipeline_bubble_s) < 1e-12  # no pipeline
+    text = assert_readable(render_comparison(cmp))[200]
+    assert "pipeline bubble" not in text and "TP communication" in text
 
 
 def test_csv_has_one_row_per_figure_with_a_b_and_the_change(tp4_against_tp8):

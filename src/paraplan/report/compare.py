@@ -43,7 +43,8 @@ _SHOUT = {"tp": "TP", "pp": "PP", "dp": "DP", "cp": "CP", "ep": "EP", "zero": "Z
 
 
 def component_label(key: str) -> str:
-    """A Breakdown field as words: ``tp_communication_s`` -> ``TP communication``."""
+    """A Breakdown field as words: ``tp_communication_s`` -> ``TP communication``.
+    (Where the prediction layer names its components' labels, this reads them.)"""
     if key == "total_s":
         return "iteration (sum)"
     words = key.removesuffix("_s").split("_")
@@ -75,7 +76,7 @@ def describe(pred: Prediction) -> str:
 
 def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> Group:
     """Who A and B are, the settings that differ, then one table: the summary figures, whether
-    each fits, and every breakdown component with B - A and its percentage of A."""
+    each fits, and the breakdown components either has, with B - A and its percentage of A."""
     head = [Text.assemble((f"A ({names[0]}): ", "bold"), describe(cmp.a)),
             Text.assemble((f"B ({names[1]}): ", "bold"), describe(cmp.b))]
     if cmp.settings:
@@ -92,7 +93,11 @@ def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> G
         _row(table, label, d, fmt, change)
     fits_a, fits_b = cmp.fits
     table.add_row("fits", "yes" if fits_a else "NO", "yes" if fits_b else "NO", "", "", end_section=True)
+    # a component neither plan has is left out (zero in both, to rounding: 1e-9 of the iteration)
+    noise = 1e-9 * max(cmp.a.iteration_s, cmp.b.iteration_s)
     for d in cmp.components:
+        if d.key != "total_s" and abs(d.a or 0.0) <= noise and abs(d.b or 0.0) <= noise:
+            continue
         _row(table, component_label(d.key), d, _seconds, _signed(_seconds),
              style="bold" if d.key == "total_s" else None)
     return Group(*head, table)
