@@ -50,7 +50,7 @@ def test_json_output_carries_the_marks():
     result = CliRunner().invoke(app, ["predict", "--model", "llama-3-8b", "--cluster", "aws-g5.48xlarge",
                                       "--global-batch-size", "64", "--format", "json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["uncalibrated"]
+    assert json.loads(result.stdout)["uncalibrated"]
 
 
 def test_the_table_output_shows_the_mark():

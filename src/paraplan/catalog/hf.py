@@ -262,7 +262,9 @@ def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any
             "sequences the job trains on, e.g. seq_length: 4096"
         )
     source_dir = path if path.is_dir() else path.parent
-    fields["name"] = str(config.get("_name_or_path") or source_dir.name or "hf-model")
+    # a config saved under another name than config.json names the model by its file
+    own = path.stem if not path.is_dir() and path.name != "config.json" else source_dir.name
+    fields["name"] = str(config.get("_name_or_path") or own or "hf-model")
     fields["source"] = f"Hugging Face config.json ({model_type}): {path}"
     fields.update({k: v for k, v in overrides.items() if k != "hf_config"})
     return fields

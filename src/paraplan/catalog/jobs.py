@@ -328,7 +328,9 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
     ``model`` and ``cluster`` replace the file's (a job name then says the model changed);
     ``gpu`` replaces the cluster's GPU, and without a cluster flag describes the cluster by its
     GPU, which takes its node and links from the GPU's reference node in the catalog as the
-    same mapping in a file does; cluster and parallel flags override single fields.
+    same mapping in a file does; cluster and parallel flags override single fields;
+    ``hf_config`` (a config.json) replaces the model, keeping the job's sequence length unless
+    ``seq_length`` gives one, which alone changes the sequence length of the job's model.
     """
     job = dict(raw)
     given = {k: v for k, v in flags.items() if v is not None}
@@ -336,6 +338,7 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         if isinstance(job.get("name"), str) and "name" not in given and job.get("model") != given["model"]:
             job["name"] = f"{job['name']} (--model {given['model']})"  # not the job the file named
         job["model"] = given["model"]
+    _model_overrides(job, given)
     cluster = given.get("cluster", job.get("cluster"))
     if "gpu" in given and "cluster" not in given:
         gpu = load_gpu(given["gpu"])
@@ -361,6 +364,39 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         if key in given:
             job[key] = given[key]
     return job
+
+
+def _model_overrides(job: dict[str, Any], given: dict[str, Any]) -> None:
+    """``hf_config`` (a Hugging Face config.json) replaces the job's model and keeps its
+    sequence length unless ``seq_length`` is given; ``seq_length`` alone changes the model's."""
+    seq = given.get("seq_length")
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
+        raise ConfigError(f"seq_length: expected a positive whole number of tokens, got {short_repr(seq)}")
+    if "hf_config" in given:
+        if "model" in given:
+            raise ConfigError("hf_config: --hf-config and --model both name the model; give one of them")
+        if seq is None:
+            seq = job_seq_length(job.get("model"))
+        if isinstance(job.get("name"), str) and "name" not in given:
+            job["name"] = f"{job['name']} (--hf-config {Path(given['hf_config']).name})"
+        job["model"] = {"hf_config": str(given["hf_config"]), **({"seq_length": seq} if seq is not None else {})}
+    elif seq is not None:
+        model = job.get("model")
+        if isinstance(model, str):
+            job["model"] = {"name": model, "seq_length": seq}
+        elif isinstance(model, dict):
+            job["model"] = {**model, "seq_length": seq}
+
+
+def job_seq_length(model: Any) -> int | None:
+    """The sequence length of a job's ``model`` (a catalog name or a mapping), None when it
+    states none."""
+    if isinstance(model, dict) and model.get("seq_length") is not None:
+        return model["seq_length"]
+    name = model if isinstance(model, str) else model.get("name") if isinstance(model, dict) else None
+    if isinstance(name, str) and _in_catalog("models", name):
+        return load_catalog_entry("models", name).get("seq_length")
+    return None
 
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")

@@ -10,6 +10,7 @@ from typer.exceptions import TyperException
 from paraplan.cli.calibrate import calibrate_app
 from paraplan.cli.catalog import catalog_command
 from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, usage_error
+from paraplan.cli.compare import compare_command
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
 from paraplan.cli.predict import predict_command
@@ -34,6 +35,7 @@ app = typer.Typer(
 # --help has their full text, then the exit codes).
 for _name, _command, _summary in (
     ("predict", predict_command, "Predict one iteration's time, breakdown, memory and cost."),
+    ("compare", compare_command, "Predict two jobs or plans side by side, with B - A."),
     ("report", report_command, "Write one HTML page of a prediction: pictures, tables, GEMMs."),
     ("catalog", catalog_command, "List the catalog's GPUs, models or clusters."),
     ("fit", fit_command, "Fit the learned backend's regressors to samples."),

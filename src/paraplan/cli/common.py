@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
+import inspect
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -75,3 +79,103 @@ def usage_error(message: str) -> None:
 def write_text(text: str) -> None:
     """Machine-readable output goes to stdout untouched by rich."""
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+# -- the flags of a job ------------------------------------------------------------------------
+# predict, report and compare take the same job flags (one definition, here); search shares the
+# model flags. A command names a parameter ``flags`` and is decorated with ``takes_flags(...)``:
+# the parameter becomes these options, and the command receives their values as one mapping
+# keyed as ``catalog.jobs.apply_overrides`` reads them (None: not given).
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # the command's parameter
+    key: str  # apply_overrides' key
+    type: Any
+    option: Any  # typer.Option(...)
+
+    @property
+    def flag(self) -> str:
+        """The option as a user types it, e.g. ``--tp``."""
+        # typer.Option keeps its first name where a default would go (as Annotated reads it)
+        first = self.option.default
+        return first if isinstance(first, str) else f"--{self.name.replace('_', '-')}"
+
+
+def _flag(name: str, type_: Any, *decls: str, key: str | None = None, **kwargs: Any) -> Flag:
+    return Flag(name, key or name, type_, typer.Option(*decls, **kwargs))
+
+
+# the model: a catalog name, or a Hugging Face config.json, and the training sequence length
+MODEL_FLAGS = (
+    _flag("seq_length", int | None, "--seq-length",
+          help="Tokens per training sequence (default: the job's model's)."),
+    _flag("hf_config", Path | None, "--hf-config",
+          help="A Hugging Face config.json (or its folder) as the model, instead of --model; the "
+               "sequence length is --seq-length, else the job's (max_position_embeddings is the "
+               "longest sequence the model accepts, not the training length)."),
+)
+
+JOB_FLAGS = (
+    _flag("model", str | None, help="Catalog model name, e.g. llama-3-70b."),
+    *MODEL_FLAGS,
+    _flag("cluster", str | None, help="Catalog cluster name, e.g. dgx-h100."),
+    _flag("gpu", str | None, help="Catalog GPU name, e.g. H100-SXM5-80GB."),
+    _flag("num_nodes", int | None, help="Number of nodes."),
+    _flag("gpus_per_node", int | None, help="GPUs per node."),
+    _flag("price_per_gpu_hour", str | None, help="e.g. '2.5 USD'."),
+    _flag("tp", int | None, "--tp", "--tensor-model-parallel-size", key="tensor_model_parallel_size",
+          help="Tensor-parallel size."),
+    _flag("pp", int | None, "--pp", "--pipeline-model-parallel-size", key="pipeline_model_parallel_size",
+          help="Pipeline-parallel size."),
+    _flag("dp", int | None, "--dp", "--data-parallel-size", key="data_parallel_size",
+          help="Data-parallel size (derived when omitted)."),
+    _flag("cp", int | None, "--cp", "--context-parallel-size", key="context_parallel_size",
+          help="Context-parallel size."),
+    _flag("vpp", int | None, "--vpp", "--virtual-pipeline-model-parallel-size",
+          key="virtual_pipeline_model_parallel_size", help="Interleaved stages per GPU."),
+    _flag("sequence_parallel", bool | None, "--sequence-parallel/--no-sequence-parallel"),
+    _flag("ep", int | None, "--ep", "--expert-model-parallel-size", key="expert_model_parallel_size",
+          help="Expert-parallel size (MoE models)."),
+    _flag("etp", int | None, "--etp", "--expert-tensor-parallel-size", key="expert_tensor_parallel_size",
+          help="Expert tensor-parallel size (default: tp)."),
+    _flag("expert_load_imbalance", float | None,
+          help="Busiest expert-parallel rank's tokens over the mean (default 1.0)."),
+    _flag("zero_stage", int | None, help="ZeRO / distributed-optimizer stage 0-3."),
+    _flag("micro_batch_size", int | None),
+    _flag("global_batch_size", int | None),
+    _flag("recompute", str | None, help="none | selective | full (Megatron-LM) | layer | op (torchtitan, FSDP)"),
+    _flag("schedule", str | None, help="gpipe | 1f1b | interleaved | zb-h1 | zb-v"),
+    _flag("framework", str | None, help="megatron | deepspeed | fsdp"),
+    _flag("precision", str | None, help="fp32 | fp16 | bf16 | fp8"),
+    _flag("train_tokens", str | None, help="Tokens to train, e.g. 2T, for time and cost to train."),
+)
+
+# the cost model (predict, report, compare)
+Backend = Annotated[str, typer.Option(help="Cost model: analytical | learned (needs --models).")]
+ModelsFile = Annotated[Path | None, typer.Option(help="Models file from `paraplan fit` (learned backend).")]
+Format = Annotated[OutputFormat, typer.Option("--format", "-f", help="table | json | csv")]
+
+
+def takes_flags(*groups: tuple[Flag, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the options of ``groups`` in place of its ``flags`` parameter; it is
+    called with ``flags``, their values keyed by ``Flag.key`` (paths as given)."""
+    flags = [f for group in groups for f in group]
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(func, eval_str=True)
+        params = list(signature.parameters.values())
+        at = [p.name for p in params].index("flags")
+        options = [inspect.Parameter(f.name, params[at].kind, default=None, annotation=Annotated[f.type, f.option])
+                   for f in flags]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, flags={f.key: kwargs.pop(f.name) for f in flags}, **kwargs)
+
+        command.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*params[:at], *options, *params[at + 1:]])
+        return command
+
+    return decorate

@@ -3,33 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from paraplan.cli.common import err, user_errors
+from paraplan.cli.common import JOB_FLAGS, Backend, ModelsFile, err, takes_flags, user_errors
+from paraplan.cli.loading import load_flagged_job, predict_flagged
 
 Opt = typer.Option
 
 
+@takes_flags(JOB_FLAGS)
 def report_command(
     job_file: Annotated[Path | None, typer.Argument(help="Job file (YAML/JSON). Omit for the built-in demo job.")] = None,
+    flags: dict[str, Any] | None = None,
     out_file: Annotated[Path, Opt("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     gemms: Annotated[Path | None, Opt(help="Also write one layer's GEMM shapes per pass (M, K, N) to this .csv.")] = None,
-    backend: Annotated[str, Opt(help="Cost model: analytical | learned (needs --models).")] = "analytical",
-    models: Annotated[Path | None, Opt(help="Models file from `paraplan fit` (learned backend).")] = None,
+    backend: Backend = "analytical",
+    models: ModelsFile = None,
     force: Annotated[bool, Opt("--force", help="Replace existing output files.")] = False,
 ) -> None:
     """Write one HTML page with the summary, the breakdown per stage, the pipeline timeline,
     memory per stage, the operators of one layer and its GEMMs (pictures inlined; needs the
-    plot extra)."""
-    from paraplan.catalog.jobs import demo_job_mapping, read_job_mapping, resolve_job
-    from paraplan.prediction import predict
-    from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
+    plot extra). The job flags are predict's."""
     from paraplan.regress.plot import load_pyplot
     from paraplan.report.gemms import render_gemms_csv
     from paraplan.report.html import render_html
-    from paraplan.specs import ConfigError, HeteroJob
+    from paraplan.specs import ConfigError
 
     with user_errors():
         # every output is checked before predicting, not after
@@ -39,19 +39,10 @@ def report_command(
             if gemms.resolve() == out_file.resolve():
                 raise ConfigError(f"{gemms}: --gemms and --out name the same file")
         load_pyplot()
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
-        raw = read_job_mapping(job_file) if job_file is not None else demo_job_mapping()
-        job = resolve_job(raw, base_dir=job_file.parent if job_file is not None else Path("."))
-        if isinstance(job, HeteroJob):
-            if backend != "analytical" or models is not None:
-                raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
-            from paraplan.prediction.hetero import predict_hetero
-
-            pred = predict_hetero(job, keep_timeline=True)
-        else:
-            fitted = load_model_file(models) if models is not None else None
-            pred = predict(job, make_cost_model(job, backend, fitted), keep_timeline=True)
+        job, said = load_flagged_job(job_file, flags or {})
+        pred, notes = predict_flagged(job, backend, models, keep_timeline=True)
+    for note in ([said] if said else []) + [f"note: {n}" for n in notes]:
+        err.print(note, highlight=False, soft_wrap=True)
     out_file.write_text(render_html(pred), encoding="utf-8")
     err.print(f"wrote {out_file}", highlight=False)
     if gemms is not None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from paraplan.cli.common import OutputFormat, err, out, user_errors, write_text
+from paraplan.cli.common import MODEL_FLAGS, OutputFormat, err, out, takes_flags, user_errors, write_text
+from paraplan.cli.loading import cwd_paths, from_demo
 
 Opt = typer.Option
 
@@ -16,9 +17,11 @@ Opt = typer.Option
 SPACES = ("default", "full")
 
 
+@takes_flags(MODEL_FLAGS)
 def search_command(
     job_file: Annotated[Path | None, typer.Argument(help="Job file whose model, cluster and batch to search for.")] = None,
     model: Annotated[str | None, Opt(help="Catalog model name.")] = None,
+    flags: dict[str, Any] | None = None,  # --seq-length, --hf-config
     cluster: Annotated[str | None, Opt(help="Catalog cluster name or cluster file (node_groups: heterogeneous).")] = None,
     gpu: Annotated[str | None, Opt(help="Catalog GPU name (its reference node's links).")] = None,
     num_gpus: Annotated[int | None, Opt(help="GPUs in all (a multiple of the node size).")] = None,
@@ -104,6 +107,7 @@ def search_command(
     from paraplan.specs import ConfigError
     from paraplan.units import parse_seconds, parse_usd
 
+    model_flags = cwd_paths(flags or {})
     with user_errors():
         _check_outputs(save_best, pareto, force)  # before the work, not after
         for flag, value in (("--top", top), ("--num-gpus", num_gpus), ("--num-nodes", num_nodes)):
@@ -118,14 +122,14 @@ def search_command(
         batches = _ints("--global-batch-size", global_batch_size) if global_batch_size is not None else None
         if job_file is not None:
             raw = read_job_mapping(job_file)
-        elif model or cluster or gpu:
+        elif model or cluster or gpu or model_flags.get("hf_config"):
             demo = demo_job_mapping()  # what a flag does not name comes from the demo job
             raw = {"model": demo["model"], "cluster": demo["cluster"], "parallel": demo["parallel"]}
         else:
             raw = demo_job_mapping()
         flags = dict(model=model, cluster=cluster, gpu=gpu, num_nodes=num_nodes, precision=precision,
                      price_per_gpu_hour=price_per_gpu_hour, train_tokens=train_tokens,
-                     global_batch_size=batches[0] if batches else None)
+                     global_batch_size=batches[0] if batches else None, **model_flags)
         mapping = apply_overrides(raw, flags)
         given = dict(mapping.get("parallel") or {})
         framework = framework or given.get("framework") or "megatron"
@@ -198,6 +202,10 @@ def search_command(
             plot_pareto(result, front, pareto, axis=axis, to_train=to_train)
         if save_best is not None and result.ranked:
             _save_best(result, save_best)
+    if job_file is None:  # the plan axes are searched, not taken from the demo job
+        shown = {**raw, "parallel": {"global_batch_size": (raw.get("parallel") or {}).get("global_batch_size")}}
+        err.print(f"from the demo job: {' '.join(from_demo(shown, flags, base.model.seq_length))}",
+                  highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
         _print(result, top, output, front, axis, save_best, pareto)
     if not result.ranked:

@@ -1,0 +1,107 @@
+"""What predict, report and compare share between parsing and rendering: the job a file (or the
+built-in demo job) and the flags describe, and its prediction with the chosen cost model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from paraplan.cli.common import JOB_FLAGS
+
+if TYPE_CHECKING:
+    from paraplan.prediction import Prediction
+    from paraplan.specs import HeteroJob, Job
+
+
+def load_flagged_job(job_file: Path | None, flags: dict[str, Any]) -> tuple[Job | HeteroJob, str | None]:
+    """The job of ``job_file`` (None: the built-in demo job) with ``flags`` laid over it, and
+    the line to print on stderr once the command has its answer (bad input prints one line,
+    the error): what was taken from the demo job, or where the sequence length came from."""
+    from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
+
+    flags = cwd_paths(flags)
+    raw = read_job_mapping(job_file) if job_file is not None else demo_job_mapping()
+    job = resolve_job(apply_overrides(raw, flags), base_dir=job_file.parent if job_file is not None else Path("."))
+    note = None
+    if job_file is None:
+        note = f"from the demo job: {' '.join(from_demo(raw, flags, job.model.seq_length))}"
+    elif flags.get("hf_config") is not None and flags.get("seq_length") is None:
+        note = f"note: --seq-length {job.model.seq_length} from {job_file}'s model (--hf-config gives none)"
+    return job, note
+
+
+def cwd_paths(flags: dict[str, Any]) -> dict[str, Any]:
+    """A path on the command line is relative to the working directory, not to the job file."""
+    hf = flags.get("hf_config")
+    return flags if hf is None else {**flags, "hf_config": str(Path(hf).absolute())}
+
+
+def from_demo(demo: dict[str, Any], flags: dict[str, Any], seq_length: int) -> list[str]:
+    """The demo job's settings no flag replaced, as the flags that would set them
+    (``--model llama-3-8b``, ``--seq-length 8192``, ``--tp 2``, ``--sequence-parallel``)."""
+    from paraplan.catalog.jobs import apply_overrides
+
+    given = {k for k, v in flags.items() if v is not None}
+    if "gpu" in given:
+        given.add("cluster")  # the GPU's reference node replaces the demo's cluster
+    # (a --seq-length alone changes the demo's model, which is still the one it names)
+    merged, base = apply_overrides(demo, {**flags, "seq_length": None}), apply_overrides(demo, {})
+    by_key = {f.key: f for f in JOB_FLAGS}
+    words: list[str] = []
+    for path, value in _leaves(base):
+        key = "cluster" if path == ("cluster", "name") else path[-1]
+        if key in given or key == "name" or _get(merged, path) != value:
+            continue
+        flag = by_key.get(key)
+        if flag is None:  # a setting with no flag of its own
+            words.append(f"{'.'.join(path)}={value}")
+        elif isinstance(value, bool):
+            on, _, off = flag.flag.partition("/")
+            words.append(on if value else off)
+        else:
+            words.append(f"{flag.flag} {value}")
+        if key == "model" and "seq_length" not in given:
+            words.append(f"--seq-length {seq_length}")
+    if "hf_config" in given and "seq_length" not in given:
+        words.append(f"--seq-length {seq_length}")
+    return words or ["nothing (every setting came from a flag)"]
+
+
+def _leaves(mapping: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    out: list[tuple[tuple[str, ...], Any]] = []
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out += _leaves(value, (*path, key))
+        else:
+            out.append(((*path, key), value))
+    return out
+
+
+def _get(mapping: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(mapping, dict) or key not in mapping:
+            return None
+        mapping = mapping[key]
+    return mapping
+
+
+def predict_flagged(job: Job | HeteroJob, backend: str, models: Path | None,
+                    keep_timeline: bool = False) -> tuple[Prediction, tuple[str, ...]]:
+    """The prediction of ``job`` with the cost model ``backend`` (``models``: a fitted models
+    file), and the notes the cost model has about it."""
+    from paraplan.prediction import predict
+    from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
+    from paraplan.specs import ConfigError, HeteroJob
+
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
+    if isinstance(job, HeteroJob):  # node groups of different GPUs
+        if backend != "analytical" or models is not None:
+            raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
+        from paraplan.prediction.hetero import predict_hetero
+
+        return predict_hetero(job, keep_timeline=keep_timeline), ()
+    fitted = load_model_file(models) if models is not None else None
+    cost_model = make_cost_model(job, backend, fitted)
+    notes = tuple(f"{models}: {note}" for note in getattr(cost_model, "notes", ()))
+    return predict(job, cost_model, keep_timeline=keep_timeline), notes

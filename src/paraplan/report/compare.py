@@ -1,0 +1,111 @@
+"""Two predictions side by side (``paraplan compare``): a table for a person, CSV rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+
+from paraplan.prediction.compare import Comparison, Delta
+from paraplan.prediction.result import Prediction
+from paraplan.report.layout import ReadableTable
+from paraplan.units import format_bytes, format_seconds
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.0f}" if abs(x) >= 100 else f"${x:,.2f}"
+
+
+def _seconds(x: float) -> str:
+    return "0 s" if x == 0 else format_seconds(x)
+
+
+def _signed(fmt: Callable[[float], str]) -> Callable[[float], str]:
+    """A change: its sign, then its size as ``fmt`` writes it (0 without a sign)."""
+    return lambda x: fmt(0.0) if x == 0 else ("+" if x > 0 else "-") + fmt(abs(x))
+
+
+# per summary key: its label, how a value is written, how a change is written
+_SUMMARY: dict[str, tuple[str, Callable[[float], str], Callable[[float], str]]] = {
+    "iteration_s": ("iteration time", _seconds, _signed(_seconds)),
+    "tokens_per_s": ("tokens / s", lambda x: f"{x:,.0f}", lambda x: f"{x:+,.0f}"),
+    "mfu": ("MFU", lambda x: f"{100 * x:.1f} %", lambda x: f"{100 * x:+.1f} pt"),
+    "memory.total_bytes": ("memory per GPU (worst stage)", format_bytes, _signed(format_bytes)),
+    "memory.hbm_bytes": ("HBM per GPU", format_bytes, _signed(format_bytes)),
+    "cost.cost_per_hour_usd": ("cluster $ / hour", _usd, _signed(_usd)),
+    "cost.usd_per_million_tokens": ("$ per million tokens", _usd, _signed(_usd)),
+    "cost.time_to_train_s": ("time to train", _seconds, _signed(_seconds)),
+    "cost.cost_to_train_usd": ("cost to train", _usd, _signed(_usd)),
+}
+_SHOUT = {"tp": "TP", "pp": "PP", "dp": "DP", "cp": "CP", "ep": "EP", "zero": "ZeRO", "mlp": "MLP", "moe": "MoE"}
+
+
+def component_label(key: str) -> str:
+    """A Breakdown field as words: ``tp_communication_s`` -> ``TP communication``.
+    (Where the prediction layer names its components' labels, this reads them.)"""
+    if key == "total_s":
+        return "iteration (sum)"
+    words = key.removesuffix("_s").split("_")
+    return " ".join(_SHOUT.get(w, w) for w in words)
+
+
+def _percent(d: Delta) -> str:
+    r = d.relative
+    return "-" if r is None else f"{100 * r:+.1f} %"
+
+
+def _row(table: ReadableTable, label: str, d: Delta, fmt: Callable[[float], str], change: Callable[[float], str],
+         **kwargs: Any) -> None:
+    def cell(x: float | None, f: Callable[[float], str]) -> str:
+        return "-" if x is None else f(x)
+
+    table.add_row(label, cell(d.a, fmt), cell(d.b, fmt), cell(d.change, change), _percent(d), **kwargs)
+
+
+def describe(pred: Prediction) -> str:
+    """One line naming a prediction's job: model, GPUs and plan."""
+    job, p = pred.job, pred.job.parallel
+    gpus = pred.gpu_name if pred.placement is not None else f"{job.cluster.num_gpus} x {pred.gpu_name}"
+    return (f"{job.model.name}, seq {job.model.seq_length:,}, on {gpus}; tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp}"
+            + (f" vpp={p.vpp}" if p.vpp > 1 else "")
+            + f", micro-batch {p.micro_batch_size}, global batch {p.global_batch_size}, {job.precision.value}, "
+            f"recompute {p.recompute.value}, ZeRO-{p.zero_stage}, {p.schedule.value}, {p.framework.value}")
+
+
+def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> Group:
+    """Who A and B are, the settings that differ, then one table: the summary figures, whether
+    each fits, and the breakdown components either has, with B - A and its percentage of A."""
+    head = [Text.assemble((f"A ({names[0]}): ", "bold"), describe(cmp.a)),
+            Text.assemble((f"B ({names[1]}): ", "bold"), describe(cmp.b))]
+    if cmp.settings:
+        differ = ", ".join(f"{key.removeprefix('parallel.')} {a} -> {b}" for key, a, b in cmp.settings)
+        head.append(Text.assemble(("differs: ", "bold"), differ))
+    else:
+        head.append(Text("differs: nothing (the same job twice)"))
+    table = ReadableTable("B against A")
+    table.add_column("figure")
+    for header in ("A", "B", "B - A", "%"):
+        table.add_column(header, number=True)
+    for d in cmp.summary:
+        label, fmt, change = _SUMMARY[d.key]
+        _row(table, label, d, fmt, change)
+    fits_a, fits_b = cmp.fits
+    table.add_row("fits", "yes" if fits_a else "NO", "yes" if fits_b else "NO", "", "", end_section=True)
+    # a component neither plan has is left out (zero in both, to rounding: 1e-9 of the iteration)
+    noise = 1e-9 * max(cmp.a.iteration_s, cmp.b.iteration_s)
+    for d in cmp.components:
+        if d.key != "total_s" and abs(d.a or 0.0) <= noise and abs(d.b or 0.0) <= noise:
+            continue
+        _row(table, component_label(d.key), d, _seconds, _signed(_seconds),
+             style="bold" if d.key == "total_s" else None)
+    return Group(*head, table)
+
+
+def comparison_rows(cmp: Comparison) -> list[dict[str, Any]]:
+    """CSV rows: one per figure, with A, B, B - A and (B - A) / A."""
+    rows = [{"figure": d.key, **d.to_dict()} for d in cmp.summary]
+    rows.append({"figure": "memory.fits", "a": cmp.a.fits, "b": cmp.b.fits, "change": None, "relative": None})
+    rows += [{"figure": f"breakdown.{d.key}", **d.to_dict()} for d in cmp.components]
+    return rows

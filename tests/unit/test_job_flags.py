@@ -1,0 +1,88 @@
+"""The job flags predict, report, compare (and, for the model, search) share: one definition,
+--seq-length and --hf-config laid over a job, and what a run without a job file took from the
+demo job."""
+
+from pathlib import Path
+
+import pytest
+import typer
+
+from paraplan.catalog import resolve_job
+from paraplan.catalog.jobs import apply_overrides, demo_job_mapping
+from paraplan.cli.app import app
+from paraplan.cli.common import JOB_FLAGS, MODEL_FLAGS
+from paraplan.cli.loading import from_demo
+from paraplan.specs import ConfigError
+
+HF = Path(__file__).parent / "fixtures" / "llama-2-7b-config.json"
+
+
+def _options(command: str) -> set[str]:
+    click_command = typer.main.get_command(app).commands[command]
+    return {name for p in click_command.params for name in p.opts + p.secondary_opts}
+
+
+def _flag_names(flags) -> set[str]:
+    return {part for f in flags for part in f.flag.split("/")}
+
+
+@pytest.mark.parametrize("command", ["predict", "report", "compare"])
+def test_predict_report_and_compare_take_every_job_flag(command):
+    assert _flag_names(JOB_FLAGS) <= _options(command)
+
+
+def test_search_takes_the_model_flags():
+    assert {"--seq-length", "--hf-config"} <= _options("search")
+    assert _flag_names(MODEL_FLAGS) == {"--seq-length", "--hf-config"}
+
+
+def test_a_seq_length_flag_changes_the_sequence_length_of_a_catalog_model():
+    job = resolve_job(apply_overrides(demo_job_mapping(), {"seq_length": 4096}))
+    assert job.model.seq_length == 4096
+    assert job.model.num_layers == resolve_job(demo_job_mapping()).model.num_layers
+
+
+@pytest.mark.parametrize("bad", [0, -8, True, 2.5])
+def test_a_seq_length_that_is_not_a_positive_whole_number_is_refused_naming_the_field(bad):
+    with pytest.raises(ConfigError, match=r"^seq_length: expected a positive whole number"):
+        apply_overrides(demo_job_mapping(), {"seq_length": bad})
+
+
+def test_an_hf_config_flag_replaces_the_model_and_keeps_the_jobs_sequence_length():
+    job = resolve_job(apply_overrides(demo_job_mapping(), {"hf_config": str(HF)}))
+    assert job.model.hidden_size == 4096 and job.model.num_layers == 32  # Llama-2-7B's config.json
+    assert job.model.seq_length == resolve_job(demo_job_mapping()).model.seq_length
+    assert job.model.name == "llama-2-7b-config"  # a config saved under its own name is named by it
+
+
+def test_an_hf_config_flag_takes_the_seq_length_flag_first():
+    job = resolve_job(apply_overrides(demo_job_mapping(), {"hf_config": str(HF), "seq_length": 2048}))
+    assert job.model.seq_length == 2048
+
+
+def test_an_hf_config_flag_with_a_model_flag_is_refused_naming_both():
+    with pytest.raises(ConfigError, match=r"^hf_config: --hf-config and --model"):
+        apply_overrides(demo_job_mapping(), {"hf_config": str(HF), "model": "llama-3-8b"})
+
+
+def test_the_demo_line_names_the_flags_that_would_set_what_the_demo_job_gave():
+    demo = demo_job_mapping()
+    words = " ".join(from_demo(demo, {}, 8192))
+    for part in ("--model llama-3-8b", "--seq-length 8192", "--cluster aws-p5.48xlarge", "--num-nodes 4",
+                 "--tp 2", "--global-batch-size 512", "--sequence-parallel", "--precision bf16"):
+        assert part in words
+
+
+def test_the_demo_line_leaves_out_what_a_flag_set():
+    demo = demo_job_mapping()
+    words = " ".join(from_demo(demo, {"tensor_model_parallel_size": 4, "cluster": "dgx-h100",
+                                      "sequence_parallel": False}, 8192))
+    assert "--tp" not in words and "--cluster" not in words and "sequence-parallel" not in words
+    assert "--num-nodes" not in words  # a cluster flag replaces the demo's cluster, its size too
+    assert "--model llama-3-8b" in words and "--pp 1" in words
+
+
+def test_the_demo_line_says_the_sequence_length_came_from_the_demo_job_under_an_hf_config():
+    words = " ".join(from_demo(demo_job_mapping(), {"hf_config": str(HF)}, 8192))
+    assert "--model" not in words and "--seq-length 8192" in words
+    assert "--seq-length" not in " ".join(from_demo(demo_job_mapping(), {"hf_config": str(HF), "seq_length": 64}, 64))
