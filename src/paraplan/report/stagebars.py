@@ -13,18 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.prediction import Prediction
+from paraplan.prediction.components import BY_FIELD, COMPONENTS
 
-#: The components of a stage's bar, in drawing order (bottom to top).
-COMPONENTS = (
-    "forward compute",
-    "backward compute",
-    "recompute",
-    "TP/CP communication",
-    "pipeline p2p",
-    "exposed DP/ZeRO communication",
-    "optimizer step",
-    "pipeline bubble (idle)",
-)
+__all__ = ["COMPONENTS", "StageBar", "TimelineBar", "critical_stage", "stage_bars", "timeline_bars"]
+
+#: The timeline's bar after a stage's last task that is its exposed DP / ZeRO traffic.
+DP_LABEL = BY_FIELD["dp_communication_s"].label
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +34,8 @@ class StageBar:
         return sum(self.seconds)
 
     def as_dict(self) -> dict[str, float]:
-        return dict(zip(COMPONENTS, self.seconds, strict=True))
+        """Seconds by component label."""
+        return {c.label: s for c, s in zip(COMPONENTS, self.seconds, strict=True)}
 
 
 def _require_timeline(pred: Prediction) -> None:
@@ -64,19 +59,14 @@ def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
     bars = []
     for t in pred.stages:
         if t.stage == crit:
-            b = pred.breakdown
-            parts = (
-                b.forward_compute_s, b.backward_compute_s, b.recompute_s, b.tp_communication_s,
-                b.pipeline_p2p_s, b.dp_communication_s, b.optimizer_step_s, b.pipeline_bubble_s,
-            )
+            parts = tuple(getattr(pred.breakdown, c.field) for c in COMPONENTS)
         else:
-            busy = m * t.busy_mb_s
-            sends = max(0.0, pred.pipeline.busy[t.stage] - busy)
-            work = (
-                m * t.forward_mb_s, m * t.backward_mb_s, m * t.recompute_mb_s,
-                m * (t.tp_fwd_mb_s + t.tp_bwd_mb_s), sends, t.exposed_dp_s, t.optimizer_s,
-            )
-            parts = (*work, max(0.0, pred.iteration_s - sum(work)))
+            work = {name: m * seconds for name, seconds in t.per_microbatch().items()}
+            work["dp_communication_s"] += t.exposed_dp_s
+            work["pipeline_p2p_s"] = max(0.0, pred.pipeline.busy[t.stage] - m * t.busy_mb_s)
+            work["optimizer_step_s"] = t.optimizer_s
+            work["pipeline_bubble_s"] = max(0.0, pred.iteration_s - sum(work.values()))
+            parts = tuple(work[c.field] for c in COMPONENTS)
         bars.append(StageBar(stage=t.stage, seconds=parts, critical=t.stage == crit))
     return tuple(bars)
 
@@ -87,7 +77,7 @@ class TimelineBar:
     send included), or a stage's exposed DP traffic or optimizer step after its last task."""
 
     stage: int
-    kind: str  # "forward" | "backward" | "weight" (a zero-bubble W pass) | "DP/ZeRO" | "optimizer"
+    kind: str  # "forward" | "backward" | "weight" (a zero-bubble W pass) | DP_LABEL | "optimizer"
     start: float
     end: float
     microbatch: int | None = None
@@ -111,6 +101,6 @@ def timeline_bars(pred: Prediction) -> tuple[TimelineBar, ...]:
     for t in pred.stages:
         start = pred.pipeline.finish[t.stage]
         if t.exposed_dp_s > 0:
-            bars.append(TimelineBar(t.stage, "DP/ZeRO", start, start + t.exposed_dp_s))
+            bars.append(TimelineBar(t.stage, DP_LABEL, start, start + t.exposed_dp_s))
         bars.append(TimelineBar(t.stage, "optimizer", step_start, step_start + t.optimizer_s))
     return tuple(bars)
