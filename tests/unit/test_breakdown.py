@@ -188,3 +188,15 @@ def test_slowing_the_network_only_moves_time_into_communication(job, inter, intr
         assert moved == pytest.approx(slow.iteration_s - fast.iteration_s, rel=1e-6, abs=1e-9)
     for pred in (fast, slow):
         assert pred.breakdown.total_s == pytest.approx(pred.iteration_s, rel=1e-9)
+
+
+def test_the_csv_and_the_html_report_use_the_same_components():
+    pytest.importorskip("matplotlib")
+    from paraplan.report.formats import render_csv
+    from paraplan.report.html import render_html
+
+    pred = predict(_issue_job("fsdp", "10 Gb/s"), keep_timeline=True)
+    header = render_csv([pred.to_dict()]).splitlines()[0].split(",")
+    assert [h for h in header if h.startswith("breakdown.")] == [f"breakdown.{c.field}" for c in COMPONENTS]
+    page = render_html(pred)
+    assert f"<td class=l>DP / ZeRO communication</td><td>{pred.breakdown.dp_communication_s:.4f}</td>" in page

@@ -96,7 +96,7 @@ def assemble_prediction(
         **passes,
         pipeline_p2p_s=sends,
         optimizer_step_s=step[opt],
-        pipeline_bubble_s=max(0.0, pipe.finish[crit] - busy - sends),
+        pipeline_bubble_s=idle_s(pipe.finish[crit], busy + sends),
     )
     check_iteration(job, iteration)
     memory = estimate_memory(inv)
@@ -126,6 +126,13 @@ def assemble_prediction(
     )
     check_possible(prediction, inv, peak_flops_total)
     return prediction
+
+
+def idle_s(span_s: float, busy_s: float) -> float:
+    """The idle part of ``span_s`` seconds busy for ``busy_s``: none when they differ by
+    rounding only (a stage that never waits, summed in two orders)."""
+    idle = span_s - busy_s
+    return idle if idle > 1e-9 * span_s else 0.0
 
 
 def stage_sends_s(job: Job, stage: int, p2p_s: float, mask_s: float = 0.0) -> float:

@@ -146,7 +146,9 @@ def render_html(pred: Prediction) -> str:
         verdict, _summary(pred), notes,
         "<h2>Where one iteration goes</h2>",
         '<p class="note">Seconds of one iteration on each pipeline stage; the critical stage is the '
-        "breakdown of the iteration time, the others fill it with idle time.</p>",
+        "breakdown of the iteration time, the others fill it with idle time. Compute is the kernels' own "
+        "time; what a pass waits for a collective (its exposed part, and the slowdown of the kernels it "
+        "runs beside) is that collective's row.</p>",
         _picture(pred, "breakdown", "breakdown per pipeline stage"), _breakdown(pred),
         "<h2>Pipeline schedule</h2>", _picture(pred, "timeline", "pipeline schedule"),
         "<h2>Memory per GPU, by stage</h2>", _picture(pred, "memory", "memory per stage"), _memory(pred),

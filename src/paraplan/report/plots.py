@@ -197,6 +197,13 @@ def figure_timeline(pred: Prediction):
                     if spans:
                         ax.broken_barh(spans, (stage - 0.38, 0.76), facecolors=color, edgecolor="white",
                                        linewidth=edge)
+        # what of each task is communication, drawn hatched at its end in its component's colour
+        for field in _COMPONENT_COLORS:
+            for stage in range(pp):
+                spans = [_wait_span(b, field, scale) for b in tasks if b.stage == stage and dict(b.waits).get(field)]
+                if spans:
+                    ax.broken_barh(spans, (stage - 0.38, 0.76), facecolors=_COMPONENT_COLORS[field], hatch="///",
+                                   edgecolor="white", linewidth=0.0)
         for b in tasks:
             if lo <= b.start * scale and b.end * scale <= hi and (b.end - b.start) * scale * px_per_unit >= 14:
                 ax.text((b.start + b.end) / 2 * scale, b.stage, str(b.microbatch), ha="center", va="center",
@@ -233,12 +240,24 @@ def figure_timeline(pred: Prediction):
         if later:  # beside its kind: the legend fills column by column when it takes two rows
             short = {"forward": "forward", "backward": "B" if split else "backward", "weight": "W"}[kind]
             legend.append(Patch(color=_LATER_CHUNK[kind], label=f"{short}, later chunk"))
+    waiting = {field for b in tasks for field, _ in b.waits}
+    legend += [Patch(facecolor=_COMPONENT_COLORS[c.field], hatch="///", edgecolor="white",
+                     label=f"{c.label} (in a task)") for c in COMPONENTS if c.field in waiting]
     if any(b.kind == DP_LABEL for b in bars):
         legend.append(Patch(color=_TASK_COLORS[DP_LABEL], label=f"{DP_LABEL} (after the last micro-batch)"))
     legend.append(Patch(color=_TASK_COLORS["optimizer"], label="optimizer step"))
     columns = len(legend) if len(legend) <= 6 else -(-len(legend) // 2)  # two rows when many
     fig.legend(handles=legend, loc="outside lower center", ncol=columns, fontsize="small", frameon=False)
     return fig
+
+
+def _wait_span(bar, field: str, scale: float) -> tuple[float, float]:
+    """Where a task's wait for ``field`` lies in its bar: the waits fill the bar's end, in
+    ``COMPONENTS`` order."""
+    fields = [f for f, _ in bar.waits]
+    after = sum(w for f, w in bar.waits[fields.index(field) + 1:])
+    width = dict(bar.waits)[field]
+    return ((bar.end - after - width) * scale, width * scale)
 
 
 def figure_memory(pred: Prediction):

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraplan.prediction import Prediction
-from paraplan.prediction.components import BY_FIELD, COMPONENTS
+from paraplan.prediction import Prediction, StageTiming
+from paraplan.prediction.components import BY_FIELD, COMPONENTS, ComponentKind
+from paraplan.prediction.facade import idle_s
 
 __all__ = ["COMPONENTS", "StageBar", "TimelineBar", "critical_stage", "stage_bars", "timeline_bars"]
 
@@ -65,7 +66,7 @@ def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
             work["dp_communication_s"] += t.exposed_dp_s
             work["pipeline_p2p_s"] = max(0.0, pred.pipeline.busy[t.stage] - m * t.busy_mb_s)
             work["optimizer_step_s"] = t.optimizer_s
-            work["pipeline_bubble_s"] = max(0.0, pred.iteration_s - sum(work.values()))
+            work["pipeline_bubble_s"] = idle_s(pred.iteration_s, sum(work.values()))
             parts = tuple(work[c.field] for c in COMPONENTS)
         bars.append(StageBar(stage=t.stage, seconds=parts, critical=t.stage == crit))
     return tuple(bars)
@@ -74,7 +75,9 @@ def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
 @dataclass(frozen=True, slots=True)
 class TimelineBar:
     """One timed bar of the schedule: a forward or backward of a micro-batch (its blocking
-    send included), or a stage's exposed DP traffic or optimizer step after its last task."""
+    send included), or a stage's exposed DP traffic or optimizer step after its last task.
+    ``waits`` holds what of a task's bar is communication (and offload copies) by breakdown
+    component field, in ``COMPONENTS`` order: the pass's share of each and its blocking send."""
 
     stage: int
     kind: str  # "forward" | "backward" | "weight" (a zero-bubble W pass) | DP_LABEL | "optimizer"
@@ -82,6 +85,31 @@ class TimelineBar:
     end: float
     microbatch: int | None = None
     chunk: int = 0
+    waits: tuple[tuple[str, float], ...] = ()
+
+
+_WAITING = tuple(c.field for c in COMPONENTS if c.kind in (ComponentKind.COMMUNICATION, ComponentKind.HOST))
+
+
+def _task_waits(t: StageTiming, kind: str, seconds: float, chunks: int, split: bool) -> tuple[tuple[str, float], ...]:
+    """What of a ``seconds`` long task of stage ``t`` is communication: its chunk's share of
+    what its pass waits for (``StageTiming``), and the rest of the bar beyond the pass is
+    its blocking send (none in a zero-bubble W task: the weight gradients' kernels only)."""
+    if kind == "weight":
+        return ()
+    if kind == "forward":
+        kernels = t.forward_mb_s
+        waits = {"tp_communication_s": t.tp_fwd_mb_s, "cp_communication_s": t.cp_fwd_mb_s,
+                 "ep_communication_s": t.ep_fwd_mb_s, "dp_communication_s": t.zero_fwd_mb_s,
+                 "offload_s": t.offload_fwd_mb_s}
+    else:
+        kernels = t.backward_mb_s - (t.wgrad_mb_s if split else 0.0) + t.recompute_mb_s
+        waits = {"tp_communication_s": t.tp_bwd_mb_s, "cp_communication_s": t.cp_bwd_mb_s,
+                 "ep_communication_s": t.ep_bwd_mb_s, "dp_communication_s": t.zero_bwd_mb_s,
+                 "offload_s": t.offload_bwd_mb_s}
+    waits = {field: w / chunks for field, w in waits.items()}
+    waits["pipeline_p2p_s"] = max(0.0, seconds - kernels / chunks - sum(waits.values()))
+    return tuple((field, waits[field]) for field in _WAITING if waits.get(field, 0.0) > 1e-9 * seconds)
 
 
 def timeline_bars(pred: Prediction) -> tuple[TimelineBar, ...]:
@@ -90,11 +118,13 @@ def timeline_bars(pred: Prediction) -> tuple[TimelineBar, ...]:
     tasks = pred.pipeline.tasks
     if tasks is None:
         raise ValueError("this picture needs the pipeline's tasks: predict with keep_timeline=True")
-    bars = [
-        TimelineBar(t.stage, "weight" if t.weight else "backward" if t.backward else "forward",
-                    t.start, t.end, t.mb, t.chunk)
-        for t in tasks
-    ]
+    plan = pred.job.parallel
+    chunks, split = plan.schedule.chunks(plan.vpp), plan.schedule.splits_backward
+    bars = []
+    for t in tasks:
+        kind = "weight" if t.weight else "backward" if t.backward else "forward"
+        waits = _task_waits(pred.stages[t.stage], kind, t.end - t.start, chunks, split)
+        bars.append(TimelineBar(t.stage, kind, t.start, t.end, t.mb, t.chunk, waits))
     # the optimizer steps start together once the last stage has drained (the gradient-norm
     # all-reduce spans every stage), as the facade times them
     step_start = max(pred.pipeline.finish[t.stage] + t.exposed_dp_s for t in pred.stages)
