@@ -200,3 +200,22 @@ def test_the_csv_and_the_html_report_use_the_same_components():
     assert [h for h in header if h.startswith("breakdown.")] == [f"breakdown.{c.field}" for c in COMPONENTS]
     page = render_html(pred)
     assert f"<td class=l>DP / ZeRO communication</td><td>{pred.breakdown.dp_communication_s:.4f}</td>" in page
+
+
+def test_a_breakdown_that_does_not_add_up_is_an_internal_error():
+    from paraplan.inventory import count_job
+    from paraplan.prediction.sanity import check_possible
+    from paraplan.specs import InternalError
+
+    job = _issue_job("fsdp")
+    pred, inv = predict(job), count_job(job)
+    peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
+    check_possible(pred, inv, peak)  # the real one adds up
+    # the ZeRO gathers' seconds counted as compute as well: more than the iteration
+    doubled = dataclasses.replace(pred.breakdown, forward_compute_s=pred.breakdown.forward_compute_s
+                                  + pred.breakdown.dp_communication_s)
+    with pytest.raises(InternalError, match="breakdown adding up to"):
+        check_possible(dataclasses.replace(pred, breakdown=doubled), inv, peak)
+    stage = dataclasses.replace(pred.stages[0], zero_fwd_mb_s=0.0)  # a part of a pass lost
+    with pytest.raises(InternalError, match="stage 0's forward parts"):
+        check_possible(dataclasses.replace(pred, stages=(stage,)), inv, peak)
