@@ -219,3 +219,15 @@ def test_a_breakdown_that_does_not_add_up_is_an_internal_error():
     stage = dataclasses.replace(pred.stages[0], zero_fwd_mb_s=0.0)  # a part of a pass lost
     with pytest.raises(InternalError, match="stage 0's forward parts"):
         check_possible(dataclasses.replace(pred, stages=(stage,)), inv, peak)
+
+
+def test_a_trace_comparison_reads_each_dimension_s_communication_from_its_own_component():
+    from paraplan.costmodel import AnalyticalCostModel
+    from paraplan.validate.stageparts import predicted_stage_parts
+
+    pred = predict(_moe(recompute="full"))
+    (parts,) = predicted_stage_parts(pred, AnalyticalCostModel(pred.job.cluster, pred.job.precision))
+    assert parts["ep comm"] == pytest.approx(pred.breakdown.ep_communication_s, rel=1e-12)
+    assert parts["tp comm"] == pytest.approx(pred.breakdown.tp_communication_s, rel=1e-12)
+    # recomputed TP traffic is TP's, not a residue counted as DP
+    assert parts["dp comm"] == pytest.approx(pred.breakdown.dp_communication_s, rel=1e-12)
