@@ -31,8 +31,9 @@ def test_predict_json_has_the_documented_keys():
     for key in ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "breakdown", "memory", "cost"):
         assert key in data
     assert set(data["breakdown"]) == {
-        "forward_compute_s", "backward_compute_s", "recompute_s", "tp_communication_s",
-        "pipeline_p2p_s", "pipeline_bubble_s", "dp_communication_s", "optimizer_step_s",
+        "forward_compute_s", "backward_compute_s", "recompute_s", "tp_communication_s", "cp_communication_s",
+        "ep_communication_s", "dp_communication_s", "pipeline_p2p_s", "offload_s", "optimizer_step_s",
+        "pipeline_bubble_s",
     }
     assert data["memory"]["fits"] in (True, False)
     assert data["cost"]["cost_to_train_usd"] > 0  # the demo has a price and a token budget

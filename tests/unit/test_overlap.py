@@ -49,12 +49,14 @@ def test_a_sharded_pass_exposes_one_units_traffic():
     assert sharded_pass_s(10.0, 3.2, 1, 0.0) == pytest.approx(13.2)  # one unit: nothing hides it
 
 
-def test_contention_makes_an_fsdp_job_slower_than_perfect_overlap():
+def test_contention_makes_an_fsdp_job_slower_than_perfect_overlap_and_the_gathers_carry_the_slowdown():
     job = resolve_job({"model": "llama-2-7b", "cluster": {"name": "dgx-a100", "num_nodes": 2},
                        "parallel": {"zero_stage": 3, "micro_batch_size": 2, "global_batch_size": 32}})
     gpu = job.cluster.gpu
     calm = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"overlap_slowdown": 0.0})})
     perfect = job.model_copy(update={"cluster": job.cluster.model_copy(update={"gpu": calm})})
     contended, ideal = predict(job), predict(perfect)
-    assert contended.breakdown.forward_compute_s > ideal.breakdown.forward_compute_s
     assert contended.iteration_s > ideal.iteration_s
+    # the kernels take as long; what NCCL beside them adds is the traffic's, not compute's
+    assert contended.breakdown.forward_compute_s == ideal.breakdown.forward_compute_s
+    assert contended.breakdown.dp_communication_s > ideal.breakdown.dp_communication_s

@@ -69,8 +69,8 @@ def assemble_prediction(
     plan = job.parallel
     p2p = max(t.p2p_s for t in timings)
     mask = max(t.p2p_mask_s for t in timings)
-    fwd = [t.forward_mb_s + t.tp_fwd_mb_s for t in timings]
-    bwd = [t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s for t in timings]
+    fwd = [t.fwd_pass_mb_s for t in timings]
+    bwd = [t.bwd_pass_mb_s for t in timings]
     lockstep = plan.runs_deepspeed_train_schedule and plan.pp > 1
     if lockstep:
         pipe = simulate_deepspeed_pipeline(
@@ -90,15 +90,13 @@ def assemble_prediction(
     tc = timings[crit]
     sends = stage_sends_s(job, crit, p2p, mask)
     busy = m * tc.busy_mb_s
+    passes = {name: m * seconds for name, seconds in tc.per_microbatch().items()}
+    passes["dp_communication_s"] += tc.exposed_dp_s
     breakdown = Breakdown(
-        forward_compute_s=m * tc.forward_mb_s,
-        backward_compute_s=m * tc.backward_mb_s,
-        recompute_s=m * tc.recompute_mb_s,
-        tp_communication_s=m * (tc.tp_fwd_mb_s + tc.tp_bwd_mb_s),
+        **passes,
         pipeline_p2p_s=sends,
-        pipeline_bubble_s=max(0.0, pipe.finish[crit] - busy - sends),
-        dp_communication_s=tc.exposed_dp_s,
         optimizer_step_s=step[opt],
+        pipeline_bubble_s=idle_s(pipe.finish[crit], busy + sends),
     )
     check_iteration(job, iteration)
     memory = estimate_memory(inv)
@@ -128,6 +126,13 @@ def assemble_prediction(
     )
     check_possible(prediction, inv, peak_flops_total)
     return prediction
+
+
+def idle_s(span_s: float, busy_s: float) -> float:
+    """The idle part of ``span_s`` seconds busy for ``busy_s``: none when they differ by
+    rounding only (a stage that never waits, summed in two orders)."""
+    idle = span_s - busy_s
+    return idle if idle > 1e-9 * span_s else 0.0
 
 
 def stage_sends_s(job: Job, stage: int, p2p_s: float, mask_s: float = 0.0) -> float:

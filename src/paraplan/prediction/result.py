@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from paraplan.prediction.components import COMPONENTS, Component
 from paraplan.prediction.memory import StageMemory
 from paraplan.schedule import PipelineResult
 from paraplan.specs import HeteroJob, Job
@@ -16,52 +17,93 @@ from paraplan.specs import HeteroJob, Job
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
-    """Where one iteration's seconds go, on its critical path; the parts add up to it."""
+    """Where one iteration's seconds go, on its critical path; the parts add up to it. The
+    fields are ``components.COMPONENTS`` in that order (labels and kinds there): compute holds
+    its kernels' own seconds, and what a collective adds to them is its own component."""
 
     forward_compute_s: float
     backward_compute_s: float
     recompute_s: float
     tp_communication_s: float
-    pipeline_p2p_s: float
-    pipeline_bubble_s: float
+    cp_communication_s: float
+    ep_communication_s: float
     dp_communication_s: float
+    pipeline_p2p_s: float
+    offload_s: float
     optimizer_step_s: float
+    pipeline_bubble_s: float
 
     @property
     def total_s(self) -> float:
         return sum(asdict(self).values())
 
+    def parts(self) -> tuple[tuple[Component, float], ...]:
+        """(component, seconds) in ``COMPONENTS`` order."""
+        return tuple((c, getattr(self, c.field)) for c in COMPONENTS)
+
 
 @dataclass(frozen=True, slots=True)
 class StageTiming:
-    """One micro-batch on one stage (``*_mb_s``) and the once-per-iteration parts."""
+    """One micro-batch on one stage (``*_mb_s``) and the once-per-iteration parts.
+
+    A pass is its kernels' own seconds (``forward_mb_s``, ``backward_mb_s``, ``recompute_mb_s``)
+    plus what each kind of communication adds to it on the stage's path (``tp_``, ``cp_``,
+    ``ep_``, ``zero_`` and ``offload_`` ``fwd``/``bwd``): the exposed part of a collective and
+    the slowdown of the kernels it overlaps. ``fwd_pass_mb_s`` and ``bwd_pass_mb_s`` are the
+    passes' totals as the pipeline schedule takes them (the parts add up to them)."""
 
     stage: int
     num_layers: int
     forward_mb_s: float
     backward_mb_s: float
     recompute_mb_s: float
-    tp_fwd_mb_s: float
-    tp_bwd_mb_s: float
+    tp_fwd_mb_s: float  # TP collectives (the ends' included)
+    tp_bwd_mb_s: float  # and the recomputed forward's, in the backward pass
+    cp_fwd_mb_s: float
+    cp_bwd_mb_s: float
+    ep_fwd_mb_s: float  # a mixture of experts' dispatch and combine (EP all-to-all, expert TP)
+    ep_bwd_mb_s: float
+    zero_fwd_mb_s: float  # what ZeRO-3 / FSDP parameter gathers add to a pass
+    zero_bwd_mb_s: float  # (and backward, the gradient reduce-scatters)
+    offload_fwd_mb_s: float  # host copies offload leaves exposed
+    offload_bwd_mb_s: float
+    fwd_pass_mb_s: float
+    bwd_pass_mb_s: float
     p2p_s: float  # one activation (forward) or gradient (backward) send to a neighbour
     grad_reduce_s: float
     param_gather_s: float
-    exposed_dp_s: float
+    exposed_dp_s: float  # once per iteration, after the last micro-batch
     optimizer_s: float
     p2p_mask_s: float = 0.0  # what a forward send carries besides the activation
-    # the weight-gradient operators' share of backward_mb_s (the W pass of a zero-bubble
+    # the weight-gradient operators' share of the backward pass (the W pass of a zero-bubble
     # schedule; everything else of the backward, collectives and recompute included, is B)
     wgrad_mb_s: float = 0.0
-    offload_mb_s: float = 0.0  # host copies offload leaves exposed, included in forward/backward_mb_s
 
     @property
     def p2p_fwd_s(self) -> float:
         return self.p2p_s + self.p2p_mask_s
 
     @property
+    def offload_mb_s(self) -> float:
+        return self.offload_fwd_mb_s + self.offload_bwd_mb_s
+
+    @property
     def busy_mb_s(self) -> float:
-        """Seconds the stage is busy with one micro-batch: compute, recompute and TP/CP traffic."""
-        return self.forward_mb_s + self.backward_mb_s + self.recompute_mb_s + self.tp_fwd_mb_s + self.tp_bwd_mb_s
+        """Seconds the stage is busy with one micro-batch: both passes, everything they wait for."""
+        return self.fwd_pass_mb_s + self.bwd_pass_mb_s
+
+    def per_microbatch(self) -> dict[str, float]:
+        """One micro-batch's seconds by breakdown component (``Breakdown`` field names)."""
+        return {
+            "forward_compute_s": self.forward_mb_s,
+            "backward_compute_s": self.backward_mb_s,
+            "recompute_s": self.recompute_mb_s,
+            "tp_communication_s": self.tp_fwd_mb_s + self.tp_bwd_mb_s,
+            "cp_communication_s": self.cp_fwd_mb_s + self.cp_bwd_mb_s,
+            "ep_communication_s": self.ep_fwd_mb_s + self.ep_bwd_mb_s,
+            "dp_communication_s": self.zero_fwd_mb_s + self.zero_bwd_mb_s,
+            "offload_s": self.offload_mb_s,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ def check_possible(prediction: Prediction, inv: JobInventory, peak_flops_total: 
                  for name, value in (("MFU", prediction.mfu), ("HFU", prediction.hfu)) if value > 1 + 1e-9]
     problems += [f"{name} {value!r}" for name, value in reported_figures(prediction)
                  if not (0 <= value < math.inf)]
+    problems += unbalanced(prediction)
     if problems:
         _impossible(prediction.job, problems)
 
@@ -39,6 +40,23 @@ def check_iteration(job: Job, iteration_s: float) -> None:
     figures divided by it are then finite too)."""
     if not (0 < iteration_s < math.inf):
         _impossible(job, [f"iteration time {iteration_s!r} s"])
+
+
+def unbalanced(prediction: Prediction, rel: float = 1e-9) -> list[str]:
+    """The breakdown's parts must add up to the iteration, and each stage's parts of a pass
+    (kernels and the communication they wait for) to the pass the schedule was given."""
+    out = []
+    total = prediction.breakdown.total_s
+    if not math.isclose(total, prediction.iteration_s, rel_tol=rel):
+        out.append(f"a breakdown adding up to {total!r} s, not the iteration's {prediction.iteration_s!r} s")
+    for t in prediction.stages:
+        fwd = t.forward_mb_s + t.tp_fwd_mb_s + t.cp_fwd_mb_s + t.ep_fwd_mb_s + t.zero_fwd_mb_s + t.offload_fwd_mb_s
+        bwd = (t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s + t.cp_bwd_mb_s + t.ep_bwd_mb_s + t.zero_bwd_mb_s
+               + t.offload_bwd_mb_s)
+        for name, parts, whole in (("forward", fwd, t.fwd_pass_mb_s), ("backward", bwd, t.bwd_pass_mb_s)):
+            if not math.isclose(parts, whole, rel_tol=rel, abs_tol=1e-15):
+                out.append(f"stage {t.stage}'s {name} parts adding up to {parts!r} s, not its pass's {whole!r} s")
+    return out
 
 
 def _fields(record) -> list[tuple[str, object]]:

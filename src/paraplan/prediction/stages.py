@@ -39,20 +39,39 @@ def ops_seconds(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -
 
 @dataclass(frozen=True, slots=True)
 class LayerCost:
-    """Seconds of each operator of one layer (the same on every stage), costed once."""
+    """Seconds of each operator of one layer (the same on every stage), costed once, and what
+    its TP, CP and expert (EP, ETP) collectives add to its passes."""
 
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     fwd_total: float
     bwd_total: float
-    comm_fwd: float  # the layer's TP/CP collectives
-    comm_bwd: float
+    tp_fwd: float
+    tp_bwd: float
+    cp_fwd: float = 0.0
+    cp_bwd: float = 0.0
+    ep_fwd: float = 0.0
+    ep_bwd: float = 0.0
     wgrad_total: float = 0.0  # the weight-gradient operators' part of bwd_total
+
+    @property
+    def comm_fwd(self) -> float:
+        """The layer's collectives, forward (TP, CP and expert)."""
+        return self.tp_fwd + self.cp_fwd + self.ep_fwd
+
+    @property
+    def comm_bwd(self) -> float:
+        return self.tp_bwd + self.cp_bwd + self.ep_bwd
 
     def recompute_s(self, rc: RecomputeCost) -> float:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
         collectives' forward, each as often as the policy re-runs it)."""
-        return sum(w * t for w, t in zip(rc.op_weights, self.fwd, strict=True)) + rc.comm_weight * self.comm_fwd
+        return self.recompute_kernels_s(rc) + rc.comm_weight * self.comm_fwd
+
+    def recompute_kernels_s(self, rc: RecomputeCost) -> float:
+        """The operators' part of ``recompute_s``; the collectives' part is
+        ``rc.comm_weight`` times each of ``tp_fwd``, ``cp_fwd`` and ``ep_fwd``."""
+        return sum(w * t for w, t in zip(rc.op_weights, self.fwd, strict=True))
 
     @classmethod
     def of(cls, block: LayerBlock, cm: CostModel, comm: CommCosts) -> LayerCost:
@@ -81,8 +100,7 @@ class LayerCost:
             tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
             tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
         ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
-        wgrad = sum(weight)
-        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f + cp_f + ep_f, tp_b + cp_b + ep_b, wgrad)
+        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight))
 
 
 def _expert_comm(
@@ -150,24 +168,36 @@ def stage_timing(
     inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layers: dict[bool, LayerCost]
 ) -> StageTiming:
     """One stage's seconds per micro-batch and once per iteration (the parts the pipeline
-    schedule, the DP overlap and the optimizer step are built from). The plan search costs
-    stages with it too (``search.screen``, ``search.hetero``)."""
+    schedule, the DP overlap and the optimizer step are built from), each pass cut into its
+    kernels' own seconds and what each kind of communication adds to them. The plan search
+    costs stages with it too (``search.screen``, ``search.hetero``)."""
     plan = inv.job.parallel
     n = st.num_layers
+    # the passes' totals are summed in this order (the pipeline schedule reads them); the
+    # parts (``part``) are summed beside them and add up to them
     tp_f = comm.total(st.end_collectives, (Phase.FWD,))
     tp_b = comm.total(st.end_collectives, BACKWARD)
+    part = {"tp_f": tp_f, "tp_b": tp_b, "cp_f": 0.0, "cp_b": 0.0, "ep_f": 0.0, "ep_b": 0.0, "rc": 0.0}
     forward = ops_seconds(cm, st.end_ops, (Phase.FWD,))
     backward = ops_seconds(cm, st.end_ops, BACKWARD)
     wgrad = ops_seconds(cm, st.end_ops, (Phase.BWD_WEIGHT,))
     recompute = 0.0
     for block in st.blocks:
         k, layer = block.num_layers, layers[block.moe]
+        rc = recompute_cost(plan, block.ops, inv.shape, k)
         tp_f += k * layer.comm_fwd
         tp_b += k * layer.comm_bwd
-        recompute += k * layer.recompute_s(recompute_cost(plan, block.ops, inv.shape, k))
+        recompute += k * layer.recompute_s(rc)
         forward += k * layer.fwd_total
         backward += k * layer.bwd_total
         wgrad += k * layer.wgrad_total
+        part["rc"] += k * layer.recompute_kernels_s(rc)
+        # a recomputed forward's collectives run again in the backward pass
+        for dim, f, b in (("tp", layer.tp_fwd, layer.tp_bwd), ("cp", layer.cp_fwd, layer.cp_bwd),
+                          ("ep", layer.ep_fwd, layer.ep_bwd)):
+            part[f"{dim}_f"] += k * f
+            part[f"{dim}_b"] += k * (b + rc.comm_weight * f)
+    kernels_f, kernels_b = forward, backward
     slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
     if st.per_microbatch_dp:
         dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
@@ -182,30 +212,42 @@ def stage_timing(
             backward = float(sharded_pass_s(backward + tp_b, dp_b, units, slowdown)) - tp_b
         else:
             forward, backward = forward + dp_f, backward + dp_b
+    zero_f, zero_b = max(0.0, forward - kernels_f), max(0.0, backward - kernels_b)
     optimizer_s = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER)
-    offload_mb = 0.0
+    offload_f = offload_b = 0.0
     if plan.offloads:  # host copies the computation does not hide, and the step on the CPU
         off = offload_time(inv, st, forward, backward, activations_per_microbatch(inv, st)[0] / n)
         forward, backward = forward + off.forward_mb_s, backward + off.backward_mb_s
-        offload_mb = off.forward_mb_s + off.backward_mb_s
+        offload_f, offload_b = off.forward_mb_s, off.backward_mb_s
         optimizer_s = optimizer_s if off.optimizer_s is None else off.optimizer_s
+    fwd_pass, bwd_pass = forward + tp_f, backward + recompute + tp_b
     reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
     gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
     if plan.overlaps_grad_reduce:
         # Buckets reduce while the last micro-batch's backward runs; the parameter
         # all-gather overlaps the next iteration's first forward (both slowing it down).
-        last_b, first_f = backward + recompute + tp_b, forward + tp_f
+        last_b, first_f = bwd_pass, fwd_pass
         exposed = float(overlapped_s(last_b, reduce_s, slowdown) - last_b + overlapped_s(first_f, gather_s, slowdown) - first_f)
     else:
         exposed = reduce_s + gather_s
     return StageTiming(
         stage=st.index,
         num_layers=n,
-        forward_mb_s=forward,
-        backward_mb_s=backward,
-        recompute_mb_s=recompute,
-        tp_fwd_mb_s=tp_f,
-        tp_bwd_mb_s=tp_b,
+        forward_mb_s=kernels_f,
+        backward_mb_s=kernels_b,
+        recompute_mb_s=part["rc"],
+        tp_fwd_mb_s=part["tp_f"],
+        tp_bwd_mb_s=part["tp_b"],
+        cp_fwd_mb_s=part["cp_f"],
+        cp_bwd_mb_s=part["cp_b"],
+        ep_fwd_mb_s=part["ep_f"],
+        ep_bwd_mb_s=part["ep_b"],
+        zero_fwd_mb_s=zero_f,
+        zero_bwd_mb_s=zero_b,
+        offload_fwd_mb_s=offload_f,
+        offload_bwd_mb_s=offload_b,
+        fwd_pass_mb_s=fwd_pass,
+        bwd_pass_mb_s=bwd_pass,
         p2p_s=comm.seconds(inv.p2p) if inv.p2p is not None else 0.0,
         grad_reduce_s=reduce_s,
         param_gather_s=gather_s,
@@ -213,7 +255,6 @@ def stage_timing(
         optimizer_s=optimizer_s,
         p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
         wgrad_mb_s=wgrad,
-        offload_mb_s=offload_mb,
     )
 
 

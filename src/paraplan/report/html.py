@@ -10,6 +10,7 @@ import base64
 from html import escape
 
 from paraplan.prediction import Prediction
+from paraplan.prediction.components import components_of
 from paraplan.report.gemms import gemm_rows
 from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
@@ -80,8 +81,10 @@ def _summary(pred: Prediction) -> str:
 
 def _breakdown(pred: Prediction) -> str:
     bars = stage_bars(pred)
+    shown = components_of(pred.job)
     header = ["component"] + [f"stage {b.stage}{' (critical)' if b.critical else ''}" for b in bars]
-    rows = [[name] + [f"{b.seconds[k]:.4f}" for b in bars] for k, name in enumerate(COMPONENTS)]
+    rows = [[c.label] + [f"{b.seconds[k]:.4f}" for b in bars] for k, c in enumerate(COMPONENTS)
+            if c in shown or any(b.seconds[k] for b in bars)]
     rows.append(["iteration"] + [f"{b.total_s:.4f}" for b in bars])
     return _table(header, rows, total=True)
 
@@ -143,7 +146,9 @@ def render_html(pred: Prediction) -> str:
         verdict, _summary(pred), notes,
         "<h2>Where one iteration goes</h2>",
         '<p class="note">Seconds of one iteration on each pipeline stage; the critical stage is the '
-        "breakdown of the iteration time, the others fill it with idle time.</p>",
+        "breakdown of the iteration time, the others fill it with idle time. Compute is the kernels' own "
+        "time; what a pass waits for a collective (its exposed part, and the slowdown of the kernels it "
+        "runs beside) is that collective's row.</p>",
         _picture(pred, "breakdown", "breakdown per pipeline stage"), _breakdown(pred),
         "<h2>Pipeline schedule</h2>", _picture(pred, "timeline", "pipeline schedule"),
         "<h2>Memory per GPU, by stage</h2>", _picture(pred, "memory", "memory per stage"), _memory(pred),

@@ -12,21 +12,28 @@ from pathlib import Path
 
 from paraplan.prediction import Prediction
 from paraplan.regress.plot import check_plot_path, load_pyplot
-from paraplan.report.stagebars import COMPONENTS, stage_bars, timeline_bars
+from paraplan.report.stagebars import COMPONENTS, DP_LABEL, stage_bars, timeline_bars
 from paraplan.specs import ConfigError
 
 #: The pictures ``render_plot`` draws; ``plot_kind_for`` finds one in a file name.
 PLOT_KINDS = ("breakdown", "timeline", "memory")
 
-_COMPONENT_COLORS = dict(
-    zip(
-        COMPONENTS,
-        ("#4c72b0", "#dd8452", "#c8a2c8", "#55a868", "#8172b3", "#c44e52", "#937860", "#e5e5e5"),
-        strict=True,
-    )
-)
-_TASK_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "weight": "#55a868", "DP/ZeRO": "#c44e52",
-                "optimizer": "#937860"}
+# one colour per breakdown component (``prediction.components``), by field
+_COMPONENT_COLORS = {
+    "forward_compute_s": "#4c72b0",
+    "backward_compute_s": "#dd8452",
+    "recompute_s": "#c8a2c8",
+    "tp_communication_s": "#55a868",
+    "cp_communication_s": "#a3d3ae",
+    "ep_communication_s": "#da8bc3",
+    "dp_communication_s": "#c44e52",
+    "pipeline_p2p_s": "#8172b3",
+    "offload_s": "#ccb974",
+    "optimizer_step_s": "#937860",
+    "pipeline_bubble_s": "#e5e5e5",
+}
+_TASK_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "weight": "#55a868",
+                DP_LABEL: _COMPONENT_COLORS["dp_communication_s"], "optimizer": _COMPONENT_COLORS["optimizer_step_s"]}
 # interleaved and V schedules: the stage's later chunks
 _LATER_CHUNK = {"forward": "#8fb0dc", "backward": "#f0b98d", "weight": "#a3d3ae"}
 _MEMORY_PARTS = (
@@ -123,13 +130,13 @@ def figure_breakdown(pred: Prediction):
     x = range(len(bars))
     bottom = [0.0] * len(bars)
     (crit,) = [b for b in bars if b.critical]
-    for k, name in enumerate(COMPONENTS):
+    for k, component in enumerate(COMPONENTS):
         heights = [b.seconds[k] * scale for b in bars]
         if not any(heights):
             continue
         # the legend carries the critical stage's figures: thin slices stay readable
-        label = f"{name}: {crit.seconds[k] * scale:.3g} {unit} ({_pct(crit.seconds[k] / crit.total_s)})"
-        ax.bar(x, heights, bottom=bottom, width=0.7, label=label, color=_COMPONENT_COLORS[name],
+        label = f"{component.label}: {crit.seconds[k] * scale:.3g} {unit} ({_pct(crit.seconds[k] / crit.total_s)})"
+        ax.bar(x, heights, bottom=bottom, width=0.7, label=label, color=_COMPONENT_COLORS[component.field],
                edgecolor="white", linewidth=0.5)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.axhline(pred.iteration_s * scale, color="black", linestyle="--", linewidth=1)
@@ -190,6 +197,13 @@ def figure_timeline(pred: Prediction):
                     if spans:
                         ax.broken_barh(spans, (stage - 0.38, 0.76), facecolors=color, edgecolor="white",
                                        linewidth=edge)
+        # what of each task is communication, drawn hatched at its end in its component's colour
+        for field in _COMPONENT_COLORS:
+            for stage in range(pp):
+                spans = [_wait_span(b, field, scale) for b in tasks if b.stage == stage and dict(b.waits).get(field)]
+                if spans:
+                    ax.broken_barh(spans, (stage - 0.38, 0.76), facecolors=_COMPONENT_COLORS[field], hatch="///",
+                                   edgecolor="white", linewidth=0.0)
         for b in tasks:
             if lo <= b.start * scale and b.end * scale <= hi and (b.end - b.start) * scale * px_per_unit >= 14:
                 ax.text((b.start + b.end) / 2 * scale, b.stage, str(b.microbatch), ha="center", va="center",
@@ -226,12 +240,24 @@ def figure_timeline(pred: Prediction):
         if later:  # beside its kind: the legend fills column by column when it takes two rows
             short = {"forward": "forward", "backward": "B" if split else "backward", "weight": "W"}[kind]
             legend.append(Patch(color=_LATER_CHUNK[kind], label=f"{short}, later chunk"))
-    if any(b.kind == "DP/ZeRO" for b in bars):
-        legend.append(Patch(color=_TASK_COLORS["DP/ZeRO"], label="exposed DP/ZeRO communication"))
+    waiting = {field for b in tasks for field, _ in b.waits}
+    legend += [Patch(facecolor=_COMPONENT_COLORS[c.field], hatch="///", edgecolor="white",
+                     label=f"{c.label} (in a task)") for c in COMPONENTS if c.field in waiting]
+    if any(b.kind == DP_LABEL for b in bars):
+        legend.append(Patch(color=_TASK_COLORS[DP_LABEL], label=f"{DP_LABEL} (after the last micro-batch)"))
     legend.append(Patch(color=_TASK_COLORS["optimizer"], label="optimizer step"))
     columns = len(legend) if len(legend) <= 6 else -(-len(legend) // 2)  # two rows when many
     fig.legend(handles=legend, loc="outside lower center", ncol=columns, fontsize="small", frameon=False)
     return fig
+
+
+def _wait_span(bar, field: str, scale: float) -> tuple[float, float]:
+    """Where a task's wait for ``field`` lies in its bar: the waits fill the bar's end, in
+    ``COMPONENTS`` order."""
+    fields = [f for f, _ in bar.waits]
+    after = sum(w for f, w in bar.waits[fields.index(field) + 1:])
+    width = dict(bar.waits)[field]
+    return ((bar.end - after - width) * scale, width * scale)
 
 
 def figure_memory(pred: Prediction):

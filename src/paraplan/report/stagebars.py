@@ -12,19 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraplan.prediction import Prediction
+from paraplan.prediction import Prediction, StageTiming
+from paraplan.prediction.components import BY_FIELD, COMPONENTS, ComponentKind
+from paraplan.prediction.facade import idle_s
 
-#: The components of a stage's bar, in drawing order (bottom to top).
-COMPONENTS = (
-    "forward compute",
-    "backward compute",
-    "recompute",
-    "TP/CP communication",
-    "pipeline p2p",
-    "exposed DP/ZeRO communication",
-    "optimizer step",
-    "pipeline bubble (idle)",
-)
+__all__ = ["COMPONENTS", "StageBar", "TimelineBar", "critical_stage", "stage_bars", "timeline_bars"]
+
+#: The timeline's bar after a stage's last task that is its exposed DP / ZeRO traffic.
+DP_LABEL = BY_FIELD["dp_communication_s"].label
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +35,8 @@ class StageBar:
         return sum(self.seconds)
 
     def as_dict(self) -> dict[str, float]:
-        return dict(zip(COMPONENTS, self.seconds, strict=True))
+        """Seconds by component label."""
+        return {c.label: s for c, s in zip(COMPONENTS, self.seconds, strict=True)}
 
 
 def _require_timeline(pred: Prediction) -> None:
@@ -64,19 +60,14 @@ def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
     bars = []
     for t in pred.stages:
         if t.stage == crit:
-            b = pred.breakdown
-            parts = (
-                b.forward_compute_s, b.backward_compute_s, b.recompute_s, b.tp_communication_s,
-                b.pipeline_p2p_s, b.dp_communication_s, b.optimizer_step_s, b.pipeline_bubble_s,
-            )
+            parts = tuple(getattr(pred.breakdown, c.field) for c in COMPONENTS)
         else:
-            busy = m * t.busy_mb_s
-            sends = max(0.0, pred.pipeline.busy[t.stage] - busy)
-            work = (
-                m * t.forward_mb_s, m * t.backward_mb_s, m * t.recompute_mb_s,
-                m * (t.tp_fwd_mb_s + t.tp_bwd_mb_s), sends, t.exposed_dp_s, t.optimizer_s,
-            )
-            parts = (*work, max(0.0, pred.iteration_s - sum(work)))
+            work = {name: m * seconds for name, seconds in t.per_microbatch().items()}
+            work["dp_communication_s"] += t.exposed_dp_s
+            work["pipeline_p2p_s"] = max(0.0, pred.pipeline.busy[t.stage] - m * t.busy_mb_s)
+            work["optimizer_step_s"] = t.optimizer_s
+            work["pipeline_bubble_s"] = idle_s(pred.iteration_s, sum(work.values()))
+            parts = tuple(work[c.field] for c in COMPONENTS)
         bars.append(StageBar(stage=t.stage, seconds=parts, critical=t.stage == crit))
     return tuple(bars)
 
@@ -84,14 +75,41 @@ def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
 @dataclass(frozen=True, slots=True)
 class TimelineBar:
     """One timed bar of the schedule: a forward or backward of a micro-batch (its blocking
-    send included), or a stage's exposed DP traffic or optimizer step after its last task."""
+    send included), or a stage's exposed DP traffic or optimizer step after its last task.
+    ``waits`` holds what of a task's bar is communication (and offload copies) by breakdown
+    component field, in ``COMPONENTS`` order: the pass's share of each and its blocking send."""
 
     stage: int
-    kind: str  # "forward" | "backward" | "weight" (a zero-bubble W pass) | "DP/ZeRO" | "optimizer"
+    kind: str  # "forward" | "backward" | "weight" (a zero-bubble W pass) | DP_LABEL | "optimizer"
     start: float
     end: float
     microbatch: int | None = None
     chunk: int = 0
+    waits: tuple[tuple[str, float], ...] = ()
+
+
+_WAITING = tuple(c.field for c in COMPONENTS if c.kind in (ComponentKind.COMMUNICATION, ComponentKind.HOST))
+
+
+def _task_waits(t: StageTiming, kind: str, seconds: float, chunks: int, split: bool) -> tuple[tuple[str, float], ...]:
+    """What of a ``seconds`` long task of stage ``t`` is communication: its chunk's share of
+    what its pass waits for (``StageTiming``), and the rest of the bar beyond the pass is
+    its blocking send (none in a zero-bubble W task: the weight gradients' kernels only)."""
+    if kind == "weight":
+        return ()
+    if kind == "forward":
+        kernels = t.forward_mb_s
+        waits = {"tp_communication_s": t.tp_fwd_mb_s, "cp_communication_s": t.cp_fwd_mb_s,
+                 "ep_communication_s": t.ep_fwd_mb_s, "dp_communication_s": t.zero_fwd_mb_s,
+                 "offload_s": t.offload_fwd_mb_s}
+    else:
+        kernels = t.backward_mb_s - (t.wgrad_mb_s if split else 0.0) + t.recompute_mb_s
+        waits = {"tp_communication_s": t.tp_bwd_mb_s, "cp_communication_s": t.cp_bwd_mb_s,
+                 "ep_communication_s": t.ep_bwd_mb_s, "dp_communication_s": t.zero_bwd_mb_s,
+                 "offload_s": t.offload_bwd_mb_s}
+    waits = {field: w / chunks for field, w in waits.items()}
+    waits["pipeline_p2p_s"] = max(0.0, seconds - kernels / chunks - sum(waits.values()))
+    return tuple((field, waits[field]) for field in _WAITING if waits.get(field, 0.0) > 1e-9 * seconds)
 
 
 def timeline_bars(pred: Prediction) -> tuple[TimelineBar, ...]:
@@ -100,17 +118,19 @@ def timeline_bars(pred: Prediction) -> tuple[TimelineBar, ...]:
     tasks = pred.pipeline.tasks
     if tasks is None:
         raise ValueError("this picture needs the pipeline's tasks: predict with keep_timeline=True")
-    bars = [
-        TimelineBar(t.stage, "weight" if t.weight else "backward" if t.backward else "forward",
-                    t.start, t.end, t.mb, t.chunk)
-        for t in tasks
-    ]
+    plan = pred.job.parallel
+    chunks, split = plan.schedule.chunks(plan.vpp), plan.schedule.splits_backward
+    bars = []
+    for t in tasks:
+        kind = "weight" if t.weight else "backward" if t.backward else "forward"
+        waits = _task_waits(pred.stages[t.stage], kind, t.end - t.start, chunks, split)
+        bars.append(TimelineBar(t.stage, kind, t.start, t.end, t.mb, t.chunk, waits))
     # the optimizer steps start together once the last stage has drained (the gradient-norm
     # all-reduce spans every stage), as the facade times them
     step_start = max(pred.pipeline.finish[t.stage] + t.exposed_dp_s for t in pred.stages)
     for t in pred.stages:
         start = pred.pipeline.finish[t.stage]
         if t.exposed_dp_s > 0:
-            bars.append(TimelineBar(t.stage, "DP/ZeRO", start, start + t.exposed_dp_s))
+            bars.append(TimelineBar(t.stage, DP_LABEL, start, start + t.exposed_dp_s))
         bars.append(TimelineBar(t.stage, "optimizer", step_start, step_start + t.optimizer_s))
     return tuple(bars)

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from paraplan.prediction import Prediction
+from paraplan.prediction.components import components_of
 from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_count, format_rate, format_seconds
 
@@ -61,19 +62,10 @@ def render_prediction(pred: Prediction) -> Group:
     parts.add_column("component")
     parts.add_column("seconds", justify="right")
     parts.add_column("share", justify="right")
-    rows = [
-        ("forward compute", pred.breakdown.forward_compute_s),
-        ("backward compute", pred.breakdown.backward_compute_s),
-        ("recompute", pred.breakdown.recompute_s),
-        ("TP / EP communication" if pred.job.model.is_moe else "TP communication",
-         pred.breakdown.tp_communication_s),
-        ("pipeline p2p", pred.breakdown.pipeline_p2p_s),
-        ("pipeline bubble", pred.breakdown.pipeline_bubble_s),
-        ("exposed DP / ZeRO communication", pred.breakdown.dp_communication_s),
-        ("optimizer step", pred.breakdown.optimizer_step_s),
-    ]
-    for name, seconds in rows:
-        parts.add_row(name, f"{seconds:.4f}", _pct(seconds / pred.iteration_s))
+    shown = components_of(pred.job)
+    for component, seconds in pred.breakdown.parts():
+        if component in shown or seconds > 0:
+            parts.add_row(component.label, f"{seconds:.4f}", _pct(seconds / pred.iteration_s))
     parts.add_row(Text("iteration", style="bold"), f"{pred.breakdown.total_s:.4f}", "100.0 %")
 
     worst = pred.worst_memory

@@ -3,7 +3,7 @@
 A trace cuts each rank's iteration into compute by kernel class, exposed communication per
 parallel dimension, and idle time (``traces.decode``). This module cuts the prediction the same
 way, per stage: the operators' seconds by class (a layer's operators times its layers, the
-stage's ends, recompute, the optimizer step), the TP traffic, the exposed DP/ZeRO traffic (the
+stage's ends, recompute, the optimizer step), the TP, CP and EP traffic, the exposed DP/ZeRO traffic (the
 part outside the passes and the part a sharded pass leaves exposed), the stage's pipeline sends,
 and the rest of the iteration as idle (the bubble and waiting for the other stages).
 """
@@ -32,7 +32,7 @@ CLASS_OF_KIND = {
 
 def predicted_stage_parts(pred: Prediction, cm: CostModel) -> list[dict[str, float]]:
     """Per stage, seconds of one iteration: each compute class, ``compute`` (their sum),
-    ``tp comm``, ``dp comm`` and ``pp comm`` (exposed), ``idle`` and ``iteration``.
+    ``tp comm``, ``cp comm``, ``ep comm``, ``dp comm`` and ``pp comm`` (exposed), ``idle`` and ``iteration``.
     ``cm`` is the cost model ``pred`` was made with."""
     job = pred.job
     plan = job.parallel
@@ -52,14 +52,15 @@ def predicted_stage_parts(pred: Prediction, cm: CostModel) -> list[dict[str, flo
         for op in st.end_ops:
             seconds = sum(cm.estimate_op_s(op, ph) for ph in (Phase.FWD, *BACKWARD))
             _add(parts, CLASS_OF_KIND[op.kind], m * seconds)
-        passes = sum(parts.values())
         _add(parts, "optimizer", timing.optimizer_s)
-        # a sharded pass (ZeRO-3, FSDP) leaves part of its gathers and reduce-scatters exposed
-        in_passes = m * (timing.forward_mb_s + timing.backward_mb_s + timing.recompute_mb_s) - passes
         comm = {
             "tp comm": m * (timing.tp_fwd_mb_s + timing.tp_bwd_mb_s),
+            "cp comm": m * (timing.cp_fwd_mb_s + timing.cp_bwd_mb_s),
+            "ep comm": m * (timing.ep_fwd_mb_s + timing.ep_bwd_mb_s),
             "pp comm": stage_sends_s(job, timing.stage, p2p, mask),
-            "dp comm": timing.exposed_dp_s + max(0.0, in_passes),
+            # a sharded pass (ZeRO-3, FSDP) leaves part of its gathers and reduce-scatters
+            # exposed; offload's host copies are counted here too, as they were
+            "dp comm": timing.exposed_dp_s + m * (timing.zero_fwd_mb_s + timing.zero_bwd_mb_s + timing.offload_mb_s),
         }
         compute = sum(parts.values())
         parts.update(compute=compute, **comm)
