@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.text import Text
 
 from paraplan.prediction.compare import Comparison, Delta
+from paraplan.prediction.components import BY_FIELD
 from paraplan.prediction.result import Prediction
 from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_seconds
@@ -39,16 +40,13 @@ _SUMMARY: dict[str, tuple[str, Callable[[float], str], Callable[[float], str]]] 
     "cost.time_to_train_s": ("time to train", _seconds, _signed(_seconds)),
     "cost.cost_to_train_usd": ("cost to train", _usd, _signed(_usd)),
 }
-_SHOUT = {"tp": "TP", "pp": "PP", "dp": "DP", "cp": "CP", "ep": "EP", "zero": "ZeRO", "mlp": "MLP", "moe": "MoE"}
 
 
 def component_label(key: str) -> str:
-    """A Breakdown field as words: ``tp_communication_s`` -> ``TP communication``.
-    (Where the prediction layer names its components' labels, this reads them.)"""
+    """A Breakdown field's label, as every table, picture and report prints it."""
     if key == "total_s":
         return "iteration (sum)"
-    words = key.removesuffix("_s").split("_")
-    return " ".join(_SHOUT.get(w, w) for w in words)
+    return BY_FIELD[key].label
 
 
 def _percent(d: Delta) -> str:
