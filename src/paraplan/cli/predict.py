@@ -37,6 +37,8 @@ def predict_command(
     framework: Annotated[str | None, Opt(help="megatron | deepspeed | fsdp")] = None,
     precision: Annotated[str | None, Opt(help="fp32 | fp16 | bf16 | fp8")] = None,
     train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T, for time and cost to train.")] = None,
+    memory_headroom: Annotated[float | None, Opt(
+        help="Share of each GPU's memory to leave free, e.g. 0.05.", show_default="0.05, or the job file's")] = None,
     backend: Annotated[str, Opt(help="Cost model: analytical | learned (needs --models).")] = "analytical",
     models: Annotated[Path | None, Opt(help="Models file from `paraplan fit` (learned backend).")] = None,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
@@ -60,7 +62,7 @@ def predict_command(
         expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, expert_load_imbalance=expert_load_imbalance,
         zero_stage=zero_stage, micro_batch_size=micro_batch_size,
         global_batch_size=global_batch_size, recompute=recompute, schedule=schedule,
-        framework=framework, precision=precision, train_tokens=train_tokens,
+        framework=framework, precision=precision, train_tokens=train_tokens, memory_headroom=memory_headroom,
     )
     from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
     from paraplan.report.plots import check_plots, render_plot
