@@ -44,6 +44,7 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "tokens_per_s": pred.tokens_per_s,
         "mfu": pred.mfu,
         "memory_per_gpu_bytes": pred.worst_memory.total,
+        "memory_margin_bytes": pred.memory.margin,
         "usd_per_million_tokens": pred.usd_per_million_tokens,
         "time_to_train_s": pred.time_to_train_s,
         "cost_to_train_usd": pred.cost_to_train_usd,

@@ -131,6 +131,7 @@ def render_memory(pred: Prediction) -> Table:
         if value > 0 or name in ("weights", "activations"):
             mem.add_row(name, format_bytes(value))
     mem.add_row(Text("total", style="bold"), format_bytes(worst.total))
+    mem.add_row("of which reserved by PyTorch (as logged)", format_bytes(worst.reserved))
     mem.add_row(f"of {format_bytes(memory.hbm)} HBM, {memory.headroom:.0%} headroom", format_bytes(memory.usable(worst.stage)))
     verdict = Text("fits", style="green") if memory.fits else Text("DOES NOT FIT", style="bold red")
     mem.add_row(Text.assemble("margin: ", verdict), format_bytes(memory.margin))
