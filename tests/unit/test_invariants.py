@@ -157,10 +157,11 @@ def test_faster_hardware_is_never_slower(raw, factor):
 
 @SETTINGS
 @given(raw=job_mappings())
-def test_fits_exactly_when_every_stage_s_total_is_within_the_gpu_memory(raw):
+def test_fits_exactly_when_every_stage_s_total_is_within_the_gpu_memory_less_the_headroom(raw):
     pred = predict(_resolve(raw))
-    hbm = pred.job.cluster.gpu.hbm_bytes
-    assert pred.fits == (pred.worst_memory.total <= hbm) == pred.to_dict()["memory"]["fits"]
+    usable = pred.job.cluster.gpu.hbm_bytes * (1 - pred.job.memory_headroom)
+    assert pred.fits == (pred.worst_memory.total <= usable) == pred.to_dict()["memory"]["fits"]
+    assert pred.memory.margin == pytest.approx(usable - pred.worst_memory.total)
     assert pred.to_dict()["memory"]["total_bytes"] == max(m.total for m in pred.memory)
 
 

@@ -53,7 +53,8 @@ def test_plans_that_do_not_fit_are_excluded_with_the_memory_reason():
     model, cluster = load_model("llama-2-70b"), load_cluster("dgx-a100", num_nodes=1)
     result = search_plans(model, cluster, 8, Precision.BF16, SearchSpace(micro_batch_size=(1,), zero_stage=(0,)))
     assert result.ranked == []
-    assert result.excluded["does not fit in 80 GiB per GPU"] > 0
+    # 80 GiB less the 5 % headroom
+    assert result.excluded["does not fit in 76.00 GiB per GPU (its memory less the headroom)"] > 0
 
 
 def test_a_deadline_and_a_budget_filter_plans_and_cost_needs_a_price():
@@ -110,7 +111,7 @@ def test_the_search_table_shows_why_plans_were_excluded():
                                  "--global-batch-size", "64"], env={"COLUMNS": "200"})
     assert result.exit_code == 1, result.output  # no plan fits: exit 1, the bound and the nearest plan said
     assert "Excluded plans" in result.output
-    assert "does not fit in 80 GiB per GPU" in result.output
+    assert "does not fit in 76.00 GiB per GPU (its memory less the headroom)" in result.output
     assert "Nearest plan (does not fit)" in result.stdout
     assert "no plan fits in the GPU's memory" in result.stderr and "more GPUs" in result.stderr
 

@@ -7,6 +7,7 @@ from paraplan.catalog.loader import (
     load_cluster,
     load_gpu,
     load_model,
+    load_runtime_memory,
 )
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "load_gpu",
     "load_job",
     "load_model",
+    "load_runtime_memory",
     "resolve_job",
 ]

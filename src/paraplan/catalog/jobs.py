@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
 from paraplan.catalog.userdata import load_data, load_yaml, read_text
 from paraplan.specs import (
+    DEFAULT_MEMORY_HEADROOM,
     ClusterSpec,
     ConfigError,
     GpuSpec,
@@ -21,7 +22,7 @@ from paraplan.specs import (
     short_repr,
 )
 
-_JOB_KEYS = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order"}
+_JOB_KEYS = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order", "memory_headroom"}
 
 
 def _model(value: Any, base_dir: Path) -> ModelSpec | dict[str, Any]:
@@ -252,6 +253,8 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
                            "precision": job.precision.value}
     if job.train_tokens is not None:
         out["train_tokens"] = job.train_tokens
+    if job.memory_headroom != DEFAULT_MEMORY_HEADROOM:
+        out["memory_headroom"] = job.memory_headroom
     if isinstance(job, HeteroJob):
         names = [g.name for g in job.cluster.node_groups]
         unique = len(set(names)) == len(names)
@@ -360,7 +363,7 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         if key in given:
             parallel[key] = given[key]
     job["parallel"] = parallel
-    for key in ("precision", "train_tokens", "name"):
+    for key in ("precision", "train_tokens", "name", "memory_headroom"):
         if key in given:
             job[key] = given[key]
     return job

@@ -21,6 +21,7 @@ from paraplan.specs import (
     GpuSpec,
     HeteroClusterSpec,
     ModelSpec,
+    RuntimeMemorySpec,
     format_validation_error,
     short_repr,
 )
@@ -80,6 +81,14 @@ def _validated(cls, raw: dict[str, Any], where: str):
 @functools.cache
 def load_gpu(name: str) -> GpuSpec:
     return _validated(GpuSpec, load_catalog_entry("gpus", name), f"catalog gpus/{name}")
+
+
+@functools.cache
+def load_runtime_memory() -> RuntimeMemorySpec:
+    """What a training process holds on a GPU besides its tensors, with sources
+    (``catalog/runtime/memory.yaml``)."""
+    text = (resources.files("paraplan.catalog") / "runtime" / "memory.yaml").read_text(encoding="utf-8")
+    return _validated(RuntimeMemorySpec, yaml.load(text, Loader=yaml.CSafeLoader), "catalog runtime/memory.yaml")
 
 
 @functools.cache

@@ -150,6 +150,8 @@ JOB_FLAGS = (
     _flag("framework", str | None, help="megatron | deepspeed | fsdp"),
     _flag("precision", str | None, help="fp32 | fp16 | bf16 | fp8"),
     _flag("train_tokens", str | None, help="Tokens to train, e.g. 2T, for time and cost to train."),
+    _flag("memory_headroom", float | None, help="Share of each GPU's memory to leave free, e.g. 0.05.",
+          show_default="0.05, or the job file's"),
 )
 
 # the cost model (predict, report, compare)

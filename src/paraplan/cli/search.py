@@ -33,6 +33,9 @@ def search_command(
     price_per_gpu_hour: Annotated[str | None, Opt(help="e.g. '2.5 USD'.")] = None,
     objective: Annotated[str, Opt(help="time (highest tokens/s) | cost (lowest $ per token)")] = "time",
     train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T.")] = None,
+    memory_headroom: Annotated[float | None, Opt(
+        help="Share of each GPU's memory a plan must leave free, e.g. 0.05.",
+        show_default="0.05, or the job file's")] = None,
     budget: Annotated[str | None, Opt(help="Dollar budget for train_tokens, e.g. 500000USD.")] = None,
     deadline: Annotated[str | None, Opt(help="Deadline for train_tokens, e.g. 14d.")] = None,
     framework: Annotated[
@@ -129,7 +132,8 @@ def search_command(
             raw = demo_job_mapping()
         flags = dict(model=model, cluster=cluster, gpu=gpu, num_nodes=num_nodes, precision=precision,
                      price_per_gpu_hour=price_per_gpu_hour, train_tokens=train_tokens,
-                     global_batch_size=batches[0] if batches else None, **model_flags)
+                     global_batch_size=batches[0] if batches else None, memory_headroom=memory_headroom,
+                     **model_flags)
         mapping = apply_overrides(raw, flags)
         given = dict(mapping.get("parallel") or {})
         framework = framework or given.get("framework") or "megatron"
@@ -173,7 +177,7 @@ def search_command(
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
                               offload=offload, batches=batches if batches and len(batches) > 1 else None, ep=ep,
-                              etp=etp, schedule=schedule)
+                              etp=etp, schedule=schedule, memory_headroom=base.memory_headroom)
         if etp is not None and not base.model.is_moe:
             raise ConfigError("etp: the model is dense (it has no num_moe_experts); expert parallelism "
                               "applies to mixtures of experts")
@@ -265,7 +269,7 @@ def _priced(job) -> bool:
 
 
 def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp, cp, vpp, micro_batch_size, zero,
-           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None):
+           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None, memory_headroom=None):
     """The SearchSpace of ``--space`` with the axes the list flags give."""
     from paraplan.search import SearchSpace
     from paraplan.specs import ConfigError, Recompute
@@ -315,6 +319,8 @@ def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp
     if schedule:
         axes["schedule"] = tuple(dict.fromkeys(v.strip().lower() for v in str(schedule).split(",") if v.strip()))
     common = dict(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers)
+    if memory_headroom is not None:
+        common["memory_headroom"] = memory_headroom
     if name == "full":
         return SearchSpace.full(**common, **axes)
     return SearchSpace(**common, **axes)

@@ -40,7 +40,7 @@ def sharding_command(
     This imports FILE.py (or MODULE) and runs its code (the module, the example-args function
     and the step itself), by design, with your permissions: run it only on code you trust."""
     from paraplan.specs import ConfigError
-    from paraplan.units import parse_bytes
+    from paraplan.units import format_bytes, parse_bytes
 
     with user_errors():
         axes = _parse_mesh(mesh)
@@ -53,7 +53,7 @@ def sharding_command(
             from paraplan.catalog import load_cluster
 
             budget = float(load_cluster(cluster).gpu.hbm_bytes)
-            memory_budget = f"{budget / 2**30:.0f} GiB (the GPU's memory)"
+            memory_budget = f"{format_bytes(budget)} (the GPU's memory)"
         elif memory_budget.strip().lower() == "none":
             budget = None
         else:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.specs import ConfigError, Job
+from paraplan.units import format_bytes
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -67,8 +68,8 @@ def header_lines(job: Job, prediction: Prediction | None, what: str) -> list[str
         lines.append(
             f"predicted ({prediction.backend} backend): {prediction.iteration_s:.3g} s per iteration, "
             f"{prediction.tokens_per_s:,.0f} tokens/s, MFU {prediction.mfu:.1%}, "
-            f"{mem.total / 2**30:.1f} GiB of {prediction.hbm_bytes[mem.stage] / 2**30:.0f} GiB per GPU "
-            f"({'fits' if prediction.fits else 'does NOT fit'})"
+            f"{format_bytes(mem.total)} of {format_bytes(prediction.hbm_bytes[mem.stage])} per GPU "
+            f"({'fits' if prediction.fits else 'does NOT fit'} with {prediction.memory.headroom:.0%} headroom)"
         )
         if prediction.time_to_train_s is not None:
             lines.append(
@@ -84,8 +85,10 @@ def common_notes(job: Job, prediction: Prediction | None) -> list[str]:
     if prediction is not None and not prediction.fits:
         mem = prediction.worst_memory
         notes.append(
-            f"the plan does not fit: the worst stage needs {mem.total / 2**30:.1f} GiB per GPU, "
-            f"the {prediction.gpu_name} has {prediction.hbm_bytes[mem.stage] / 2**30:.0f} GiB; expect out-of-memory"
+            f"the plan does not fit: the worst stage needs {format_bytes(mem.total)} per GPU, "
+            f"the {prediction.gpu_name} has {format_bytes(prediction.hbm_bytes[mem.stage])} "
+            f"({format_bytes(-prediction.memory.margin)} short after the {prediction.memory.headroom:.0%} headroom); "
+            "expect out-of-memory"
         )
     if prediction is not None and prediction.placement is not None:
         notes.append(placement_note(prediction))

@@ -3,6 +3,7 @@ prediction is (``result``), what a stage costs (``stages``), memory, and the cho
 model (``backends``)."""
 
 from paraplan.prediction.facade import all_ops, assemble_prediction, predict, stage_sends_s
+from paraplan.prediction.memory import PlanMemory, StageMemory
 from paraplan.prediction.result import (
     Breakdown,
     CollectiveEstimate,
@@ -30,7 +31,9 @@ __all__ = [
     "LayerCost",
     "OpEstimate",
     "Placement",
+    "PlanMemory",
     "Prediction",
+    "StageMemory",
     "StageTiming",
     "all_ops",
     "assemble_prediction",

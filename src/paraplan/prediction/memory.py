@@ -6,38 +6,122 @@ stage 3 also weights. Activations are the inventory's saved bytes per micro-batc
 micro-batches a stage holds at once under its schedule; full recompute keeps only each
 layer's input, plus one layer's activations while it is recomputed. Offload (``offload``)
 moves optimizer states, the ZeRO-3 parameter shard and some layers' activations to the host.
+
+On top of these, what the frameworks really hold (``framework_buffers``, ``loss_logits_bytes``):
+
+- ZeRO-3 gathers each unit's weights before using it. FSDP2 (torchtitan) keeps the unit in
+  use and the next one, prefetched (``fully_shard`` per transformer block, embedding and
+  norm + LM head; ``reshard_after_forward`` is False for the LM head); its backward holds the
+  unit's unsharded gradient and the reduce-scatter input in the reduce dtype. With pipeline
+  parallelism torchtitan does not reshard after the forward pass (``apply_fsdp``:
+  ``reshard_after_forward = not pp_enabled``) and PyTorch's pipeline stage turns gradient
+  sync and resharding after backward off until the last micro-batch
+  (``torch.distributed.pipelining.stage``: ``set_requires_gradient_sync(False)``,
+  ``set_reshard_after_backward(False)``): the stage's unsharded weights and its gradients,
+  accumulated in the reduce dtype, live across all micro-batches. DeepSpeed's ZeRO-3 keeps
+  at most ``stage3_max_live_parameters`` gathered, fetching ``stage3_prefetch_bucket_size``
+  ahead; ZeRO-2/3 fill a ``reduce_bucket_size`` gradient bucket (defaults in the catalog's
+  ``runtime/memory.yaml``).
+- The loss holds the logits in several precisions at once (``loss_logits_bytes``).
+- PyTorch's caching allocator reserves more than the tensors allocate, and what frameworks
+  report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
+  buffers sit outside it (``runtime``). Both are cited in ``runtime/memory.yaml``.
+
+``peak_bytes`` combines the terms; the search's screen calls it on arrays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraplan.catalog import load_runtime_memory
 from paraplan.inventory import JobInventory, StageInventory
-from paraplan.inventory.job import adam_state_bytes, fp8_weight_params
+from paraplan.inventory.job import adam_state_bytes, fp8_weight_params, param_bytes, split_params
+from paraplan.inventory.ops import OpKind
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.offload import count_offload
 from paraplan.schedule import peak_in_flight
-from paraplan.specs import Recompute, Schedule
-
-# CUDA context, cuBLAS workspaces and NCCL buffers: an allowance, not a measurement.
-# PyTorch's CUDA context alone takes 0.3-0.5 GiB; NCCL keeps a few hundred MiB per communicator.
-RUNTIME_RESERVE_BYTES = 1.0 * 2**30
+from paraplan.specs import Framework, Job, ParallelPlan, Recompute, Schedule
 
 
 @dataclass(frozen=True, slots=True)
 class StageMemory:
+    """One GPU of one pipeline stage at its peak, in bytes.
+
+    ``allocated`` is what PyTorch's tensors take, ``reserved`` what the caching allocator holds
+    for them (what ``torch.cuda.max_memory_reserved`` and the frameworks' logs report),
+    ``total`` what the GPU must have: ``reserved`` plus the CUDA context and NCCL's buffers."""
+
     stage: int
     weights: float
     gradients: float
     optimizer_states: float
     activations: float
-    buffers: float
+    buffers: float  # communication buffers: reduce buckets, unsharded gradients being reduced or accumulated
     in_flight_microbatches: float
     host: float = 0.0  # bytes this GPU keeps in host memory (offload), not counted in ``total``
+    logits: float = 0.0  # the loss's extra copies of the logits, beyond the activations' own peak
+    gathered_params: float = 0.0  # ZeRO-3's gathered (unsharded) weights of the units in flight
+    runtime: float = 0.0  # CUDA context and NCCL buffers, outside the caching allocator
+    fragmentation_share: float = 0.0  # of the memory reserved for the transient tensors, what is left in holes
+
+    @property
+    def persistent(self) -> float:
+        """Tensors allocated once and kept: weights, gradient buffers, optimizer states."""
+        return self.weights + self.gradients + self.optimizer_states
+
+    @property
+    def transient(self) -> float:
+        """Tensors allocated and freed within the iteration (what fragments the allocator)."""
+        return self.activations + self.logits + self.gathered_params + self.buffers
+
+    @property
+    def allocated(self) -> float:
+        return self.persistent + self.transient
+
+    @property
+    def reserved(self) -> float:
+        return self.total - self.runtime
+
+    @property
+    def fragmentation(self) -> float:
+        """What the caching allocator reserves beyond the tensors."""
+        return self.reserved - self.allocated
+
+    @property
+    def allowance(self) -> float:
+        """What the prediction adds to the tensors: fragmentation, CUDA context, NCCL buffers."""
+        return self.fragmentation + self.runtime
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer_states + self.activations + self.buffers
+        return peak_bytes(self.persistent, self.transient, self.runtime, self.fragmentation_share)
+
+
+def peak_bytes(persistent, transient, runtime, fragmentation: float):
+    """A GPU's peak memory from its persistent and transient tensors: the allocator reserves
+    ``transient / (1 - fragmentation)`` for the transient ones (``fragmentation`` being the
+    share of reserved memory left in holes), and ``runtime`` sits outside it. Works on numbers
+    and numpy arrays alike (the search's screen)."""
+    return persistent + transient / (1.0 - fragmentation) + runtime
+
+
+def usable_hbm_bytes(hbm_bytes, headroom: float):
+    """What a plan may use of ``hbm_bytes`` when it leaves ``headroom`` of it free."""
+    return hbm_bytes * (1.0 - headroom)
+
+
+def runtime_bytes(plan: ParallelPlan) -> float:
+    """The CUDA context plus NCCL's buffers: one communicator per parallel dimension with more
+    than one rank, and the all-to-all's connections under expert parallelism."""
+    rt = load_runtime_memory()
+    communicators = sum(n > 1 for n in (plan.tp, plan.cp, plan.pp, plan.dp))
+    return (rt.cuda_context_bytes + communicators * rt.nccl_communicator_bytes
+            + (rt.nccl_all_to_all_bytes if plan.ep > 1 else 0.0))
+
+
+def fragmentation_share() -> float:
+    return load_runtime_memory().allocator_fragmentation
 
 
 def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
@@ -65,20 +149,99 @@ def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[f
     """(bytes held per micro-batch in flight, extra working bytes for the one being processed):
     the layers keep what the recompute policy keeps (``inventory.recompute``); the ends keep
     what they save while their micro-batch is processed."""
-    held = working = 0.0
+    held, working, _ = microbatch_bytes(inv, st)
+    return held, working
+
+
+def microbatch_bytes(inv: JobInventory, st: StageInventory) -> tuple[float, float, float]:
+    """``activations_per_microbatch`` and the loss's extra copies of the logits beyond the
+    layers' working bytes (``loss_logits_bytes``): the loss runs before any layer's backward,
+    so the two peaks do not add up."""
+    held = layer_working = 0.0
     for block in st.blocks:
         rc = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers)
         held += rc.held_bytes
-        working = max(working, rc.working_bytes)
+        layer_working = max(layer_working, rc.working_bytes)
     end_saved = sum(op.saved_bytes for op in st.end_ops)
-    return held, working + end_saved
+    logits = max(0.0, loss_logits_bytes(inv.job, st) - layer_working)
+    return held, layer_working + end_saved, logits
+
+
+# Bytes per logit element the loss holds at its peak, beyond the fp32 softmax it saves for the
+# backward pass (``cross_entropy``'s ``saved_bytes`` in the inventory), with e-byte logits:
+# - Megatron-LM's vocab-parallel cross entropy (megatron/core/tensor_parallel/cross_entropy.py,
+#   also Megatron-DeepSpeed's): ``vocab_parallel_logits.float()`` copies the e-byte logits to
+#   fp32, then subtracts the max, exponentiates and normalises that copy in place and saves it;
+#   the backward pass turns the saved softmax into the gradient in place. At the peak: the
+#   e-byte logits (alive in the model's forward) or the e-byte gradient cast back, beside the
+#   fp32 copy: e extra bytes (none in fp32, where ``.float()`` returns the logits themselves).
+# - torchtitan's ``cross_entropy_loss``: ``F.cross_entropy(pred.float(), labels)``, i.e.
+#   log_softmax (saves its fp32 output) and nll_loss; the trainer deletes ``pred`` before
+#   ``loss.backward()``. Forward: e-byte logits + fp32 copy + fp32 log-softmax; backward of
+#   log_softmax: its saved output, the incoming fp32 gradient and the fp32 input gradient,
+#   12 bytes: 8 beyond the saved 4.
+def loss_logits_bytes(job: Job, st: StageInventory) -> float:
+    """Bytes the loss holds at its peak beyond the softmax the inventory saves, on the stage
+    that computes it (0 elsewhere)."""
+    loss = next((op for op in st.end_ops if op.kind is OpKind.LOSS), None)
+    if loss is None:
+        return 0.0
+    elements = 1.0
+    for _, n in loss.dims:
+        elements *= n
+    e = param_bytes(job.precision)
+    if job.parallel.framework is Framework.FSDP:
+        extra = max(e + (4.0 if e < 4.0 else 0.0) + 4.0, 12.0) - 4.0
+    else:
+        extra = e if e < 4.0 else 0.0
+    return extra * elements
+
+
+def _units(st: StageInventory) -> tuple[float, float]:
+    """(the largest unit ZeRO-3 gathers at once on this stage, all of the stage's weights), in
+    parameters of this rank's tensor-parallel shard: one layer, the embedding, the final norm
+    and LM head (torchtitan's ``fully_shard`` units)."""
+    layer = max((sum(split_params(b.ops)) for b in st.blocks), default=0.0)
+    embedding = sum(op.params for op in st.end_ops if op.kind is OpKind.EMBEDDING)
+    head = sum(op.params for op in st.end_ops) - embedding
+    return max(layer, embedding, head), st.params + st.expert_params
+
+
+def framework_buffers(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
+    """(gathered weights, communication buffers) one GPU of ``st`` holds at its peak beyond its
+    shards (see the module docstring)."""
+    job = inv.job
+    plan = job.parallel
+    pb, gb = inv.param_bytes, inv.grad_bytes
+    unit, stage = _units(st)
+    sharded = plan.zero_shards > 1 or plan.edp > 1
+    if plan.framework is Framework.DEEPSPEED:
+        rt = load_runtime_memory()
+        gathered = 0.0
+        if plan.zero_stage >= 3 and sharded:
+            live = max(unit, min(rt.deepspeed_stage3_max_live_parameters, unit + rt.deepspeed_stage3_prefetch_bucket_size))
+            gathered = pb * min(stage, live)
+        bucket = gb * min(stage, rt.deepspeed_reduce_bucket_size) if plan.zero_stage >= 2 and sharded else 0.0
+        return gathered, bucket
+    if plan.framework is Framework.FSDP and plan.pp > 1 and sharded:
+        # torchtitan with pipeline parallelism: unsharded weights (ZeRO-3) and gradients
+        # accumulated in the reduce dtype (ZeRO-2/3) across the micro-batches, and the
+        # reduce-scatter input of one unit at the last one
+        gathered = pb * stage if plan.zero_stage >= 3 else 0.0
+        accumulated = gb * stage + gb * unit if plan.zero_stage >= 2 else 0.0
+        return gathered, accumulated
+    # ZeRO-3: the unit in use and the next, prefetched; ZeRO-2/3: the unit's unsharded
+    # gradient and its reduce-scatter input (Megatron's distributed optimizer, ZeRO-1, reduces
+    # its contiguous gradient buffer in place)
+    gathered = 2.0 * pb * unit if plan.zero_stage >= 3 and sharded else 0.0
+    return gathered, (pb + gb) * unit if plan.zero_stage >= 2 and sharded else 0.0
 
 
 def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     plan = inv.job.parallel
     dp, zero, edp = plan.zero_shards, plan.zero_stage, plan.edp
     params, experts = st.params, st.expert_params
-    held, working = activations_per_microbatch(inv, st)
+    held, working, logits = microbatch_bytes(inv, st)
     flight = in_flight_microbatches(inv, st.index)
     if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
         # every micro-batch's forward finishes before any backward: the LM head's and the
@@ -103,19 +266,165 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
 
     weights, gradients = sharded(inv.param_bytes, 3), sharded(inv.grad_bytes, 2)
     optimizer = sharded(adam_state_bytes(inv.job.precision), 1)
+    if plan.framework is Framework.FSDP and zero >= 3 and inv.param_bytes < 4.0 and (dp > 1 or edp > 1):
+        # FSDP2's sharded parameter is the fp32 master itself (MixedPrecisionPolicy casts it to
+        # param_dtype only for the all-gather; torchtitan builds the model in fp32): a 4-byte
+        # shard and Adam's two moments, not a 16-bit shard beside a 12-byte optimizer state (with
+        # one rank nothing is sharded: the run is ZeRO 0's, ``search.space.runs_as_zero``)
+        weights, optimizer = sharded(4.0, 3), sharded(adam_state_bytes(inv.job.precision) - 4.0, 1)
     off = count_offload(inv, st, weights, gradients, optimizer, held * flight)  # what offload moves off the GPU
+    gathered, buffers = framework_buffers(inv, st)
     return StageMemory(
         stage=st.index,
         weights=weights - off.weights + fp8_copies,
         gradients=gradients - off.gradients,
         optimizer_states=optimizer - off.optimizer_states,
         activations=held * flight + working - off.activations,
-        buffers=RUNTIME_RESERVE_BYTES,
+        buffers=buffers,
         in_flight_microbatches=flight,
         host=off.on_host(inv.job),
+        logits=logits,
+        gathered_params=gathered,
+        runtime=runtime_bytes(plan),
+        fragmentation_share=fragmentation_share(),
     )
 
 
 def estimate_memory(inv: JobInventory) -> tuple[StageMemory, ...]:
     """Memory of one GPU of every pipeline stage."""
     return tuple(estimate_stage_memory(inv, st) for st in inv.stages)
+
+
+@dataclass(frozen=True)
+class PlanMemory:
+    """The memory of a prediction: every pipeline stage's (``stages``; the object is also the
+    sequence of them) against its GPU's HBM, with the named parts of the worst stage (the one
+    with the least margin) as attributes. ``pred.memory.total``, ``pred.memory.margin``,
+    ``pred.memory[1].activations``."""
+
+    stages: tuple[StageMemory, ...]
+    hbm_bytes: tuple[float, ...]  # each stage's GPU memory (the smallest, for mixed GPUs)
+    headroom: float  # the share of it the plan leaves free (``Job.memory_headroom``)
+
+    def __post_init__(self) -> None:
+        if len(self.stages) != len(self.hbm_bytes):
+            raise ValueError("PlanMemory: one HBM size per stage")
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __iter__(self):
+        return iter(self.stages)
+
+    def __getitem__(self, i):
+        return self.stages[i]
+
+    def usable(self, stage: int) -> float:
+        return usable_hbm_bytes(self.hbm_bytes[stage], self.headroom)
+
+    def margin_of(self, stage: int) -> float:
+        """What stage ``stage`` leaves of its usable memory (negative: it does not fit)."""
+        return self.usable(stage) - self.stages[stage].total
+
+    @property
+    def worst(self) -> StageMemory:
+        return min(self.stages, key=lambda m: self.margin_of(m.stage))
+
+    @property
+    def fits(self) -> bool:
+        return all(self.margin_of(m.stage) >= 0 for m in self.stages)
+
+    # the worst stage's parts, by name
+    @property
+    def stage(self) -> int:
+        return self.worst.stage
+
+    @property
+    def weights(self) -> float:
+        return self.worst.weights
+
+    @property
+    def gradients(self) -> float:
+        return self.worst.gradients
+
+    @property
+    def optimizer(self) -> float:
+        return self.worst.optimizer_states
+
+    @property
+    def activations(self) -> float:
+        return self.worst.activations
+
+    @property
+    def logits(self) -> float:
+        return self.worst.logits
+
+    @property
+    def gathered_params(self) -> float:
+        return self.worst.gathered_params
+
+    @property
+    def buffers(self) -> float:
+        return self.worst.buffers
+
+    @property
+    def fragmentation(self) -> float:
+        return self.worst.fragmentation
+
+    @property
+    def runtime(self) -> float:
+        return self.worst.runtime
+
+    @property
+    def allowance(self) -> float:
+        return self.worst.allowance
+
+    @property
+    def allocated(self) -> float:
+        return self.worst.allocated
+
+    @property
+    def reserved(self) -> float:
+        return self.worst.reserved
+
+    @property
+    def total(self) -> float:
+        return self.worst.total
+
+    @property
+    def hbm(self) -> float:
+        return self.hbm_bytes[self.worst.stage]
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.hbm - self.usable(self.worst.stage)
+
+    @property
+    def margin(self) -> float:
+        """GPU memory the worst stage leaves free after the headroom (negative: short by it)."""
+        return self.margin_of(self.worst.stage)
+
+    def to_dict(self) -> dict:
+        """The JSON form (``Prediction.to_dict()["memory"]``): the worst stage's parts and every
+        stage's total."""
+        w = self.worst
+        return {
+            "worst_stage": w.stage,
+            "weights_bytes": w.weights,
+            "gradients_bytes": w.gradients,
+            "optimizer_states_bytes": w.optimizer_states,
+            "activations_bytes": w.activations,
+            "logits_bytes": w.logits,
+            "gathered_params_bytes": w.gathered_params,
+            "buffers_bytes": w.buffers,
+            "fragmentation_bytes": w.fragmentation,
+            "runtime_bytes": w.runtime,
+            "allocated_bytes": w.allocated,
+            "reserved_bytes": w.reserved,
+            "total_bytes": w.total,
+            "hbm_bytes": self.hbm,
+            "memory_headroom": self.headroom,
+            "margin_bytes": self.margin,
+            "fits": self.fits,
+            "per_stage_total_bytes": [m.total for m in self.stages],
+        }

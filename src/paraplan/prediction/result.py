@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from paraplan.prediction.components import COMPONENTS, Component
-from paraplan.prediction.memory import StageMemory
+from paraplan.prediction.memory import PlanMemory, StageMemory
 from paraplan.schedule import PipelineResult
 from paraplan.specs import HeteroJob, Job
 
@@ -164,7 +164,7 @@ class Prediction:
     bubble_fraction: float
     breakdown: Breakdown
     stages: tuple[StageTiming, ...]
-    memory: tuple[StageMemory, ...]
+    memory: PlanMemory  # given as the stages' StageMemory, it is wrapped with their GPUs' HBM
     params_total: float
     model_flops_per_iteration: float
     pipeline: PipelineResult | None = field(default=None, repr=False)
@@ -175,6 +175,15 @@ class Prediction:
     _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
         default=None, repr=False, compare=False
     )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.memory, PlanMemory):
+            stages = tuple(self.memory)
+            if self.placement is not None:
+                hbm = self.placement.stage_hbm_bytes
+            else:
+                hbm = (self.job.cluster.gpu.hbm_bytes,) * len(stages)
+            object.__setattr__(self, "memory", PlanMemory(stages, tuple(hbm), self.job.memory_headroom))
 
     @functools.cached_property
     def _explained(self) -> tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]:
@@ -192,18 +201,18 @@ class Prediction:
 
     @property
     def worst_memory(self) -> StageMemory:
-        return max(self.memory, key=lambda m: m.total)
+        """The stage with the least memory to spare."""
+        return self.memory.worst
 
     @property
     def fits(self) -> bool:
-        return all(m.total <= hbm for m, hbm in zip(self.memory, self.hbm_bytes, strict=True))
+        """Every stage fits its GPU's memory less the job's headroom."""
+        return self.memory.fits
 
     @property
     def hbm_bytes(self) -> tuple[float, ...]:
         """Each stage's GPU memory (the smallest, for a stage on mixed GPUs)."""
-        if self.placement is not None:
-            return self.placement.stage_hbm_bytes
-        return (self.job.cluster.gpu.hbm_bytes,) * len(self.memory)
+        return self.memory.hbm_bytes
 
     @property
     def gpu_name(self) -> str:
@@ -260,7 +269,6 @@ class Prediction:
     def to_dict(self) -> dict:
         """A JSON-ready mapping; keys follow DESIGN.md's vocabulary (documented in the README)."""
         job = self.job
-        worst = self.worst_memory
         return {
             "job": job.name,
             "backend": self.backend,
@@ -281,18 +289,7 @@ class Prediction:
             "params_active": self.params_active,
             "model_flops_per_iteration": self.model_flops_per_iteration,
             "breakdown": asdict(self.breakdown),
-            "memory": {
-                "worst_stage": worst.stage,
-                "weights_bytes": worst.weights,
-                "gradients_bytes": worst.gradients,
-                "optimizer_states_bytes": worst.optimizer_states,
-                "activations_bytes": worst.activations,
-                "buffers_bytes": worst.buffers,
-                "total_bytes": worst.total,
-                "hbm_bytes": self.hbm_bytes[worst.stage],
-                "fits": self.fits,
-                "per_stage_total_bytes": [m.total for m in self.memory],
-            },
+            "memory": self.memory.to_dict(),
             "cost": {
                 "price_per_gpu_hour_usd": None if self.placement else job.cluster.price_per_gpu_hour,
                 "cost_per_hour_usd": self.cost_per_hour_usd,

@@ -39,7 +39,7 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
                 {
                     "name": g.name,
                     **{f"{p}_tflops": _tflops(g.peak_flops.get(p)) for p in ("fp16", "bf16", "fp8")},
-                    "hbm_gib": round(g.hbm_bytes / 2**30, 1),
+                    "hbm_gib": round(g.hbm_bytes / 2**30, 2),
                     "hbm_bandwidth_gb_per_s": g.hbm_bandwidth_bytes_per_s / 1e9,
                     "intra_node_gb_per_s": g.intra_node.bandwidth_bytes_per_s / 1e9 if g.intra_node else None,
                     "efficiency": _curves_status(g),

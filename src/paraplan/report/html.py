@@ -90,13 +90,18 @@ def _breakdown(pred: Prediction) -> str:
 
 
 def _memory(pred: Prediction) -> str:
+    mem = pred.memory
     rows = [
         [f"stage {m.stage}", format_bytes(m.weights), format_bytes(m.gradients), format_bytes(m.optimizer_states),
-         f"{format_bytes(m.activations)} ({m.in_flight_microbatches:g} in flight)", format_bytes(m.buffers),
-         format_bytes(m.total), format_bytes(hbm), "fits" if m.total <= hbm else "DOES NOT FIT"]
-        for m, hbm in zip(pred.memory, pred.hbm_bytes, strict=True)
+         f"{format_bytes(m.activations)} ({m.in_flight_microbatches:g} in flight)", format_bytes(m.logits),
+         format_bytes(m.gathered_params + m.buffers), format_bytes(m.allowance),
+         format_bytes(m.total), format_bytes(hbm), format_bytes(mem.margin_of(m.stage)),
+         "fits" if mem.margin_of(m.stage) >= 0 else "DOES NOT FIT"]
+        for m, hbm in zip(mem, mem.hbm_bytes, strict=True)
     ]
-    header = ["stage", "weights", "gradients", "optimizer states", "activations", "buffers", "total", "HBM", ""]
+    header = ["stage", "weights", "gradients", "optimizer states", "activations", "loss logits",
+              "gathered weights + buffers", "fragmentation + CUDA/NCCL", "total", "HBM",
+              f"left after {mem.headroom:.0%} headroom", ""]
     return _table(header, rows)
 
 

@@ -41,7 +41,11 @@ _MEMORY_PARTS = (
     ("gradients", "gradients", "#dd8452"),
     ("optimizer states", "optimizer_states", "#55a868"),
     ("activations", "activations", "#c44e52"),
-    ("runtime buffers", "buffers", "#937860"),
+    ("loss logits", "logits", "#da8bc3"),
+    ("gathered weights (ZeRO-3)", "gathered_params", "#8172b3"),
+    ("communication buffers", "buffers", "#937860"),
+    ("allocator fragmentation", "fragmentation", "#ccb974"),
+    ("CUDA context + NCCL", "runtime", "#8c8c8c"),
 )
 
 
@@ -278,6 +282,10 @@ def figure_memory(pred: Prediction):
     hbm = [h / gib for h in pred.hbm_bytes]
     ax.hlines(hbm, [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linestyles="--", linewidth=1.2,
               label="HBM of the GPU")
+    usable = [pred.memory.usable(i) / gib for i in range(n)]
+    if pred.memory.headroom > 0:
+        ax.hlines(usable, [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linestyles=":",
+                  linewidth=1.0, label=f"less {pred.memory.headroom:.0%} headroom")
     _stage_ticks(ax, [m.stage for m in pred.memory], None)
     ax.set_ylabel("GiB per GPU")
     _few_bars(ax, n)

@@ -20,7 +20,7 @@ from paraplan.report.pareto import tokens_text
 from paraplan.report.tables import render_uncalibrated
 from paraplan.search import SearchResult
 from paraplan.search.run import Closest
-from paraplan.units import format_seconds
+from paraplan.units import format_bytes, format_seconds
 
 
 def search_rows(result: SearchResult, top: int | None = None, plans=None) -> list[dict[str, Any]]:
@@ -44,6 +44,7 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "tokens_per_s": pred.tokens_per_s,
         "mfu": pred.mfu,
         "memory_per_gpu_bytes": pred.worst_memory.total,
+        "memory_margin_bytes": pred.memory.margin,
         "usd_per_million_tokens": pred.usd_per_million_tokens,
         "time_to_train_s": pred.time_to_train_s,
         "cost_to_train_usd": pred.cost_to_train_usd,
@@ -203,7 +204,7 @@ def _bound_text(bound: str, need: float, limit: float, train_tokens: float | Non
         return f"needs {format_seconds(need)} to train{tokens}, the deadline is {format_seconds(limit)}"
     if bound == "budget":
         return f"costs {_usd(need)} to train{tokens}, the budget is {_usd(limit)}"
-    return f"needs {need / 2**30:.1f} GiB per GPU, the GPU has {limit / 2**30:.0f} GiB"
+    return f"needs {format_bytes(need)} per GPU, the GPU has {format_bytes(limit)} after the headroom"
 
 
 _BOUND_NAMES = {"deadline": "the deadline", "budget": "the budget", "memory": "the GPU's memory"}

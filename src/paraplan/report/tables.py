@@ -68,21 +68,7 @@ def render_prediction(pred: Prediction) -> Group:
             parts.add_row(component.label, f"{seconds:.4f}", _pct(seconds / pred.iteration_s))
     parts.add_row(Text("iteration", style="bold"), f"{pred.breakdown.total_s:.4f}", "100.0 %")
 
-    worst = pred.worst_memory
-    mem = Table(title=f"Memory per GPU (worst stage: {worst.stage})", title_justify="left")
-    mem.add_column("part")
-    mem.add_column("size", justify="right")
-    for name, value in (
-        ("weights", worst.weights),
-        ("gradients", worst.gradients),
-        ("optimizer states", worst.optimizer_states),
-        (f"activations ({worst.in_flight_microbatches:g} micro-batch(es) in flight)", worst.activations),
-        ("runtime buffers (allowance)", worst.buffers),
-    ):
-        mem.add_row(name, format_bytes(value))
-    verdict = Text("fits", style="green") if pred.fits else Text("DOES NOT FIT", style="bold red")
-    mem.add_row(Text("total", style="bold"), format_bytes(worst.total))
-    mem.add_row(Text.assemble("of ", format_bytes(pred.hbm_bytes[worst.stage]), " HBM: "), verdict)
+    mem = render_memory(pred)
     host = max(m.host for m in pred.memory)
     if host > 0:  # offload: what each GPU keeps in host memory
         mem.add_row("host memory per GPU (offload)", format_bytes(host))
@@ -112,6 +98,36 @@ def render_prediction(pred: Prediction) -> Group:
         items.append(cost)
     items.extend(render_uncalibrated(pred.uncalibrated))
     return Group(*items)
+
+
+def render_memory(pred: Prediction) -> Table:
+    """The worst stage's memory by part (a part that is zero is left out), its total against
+    the GPU's memory, and the margin left after the headroom."""
+    memory = pred.memory
+    worst = memory.worst
+    mem = Table(title=f"Memory per GPU (worst stage: {worst.stage})", title_justify="left")
+    mem.add_column("part")
+    mem.add_column("size", justify="right")
+    parts = (
+        ("weights", worst.weights),
+        ("gradients", worst.gradients),
+        ("optimizer states", worst.optimizer_states),
+        (f"activations ({worst.in_flight_microbatches:g} micro-batch(es) in flight)", worst.activations),
+        ("loss: extra copies of the logits", worst.logits),
+        ("gathered weights (ZeRO-3)", worst.gathered_params),
+        ("communication buffers", worst.buffers),
+        ("allocator fragmentation (reserved)", worst.fragmentation),
+        ("CUDA context + NCCL buffers", worst.runtime),
+    )
+    for name, value in parts:
+        if value > 0 or name in ("weights", "activations"):
+            mem.add_row(name, format_bytes(value))
+    mem.add_row(Text("total", style="bold"), format_bytes(worst.total))
+    mem.add_row("of which reserved by PyTorch (as logged)", format_bytes(worst.reserved))
+    mem.add_row(f"of {format_bytes(memory.hbm)} HBM, {memory.headroom:.0%} headroom", format_bytes(memory.usable(worst.stage)))
+    verdict = Text("fits", style="green") if memory.fits else Text("DOES NOT FIT", style="bold red")
+    mem.add_row(Text.assemble("margin: ", verdict), format_bytes(memory.margin))
+    return mem
 
 
 def render_uncalibrated(notes: tuple[str, ...]) -> list[Text]:

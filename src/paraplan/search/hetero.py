@@ -29,12 +29,20 @@ from paraplan.inventory import count_job
 from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.prediction import CommCosts, Prediction, stage_timing
 from paraplan.prediction.hetero import predict_hetero
-from paraplan.prediction.memory import estimate_stage_memory
+from paraplan.prediction.memory import estimate_stage_memory, usable_hbm_bytes
 from paraplan.prediction.stages import layer_costs as cost_layers
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.search.space import SearchSpace, rejection_reason, runs_as_zero, sp_axis
-from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision
+from paraplan.specs import (
+    DEFAULT_MEMORY_HEADROOM,
+    ConfigError,
+    HeteroClusterSpec,
+    HeteroJob,
+    ModelSpec,
+    Precision,
+)
 from paraplan.specs.hetero import stage_groups
+from paraplan.units import format_bytes
 
 MAX_NODE_ORDERS = 512  # beyond this many node orders, only orders that keep each group together
 
@@ -67,6 +75,7 @@ class Candidate:
     layers: tuple[int, ...]
     estimate_s: float  # iteration seconds by the closed form plus the once-per-iteration parts
     memory_bytes: float = 0.0  # the worst stage's, exact (straight lines in the layer count)
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM  # the share of each GPU's memory left free
 
 
 def _lines(job: HeteroJob, layer_costs: dict | None = None):
@@ -135,7 +144,7 @@ def plan_candidates(
     plan = job.parallel
     L, S, m = model.num_layers, plan.pp, plan.num_microbatches
     k = np.arange(1, L + 1, dtype=float)
-    hbm = [g.gpu.hbm_bytes for g in cluster.node_groups]
+    hbm = [usable_hbm_bytes(g.gpu.hbm_bytes, job.memory_headroom) for g in cluster.node_groups]
     per_stage_gpus = plan.tp * plan.cp * plan.dp
     seen, out, no_fit = set(), [], 0
     for order in orders:
@@ -171,7 +180,7 @@ def plan_candidates(
             continue
         per_iter = max(once[g, mixed[s]][s] for s, gs in enumerate(groups) for g in gs)
         worst = float(np.max(mem[:, 0] + (np.array(part.layers) - 1) * mem[:, 1]))
-        out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter, worst))
+        out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter, worst, job.memory_headroom))
         # Megatron-LM's even split too, when it fits and differs: the partition is optimal
         # for the closed form, the exact simulation may still prefer equal stages
         even = count_layers_per_stage(model, job.parallel)
@@ -179,7 +188,7 @@ def plan_candidates(
             t = T[np.arange(S), np.array(even) - 1]
             if np.all(np.isfinite(t)):
                 worst = float(np.max(mem[:, 0] + (np.array(even) - 1) * mem[:, 1]))
-                out.append(Candidate(plan_args, order, even, closed_form_s(t, m) + per_iter, worst))
+                out.append(Candidate(plan_args, order, even, closed_form_s(t, m) + per_iter, worst, job.memory_headroom))
     return out, no_fit
 
 
@@ -234,7 +243,7 @@ def enumerate_hetero(
             continue
         try:
             job = HeteroJob(model=model, cluster=cluster, parallel=plan, precision=precision,
-                            train_tokens=train_tokens)
+                            train_tokens=train_tokens, memory_headroom=space.memory_headroom)
         except (ValidationError, ConfigError) as err:
             excluded[rejection_reason(err)] += 1
             continue
@@ -242,7 +251,8 @@ def enumerate_hetero(
         found, _ = plan_candidates(model, cluster, job, orders, plan, partitions)
         if not found:
             hbm = min(g.gpu.hbm_bytes for g in cluster.node_groups)
-            excluded[f"does not fit in memory with any layer partition (smallest GPU {hbm / 2**30:.0f} GiB)"] += 1
+            excluded[f"does not fit in memory with any layer partition (smallest GPU {format_bytes(hbm)}, "
+                     f"{space.memory_headroom:.0%} headroom)"] += 1
         cands += found
     return cands, excluded, len(cands) + sum(excluded.values())
 
@@ -253,7 +263,7 @@ def hetero_job(model, cluster, precision, train_tokens, cand: Candidate) -> Hete
     if len(cluster.node_groups) > 1:
         name += "-" + "".join(str(g) for g in cand.node_order)
     return HeteroJob(name=name, model=model, cluster=cluster, parallel=plan, precision=precision,
-                     train_tokens=train_tokens, node_order=cand.node_order)
+                     train_tokens=train_tokens, node_order=cand.node_order, memory_headroom=cand.memory_headroom)
 
 
 REFINE_MOVES = 16  # at most this many one-layer moves between neighbouring stages on the best plan
@@ -300,7 +310,8 @@ def refine_split(pred: Prediction, taken: set) -> Prediction:
     if job is None:
         base = pred.job
         job = HeteroJob(name=base.name, model=base.model, cluster=HeteroClusterSpec(name=base.cluster.name, node_groups=(base.cluster,)),
-                        parallel=base.parallel, precision=base.precision, train_tokens=base.train_tokens)
+                        parallel=base.parallel, precision=base.precision, train_tokens=base.train_tokens,
+                        memory_headroom=base.memory_headroom)
     moves = 0
     improved = True
     while improved and moves < REFINE_MOVES:

@@ -10,11 +10,12 @@ import numpy as np
 
 from paraplan.inventory import count_job
 from paraplan.prediction import Prediction, predict
-from paraplan.prediction.memory import estimate_memory
+from paraplan.prediction.memory import estimate_memory, usable_hbm_bytes
 from paraplan.search.pareto import PARETO_AXES, near_front
 from paraplan.search.screen import screen_plans, screenable
 from paraplan.search.space import SearchSpace, enumerate_plans, iter_unique
 from paraplan.specs import ClusterSpec, ConfigError, HeteroClusterSpec, ModelSpec, Precision, short_repr
+from paraplan.units import format_bytes
 
 OBJECTIVES = ("time", "cost")
 
@@ -196,7 +197,7 @@ def search_plans(
     ranked: list[Prediction] = []
     missed: list[Closest] = []
     smallest = None  # (bytes, job) of the plan needing the least memory, when none fits
-    hbm = cluster.gpu.hbm_bytes
+    hbm = usable_hbm_bytes(cluster.gpu.hbm_bytes, space.memory_headroom)
     for i, job in enumerate(jobs):
         if progress is not None:
             progress(i, len(jobs))
@@ -240,8 +241,10 @@ def _scored(cluster: ClusterSpec | HeteroClusterSpec, seconds_per_token: np.ndar
                   np.asarray(seconds_per_token, dtype=float), np.asarray(memory, dtype=float))
 
 
-def _no_fit(hbm: float) -> str:
-    return f"does not fit in {hbm / 2**30:.0f} GiB per GPU"
+def _no_fit(limit: float) -> str:
+    """The reason for plans that need more than ``limit`` bytes (the GPU's memory less the
+    headroom)."""
+    return f"does not fit in {format_bytes(limit)} per GPU (its memory less the headroom)"
 
 
 def _over_limits(time_to_train_s, cost_to_train_usd, limits) -> str | None:
@@ -258,7 +261,7 @@ def _misses(pred: Prediction, limits) -> dict[str, tuple[float, float]]:
     _, budget_usd, deadline_s = limits
     over = {}
     if not pred.fits:
-        over["memory"] = (pred.worst_memory.total, min(pred.hbm_bytes))
+        over["memory"] = (pred.memory.total, pred.memory.usable(pred.memory.stage))
     if deadline_s is not None and pred.time_to_train_s > deadline_s:
         over["deadline"] = (pred.time_to_train_s, deadline_s)
     if budget_usd is not None and pred.cost_to_train_usd is not None and pred.cost_to_train_usd > budget_usd:
@@ -289,7 +292,7 @@ def _screened_search(model, cluster, global_batch_size, precision, space, object
     train_tokens = limits[0]
     sc = screen_plans(model, cluster, global_batch_size, precision, space, train_tokens)
     excluded = Counter(sc.excluded)
-    hbm = cluster.gpu.hbm_bytes
+    hbm = sc.memory_limit
     fits = sc.fits
     # The screen's memory is the exact formula; re-check any plan within rounding of the limit.
     for i in np.flatnonzero(np.abs(sc.memory_bytes - hbm) <= 1e-9 * hbm):
@@ -399,7 +402,7 @@ def _uneven_search(model, cluster, global_batch_size, precision, space, objectiv
             excluded[reason] += 1
             missed.append(Closest(pred, _misses(pred, limits)))
         elif not pred.fits:  # the partition's memory is exact; kept as a guard
-            excluded[_no_fit(min(pred.hbm_bytes))] += 1
+            excluded[_no_fit(pred.memory.usable(pred.memory.stage))] += 1
         else:
             ranked.append(pred)
     meeting = []  # the candidates left out that meet the bounds by their estimate

@@ -44,7 +44,13 @@ from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
-from paraplan.prediction.memory import activations_per_microbatch, estimate_stage_memory
+from paraplan.prediction.memory import (
+    estimate_stage_memory,
+    fragmentation_share,
+    microbatch_bytes,
+    peak_bytes,
+    usable_hbm_bytes,
+)
 from paraplan.prediction.offload import gradient_copy_s, optimizer_step_s
 from paraplan.schedule.deepspeed import deepspeed_finish
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
@@ -120,7 +126,12 @@ class Screen:
 
     @property
     def fits(self) -> np.ndarray:
-        return self.memory_bytes <= self.cluster.gpu.hbm_bytes
+        """Plans whose worst stage fits the GPU's memory less the space's headroom."""
+        return self.memory_bytes <= self.memory_limit
+
+    @property
+    def memory_limit(self) -> float:
+        return usable_hbm_bytes(self.cluster.gpu.hbm_bytes, self.space.memory_headroom)
 
     def job(self, i: int) -> Job:
         """The Job of plan ``i`` (the same Job ``enumerate_plans`` builds for it)."""
@@ -274,17 +285,20 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
             inv_r = dataclasses.replace(inv, job=job_r)
             for c, ops in ends.items():
-                held, working = activations_per_microbatch(inv_r, dataclasses.replace(st.with_layers(1), end_ops=ops))
+                held, working, logits = microbatch_bytes(inv_r, dataclasses.replace(st.with_layers(1), end_ops=ops))
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
                 row[f"work{r}_{c}"] = working
+                row[f"logits{r}_{c}"] = logits
         rows.append(row)
     return {k: np.array([r[k] for r in rows]) for k in rows[0]}
 
 
 def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
     """Per layout and stage class: layers, DP communication, optimizer step, and the memory
-    that does not depend on the micro-batch (weights, gradients, optimizer states, buffers)."""
-    keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "buffers", "grad_copy")
+    that does not depend on the micro-batch: persistent (weights, gradients, optimizer
+    states), transient (gathered weights, communication buffers) and outside the allocator."""
+    keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "gathered", "buffers", "runtime",
+            "grad_copy")
     out = {k: np.zeros((len(invs), 3)) for k in keys}
     for j, inv in enumerate(invs):
         comm = CommCosts(inv, cm)
@@ -300,8 +314,10 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str
             step = optimizer_step_s(inv, st)  # offload: the CPU step replaces the GPU's
             out["optimizer"][j, c] = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER) if step is None else step
             out["grad_copy"][j, c] = gradient_copy_s(inv, st)
-            out["static"][j, c] = mem.weights + mem.gradients + mem.optimizer_states
+            out["static"][j, c] = mem.persistent
+            out["gathered"][j, c] = mem.gathered_params
             out["buffers"][j, c] = mem.buffers
+            out["runtime"][j, c] = mem.runtime
     return out
 
 
@@ -445,6 +461,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
     layer_f, layer_b, comm_f, comm_b = A["layer_f"][a], A["layer_b"][a], A["comm_f"][a], A["comm_b"][a]
     rc_layer = np.where(full, A["rc_full"][a], np.where(selective, A["rc_selective"][a], 0.0))
     held1 = np.choose(rc, [A["held0"][a], A["held1"][a], A["held2"][a]])
+    frag = fragmentation_share()
     f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
     for c in classes:
         n = B["layers"][b, c]
@@ -477,6 +494,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         drain_extra[c], opt[c] = exposed, B["optimizer"][b, c]
         # memory.estimate_stage_memory, with the stage's micro-batches in flight
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(3)])
+        logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(3)])
         held = n * held1
         fold = gpipe & ~full
         held = np.where(fold, held + work, held)
@@ -488,7 +506,8 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         if zero_bubble:
             flight = np.where(zb_h1, np.minimum(p, m), flight)
             flight = np.where(zb_v, np.minimum(2 * p, m + np.minimum(m, stage + 1)) / 2, flight)
-        mem[c] = B["static"][b, c] + (held * flight + work) + B["buffers"][b, c]
+        transient = held * flight + work + logits + B["gathered"][b, c] + B["buffers"][b, c]
+        mem[c] = peak_bytes(B["static"][b, c], transient, B["runtime"][b, c], frag)
     finish = _finish(f, bw, p2p, m, p, v, gpipe, p2p + p2p_mask)
     if zero_bubble:
         _zero_bubble_finish(finish, f, bw, wg, p2p, p2p + p2p_mask, m, p, zb_h1, zb_v)

@@ -16,7 +16,16 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from paraplan.specs import ClusterSpec, ConfigError, Job, ModelSpec, Precision, Recompute, Schedule
+from paraplan.specs import (
+    DEFAULT_MEMORY_HEADROOM,
+    ClusterSpec,
+    ConfigError,
+    Job,
+    ModelSpec,
+    Precision,
+    Recompute,
+    Schedule,
+)
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -61,8 +70,13 @@ class SearchSpace:
     # the plan's own (1F1B, interleaved when vpp > 1, or ``extra["schedule"]``). Interleaved
     # plans take the vpp axis's values above 1 (2 when it has none); zb-v runs 2 chunks.
     schedule: tuple[str, ...] | None = None
+    # The share of each GPU's memory a plan must leave free (``Job.memory_headroom``).
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.memory_headroom <= 0.5:
+            raise ConfigError(f"memory_headroom: expected a fraction of the GPU's memory from 0 to 0.5, "
+                              f"got {self.memory_headroom!r}")
         if self.sequence_parallel not in SEQUENCE_PARALLEL:
             raise ConfigError(f"sequence_parallel: {self.sequence_parallel!r} is not one of {', '.join(SEQUENCE_PARALLEL)}")
         if self.schedule is not None:
@@ -249,7 +263,8 @@ def plan_job(
         name += f"-offload-{offload_optimizer}"
     if space.global_batch_sizes:
         name += f"-gbs{global_batch_size}"
-    return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens)
+    return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens,
+               memory_headroom=space.memory_headroom)
 
 
 def rejection_reason(err: ValidationError | ConfigError) -> str:

@@ -13,11 +13,13 @@ from paraplan.specs.hardware import (
     PrecisionCurves,
 )
 from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
-from paraplan.specs.job import Job
+from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.runtime import RuntimeMemorySpec
 
 __all__ = [
+    "DEFAULT_MEMORY_HEADROOM",
     "ClusterSpec",
     "CollectiveCurve",
     "ConfigError",
@@ -37,6 +39,7 @@ __all__ = [
     "Precision",
     "PrecisionCurves",
     "Recompute",
+    "RuntimeMemorySpec",
     "Schedule",
     "format_validation_error",
     "short_repr",

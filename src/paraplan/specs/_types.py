@@ -96,5 +96,7 @@ Seconds = Annotated[float, _bounded(units.parse_seconds, 0.0, 1.0, "a latency fr
 Usd = Annotated[float, _bounded(units.parse_usd, 0.0, 1e6, "a price per GPU-hour from 0 to 1M USD")]
 Count = Annotated[float, _bounded(units.parse_count, 1.0, 1e18, "a count from 1 to 1e18")]
 Fraction = Annotated[float, _bounded(_number, 1e-3, 1.0, "a fraction from 0.001 to 1")]
+# the share of a GPU's memory a plan must leave free (``Job.memory_headroom``)
+Headroom = Annotated[float, _bounded(_number, 0.0, 0.5, "a fraction of the GPU's memory from 0 to 0.5")]
 # an efficiency curve's half-work (FLOPs or bytes) or a collective's half-size (bytes)
 HalfWork = Annotated[float, _bounded(_number, 0.0, 1e18, "a number from 0 to 1e18")]

@@ -12,11 +12,11 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from paraplan.specs._types import Count, Int
+from paraplan.specs._types import Count, Headroom, Int
 from paraplan.specs.enums import Precision
 from paraplan.specs.errors import short_repr
 from paraplan.specs.hardware import ClusterSpec, LinkSpec
-from paraplan.specs.job import Job
+from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 
@@ -118,6 +118,7 @@ class HeteroJob(BaseModel):
     precision: Precision = Precision.BF16
     train_tokens: Count | None = None
     node_order: tuple[Int, ...] | None = None
+    memory_headroom: Headroom = DEFAULT_MEMORY_HEADROOM  # share of each GPU's memory left free
 
     @model_validator(mode="after")
     def _consistent(self) -> HeteroJob:
@@ -148,6 +149,7 @@ class HeteroJob(BaseModel):
             parallel=self.parallel,
             precision=self.precision,
             train_tokens=self.train_tokens,
+            memory_headroom=self.memory_headroom,
         )
 
     def stage_groups(self) -> tuple[tuple[int, ...], ...]:

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from paraplan.specs._types import Count
+from paraplan.specs._types import Count, Headroom
 from paraplan.specs.enums import Precision, Schedule
 from paraplan.specs.hardware import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+
+# The share of each GPU's memory a plan leaves free by default: the run-to-run spread of the
+# caching allocator's peak reserved memory around the average fragmentation the prediction
+# models (GMLake, Guo et al., ASPLOS'24, arXiv 2401.08156: fragmentation 15 % on average and up
+# to 33 % over eight LLM fine-tuning setups), the memory other processes on the GPU take (DCGM,
+# profilers), and what differs between framework versions. 5 %, as serving frameworks leave
+# (Huawei CANN's LLMConfig.mem_utilization defaults to 0.95; vLLM's gpu_memory_utilization to
+# 0.9); ``--memory-headroom`` or ``memory_headroom:`` in the job file sets another.
+DEFAULT_MEMORY_HEADROOM = 0.05
 
 
 class Job(BaseModel):
@@ -25,6 +34,7 @@ class Job(BaseModel):
     parallel: ParallelPlan = ParallelPlan()
     precision: Precision = Precision.BF16
     train_tokens: Count | None = None
+    memory_headroom: Headroom = DEFAULT_MEMORY_HEADROOM  # share of each GPU's memory left free
 
     @model_validator(mode="after")
     def _consistent(self) -> Job:

@@ -1,0 +1,134 @@
+"""What the frameworks hold beyond the shards (issue 24): ZeRO-3's gathered weights and
+reduce-scatter buffers, FSDP + pipeline parallelism's unsharded weights and gradients, the
+loss's copies of the logits, the caching allocator's fragmentation, the CUDA context and
+NCCL's buffers, and the headroom a plan must leave."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from paraplan.catalog import load_runtime_memory, resolve_job
+from paraplan.inventory import count_job
+from paraplan.inventory.job import split_params
+from paraplan.prediction import PlanMemory, predict
+from paraplan.specs import ConfigError
+
+
+def job(model="llama-2-7b", nodes=1, headroom=None, **parallel):
+    plan = {"micro_batch_size": 1, "global_batch_size": 64, **parallel}
+    raw = {"model": model, "cluster": {"name": "dgx-a100", "num_nodes": nodes}, "parallel": plan}
+    if headroom is not None:
+        raw["memory_headroom"] = headroom
+    return resolve_job(raw)
+
+
+def layer_params(j) -> float:
+    return sum(split_params(count_job(j).stages[0].blocks[0].ops))
+
+
+def test_fsdp_zero3_holds_the_layer_in_use_and_the_next_one_gathered():
+    j = job(framework="fsdp", zero_stage=3, recompute="full")
+    inv = count_job(j)
+    st = inv.stages[0]
+    unit = max(sum(split_params(st.blocks[0].ops)), sum(op.params for op in st.end_ops) / 2)
+    mem = predict(j).memory
+    # llama-2-7b's embedding and LM head are each 32000 x 4096 = 131M parameters, a layer 202M
+    assert unit == layer_params(j)
+    assert mem.gathered_params == pytest.approx(2 * 2.0 * unit)  # two bf16 layers
+    assert mem.buffers == pytest.approx((2.0 + 4.0) * unit)  # bf16 gradient + fp32 reduce-scatter input
+
+
+def test_without_zero3_nothing_is_gathered():
+    mem = predict(job(framework="megatron", zero_stage=1)).memory
+    assert mem.gathered_params == 0 and mem.buffers == 0
+
+
+def test_fsdp_with_pipeline_parallelism_keeps_the_stage_unsharded_across_micro_batches():
+    j = job(framework="fsdp", zero_stage=3, pp=2, recompute="full")
+    st = count_job(j).stages[0]
+    stage_params = st.params + st.expert_params
+    mem = predict(j).memory[0]
+    assert mem.gathered_params == pytest.approx(2.0 * stage_params)  # bf16, reshard_after_forward=False
+    assert mem.buffers >= 4.0 * stage_params  # fp32 gradients accumulated unsharded
+    without_pp = predict(job(framework="fsdp", zero_stage=3, recompute="full")).memory[0]
+    assert mem.gathered_params > 5 * without_pp.gathered_params  # 16 layers against 2
+
+
+def test_deepspeed_zero3_gathers_a_layer_and_its_prefetch_bucket_within_the_live_parameter_limit():
+    rt = load_runtime_memory()
+    j = job(model="llama-2-70b", nodes=4, framework="deepspeed", zero_stage=3, recompute="full")
+    mem = predict(j).memory
+    live = layer_params(j) + rt.deepspeed_stage3_prefetch_bucket_size  # 856M + 50M, under the 1e9 limit
+    assert live < rt.deepspeed_stage3_max_live_parameters
+    assert mem.gathered_params == pytest.approx(2.0 * live)
+    assert mem.buffers == pytest.approx(2.0 * rt.deepspeed_reduce_bucket_size)  # bf16 reduce bucket
+    wide = job(model="llama-3.1-405b", nodes=8, framework="deepspeed", zero_stage=3, recompute="full")
+    assert predict(wide).memory.gathered_params == pytest.approx(2.0 * layer_params(wide))  # one layer over the limit
+
+
+def test_torchtitans_loss_holds_four_times_the_extra_logit_bytes_of_megatrons():
+    """Megatron's vocab-parallel cross entropy: 2 bytes per logit beyond the saved fp32 softmax
+    (the bf16 logits beside their fp32 copy); torchtitan's F.cross_entropy(pred.float()): 8 (the
+    backward of log_softmax holds its output, the incoming and the outgoing fp32 gradient)."""
+    mega = predict(job(framework="megatron", zero_stage=1, recompute="none")).memory
+    titan = predict(job(framework="fsdp", zero_stage=1, recompute="none")).memory
+    logits = 1 * 4096 * 32000  # micro-batch x sequence x vocabulary of llama-2-7b on one GPU
+    assert mega.logits == pytest.approx(2.0 * logits)
+    assert titan.logits == pytest.approx(8.0 * logits)
+
+
+def test_reserved_memory_adds_fragmentation_to_the_transient_tensors_only():
+    m = predict(job(framework="fsdp", zero_stage=3, recompute="full")).memory.worst
+    share = load_runtime_memory().allocator_fragmentation
+    assert m.fragmentation == pytest.approx(m.transient * share / (1 - share))
+    assert m.reserved == pytest.approx(m.allocated + m.fragmentation)
+    assert m.total == pytest.approx(m.reserved + m.runtime)
+
+
+def test_each_parallel_dimension_with_several_ranks_adds_an_nccl_communicator():
+    rt = load_runtime_memory()
+    dp_only = predict(job(zero_stage=1)).memory.runtime
+    tp_and_dp = predict(job(zero_stage=1, tp=2)).memory.runtime
+    assert dp_only == pytest.approx(rt.cuda_context_bytes + rt.nccl_communicator_bytes)
+    assert tp_and_dp - dp_only == pytest.approx(rt.nccl_communicator_bytes)
+
+
+def test_the_headroom_is_taken_off_the_gpu_before_fitting_and_the_margin_is_what_is_left():
+    loose, tight = predict(job(zero_stage=1, headroom=0.0)), predict(job(zero_stage=1, headroom=0.5))
+    hbm = loose.memory.hbm
+    assert loose.memory.margin == pytest.approx(hbm - loose.memory.total)
+    assert tight.memory.margin == pytest.approx(hbm * 0.5 - tight.memory.total)
+    assert loose.memory.total == tight.memory.total
+    needed = loose.memory.total / hbm
+    assert predict(job(zero_stage=1, headroom=max(0.0, 1 - needed - 0.01))).fits
+    assert not predict(job(zero_stage=1, headroom=min(0.5, 1 - needed + 0.01))).fits or needed < 0.49
+
+
+@pytest.mark.parametrize("bad", [-0.1, 0.7, "lots"])
+def test_a_headroom_outside_0_to_half_the_gpu_is_refused_naming_the_field(bad):
+    with pytest.raises(ConfigError, match=r"^memory_headroom: "):
+        job(headroom=bad)
+
+
+def test_predict_refuses_a_bad_headroom_flag_in_one_line_with_exit_code_2():
+    run = subprocess.run([sys.executable, "-m", "paraplan.cli", "predict", "--memory-headroom", "0.9"],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "memory_headroom" in run.stderr
+
+
+def test_pred_memory_is_an_object_with_named_fields_and_the_stages_as_a_sequence():
+    pred = predict(job(framework="fsdp", zero_stage=3, pp=2, recompute="full"))
+    mem = pred.memory
+    assert isinstance(mem, PlanMemory) and len(mem) == 2 and mem[1].stage == 1
+    assert mem.total == max(m.total for m in mem) == pred.worst_memory.total
+    for name in ("weights", "gradients", "optimizer", "activations", "logits", "gathered_params", "buffers",
+                 "allowance", "total", "hbm", "headroom", "margin", "fits", "reserved", "allocated"):
+        assert getattr(mem, name) is not None
+    data = pred.to_dict()["memory"]
+    old_keys = {"worst_stage", "weights_bytes", "gradients_bytes", "optimizer_states_bytes", "activations_bytes",
+                "buffers_bytes", "total_bytes", "hbm_bytes", "fits", "per_stage_total_bytes"}
+    assert old_keys <= set(data) and data["margin_bytes"] == mem.margin and data["memory_headroom"] == 0.05
