@@ -59,7 +59,7 @@ from paraplan.export._common import (
     refuse_zero_bubble,
     train_iterations,
 )
-from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
+from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -150,7 +150,8 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
     config["steps_per_print"] = 10
     config["wall_clock_breakdown"] = False
     config["_paraplan"] = {
-        "comment": [*header_lines(job, prediction, f"DeepSpeed config for DeepSpeed {DEEPSPEED_VERSION}"),
+        "comment": [*header_lines(job, prediction, f"DeepSpeed config for DeepSpeed {DEEPSPEED_VERSION}",
+                                  Framework.DEEPSPEED),
                     "DeepSpeed ignores this block (DeepSpeedConfig reads only its own keys); for GPT-NeoX "
                     "copy the other keys into your NeoX YAML and drop this one.",
                     "gradient_clipping 1.0 and steps_per_print are defaults, not part of the plan."],

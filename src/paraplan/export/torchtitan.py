@@ -70,7 +70,7 @@ from paraplan.export._common import (
     layers_per_virtual_stage,
     train_iterations,
 )
-from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
+from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -235,7 +235,8 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
     family, flavor, float8 = config["model"]["family"], config["model"]["flavor"], config["model"]["float8"]
     ac = config["activation_checkpoint"]["class"]
     ckpt = config["checkpoint"]
-    head = header_lines(job, prediction, f"torchtitan configuration for torchtitan {TORCHTITAN_VERSION}")
+    head = header_lines(job, prediction, f"torchtitan configuration for torchtitan {TORCHTITAN_VERSION}",
+                        Framework.FSDP)
     head += [f"{NOTE} {n}" for n in notes(job, prediction)]
     head += [
         "",
