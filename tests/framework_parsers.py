@@ -1,14 +1,19 @@
 """Megatron-LM's argument parser, rebuilt from tests/fixtures/megatron_flags.json (what
 scripts/extract_megatron_flags.py read from the pinned Megatron-LM source), and the helpers that
-feed it a recipe's bash arrays."""
+feed it a recipe's bash arrays; DeepSpeed's and torchtitan's own config readers."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
 
 MEGATRON_FLAGS = json.loads((Path(__file__).resolve().parent / "fixtures" / "megatron_flags.json").read_text())
 
@@ -73,3 +78,92 @@ def parse_megatron(text, *extra_arrays):
     for name in extra_arrays:
         tokens += bash_array(text, name)
     return megatron_parser().parse_args(tokens)
+
+
+def deepspeed_parse(config, dp):
+    """The config read by DeepSpeed's own ``DeepSpeedConfig`` (its pydantic models and batch
+    checks), with the data-parallel size from the launching framework's mpu, as the engine does;
+    skipped where DeepSpeed is not installed."""
+    ds_config = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is installed with "
+                                    "paraplan[frameworks]")
+
+    class Mpu:  # Megatron-DeepSpeed / GPT-NeoX pass their model-parallel unit
+        @staticmethod
+        def get_data_parallel_world_size():
+            return dp
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ds_config.dist, "get_rank", lambda: 0)  # no process group here
+        return ds_config.DeepSpeedConfig(config, mpu=Mpu())
+
+
+def titan_parse(text, tmp_path, monkeypatch, name="paraplan_recipe", model_spec=None):
+    """The recipe parsed by torchtitan's own ConfigManager (``--module``/``--config``), as
+    ``torchrun -m torchtitan.train`` does; skipped where torchtitan is not installed."""
+    pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
+    from torchtitan.config import ConfigManager
+
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    if model_spec is not None:  # a model the recipe leaves to the user, or FP8 (needs a GPU to build)
+        monkeypatch.setattr(module, "model_spec", model_spec)
+    config = ConfigManager().parse_args(["--module", name, "--config", "paraplan_config"])
+    monkeypatch.delitem(sys.modules, name)
+    return config
+
+
+class _ReadDict(dict):
+    """A config block that records which of its keys DeepSpeed looks up."""
+
+    def __init__(self, data, path, seen):
+        super().__init__({k: _ReadDict(v, (*path, k), seen) if isinstance(v, dict) else v for k, v in data.items()})
+        self._path, self._seen = path, seen
+
+    def get(self, key, *default):
+        self._seen.add((*self._path, key))
+        return super().get(key, *default)
+
+    def __getitem__(self, key):
+        self._seen.add((*self._path, key))
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self._seen.add((*self._path, key))
+        return super().__contains__(key)
+
+
+def _key_paths(config, path=()):
+    for key, value in config.items():
+        yield (*path, key)
+        if isinstance(value, dict):
+            yield from _key_paths(value, (*path, key))
+
+
+def deepspeed_unread_keys(config, dp, ignored=("_paraplan",)):
+    """The keys of a DeepSpeed config that DeepSpeed neither reads nor validates. DeepSpeedConfig looks
+    most keys up in the dict (recorded here) and hands some blocks (zero_optimization, bf16, ...) to
+    pydantic models that forbid unknown keys; any other key it ignores without a word, as it would a
+    misspelt one (``zero_optimisation``). A block counts as validated when a probe key put into it
+    makes DeepSpeedConfig fail."""
+    seen: set = set()
+    deepspeed_parse(_ReadDict(config, (), seen), dp)
+    unread = [p for p in _key_paths(config) if p not in seen and p[0] not in ignored]
+    strict: dict = {}
+    out = []
+    for path in unread:
+        parent = path[:-1]
+        if parent and parent not in strict:
+            probe = json.loads(json.dumps(config))
+            block = probe
+            for key in parent:
+                block = block[key]
+            block["paraplan_probe_key"] = 1
+            try:
+                deepspeed_parse(probe, dp)
+                strict[parent] = False
+            except ValidationError:  # the block's pydantic model forbids unknown keys
+                strict[parent] = True
+        if not (parent and strict[parent]):
+            out.append(".".join(path))
+    return out

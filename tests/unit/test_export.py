@@ -3,19 +3,17 @@ and what a target cannot express is stated, never dropped."""
 
 import argparse
 import ast
-import importlib
 import itertools
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from framework_parsers import bash_array, parse_megatron
+from framework_parsers import bash_array, deepspeed_parse, parse_megatron, titan_parse
 from paraplan.catalog import load_job, resolve_job
 from paraplan.catalog.jobs import read_job_mapping
 from paraplan.cli.export import export_command
@@ -196,23 +194,6 @@ def test_deepspeed_refuses_zero_3_with_pipeline_parallelism():
         render_deepspeed(job)
 
 
-def deepspeed_parse(config, dp):
-    """The config read by DeepSpeed's own ``DeepSpeedConfig`` (its pydantic models and batch
-    checks), with the data-parallel size from the launching framework's mpu, as the engine does;
-    skipped where DeepSpeed is not installed."""
-    ds_config = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is installed with "
-                                    "paraplan[frameworks]")
-
-    class Mpu:  # Megatron-DeepSpeed / GPT-NeoX pass their model-parallel unit
-        @staticmethod
-        def get_data_parallel_world_size():
-            return dp
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ds_config.dist, "get_rank", lambda: 0)  # no process group here
-        return ds_config.DeepSpeedConfig(config, mpu=Mpu())
-
-
 @pytest.mark.parametrize("path, changes", [
     (LLAMA, {}), (NEOX, {}), (MISTRAL, {}), (MISTRAL, {"zero_stage": 2}), (MISTRAL, {"zero_stage": 1}),
     (MISTRAL, {"framework": "megatron"}), (MISTRAL, {"overlap_grad_reduce": False}), (LLAMA, {"precision": "fp8"}),
@@ -297,22 +278,6 @@ def titan_recipe(text):
     for key, allowed in TITAN_LITERALS.items():
         assert {**training, **par}.get(key, next(iter(allowed))) in allowed, key
     return calls
-
-
-def titan_parse(text, tmp_path, monkeypatch, name="paraplan_recipe", model_spec=None):
-    """The recipe parsed by torchtitan's own ConfigManager (``--module``/``--config``), as
-    ``torchrun -m torchtitan.train`` does; skipped where torchtitan is not installed."""
-    pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
-    from torchtitan.config import ConfigManager
-
-    (tmp_path / f"{name}.py").write_text(text)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
-    if model_spec is not None:  # a model the recipe leaves to the user, or FP8 (needs a GPU to build)
-        monkeypatch.setattr(module, "model_spec", model_spec)
-    config = ConfigManager().parse_args(["--module", name, "--config", "paraplan_config"])
-    monkeypatch.delitem(sys.modules, name)
-    return config
 
 
 def test_torchtitan_recipe_for_llama_3_70b_round_trips_degrees_batches_and_stages():

@@ -16,14 +16,14 @@ as first read in ``megatron/training/arguments.py`` (2025, commit 000c4ac):
 
 - ``_add_network_size_args``: --num-layers, --hidden-size, --ffn-hidden-size,
   --num-attention-heads, --kv-channels, --group-query-attention, --num-query-groups (default 1,
-  so it is always given with GQA), --max-position-embeddings, --position-embedding-type
+  given with GQA unless the model has one group), --max-position-embeddings, --position-embedding-type
   (choices learned_absolute | rope | mrope | relative | none: no ALiBi), --rotary-percent,
   --rotary-base (an int, default 10000),
   --make-vocab-size-divisible-by, --normalization (LayerNorm | RMSNorm), --swiglu,
   --untie-embeddings-and-output-weights, --attention-backend (flash | fused | unfused | local |
   auto). There is no flag for GPT-NeoX's parallel residual.
-- ``_add_regularization_args``: --attention-dropout and --hidden-dropout default to 0.1, so
-  the model's own values are always given.
+- ``TransformerConfig``: --attention-dropout and --hidden-dropout default to 0.1, so the model's
+  own values are given unless they are 0.1.
 - ``_add_training_args``: --micro-batch-size, --global-batch-size, --recompute-granularity
   (full | selective), --recompute-method (uniform | block), --recompute-num-layers,
   --disable-bias-linear, --sequence-parallel, --train-samples. ``--use-flash-attn`` still
