@@ -167,3 +167,25 @@ def deepspeed_unread_keys(config, dp, ignored=("_paraplan",)):
         if not (parent and strict[parent]):
             out.append(".".join(path))
     return out
+
+
+def deepspeed_restated_defaults(config):
+    """The keys of a DeepSpeed config whose value is DeepSpeed's own default (its pydantic models'
+    defaults, ACT_CHKPT_DEFAULT and the *_DEFAULT constants of deepspeed/runtime/constants.py)."""
+    from deepspeed.runtime import constants
+    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    blocks = {"fp16": DeepSpeedFP16Config().model_dump(), "bf16": DeepSpeedBF16Config().model_dump(),
+              "zero_optimization": DeepSpeedZeroConfig(stage=stage).model_dump(),
+              "activation_checkpointing": ACT_CHKPT_DEFAULT}
+    top = {"gradient_clipping": constants.GRADIENT_CLIPPING_DEFAULT,
+           "steps_per_print": constants.STEPS_PER_PRINT_DEFAULT,
+           "wall_clock_breakdown": constants.WALL_CLOCK_BREAKDOWN_DEFAULT}
+    out = [key for key, value in config.items() if key in top and value == top[key]]
+    for block, defaults in blocks.items():
+        out += [f"{block}.{key}" for key, value in config.get(block, {}).items()
+                if key != "stage" and key in defaults and value == defaults[key]]
+    return out

@@ -18,6 +18,7 @@ from framework_parsers import (
     MEGATRON_FLAGS,
     bash_array,
     deepspeed_parse,
+    deepspeed_restated_defaults,
     deepspeed_unread_keys,
     megatron_parser,
     parse_megatron,
@@ -172,8 +173,7 @@ def test_a_misspelt_deepspeed_key_is_caught_although_deepspeed_ignores_it():
     assert deepspeed_unread_keys(config, job.parallel.dp) == []
     config["zero_optimisation"] = config.pop("zero_optimization")
     deepspeed_parse(config, job.parallel.dp)  # DeepSpeed 0.19.8 says nothing...
-    assert deepspeed_unread_keys(config, job.parallel.dp) == ["zero_optimisation", "zero_optimisation.stage",
-                                                              "zero_optimisation.overlap_comm"]
+    assert deepspeed_unread_keys(config, job.parallel.dp) == ["zero_optimisation", "zero_optimisation.stage"]
 
 
 def test_every_deepspeed_config_of_the_examples_and_the_sample_has_only_keys_deepspeed_reads():
@@ -188,6 +188,14 @@ def test_every_deepspeed_config_of_the_examples_and_the_sample_has_only_keys_dee
         assert deepspeed_unread_keys(config, dp) == [], name
         checked += 1
     assert checked >= 8
+
+
+def test_no_deepspeed_key_restates_deepspeeds_default():
+    configs = [(name, text) for (name, target), text in example_recipes().items() if target == "deepspeed"]
+    configs += [(label, text) for label, target, text in sampled_recipes() if target == "deepspeed"]
+    for name, text in configs:
+        if text is not None:
+            assert deepspeed_restated_defaults(json.loads(text)) == [], name
 
 
 def test_torchtitan_refuses_a_misspelt_key_in_a_recipe(tmp_path, monkeypatch):
