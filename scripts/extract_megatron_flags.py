@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--note", default=None, help="a sentence on where the sources came from")
     parser.add_argument("-o", "--out", type=Path, default=None, help="write here (default: stdout)")
     args = parser.parse_args(argv)
+    if not (args.checkout / ARGUMENTS).is_file():
+        print(f"checkout: {args.checkout} has no {ARGUMENTS} (not a Megatron-LM checkout)", file=sys.stderr)
+        return 2
     table = extract(args.checkout)
     commits = dict(item.split("=", 1) for item in args.file_commit)
     table["source"] = {
