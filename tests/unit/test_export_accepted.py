@@ -25,7 +25,7 @@ from framework_parsers import (
     titan_parse,
 )
 from paraplan.catalog import load_job, resolve_job
-from paraplan.export import TARGETS, render
+from paraplan.export import TARGETS, export_notes, render
 from paraplan.search.space import SearchSpace, enumerate_plans
 from paraplan.specs import ConfigError
 
@@ -225,6 +225,8 @@ def test_every_recipe_states_the_framework_its_prediction_was_made_for():
         assert f"predicted for {framework} (" in text, (name, target)
         runs_on = {"megatron": "megatron", "slurm": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp"}[target]
         assert (f"re-predict with framework: {runs_on}" in text) == (framework != runs_on), (name, target)
+        notes = export_notes(target, load_job(EXAMPLES[0].parent / f"{name}.yaml"))
+        assert any(n.startswith("parallel.framework:") for n in notes) == (framework != runs_on), (name, target)
 
 
 @pytest.mark.parametrize("target, parallel, field", [

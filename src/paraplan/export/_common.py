@@ -35,6 +35,17 @@ def framework_line(job: Job, runs_on: Framework) -> str:
     return line
 
 
+def framework_notes(job: Job, runs_on: Framework) -> list[str]:
+    """A ``parallel.framework`` note when the recipe launches another framework than the one the
+    prediction followed (targets with notes of their own on it add theirs instead)."""
+    made_for = job.parallel.framework
+    if made_for is runs_on:
+        return []
+    return [f"parallel.framework: the prediction followed {FRAMEWORK_NAMES[made_for]} (framework: {made_for.value}); "
+            f"this recipe runs on {FRAMEWORK_NAMES[runs_on]}: re-predict with framework: {runs_on.value} for its "
+            "gradient synchronisation, buffers and schedule"]
+
+
 def check_prediction(job: Job, prediction: Prediction | None) -> None:
     """A recipe's numbers must describe the job it launches."""
     if prediction is not None and prediction.job != job:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from paraplan.export._common import (
     check_prediction,
     common_notes,
+    framework_notes,
     header_lines,
     layer_split,
     refuse_zero_bubble,
@@ -109,6 +110,8 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append("parallel.framework: the prediction overlapped gradient reduction with the last backward "
                    "(framework=megatron); DeepSpeed's pipeline engine reduces after the pipeline drains; "
                    "re-predict with framework: deepspeed")
+    if not any(n.startswith("parallel.framework:") for n in out):
+        out += framework_notes(job, Framework.DEEPSPEED)
     return out
 
 
