@@ -3,18 +3,17 @@ and what a target cannot express is stated, never dropped."""
 
 import argparse
 import ast
-import importlib
 import itertools
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
+from framework_parsers import bash_array, deepspeed_parse, parse_megatron, titan_parse
 from paraplan.catalog import load_job, resolve_job
 from paraplan.catalog.jobs import read_job_mapping
 from paraplan.cli.export import export_command
@@ -47,76 +46,9 @@ def job_from(path, **parallel):
     return resolve_job(raw, base_dir=path.parent)
 
 
-def megatron_parser():
-    """Megatron-LM's definitions of the flags paraplan emits, as in megatron/training/arguments.py.
-
-    An unknown flag, a wrong choice or a value of the wrong type fails here as it would there.
-    """
-    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
-                 "--kv-channels", "--seq-length", "--max-position-embeddings",
-                 "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
-                 "--pipeline-model-parallel-size", "--context-parallel-size",
-                 "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
-                 "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
-                 "--recompute-num-layers", "--train-samples", "--train-iters", "--vocab-size",
-                 "--log-interval", "--save-interval", "--exit-duration-in-mins"):
-        p.add_argument(flag, type=int, default=None)
-    p.add_argument("--num-query-groups", type=int, default=1)
-    p.add_argument("--rotary-base", type=int, default=10000)
-    for flag in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
-                 "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-                 "--use-megatron-fsdp", "--bf16", "--fp16", "--mock-data"):
-        p.add_argument(flag, action="store_true")
-    p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
-    for flag, default in (("--rotary-percent", 1.0), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
-                          ("--lr", None), ("--min-lr", 0.0), ("--lr-warmup-fraction", None),
-                          ("--weight-decay", 0.01), ("--adam-beta1", 0.9), ("--adam-beta2", 0.999),
-                          ("--clip-grad", 1.0)):
-        p.add_argument(flag, type=float, default=default)
-    choices = {
-        "--position-embedding-type": ["learned_absolute", "rope", "mrope", "relative", "none"],
-        "--normalization": ["LayerNorm", "RMSNorm"],
-        "--attention-backend": ["flash", "fused", "unfused", "local", "auto"],
-        "--recompute-granularity": ["full", "selective"],
-        "--recompute-method": ["uniform", "block"],
-        "--fp8-format": ["e4m3", "hybrid"],
-        "--data-parallel-sharding-strategy": ["no_shard", "optim", "optim_grads", "optim_grads_params"],
-        "--ckpt-format": ["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],  # 2026: no zarr
-        "--lr-decay-style": ["constant", "linear", "cosine", "inverse-square-root", "WSD"],
-        "--tokenizer-type": ["GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer"],
-    }
-    for flag, options in choices.items():
-        p.add_argument(flag, choices=options, default=None)
-    p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
-    # mixture of experts and MLA (Megatron-LM's _add_moe_args, _add_network_size_args)
-    for flag in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-                 "--moe-shared-expert-intermediate-size", "--expert-model-parallel-size",
-                 "--expert-tensor-parallel-size", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
-                 "--qk-pos-emb-head-dim", "--v-head-dim"):
-        p.add_argument(flag, type=int, default=None)
-    for flag in ("--moe-grouped-gemm", "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm",
-                 "--delay-wgrad-compute", "--multi-latent-attention", "--qk-layernorm"):
-        p.add_argument(flag, action="store_true")
-    p.add_argument("--moe-layer-freq", type=moe_freq_type, default=1)
-    p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
-    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
-    p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default="softmax")
-    p.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "sinkhorn", "none"],
-                   default="aux_loss")
-    p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex", "alltoall_seq"],
-                   default="allgather")
-    p.add_argument("--save", type=str, default=None)
-    p.add_argument("--load", type=str, default=None)
-    return p
-
-
-def moe_freq_type(x):
-    """Megatron-LM's --moe-layer-freq type (megatron/training/arguments.py ``moe_freq_type``): an int,
-    or a Python list expression of 0/1 per layer, which it evaluates."""
-    if "[" in x:
-        return eval(x, {"__builtins__": {}})  # what Megatron-LM's _eval_pattern does
-    return int(x)
+def megatron_etp(args):
+    """ModelParallelConfig.__post_init__: expert_tensor_parallel_size None means tp."""
+    return args.expert_tensor_parallel_size or args.tensor_model_parallel_size
 
 
 def megatron_moe_layers(args):
@@ -126,20 +58,6 @@ def megatron_moe_layers(args):
         return [int(i % freq == 0) for i in range(args.num_layers)]
     assert len(freq) == args.num_layers
     return freq
-
-
-def bash_array(text, name):
-    """The argv tokens of ``NAME=( ... )`` in a bash script (comments dropped, as bash does)."""
-    match = re.search(rf"^{name}=\((.*?)^\)", text, re.M | re.S)
-    assert match, f"no {name} array"
-    return shlex.split(match.group(1), comments=True)
-
-
-def parse_megatron(text, *extra_arrays):
-    tokens = bash_array(text, "MEGATRON_ARGS")
-    for name in extra_arrays:
-        tokens += bash_array(text, name)
-    return megatron_parser().parse_args(tokens)
 
 
 def megatron_vpp(args):
@@ -251,13 +169,12 @@ def test_deepspeed_config_round_trips_batch_sizes_zero_stage_and_precision(path)
     assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"]) == (p.global_batch_size, p.micro_batch_size)
     assert config["gradient_accumulation_steps"] == p.num_microbatches
     assert config["zero_optimization"]["stage"] == p.zero_stage
-    assert config["fp16"]["enabled"] == (job.precision.value == "fp16")
-    assert config["bf16"]["enabled"] == (job.precision.value == "bf16")
-    assert not (config["fp16"]["enabled"] and config["bf16"]["enabled"])
+    # only the precision in use is switched on; DeepSpeed's default is off for both
+    assert ("fp16" in config, "bf16" in config) == (job.precision.value == "fp16", job.precision.value == "bf16")
     assert (launcher["tensor_model_parallel_size"], launcher["pipeline_model_parallel_size"]) == (p.tp, p.pp)
     assert launcher["tensor_model_parallel_size"] * launcher["pipeline_model_parallel_size"] \
         * launcher["context_parallel_size"] * launcher["data_parallel_size"] == job.cluster.num_gpus
-    assert ("activation_checkpointing" in config) == (p.recompute.value != "none")
+    assert ("activation_checkpointing" in config) == (p.recompute.value != "none" and p.sequence_parallel and p.tp > 1)
 
 
 def test_deepspeed_states_the_degrees_and_schedule_it_takes_from_the_launching_framework():
@@ -274,23 +191,6 @@ def test_deepspeed_refuses_zero_3_with_pipeline_parallelism():
     job = job_from(LLAMA, zero_stage=3)
     with pytest.raises(ConfigError, match=r"^parallel\.zero_stage: DeepSpeed's pipeline engine"):
         render_deepspeed(job)
-
-
-def deepspeed_parse(config, dp):
-    """The config read by DeepSpeed's own ``DeepSpeedConfig`` (its pydantic models and batch
-    checks), with the data-parallel size from the launching framework's mpu, as the engine does;
-    skipped where DeepSpeed is not installed."""
-    ds_config = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is installed with "
-                                    "paraplan[frameworks]")
-
-    class Mpu:  # Megatron-DeepSpeed / GPT-NeoX pass their model-parallel unit
-        @staticmethod
-        def get_data_parallel_world_size():
-            return dp
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ds_config.dist, "get_rank", lambda: 0)  # no process group here
-        return ds_config.DeepSpeedConfig(config, mpu=Mpu())
 
 
 @pytest.mark.parametrize("path, changes", [
@@ -318,15 +218,16 @@ def test_deepspeed_config_loads_in_deepspeeds_own_config_classes(path, changes):
 
 def test_deepspeed_zero_3_overlaps_communication_as_deepspeed_does_and_says_where_the_prediction_did_not():
     job = load_job(MISTRAL)  # framework: deepspeed, ZeRO-3, no pipeline
-    assert json.loads(render_deepspeed(job))["zero_optimization"]["overlap_comm"] is True
+    assert "overlap_comm" not in json.loads(render_deepspeed(job))["zero_optimization"]  # default: true
     assert not job.parallel.overlaps_grad_reduce  # paraplan's DeepSpeed model: no overlap
     assert any(n.startswith("parallel.overlap_grad_reduce: overlap_comm is true (DeepSpeed's default for ZeRO-3)")
                for n in export_notes("deepspeed", job))
     agreed = job_from(MISTRAL, overlap_grad_reduce=True)
-    assert json.loads(render_deepspeed(agreed))["zero_optimization"]["overlap_comm"] is True
+    assert deepspeed_parse(json.loads(render_deepspeed(agreed)), agreed.parallel.dp).zero_config.overlap_comm
     assert not any(n.startswith("parallel.overlap_grad_reduce") for n in export_notes("deepspeed", agreed))
     # ZeRO-1/2 keep DeepSpeed's default (false), as predicted for framework: deepspeed
-    assert json.loads(render_deepspeed(job_from(MISTRAL, zero_stage=2)))["zero_optimization"]["overlap_comm"] is False
+    zero_2 = job_from(MISTRAL, zero_stage=2)
+    assert not deepspeed_parse(json.loads(render_deepspeed(zero_2)), zero_2.parallel.dp).zero_config.overlap_comm
     # a plan that turns the overlap off gets it off, with a note naming DeepSpeed's own default
     off = job_from(MISTRAL, overlap_grad_reduce=False)
     assert json.loads(render_deepspeed(off))["zero_optimization"]["overlap_comm"] is False
@@ -377,22 +278,6 @@ def titan_recipe(text):
     for key, allowed in TITAN_LITERALS.items():
         assert {**training, **par}.get(key, next(iter(allowed))) in allowed, key
     return calls
-
-
-def titan_parse(text, tmp_path, monkeypatch, name="paraplan_recipe", model_spec=None):
-    """The recipe parsed by torchtitan's own ConfigManager (``--module``/``--config``), as
-    ``torchrun -m torchtitan.train`` does; skipped where torchtitan is not installed."""
-    pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
-    from torchtitan.config import ConfigManager
-
-    (tmp_path / f"{name}.py").write_text(text)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
-    if model_spec is not None:  # a model the recipe leaves to the user, or FP8 (needs a GPU to build)
-        monkeypatch.setattr(module, "model_spec", model_spec)
-    config = ConfigManager().parse_args(["--module", name, "--config", "paraplan_config"])
-    monkeypatch.delitem(sys.modules, name)
-    return config
 
 
 def test_torchtitan_recipe_for_llama_3_70b_round_trips_degrees_batches_and_stages():
@@ -562,40 +447,6 @@ def test_slurm_script_passes_exactly_the_megatron_recipe():
         assert bash_array(render_megatron(job), "MEGATRON_ARGS") == megatron_args(job)
 
 
-# Megatron-LM builds these flags from dataclass fields (ArgumentGroupFactory: --field-name, Literal
-# choices), read from NVIDIA/Megatron-LM megatron/training/config/training_config.py at commit
-# 008e9cdb53e75bbf9733d0089a5c9bf14553ca1c (2026): TrainingConfig, SchedulerConfig, LoggerConfig,
-# CheckpointConfig, TokenizerConfig. Megatron-LM's parser is not installable here (PyPI's
-# megatron-core ships megatron/core only), so the flags the SLURM script adds are checked against
-# this list; the model and parallelism flags against megatron_parser() above.
-MEGATRON_TRAINING_CONFIG_FLAGS = {
-    "--micro-batch-size": int, "--global-batch-size": int, "--train-iters": int, "--train-samples": int,
-    "--exit-duration-in-mins": int, "--lr-warmup-fraction": float, "--log-interval": int,
-    "--save": str, "--load": str, "--save-interval": int, "--vocab-size": int,
-    "--lr-decay-style": ("constant", "linear", "cosine", "inverse-square-root", "WSD"),
-    "--ckpt-format": ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
-    "--tokenizer-type": ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer",
-                         "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "HuggingFaceTokenizer",
-                         "Llama2Tokenizer", "TikTokenizer", "MultimodalTokenizer", "NullTokenizer",
-                         "NullMultimodalTokenizer", "SFTTokenizer"),
-}
-
-
-def check_training_config_flags(tokens):
-    """Every flag of the pinned list that the tokens use has a value of its type or choices."""
-    seen = set()
-    for flag, value in itertools.pairwise(tokens):
-        kind = MEGATRON_TRAINING_CONFIG_FLAGS.get(flag)
-        if kind is None:
-            continue
-        seen.add(flag)
-        if isinstance(kind, tuple):
-            assert value in kind, (flag, value)
-        elif kind is not str:
-            kind(value)
-    return seen
-
-
 def test_slurm_script_saves_checkpoints_and_resumes_from_them():
     job = load_job(LLAMA)
     pred = predict(job)
@@ -610,10 +461,10 @@ def test_slurm_script_saves_checkpoints_and_resumes_from_them():
     assert minutes == slurm_seconds(sbatch(text)["time"]) // 60 - 15  # save and exit before --time
     assert "${CKPT_ARGS[@]}" in torchrun(text)
     assert "# Resume: --save and --load (CKPT_ARGS) name one folder" in text
-    every = [t for name in ("MEGATRON_ARGS", "DATA_ARGS", "TRAIN_ARGS", "CKPT_ARGS") for t in bash_array(text, name)]
-    assert {"--save", "--load", "--save-interval", "--exit-duration-in-mins", "--tokenizer-type",
-            "--lr-decay-style"} <= check_training_config_flags(every)
+    # the whole command line through Megatron-LM's parser (CheckpointConfig, TrainingConfig,
+    # SchedulerConfig flags included: they are generated from those dataclasses)
     args = parse_megatron(text, "DATA_ARGS", "TRAIN_ARGS", "CKPT_ARGS")
+    assert args.exit_duration_in_mins == minutes and args.tokenizer_type and args.lr_decay_style
     assert args.save == args.load == "$CKPT_DIR" and args.save_interval == interval
 
 
@@ -710,18 +561,20 @@ def test_megatron_arguments_for_deepseek_v3_carry_its_layer_pattern_and_latent_a
         1536, 512, 128, 64, 128)
     assert (args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size) == (256, 8, 2048)
     assert args.moe_shared_expert_intermediate_size == 2048 and args.moe_router_score_function == "sigmoid"
-    assert (args.moe_router_load_balancing_type, args.moe_aux_loss_coeff) == ("aux_loss", 1e-4)
-    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (64, 1)
+    # aux_loss is Megatron-LM's default; the coefficient is nargs="+" (one per load-balancing type)
+    assert (args.moe_router_load_balancing_type, args.moe_aux_loss_coeff) == ("aux_loss", [1e-4])
+    assert (args.expert_model_parallel_size, megatron_etp(args)) == (64, 1)
     assert args.moe_token_dispatcher_type == "alltoall" and args.moe_grouped_gemm
     # Megatron-LM's expert grid: world % (etp * ep * pp) == 0
-    assert job.cluster.num_gpus % (args.expert_tensor_parallel_size * 64 * args.pipeline_model_parallel_size) == 0
+    assert job.cluster.num_gpus % (megatron_etp(args) * 64 * args.pipeline_model_parallel_size) == 0
 
 
 def test_megatron_arguments_for_mixtral_carry_its_experts_top_2_and_expert_parallelism():
     job = moe_job(tp=2, sequence_parallel=True, ep=4, etp=1, moe_shared_expert_overlap=False,
                   overlap_moe_expert_parallel_comm=True)
     tokens = megatron_args(job)
-    assert " ".join(tokens).count("--num-experts 8 --moe-router-topk 2") == 1
+    assert " ".join(tokens).count("--num-experts 8 ") == 1
+    assert "--moe-router-topk" not in tokens  # Megatron-LM's default is top-2
     args = parse_megatron(render_megatron(job))
     assert (args.num_experts, args.moe_router_topk, args.expert_model_parallel_size) == (8, 2, 4)
     assert args.moe_layer_freq == 1 and megatron_moe_layers(args) == [1] * 32
@@ -748,7 +601,7 @@ def test_capacity_factor_and_shared_expert_overlap_get_the_alltoall_dispatcher_t
     job = moe_job({"name": "mixtral-8x7b", "moe_expert_capacity_factor": 1.25, "moe_aux_loss_coeff": 0})
     args = parse_megatron(render_megatron(job))
     assert (args.moe_expert_capacity_factor, args.moe_token_dispatcher_type) == (1.25, "alltoall")
-    assert args.moe_router_load_balancing_type == "none"  # no auxiliary loss
+    assert args.moe_router_load_balancing_type == ["none"]  # no auxiliary loss
 
 
 def test_a_dense_models_exports_carry_no_mixture_of_experts_setting():

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from paraplan.inventory.partition import count_layers_per_stage
-from paraplan.specs import ConfigError, Job
+from paraplan.specs import ConfigError, Framework, Job
 from paraplan.units import format_bytes
 
 if TYPE_CHECKING:
@@ -15,6 +15,36 @@ if TYPE_CHECKING:
 NOTE = "NOTE(paraplan):"  # a plan feature the target expresses differently, or not at all
 EDIT = "EDIT:"  # a value the plan does not know (data, tokenizer, learning rate...); the user sets it
 PLACEHOLDER = "EDIT-ME"  # a value left for the user; every target rejects it until it is replaced
+
+
+# paraplan's ``parallel.framework`` values: the runtime whose behaviour (gradient sync, buffers,
+# schedule) the prediction follows, and the runtime each export target is
+FRAMEWORK_NAMES = {Framework.MEGATRON: "Megatron-LM", Framework.DEEPSPEED: "DeepSpeed",
+                   Framework.FSDP: "PyTorch FSDP2 (torchtitan)"}
+
+
+def framework_line(job: Job, runs_on: Framework) -> str:
+    """Which framework the prediction (and the plan's numbers in this recipe) was made for, and,
+    when the recipe launches another one, that its numbers do not carry over as they are."""
+    from paraplan import __version__
+
+    made_for = job.parallel.framework
+    line = f"predicted for {made_for.value} ({FRAMEWORK_NAMES[made_for]}), paraplan {__version__}"
+    if made_for is not runs_on:
+        line += (f"; this recipe runs it on {FRAMEWORK_NAMES[runs_on]}, whose behaviour the prediction did not "
+                 f"follow: re-predict with framework: {runs_on.value} for its numbers")
+    return line
+
+
+def framework_notes(job: Job, runs_on: Framework) -> list[str]:
+    """A ``parallel.framework`` note when the recipe launches another framework than the one the
+    prediction followed (targets with notes of their own on it add theirs instead)."""
+    made_for = job.parallel.framework
+    if made_for is runs_on:
+        return []
+    return [f"parallel.framework: the prediction followed {FRAMEWORK_NAMES[made_for]} (framework: {made_for.value}); "
+            f"this recipe runs on {FRAMEWORK_NAMES[runs_on]}: re-predict with framework: {runs_on.value} for its "
+            "gradient synchronisation, buffers and schedule"]
 
 
 def check_prediction(job: Job, prediction: Prediction | None) -> None:
@@ -49,8 +79,9 @@ def plan_summary(job: Job) -> str:
     return " ".join(parts)
 
 
-def header_lines(job: Job, prediction: Prediction | None, what: str) -> list[str]:
-    """The comment lines that open a recipe: what it is, the job, the plan, the prediction."""
+def header_lines(job: Job, prediction: Prediction | None, what: str, runs_on: Framework) -> list[str]:
+    """The comment lines that open a recipe: what it is, the framework the prediction was made for,
+    the job, the plan, the prediction."""
     from paraplan import __version__
 
     c = job.cluster
@@ -59,6 +90,7 @@ def header_lines(job: Job, prediction: Prediction | None, what: str) -> list[str
     name = c.name if place is None else place.cluster
     lines = [
         f"{what}, exported by paraplan {__version__}",
+        framework_line(job, runs_on),
         f"job {job.name!r}: model {job.model.name} on {c.num_nodes} node(s) x {c.gpus_per_node} GPUs "
         f"({gpus}; {c.num_gpus} GPUs, cluster {name})",
         f"plan: {plan_summary(job)}",

@@ -8,14 +8,14 @@ Keys checked against deepspeedai/DeepSpeed ``deepspeed/runtime/config.py`` (``De
 ``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps`` (it
 asserts train_batch_size = micro batch x accumulation steps x world size, where the world size
 is ``mpu.get_data_parallel_world_size()`` when the launching framework passes its model-parallel
-unit, i.e. the data-parallel size), ``gradient_clipping``, ``zero_optimization.stage`` (+
-``overlap_comm``, always written, since DeepSpeed's default depends on the stage: true for ZeRO-3,
-false for ZeRO-1/2, ``deepspeed/runtime/zero/config.py`` ``overlap_comm_valid``. ZeRO-3 gets true,
-what a DeepSpeed user expects, unless the plan sets ``overlap_grad_reduce: false``; ZeRO-1/2 get
-what the prediction assumed; a NOTE says where the prediction assumed otherwise), ``fp16`` / ``bf16`` ``enabled`` (both enabled is an error),
-``activation_checkpointing`` (``partition_activations``, ``contiguous_memory_optimization``,
-``cpu_checkpointing``), ``steps_per_print``, ``wall_clock_breakdown``. ``DeepSpeedConfig`` reads
-only the keys it knows, so the ``_paraplan`` block below is ignored by DeepSpeed.
+unit, i.e. the data-parallel size), ``zero_optimization.stage`` (+
+``overlap_comm`` where the plan differs from DeepSpeed's default, which depends on the stage: true for
+ZeRO-3, false for ZeRO-1/2, ``deepspeed/runtime/zero/config.py`` ``overlap_comm_valid``. ZeRO-3 keeps
+true unless the plan sets ``overlap_grad_reduce: false``; ZeRO-1/2 get what the prediction assumed; a
+NOTE says where the prediction assumed otherwise), ``fp16`` / ``bf16`` ``enabled`` (the one in use;
+both enabled is an error), ``activation_checkpointing.partition_activations`` (with sequence
+parallelism), ``steps_per_print``. Keys that would restate DeepSpeed's defaults are left out.
+``DeepSpeedConfig`` reads only the keys it knows, so the ``_paraplan`` block below is ignored by DeepSpeed.
 
 What DeepSpeed's JSON cannot hold, and where it comes from instead (recorded in
 ``_paraplan.launcher`` so that nothing is dropped silently):
@@ -54,12 +54,13 @@ from typing import TYPE_CHECKING, Any
 from paraplan.export._common import (
     check_prediction,
     common_notes,
+    framework_notes,
     header_lines,
     layer_split,
     refuse_zero_bubble,
     train_iterations,
 )
-from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
+from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -109,6 +110,8 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append("parallel.framework: the prediction overlapped gradient reduction with the last backward "
                    "(framework=megatron); DeepSpeed's pipeline engine reduces after the pipeline drains; "
                    "re-predict with framework: deepspeed")
+    if not any(n.startswith("parallel.framework:") for n in out):
+        out += framework_notes(job, Framework.DEEPSPEED)
     return out
 
 
@@ -122,7 +125,7 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
             f"not {p.zero_stage}, with pp={p.pp}"
         )
     zero: dict[str, Any] = {"stage": p.zero_stage}
-    if p.zero_stage > 0:
+    if p.zero_stage > 0 and _overlap_comm(job) != (p.zero_stage == 3):  # DeepSpeedZeroConfig's default
         zero["overlap_comm"] = _overlap_comm(job)
     for key, device in (("offload_optimizer", p.offload_optimizer), ("offload_param", p.offload_param)):
         if device != "none":  # ZeRO-Offload / ZeRO-Infinity
@@ -136,24 +139,27 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
         "train_batch_size": p.global_batch_size,
         "train_micro_batch_size_per_gpu": p.micro_batch_size,
         "gradient_accumulation_steps": p.num_microbatches,
-        "gradient_clipping": 1.0,
         "zero_optimization": zero,
-        "fp16": _fp16(job),
-        "bf16": {"enabled": job.precision in (Precision.BF16, Precision.FP8)},
     }
-    if p.recompute is not Recompute.NONE:
-        config["activation_checkpointing"] = {
-            "partition_activations": p.sequence_parallel and p.tp > 1,
-            "contiguous_memory_optimization": False,
-            "cpu_checkpointing": False,
-        }
+    # DeepSpeed's defaults are left out: fp16 and bf16 off (fp16 with dynamic loss scaling: loss_scale 0,
+    # initial_scale_power 16, loss_scale_window 1000, hysteresis 2, min_loss_scale 1), overlap_comm on
+    # for ZeRO-3 only, activation checkpoints neither partitioned, contiguous nor on the CPU,
+    # wall_clock_breakdown off, gradient_clipping 1.0 (DeepSpeedFP16Config, DeepSpeedBF16Config, DeepSpeedZeroConfig,
+    # ACT_CHKPT_DEFAULT, WALL_CLOCK_BREAKDOWN_DEFAULT, GRADIENT_CLIPPING_DEFAULT in DeepSpeed 0.19.8)
+    if job.precision is Precision.FP16:
+        config["fp16"] = {"enabled": True}
+    elif job.precision in (Precision.BF16, Precision.FP8):
+        config["bf16"] = {"enabled": True}
+    if p.recompute is not Recompute.NONE and p.sequence_parallel and p.tp > 1:
+        config["activation_checkpointing"] = {"partition_activations": True}
     config["steps_per_print"] = 10
-    config["wall_clock_breakdown"] = False
     config["_paraplan"] = {
-        "comment": [*header_lines(job, prediction, f"DeepSpeed config for DeepSpeed {DEEPSPEED_VERSION}"),
+        "comment": [*header_lines(job, prediction, f"DeepSpeed config for DeepSpeed {DEEPSPEED_VERSION}",
+                                  Framework.DEEPSPEED),
                     "DeepSpeed ignores this block (DeepSpeedConfig reads only its own keys); for GPT-NeoX "
                     "copy the other keys into your NeoX YAML and drop this one.",
-                    "gradient_clipping 1.0 and steps_per_print are defaults, not part of the plan."],
+                    "steps_per_print is paraplan's choice, not part of the plan; DeepSpeed's defaults (gradient "
+                    "clipping at 1.0 included) are not repeated."],
         "launcher": _launcher(job, moe_args),
         "notes": notes(job, prediction),
     }
@@ -175,14 +181,6 @@ def _overlap_comm(job: Job) -> bool:
     if p.zero_stage == 3:
         return p.overlap_grad_reduce is not False
     return p.overlaps_grad_reduce and p.pp == 1
-
-
-def _fp16(job: Job) -> dict[str, Any]:
-    if job.precision is not Precision.FP16:
-        return {"enabled": False}
-    # dynamic loss scaling with DeepSpeed's defaults
-    return {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-            "hysteresis": 2, "min_loss_scale": 1}
 
 
 def megatron_deepspeed_moe_args(job: Job) -> list[str]:

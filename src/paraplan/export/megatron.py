@@ -6,19 +6,24 @@ the attention backends). Megatron-LM's parser (``megatron/training``) ships with
 not with the megatron-core package, so it cannot be installed here: the tests check the flags
 against the definitions listed below, read from the source at the commits named.
 
-Every flag emitted here was checked against ``megatron/training/arguments.py`` of
-NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4ac):
+Every flag emitted here is one Megatron-LM's parser accepts at commit 8c090f2a (2026): since January
+2026 most of them are generated from config dataclasses (``ArgumentGroupFactory`` over
+``TransformerConfig``/``ModelParallelConfig``, ``TrainingConfig``, ``CheckpointConfig``,
+``DistributedInitConfig``...), so the tests parse every recipe with the parser rebuilt from
+tests/fixtures/megatron_flags.json, which scripts/extract_megatron_flags.py extracts from that source.
+A flag whose default already does the job is left out (the defaults are the extract's). The groups,
+as first read in ``megatron/training/arguments.py`` (2025, commit 000c4ac):
 
 - ``_add_network_size_args``: --num-layers, --hidden-size, --ffn-hidden-size,
   --num-attention-heads, --kv-channels, --group-query-attention, --num-query-groups (default 1,
-  so it is always given with GQA), --max-position-embeddings, --position-embedding-type
+  given with GQA unless the model has one group), --max-position-embeddings, --position-embedding-type
   (choices learned_absolute | rope | mrope | relative | none: no ALiBi), --rotary-percent,
   --rotary-base (an int, default 10000),
   --make-vocab-size-divisible-by, --normalization (LayerNorm | RMSNorm), --swiglu,
   --untie-embeddings-and-output-weights, --attention-backend (flash | fused | unfused | local |
   auto). There is no flag for GPT-NeoX's parallel residual.
-- ``_add_regularization_args``: --attention-dropout and --hidden-dropout default to 0.1, so
-  the model's own values are always given.
+- ``TransformerConfig``: --attention-dropout and --hidden-dropout default to 0.1, so the model's
+  own values are given unless they are 0.1.
 - ``_add_training_args``: --micro-batch-size, --global-batch-size, --recompute-granularity
   (full | selective), --recompute-method (uniform | block), --recompute-num-layers,
   --disable-bias-linear, --sequence-parallel, --train-samples. ``--use-flash-attn`` still
@@ -30,6 +35,8 @@ NVIDIA/Megatron-LM (the 2025 version stored in the reference index, commit 000c4
   --context-parallel-size, --num-layers-per-virtual-pipeline-stage,
   --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers,
   --pipeline-model-parallel-layout, --use-distributed-optimizer, --overlap-grad-reduce,
+  --no-overlap-p2p-communication (the interleaved schedule overlaps its sends by default; there is no
+  --overlap-p2p-communication), --tp-comm-overlap (ModelParallelConfig),
   --use-megatron-fsdp, --data-parallel-sharding-strategy (no_shard | optim | optim_grads |
   optim_grads_params); ``_add_checkpointing_args``: --ckpt-format fsdp_dtensor.
 - ``validate_args``: vpp = layers per stage / --num-layers-per-virtual-pipeline-stage; only one
@@ -81,6 +88,7 @@ if TYPE_CHECKING:
     from paraplan.prediction import Prediction
 
 TARGET = "Megatron Core >= 0.16"
+CHECKED_AT = "8c090f2a"  # the Megatron-LM commit of tests/fixtures/megatron_flags.json
 _POSITION = {"rotary": "rope", "learned": "learned_absolute", "none": "none", "alibi": "none"}
 _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP's names for ZeRO-2 / ZeRO-3
 
@@ -138,10 +146,12 @@ def render_megatron(job: Job, prediction: Prediction | None = None) -> str:
     """A bash snippet defining ``MEGATRON_ARGS`` for ``pretrain_gpt.py``."""
     check_prediction(job, prediction)
     refuse_zero_bubble(job, "Megatron-LM")
-    head = header_lines(job, prediction, f"Megatron-LM arguments for pretrain_gpt.py ({TARGET})")
+    head = header_lines(job, prediction, f"Megatron-LM arguments for pretrain_gpt.py ({TARGET})",
+                        Framework.MEGATRON)
     head += [f"{NOTE} {n}" for n in notes(job, prediction)]
     head += [
-        "Flag names checked against NVIDIA/Megatron-LM megatron/training/arguments.py.",
+        f"Flags: those NVIDIA/Megatron-LM's parser accepts at commit {CHECKED_AT} (megatron/training/arguments.py",
+        "  and the config dataclasses it generates flags from); Megatron-LM's defaults are not repeated.",
         f"{EDIT} data (--data-path ... or --mock-data), tokenizer (--tokenizer-type ...) and the optimiser",
         "      (--lr, --min-lr, --lr-decay-style, --weight-decay, ...) are not part of the plan; add them.",
         "Use: source this file, then",
@@ -166,19 +176,23 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
         ["--num-attention-heads", str(m.num_attention_heads)],
     ]
     if m.num_query_groups != m.num_attention_heads:
-        model += [["--group-query-attention"], ["--num-query-groups", str(m.num_query_groups)]]
+        model.append(["--group-query-attention"])
+        if m.num_query_groups != 1:  # --num-query-groups defaults to 1 (multi-query attention)
+            model.append(["--num-query-groups", str(m.num_query_groups)])
     if m.kv_channels != m.hidden_size // m.num_attention_heads:
         model.append(["--kv-channels", str(m.kv_channels)])
     model += [
         ["--seq-length", str(m.seq_length)],
         ["--max-position-embeddings", str(m.seq_length)],
-        ["--position-embedding-type", _POSITION[m.position_embedding]],
     ]
+    if _POSITION[m.position_embedding] != "learned_absolute":  # Megatron-LM's default
+        model.append(["--position-embedding-type", _POSITION[m.position_embedding]])
     if m.position_embedding == "rotary" and m.rotary_percent != 1.0:
         model.append(["--rotary-percent", f"{m.rotary_percent:g}"])
-    if m.rope_theta is not None:  # --rotary-base is an int (default 10000)
+    if m.rope_theta is not None and round(m.rope_theta) != 10000:  # --rotary-base: an int, default 10000
         model.append(["--rotary-base", f"{m.rope_theta:.0f}"])
-    model.append(["--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"])
+    if m.normalization == "rmsnorm":  # default LayerNorm
+        model.append(["--normalization", "RMSNorm"])
     if m.activation == "swiglu":
         model.append(["--swiglu"])
         if not m.swiglu_fusion:
@@ -190,26 +204,29 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     if m.qk_layernorm:
         model.append(["--qk-layernorm"])
     if m.multi_latent_attention:
-        model += [["--multi-latent-attention"],
-                  *([["--q-lora-rank", str(m.q_lora_rank)]] if m.q_lora_rank is not None else []),
-                  ["--kv-lora-rank", str(m.kv_lora_rank)], ["--qk-head-dim", str(m.qk_head_dim)],
-                  ["--qk-pos-emb-head-dim", str(m.qk_pos_emb_head_dim)], ["--v-head-dim", str(m.v_head_dim)]]
-    model += [
-        ["--attention-dropout", f"{m.attention_dropout:g}"],
-        ["--hidden-dropout", f"{m.hidden_dropout:g}"],
-        ["--attention-backend", "flash" if m.attention == "flash" else "unfused"],
-        ["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)],
-    ]
+        model.append(["--multi-latent-attention"])
+        if m.q_lora_rank is not None:
+            model.append(["--q-lora-rank", str(m.q_lora_rank)])
+        # _add_mla_args' defaults: kv-lora-rank 32, qk-head-dim 128, qk-pos-emb-head-dim 64, v-head-dim 128
+        model += [[flag, str(value)] for flag, value, default in (
+            ("--kv-lora-rank", m.kv_lora_rank, 32), ("--qk-head-dim", m.qk_head_dim, 128),
+            ("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, 64), ("--v-head-dim", m.v_head_dim, 128))
+            if value != default]
+    # both dropouts default to 0.1 (TransformerConfig), so the model's own values are given unless equal
+    model += [[flag, f"{value:g}"] for flag, value in (("--attention-dropout", m.attention_dropout),
+                                                        ("--hidden-dropout", m.hidden_dropout)) if value != 0.1]
+    model.append(["--attention-backend", "flash" if m.attention == "flash" else "unfused"])  # default: auto
+    if m.make_vocab_size_divisible_by != 128:
+        model.append(["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)])
 
     if p.cp > 1 and m.seq_length % (2 * p.cp):
         raise ConfigError(
             f"parallel.cp: Megatron-LM needs seq_length ({m.seq_length}) divisible by 2*cp = {2 * p.cp}"
         )
-    par: list[list[str]] = [
-        ["--tensor-model-parallel-size", str(p.tp)],
-        ["--pipeline-model-parallel-size", str(p.pp)],
-        ["--context-parallel-size", str(p.cp)],
-    ]
+    # each degree defaults to 1
+    par: list[list[str]] = [[flag, str(degree)] for flag, degree in (
+        ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
+        ("--context-parallel-size", p.cp)) if degree > 1]
     if p.sequence_parallel and p.tp > 1:
         par.append(["--sequence-parallel"])
     if p.vpp > 1:
@@ -224,9 +241,12 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
         par.append(["--overlap-grad-reduce"])
     if p.tp_comm_overlap:
         par.append(["--tp-comm-overlap"])
-    if p.overlap_p2p_comm:
-        par.append(["--overlap-p2p-communication"])
-    if p.data_parallel_shard_degree is not None and p.zero_stage == 1:
+    if p.vpp > 1 and not p.overlap_p2p_comm:
+        # Megatron-LM overlaps the interleaved schedule's sends by default (--no-overlap-p2p-communication,
+        # dest overlap_p2p_comm, store_false; validate_args turns it off without interleaving): the plan's
+        # blocking sends have to be asked for. There is no --overlap-p2p-communication flag.
+        par.append(["--no-overlap-p2p-communication"])
+    if p.data_parallel_shard_degree is not None and p.zero_stage == 1 and p.grad_group > p.data_parallel_shard_degree:
         par.append(["--num-distributed-optimizer-instances", str(p.grad_group // p.data_parallel_shard_degree)])
 
     if p.offload_param != "none" or p.offload_optimizer == "nvme":
@@ -236,8 +256,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
         # Megatron-Core's HybridDeviceOptimizer with the whole state on the CPU, with the flags its
         # guide names (docs.nvidia.com/megatron-core, "Optimizer CPU offload package"). Its
         # --overlap-cpu-optimizer-d2h-h2d is left off: the prediction keeps the copies in series
-        par += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"],
-                ["--use-precision-aware-optimizer"]]
+        # (--optimizer-offload-fraction defaults to 1.0: the whole state)
+        par += [["--optimizer-cpu-offload"], ["--use-precision-aware-optimizer"]]
     if p.cpu_offloading:
         raise ConfigError(
             "parallel.cpu_offloading: Megatron-Core's TransformerConfig.cpu_offloading has no Megatron-LM "
@@ -280,28 +300,29 @@ def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
     m, p = job.model, job.parallel
     if not m.is_moe:
         return []
-    model: list[list[str]] = [
-        ["--num-experts", str(m.num_moe_experts)],
-        ["--moe-router-topk", str(m.moe_router_topk)],
-        ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)],
-    ]
+    model: list[list[str]] = [["--num-experts", str(m.num_moe_experts)]]
+    if m.moe_router_topk != 2:  # TransformerConfig.moe_router_topk defaults to 2
+        model.append(["--moe-router-topk", str(m.moe_router_topk)])
+    model.append(["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)])
     if m.moe_shared_expert_intermediate_size:
         model.append(["--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)])
-    model += [
-        ["--moe-layer-freq", moe_layer_freq(job)],
-        ["--moe-router-score-function", m.moe_router_score_function],
-        ["--moe-router-load-balancing-type", "aux_loss" if m.moe_aux_loss_coeff > 0 else "none"],
-    ]
-    if m.moe_aux_loss_coeff > 0:
+    if moe_layer_freq(job) != "1":  # default: every layer
+        model.append(["--moe-layer-freq", moe_layer_freq(job)])
+    if m.moe_router_score_function != "softmax":
+        model.append(["--moe-router-score-function", m.moe_router_score_function])
+    if m.moe_aux_loss_coeff > 0:  # aux_loss is the default balancing; its coefficient defaults to 0
         model.append(["--moe-aux-loss-coeff", f"{m.moe_aux_loss_coeff:g}"])
+    else:
+        model.append(["--moe-router-load-balancing-type", "none"])
     if m.moe_expert_capacity_factor is not None:
         model.append(["--moe-expert-capacity-factor", f"{m.moe_expert_capacity_factor:g}"])
     if m.moe_grouped_gemm:
         model.append(["--moe-grouped-gemm"])
-    par: list[list[str]] = [
-        ["--expert-model-parallel-size", str(p.ep)],
-        ["--expert-tensor-parallel-size", str(p.etp)],
-    ]
+    par: list[list[str]] = []
+    if p.ep > 1:
+        par.append(["--expert-model-parallel-size", str(p.ep)])
+    if p.etp != p.tp:  # Megatron-Core sets expert_tensor_parallel_size = tp when it is not given
+        par.append(["--expert-tensor-parallel-size", str(p.etp)])
     why = []
     if p.ep > 1:
         why.append(f"ep={p.ep}: the all-to-all dispatch and combine paraplan predicted "

@@ -39,7 +39,7 @@ from paraplan.export._common import (
     format_duration,
     header_lines,
 )
-from paraplan.specs import Job
+from paraplan.specs import Framework, Job
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -87,7 +87,8 @@ def render_slurm(job: Job, prediction: Prediction | None = None) -> str:
              "#SBATCH --exclusive",
              time_line,
              "#SBATCH --output=%x-%j.out"]
-    about = header_lines(job, prediction, f"SLURM batch script for Megatron-LM ({megatron.TARGET})")
+    about = header_lines(job, prediction, f"SLURM batch script for Megatron-LM ({megatron.TARGET})",
+                         Framework.MEGATRON)
     about.append(time_note)
     about += [
         "Resume: --save and --load (CKPT_ARGS) name one folder; submitted again, or chained with",
@@ -123,7 +124,7 @@ def render_slurm(job: Job, prediction: Prediction | None = None) -> str:
         f"# {EDIT} optimiser and schedule: placeholders, not part of the plan",
         "TRAIN_ARGS=(",
         "    --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-fraction 0.01",
-        "    --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0",
+        "    --weight-decay 0.1 --adam-beta2 0.95   # --adam-beta1 0.9 and --clip-grad 1.0 are Megatron-LM's defaults",
         "    --log-interval 10",
     ]
     if job.train_tokens is None:

@@ -65,12 +65,13 @@ from paraplan.export._common import (
     PLACEHOLDER,
     check_prediction,
     common_notes,
+    framework_notes,
     header_lines,
     layer_split,
     layers_per_virtual_stage,
     train_iterations,
 )
-from paraplan.specs import ConfigError, Job, Precision, Recompute, Schedule
+from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -107,7 +108,7 @@ _AC = {Recompute.NONE: None, Recompute.FULL: "FullAC", Recompute.SELECTIVE: "Sel
 def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What torchtitan will do differently from the plan paraplan predicted."""
     m, p = job.model, job.parallel
-    out = common_notes(job, prediction)
+    out = common_notes(job, prediction) + framework_notes(job, Framework.FSDP)
     if p.schedule is Schedule.ZB_H1:
         out.append("parallel.schedule: zb-h1 runs as InterleavedZeroBubble with one model part per rank "
                    "(PyTorch's one-chunk order is ZB-H1's); a release that wants two parts per rank "
@@ -235,7 +236,8 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
     family, flavor, float8 = config["model"]["family"], config["model"]["flavor"], config["model"]["float8"]
     ac = config["activation_checkpoint"]["class"]
     ckpt = config["checkpoint"]
-    head = header_lines(job, prediction, f"torchtitan configuration for torchtitan {TORCHTITAN_VERSION}")
+    head = header_lines(job, prediction, f"torchtitan configuration for torchtitan {TORCHTITAN_VERSION}",
+                        Framework.FSDP)
     head += [f"{NOTE} {n}" for n in notes(job, prediction)]
     head += [
         "",
