@@ -1,5 +1,5 @@
 """Megatron-LM's communication overlaps: --tp-comm-overlap (Transformer Engine userbuffers)
-and --overlap-p2p-communication (asynchronous pipeline sends)."""
+and Megatron-LM's overlap_p2p_comm (asynchronous pipeline sends)."""
 
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ def simulate_pipeline(
     backward, ``wgrad_s[i]`` of ``bwd_s[i]`` (none if not given), as a task of its own. ``p2p_s``
     is one activation (or gradient) transfer between neighbouring stages, and a forward send
     takes ``fwd_extra_s`` more (DeepSpeed's pipeline engine sends the attention mask with the
-    activation). With ``overlap_p2p`` (Megatron-LM's --overlap-p2p-communication) sends are
+    activation). With ``overlap_p2p`` (Megatron-LM's overlap_p2p_comm, its interleaved schedule's default) sends are
     asynchronous: they no longer hold the sending stage, but a task still waits for its input
     to arrive. Returns the makespan and per-stage finish and busy times.
     """

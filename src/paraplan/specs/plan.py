@@ -102,7 +102,8 @@ class ParallelPlan(BaseModel):
     data_parallel_shard_degree: Int | None = Field(
         default=None, ge=1, validation_alias=AliasChoices("data_parallel_shard_degree", "dp_shard")
     )
-    # Megatron-LM --overlap-p2p-communication (NeMo overlap_p2p_comm): pipeline sends run
+    # Megatron-LM overlap_p2p_comm (on by default with the interleaved schedule; off with
+    # --no-overlap-p2p-communication; NeMo overlap_p2p_comm): pipeline sends run
     # asynchronously beside the next task instead of holding the sending stage
     overlap_p2p_comm: Bool = False
     # Mixture of experts (Megatron-Core's names): experts split over expert_model_parallel_size
@@ -191,7 +192,7 @@ class ParallelPlan(BaseModel):
         if self.overlap_p2p_comm and self.framework is Framework.DEEPSPEED:
             raise ValueError(
                 "parallel.overlap_p2p_comm: DeepSpeed's pipeline engine sends in lock-step; "
-                "asynchronous sends are Megatron-LM's --overlap-p2p-communication"
+                "asynchronous sends are Megatron-LM's overlap_p2p_comm (its interleaved schedule's default)"
             )
         if self.data_parallel_shard_degree is not None and self.zero_stage < 1:
             raise ValueError(
