@@ -7,7 +7,8 @@ wrote), in a scratch directory laid out like a checkout (``examples/``, ``benchm
 exists), and each must exit with 0. The ``python`` blocks run too. Blocks fenced ``sh`` or
 ``text`` are shown, not run. Blocks that read ``../shared`` skip cleanly without it; blocks
 with a command that takes long (fitting, profiling, recording a trace, planning a sharding
-and compiling it) are marked slow.
+and compiling it, starting worker processes, drawing pictures, searching the whole space) are
+marked slow.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ SHARED = ROOT.parent / "shared"
 #: machine: profile ops on the tiny grid 30 s, fit --quick 13 s, a sharding plan compiled 33 s,
 #: trace record ~15 s).
 _SLOW = ("paraplan fit ", "paraplan profile ", "paraplan sharding ", "paraplan trace record ")
+#: Searches fanned out to worker processes or Ray start those first (10-15 s here); pictures
+#: import matplotlib and draw (a report 5 s), the whole search space takes seconds per search.
+_SLOW_FLAGS = ("--executor", "--plot", "--pareto", "--space full", "paraplan report ")
 #: Python blocks that plan a sharding (JAX compiles the step) are slow too.
 _SLOW_PYTHON = ("paraplan.sharding",)
 
@@ -66,7 +70,8 @@ def _shell_blocks() -> list:
             commands = _commands(block)
             if not commands:
                 continue
-            marks = [pytest.mark.slow] if any(c.startswith(_SLOW) for c in commands) else []
+            slow = any(c.startswith(_SLOW) or any(f in c for f in _SLOW_FLAGS) for c in commands)
+            marks = [pytest.mark.slow] if slow else []
             params.append(pytest.param(commands, id=_where(page, line), marks=marks))
     return params
 
