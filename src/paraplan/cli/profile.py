@@ -139,7 +139,7 @@ def adaptive_command(
                                            "GPUModeling A100/GH200 samples to 5 %, it timed 8.0-8.5k of 94k "
                                            "shapes (11-12x fewer) where holdout timed 27k (3.5x); the "
                                            "held-out error after it: 3.5-3.8 % at the median regressor, "
-                                           "worst 6-8 % (README).")] = StopRule.oob,
+                                           "worst 6-8 % (docs/learned-backend.md).")] = StopRule.oob,
     order: Annotated[SampleOrder, typer.Option(help="random: batches in a random order; adaptive: the "
                                                "shapes the forest knows least next. Default random: with "
                                                "the oob stop, adaptive order stopped later in the replay "

@@ -50,7 +50,7 @@ def format_validation_error(err: ValidationError) -> str:
         # prefix where the spec sits in the job unless the message already starts there
         return msg if not loc or msg.startswith(loc) else f"{loc}.{msg}"
     if first["type"] == "extra_forbidden":
-        msg = "unknown key (check the spelling; the README lists the job file's keys)"
+        msg = "unknown key (check the spelling; docs/job-file.md lists the job file's keys)"
     elif first["type"] == "missing":
         msg = "required but missing"
     elif first["type"] != "value_error":
