@@ -33,11 +33,14 @@ def search_command(
     budget: Annotated[str | None, Opt(help="Dollar budget for train_tokens, e.g. 500000USD.")] = None,
     deadline: Annotated[str | None, Opt(help="Deadline for train_tokens, e.g. 14d.")] = None,
     framework: Annotated[
-        str | None, Opt(help="megatron | deepspeed | fsdp", show_default="the job file's, else megatron")
+        str | None, Opt(help="megatron | deepspeed | fsdp: the search tries only what that framework runs "
+                             "(fsdp: ZeRO-0 as DDP, ZeRO-3 whole-group and within a node; deepspeed: ZeRO 0-3, "
+                             "0-1 with pp, 1F1B only).", show_default="the job file's, else megatron")
     ] = None,
     space: Annotated[str, Opt(
-        help="default: tp, pp, micro-batch 1-8, ZeRO 0-1, Megatron's recompute policies, sequence parallelism "
-             "with tp. full: also cp 1-8, vpp 1-8, micro-batch 1-16, ZeRO 0-3, sequence parallelism on and off. "
+        help="default: tp, pp, micro-batch 1-8, the framework's ZeRO stages (megatron 0-1) and recompute "
+             "policies, sequence parallelism with tp. full: also cp 1-8, vpp 1-8, micro-batch 1-16, ZeRO 0-3 "
+             "(fsdp 0,3), sequence parallelism on and off, fsdp's zero-bubble schedules. "
              "--tp ... --sp replace one axis of either.")] = "default",
     tp: Annotated[str | None, Opt("--tp", help="Tensor-parallel sizes to try, e.g. 1,2,4,8.",
                                   show_default="powers of two within a node")] = None,
@@ -49,12 +52,13 @@ def search_command(
                                    show_default="1; full: 1,2,3,4,6,8")] = None,
     micro_batch_size: Annotated[str | None, Opt("--micro-batch-size", "--mbs", help="Micro-batch sizes to try.",
                                                 show_default="1,2,4,8; full: 1,2,4,8,16")] = None,
-    zero: Annotated[str | None, Opt("--zero", help="ZeRO stages to try (0-3; 1 = Megatron's distributed optimizer).",
-                                    show_default="0,1; full: 0,1,2,3")] = None,
+    zero: Annotated[str | None, Opt("--zero", help="ZeRO stages to try (0-3; 1 = Megatron's distributed optimizer); "
+                                    "a stage the framework does not run is counted out with its reason.",
+                                    show_default="megatron 0,1 (full: 0-3); deepspeed 0-3; fsdp 0,3")] = None,
     recompute: Annotated[str | None, Opt(
-        "--recompute", help="Recompute policies to try: none, selective, full (Megatron-LM); layer, op "
-                            "(torchtitan: every plan predicted exactly, slower).",
-        show_default="none,selective,full")] = None,
+        "--recompute", help="Recompute policies to try: none, selective, full (Megatron-LM, DeepSpeed); full, op, "
+                            "layer (torchtitan / FSDP).",
+        show_default="megatron, deepspeed: none,selective,full; fsdp: none,full,op")] = None,
     sp: Annotated[str | None, Opt("--sp", help="Sequence parallelism: on (whenever tp > 1), off, or on,off (both).",
                                   show_default="on; full: on,off")] = None,
     ep: Annotated[str | None, Opt("--ep", help="Expert-parallel sizes to try (mixtures of experts), e.g. 1,2,4,8.",

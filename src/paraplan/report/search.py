@@ -40,6 +40,7 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "gpu": pred.gpu_name,
         **pred.plan_dict(),
         **_experts(pred),
+        **_hybrid(pred),
         "iteration_s": pred.iteration_s,
         "tokens_per_s": pred.tokens_per_s,
         "mfu": pred.mfu,
@@ -57,6 +58,15 @@ def _experts(pred) -> dict[str, Any]:
         return {}
     q = pred.job.parallel
     return {"ep": q.ep, "etp": q.etp}
+
+
+def _hybrid(pred) -> dict[str, Any]:
+    """Hybrid sharding's shard group (FSDP HYBRID_SHARD; nothing when ZeRO shards over the whole
+    data-parallel group)."""
+    q = pred.job.parallel
+    if q.data_parallel_shard_degree is None or q.zero_stage < 1 or q.zero_shards >= q.grad_group:
+        return {}
+    return {"data_parallel_shard_degree": q.zero_shards}
 
 
 def _runs(values: list, sep: str = ", ") -> str:
@@ -117,6 +127,11 @@ def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> li
         columns.append(_setting("gbs", lambda r: str(r["global_batch_size"]), number=True))
     columns += [
         _setting("ZeRO", lambda r: str(r["zero_stage"]), number=True, short="Z", legend="ZeRO stage"),
+    ]
+    if any("data_parallel_shard_degree" in r for r in rows):  # hybrid sharding (HSDP) tried
+        columns.append(_setting("shard", lambda r: str(r.get("data_parallel_shard_degree", "all")), short="sh",
+                                legend="dp ranks per ZeRO shard group (all: FULL_SHARD; fewer: HYBRID_SHARD)"))
+    columns += [
         _setting("recompute", lambda r: r["recompute"], short="rc", legend="recompute (sel = selective)",
                  compact=lambda text: _RECOMPUTE_SHORT.get(text, text)),
     ]

@@ -33,7 +33,16 @@ from paraplan.prediction.memory import estimate_stage_memory
 from paraplan.prediction.stages import layer_costs as cost_layers
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.search.space import SearchSpace, rejection_reason, runs_as_zero, sp_axis
-from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, ModelSpec, Precision
+from paraplan.specs import (
+    ConfigError,
+    HeteroClusterSpec,
+    HeteroJob,
+    ModelSpec,
+    Precision,
+    Recompute,
+    Schedule,
+)
+from paraplan.specs.frameworks import framework_refusal
 from paraplan.specs.hetero import stage_groups
 
 MAX_NODE_ORDERS = 512  # beyond this many node orders, only orders that keep each group together
@@ -223,6 +232,12 @@ def enumerate_hetero(
             continue
         if zero > 1:
             excluded["ZeRO-2/3 is not searched with uneven stages (stage time is then not linear in layers)"] += 1
+            continue
+        refusal = framework_refusal(space.framework, tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero,
+                                    schedule=Schedule(space.extra.get("schedule", "1f1b")),
+                                    recompute=Recompute(recompute), moe=model.is_moe)
+        if refusal is not None:  # a plan the framework cannot launch (specs.frameworks)
+            excluded[refusal] += 1
             continue
         plan = {
             "tp": tp, "pp": pp, "dp": dp, "cp": cp, "micro_batch_size": mbs, "global_batch_size": gbs,
