@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paraplan.catalog import load_cluster, load_model, resolve_job
-from paraplan.catalog.jobs import demo_job_mapping, job_mapping
+from paraplan.catalog.jobs import demo_job_mapping, job_mapping, load_job
 from paraplan.prediction import predict
 from paraplan.search import SearchSpace, search_plans
 from paraplan.specs import ConfigError, Precision, Recompute, Schedule
@@ -33,6 +33,26 @@ def test_an_fsdp_search_of_the_demo_job_ranks_zero_3_and_never_zero_1_or_2():
     # torchtitan's per-op selective recompute is searched, Megatron's selective is not
     assert Recompute.OP in {p.job.parallel.recompute for p in result.ranked}
     assert Recompute.SELECTIVE not in {p.job.parallel.recompute for p in result.ranked}
+
+
+def test_paraplan_search_framework_fsdp_on_the_demo_job_returns_torchtitan_plans_and_says_so(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    best = tmp_path / "best.yaml"
+    result = CliRunner().invoke(app, ["search", "--framework", "fsdp", "--format", "json", "--top", "50",
+                                      "--save-best", str(best)])
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)["plans"]
+    assert plans[0]["zero_stage"] == 3 and {p["zero_stage"] for p in plans} <= {0, 3}
+    assert {p["framework"] for p in plans} == {"fsdp"}
+    assert any("data_parallel_shard_degree" in p for p in plans)  # hybrid sharding, named in the row
+    saved = load_job(best)  # what --save-best wrote, as predict reads it
+    assert saved.parallel.framework.value == "fsdp"
+    assert predict(saved).iteration_s == pytest.approx(plans[0]["iteration_s"], rel=1e-12)
 
 
 def test_predicting_the_plan_an_fsdp_search_returns_gives_the_time_it_was_ranked_by():
@@ -138,3 +158,19 @@ def test_every_plan_a_search_returns_is_one_its_framework_runs(case):
         assert q.framework.value == space.framework
         assert plan_refusal(q, model.is_moe) is None, pred.job.name
         assert resolve_job(job_mapping(pred.job)).parallel == q  # and it validates as a job file
+
+
+def test_the_screen_times_and_sizes_hybrid_sharding_and_torchtitan_s_recompute_as_predict_does():
+    from paraplan.search.screen import screen_plans
+
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("dgx-a100", num_nodes=2)
+    space = SearchSpace(framework="fsdp", pp=(1, 2), micro_batch_size=(1, 2), zero_stage=(3,),
+                        recompute=(Recompute.OP, Recompute.LAYER, Recompute.FULL), shard_nodes=(None, 1))
+    screen = screen_plans(model, cluster, 64, Precision.BF16, space)
+    jobs = [screen.job(i) for i in range(len(screen))]
+    assert any(j.parallel.data_parallel_shard_degree for j in jobs)
+    assert {j.parallel.recompute for j in jobs} == {Recompute.OP, Recompute.LAYER, Recompute.FULL}
+    for i, job in enumerate(jobs):
+        pred = predict(job)
+        assert screen.memory_bytes[i] == pytest.approx(max(m.total for m in pred.memory), rel=1e-12)
+        assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=0.005), job.name

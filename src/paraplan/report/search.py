@@ -199,9 +199,10 @@ def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str |
     """The ranked plans (columns that say nothing for these rows are left out), then the
     excluded families; with ``title`` (e.g. the Pareto front) only the plans."""
     plans_only = title is not None
+    frameworks = ", ".join(dict.fromkeys(r["framework"] for r in rows))  # the framework the plans were made for
     title = title or (
-        f"Best plans by {result.objective} ({len(result.ranked):,} ranked, timed exactly after the screen; "
-        f"{result.considered:,} considered)"
+        f"Best plans by {result.objective}{f' for {frameworks}' if frameworks else ''} ({len(result.ranked):,} "
+        f"ranked, timed exactly after the screen; {result.considered:,} considered)"
     )
     parts = render_plans(result, rows, title) if rows or plans_only else []
     if plans_only:
