@@ -4,12 +4,16 @@ plan gives the time the search ranked it by."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from paraplan.catalog import load_cluster, load_model, resolve_job
 from paraplan.catalog.jobs import demo_job_mapping, job_mapping, load_job
+from paraplan.cli.app import app
 from paraplan.prediction import predict
 from paraplan.search import SearchSpace, search_plans
 from paraplan.specs import ConfigError, Precision, Recompute, Schedule
@@ -36,12 +40,6 @@ def test_an_fsdp_search_of_the_demo_job_ranks_zero_3_and_never_zero_1_or_2():
 
 
 def test_paraplan_search_framework_fsdp_on_the_demo_job_returns_torchtitan_plans_and_says_so(tmp_path):
-    import json
-
-    from typer.testing import CliRunner
-
-    from paraplan.cli.app import app
-
     best = tmp_path / "best.yaml"
     result = CliRunner().invoke(app, ["search", "--framework", "fsdp", "--format", "json", "--top", "50",
                                       "--save-best", str(best)])
@@ -174,3 +172,15 @@ def test_the_screen_times_and_sizes_hybrid_sharding_and_torchtitan_s_recompute_a
         pred = predict(job)
         assert screen.memory_bytes[i] == pytest.approx(max(m.total for m in pred.memory), rel=1e-12)
         assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=0.005), job.name
+
+
+def test_shard_nodes_picks_the_hybrid_groups_the_cli_search_tries_and_a_bad_value_is_one_line():
+    runner = CliRunner()
+    base = ["search", "--model", "gpt3-1.3b", "--cluster", "dgx-a100", "--num-nodes", "4", "--global-batch-size", "64",
+            "--framework", "fsdp", "--tp", "1", "--pp", "1", "--mbs", "1", "--zero", "3", "--format", "json"]
+    whole = json.loads(runner.invoke(app, [*base, "--shard-nodes", "all"]).stdout)["plans"]
+    hybrid = json.loads(runner.invoke(app, [*base, "--shard-nodes", "1,2"]).stdout)["plans"]
+    assert not any("data_parallel_shard_degree" in p for p in whole)
+    assert {p.get("data_parallel_shard_degree") for p in hybrid} == {8, 16}  # 1 and 2 nodes of 8 ranks
+    bad = runner.invoke(app, [*base, "--shard-nodes", "half"])
+    assert bad.exit_code == 2 and bad.stderr.strip().count("\n") == 0 and "--shard-nodes" in bad.stderr

@@ -69,6 +69,10 @@ def search_command(
         "--schedule", help="Pipeline schedules to try: 1f1b, interleaved (vpp from --vpp, else 2), gpipe, zb-h1, "
                            "zb-v (zero-bubble: --framework fsdp), e.g. 1f1b,interleaved,zb-h1,zb-v.",
         show_default="1f1b (interleaved with --vpp above 1)")] = None,
+    shard_nodes: Annotated[str | None, Opt(
+        "--shard-nodes", help="Hybrid sharding (FSDP HYBRID_SHARD) to try: all (ZeRO shards over the whole data-parallel "
+                              "group) and/or nodes per shard group, replicated across, e.g. all,1,2.",
+        show_default="fsdp: all,1; megatron, deepspeed: all")] = None,
     offload: Annotated[str | None, Opt("--offload", help="Optimizer offload (ZeRO-Offload) to try: none, cpu, nvme, "
                                        "e.g. none,cpu for on and off.", show_default="none")] = None,
     allow_tp_across_nodes: Annotated[bool, Opt("--allow-tp-across-nodes",
@@ -173,7 +177,7 @@ def search_command(
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
                               offload=offload, batches=batches if batches and len(batches) > 1 else None, ep=ep,
-                              etp=etp, schedule=schedule)
+                              etp=etp, schedule=schedule, shard_nodes=shard_nodes)
         if etp is not None and not base.model.is_moe:
             raise ConfigError("etp: the model is dense (it has no num_moe_experts); expert parallelism "
                               "applies to mixtures of experts")
@@ -261,7 +265,7 @@ def _priced(job) -> bool:
 
 
 def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp, cp, vpp, micro_batch_size, zero,
-           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None):
+           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None, shard_nodes=None):
     """The SearchSpace of ``--space`` with the axes the list flags give."""
     from paraplan.search import SearchSpace
     from paraplan.specs import ConfigError, Recompute
@@ -310,6 +314,12 @@ def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp
         axes["etp"] = tuple(dict.fromkeys(None if w.lower() == "tp" else int(w) for w in words))
     if schedule:
         axes["schedule"] = tuple(dict.fromkeys(v.strip().lower() for v in str(schedule).split(",") if v.strip()))
+    if shard_nodes is not None:
+        words = [w.strip().lower() for w in shard_nodes.split(",") if w.strip()]
+        numbers = [w for w in words if w != "all"]
+        if not words or not all(w.isdigit() and int(w) > 0 for w in numbers):
+            raise ConfigError(f"--shard-nodes: expected all or comma-separated node counts, got {shard_nodes!r}")
+        axes["shard_nodes"] = tuple(dict.fromkeys(None if w == "all" else int(w) for w in words))
     common = dict(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers)
     if name == "full":
         return SearchSpace.full(**common, **axes)
