@@ -112,6 +112,7 @@ def test_each_framework_s_default_and_full_spaces_hold_only_what_it_runs():
     for framework, offer in FRAMEWORKS.items():
         for space in (SearchSpace(framework=framework.value), SearchSpace.full(framework=framework.value)):
             assert set(space.zero_stage) <= set(offer.zero_stages)
+            assert set(space.recompute) <= set(offer.recompute)
             assert all(framework_refusal(framework, tp=1, pp=1, cp=1, dp=8, zero_stage=z, recompute=r) is None
                        for z in space.zero_stage if z > 0 for r in space.recompute)
             if space.schedule is not None:

@@ -1,8 +1,11 @@
 """The space of parallel plans for one model on one cluster, and the rules that prune it.
 
-Every candidate is checked against the same rules Megatron-LM enforces (the Job validator)
-plus the search's own placement rule, and each excluded plan is counted under its reason so
-the user sees why a whole family of plans is missing.
+The space is a function of the framework: its axes default to what the framework runs
+(``specs.frameworks``, one table: FSDP's ZeRO-0 and ZeRO-3 with hybrid sharding, DeepSpeed's
+ZeRO 0-3, Megatron-LM's distributed optimizer...), and every candidate is checked against the
+same rules Megatron-LM enforces (the Job validator), the framework's own
+(``framework_refusal``: what it cannot launch) and the search's placement rule. Each excluded
+plan is counted under its reason so the user sees why a whole family of plans is missing.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ _S = Schedule
 class FrameworkOffer:
     """What one framework runs, and what the search tries by default from it."""
 
+    framework: Framework
     label: str  # how messages name it
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
     zero_names: str  # what those stages are called there
@@ -45,13 +46,15 @@ class FrameworkOffer:
     search_shard_nodes: tuple[int | None, ...]  # hybrid shard groups: None whole dp group, k nodes
     full_schedules: tuple[Schedule, ...] | None  # None: the plan's own (1F1B, interleaved with vpp)
 
-
-def _recompute(framework: Framework) -> tuple[Recompute, ...]:
-    return RECOMPUTE_CHOICES[framework]
+    @property
+    def recompute(self) -> tuple[Recompute, ...]:
+        """The recompute policies it offers: the ParallelPlan validator's ``RECOMPUTE_CHOICES``."""
+        return RECOMPUTE_CHOICES[self.framework]
 
 
 FRAMEWORKS: dict[Framework, FrameworkOffer] = {
     Framework.MEGATRON: FrameworkOffer(
+        framework=Framework.MEGATRON,
         label="Megatron-LM",
         zero_stages=(0, 1, 2, 3),
         zero_names="0 DDP, 1 --use-distributed-optimizer, 2/3 Megatron-FSDP optim_grads / optim_grads_params",
@@ -76,6 +79,7 @@ FRAMEWORKS: dict[Framework, FrameworkOffer] = {
         full_schedules=None,
     ),
     Framework.DEEPSPEED: FrameworkOffer(
+        framework=Framework.DEEPSPEED,
         label="DeepSpeed",
         zero_stages=(0, 1, 2, 3),
         zero_names="zero_optimization.stage 0-3",
@@ -101,6 +105,7 @@ FRAMEWORKS: dict[Framework, FrameworkOffer] = {
         full_schedules=None,
     ),
     Framework.FSDP: FrameworkOffer(
+        framework=Framework.FSDP,
         label="PyTorch FSDP2 (torchtitan)",
         zero_stages=(0, 3),
         zero_names="0 DDP (data_parallel_replicate_degree), 3 FULL_SHARD / HYBRID_SHARD (fully_shard, "
@@ -138,11 +143,6 @@ def framework_offer(framework: Framework | str) -> FrameworkOffer:
     except ValueError:
         known = ", ".join(f.value for f in Framework)
         raise ConfigError(f"framework: {framework!r} is not one of {known}") from None
-
-
-def recompute_offered(framework: Framework | str) -> tuple[Recompute, ...]:
-    """The recompute policies ``framework`` offers (``RECOMPUTE_CHOICES``, the validator's)."""
-    return _recompute(Framework(getattr(framework, "value", framework)))
 
 
 def framework_refusal(
@@ -184,8 +184,8 @@ def framework_refusal(
         return f"parallel.schedule: {name} has no {schedule.value!r} schedule (it runs {runs})"
     if cp > 1 and not offer.context_parallel:
         return f"parallel.cp: {name} has no context parallelism (Ulysses sequence parallelism is another algorithm)"
-    if recompute not in _recompute(fw):
-        choices = ", ".join(c.value for c in _recompute(fw))
+    if recompute not in offer.recompute:
+        choices = ", ".join(c.value for c in offer.recompute)
         return f"parallel.recompute: {fw.value} has no {recompute.value!r} recompute (it has: {choices})"
     if moe and etp > 1 and not offer.expert_tensor_parallel:
         return f"parallel.etp: {name}'s experts are not tensor-parallel (expert_tensor_parallel_size 1)"
