@@ -61,18 +61,21 @@ def cases(draw):
     space = SearchSpace(
         cp=draw(st.sampled_from(((1,), (1, 2)))),
         micro_batch_size=draw(st.sampled_from(((1,), (1, 4), (2,)))),
-        zero_stage=draw(st.sampled_from(((0,), (1,), (0, 2), (1, 3)))),
-        recompute=draw(st.sampled_from(((Recompute.NONE,), (Recompute.SELECTIVE, Recompute.FULL), _MEGATRON_POLICIES))),
+        zero_stage=draw(st.sampled_from(((0,), (1,), (0, 2), (1, 3), (0, 3), (3,)))),
+        recompute=draw(st.sampled_from(((Recompute.NONE,), (Recompute.SELECTIVE, Recompute.FULL), _MEGATRON_POLICIES,
+                                        _TORCHTITAN_POLICIES, (Recompute.LAYER,)))),
         vpp=(1,) if schedule else draw(st.sampled_from(((1,), (1, 2), (2, 3)))),
         sequence_parallel=draw(st.sampled_from(("with_tp", "both"))),
         framework=draw(st.sampled_from(("megatron", "deepspeed", "fsdp"))),
         offload_optimizer=draw(st.sampled_from((("none",), ("none", "cpu")))),  # ZeRO-Offload on/off
+        shard_nodes=draw(st.sampled_from(((None,), (None, 1), (1,)))),  # hybrid sharding within a node
         extra=extra,
     )
     return model, cluster, precision, gbs, space
 
 
-_MEGATRON_POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)  # what the screen tabulates
+_MEGATRON_POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+_TORCHTITAN_POLICIES = (Recompute.NONE, Recompute.FULL, Recompute.OP)
 
 
 def _with_hbm(cluster, hbm_bytes: float):

@@ -116,7 +116,7 @@ def test_dense_and_moe_layers_mixed_take_the_exact_path_with_ep():
 
 def test_a_search_with_several_schedules_returns_plans_of_each():
     model, cluster = load_model("gpt3-1.3b"), load_cluster("dgx-h100", num_nodes=1)
-    space = SearchSpace(tp=(1,), pp=(2, 4), micro_batch_size=(1,), recompute=("none",), zero_stage=(1,),
+    space = SearchSpace(tp=(1,), pp=(2, 4), micro_batch_size=(1,), recompute=("none",), zero_stage=(3,),
                         framework="fsdp", schedule=("1f1b", "interleaved", "zb-h1", "zb-v"))
     want = {Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1, Schedule.ZB_V}
     screened = search_plans(model, cluster, 64, Precision.BF16, space, shortlist=1000)

@@ -132,7 +132,8 @@ def test_bad_space_flags_are_one_line_errors(flag, value, message):
 
 def test_the_help_names_every_axis():
     text = re.sub(r"\s+", " ", runner.invoke(app, ["search", "--help"], env={"COLUMNS": "200"}).stdout)
-    for flag in ("--space", "--tp", "--pp", "--cp", "--vpp", "--mbs", "--zero", "--recompute", "--sp", "--pareto-axis"):
+    for flag in ("--space", "--tp", "--pp", "--cp", "--vpp", "--mbs", "--zero", "--recompute", "--sp", "--shard-nodes",
+                 "--pareto-axis"):
         assert flag in text
 
 

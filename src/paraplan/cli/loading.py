@@ -23,9 +23,10 @@ def load_flagged_job(job_file: Path | None, flags: dict[str, Any]) -> tuple[Job 
     raw = read_job_mapping(job_file) if job_file is not None else demo_job_mapping()
     job = resolve_job(apply_overrides(raw, flags), base_dir=job_file.parent if job_file is not None else Path("."))
     note = None
-    if job_file is None:
-        note = f"from the demo job: {' '.join(from_demo(raw, flags, job.model.seq_length))}"
-    elif flags.get("hf_config") is not None and flags.get("seq_length") is None:
+    taken = from_demo(raw, flags, job.model.seq_length) if job_file is None else []
+    if taken:
+        note = f"from the demo job: {' '.join(taken)}"
+    elif job_file is not None and flags.get("hf_config") is not None and flags.get("seq_length") is None:
         note = f"note: --seq-length {job.model.seq_length} from {job_file}'s model (--hf-config gives none)"
     return job, note
 
@@ -64,7 +65,7 @@ def from_demo(demo: dict[str, Any], flags: dict[str, Any], seq_length: int) -> l
             words.append(f"--seq-length {seq_length}")
     if "hf_config" in given and "seq_length" not in given:
         words.append(f"--seq-length {seq_length}")
-    return words or ["nothing (every setting came from a flag)"]
+    return words
 
 
 def _leaves(mapping: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:

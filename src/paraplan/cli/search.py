@@ -39,11 +39,14 @@ def search_command(
     budget: Annotated[str | None, Opt(help="Dollar budget for train_tokens, e.g. 500000USD.")] = None,
     deadline: Annotated[str | None, Opt(help="Deadline for train_tokens, e.g. 14d.")] = None,
     framework: Annotated[
-        str | None, Opt(help="megatron | deepspeed | fsdp", show_default="the job file's, else megatron")
+        str | None, Opt(help="megatron | deepspeed | fsdp: the search tries only what that framework runs "
+                             "(fsdp: ZeRO-0 as DDP, ZeRO-3 whole-group and within a node; deepspeed: ZeRO 0-3, "
+                             "0-1 with pp, 1F1B only).", show_default="the job file's, else megatron")
     ] = None,
     space: Annotated[str, Opt(
-        help="default: tp, pp, micro-batch 1-8, ZeRO 0-1, Megatron's recompute policies, sequence parallelism "
-             "with tp. full: also cp 1-8, vpp 1-8, micro-batch 1-16, ZeRO 0-3, sequence parallelism on and off. "
+        help="default: tp, pp, micro-batch 1-8, the framework's ZeRO stages (megatron 0-1) and recompute "
+             "policies, sequence parallelism with tp. full: also cp 1-8, vpp 1-8, micro-batch 1-16, ZeRO 0-3 "
+             "(fsdp 0,3), sequence parallelism on and off, fsdp's zero-bubble schedules. "
              "--tp ... --sp replace one axis of either.")] = "default",
     tp: Annotated[str | None, Opt("--tp", help="Tensor-parallel sizes to try, e.g. 1,2,4,8.",
                                   show_default="powers of two within a node")] = None,
@@ -55,12 +58,13 @@ def search_command(
                                    show_default="1; full: 1,2,3,4,6,8")] = None,
     micro_batch_size: Annotated[str | None, Opt("--micro-batch-size", "--mbs", help="Micro-batch sizes to try.",
                                                 show_default="1,2,4,8; full: 1,2,4,8,16")] = None,
-    zero: Annotated[str | None, Opt("--zero", help="ZeRO stages to try (0-3; 1 = Megatron's distributed optimizer).",
-                                    show_default="0,1; full: 0,1,2,3")] = None,
+    zero: Annotated[str | None, Opt("--zero", help="ZeRO stages to try (0-3; 1 = Megatron's distributed optimizer); "
+                                    "a stage the framework does not run is counted out with its reason.",
+                                    show_default="megatron 0,1 (full: 0-3); deepspeed 0-3; fsdp 0,3")] = None,
     recompute: Annotated[str | None, Opt(
-        "--recompute", help="Recompute policies to try: none, selective, full (Megatron-LM); layer, op "
-                            "(torchtitan: every plan predicted exactly, slower).",
-        show_default="none,selective,full")] = None,
+        "--recompute", help="Recompute policies to try: none, selective, full (Megatron-LM, DeepSpeed); full, op, "
+                            "layer (torchtitan / FSDP).",
+        show_default="megatron, deepspeed: none,selective,full; fsdp: none,full,op")] = None,
     sp: Annotated[str | None, Opt("--sp", help="Sequence parallelism: on (whenever tp > 1), off, or on,off (both).",
                                   show_default="on; full: on,off")] = None,
     ep: Annotated[str | None, Opt("--ep", help="Expert-parallel sizes to try (mixtures of experts), e.g. 1,2,4,8.",
@@ -71,6 +75,10 @@ def search_command(
         "--schedule", help="Pipeline schedules to try: 1f1b, interleaved (vpp from --vpp, else 2), gpipe, zb-h1, "
                            "zb-v (zero-bubble: --framework fsdp), e.g. 1f1b,interleaved,zb-h1,zb-v.",
         show_default="1f1b (interleaved with --vpp above 1)")] = None,
+    shard_nodes: Annotated[str | None, Opt(
+        "--shard-nodes", help="Hybrid sharding (FSDP HYBRID_SHARD) to try: all (ZeRO shards over the whole data-parallel "
+                              "group) and/or nodes per shard group, replicated across, e.g. all,1,2.",
+        show_default="fsdp: all,1; megatron, deepspeed: all")] = None,
     offload: Annotated[str | None, Opt("--offload", help="Optimizer offload (ZeRO-Offload) to try: none, cpu, nvme, "
                                        "e.g. none,cpu for on and off.", show_default="none")] = None,
     allow_tp_across_nodes: Annotated[bool, Opt("--allow-tp-across-nodes",
@@ -177,7 +185,8 @@ def search_command(
                               uneven_layers=uneven_layers, tp=tp, pp=pp, cp=cp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero=zero, recompute=recompute, sp=sp,
                               offload=offload, batches=batches if batches and len(batches) > 1 else None, ep=ep,
-                              etp=etp, schedule=schedule, memory_headroom=base.memory_headroom)
+                              etp=etp, schedule=schedule, shard_nodes=shard_nodes,
+                              memory_headroom=base.memory_headroom)
         if etp is not None and not base.model.is_moe:
             raise ConfigError("etp: the model is dense (it has no num_moe_experts); expert parallelism "
                               "applies to mixtures of experts")
@@ -208,8 +217,9 @@ def search_command(
             _save_best(result, save_best)
     if job_file is None:  # the plan axes are searched, not taken from the demo job
         shown = {**raw, "parallel": {"global_batch_size": (raw.get("parallel") or {}).get("global_batch_size")}}
-        err.print(f"from the demo job: {' '.join(from_demo(shown, flags, base.model.seq_length))}",
-                  highlight=False, soft_wrap=True)
+        taken = from_demo(shown, flags, base.model.seq_length)
+        if taken:
+            err.print(f"from the demo job: {' '.join(taken)}", highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
         _print(result, top, output, front, axis, save_best, pareto)
     if not result.ranked:
@@ -269,7 +279,8 @@ def _priced(job) -> bool:
 
 
 def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp, cp, vpp, micro_batch_size, zero,
-           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None, memory_headroom=None):
+           recompute, sp, batches, offload=None, ep=None, etp=None, schedule=None, shard_nodes=None,
+           memory_headroom=None):
     """The SearchSpace of ``--space`` with the axes the list flags give."""
     from paraplan.search import SearchSpace
     from paraplan.specs import ConfigError, Recompute
@@ -318,6 +329,12 @@ def _space(name: str, *, framework, allow_tp_across_nodes, uneven_layers, tp, pp
         axes["etp"] = tuple(dict.fromkeys(None if w.lower() == "tp" else int(w) for w in words))
     if schedule:
         axes["schedule"] = tuple(dict.fromkeys(v.strip().lower() for v in str(schedule).split(",") if v.strip()))
+    if shard_nodes is not None:
+        words = [w.strip().lower() for w in shard_nodes.split(",") if w.strip()]
+        numbers = [w for w in words if w != "all"]
+        if not words or not all(w.isdigit() and int(w) > 0 for w in numbers):
+            raise ConfigError(f"--shard-nodes: expected all or comma-separated node counts, got {shard_nodes!r}")
+        axes["shard_nodes"] = tuple(dict.fromkeys(None if w == "all" else int(w) for w in words))
     common = dict(framework=framework, allow_tp_across_nodes=allow_tp_across_nodes, uneven_layers=uneven_layers)
     if memory_headroom is not None:
         common["memory_headroom"] = memory_headroom

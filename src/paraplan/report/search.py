@@ -40,6 +40,7 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "gpu": pred.gpu_name,
         **pred.plan_dict(),
         **_experts(pred),
+        **_hybrid(pred),
         "iteration_s": pred.iteration_s,
         "tokens_per_s": pred.tokens_per_s,
         "mfu": pred.mfu,
@@ -58,6 +59,15 @@ def _experts(pred) -> dict[str, Any]:
         return {}
     q = pred.job.parallel
     return {"ep": q.ep, "etp": q.etp}
+
+
+def _hybrid(pred) -> dict[str, Any]:
+    """Hybrid sharding's shard group (FSDP HYBRID_SHARD; nothing when ZeRO shards over the whole
+    data-parallel group)."""
+    q = pred.job.parallel
+    if q.data_parallel_shard_degree is None or q.zero_stage < 1 or q.zero_shards >= q.grad_group:
+        return {}
+    return {"data_parallel_shard_degree": q.zero_shards}
 
 
 def _runs(values: list, sep: str = ", ") -> str:
@@ -118,6 +128,11 @@ def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> li
         columns.append(_setting("gbs", lambda r: str(r["global_batch_size"]), number=True))
     columns += [
         _setting("ZeRO", lambda r: str(r["zero_stage"]), number=True, short="Z", legend="ZeRO stage"),
+    ]
+    if any("data_parallel_shard_degree" in r for r in rows):  # hybrid sharding (HSDP) tried
+        columns.append(_setting("shard", lambda r: str(r.get("data_parallel_shard_degree", "all")), short="sh",
+                                legend="dp ranks per ZeRO shard group (all: FULL_SHARD; fewer: HYBRID_SHARD)"))
+    columns += [
         _setting("recompute", lambda r: r["recompute"], short="rc", legend="recompute (sel = selective)",
                  compact=lambda text: _RECOMPUTE_SHORT.get(text, text)),
     ]
@@ -185,9 +200,10 @@ def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str |
     """The ranked plans (columns that say nothing for these rows are left out), then the
     excluded families; with ``title`` (e.g. the Pareto front) only the plans."""
     plans_only = title is not None
+    frameworks = ", ".join(dict.fromkeys(r["framework"] for r in rows))  # the framework the plans were made for
     title = title or (
-        f"Best plans by {result.objective} ({len(result.ranked):,} ranked, timed exactly after the screen; "
-        f"{result.considered:,} considered)"
+        f"Best plans by {result.objective}{f' for {frameworks}' if frameworks else ''} ({len(result.ranked):,} "
+        f"ranked, timed exactly after the screen; {result.considered:,} considered)"
     )
     parts = render_plans(result, rows, title) if rows or plans_only else []
     if plans_only:

@@ -40,7 +40,10 @@ from paraplan.specs import (
     HeteroJob,
     ModelSpec,
     Precision,
+    Recompute,
+    Schedule,
 )
+from paraplan.specs.frameworks import framework_refusal
 from paraplan.specs.hetero import stage_groups
 from paraplan.units import format_bytes
 
@@ -232,6 +235,12 @@ def enumerate_hetero(
             continue
         if zero > 1:
             excluded["ZeRO-2/3 is not searched with uneven stages (stage time is then not linear in layers)"] += 1
+            continue
+        refusal = framework_refusal(space.framework, tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero,
+                                    schedule=Schedule(space.extra.get("schedule", "1f1b")),
+                                    recompute=Recompute(recompute), moe=model.is_moe)
+        if refusal is not None:  # a plan the framework cannot launch (specs.frameworks)
+            excluded[refusal] += 1
             continue
         plan = {
             "tp": tp, "pp": pp, "dp": dp, "cp": cp, "micro_batch_size": mbs, "global_batch_size": gbs,

@@ -57,9 +57,11 @@ from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.search.space import (
     EP_EXPERTS,
     EP_STAGE,
+    HYBRID_DIVIDES,
     OFFLOAD_DEVICES,
     SearchSpace,
     expert_axes,
+    hybrid_shards,
     pipe_axis,
     plan_axes,
     plan_job,
@@ -77,20 +79,23 @@ from paraplan.specs import (
     Recompute,
     Schedule,
 )
+from paraplan.specs.frameworks import framework_offer
 
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
 #: exact path (e.g. ``layers_per_stage``: uneven stages).
 SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule", "expert_load_imbalance",
                               "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm"})
 
-_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+# every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
+# full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)
+_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL, Recompute.LAYER, Recompute.OP)
 _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_V)
 _FIRST, _MID, _LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
 
 
 def screenable(space: SearchSpace, model: ModelSpec | None = None) -> bool:
-    """Whether the vectorised screen models every axis of ``space`` (the recompute policies
-    it tabulates are Megatron-LM's; torchtitan's layer and op policies take the exact path)
+    """Whether the vectorised screen models every axis of ``space`` (every recompute policy;
+    ``extra`` settings such as recompute_num_layers or recompute_every take the exact path)
     and every layer of ``model`` alike (dense and mixture-of-experts layers mixed, as in
     DeepSeek-V3, take the exact path)."""
     if model is not None and len(set(model.moe_layers)) > 1:
@@ -110,6 +115,7 @@ class Screen:
     train_tokens: float | None
     # gbs tp pp dp cp ep etp (raw: 0 as tp) sched (raw: index into _SCHEDULES, -1 the plan's own) vpp mbs zero
     # recompute (index) sp (raw: 0 off, 1 on, 2 with tp) offload (OFFLOAD_DEVICES index)
+    # shard (hybrid sharding's data_parallel_shard_degree, 0: the whole gradient group)
     plans: dict[str, np.ndarray]
     iteration_s: np.ndarray
     memory_bytes: np.ndarray  # worst stage, bytes per GPU
@@ -162,13 +168,14 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     pipes = pipe_axis(space)
     sched_codes = tuple(-1 if s is None else _SCHEDULES.index(s) for s, _ in pipes)
     outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, tuple(e or 0 for e in etps),
-             tuple(range(len(pipes))), space.micro_batch_size)
+             tuple(range(len(pipes))), space.micro_batch_size, tuple(k or 0 for k in space.shard_nodes))
     rc = tuple(_RECOMPUTE.index(Recompute(r)) for r in space.recompute)
     inner = (space.zero_stage, rc, tuple(2 if s is None else int(s) for s in sps),
              tuple(OFFLOAD_DEVICES.index(o) for o in space.offload_optimizer))
     n_inner = int(np.prod([len(a) for a in inner]))
     idx = np.indices([len(a) for a in outer]).reshape(len(outer), -1)
-    gbs, tp, pp, cp, ep, etp, pipe, mbs = (np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
+    gbs, tp, pp, cp, ep, etp, pipe, mbs, nodes = (
+        np.asarray(a, dtype=np.int64)[i] for a, i in zip(outer, idx, strict=True))
     vpp = np.asarray([v for _, v in pipes], dtype=np.int64)[pipe]
     sched = np.asarray(sched_codes, dtype=np.int64)[pipe]
     excluded: Counter = Counter()
@@ -201,11 +208,19 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     o = np.repeat(keep, n_inner)
     k = np.tile(np.arange(n_inner), len(keep))
     named = (("gbs", gbs), ("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep), ("etp", etp), ("sched", sched),
-             ("vpp", vpp), ("mbs", mbs))
+             ("vpp", vpp), ("mbs", mbs), ("nodes", nodes))
     plans = {name: a[o] for name, a in named}
     plans["zero"], plans["recompute"], plans["sp"], plans["offload"] = (
         np.asarray(a, dtype=np.int64)[i][k] for a, i in zip(inner, inner_idx, strict=True)
     )
+    # hybrid sharding's group, once the ZeRO stage is known (``space.hybrid_shards``)
+    shard = hybrid_shards(plans.pop("nodes"), plans["tp"], plans["cp"], plans["dp"] * plans["cp"], plans["zero"],
+                          gpn, framework_offer(space.framework).hybrid_zero)
+    if (shard < 0).any():
+        excluded[HYBRID_DIVIDES] += int((shard < 0).sum())
+        plans = {name: a[shard >= 0] for name, a in plans.items()}
+        shard = shard[shard >= 0]
+    plans["shard"] = np.asarray(shard, dtype=np.int64)
     return plans, excluded
 
 
@@ -219,6 +234,7 @@ def _job_at(model, cluster, precision, space, train_tokens, plans, i: int, offlo
         sequence_parallel=None if sp == 2 else bool(sp), ep=int(plans["ep"][i]), etp=etp or None,
         schedule=None if sched < 0 else _SCHEDULES[sched],
         offload_optimizer=OFFLOAD_DEVICES[int(plans["offload"][i])] if offload is None else offload,
+        dp_shard=int(plans["shard"][i]) or None,
     )
 
 
@@ -350,7 +366,7 @@ def screen_plans(
     # The Job validator: its verdict depends on these axes only (the batch rules ran above).
     vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero),
                 _codes(plans["recompute"]),  # a framework refuses some recompute policies
-                _codes(plans["sched"]), _codes(ep), _codes(plans["etp"]))
+                _codes(plans["sched"]), _codes(ep), _codes(plans["etp"]), _codes(plans["shard"]))
     reps, vinv = _representatives(vkey)
     # Optimizer offload's own rules (ParallelPlan's first validator, so its reason comes first)
     # depend on the ZeRO stage alone: checked once per (stage, device), the rest without offload.
@@ -383,7 +399,7 @@ def screen_plans(
     edp = tp * cp * plans["dp"] // np.maximum(ep * etp, 1) if model.is_moe else 1
     runs_as = runs_as_zero(zero, plans["dp"] * cp, precision, edp)
     rkey = _mix(*(_codes(plans[k]) for k in ("gbs", "tp", "pp", "cp", "mbs", "recompute", "offload")), _codes(runs_as),
-                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), *experts,
+                _codes(np.maximum(vpp, 1)), sp_on.astype(np.int64), *experts, _codes(plans["shard"]),
                 *((_codes(sched),) if space.schedule is not None else ()))
     candidates = np.flatnonzero(valid)
     keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
@@ -411,7 +427,8 @@ def screen_plans(
     a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
     A = _shard_table(model, cm, a_invs)
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
-    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts)
+    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
+                _codes(plans["shard"]))  # hybrid sharding: the ZeRO shards and the replicas' all-reduce
     b_reps, b = _representatives(bkey)
     b_invs = [count_job(_job_at(*args, plans, int(i))) for i in b_reps]
     B = _layout_table(cm, b_invs)
@@ -450,7 +467,7 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
     single = pp == 1
     classes = (_FIRST, _MID, _LAST)
     exists = {_FIRST: np.ones(len(pp), dtype=bool), _MID: pp >= 3, _LAST: pp >= 2}
-    full, selective = rc == 2, rc == 1
+    full = rc == _RECOMPUTE.index(Recompute.FULL)
     gpipe, interleaved, zb_h1, zb_v = sched == 2, sched == 1, sched == 3, sched == 4
     zero_bubble = bool(zb_h1.any() or zb_v.any())  # costed only when the space has such plans
 
@@ -459,8 +476,8 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         return np.where(single, A[f"{name}3"][a], A[f"{name}{c}"][a]) if c == _FIRST else A[f"{name}{c}"][a]
 
     layer_f, layer_b, comm_f, comm_b = A["layer_f"][a], A["layer_b"][a], A["comm_f"][a], A["comm_b"][a]
-    rc_layer = np.where(full, A["rc_full"][a], np.where(selective, A["rc_selective"][a], 0.0))
-    held1 = np.choose(rc, [A["held0"][a], A["held1"][a], A["held2"][a]])
+    rc_layer = np.choose(rc, [np.zeros(len(rc)), *(A[f"rc_{p.value}"][a] for p in _RECOMPUTE[1:])])
+    held1 = np.choose(rc, [A[f"held{r}"][a] for r in range(len(_RECOMPUTE))])
     frag = fragmentation_share()
     f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
     for c in classes:
@@ -493,12 +510,13 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
             wg[c] = n * A["layer_w"][a] + ends("end_w", c)
         drain_extra[c], opt[c] = exposed, B["optimizer"][b, c]
         # memory.estimate_stage_memory, with the stage's micro-batches in flight
-        work = np.choose(rc, [ends(f"work{r}_", c) for r in range(3)])
-        logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(3)])
+        work = np.choose(rc, [ends(f"work{r}_", c) for r in range(len(_RECOMPUTE))])
+        logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
         held = n * held1
-        fold = gpipe & ~full
-        held = np.where(fold, held + work, held)
-        work = np.where(fold, 0.0, work)
+        fold = gpipe & ~full  # GPipe holds every micro-batch's end tensors (no recompute: work0 is theirs)
+        ends_saved = ends("work0_", c)
+        held = np.where(fold, held + ends_saved, held)
+        work = np.where(fold, work - ends_saved, work)
         stage = np.where(c == _LAST, p - 1, float(c))
         chunks = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))

@@ -1,8 +1,11 @@
 """The space of parallel plans for one model on one cluster, and the rules that prune it.
 
-Every candidate is checked against the same rules Megatron-LM enforces (the Job validator)
-plus the search's own placement rule, and each excluded plan is counted under its reason so
-the user sees why a whole family of plans is missing.
+The space is a function of the framework: its axes default to what the framework runs
+(``specs.frameworks``, one table: FSDP's ZeRO-0 and ZeRO-3 with hybrid sharding, DeepSpeed's
+ZeRO 0-3, Megatron-LM's distributed optimizer...), and every candidate is checked against the
+same rules Megatron-LM enforces (the Job validator), the framework's own
+(``framework_refusal``: what it cannot launch) and the search's placement rule. Each excluded
+plan is counted under its reason so the user sees why a whole family of plans is missing.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from paraplan.specs import (
     ConfigError,
     Job,
     ModelSpec,
+    ParallelPlan,
     Precision,
     Recompute,
     Schedule,
 )
+from paraplan.specs.frameworks import framework_offer, framework_refusal
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -45,8 +50,10 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     cp: tuple[int, ...] = (1,)
     micro_batch_size: tuple[int, ...] = (1, 2, 4, 8)
-    zero_stage: tuple[int, ...] = (0, 1)
-    recompute: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+    # ``None``: what the framework offers (``specs.frameworks``; Megatron-LM: ZeRO 0-1 and its
+    # three recompute policies, DeepSpeed: ZeRO 0-3, FSDP: ZeRO 0 (DDP) and 3, none / full / op)
+    zero_stage: tuple[int, ...] | None = None
+    recompute: tuple[Recompute, ...] | None = None
     vpp: tuple[int, ...] = (1,)
     # DeepSpeed's offload_optimizer devices to try ("none", "cpu", "nvme"): ZeRO-Offload on/off
     offload_optimizer: tuple[str, ...] = ("none",)
@@ -65,7 +72,12 @@ class SearchSpace:
     # per plan), smallest first. ``etp``: expert tensor-parallel sizes, ``None`` meaning
     # Megatron-Core's default, etp = tp.
     ep: tuple[int, ...] | None = None
-    etp: tuple[int | None, ...] = (None,)
+    etp: tuple[int | None, ...] | None = None  # None: (None,), or (1,) where experts are never tensor-parallel
+    # Hybrid sharding (FSDP HYBRID_SHARD, torchtitan's data_parallel_shard_degree): ``None`` shards
+    # over the whole data-parallel group, k shards over its ranks on k nodes and replicates
+    # across; applies to the ZeRO stages the framework shards hybrid (FSDP: 3) with cp = 1, the
+    # rest run as full sharding. ``None`` for the axis: the framework's (FSDP: whole group and 1 node).
+    shard_nodes: tuple[int | None, ...] | None = None
     # Pipeline schedules to try ("1f1b", "interleaved", "gpipe", "zb-h1", "zb-v"); ``None``:
     # the plan's own (1F1B, interleaved when vpp > 1, or ``extra["schedule"]``). Interleaved
     # plans take the vpp axis's values above 1 (2 when it has none); zb-v runs 2 chunks.
@@ -77,6 +89,17 @@ class SearchSpace:
         if not 0.0 <= self.memory_headroom <= 0.5:
             raise ConfigError(f"memory_headroom: expected a fraction of the GPU's memory from 0 to 0.5, "
                               f"got {self.memory_headroom!r}")
+        offer = framework_offer(self.framework)
+        defaults = {"zero_stage": offer.search_zero, "recompute": offer.search_recompute,
+                    "etp": (None,) if offer.expert_tensor_parallel else (1,),
+                    "shard_nodes": offer.search_shard_nodes}
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        object.__setattr__(self, "recompute", tuple(Recompute(getattr(r, "value", r)) for r in self.recompute))
+        bad_nodes = [k for k in self.shard_nodes if k is not None and (isinstance(k, bool) or k < 1)]
+        if bad_nodes or not self.shard_nodes:
+            raise ConfigError(f"shard_nodes: expected positive whole numbers of nodes or None, got {self.shard_nodes!r}")
         if self.sequence_parallel not in SEQUENCE_PARALLEL:
             raise ConfigError(f"sequence_parallel: {self.sequence_parallel!r} is not one of {', '.join(SEQUENCE_PARALLEL)}")
         if self.schedule is not None:
@@ -100,24 +123,35 @@ class SearchSpace:
 
     @classmethod
     def full(cls, **changes: Any) -> SearchSpace:
-        """Every axis the screen models (the README's "whole space"): context parallel 1-8,
-        interleaving 1-8 virtual stages, micro-batch 1-16, ZeRO 0-3, Megatron-LM's three
-        recompute policies, sequence parallelism on and off, expert tensor parallelism tp and
-        1 (mixtures of experts); ``changes`` replace fields."""
-        return cls(**{**FULL_SPACE, **changes})
+        """Every axis the screen models (the README's "whole space") that the framework runs:
+        context parallel 1-8, interleaving 1-8 virtual stages, micro-batch 1-16, ZeRO 0-3
+        (FSDP: 0 and 3), the framework's recompute policies, sequence parallelism on and off,
+        expert tensor parallelism tp and 1 (mixtures of experts), and for FSDP the zero-bubble
+        schedules; ``changes`` replace fields."""
+        offer = framework_offer(changes.get("framework", "megatron"))
+        axes: dict[str, Any] = {**FULL_SPACE, "zero_stage": offer.full_zero}
+        if not offer.context_parallel:
+            axes["cp"] = (1,)
+        if Schedule.INTERLEAVED not in offer.schedules:
+            axes["vpp"] = (1,)
+        if not offer.expert_tensor_parallel:
+            axes["etp"] = (1,)
+        extra = changes.get("extra") or {}
+        if offer.full_schedules is not None and not changes.get("uneven_layers") and "schedule" not in extra:
+            axes["schedule"] = tuple(s.value for s in offer.full_schedules)
+        return cls(**{**axes, **changes})
 
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices
 
 #: The axes of ``SearchSpace.full()`` (tp and pp keep their defaults: powers of two up to the
-#: cluster, divisors of the GPU count).
+#: cluster, divisors of the GPU count; ZeRO and recompute are the framework's, ``full_zero``
+#: and ``search_recompute`` of ``specs.frameworks``).
 FULL_SPACE: dict[str, Any] = dict(
     cp=(1, 2, 4, 8),
     vpp=(1, 2, 3, 4, 6, 8),
     micro_batch_size=(1, 2, 4, 8, 16),
-    zero_stage=(0, 1, 2, 3),
-    recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
     sequence_parallel="both",
     etp=(None, 1),
 )
@@ -207,6 +241,25 @@ def runs_as_zero(zero, grad_group, precision: Precision, expert_group=1):
     return int(out) if np.ndim(out) == 0 else out
 
 
+HYBRID_DIVIDES = "hybrid shard groups (shard_nodes) do not divide the data-parallel group"
+
+
+def hybrid_shards(nodes, tp, cp, grad_group, zero, gpus_per_node: int, hybrid_zero: tuple[int, ...]):
+    """The shard degree (``data_parallel_shard_degree``, in ranks of the gradient group) of
+    hybrid shard groups over ``nodes`` nodes (ints or numpy arrays; 0 for ``None``): the
+    gradient group's ranks on those nodes (tp ranks apart, ``inventory.placement``). 0 where
+    the plan shards over the whole group (no hybrid axis value, a ZeRO stage the framework
+    does not shard hybrid, cp > 1, tp spanning nodes, groups of one rank (nothing sharded) or
+    as large as the whole gradient group: those plans are the full-sharding ones); -1 where
+    the groups do not divide the gradient group."""
+    nodes, tp, cp, group, zero = (np.asarray(a) for a in (nodes, tp, cp, grad_group, zero))
+    shard = nodes * gpus_per_node // np.maximum(tp, 1)
+    applies = ((nodes > 0) & np.isin(zero, hybrid_zero) & (cp == 1) & (gpus_per_node % tp == 0)
+               & (shard > 1) & (shard < group))
+    out = np.where(applies, np.where(group % np.maximum(shard, 1) == 0, shard, -1), 0)
+    return int(out) if np.ndim(out) == 0 else out
+
+
 def plan_job(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -227,12 +280,26 @@ def plan_job(
     etp: int | None = None,
     schedule: Schedule | None = None,
     offload_optimizer: str = "none",
+    dp_shard: int | None = None,
 ) -> Job:
     """The Job of one point of the space (raises ValidationError / ConfigError when the Job
-    validator rejects it). ``sequence_parallel=None`` means on whenever tp > 1; ``etp=None``
-    expert tensor parallelism as tp; ``schedule=None`` the plan's own."""
+    validator rejects it, or ConfigError when the space's framework cannot launch it:
+    ``specs.frameworks.framework_refusal``). ``sequence_parallel=None`` means on whenever
+    tp > 1; ``etp=None`` expert tensor parallelism as tp; ``schedule=None`` the plan's own;
+    ``dp_shard`` hybrid sharding's group (``data_parallel_shard_degree``)."""
     dp = cluster.num_gpus // (tp * pp * cp)
     sp = sequence_parallel
+    if offload_optimizer != "none":  # offload's own rules come first, as in the ParallelPlan validator
+        ParallelPlan(zero_stage=zero_stage, framework=space.framework, offload_optimizer=offload_optimizer)
+    extra_schedule = space.extra.get("schedule")
+    runs = schedule or (Schedule(extra_schedule) if extra_schedule is not None else
+                        Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
+    refusal = framework_refusal(
+        space.framework, tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero_stage,
+        schedule=runs, recompute=Recompute(getattr(recompute, "value", recompute)), hybrid=dp_shard is not None,
+        moe=model.is_moe, ep=ep, etp=tp if etp is None else etp)
+    if refusal is not None:
+        raise ConfigError(refusal)
     moe: dict[str, Any] = {}
     if ep > 1:
         moe["expert_model_parallel_size"] = ep
@@ -254,6 +321,7 @@ def plan_job(
         "framework": space.framework,
         **moe,
         **({"offload_optimizer": offload_optimizer} if offload_optimizer != "none" else {}),
+        **({"data_parallel_shard_degree": dp_shard} if dp_shard is not None else {}),
         **space.extra,
     }
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
@@ -261,6 +329,8 @@ def plan_job(
     name += f"-{schedule.value}" if schedule is not None else ""
     if offload_optimizer != "none":
         name += f"-offload-{offload_optimizer}"
+    if dp_shard is not None:
+        name += f"-hsdp{dp_shard}"
     if space.global_batch_sizes:
         name += f"-gbs{global_batch_size}"
     return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens,
@@ -291,9 +361,10 @@ def enumerate_plans(
     eps, etps = expert_axes(model, space, n)
     excluded: Counter = Counter()
     jobs: list[Job] = []
-    for gbs, tp, pp, cp, ep, etp, (schedule, vpp), mbs, zero, recompute, sp, offload in itertools.product(
+    hybrid_zero = framework_offer(space.framework).hybrid_zero
+    for gbs, tp, pp, cp, ep, etp, (schedule, vpp), mbs, nodes, zero, recompute, sp, offload in itertools.product(
         space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, etps, pipe_axis(space),
-        space.micro_batch_size, space.zero_stage, space.recompute, sps, space.offload_optimizer,
+        space.micro_batch_size, space.shard_nodes, space.zero_stage, space.recompute, sps, space.offload_optimizer,
     ):
         if n % (tp * pp * cp):
             excluded["tp*pp*cp does not divide the number of GPUs"] += 1
@@ -319,13 +390,17 @@ def enumerate_plans(
         if model.is_moe and (tp * cp * dp) % (ep * (etp or tp)):
             excluded[EP_STAGE] += 1
             continue
+        shard = hybrid_shards(nodes or 0, tp, cp, dp * cp, zero, cluster.gpus_per_node, hybrid_zero)
+        if shard < 0:
+            excluded[HYBRID_DIVIDES] += 1
+            continue
         try:
             jobs.append(
                 plan_job(
                     model, cluster, precision, space, train_tokens,
                     global_batch_size=gbs, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                     zero_stage=zero, recompute=recompute, sequence_parallel=sp, ep=ep, etp=etp, schedule=schedule,
-                    offload_optimizer=offload,
+                    offload_optimizer=offload, dp_shard=shard or None,
                 )
             )
         except (ValidationError, ConfigError) as err:
