@@ -41,9 +41,9 @@ def test_heads_not_divisible_by_tp_name_the_field():
     assert message.startswith("parallel.tp: num_attention_heads=40 is not divisible by 16")
 
 
-def test_an_unknown_gpu_suggests_the_closest_catalog_name():
-    message = error_of(cluster={"gpu": "A1000", "gpus_per_node": 8})
-    assert "unknown GPU 'A1000'" in message
+def test_a_mistyped_gpu_suggests_the_closest_catalog_name():
+    message = error_of(cluster={"gpu": "A100-SMX4", "gpus_per_node": 8})
+    assert "unknown GPU 'A100-SMX4'" in message
     assert "did you mean A100" in message
 
 
