@@ -48,7 +48,8 @@ def predict_command(
     force: Annotated[bool, Opt("--force", help="Replace existing --plot files.")] = False,
 ) -> None:
     """Predict one training iteration: time, breakdown, memory per GPU, MFU and cost."""
-    from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
+    from paraplan.catalog.jobs import demo_job_mapping, read_job_mapping
+    from paraplan.catalog.origin import resolve_with_flags
     from paraplan.prediction import predict
     from paraplan.report.formats import render_csv, render_json
 
@@ -71,10 +72,10 @@ def predict_command(
         if backend not in BACKENDS:
             raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
         if job_file is not None:
-            raw, base = read_job_mapping(job_file), job_file.parent
+            raw, base, origin = read_job_mapping(job_file), job_file.parent, str(job_file)
         else:
-            raw, base = demo_job_mapping(), Path(".")
-        job = resolve_job(apply_overrides(raw, flags), base_dir=base)
+            raw, base, origin = demo_job_mapping(), Path("."), "the demo job"
+        job = resolve_with_flags(raw, flags, base, origin)
         if isinstance(job, HeteroJob):  # node groups of different GPUs
             if backend != "analytical" or models is not None:
                 raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")

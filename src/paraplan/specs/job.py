@@ -35,7 +35,7 @@ class Job(BaseModel):
             if c.num_gpus % model_parallel:
                 raise ValueError(
                     f"parallel: tp*pp*cp = {model_parallel} does not divide the cluster's "
-                    f"{c.num_gpus} GPUs (cluster.num_nodes {c.num_nodes} x cluster.gpus_per_node {c.gpus_per_node})"
+                    f"{c.num_gpus} GPU{'s' if c.num_gpus != 1 else ''} (cluster.num_nodes {c.num_nodes} x cluster.gpus_per_node {c.gpus_per_node})"
                 )
             p = p.model_copy(update={"data_parallel_size": c.num_gpus // model_parallel})
         if model_parallel * p.dp != c.num_gpus:
