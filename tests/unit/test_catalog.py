@@ -490,3 +490,15 @@ def test_the_inline_gpu_the_error_describes_is_a_gpu_the_job_file_accepts():
     job = resolve_job({"model": "llama-2-7b", "cluster": {"gpu": gpu, "gpus_per_node": 8},
                             "parallel": {"tp": 8}})
     assert job.cluster.gpu.name == "H800"
+
+
+def test_a_catalog_cluster_whose_network_a_job_changed_is_not_named_as_the_catalog_cluster():
+    slow = {"bandwidth": "10 Gb/s", "latency": "10 us"}
+    cluster = load_cluster("aws-p5.48xlarge", num_nodes=4, inter_node=slow)
+    assert cluster.name == "aws-p5.48xlarge with a changed inter_node"
+    assert load_cluster("aws-p5.48xlarge", num_nodes=4).name == "aws-p5.48xlarge"
+
+
+def test_a_job_that_repeats_the_catalogs_own_link_keeps_the_catalog_name():
+    raw = load_catalog_entry("clusters", "aws-p5.48xlarge")
+    assert load_cluster("aws-p5.48xlarge", inter_node=raw["inter_node"]).name == "aws-p5.48xlarge"

@@ -20,6 +20,7 @@ from paraplan.specs import (
     ConfigError,
     GpuSpec,
     HeteroClusterSpec,
+    LinkSpec,
     ModelSpec,
     format_validation_error,
     short_repr,
@@ -156,9 +157,9 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
             f"{raw['name']}` plans for it, predict takes a cluster of one GPU type"
         )
     raw = dict(raw, sources=dict(raw.get("sources", {})))
-    for link in ("intra_node", "inter_node"):
-        if link in overrides:  # a link of the user's: the catalog's measurement no longer applies
-            raw["sources"].pop(f"{link}_efficiency", None)
+    changed = [link for link in _LINKS if link in overrides and not _same_link(overrides[link], raw.get(link))]
+    for link in changed:  # a link of the user's: the catalog's measurement no longer applies
+        raw["sources"].pop(f"{link}_efficiency", None)
     raw.update({k: v for k, v in overrides.items() if k != "sources"})
     if "sources" in overrides:
         raw["sources"].update(overrides["sources"])
@@ -171,7 +172,24 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
         raw.pop("aliases", None)
         if "price_per_gpu_hour" not in overrides:  # the catalog's price was for its own GPU
             raw.pop("price_per_gpu_hour", None)
+    if changed:  # another network: no longer the catalog's cluster, and its name must say so
+        joiner = " and" if "gpu" in overrides else " with"
+        raw["name"] = f"{raw['name']}{joiner} a changed {' and '.join(changed)}"
+        raw.pop("aliases", None)
     return _validated(ClusterSpec, raw, "cluster")
+
+
+_LINKS = ("intra_node", "inter_node", "host_link")
+
+
+def _same_link(given: Any, catalog: Any) -> bool:
+    """Whether a link a job gives is the catalog's own (an unreadable one is not)."""
+    if catalog is None or given is None:
+        return given is catalog
+    try:
+        return LinkSpec.model_validate(given) == LinkSpec.model_validate(catalog)
+    except ValidationError:
+        return False
 
 
 def load_any_cluster(name: str) -> ClusterSpec | HeteroClusterSpec:
