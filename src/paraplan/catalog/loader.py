@@ -160,12 +160,14 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
     changed = [link for link in _LINKS if link in overrides and not _same_link(overrides[link], raw.get(link))]
     for link in changed:  # a link of the user's: the catalog's measurement no longer applies
         raw["sources"].pop(f"{link}_efficiency", None)
+    own_gpu = raw.get("gpu")
     raw.update({k: v for k, v in overrides.items() if k != "sources"})
     if "sources" in overrides:
         raw["sources"].update(overrides["sources"])
     if isinstance(raw.get("gpu"), str):
         raw["gpu"] = load_gpu(raw["gpu"])
-    if "gpu" in overrides:  # the node's links with another GPU: no longer the catalog entry
+    other_gpu = "gpu" in overrides and not (isinstance(own_gpu, str) and raw["gpu"] == load_gpu(own_gpu))
+    if other_gpu:  # the node's links with another GPU: no longer the catalog entry
         gpu = raw["gpu"]
         gpu_name = gpu.name if isinstance(gpu, GpuSpec) else dict(gpu).get("name", "custom GPU")
         raw["name"] = f"{raw['name']} with {gpu_name}"
@@ -173,7 +175,7 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
         if "price_per_gpu_hour" not in overrides:  # the catalog's price was for its own GPU
             raw.pop("price_per_gpu_hour", None)
     if changed:  # another network: no longer the catalog's cluster, and its name must say so
-        joiner = " and" if "gpu" in overrides else " with"
+        joiner = " and" if other_gpu else " with"
         raw["name"] = f"{raw['name']}{joiner} a changed {' and '.join(changed)}"
         raw.pop("aliases", None)
     return _validated(ClusterSpec, raw, "cluster")
