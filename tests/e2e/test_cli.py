@@ -73,7 +73,7 @@ def test_a_cluster_described_by_its_gpu_in_a_file_predicts_as_the_gpu_flag_does(
     assert from_flags.exit_code == 0, from_flags.output
     a, b = json.loads(from_file.stdout), json.loads(from_flags.stdout)
     assert a["iteration_s"] == b["iteration_s"] and a["uncalibrated"] == b["uncalibrated"]
-    assert a["cluster"] == b["cluster"] == "dgx-h100 with H100-SXM5-80GB"  # whose network it took
+    assert a["cluster"] == b["cluster"] == "dgx-h100"  # the GPU's reference node, with its own GPU
 
 
 def test_an_impossible_prediction_is_an_internal_error_with_exit_code_3(monkeypatch):

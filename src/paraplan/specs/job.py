@@ -8,7 +8,7 @@ from paraplan.specs._types import Count
 from paraplan.specs.enums import Precision, Schedule
 from paraplan.specs.hardware import ClusterSpec
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.plan import ParallelPlan, pp_layers_problem
 
 
 class Job(BaseModel):
@@ -77,6 +77,9 @@ class Job(BaseModel):
             raise ValueError(
                 f"parallel.pp: pp={p.pp} is larger than num_layers={m.num_layers}"
             )
+        problem = pp_layers_problem(m.num_layers, p.pp, p.framework, p.layers_per_stage is not None)
+        if problem is not None:
+            raise ValueError(problem)
         if p.vpp > 1:
             chunks = p.pp * p.vpp
             if p.layers_per_stage is not None or m.num_layers % chunks:
