@@ -203,6 +203,17 @@ def test_report_writes_one_self_contained_html_page_and_the_gemm_csv(tmp_path):
     assert (tmp_path / "g.csv").read_text().startswith("operator,pass,batch,M,K,N,flops\n")
 
 
+def test_the_report_is_headed_by_the_job_files_name_and_says_its_token_budget_in_words(tmp_path):
+    job = tmp_path / "llama-8b-two-nodes.yaml"  # a job file that names itself nothing
+    job.write_text("model: llama-3-8b\ncluster: {name: dgx-h100, num_nodes: 2}\nparallel: {tp: 2}\ntrain_tokens: 1T\n")
+    result = _run("report", str(job), "-o", str(tmp_path / "r.html"))
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "r.html").read_text()
+    assert "<h1>llama-8b-two-nodes: llama-3-8b on 16 x H100-SXM5-80GB</h1>" in page
+    assert "time to train 1T tokens (1,000,000,000,000)" in page
+    assert "Job job" not in page and "1e+12" not in page
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -213,7 +213,7 @@ def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:
 def load_job(path: Path | str) -> Job | HeteroJob:
     """Read a job file (YAML or JSON) and resolve it."""
     path = Path(path)
-    return resolve_job(read_job_mapping(path), base_dir=path.parent)
+    return resolve_job(read_job_file(path), base_dir=path.parent)
 
 
 # Flags that go into the job's ``cluster`` and ``parallel`` mappings (Megatron-LM names).
@@ -247,6 +247,13 @@ def demo_job_mapping() -> dict[str, Any]:
 
     text = (resources.files("paraplan.catalog") / "demo-job.yaml").read_text(encoding="utf-8")
     return load_yaml(text, "demo-job.yaml")
+
+
+def read_job_file(path: Path | str) -> dict[str, Any]:
+    """A job file's mapping, named after the file when it names itself nothing (a report's
+    heading then reads "llama-70b-tp8", not Job's default "job")."""
+    raw = read_job_mapping(path)
+    return raw if "name" in raw else {"name": Path(path).stem.removesuffix(".job"), **raw}
 
 
 def read_job_mapping(path: Path | str) -> dict[str, Any]:

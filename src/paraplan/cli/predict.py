@@ -48,7 +48,7 @@ def predict_command(
     force: Annotated[bool, Opt("--force", help="Replace existing --plot files.")] = False,
 ) -> None:
     """Predict one training iteration: time, breakdown, memory per GPU, MFU and cost."""
-    from paraplan.catalog.jobs import demo_job_mapping, read_job_mapping
+    from paraplan.catalog.jobs import demo_job_mapping, read_job_file
     from paraplan.catalog.origin import resolve_with_flags
     from paraplan.prediction import predict
     from paraplan.report.formats import render_csv, render_json
@@ -72,7 +72,7 @@ def predict_command(
         if backend not in BACKENDS:
             raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
         if job_file is not None:
-            raw, base, origin = read_job_mapping(job_file), job_file.parent, str(job_file)
+            raw, base, origin = read_job_file(job_file), job_file.parent, str(job_file)
         else:
             raw, base, origin = demo_job_mapping(), Path("."), "the demo job"
         job = resolve_with_flags(raw, flags, base, origin)

@@ -23,7 +23,7 @@ def report_command(
     """Write one HTML page with the summary, the breakdown per stage, the pipeline timeline,
     memory per stage, the operators of one layer and its GEMMs (pictures inlined; needs the
     plot extra)."""
-    from paraplan.catalog.jobs import demo_job_mapping, read_job_mapping, resolve_job
+    from paraplan.catalog.jobs import demo_job_mapping, read_job_file, resolve_job
     from paraplan.prediction import predict
     from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
     from paraplan.regress.plot import load_pyplot
@@ -41,7 +41,7 @@ def report_command(
         load_pyplot()
         if backend not in BACKENDS:
             raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
-        raw = read_job_mapping(job_file) if job_file is not None else demo_job_mapping()
+        raw = read_job_file(job_file) if job_file is not None else demo_job_mapping()
         job = resolve_job(raw, base_dir=job_file.parent if job_file is not None else Path("."))
         if isinstance(job, HeteroJob):
             if backend != "analytical" or models is not None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from paraplan.prediction import Prediction
 from paraplan.search import SearchResult, pareto_front
+from paraplan.units import format_tokens
 
 MAX_POINTS = 20_000  # per cluster configuration in the cloud; more are sampled (the front is always whole)
 
@@ -198,10 +199,7 @@ def _front_ticks(ax, xs: list[float], ys: list[float], log_x: bool, axis: str, t
 
 def tokens_text(n: float) -> str:
     """A token count as people write it: 2T, 300B, 1.5M."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
+    return format_tokens(n)
 
 
 def _minor_label(v: float, _pos) -> str:
