@@ -99,6 +99,15 @@ def test_predict_draws_the_breakdown_and_the_timeline_named_by_their_file_names(
     assert '"iteration_s"' in result.stdout
 
 
+def test_a_plot_file_naming_no_kind_draws_all_three_pictures_beside_it(tmp_path):
+    result = _run("predict", "--plot", str(tmp_path / "out.png"))
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "out.png").exists()
+    for kind in ("breakdown", "timeline", "memory"):
+        assert (tmp_path / f"out-{kind}.png").read_bytes()[:8] == PNG
+        assert f"wrote {kind} picture to" in result.stderr
+
+
 def test_plot_kind_names_the_picture_when_the_file_name_does_not(tmp_path):
     assert _run("predict", "--plot", str(tmp_path / "a.png"), "--plot-kind", "memory").exit_code == 0
     assert (tmp_path / "a.png").read_bytes()[:8] == PNG
@@ -107,7 +116,8 @@ def test_plot_kind_names_the_picture_when_the_file_name_does_not(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--plot", "{tmp}/picture.png"], "must name one plot kind"),
+        (["--plot", "{tmp}/memory-breakdown.png"], "names breakdown and memory; name one plot kind"),
+        (["--plot", "{tmp}/old.png"], "old-breakdown.png: already exists"),
         (["--plot", "{tmp}/breakdown.txt"], "a plot file name ends in .png, .svg, .pdf"),
         (["--plot", "{tmp}/nowhere/breakdown.png"], "does not exist"),
         (["--plot", "{tmp}/old-breakdown.png"], "already exists (pass --force to replace it)"),
