@@ -41,6 +41,7 @@ def test_a_changed_network_is_written_as_the_catalog_cluster_and_its_new_link():
     mapping, _ = _written({"cluster": {"name": "aws-p5.48xlarge", "num_nodes": 4, "inter_node": SLOW_NET}})
     assert set(mapping["cluster"]) == {"name", "num_nodes", "inter_node"}
     assert mapping["cluster"]["name"] == "aws-p5.48xlarge"
+    assert mapping["cluster"]["inter_node"] == {"bandwidth": "1.25 GB/s", "latency": "10 us"}  # in units
 
 
 def test_a_catalog_model_with_a_field_changed_is_written_as_its_name_and_that_field():

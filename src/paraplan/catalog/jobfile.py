@@ -8,7 +8,7 @@ from typing import Any
 
 from paraplan.catalog.jobs import _cluster, _in_catalog, _model
 from paraplan.catalog.loader import catalog_names, load_any_cluster, load_cluster, load_gpu, load_model
-from paraplan.specs import ClusterSpec, ConfigError, GpuSpec, HeteroJob, Job, ModelSpec
+from paraplan.specs import ClusterSpec, ConfigError, GpuSpec, HeteroJob, Job, LinkSpec, ModelSpec
 
 _CLUSTER_FIELDS = ("gpus_per_node", "intra_node", "inter_node", "host_link", "price_per_gpu_hour", "host")
 
@@ -93,8 +93,19 @@ def _resolves_to(resolve: Any, mapping: dict[str, Any], value: Any) -> bool:
 
 
 def _dumped(value: Any) -> Any:
+    """A field as a job file writes it: without its defaults, a link's bandwidth and latency in
+    units ("10 Gb/s" reads better than 1250000000.0) when they read back exactly."""
     dump = getattr(value, "model_dump", None)
-    return dump(mode="json", exclude_defaults=True) if dump is not None else value
+    if dump is None:
+        return value
+    out = dump(mode="json", exclude_defaults=True)
+    if isinstance(value, LinkSpec):
+        readable = {"bandwidth": f"{value.bandwidth_bytes_per_s / 1e9:.6g} GB/s",
+                    **({"latency": f"{value.latency_s * 1e6:.6g} us"} if "latency_s" in out else {}),
+                    **{k: v for k, v in out.items() if k not in ("bandwidth_bytes_per_s", "latency_s")}}
+        if LinkSpec.model_validate(readable) == value:
+            return readable
+    return out
 
 
 def _parallel_mapping(p: Any) -> dict[str, Any]:
