@@ -59,18 +59,12 @@ _MODEL_NUMBER = re.compile(r"[a-z]?\d+(?:\.\d+)?")
 
 # How to describe an entry the catalog lacks, inline in a job file (one line each).
 _INLINE = {
-    "gpus": (
-        "describe it inline in a job file: cluster: {gpu: {name: ..., peak_flops: {bf16: ... TFLOPS}, "
-        "hbm_bytes: ... GiB, hbm_bandwidth: ... TB/s, intra_node: {bandwidth: ... GB/s}}, gpus_per_node: ...}"
-    ),
-    "models": (
-        "describe it inline in a job file: model: {num_layers: ..., hidden_size: ..., "
-        "num_attention_heads: ..., seq_length: ..., vocab_size: ...} or model: {hf_config: config.json}"
-    ),
-    "clusters": (
-        "describe it inline in a job file: cluster: {gpu: <catalog GPU or mapping>, gpus_per_node: ..., "
-        "num_nodes: ..., inter_node: {bandwidth: ... GB/s, latency: ... us}}"
-    ),
+    "gpus": "describe it in the job file: cluster: {gpu: {name, peak_flops: {bf16: ...}, hbm_bytes, hbm_bandwidth, "
+            "intra_node: {bandwidth}}, gpus_per_node}",
+    "models": "describe it in the job file: model: {hf_config: config.json} or its num_layers, hidden_size, "
+              "num_attention_heads, seq_length, vocab_size",
+    "clusters": "describe it in the job file: cluster: {gpu, gpus_per_node, num_nodes, inter_node: "
+                "{bandwidth, latency}}",
 }
 
 
@@ -125,8 +119,8 @@ def load_catalog_entry(kind: Kind, name: str) -> dict[str, Any]:
         if close is not None:
             raise ConfigError(f"unknown {_SINGULAR[kind]} {short_repr(name)}; did you mean {close}?")
         raise ConfigError(
-            f"{_SINGULAR[kind]} {short_repr(name)} is not in the catalog (paraplan catalog {kind} lists "
-            f"{len(catalog_names(kind))}); {_INLINE[kind]}"
+            f"unknown {_SINGULAR[kind]} {short_repr(name)}, not in the catalog (paraplan catalog {kind}); "
+            f"{_INLINE[kind]}"
         )
     return dict(hit[1])
 
