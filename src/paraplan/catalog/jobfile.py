@@ -10,6 +10,7 @@ from paraplan.catalog.jobs import _cluster, _in_catalog, _model
 from paraplan.catalog.loader import catalog_names, load_any_cluster, load_cluster, load_gpu, load_model
 from paraplan.specs import ClusterSpec, ConfigError, GpuSpec, HeteroJob, Job, LinkSpec, ModelSpec
 
+_WRITTEN = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order"}
 _CLUSTER_FIELDS = ("gpus_per_node", "intra_node", "inter_node", "host_link", "price_per_gpu_hour", "host")
 
 
@@ -27,6 +28,9 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
                            "parallel": _parallel_mapping(job.parallel), "precision": job.precision.value}
     if job.train_tokens is not None:
         out["train_tokens"] = int(job.train_tokens) if float(job.train_tokens).is_integer() else job.train_tokens
+    for key, spec in type(job).model_fields.items():  # any other field the job sets (memory_headroom, ...)
+        if key not in _WRITTEN and getattr(job, key) != spec.default:
+            out[key] = _dumped(getattr(job, key))
     if isinstance(job, HeteroJob):
         names = [g.name for g in job.cluster.node_groups]
         unique = len(set(names)) == len(names)
