@@ -203,6 +203,14 @@ def format_count(value: float) -> str:
     return f"{value:.0f}"
 
 
+def format_tokens(value: float) -> str:
+    """A token count as people write it and as job files take it: 1T, 300B, 1.5M, 2K."""
+    for name, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{name}"
+    return f"{value:.0f}"
+
+
 def format_rate(tera: float) -> str:
     """TFLOP/s with one decimal, or three significant digits below 1 (a CPU's 0.0283)."""
     return f"{tera:.1f}" if abs(tera) >= 1 or tera == 0 else f"{tera:.3g}"

@@ -74,7 +74,7 @@ def test_a_cluster_described_by_its_gpu_in_a_file_predicts_as_the_gpu_flag_does(
     assert from_flags.exit_code == 0, from_flags.output
     a, b = json.loads(from_file.stdout), json.loads(from_flags.stdout)
     assert a["iteration_s"] == b["iteration_s"] and a["uncalibrated"] == b["uncalibrated"]
-    assert a["cluster"] == b["cluster"] == "dgx-h100 with H100-SXM5-80GB"  # whose network it took
+    assert a["cluster"] == b["cluster"] == "dgx-h100"  # the GPU's reference node, with its own GPU
 
 
 def test_an_impossible_prediction_is_an_internal_error_with_exit_code_3(monkeypatch):
@@ -117,7 +117,8 @@ def test_explain_lists_the_operators_of_one_layer():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("predict", "--gpu", "A1000"), "unknown GPU 'A1000'; did you mean A100-SXM4-80GB?"),
+        (("predict", "--gpu", "A100-SMX4"), "unknown GPU 'A100-SMX4'; did you mean A100-SXM4-80GB?"),
+        (("predict", "--gpu", "H800"), "unknown GPU 'H800', not in the catalog"),
         (("predict", "--tp", "3"), "parallel: tp*pp*cp = 3 does not divide the cluster's 32 GPUs"),
         (("predict", "--model", "llama-3-8b", "--tp", "16", "--num-nodes", "4"), "parallel.tp: num_query_groups=8 is not divisible by 16"),
         (("predict", "no-such-file.yaml"), "no-such-file.yaml: cannot read the job file"),

@@ -189,7 +189,7 @@ def test_links_recovers_the_link_parameters_and_prints_their_yaml(tmp_path, widt
     ("args", "message"),
     [
         (("operators", "{tmp}/missing", "--gpu", "A100"), "error: DIR {tmp}/missing: no such directory"),
-        (("operators", "{ops}", "--gpu", "A1000"), "error: --gpu: unknown GPU 'A1000'; did you mean A100-SXM4-80GB?"),
+        (("operators", "{ops}", "--gpu", "A100-SMX4"), "error: --gpu: unknown GPU 'A100-SMX4'; did you mean A100-SXM4-80GB?"),
         (("links", "{tmp}/missing", "--cluster", "perlmutter"), "error: DIR {tmp}/missing: no such directory"),
         (("links", "{ops}", "--cluster", "perlmuter"), "error: --cluster: unknown cluster 'perlmuter'"),
         (("links", "{ops}", "--cluster", "perlmutter"), "error: {ops}: no NCCL sample files"),

@@ -12,7 +12,7 @@ import yaml
 from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model, resolve_job
 from paraplan.catalog.hf import model_from_hf_config
 from paraplan.catalog.loader import catalog_key as _key
-from paraplan.catalog.loader import load_any_cluster, load_catalog_entry
+from paraplan.catalog.loader import load_any_cluster, load_catalog_entry, suggest_catalog_name
 from paraplan.specs import ConfigError, ModelSpec, Precision
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -458,3 +458,47 @@ def test_a_job_resolves_catalog_model_and_cluster_names():
     assert job.model.name == "llama-2-70b"
     assert job.cluster.gpu.name == "H100-SXM5-80GB"
     assert job.cluster.num_gpus == 32 and job.parallel.dp == 1
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("H100-SMX5", "H100-SXM5-80GB"), ("A100-40G", "A100-SXM4-40GB"), ("MI300", "MI300X")],
+)
+def test_a_gpu_name_with_a_letter_mistyped_suggests_the_catalog_name(typed, meant):
+    assert suggest_catalog_name("gpus", typed) == meant
+
+
+@pytest.mark.parametrize("other_part", ["H800", "A6000", "A1000", "H20", "V100-16GB"])
+def test_a_gpu_whose_model_number_differs_is_not_suggested_as_a_typo(other_part):
+    assert suggest_catalog_name("gpus", other_part) is None
+    with pytest.raises(ConfigError, match=rf"unknown GPU '{other_part}', not in the catalog .*cluster: \{{gpu: \{{name, "):
+        load_gpu(other_part)
+
+
+def test_a_model_size_that_differs_is_not_suggested_as_a_typo():
+    assert suggest_catalog_name("models", "llama-2-8b") is None
+    assert suggest_catalog_name("models", "lama-2-7b") == "llama-2-7b"
+
+
+def test_the_inline_gpu_the_error_describes_is_a_gpu_the_job_file_accepts():
+    with pytest.raises(ConfigError) as err:
+        load_gpu("H800")
+    message = str(err.value)
+    assert all(field in message for field in ("peak_flops: {bf16:", "hbm_bytes", "hbm_bandwidth", "gpus_per_node"))
+    gpu = {"name": "H800", "peak_flops": {"bf16": "989 TFLOPS"}, "hbm_bytes": "80 GiB",
+           "hbm_bandwidth": "3.35 TB/s", "intra_node": {"bandwidth": "200 GB/s"}}
+    job = resolve_job({"model": "llama-2-7b", "cluster": {"gpu": gpu, "gpus_per_node": 8},
+                            "parallel": {"tp": 8}})
+    assert job.cluster.gpu.name == "H800"
+
+
+def test_a_catalog_cluster_whose_network_a_job_changed_is_not_named_as_the_catalog_cluster():
+    slow = {"bandwidth": "10 Gb/s", "latency": "10 us"}
+    cluster = load_cluster("aws-p5.48xlarge", num_nodes=4, inter_node=slow)
+    assert cluster.name == "aws-p5.48xlarge with a changed inter_node"
+    assert load_cluster("aws-p5.48xlarge", num_nodes=4).name == "aws-p5.48xlarge"
+
+
+def test_a_job_that_repeats_the_catalogs_own_link_keeps_the_catalog_name():
+    raw = load_catalog_entry("clusters", "aws-p5.48xlarge")
+    assert load_cluster("aws-p5.48xlarge", inter_node=raw["inter_node"]).name == "aws-p5.48xlarge"

@@ -544,6 +544,8 @@ def test_export_writes_a_new_file_and_bad_input_is_one_line_with_exit_2(tmp_path
 def moe_job(model="mixtral-8x7b", nodes=4, **parallel):
     """A catalog MoE model (a name, or a mapping of a name and overrides) on DGX H100 nodes."""
     parallel = {"tp": 1, "pp": 1, "micro_batch_size": 1, "global_batch_size": 64, "zero_stage": 1, **parallel}
+    if model == "deepseek-v3" and parallel["pp"] == 16:  # 61 layers: Megatron-LM runs the split it is given
+        parallel.setdefault("layers_per_stage", [4] * 13 + [3] * 3)
     return resolve_job({"model": model, "cluster": {"name": "dgx-h100", "num_nodes": nodes}, "parallel": parallel})
 
 

@@ -273,7 +273,7 @@ def test_bad_heterogeneous_input_is_a_one_line_error(tmp_path):
 
 def test_a_job_file_round_trips_for_both_kinds_of_cluster():
     from paraplan.catalog import resolve_job
-    from paraplan.catalog.jobs import job_mapping
+    from paraplan.catalog.jobfile import job_mapping
 
     hetero = gpt2xl_job((1, 1, 1, 0, 1, 1, 1, 1), layers=(6,) * 8)
     plain = resolve_job({"model": "gpt3-1.3b", "cluster": {"name": "dgx-a100", "num_nodes": 2},

@@ -41,9 +41,9 @@ def test_heads_not_divisible_by_tp_name_the_field():
     assert message.startswith("parallel.tp: num_attention_heads=40 is not divisible by 16")
 
 
-def test_an_unknown_gpu_suggests_the_closest_catalog_name():
-    message = error_of(cluster={"gpu": "A1000", "gpus_per_node": 8})
-    assert "unknown GPU 'A1000'" in message
+def test_a_mistyped_gpu_suggests_the_closest_catalog_name():
+    message = error_of(cluster={"gpu": "A100-SMX4", "gpus_per_node": 8})
+    assert "unknown GPU 'A100-SMX4'" in message
     assert "did you mean A100" in message
 
 
@@ -93,7 +93,7 @@ def test_a_cluster_described_by_its_gpu_takes_the_reference_nodes_network_as_the
     assert (from_file.cluster.intra_node, from_file.cluster.inter_node) == (
         reference.cluster.intra_node, reference.cluster.inter_node)
     assert from_file.cluster.sources == reference.cluster.sources  # measured efficiencies stay measured
-    assert from_file.cluster.name == "dgx-a100 with A100-SXM4-80GB"
+    assert from_file.cluster.name == "dgx-a100"  # the reference node with its own GPU: the catalog node
     flags = {"gpu": "A100-SXM4-80GB", "num_nodes": 4, "gpus_per_node": 8}
     from_flags = resolve_job(apply_overrides({k: v for k, v in BASE.items() if k != "cluster"}, flags))
     assert from_flags.cluster == from_file.cluster

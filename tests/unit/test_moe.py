@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from paraplan.catalog.loader import load_cluster, load_model
 from paraplan.inventory import CollectiveKind, ParallelDim, count_job
+from paraplan.inventory.partition import split_layers
 from paraplan.prediction import predict
 from paraplan.prediction.memory import estimate_memory
 from paraplan.specs import Job, ModelSpec
@@ -22,6 +23,8 @@ SMALL_MOE = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_len
 def job(model="mixtral-8x7b", nodes=4, **parallel) -> Job:
     m = load_model(model) if isinstance(model, str) else model
     parallel = {"tp": 1, "pp": 1, "micro_batch_size": 1, "global_batch_size": 64, **parallel}
+    if m.num_layers % parallel["pp"]:  # Megatron-LM runs an uneven split only when it is given
+        parallel.setdefault("layers_per_stage", split_layers(m.num_layers, parallel["pp"]))
     return Job(model=m, cluster=load_cluster("dgx-h100", num_nodes=nodes), parallel=parallel)
 
 
@@ -296,7 +299,10 @@ def test_uneven_layers_let_the_search_split_deepseek_v3s_61_layers_over_pipeline
                         recompute=("full",), uneven_layers=True)
     result = search_plans(load_model("deepseek-v3"), load_cluster("dgx-h100", num_nodes=32), 1024, space=space)
     assert {p.job.parallel.pp for p in result.ranked} == {16}  # pp 8 holds too much per GPU
-    assert "pp does not divide the layers evenly (uneven splits are off)" not in result.excluded
+    from paraplan.search.space import UNEVEN_NOT_SCREENED
+    from paraplan.specs.plan import PP_LAYERS_REASON
+
+    assert not {PP_LAYERS_REASON, UNEVEN_NOT_SCREENED} & set(result.excluded)
     best = result.ranked[0]
     assert sum(s.num_layers for s in best.stages) == 61
 

@@ -159,7 +159,7 @@ def test_torchtitan_export_turns_on_fsdp_cpu_offload():
 
 
 def test_a_saved_job_keeps_its_offload():
-    from paraplan.catalog.jobs import job_mapping
+    from paraplan.catalog.jobfile import job_mapping
 
     j = job(zero_stage=3, framework="deepspeed", offload_optimizer="cpu", offload_param="cpu")
     again = resolve_job(job_mapping(j))

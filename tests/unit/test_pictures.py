@@ -98,6 +98,15 @@ def test_predict_draws_the_breakdown_and_the_timeline_named_by_their_file_names(
     assert '"iteration_s"' in result.stdout
 
 
+def test_a_plot_file_naming_no_kind_draws_all_three_pictures_beside_it(tmp_path):
+    result = _run("predict", "--plot", str(tmp_path / "out.png"))
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "out.png").exists()
+    for kind in ("breakdown", "timeline", "memory"):
+        assert (tmp_path / f"out-{kind}.png").read_bytes()[:8] == PNG
+        assert f"wrote {kind} picture to" in result.stderr
+
+
 def test_plot_kind_names_the_picture_when_the_file_name_does_not(tmp_path):
     assert _run("predict", "--plot", str(tmp_path / "a.png"), "--plot-kind", "memory").exit_code == 0
     assert (tmp_path / "a.png").read_bytes()[:8] == PNG
@@ -106,7 +115,8 @@ def test_plot_kind_names_the_picture_when_the_file_name_does_not(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--plot", "{tmp}/picture.png"], "must name one plot kind"),
+        (["--plot", "{tmp}/memory-breakdown.png"], "names breakdown and memory; name one plot kind"),
+        (["--plot", "{tmp}/old.png"], "old-breakdown.png: already exists"),
         (["--plot", "{tmp}/breakdown.txt"], "a plot file name ends in .png, .svg, .pdf"),
         (["--plot", "{tmp}/nowhere/breakdown.png"], "does not exist"),
         (["--plot", "{tmp}/old-breakdown.png"], "already exists (pass --force to replace it)"),
@@ -200,6 +210,17 @@ def test_report_writes_one_self_contained_html_page_and_the_gemm_csv(tmp_path):
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]*", "", page)
     assert not re.search(r"https?:|//|<script|<link|<iframe|url\(|@import", text, re.IGNORECASE)
     assert (tmp_path / "g.csv").read_text().startswith("operator,pass,batch,M,K,N,flops\n")
+
+
+def test_the_report_is_headed_by_the_job_files_name_and_says_its_token_budget_in_words(tmp_path):
+    job = tmp_path / "llama-8b-two-nodes.yaml"  # a job file that names itself nothing
+    job.write_text("model: llama-3-8b\ncluster: {name: dgx-h100, num_nodes: 2}\nparallel: {tp: 2}\ntrain_tokens: 1T\n")
+    result = _run("report", str(job), "-o", str(tmp_path / "r.html"))
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "r.html").read_text()
+    assert "<h1>llama-8b-two-nodes: llama-3-8b on 16 x H100-SXM5-80GB</h1>" in page
+    assert "time to train 1T tokens (1,000,000,000,000)" in page
+    assert "Job job" not in page and "1e+12" not in page
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ def test_exports_carry_hybrid_sharding_and_megatron_s_overlaps():
 
 
 def test_a_saved_plan_keeps_the_new_settings():
-    from paraplan.catalog.jobs import job_mapping
+    from paraplan.catalog.jobfile import job_mapping
 
     job = resolve_job({"model": "llama-2-7b", "cluster": {"name": "dgx-h100", "num_nodes": 2},
                        "parallel": {"framework": "fsdp", "zero_stage": 3, "global_batch_size": 32,

@@ -238,6 +238,26 @@ def test_no_plan_passing_the_rules_is_said_and_nothing_is_saved(tmp_path):
     assert f"nothing written to {best}" in re.sub(r"\s+", " ", result.stderr)
 
 
+def test_the_saved_best_plan_names_its_hardware_and_predicts_the_searchs_best_time(tmp_path):
+    import yaml
+
+    from paraplan.catalog import load_job
+
+    job = tmp_path / "slow-net.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": "llama-3-8b", "parallel": {"global_batch_size": 64},
+        "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 2, "inter_node": {"bandwidth": "10 Gb/s", "latency": "10 us"}},
+    }))
+    best = tmp_path / "best.yaml"
+    result = _invoke([str(job), "--top", "1", "--format", "json", "--save-best", str(best)])
+    assert result.exit_code == 0, result.stderr
+    saved = yaml.safe_load(best.read_text())
+    assert saved["model"] == "llama-3-8b" and saved["cluster"]["name"] == "aws-p5.48xlarge"
+    assert len(best.read_text().splitlines()) < 15
+    searched = json.loads(result.stdout)["plans"][0]["iteration_s"]
+    assert predict(load_job(best)).iteration_s == pytest.approx(searched, rel=1e-12)
+
+
 # --- tables at 80 and 200 columns ---------------------------------------------------------
 
 WIDE_SEARCHES = {

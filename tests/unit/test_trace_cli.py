@@ -28,7 +28,7 @@ def test_the_summary_table_fits_80_and_200_columns_without_cutting_numbers(mode,
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert_readable_text(result.stdout, width)
-    for heading in ("Iteration time", "Noise:", "Per rank", "Slowest rank:", "fastest iteration", "median iteration"):
+    for heading in ("Iteration time", "Noise:", "Per rank", "Straggler:", "fastest iteration", "median iteration"):
         assert heading in result.stdout
     row = next(line for line in lines if re.match(r"\s+iteration\s+\d", line))
     assert all(re.fullmatch(r"\d+\.\d\d", cell) for cell in row.split()[1:])

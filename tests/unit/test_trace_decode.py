@@ -84,6 +84,30 @@ def test_the_summary_gives_statistics_fastest_median_noise_and_the_slowest_rank(
     assert s.slowest_rank in (0, 1)
 
 
+def test_the_straggler_on_the_fsdp_fixture_is_the_rank_that_starts_each_collective_last():
+    s = summarize([FIXTURES / "fsdp"])
+    waits = s.waits_caused()
+    # rank 1 reaches the all-gathers late (the same GEMM takes it 3x as long): rank 0 waits
+    assert s.slowest_rank == 1 and waits[1] > 10 * waits[0]
+    # and rank 0's iteration is the longer one, because it holds that waiting
+    shares = {sh.rank: sh for sh in s.shares()}
+    assert shares[0].iteration_s > shares[1].iteration_s and shares[0].comm_s > shares[1].comm_s
+
+
+def test_the_straggler_is_who_the_others_wait_for_not_who_has_the_most_compute():
+    s = summarize([FIXTURES / "ddp-shapes"])
+    shares = {sh.rank: sh for sh in s.shares()}
+    assert shares[1].compute_s > shares[0].compute_s  # by compute, rank 1
+    waits = s.waits_caused()
+    assert waits[0] > waits[1] and s.slowest_rank == 0  # but rank 1 waits for rank 0
+
+
+def test_without_collectives_to_match_the_straggler_is_the_rank_with_the_most_compute():
+    s = summarize([FIXTURES / "pipeline"])  # sends and receives only: the receiver alone waits
+    assert s.waits_caused() is None
+    assert s.slowest_rank == max(s.shares(), key=lambda sh: sh.compute_s).rank
+
+
 def test_a_partly_overlapping_event_closes_its_parent_instead_of_being_cut(tmp_path):
     # torch 2.13 records c10d::send, then gloo:send starting a few microseconds before it ends
     events = [

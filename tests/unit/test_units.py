@@ -46,3 +46,11 @@ def test_a_small_models_parameters_and_rate_are_not_printed_as_zero():
     assert format_rate(0.0107) == "0.0107"
     assert format_rate(409.84) == "409.8"
     assert format_rate(0.0) == "0.0"
+
+
+@pytest.mark.parametrize(("tokens", "written"), [(1e12, "1T"), (3e11, "300B"), (1.5e6, "1.5M"), (2000, "2K"), (7, "7")])
+def test_a_token_count_is_written_as_a_job_file_takes_it(tokens, written):
+    from paraplan.units import format_tokens, parse_count
+
+    assert format_tokens(tokens) == written
+    assert parse_count(written) == tokens

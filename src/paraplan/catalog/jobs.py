@@ -10,7 +10,6 @@ from pydantic import ValidationError
 from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
 from paraplan.catalog.userdata import load_data, load_yaml, read_text
 from paraplan.specs import (
-    DEFAULT_MEMORY_HEADROOM,
     ClusterSpec,
     ConfigError,
     GpuSpec,
@@ -211,75 +210,10 @@ def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:
     return out
 
 
-def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
-    """A job file's mapping that ``resolve_job`` turns back into ``job``: catalog names where
-    the catalog entry is what the job uses, the full description otherwise."""
-    model = job.model.name if _catalog_equal("models", job.model.name, job.model) else job.model.model_dump(mode="json")
-    if isinstance(job, HeteroJob):
-        c = job.cluster
-        cluster: Any = c.name if _catalog_equal("clusters", c.name, c) else c.model_dump(mode="json")
-    else:
-        c = job.cluster
-        cluster = {"name": c.name, "num_nodes": c.num_nodes}
-        if not _catalog_equal("clusters", c.name, c, num_nodes=c.num_nodes):
-            cluster = c.model_dump(mode="json")
-    p = job.parallel
-    parallel = {
-        "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "sequence_parallel": p.sequence_parallel,
-        "zero_stage": p.zero_stage, "micro_batch_size": p.micro_batch_size,
-        "global_batch_size": p.global_batch_size, "recompute": p.recompute.value, "schedule": p.schedule.value,
-        "framework": p.framework.value,
-    }
-    if p.vpp > 1:
-        parallel["vpp"] = p.vpp
-    if p.partition_activations:
-        parallel["partition_activations"] = True
-    for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask",
-                "gradient_accumulation_fusion", "deepspeed_train_schedule", "recompute_method",
-                "recompute_num_layers", "recompute_every", "data_parallel_shard_degree", "grad_reduce_in_fp32",
-                "fsdp_version"):
-        value = getattr(p, key)
-        if value is not None:
-            parallel[key] = list(value) if isinstance(value, tuple) else value
-    for key in ("tp_comm_overlap", "overlap_p2p_comm"):
-        if getattr(p, key):
-            parallel[key] = True
-    for key in ("offload_optimizer", "offload_param"):  # offload (issue 18)
-        if getattr(p, key) != "none":
-            parallel[key] = getattr(p, key)
-    if p.cpu_offloading:
-        parallel.update(cpu_offloading=True, cpu_offloading_num_layers=p.cpu_offloading_num_layers)
-    out: dict[str, Any] = {"name": job.name, "model": model, "cluster": cluster, "parallel": parallel,
-                           "precision": job.precision.value}
-    if job.train_tokens is not None:
-        out["train_tokens"] = job.train_tokens
-    if job.memory_headroom != DEFAULT_MEMORY_HEADROOM:
-        out["memory_headroom"] = job.memory_headroom
-    if isinstance(job, HeteroJob):
-        names = [g.name for g in job.cluster.node_groups]
-        unique = len(set(names)) == len(names)
-        out["node_order"] = [names[g] if unique else g for g in job.node_order]
-    return out
-
-
-def _catalog_equal(kind: str, name: str, value: Any, **overrides: Any) -> bool:
-    from paraplan.catalog.loader import load_any_cluster
-
-    if not _in_catalog(kind, name):
-        return False
-    try:
-        if kind == "models":
-            return load_model(name) == value
-        entry = load_any_cluster(name) if not overrides else load_cluster(name, **overrides)
-    except ConfigError:
-        return False
-    return entry == value
-
-
 def load_job(path: Path | str) -> Job | HeteroJob:
     """Read a job file (YAML or JSON) and resolve it."""
     path = Path(path)
-    return resolve_job(read_job_mapping(path), base_dir=path.parent)
+    return resolve_job(read_job_file(path), base_dir=path.parent)
 
 
 # Flags that go into the job's ``cluster`` and ``parallel`` mappings (Megatron-LM names).
@@ -313,6 +247,13 @@ def demo_job_mapping() -> dict[str, Any]:
 
     text = (resources.files("paraplan.catalog") / "demo-job.yaml").read_text(encoding="utf-8")
     return load_yaml(text, "demo-job.yaml")
+
+
+def read_job_file(path: Path | str) -> dict[str, Any]:
+    """A job file's mapping, named after the file when it names itself nothing (a report's
+    heading then reads "llama-70b-tp8", not Job's default "job")."""
+    raw = read_job_mapping(path)
+    return raw if "name" in raw else {"name": Path(path).stem.removesuffix(".job"), **raw}
 
 
 def read_job_mapping(path: Path | str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from paraplan.specs import (
     ConfigError,
     GpuSpec,
     HeteroClusterSpec,
+    LinkSpec,
     ModelSpec,
     RuntimeMemorySpec,
     format_validation_error,
@@ -54,20 +55,74 @@ def catalog_names(kind: Kind) -> list[str]:
     return sorted({name for name, _ in _index(kind).values()})
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_MODEL_NUMBER = re.compile(r"[a-z]?\d+(?:\.\d+)?")
+
+# How to describe an entry the catalog lacks, inline in a job file (one line each).
+_INLINE = {
+    "gpus": "describe it in the job file: cluster: {gpu: {name, peak_flops: {bf16: ...}, hbm_bytes, hbm_bandwidth, "
+            "intra_node: {bandwidth}}, gpus_per_node}",
+    "models": "describe it in the job file: model: {hf_config: config.json} or its num_layers, hidden_size, "
+              "num_attention_heads, seq_length, vocab_size",
+    "clusters": "describe it in the job file: cluster: {gpu, gpus_per_node, num_nodes, inter_node: "
+                "{bandwidth, latency}}",
+}
+
+
+def suggest_catalog_name(kind: Kind, name: str) -> str | None:
+    """The catalog name ``name`` is a near-typo of, or None.
+
+    The numbers in a name are its model number and size (H100, A100, H800, A6000; llama-2-7b,
+    llama-2-13b; 80GB): names whose numbers differ are different parts, however few characters
+    apart (H800 is not a mistyped H200, nor A1000 a mistyped A100). So a suggestion must start
+    with the same numbers in the same order (it may add more: "A100-SXM4" -> A100-SXM4-80GB),
+    and be close in its letters and separators ("H100-SMX5" -> H100-SXM5-80GB, "perlmuter" ->
+    perlmutter); names with exactly the typed numbers go first."""
+    key = catalog_key(name)
+    if len(key) > 100:
+        return None
+    numbers = _numbers(name)
+    named = _numbered_keys(kind)
+    exact = [k for k, n in named.items() if n == numbers]
+    longer = [k for k, n in named.items() if n[: len(numbers)] == numbers and k not in exact]
+    for candidates in (exact, longer):
+        close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+        if close:
+            return _index(kind)[close[0]][0]
+    return None
+
+
+def _numbers(name: str) -> tuple[str, ...]:
+    """The numbers in a name as written, the first with the letter it follows: the model
+    number ("A100-SXM4-80GB" -> a100, 4, 80; "NVIDIA H100 80GB" -> h100, 80)."""
+    numbers = _NUMBER.findall(name)
+    first = _MODEL_NUMBER.search(name.lower())
+    return (first.group(0), *numbers[1:]) if first else ()
+
+
+@functools.cache
+def _numbered_keys(kind: Kind) -> dict[str, tuple[str, ...]]:
+    """normalised name or alias -> the numbers in it as the catalog writes it."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, raw in _index(kind).values():
+        for alias in [name, *raw.get("aliases", ())]:
+            out.setdefault(catalog_key(str(alias)), _numbers(str(alias)))
+    return out
+
+
 def load_catalog_entry(kind: Kind, name: str) -> dict[str, Any]:
-    """The raw mapping of one entry; a ConfigError with suggestions when it is unknown."""
+    """The raw mapping of one entry; a ConfigError with a suggestion for a near-typo, else how
+    to describe the entry inline."""
     index = _index(kind)
     hit = index.get(catalog_key(name))
     if hit is None:
-        key = catalog_key(name)
-        close = difflib.get_close_matches(key, list(index), n=1, cutoff=0.5) if len(key) <= 100 else []
-        if close:
-            hint = f"; did you mean {index[close[0]][0]}?"
-        else:
-            names = catalog_names(kind)
-            more = f", ... ({len(names)} in all: paraplan catalog {kind})" if len(names) > 8 else ""
-            hint = f"; known: {', '.join(names[:8])}{more}"
-        raise ConfigError(f"unknown {_SINGULAR[kind]} {short_repr(name)}{hint}")
+        close = suggest_catalog_name(kind, name)
+        if close is not None:
+            raise ConfigError(f"unknown {_SINGULAR[kind]} {short_repr(name)}; did you mean {close}?")
+        raise ConfigError(
+            f"unknown {_SINGULAR[kind]} {short_repr(name)}, not in the catalog (paraplan catalog {kind}); "
+            f"{_INLINE[kind]}"
+        )
     return dict(hit[1])
 
 
@@ -105,22 +160,41 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
             f"{raw['name']}` plans for it, predict takes a cluster of one GPU type"
         )
     raw = dict(raw, sources=dict(raw.get("sources", {})))
-    for link in ("intra_node", "inter_node"):
-        if link in overrides:  # a link of the user's: the catalog's measurement no longer applies
-            raw["sources"].pop(f"{link}_efficiency", None)
+    changed = [link for link in _LINKS if link in overrides and not _same_link(overrides[link], raw.get(link))]
+    for link in changed:  # a link of the user's: the catalog's measurement no longer applies
+        raw["sources"].pop(f"{link}_efficiency", None)
+    own_gpu = raw.get("gpu")
     raw.update({k: v for k, v in overrides.items() if k != "sources"})
     if "sources" in overrides:
         raw["sources"].update(overrides["sources"])
     if isinstance(raw.get("gpu"), str):
         raw["gpu"] = load_gpu(raw["gpu"])
-    if "gpu" in overrides:  # the node's links with another GPU: no longer the catalog entry
+    other_gpu = "gpu" in overrides and not (isinstance(own_gpu, str) and raw["gpu"] == load_gpu(own_gpu))
+    if other_gpu:  # the node's links with another GPU: no longer the catalog entry
         gpu = raw["gpu"]
         gpu_name = gpu.name if isinstance(gpu, GpuSpec) else dict(gpu).get("name", "custom GPU")
         raw["name"] = f"{raw['name']} with {gpu_name}"
         raw.pop("aliases", None)
         if "price_per_gpu_hour" not in overrides:  # the catalog's price was for its own GPU
             raw.pop("price_per_gpu_hour", None)
+    if changed:  # another network: no longer the catalog's cluster, and its name must say so
+        joiner = " and" if other_gpu else " with"
+        raw["name"] = f"{raw['name']}{joiner} a changed {' and '.join(changed)}"
+        raw.pop("aliases", None)
     return _validated(ClusterSpec, raw, "cluster")
+
+
+_LINKS = ("intra_node", "inter_node", "host_link")
+
+
+def _same_link(given: Any, catalog: Any) -> bool:
+    """Whether a link a job gives is the catalog's own (an unreadable one is not)."""
+    if catalog is None or given is None:
+        return given is catalog
+    try:
+        return LinkSpec.model_validate(given) == LinkSpec.model_validate(catalog)
+    except ValidationError:
+        return False
 
 
 def load_any_cluster(name: str) -> ClusterSpec | HeteroClusterSpec:

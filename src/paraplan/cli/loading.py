@@ -17,11 +17,13 @@ def load_flagged_job(job_file: Path | None, flags: dict[str, Any]) -> tuple[Job 
     """The job of ``job_file`` (None: the built-in demo job) with ``flags`` laid over it, and
     the line to print on stderr once the command has its answer (bad input prints one line,
     the error): what was taken from the demo job, or where the sequence length came from."""
-    from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping, resolve_job
+    from paraplan.catalog.jobs import demo_job_mapping, read_job_file
+    from paraplan.catalog.origin import resolve_with_flags
 
     flags = cwd_paths(flags)
-    raw = read_job_mapping(job_file) if job_file is not None else demo_job_mapping()
-    job = resolve_job(apply_overrides(raw, flags), base_dir=job_file.parent if job_file is not None else Path("."))
+    raw = read_job_file(job_file) if job_file is not None else demo_job_mapping()
+    base, origin = (job_file.parent, str(job_file)) if job_file is not None else (Path("."), "the demo job")
+    job = resolve_with_flags(raw, flags, base, origin)
     note = None
     taken = from_demo(raw, flags, job.model.seq_length) if job_file is None else []
     if taken:

@@ -33,8 +33,9 @@ def predict_command(
     output: Format = OutputFormat.table,
     explain: Annotated[bool, Opt("--explain", help="Also show the per-operator table of one layer.")] = False,
     plot: Annotated[list[Path] | None, Opt(
-        help="Also draw a picture (.png/.svg/.pdf; repeatable): its kind from the file name "
-        "(breakdown.png, timeline.png, memory.png) or --plot-kind.")] = None,
+        help="Also draw a picture (.png/.svg/.pdf; repeatable): the kind the file name names "
+        "(breakdown.png, run-timeline.svg, memory.pdf) or --plot-kind; a name with no kind "
+        "(out.png) draws all three: out-breakdown.png, out-timeline.png, out-memory.png.")] = None,
     plot_kind: Annotated[str | None, Opt(help="breakdown | timeline | memory (for one --plot file).")] = None,
     force: Annotated[bool, Opt("--force", help="Replace existing --plot files.")] = False,
 ) -> None:

@@ -435,7 +435,7 @@ def _base(mapping, target, num_gpus, sizes, base_dir):
 def _save_best(result, path: Path) -> None:
     import yaml
 
-    from paraplan.catalog.jobs import job_mapping
+    from paraplan.catalog.jobfile import job_mapping
     from paraplan.specs import ConfigError
 
     best = result.ranked[0]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.specs import ConfigError, Framework, Job
-from paraplan.units import format_bytes
+from paraplan.units import format_bytes, format_tokens
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -105,7 +105,7 @@ def header_lines(job: Job, prediction: Prediction | None, what: str, runs_on: Fr
         )
         if prediction.time_to_train_s is not None:
             lines.append(
-                f"predicted time to train {job.train_tokens:.3g} tokens: "
+                f"predicted time to train {format_tokens(job.train_tokens)} tokens: "
                 f"{format_duration(prediction.time_to_train_s)}"
             )
     return lines

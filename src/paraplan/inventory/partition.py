@@ -8,13 +8,20 @@ from paraplan.specs import ModelSpec, ParallelPlan
 def count_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     """The job's explicit ``layers_per_stage``, or Megatron-LM's even split.
 
-    Megatron-LM gives every stage num_layers/pp layers (it requires divisibility); when the
-    layers do not divide evenly (as DeepSpeed allows) the first stages get one more layer.
+    Megatron-LM gives every stage num_layers/pp layers (it requires divisibility unless the split
+    is given: ``specs.plan.pp_layers_problem``); when the layers do not divide evenly (as DeepSpeed
+    and torchtitan allow) the first stages get one more layer.
     """
     if plan.layers_per_stage is not None:
         return plan.layers_per_stage
-    base, extra = divmod(model.num_layers, plan.pp)
-    return tuple(base + (1 if i < extra else 0) for i in range(plan.pp))
+    return split_layers(model.num_layers, plan.pp)
+
+
+def split_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """``num_layers`` over ``pp`` stages, the first ``num_layers % pp`` stages one layer longer
+    (DeepSpeed's partition_uniform; Megatron-LM runs it when the split is given)."""
+    base, extra = divmod(num_layers, pp)
+    return tuple(base + (1 if i < extra else 0) for i in range(pp))
 
 
 def count_moe_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ from paraplan.prediction.components import components_of
 from paraplan.report.gemms import gemm_rows
 from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
-from paraplan.units import format_bytes, format_count, format_rate, format_seconds
+from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
@@ -74,7 +74,8 @@ def _summary(pred: Prediction) -> str:
         ["$ per million tokens", _usd(pred.usd_per_million_tokens)],
     ]
     if pred.time_to_train_s is not None:
-        rows += [[f"time to train {job.train_tokens:.3g} tokens", format_seconds(pred.time_to_train_s)],
+        rows += [[f"time to train {format_tokens(job.train_tokens)} tokens ({job.train_tokens:,.0f})",
+                  format_seconds(pred.time_to_train_s)],
                  ["cost to train", _usd(pred.cost_to_train_usd)]]
     return _table(["", ""], rows, left=1)
 
@@ -140,14 +141,19 @@ def _gemms(pred: Prediction) -> str:
     return _table(header, rows, left=2)
 
 
+def _job_title(job) -> str:
+    """The job's name; a job that names itself nothing (Job's default "job") is "paraplan"."""
+    return job.name if job.name and job.name != "job" else "paraplan"
+
+
 def render_html(pred: Prediction) -> str:
     """The whole report of ``pred`` (made with ``keep_timeline=True``) as one HTML page."""
-    title = f"paraplan: {pred.job.model.name} on {gpus_label(pred)}"
+    title = f"{_job_title(pred.job)}: {pred.job.model.name} on {gpus_label(pred)}"
     notes = "".join(f'<p class="note">uncalibrated: {escape(n)}</p>' for n in pred.uncalibrated)
     verdict = "" if pred.fits else '<p class="bad">The plan does not fit in GPU memory.</p>'
     sections = [
         f"<h1>{escape(title)}</h1>",
-        f'<p class="note">Job {escape(pred.job.name)}; predicted by paraplan ({escape(pred.backend)} backend).</p>',
+        f'<p class="note">Predicted by paraplan ({escape(pred.backend)} backend).</p>',
         verdict, _summary(pred), notes,
         "<h2>Where one iteration goes</h2>",
         '<p class="note">Seconds of one iteration on each pipeline stage; the critical stage is the '

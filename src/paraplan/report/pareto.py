@@ -12,6 +12,7 @@ import numpy as np
 
 from paraplan.prediction import Prediction
 from paraplan.search import SearchResult, pareto_front
+from paraplan.units import format_tokens
 
 MAX_POINTS = 20_000  # per cluster configuration in the cloud; more are sampled (the front is always whole)
 
@@ -72,8 +73,16 @@ def _short(p: Prediction, with_gpus: bool) -> str:
         text += ", layers " + ",".join(f"{n}x{v}" if n > 1 else str(v) for v, n in _runs(layers))
     if with_gpus:
         name = p.placement.cluster if p.placement is not None else p.job.cluster.name
-        text = f"{p.job.cluster.num_gpus} x {name}: {text}"
+        text = f"{hardware_label(name, p.job.cluster.num_gpus, p.job.cluster.num_nodes)}: {text}"
     return text
+
+
+def hardware_label(cluster: str, num_gpus: int, num_nodes: int | None) -> str:
+    """"8 x dgx-h100 (64 GPUs)": a catalog cluster is a node type, so the count before it is
+    nodes; the GPUs follow in parentheses ("hetero-a100-a10 (32 GPUs)" without a node count)."""
+    if num_nodes:
+        return f"{num_nodes} x {cluster} ({num_gpus} GPUs)"
+    return f"{cluster} ({num_gpus} GPUs)"
 
 
 def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, axis: str, to_train: bool) -> Path:
@@ -111,8 +120,9 @@ def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, ax
             shown, total = shown + len(idx), total + len(xs)
             all_x.append(xs[idx])
             all_y.append(ys[idx])
-            label = s.cluster if len(sizes) == len(result.configurations) else f"{s.num_gpus} x {s.cluster}"
-            ax.scatter(xs[idx], ys[idx], s=8, alpha=0.35, label=f"{label} ({len(xs):,} plans)", rasterized=True)
+            label = s.cluster if len(sizes) == len(result.configurations) else hardware_label(
+                s.cluster, s.num_gpus, s.num_nodes)
+            ax.scatter(xs[idx], ys[idx], s=8, alpha=0.35, label=f"{label}: {len(xs):,} plans", rasterized=True)
         ax.plot(fx, fy, color="black", marker="o", markersize=5, linewidth=1.2, drawstyle="steps-post",
                 label=f"Pareto front ({len(front)} plans)")
         xa, ya = np.concatenate(all_x), np.concatenate(all_y)
@@ -126,6 +136,7 @@ def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, ax
                 lambda v, _: f"${v:,.0f}" if to_train else f"${v:,.2f}"))
         numbers = [f"#{i + 1}" for i in range(len(front))]
         labelled = _labelled(fx, fy, log_x, numbers, (xa.min(), xa.max(), ya.min(), ya.max()))
+        _front_ticks(ax, [fx[i] for i, _, _ in labelled], [fy[i] for i, _, _ in labelled], log_x, axis, to_train)
         for i, left, below in labelled:
             ax.annotate(numbers[i], (fx[i], fy[i]), fontsize=8, xytext=(-3 if left else 3, -3 if below else 3),
                         textcoords="offset points", ha="right" if left else "left", va="top" if below else "bottom")
@@ -138,7 +149,7 @@ def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, ax
         if len(labelled) < len(front):
             handles.append(blank)
             labels.append(f"(all {len(front)} in the front's table)")
-        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.07, 1.0), borderaxespad=0.0,
                   handletextpad=0.3)
         tokens = f" {tokens_text(train_tokens)} tokens" if to_train else ""
         ax.set_xlabel(f"days to train{tokens}" if to_train else "seconds per million tokens")
@@ -156,12 +167,39 @@ def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, ax
     return Path(path)
 
 
+def _front_ticks(ax, xs: list[float], ys: list[float], log_x: bool, axis: str, to_train: bool) -> None:
+    """Ticks where the labelled front points sit, on the top and right edges (the best plans
+    seldom fall on round numbers): their time above, their memory or cost on the right."""
+    import matplotlib.ticker
+
+    def spaced(values: list[float], log: bool, lo: float, hi: float) -> list[float]:
+        out: list[float] = []  # at least 4 % of the axis apart, so that labels never overlap
+        scale = (lambda v: np.log(v)) if log else (lambda v: v)
+        span = max(scale(hi) - scale(lo), 1e-300)
+        for v in sorted(set(values)):
+            if all(abs(scale(v) - scale(u)) / span > 0.04 for u in out):
+                out.append(v)
+        return out
+
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(spaced(xs, log_x, *ax.get_xlim()), minor=False)
+    top.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    top.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+    top.tick_params(labelsize=7, colors="0.3")
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(spaced(ys, False, *ax.get_ylim()), minor=False)
+    right.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    if axis == "cost":
+        money = (lambda v, _: f"${v:,.0f}") if to_train else (lambda v, _: f"${v:,.3g}")
+        right.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(money))
+    else:
+        right.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+    right.tick_params(labelsize=7, colors="0.3")
+
+
 def tokens_text(n: float) -> str:
     """A token count as people write it: 2T, 300B, 1.5M."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
+    return format_tokens(n)
 
 
 def _minor_label(v: float, _pos) -> str:

@@ -49,36 +49,48 @@ _MEMORY_PARTS = (
 )
 
 
-def plot_kind_for(path: str | os.PathLike[str], kind: str | None = None) -> str:
+def plot_kind_for(path: str | os.PathLike[str], kind: str | None = None) -> str | None:
     """The picture a ``--plot`` file asks for: ``kind`` when given, else the one kind its file
-    name contains (``breakdown.png``, ``llama-timeline.svg``)."""
+    name contains (``breakdown.png``, ``llama-timeline.svg``); None when it names none (then
+    every kind is drawn, ``plot_files``)."""
     if kind is not None:
         if kind not in PLOT_KINDS:
             raise ConfigError(f"--plot-kind: unknown kind {kind!r} (available: {', '.join(PLOT_KINDS)})")
         return kind
     named = [k for k in PLOT_KINDS if k in Path(path).stem.lower()]
-    if len(named) != 1:
+    if len(named) > 1:
         raise ConfigError(
-            f"--plot {path}: the file name must name one plot kind ({', '.join(PLOT_KINDS)}), or pass --plot-kind"
+            f"--plot {path}: the file name names {' and '.join(named)}; name one plot kind "
+            f"({', '.join(PLOT_KINDS)}) or pass --plot-kind"
         )
-    return named[0]
+    return named[0] if named else None
+
+
+def plot_files(path: Path, kind: str | None = None) -> list[tuple[Path, str]]:
+    """The (file, kind) pictures one ``--plot`` asks for: the kind its name or ``kind`` names,
+    or, when it names none, every kind beside it (out.png -> out-breakdown.png, out-timeline.png,
+    out-memory.png)."""
+    chosen = plot_kind_for(path, kind)
+    if chosen is not None:
+        return [(path, chosen)]
+    return [(path.with_name(f"{path.stem}-{k}{path.suffix}"), k) for k in PLOT_KINDS]
 
 
 def check_plots(
     paths: list[Path], kind: str | None = None, *, overwrite: bool = False
 ) -> list[tuple[Path, str]]:
-    """(path, kind) of each ``--plot`` file, checked before any work: a kind for each, a usable
-    .png/.svg/.pdf path not already there unless ``overwrite``, and matplotlib installed
-    (``check_plot_path``)."""
+    """(path, kind) of each picture the ``--plot`` files ask for (``plot_files``), checked before
+    any work: a usable .png/.svg/.pdf path not already there unless ``overwrite``, and
+    matplotlib installed (``check_plot_path``)."""
     if kind is not None and len(paths) > 1:
         raise ConfigError("--plot-kind: names the kind of one --plot file; name the kind in each file name instead")
     if len({p.resolve() for p in paths}) != len(paths):
         raise ConfigError("--plot: the same file is named twice")
-    planned = []
-    for path in paths:
-        chosen = plot_kind_for(path, kind)
+    planned = [pair for path in paths for pair in plot_files(path, kind)]
+    if len({p.resolve() for p, _ in planned}) != len(planned):
+        raise ConfigError("--plot: two pictures would go to the same file (" + ", ".join(str(p) for p, _ in planned) + ")")
+    for path, _ in planned:
         check_plot_path(path, overwrite=overwrite, flag="--force")
-        planned.append((path, chosen))
     return planned
 
 

@@ -11,7 +11,7 @@ from rich.text import Text
 from paraplan.prediction import Prediction
 from paraplan.prediction.components import components_of
 from paraplan.report.layout import ReadableTable
-from paraplan.units import format_bytes, format_count, format_rate, format_seconds
+from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
 
 
 def _pct(x: float) -> str:
@@ -93,7 +93,7 @@ def render_prediction(pred: Prediction) -> Group:
         cost.add_row("cluster $ / hour", _usd(pred.cost_per_hour_usd))
         cost.add_row("$ per million tokens", _usd(pred.usd_per_million_tokens))
         if pred.time_to_train_s is not None:
-            cost.add_row(f"time to train {job.train_tokens:.3g} tokens", format_seconds(pred.time_to_train_s))
+            cost.add_row(f"time to train {format_tokens(job.train_tokens)} tokens", format_seconds(pred.time_to_train_s))
             cost.add_row("cost to train", _usd(pred.cost_to_train_usd))
         items.append(cost)
     items.extend(render_uncalibrated(pred.uncalibrated))

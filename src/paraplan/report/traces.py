@@ -67,6 +67,7 @@ def trace_record(s: TraceSummary) -> dict[str, Any]:
             {**vars(sh), "overlap_fraction": sh.overlap_fraction} for sh in s.shares()
         ],
         "slowest_rank": s.slowest_rank,
+        "waits_caused_s": {str(k): v for k, v in (s.waits_caused() or {}).items()},
         "collectives": s.collective_totals(),
     }
 
@@ -88,7 +89,7 @@ def render_trace_summary(s: TraceSummary) -> Group:
         f"(#{s.fastest_step}, {_ms(s.step_times_s[s.fastest_step])} ms)."
     )
     return Group(
-        head, _title("Iteration time (ms; a step takes its slowest rank's time)"), times, noise,
+        head, _title("Iteration time (ms; a step takes its longest rank's time)"), times, noise,
         _shares(s),
         _title(f"Components of the fastest iteration, #{s.fastest_step} (ms)"),
         _iteration_table(s, s.fastest_step),
@@ -109,13 +110,17 @@ def _shares(s: TraceSummary) -> Group:
     for sh in shares:
         t.add_row(str(sh.rank), _ms(sh.iteration_s), _ms(sh.compute_s), _ms(sh.comm_s), _ms(sh.exposed_comm_s),
                   _pct(sh.overlap_s, sh.comm_s), _ms(sh.idle_s))
-    slow = max(shares, key=lambda x: x.compute_s)
-    rest = [x.compute_s for x in shares if x.rank != slow.rank]
-    more = f", {_ms(slow.compute_s - statistics.median(rest))} ms more than the others' median" if rest else ""
-    note = Text(
-        f"Slowest rank: {slow.rank} (the most compute, {_ms(slow.compute_s)} ms{more}). "
-        "Overlap: the share of communication time hidden under compute."
-    )
+    slow = next(x for x in shares if x.rank == s.slowest_rank)
+    waits = s.waits_caused()
+    if waits and waits[slow.rank] > 0:
+        why = (f"the others wait {_ms(waits[slow.rank])} ms per iteration for it in collectives; a rank's "
+               "iteration holds its waiting, so the straggler's can be the shorter")
+    else:
+        rest = [x.compute_s for x in shares if x.rank != slow.rank]
+        more = f", {_ms(slow.compute_s - statistics.median(rest))} ms more than the others' median" if rest else ""
+        why = f"no collective to time it by: the most compute, {_ms(slow.compute_s)} ms{more}"
+    note = Text(f"Straggler: rank {slow.rank} ({why}). Overlap: the share of communication time hidden "
+                "under compute.")
     return Group(_title("Per rank (ms, median over its iterations)"), t, note)
 
 

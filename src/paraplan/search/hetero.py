@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
-from paraplan.inventory.partition import count_layers_per_stage
+from paraplan.inventory.partition import count_layers_per_stage, split_layers
 from paraplan.prediction import CommCosts, Prediction, stage_timing
 from paraplan.prediction.hetero import predict_hetero
 from paraplan.prediction.memory import estimate_stage_memory, usable_hbm_bytes
@@ -247,6 +247,8 @@ def enumerate_hetero(
             "zero_stage": zero, "recompute": recompute, "framework": space.framework,
             "sequence_parallel": (tp > 1) if sp is None else (sp and tp > 1), **space.extra,
         }
+        if model.num_layers % pp and "layers_per_stage" not in plan:  # this search states every split it runs
+            plan["layers_per_stage"] = split_layers(model.num_layers, pp)
         run = (gbs, tp, pp, cp, mbs, runs_as_zero(zero, dp * cp, precision), recompute, plan["sequence_parallel"])
         if run in runs:
             continue

@@ -31,6 +31,7 @@ class Scored:
     usd_per_s: float | None  # the whole cluster's price per second
     seconds_per_token: np.ndarray
     memory_bytes: np.ndarray  # the worst stage's, per GPU
+    num_nodes: int | None = None  # the cluster's nodes (num_gpus is not a node count)
 
     @property
     def usd_per_token(self) -> np.ndarray | None:
@@ -238,7 +239,7 @@ def _scored(cluster: ClusterSpec | HeteroClusterSpec, seconds_per_token: np.ndar
         price = cluster.price_per_gpu_hour
         hourly = None if price is None else price * cluster.num_gpus
     return Scored(cluster.name, cluster.num_gpus, gpu, None if hourly is None else hourly / 3600.0,
-                  np.asarray(seconds_per_token, dtype=float), np.asarray(memory, dtype=float))
+                  np.asarray(seconds_per_token, dtype=float), np.asarray(memory, dtype=float), cluster.num_nodes)
 
 
 def _no_fit(limit: float) -> str:

@@ -59,6 +59,7 @@ from paraplan.search.space import (
     EP_STAGE,
     HYBRID_DIVIDES,
     OFFLOAD_DEVICES,
+    UNEVEN_NOT_SCREENED,
     SearchSpace,
     expert_axes,
     hybrid_shards,
@@ -71,6 +72,7 @@ from paraplan.search.space import (
 from paraplan.specs import (
     ClusterSpec,
     ConfigError,
+    Framework,
     Job,
     ModelSpec,
     ParallelPlan,
@@ -80,6 +82,7 @@ from paraplan.specs import (
     Schedule,
 )
 from paraplan.specs.frameworks import framework_offer
+from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
 
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
 #: exact path (e.g. ``layers_per_stage``: uneven stages).
@@ -199,7 +202,9 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
         (vpp > 1) & ((pp < 2) | (layers % (pp * vpp) != 0) | (m % pp != 0)),
         "interleaving needs layers divisible by pp*vpp and micro-batches by pp",
     )
-    rule(layers % pp != 0, "pp does not divide the layers evenly (uneven splits are off)")
+    framework = Framework(space.framework)
+    rule(np.isin(pp, [x for x in np.unique(pp) if pp_layers_problem(layers, int(x), framework)]), PP_LAYERS_REASON)
+    rule(layers % pp != 0, UNEVEN_NOT_SCREENED)
     if model.is_moe:
         rule((ep > 1) & (model.num_moe_experts % ep != 0), EP_EXPERTS)
         rule((tp * cp * dp) % (ep * np.where(etp == 0, tp, etp)) != 0, EP_STAGE)

@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from paraplan.inventory.partition import split_layers
 from paraplan.specs import (
     DEFAULT_MEMORY_HEADROOM,
     ClusterSpec,
     ConfigError,
+    Framework,
     Job,
     ModelSpec,
     ParallelPlan,
@@ -31,6 +33,11 @@ from paraplan.specs import (
     Schedule,
 )
 from paraplan.specs.frameworks import framework_offer, framework_refusal
+from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
+
+# pp not dividing the layers, under a framework that splits them unevenly itself: a valid plan the
+# screen does not time (it times equal stages); the exact partition search times it
+UNEVEN_NOT_SCREENED = "pp does not divide the layers: unequal stages are searched with --uneven-layers"
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -281,6 +288,7 @@ def plan_job(
     schedule: Schedule | None = None,
     offload_optimizer: str = "none",
     dp_shard: int | None = None,
+    layers_per_stage: tuple[int, ...] | None = None,
 ) -> Job:
     """The Job of one point of the space (raises ValidationError / ConfigError when the Job
     validator rejects it, or ConfigError when the space's framework cannot launch it:
@@ -322,6 +330,7 @@ def plan_job(
         **moe,
         **({"offload_optimizer": offload_optimizer} if offload_optimizer != "none" else {}),
         **({"data_parallel_shard_degree": dp_shard} if dp_shard is not None else {}),
+        **({"layers_per_stage": layers_per_stage} if layers_per_stage is not None else {}),
         **space.extra,
     }
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
@@ -379,10 +388,14 @@ def enumerate_plans(
         if vpp > 1 and (pp < 2 or model.num_layers % (pp * vpp) or (gbs // (mbs * dp)) % pp):
             excluded["interleaving needs layers divisible by pp*vpp and micro-batches by pp"] += 1
             continue
-        if model.num_layers % pp and not (space.uneven_layers and len(set(model.moe_layers)) > 1):
-            # a model mixing dense and MoE layers takes uneven_layers as Megatron-LM's split with
-            # the first stages one layer longer (--pipeline-model-parallel-layout)
-            excluded["pp does not divide the layers evenly (uneven splits are off)"] += 1
+        # a model mixing dense and MoE layers takes uneven_layers as the split with the first
+        # stages one layer longer, stated in the plan (Megatron-LM: --pipeline-model-parallel-layout)
+        split = split_layers(model.num_layers, pp) if space.uneven_layers and len(set(model.moe_layers)) > 1 else None
+        if pp_layers_problem(model.num_layers, pp, Framework(space.framework), split is not None):
+            excluded[PP_LAYERS_REASON] += 1
+            continue
+        if model.num_layers % pp and split is None:
+            excluded[UNEVEN_NOT_SCREENED] += 1
             continue
         if ep > 1 and model.num_moe_experts % ep:
             excluded[EP_EXPERTS] += 1
@@ -401,6 +414,7 @@ def enumerate_plans(
                     global_batch_size=gbs, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                     zero_stage=zero, recompute=recompute, sequence_parallel=sp, ep=ep, etp=etp, schedule=schedule,
                     offload_optimizer=offload, dp_shard=shard or None,
+                    layers_per_stage=split if model.num_layers % pp else None,
                 )
             )
         except (ValidationError, ConfigError) as err:

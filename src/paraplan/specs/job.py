@@ -8,7 +8,7 @@ from paraplan.specs._types import Count, Headroom
 from paraplan.specs.enums import Precision, Schedule
 from paraplan.specs.hardware import ClusterSpec
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.plan import ParallelPlan, pp_layers_problem
 
 # The share of each GPU's memory a plan leaves free by default: the run-to-run spread of the
 # caching allocator's peak reserved memory around the average fragmentation the prediction
@@ -45,7 +45,7 @@ class Job(BaseModel):
             if c.num_gpus % model_parallel:
                 raise ValueError(
                     f"parallel: tp*pp*cp = {model_parallel} does not divide the cluster's "
-                    f"{c.num_gpus} GPUs (cluster.num_nodes {c.num_nodes} x cluster.gpus_per_node {c.gpus_per_node})"
+                    f"{c.num_gpus} GPU{'s' if c.num_gpus != 1 else ''} (cluster.num_nodes {c.num_nodes} x cluster.gpus_per_node {c.gpus_per_node})"
                 )
             p = p.model_copy(update={"data_parallel_size": c.num_gpus // model_parallel})
         if model_parallel * p.dp != c.num_gpus:
@@ -87,6 +87,9 @@ class Job(BaseModel):
             raise ValueError(
                 f"parallel.pp: pp={p.pp} is larger than num_layers={m.num_layers}"
             )
+        problem = pp_layers_problem(m.num_layers, p.pp, p.framework, p.layers_per_stage is not None)
+        if problem is not None:
+            raise ValueError(problem)
         if p.vpp > 1:
             chunks = p.pp * p.vpp
             if p.layers_per_stage is not None or m.num_layers % chunks:

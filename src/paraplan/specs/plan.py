@@ -29,6 +29,30 @@ ZERO_BUBBLE_FRAMEWORKS = {
 }
 
 
+# The one rule on how layers split over pipeline stages, read by the Job validator and by the
+# search. Megatron-LM's validate_args (megatron/training/arguments.py) asserts "Number of layers
+# should be divisible by the pipeline-model-parallel size" unless --decoder-first-pipeline-num-layers
+# / --decoder-last-pipeline-num-layers (or --pipeline-model-parallel-layout) give the split: a
+# Megatron-LM job with pp not dividing num_layers states its split (parallel.layers_per_stage,
+# which the export writes as those flags). DeepSpeed's PipelineModule (ds_utils.partition_uniform)
+# and torchtitan's pipeline split (generate_llm_fqn_per_model_part) give the first stages one more
+# layer by themselves.
+PP_LAYERS_REASON = "pp does not divide the layers and Megatron-LM needs the split given (--uneven-layers)"
+
+
+def pp_layers_problem(num_layers: int, pp: int, framework: Framework, split_given: bool = False) -> str | None:
+    """Why ``num_layers`` cannot be split over ``pp`` stages under ``framework``; None when it can."""
+    if split_given or pp == 1 or num_layers % pp == 0 or framework is not Framework.MEGATRON:
+        return None
+    base, extra = divmod(num_layers, pp)
+    example = [base + 1] * extra + [base] * (pp - extra)
+    return (
+        f"parallel.pp: Megatron-LM needs num_layers={num_layers} divisible by pp={pp} unless the split is "
+        f"given: set parallel.layers_per_stage (e.g. {example}; exported as --decoder-first/last-pipeline-"
+        "num-layers or --pipeline-model-parallel-layout), or framework deepspeed | fsdp, which split unevenly"
+    )
+
+
 def _check_zero_bubble(plan: ParallelPlan) -> None:
     """The zero-bubble schedules need a pipeline and a framework that runs them."""
     if not plan.schedule.splits_backward:

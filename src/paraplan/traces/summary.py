@@ -1,7 +1,8 @@
 """Many ranks' decoded traces -> iteration statistics and components, as one record.
 
-An iteration's time is the slowest rank's time for that step (the job moves on when every rank
-has). The fastest and the median iteration are shown per rank and component; noise is how much
+An iteration's time is the longest rank's time for that step (the job moves on when every rank
+has). The straggler is the rank the others wait for in collectives; its own iteration can be the
+shorter one, since a rank's iteration holds its waiting. The fastest and the median iteration are shown per rank and component; noise is how much
 slower the typical (median) iteration is than the fastest one.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from paraplan.specs import ConfigError
 from paraplan.traces.decode import Iteration, RankTrace, decode_trace
 from paraplan.traces.reader import TraceFileError
+from paraplan.traces.rules import P2P_KINDS
 
 _TRACE_NAME = re.compile(r"rank|trace", re.I)
 _SUFFIXES = (".json", ".json.gz")
@@ -42,7 +44,7 @@ class RankShare:
 class TraceSummary:
     ranks: tuple[RankTrace, ...]
     steps: tuple[int, ...]  # the steps every rank has
-    step_times_s: dict[int, float]  # step -> slowest rank's time
+    step_times_s: dict[int, float]  # step -> longest rank's time
     skipped: tuple[tuple[Path, str], ...] = field(default=())
 
     @property
@@ -96,9 +98,46 @@ class TraceSummary:
             ))
         return out
 
+    def waits_caused(self) -> dict[int, float] | None:
+        """Per rank, how long the other ranks waited for it in collectives (seconds, median over
+        the iterations); None when no collective can be matched across ranks.
+
+        The i-th collective of a kind and group in a step is the same call on every rank that
+        makes it (a collective needs all of them); the rank that starts it last holds the others,
+        each for the gap between its own start and that last one (the synchronisation skew
+        TraceLens separates from transfer time). Point-to-point sends and receives are left out:
+        only the receiver waits, for one sender. The traces' clocks are compared as they are:
+        one host's ranks share a clock; across hosts, a skew of the clocks adds to these waits."""
+        per_step: dict[int, dict[int, float]] = {}
+        for step in self.steps:
+            calls: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+            for r in self.ranks:
+                for c in r.collectives:
+                    if c.step == step and c.kind not in P2P_KINDS:
+                        calls[(c.kind, c.group)][r.rank].append(c.start_us)
+            caused = dict.fromkeys((r.rank for r in self.ranks), 0.0)
+            matched = False
+            for by_rank in calls.values():
+                if len(by_rank) < 2 or len({len(v) for v in by_rank.values()}) != 1:
+                    continue  # made by one rank only, or unequal counts: cannot be paired
+                matched = True
+                ranks = list(by_rank)
+                for starts in zip(*by_rank.values(), strict=True):
+                    last = max(range(len(starts)), key=starts.__getitem__)
+                    caused[ranks[last]] += sum(starts[last] - t for t in starts) * 1e-6
+            if matched:
+                per_step[step] = caused
+        if not per_step:
+            return None
+        return {r.rank: statistics.median(c[r.rank] for c in per_step.values()) for r in self.ranks}
+
     @property
     def slowest_rank(self) -> int:
-        """The rank with the most compute: the one the others wait for."""
+        """The straggler: the rank the others wait for longest in collectives
+        (``waits_caused``); without collectives to match, the rank with the most compute."""
+        waits = self.waits_caused()
+        if waits and max(waits.values()) > 0:
+            return max(waits, key=waits.__getitem__)
         return max(self.shares(), key=lambda s: s.compute_s).rank
 
     def collective_totals(self) -> list[dict]:

@@ -1,0 +1,151 @@
+"""Write a job back as a job file's mapping that reads like an example job: the hardware and
+the model by their catalog names, with only the fields the job changed written out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from paraplan.catalog.jobs import _cluster, _in_catalog, _model
+from paraplan.catalog.loader import catalog_names, load_any_cluster, load_cluster, load_gpu, load_model
+from paraplan.specs import ClusterSpec, ConfigError, GpuSpec, HeteroJob, Job, LinkSpec, ModelSpec
+
+_WRITTEN = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order"}
+_CLUSTER_FIELDS = ("gpus_per_node", "intra_node", "inter_node", "host_link", "price_per_gpu_hour", "host")
+
+
+def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
+    """A job file's mapping that ``resolve_job`` turns back into ``job``: catalog names where
+    the catalog entry is what the job uses, a catalog name with the changed fields where the
+    job changed some (``{name: aws-p5.48xlarge, num_nodes: 4, inter_node: {...}}``), the full
+    description otherwise (its GPU still by name when it is a catalog GPU)."""
+    if isinstance(job, HeteroJob):
+        c = job.cluster
+        cluster: Any = c.name if _catalog_equal(c.name, c) else c.model_dump(mode="json")
+    else:
+        cluster = cluster_mapping(job.cluster)
+    out: dict[str, Any] = {"name": job.name, "model": model_mapping(job.model), "cluster": cluster,
+                           "parallel": _parallel_mapping(job.parallel), "precision": job.precision.value}
+    if job.train_tokens is not None:
+        out["train_tokens"] = int(job.train_tokens) if float(job.train_tokens).is_integer() else job.train_tokens
+    for key, spec in type(job).model_fields.items():  # any other field the job sets (memory_headroom, ...)
+        if key not in _WRITTEN and getattr(job, key) != spec.default:
+            out[key] = _dumped(getattr(job, key))
+    if isinstance(job, HeteroJob):
+        names = [g.name for g in job.cluster.node_groups]
+        unique = len(set(names)) == len(names)
+        out["node_order"] = [names[g] if unique else g for g in job.node_order]
+    return out
+
+
+def cluster_mapping(c: ClusterSpec) -> str | dict[str, Any]:
+    """One cluster as a job file writes it, checked to resolve back to ``c`` exactly."""
+    for base in _catalog_bases("clusters", c.name):
+        try:
+            catalog = load_cluster(base)
+            gpu = {} if c.gpu == catalog.gpu else {"gpu": c.gpu}
+            entry = load_cluster(base, num_nodes=c.num_nodes, **gpu)
+        except ConfigError:
+            continue
+        mapping: dict[str, Any] = {"name": base, "num_nodes": c.num_nodes}
+        if gpu:
+            mapping["gpu"] = gpu_mapping(c.gpu)
+        for field in _CLUSTER_FIELDS:
+            if getattr(c, field) != getattr(entry, field):
+                mapping[field] = _dumped(getattr(c, field))
+        if _resolves_to(_cluster, mapping, c):
+            return mapping
+    full = {**c.model_dump(mode="json", exclude_defaults=True), "gpu": gpu_mapping(c.gpu)}
+    return full if _resolves_to(_cluster, full, c) else c.model_dump(mode="json")
+
+
+def model_mapping(m: ModelSpec) -> str | dict[str, Any]:
+    """One model as a job file writes it: its catalog name, with the fields the job changed."""
+    for base in _catalog_bases("models", m.name):
+        entry = load_model(base)
+        if entry == m:
+            return base
+        changed = {k: v for k, v in m.model_dump(mode="json").items()
+                   if k not in ("name", "aliases") and v != entry.model_dump(mode="json")[k]}
+        mapping = {"name": base, **changed}
+        if _resolves_to(lambda v: _model(v, Path(".")), mapping, m):
+            return mapping
+    full = m.model_dump(mode="json", exclude_defaults=True)
+    return full if _resolves_to(lambda v: _model(v, Path(".")), full, m) else m.model_dump(mode="json")
+
+
+def gpu_mapping(gpu: GpuSpec) -> str | dict[str, Any]:
+    """A GPU by its catalog name when it is the catalog's, else described in full."""
+    if _in_catalog("gpus", gpu.name) and load_gpu(gpu.name) == gpu:
+        return gpu.name
+    return gpu.model_dump(mode="json", exclude_defaults=True)
+
+
+def _catalog_bases(kind: str, name: str) -> list[str]:
+    """Catalog names ``name`` is or starts with ("aws-p5.48xlarge with a changed inter_node",
+    "llama-3-8b (modified)"), longest first."""
+    names = sorted(catalog_names(kind), key=len, reverse=True)  # type: ignore[arg-type]
+    return [n for n in names if name == n or name.startswith(n + " ")]
+
+
+def _resolves_to(resolve: Any, mapping: dict[str, Any], value: Any) -> bool:
+    try:
+        got = resolve(dict(mapping))
+        return (got if not isinstance(got, dict) else type(value).model_validate(got)) == value
+    except (ConfigError, ValueError):
+        return False
+
+
+def _dumped(value: Any) -> Any:
+    """A field as a job file writes it: without its defaults, a link's bandwidth and latency in
+    units ("10 Gb/s" reads better than 1250000000.0) when they read back exactly."""
+    dump = getattr(value, "model_dump", None)
+    if dump is None:
+        return value
+    out = dump(mode="json", exclude_defaults=True)
+    if isinstance(value, LinkSpec):
+        readable = {"bandwidth": f"{value.bandwidth_bytes_per_s / 1e9:.6g} GB/s",
+                    **({"latency": f"{value.latency_s * 1e6:.6g} us"} if "latency_s" in out else {}),
+                    **{k: v for k, v in out.items() if k not in ("bandwidth_bytes_per_s", "latency_s")}}
+        if LinkSpec.model_validate(readable) == value:
+            return readable
+    return out
+
+
+def _parallel_mapping(p: Any) -> dict[str, Any]:
+    parallel = {
+        "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "sequence_parallel": p.sequence_parallel,
+        "zero_stage": p.zero_stage, "micro_batch_size": p.micro_batch_size,
+        "global_batch_size": p.global_batch_size, "recompute": p.recompute.value, "schedule": p.schedule.value,
+        "framework": p.framework.value,
+    }
+    if p.vpp > 1:
+        parallel["vpp"] = p.vpp
+    if p.partition_activations:
+        parallel["partition_activations"] = True
+    for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask",
+                "gradient_accumulation_fusion", "deepspeed_train_schedule", "recompute_method",
+                "recompute_num_layers", "recompute_every", "data_parallel_shard_degree", "grad_reduce_in_fp32",
+                "fsdp_version"):
+        value = getattr(p, key)
+        if value is not None:
+            parallel[key] = list(value) if isinstance(value, tuple) else value
+    for key in ("tp_comm_overlap", "overlap_p2p_comm"):
+        if getattr(p, key):
+            parallel[key] = True
+    for key in ("offload_optimizer", "offload_param"):  # offload (issue 18)
+        if getattr(p, key) != "none":
+            parallel[key] = getattr(p, key)
+    if p.cpu_offloading:
+        parallel.update(cpu_offloading=True, cpu_offloading_num_layers=p.cpu_offloading_num_layers)
+    return parallel
+
+
+def _catalog_equal(name: str, value: Any) -> bool:
+    try:
+        return _in_catalog("clusters", name) and load_any_cluster(name) == value
+    except ConfigError:
+        return False
+
+
+__all__ = ["cluster_mapping", "gpu_mapping", "job_mapping", "model_mapping"]
