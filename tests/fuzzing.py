@@ -350,9 +350,13 @@ def _check_answer(out: str) -> tuple[str, dict[str, Any]]:
     return "answer", {}
 
 
+# figures that are signed by meaning: the memory a plan has to spare is negative when it does not fit
+SIGNED = ("margin_bytes",)
+
+
 def _leaves(value: Any) -> list[Any]:
     if isinstance(value, dict):
-        return [x for v in value.values() for x in _leaves(v)]
+        return [x for k, v in value.items() if not str(k).endswith(SIGNED) for x in _leaves(v)]
     if isinstance(value, list):
         return [x for v in value for x in _leaves(v)]
     return [value]
