@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from paraplan.catalog import load_cluster, load_model, resolve_job
-from paraplan.catalog.jobs import demo_job_mapping, job_mapping, load_job
+from paraplan.catalog.jobfile import job_mapping
+from paraplan.catalog.jobs import demo_job_mapping, load_job
 from paraplan.cli.app import app
 from paraplan.prediction import predict
 from paraplan.search import SearchSpace, search_plans
