@@ -192,3 +192,27 @@ def test_a_search_without_a_job_file_names_what_it_took_from_the_demo_job_but_no
     assert result.exit_code == 0, result.output
     line = result.stderr.strip().splitlines()[-1]
     assert line == "from the demo job: --cluster aws-p5.48xlarge --global-batch-size 512"
+
+
+# -- plans the framework cannot run ---------------------------------------------------------------
+
+CANNOT = "note: the framework cannot run this plan (predicted as a what-if): parallel.zero_stage: "
+
+
+def test_predict_answers_a_plan_its_framework_cannot_run_and_says_why_in_one_note(tmp_path):
+    job = _job(tmp_path, "a.yaml", tp=1)
+    zero1 = run("predict", job, "--framework", "fsdp", "--zero-stage", "1", "--recompute", "full")
+    assert zero1.exit_code == 0, zero1.output
+    assert "iteration" in zero1.stdout.lower()  # still answered
+    notes = [line for line in zero1.stderr.splitlines() if line.startswith(CANNOT)]
+    assert len(notes) == 1 and "ZeRO-1" in notes[0]
+    zero3 = run("predict", job, "--framework", "fsdp", "--zero-stage", "3", "--recompute", "full")
+    assert zero3.exit_code == 0 and "cannot run" not in zero3.stderr
+
+
+def test_compare_says_which_of_its_jobs_the_framework_cannot_run(tmp_path):
+    job = _job(tmp_path, "a.yaml", tp=1)
+    result = run("compare", job, "--framework", "fsdp", "--zero-stage", "3", "--recompute", "full",
+                 "--vs", "zero_stage=1")
+    assert result.exit_code == 0, result.output
+    assert [line[:9] for line in result.stderr.splitlines() if "cannot run" in line] == ["note: B: "]

@@ -709,3 +709,32 @@ def test_deepspeed_shifts_megatron_lms_every_n_th_moe_layer_and_says_so():
     assert dict(itertools.pairwise(tokens))["--expert-interval"] == "2"
     assert any(n.startswith("model.moe_layer_freq: Megatron-DeepSpeed puts the experts in layers 2, 4")
                for n in export_notes("deepspeed", job))
+
+
+def hsdp_cp_job(shard, cp):
+    """llama-3.1-8b on two DGX H100 nodes with FSDP over dp x cp = 16 ranks, sharded within
+    groups of ``shard`` of them (paraplan's data_parallel_shard_degree) and replicated across."""
+    return resolve_job({"model": "llama-3.1-8b", "cluster": {"name": "dgx-h100", "num_nodes": 2},
+                        "parallel": {"framework": "fsdp", "zero_stage": 3, "tp": 1, "pp": 1, "cp": cp,
+                                     "micro_batch_size": 1, "global_batch_size": 64,
+                                     "data_parallel_shard_degree": shard}})
+
+
+def test_torchtitan_counts_hybrid_shard_groups_over_data_parallel_ranks_with_context_parallelism_inside():
+    """torchtitan's ParallelDims: world = dp_replicate x dp_shard x cp x tp x pp and FSDP shards
+    over the dp_shard x cp ranks, so paraplan's shard group of 8 of the dp x cp = 16 ranks with
+    cp=2 is dp_shard 4 (x cp 2) replicated twice, not dp_shard 8."""
+    job = hsdp_cp_job(shard=8, cp=2)
+    p = job.parallel
+    assert (p.dp, p.zero_shards, p.grad_group) == (8, 8, 16)
+    par = titan_recipe(render_torchtitan(job))["ParallelismConfig"]
+    assert (par["data_parallel_shard_degree"], par["context_parallel_degree"]) == (4, 2)
+    assert par["data_parallel_shard_degree"] * par["context_parallel_degree"] == p.zero_shards
+    assert par["data_parallel_replicate_degree"] == 2
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * 2 == job.cluster.num_gpus
+
+
+def test_torchtitan_refuses_a_shard_group_that_splits_a_context_parallel_group():
+    job = hsdp_cp_job(shard=2, cp=4)  # torchtitan shards over all 4 cp ranks at least
+    with pytest.raises(ConfigError, match=r"^parallel\.data_parallel_shard_degree: .*cp=4"):
+        render_torchtitan(job)

@@ -132,3 +132,25 @@ def test_pred_memory_is_an_object_with_named_fields_and_the_stages_as_a_sequence
     old_keys = {"worst_stage", "weights_bytes", "gradients_bytes", "optimizer_states_bytes", "activations_bytes",
                 "buffers_bytes", "total_bytes", "hbm_bytes", "fits", "per_stage_total_bytes"}
     assert old_keys <= set(data) and data["margin_bytes"] == mem.margin and data["memory_headroom"] == 0.05
+
+
+def test_deepspeed_zero1_allocates_the_full_reduce_bucket_as_zero2_does():
+    """DeepSpeed 0.19.8 ``stage_1_and_2.py`` ``setup_buckets``: ``torch.empty(reduce_bucket_size)``
+    whenever ``contiguous_gradients`` is set (its default), ZeRO-1 as well as ZeRO-2, however
+    small the model."""
+    rt = load_runtime_memory()
+    for stage in (1, 2):
+        mem = predict(job(model="gpt3-125m", framework="deepspeed", zero_stage=stage)).memory
+        assert mem.buffers == pytest.approx(2.0 * rt.deepspeed_reduce_bucket_size)  # one bf16 bucket
+    none = predict(job(model="gpt3-125m", framework="deepspeed", zero_stage=0)).memory
+    assert none.buffers == 0  # ZeRO-0 runs no ZeRO optimizer
+
+
+def test_deepspeed_overlap_comm_doubles_the_bucket_except_under_a_pipeline():
+    rt = load_runtime_memory()
+    bucket = 2.0 * rt.deepspeed_reduce_bucket_size
+    overlapped = predict(job(framework="deepspeed", zero_stage=1, overlap_grad_reduce=True)).memory
+    assert overlapped.buffers == pytest.approx(2 * bucket)
+    # the pipeline engine turns overlap_comm off; reduce_gradients(pipeline_parallel=True) holds one
+    piped = predict(job(framework="deepspeed", zero_stage=1, pp=2, overlap_grad_reduce=True)).memory
+    assert all(m.buffers == pytest.approx(bucket) for m in piped)

@@ -18,7 +18,7 @@ from paraplan.cli.app import app
 from paraplan.prediction import predict
 from paraplan.search import SearchSpace, search_plans
 from paraplan.specs import ConfigError, Precision, Recompute, Schedule
-from paraplan.specs.frameworks import FRAMEWORKS, framework_refusal, plan_refusal
+from paraplan.specs.frameworks import FRAMEWORKS, framework_refusal, plan_refusal, unrunnable_note
 
 
 def _demo():
@@ -186,3 +186,15 @@ def test_shard_nodes_picks_the_hybrid_groups_the_cli_search_tries_and_a_bad_valu
     assert {p.get("data_parallel_shard_degree") for p in hybrid} == {8, 16}  # 1 and 2 nodes of 8 ranks
     bad = runner.invoke(app, [*base, "--shard-nodes", "half"])
     assert bad.exit_code == 2 and bad.stderr.strip().count("\n") == 0 and "--shard-nodes" in bad.stderr
+
+
+def test_a_plan_its_framework_cannot_run_carries_a_note_that_names_the_field_and_the_framework():
+    def plan(zero):
+        return resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                            "parallel": {"framework": "fsdp", "zero_stage": zero, "recompute": "full",
+                                         "micro_batch_size": 1, "global_batch_size": 64}})
+
+    note = unrunnable_note(plan(1))
+    assert note.startswith("the framework cannot run this plan (predicted as a what-if): parallel.zero_stage: ")
+    assert "torchtitan" in note and "ZeRO-1" in note
+    assert unrunnable_note(plan(3)) is None

@@ -55,9 +55,10 @@ def compare_command(
         flags_b = flags_of_b(flags, parse_vs(vs or []))
         job_a, said = load_flagged_job(a_file, flags)
         job_b, said_b = load_flagged_job(b_file, flags_b)
-        (a, notes), (b, _) = predict_flagged(job_a, backend, models), predict_flagged(job_b, backend, models)
+        (a, notes_a), (b, notes_b) = predict_flagged(job_a, backend, models), predict_flagged(job_b, backend, models)
         comparison = compare_predictions(a, b)
-    # B's demo line would repeat A's: it is A with --vs
+    # B's demo line would repeat A's: it is A with --vs; a note of one job only names it
+    notes = [n if n in notes_b else f"A: {n}" for n in notes_a] + [f"B: {n}" for n in notes_b if n not in notes_a]
     for note in [n for n in (said, said_b if b_file != a_file else None) if n] + [f"note: {n}" for n in notes]:
         err.print(note, highlight=False, soft_wrap=True)
     names = (str(a_file or "demo job"), str(b_file or "demo job") + (" with --vs" if vs else ""))

@@ -91,10 +91,14 @@ def _get(mapping: Any, path: tuple[str, ...]) -> Any:
 def predict_flagged(job: Job | HeteroJob, backend: str, models: Path | None,
                     keep_timeline: bool = False) -> tuple[Prediction, tuple[str, ...]]:
     """The prediction of ``job`` with the cost model ``backend`` (``models``: a fitted models
-    file), and the notes the cost model has about it."""
+    file), and the notes about it: that its framework cannot run the plan, and what the cost
+    model has to say."""
     from paraplan.prediction import predict
     from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
     from paraplan.specs import ConfigError, HeteroJob
+    from paraplan.specs.frameworks import unrunnable_note
+
+    unrunnable = tuple(n for n in (unrunnable_note(job),) if n is not None)
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
@@ -103,8 +107,8 @@ def predict_flagged(job: Job | HeteroJob, backend: str, models: Path | None,
             raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
         from paraplan.prediction.hetero import predict_hetero
 
-        return predict_hetero(job, keep_timeline=keep_timeline), ()
+        return predict_hetero(job, keep_timeline=keep_timeline), unrunnable
     fitted = load_model_file(models) if models is not None else None
     cost_model = make_cost_model(job, backend, fitted)
     notes = tuple(f"{models}: {note}" for note in getattr(cost_model, "notes", ()))
-    return predict(job, cost_model, keep_timeline=keep_timeline), notes
+    return predict(job, cost_model, keep_timeline=keep_timeline), unrunnable + notes

@@ -174,13 +174,8 @@ def render_deepspeed(job: Job, prediction: Prediction | None = None) -> str:
 
 
 def _overlap_comm(job: Job) -> bool:
-    """ZeRO's ``overlap_comm``. ZeRO-3 (never with a pipeline here): on, DeepSpeed's default,
-    unless the plan turns the overlap off. ZeRO-1/2: what the prediction assumed (DeepSpeed's
-    pipeline engine reduces gradients after the pipeline drains, so never with pp > 1)."""
-    p = job.parallel
-    if p.zero_stage == 3:
-        return p.overlap_grad_reduce is not False
-    return p.overlaps_grad_reduce and p.pp == 1
+    """ZeRO's ``overlap_comm`` (``ParallelPlan.deepspeed_overlap_comm``)."""
+    return job.parallel.deepspeed_overlap_comm
 
 
 def megatron_deepspeed_moe_args(job: Job) -> list[str]:

@@ -41,6 +41,11 @@ What torchtitan cannot express, stated in the module's docstring as ``NOTE(parap
 - a model that is not one of torchtitan's Llama 3 flavors: ``model_spec()`` raises until the
   user registers the architecture the note lists.
 
+Hybrid sharding (HSDP): torchtitan's ``data_parallel_shard_degree`` counts data-parallel ranks
+and FSDP shards over those times cp (``_dp_shard``); paraplan's counts the shard group's dp x cp
+ranks, so the recipe divides it by cp, and refuses a group that cp does not divide, naming
+``parallel.data_parallel_shard_degree``.
+
 Mixtures of experts: ``ParallelismConfig.expert_parallel_degree`` (0.3.0 has no
 ``expert_tensor_parallel_degree``: its experts are never tensor-parallel, and
 ``ParallelDims`` folds EP into the dp_shard x cp x tp ranks, efsdp = dp_shard * cp * tp / ep), so
@@ -199,10 +204,10 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
         # dispatcher (its CPU synchronisation; Trainer.Config._validate_cuda_graphs)
         training["disable_cuda_graphs"] = True
     sharded = p.zero_stage > 0 and p.dp > 1
-    shard = min(p.data_parallel_shard_degree or p.dp, p.dp)  # hybrid sharding: HSDP
+    shard = _dp_shard(job) if sharded else 1  # hybrid sharding (HSDP): replicas of the shard groups
     parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": p.dp // shard if sharded else p.dp,
-        "data_parallel_shard_degree": shard if sharded else 1,
+        "data_parallel_replicate_degree": p.dp // shard,
+        "data_parallel_shard_degree": shard,
     }
     if sharded:
         parallelism["fsdp_reshard_after_forward"] = _RESHARD[p.zero_stage]
@@ -324,6 +329,25 @@ def _checkpoint_interval(prediction: Prediction | None) -> int:
     if prediction is None:
         return 500
     return max(1, math.floor(CHECKPOINT_EVERY_S / prediction.iteration_s))
+
+
+def _dp_shard(job: Job) -> int:
+    """torchtitan's ``data_parallel_shard_degree`` for a plan that shards. torchtitan's
+    ``ParallelDims`` (0.3.0 ``torchtitan/distributed/parallel_dims.py``: ``_validate``, world size
+    = dp_replicate x dp_shard x cp x tp x pp; ``build_mesh``: FSDP shards over the ``fsdp`` mesh
+    of dp_shard x cp ranks, ``dp_shard_cp`` in earlier releases, and replicates over
+    ``dp_replicate``) counts the shard degree
+    over the data-parallel ranks and always shards over every context-parallel rank besides;
+    paraplan's ``data_parallel_shard_degree`` (``ParallelPlan.zero_shards``) counts the shard
+    group's ranks of the dp x cp gradient group. So dp_shard = zero_shards / cp, which needs cp
+    to divide the shard group."""
+    p = job.parallel
+    if p.zero_shards % p.cp:
+        raise ConfigError(
+            f"parallel.data_parallel_shard_degree: torchtitan shards over every context-parallel rank "
+            f"(its dp_shard x cp mesh), so a shard group of {p.zero_shards} ranks needs a multiple of cp={p.cp}"
+        )
+    return p.zero_shards // p.cp
 
 
 def _check_experts(job: Job, shard: int) -> None:

@@ -20,8 +20,8 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
   ``set_reshard_after_backward(False)``): the stage's unsharded weights and its gradients,
   accumulated in the reduce dtype, live across all micro-batches. DeepSpeed's ZeRO-3 keeps
   at most ``stage3_max_live_parameters`` gathered, fetching ``stage3_prefetch_bucket_size``
-  ahead; ZeRO-2/3 fill a ``reduce_bucket_size`` gradient bucket (defaults in the catalog's
-  ``runtime/memory.yaml``).
+  ahead; ZeRO 1-3 fill ``reduce_bucket_size`` gradient buckets (``deepspeed_reduce_buckets``;
+  defaults in the catalog's ``runtime/memory.yaml``).
 - The loss holds the logits in several precisions at once (``loss_logits_bytes``).
 - PyTorch's caching allocator reserves more than the tensors allocate, and what frameworks
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
@@ -207,6 +207,32 @@ def _units(st: StageInventory) -> tuple[float, float]:
     return max(layer, embedding, head), st.params + st.expert_params
 
 
+def deepspeed_reduce_buckets(plan: ParallelPlan, pb: float, gb: float, bucket_elements: float) -> float:
+    """Bytes of the gradient reduce buckets DeepSpeed's ZeRO optimizers allocate, each of the
+    full ``reduce_bucket_size`` elements whatever the model's size (``torch.empty``), with
+    ``contiguous_gradients`` (true by default, ``zero/config.py``). Read in DeepSpeed 0.19.8:
+
+    - ZeRO-1 and ZeRO-2 (``zero/stage_1_and_2.py``, ``DeepSpeedZeroOptimizer``): the gradient
+      hooks (registered whenever ``contiguous_gradients`` is set, stage 1 included) call
+      ``setup_buckets`` at a backward's first gradient, which allocates one bucket, and a
+      second with ``overlap_comm`` (off by default below ZeRO-3, turned off with a pipeline:
+      ``ParallelPlan.deepspeed_overlap_comm``); ``_release_ipg_buffers`` frees them after the
+      reduction. With a pipeline ``reduce_gradients(pipeline_parallel=True)`` allocates one
+      at the reduction instead. Their dtype is ``_gradient_reduction_buffer_dtype``: the
+      gradient-accumulation dtype for ZeRO-1 with a separate one (``gb``), else the model's
+      (``pb``). Earlier releases allocated the same buffers in
+      ``DeepSpeedZeroOptimizer.backward`` (``self.ipg_buffer``, ``dtype=self.dtype``).
+    - ZeRO-3 (``zero/stage3.py``, ``DeepSpeedZeroOptimizer_Stage3.__init__``): one bucket per
+      communication dtype, allocated once.
+    - ZeRO-0 runs no ZeRO optimizer (``engine._configure_optimizer``): none of these buckets."""
+    if plan.zero_stage == 0:
+        return 0.0
+    if plan.zero_stage == 3:
+        return pb * bucket_elements
+    buckets = 2.0 if plan.deepspeed_overlap_comm else 1.0
+    return buckets * (gb if plan.zero_stage == 1 else pb) * bucket_elements
+
+
 def framework_buffers(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
     """(gathered weights, communication buffers) one GPU of ``st`` holds at its peak beyond its
     shards (see the module docstring)."""
@@ -221,8 +247,7 @@ def framework_buffers(inv: JobInventory, st: StageInventory) -> tuple[float, flo
         if plan.zero_stage >= 3 and sharded:
             live = max(unit, min(rt.deepspeed_stage3_max_live_parameters, unit + rt.deepspeed_stage3_prefetch_bucket_size))
             gathered = pb * min(stage, live)
-        bucket = gb * min(stage, rt.deepspeed_reduce_bucket_size) if plan.zero_stage >= 2 and sharded else 0.0
-        return gathered, bucket
+        return gathered, deepspeed_reduce_buckets(plan, pb, gb, rt.deepspeed_reduce_bucket_size) if sharded else 0.0
     if plan.framework is Framework.FSDP and plan.pp > 1 and sharded:
         # torchtitan with pipeline parallelism: unsharded weights (ZeRO-3) and gradients
         # accumulated in the reduce dtype (ZeRO-2/3) across the micro-batches, and the

@@ -12,10 +12,15 @@ DeepSpeed's pipeline ZeRO rule); this table repeats them by reference, not by co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from paraplan.specs.enums import Framework, Recompute, Schedule
 from paraplan.specs.errors import ConfigError
 from paraplan.specs.plan import RECOMPUTE_CHOICES, ZERO_BUBBLE_FRAMEWORKS, ParallelPlan
+
+if TYPE_CHECKING:
+    from paraplan.specs.hetero import HeteroJob
+    from paraplan.specs.job import Job
 
 _R = Recompute
 _S = Schedule
@@ -202,3 +207,13 @@ def plan_refusal(plan: ParallelPlan, moe: bool = False) -> str | None:
         hybrid=plan.data_parallel_shard_degree is not None and plan.zero_shards < plan.grad_group,
         moe=moe, ep=plan.ep, etp=plan.etp,
     )
+
+
+def unrunnable_note(job: Job | HeteroJob) -> str | None:
+    """The note a prediction of a plan its framework cannot launch carries (None: it can): the
+    plan is still predicted, since asking "what if" is legitimate, but the answer says that
+    the named framework would not run it, and why (``plan_refusal``)."""
+    reason = plan_refusal(job.parallel, moe=job.model.is_moe)
+    if reason is None:
+        return None
+    return f"the framework cannot run this plan (predicted as a what-if): {reason}"

@@ -378,6 +378,18 @@ class ParallelPlan(BaseModel):
             return self.overlap_grad_reduce
         return self.framework is not Framework.DEEPSPEED
 
+    @property
+    def deepspeed_overlap_comm(self) -> bool:
+        """DeepSpeed ZeRO's ``overlap_comm`` for this plan (what the DeepSpeed export writes and
+        the memory model counts buckets for). ZeRO-3 (never with a pipeline here): on,
+        DeepSpeed's default, unless the plan turns the overlap off. ZeRO-1/2: what the prediction
+        assumed; never with pp > 1 (DeepSpeed's pipeline engine reduces gradients after the
+        pipeline drains, and ``engine._configure_zero_optimizer`` turns ``overlap_comm`` off for
+        a ``PipelineModule``)."""
+        if self.zero_stage == 3:
+            return self.overlap_grad_reduce is not False
+        return self.overlaps_grad_reduce and self.pp == 1
+
 
 def check_offload(plan: ParallelPlan) -> None:
     """The offload rules of DeepSpeed (its config docs: offload_param "available only with ZeRO
