@@ -41,3 +41,8 @@ def test_a_job_file_is_named_as_the_origin_only_when_flags_changed_it():
 def test_degrees_of_one_are_never_blamed():
     raw = {"parallel": {"tp": 1, "pp": 1}}
     assert blame_origin("parallel: tp*pp*cp = 1 does not divide", raw, {}, "x.yaml") == ""
+
+
+def test_switching_the_demo_job_to_fsdp_blames_the_demo_jobs_selective_recompute():
+    message = _error(demo_job_mapping(), framework="fsdp", zero_stage=3)
+    assert message.endswith("recompute selective came from the demo job, not from a flag: set --recompute")

@@ -13,7 +13,7 @@ from paraplan.specs import ConfigError, HeteroJob, Job
 # parallel keys an error may name, by their short name when they have one
 _LONG_TO_SHORT = {long: short for short, long in _SHORT.items()}
 _NAMED = (*_SHORT, "micro_batch_size", "global_batch_size", "zero_stage", "sequence_parallel",
-          "data_parallel_shard_degree", "layers_per_stage")
+          "data_parallel_shard_degree", "layers_per_stage", "recompute", "schedule")
 
 
 def resolve_with_flags(
