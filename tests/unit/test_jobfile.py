@@ -54,3 +54,23 @@ def test_a_gpu_the_catalog_lacks_is_described_without_its_default_fields():
     assert mapping["cluster"]["gpu"]["name"] == "H800"
     assert "efficiency" not in mapping["cluster"]["gpu"]
     assert len(text.splitlines()) < 25
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"tp": 1, "pp": 4, "ep": 8, "expert_load_imbalance": 1.2, "global_batch_size": 256},
+        {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "sequence_parallel": True, "global_batch_size": 64},
+        {"tp": 2, "pp": 4, "vpp": 2, "overlap_p2p_comm": True, "tp_comm_overlap": True, "sequence_parallel": True,
+         "global_batch_size": 64},
+        {"tp": 1, "zero_stage": 2, "framework": "deepspeed", "offload_optimizer": "cpu", "global_batch_size": 64},
+    ],
+    ids=["ep-imbalance", "etp", "interleaved-overlaps", "deepspeed-offload"],
+)
+def test_every_plan_setting_survives_the_round_trip_through_a_job_file(parallel):
+    model = "mixtral-8x7b" if "ep" in parallel else "llama-3-8b"
+    job = resolve_job({"model": model, "cluster": {"name": "dgx-h100", "num_nodes": 8}, "parallel": parallel})
+    mapping = yaml.safe_load(yaml.safe_dump(job_mapping(job), sort_keys=False))
+    assert resolve_job(mapping) == job
+    for key in parallel:
+        assert key in mapping["parallel"], key

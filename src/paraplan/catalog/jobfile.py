@@ -3,12 +3,22 @@ the model by their catalog names, with only the fields the job changed written o
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from paraplan.catalog.jobs import _cluster, _in_catalog, _model
 from paraplan.catalog.loader import catalog_names, load_any_cluster, load_cluster, load_gpu, load_model
-from paraplan.specs import ClusterSpec, ConfigError, GpuSpec, HeteroJob, Job, LinkSpec, ModelSpec
+from paraplan.specs import (
+    ClusterSpec,
+    ConfigError,
+    GpuSpec,
+    HeteroJob,
+    Job,
+    LinkSpec,
+    ModelSpec,
+    ParallelPlan,
+)
 
 _WRITTEN = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order"}
 _CLUSTER_FIELDS = ("gpus_per_node", "intra_node", "inter_node", "host_link", "price_per_gpu_hour", "host")
@@ -112,33 +122,35 @@ def _dumped(value: Any) -> Any:
     return out
 
 
-def _parallel_mapping(p: Any) -> dict[str, Any]:
-    parallel = {
-        "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "sequence_parallel": p.sequence_parallel,
-        "zero_stage": p.zero_stage, "micro_batch_size": p.micro_batch_size,
-        "global_batch_size": p.global_batch_size, "recompute": p.recompute.value, "schedule": p.schedule.value,
-        "framework": p.framework.value,
-    }
-    if p.vpp > 1:
-        parallel["vpp"] = p.vpp
-    if p.partition_activations:
-        parallel["partition_activations"] = True
-    for key in ("layers_per_stage", "overlap_grad_reduce", "scatter_gather_p2p", "pipeline_mask",
-                "gradient_accumulation_fusion", "deepspeed_train_schedule", "recompute_method",
-                "recompute_num_layers", "recompute_every", "data_parallel_shard_degree", "grad_reduce_in_fp32",
-                "fsdp_version"):
+# always written (a saved plan reads whole); every other field only where it is not its default
+_PLAN_ALWAYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+                "context_parallel_size", "sequence_parallel", "zero_stage", "micro_batch_size",
+                "global_batch_size", "recompute", "schedule", "framework")
+
+
+def _parallel_mapping(p: ParallelPlan) -> dict[str, Any]:
+    """Every field of the plan that is not its default (all of the plan's, MoE, offload and
+    overlap settings included), under its short name where it has one (tp, pp, dp, cp, vpp, ep,
+    etp, dp_shard); the degrees, batch, recompute, schedule and framework always."""
+    parallel: dict[str, Any] = {}
+    for key, spec in ParallelPlan.model_fields.items():
         value = getattr(p, key)
-        if value is not None:
-            parallel[key] = list(value) if isinstance(value, tuple) else value
-    for key in ("tp_comm_overlap", "overlap_p2p_comm"):
-        if getattr(p, key):
-            parallel[key] = True
-    for key in ("offload_optimizer", "offload_param"):  # offload (issue 18)
-        if getattr(p, key) != "none":
-            parallel[key] = getattr(p, key)
-    if p.cpu_offloading:
-        parallel.update(cpu_offloading=True, cpu_offloading_num_layers=p.cpu_offloading_num_layers)
+        if key not in _PLAN_ALWAYS and value == spec.default:
+            continue
+        if key == "virtual_pipeline_model_parallel_size" and p.vpp == 1:
+            continue
+        choices = getattr(spec.validation_alias, "choices", None) or [key]
+        parallel[min(choices, key=len)] = _plain(value)
     return parallel
+
+
+def _plain(value: Any) -> Any:
+    """A plan value as YAML writes it: an enum by its value, a tuple as a list."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _catalog_equal(name: str, value: Any) -> bool:
