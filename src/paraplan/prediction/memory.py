@@ -39,6 +39,7 @@ from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params, param_bytes, split_params
 from paraplan.inventory.ops import OpKind
 from paraplan.inventory.recompute import recompute_cost
+from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.offload import count_offload
 from paraplan.schedule import peak_in_flight
 from paraplan.specs import Framework, Job, ParallelPlan, Recompute, Schedule
@@ -435,15 +436,7 @@ class PlanMemory:
         w = self.worst
         return {
             "worst_stage": w.stage,
-            "weights_bytes": w.weights,
-            "gradients_bytes": w.gradients,
-            "optimizer_states_bytes": w.optimizer_states,
-            "activations_bytes": w.activations,
-            "logits_bytes": w.logits,
-            "gathered_params_bytes": w.gathered_params,
-            "buffers_bytes": w.buffers,
-            "fragmentation_bytes": w.fragmentation,
-            "runtime_bytes": w.runtime,
+            **{f"{p.field}_bytes": getattr(w, p.field) for p in MEMORY_PARTS},
             "allocated_bytes": w.allocated,
             "reserved_bytes": w.reserved,
             "total_bytes": w.total,

@@ -11,6 +11,7 @@ from html import escape
 
 from paraplan.prediction import Prediction
 from paraplan.prediction.components import components_of
+from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.gemms import gemm_rows
 from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
@@ -91,19 +92,21 @@ def _breakdown(pred: Prediction) -> str:
 
 
 def _memory(pred: Prediction) -> str:
+    """One row per memory part (``prediction.memory_parts``), one column per stage, then the
+    total against the GPU's HBM and the margin left after the headroom."""
     mem = pred.memory
-    rows = [
-        [f"stage {m.stage}", format_bytes(m.weights), format_bytes(m.gradients), format_bytes(m.optimizer_states),
-         f"{format_bytes(m.activations)} ({m.in_flight_microbatches:g} in flight)", format_bytes(m.logits),
-         format_bytes(m.gathered_params + m.buffers), format_bytes(m.allowance),
-         format_bytes(m.total), format_bytes(hbm), format_bytes(mem.margin_of(m.stage)),
-         "fits" if mem.margin_of(m.stage) >= 0 else "DOES NOT FIT"]
-        for m, hbm in zip(mem, mem.hbm_bytes, strict=True)
+    header = ["part"] + [f"stage {m.stage}" for m in mem]
+    rows = [[part.label] + [format_bytes(getattr(m, part.field)) for m in mem] for part in memory_parts_of(mem)]
+    rows.append(["total"] + [format_bytes(m.total) for m in mem])
+    body = _table(header, rows, total=True)
+    margins = [mem.margin_of(m.stage) for m in mem]
+    verdicts = [
+        ["micro-batches in flight"] + [f"{m.in_flight_microbatches:g}" for m in mem],
+        ["HBM"] + [format_bytes(hbm) for hbm in mem.hbm_bytes],
+        [f"left after {mem.headroom:.0%} headroom"] + [format_bytes(x) for x in margins],
+        [""] + ["fits" if x >= 0 else "DOES NOT FIT" for x in margins],
     ]
-    header = ["stage", "weights", "gradients", "optimizer states", "activations", "loss logits",
-              "gathered weights + buffers", "fragmentation + CUDA/NCCL", "total", "HBM",
-              f"left after {mem.headroom:.0%} headroom", ""]
-    return _table(header, rows)
+    return body + _table(["", *header[1:]], verdicts)
 
 
 def _operators(pred: Prediction) -> str:

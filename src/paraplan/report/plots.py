@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from paraplan.prediction import Prediction
+from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.regress.plot import check_plot_path, load_pyplot
 from paraplan.report.stagebars import COMPONENTS, DP_LABEL, stage_bars, timeline_bars
 from paraplan.specs import ConfigError
@@ -36,17 +37,18 @@ _TASK_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "weight": "#55a868"
                 DP_LABEL: _COMPONENT_COLORS["dp_communication_s"], "optimizer": _COMPONENT_COLORS["optimizer_step_s"]}
 # interleaved and V schedules: the stage's later chunks
 _LATER_CHUNK = {"forward": "#8fb0dc", "backward": "#f0b98d", "weight": "#a3d3ae"}
-_MEMORY_PARTS = (
-    ("weights", "weights", "#4c72b0"),
-    ("gradients", "gradients", "#dd8452"),
-    ("optimizer states", "optimizer_states", "#55a868"),
-    ("activations", "activations", "#c44e52"),
-    ("loss logits", "logits", "#da8bc3"),
-    ("gathered weights (ZeRO-3)", "gathered_params", "#8172b3"),
-    ("communication buffers", "buffers", "#937860"),
-    ("allocator fragmentation", "fragmentation", "#ccb974"),
-    ("CUDA context + NCCL", "runtime", "#8c8c8c"),
-)
+# one colour per memory part (``prediction.memory_parts``), by field
+_MEMORY_COLORS = {
+    "weights": "#4c72b0",
+    "gradients": "#dd8452",
+    "optimizer_states": "#55a868",
+    "activations": "#c44e52",
+    "logits": "#da8bc3",
+    "gathered_params": "#8172b3",
+    "buffers": "#937860",
+    "fragmentation": "#ccb974",
+    "runtime": "#8c8c8c",
+}
 
 
 def plot_kind_for(path: str | os.PathLike[str], kind: str | None = None) -> str | None:
@@ -284,9 +286,10 @@ def figure_memory(pred: Prediction):
     fig, ax = plt.subplots(figsize=(min(14.0, 6.5 + 0.45 * n), 4.8), layout="constrained")
     x = list(range(n))
     bottom = [0.0] * n
-    for label, field, color in _MEMORY_PARTS:
-        heights = [getattr(m, field) / gib for m in pred.memory]
-        ax.bar(x, heights, bottom=bottom, width=0.7, label=label, color=color, edgecolor="white", linewidth=0.5)
+    for part in memory_parts_of(pred.memory):
+        heights = [getattr(m, part.field) / gib for m in pred.memory]
+        ax.bar(x, heights, bottom=bottom, width=0.7, label=part.label, color=_MEMORY_COLORS[part.field],
+               edgecolor="white", linewidth=0.5)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     for i, total in zip(x, bottom, strict=True):
         ax.annotate(f"{total:.1f}", (i, total), xytext=(0, 2), textcoords="offset points", ha="center",

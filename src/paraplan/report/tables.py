@@ -10,6 +10,7 @@ from rich.text import Text
 
 from paraplan.prediction import Prediction
 from paraplan.prediction.components import components_of
+from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
 
@@ -108,20 +109,11 @@ def render_memory(pred: Prediction) -> Table:
     mem = Table(title=f"Memory per GPU (worst stage: {worst.stage})", title_justify="left")
     mem.add_column("part")
     mem.add_column("size", justify="right")
-    parts = (
-        ("weights", worst.weights),
-        ("gradients", worst.gradients),
-        ("optimizer states", worst.optimizer_states),
-        (f"activations ({worst.in_flight_microbatches:g} micro-batch(es) in flight)", worst.activations),
-        ("loss: extra copies of the logits", worst.logits),
-        ("gathered weights (ZeRO-3)", worst.gathered_params),
-        ("communication buffers", worst.buffers),
-        ("allocator fragmentation (reserved)", worst.fragmentation),
-        ("CUDA context + NCCL buffers", worst.runtime),
-    )
-    for name, value in parts:
-        if value > 0 or name in ("weights", "activations"):
-            mem.add_row(name, format_bytes(value))
+    for part in memory_parts_of([worst]):
+        name = part.label
+        if part.field == "activations":
+            name += f" ({worst.in_flight_microbatches:g} micro-batch(es) in flight)"
+        mem.add_row(name, format_bytes(getattr(worst, part.field)))
     mem.add_row(Text("total", style="bold"), format_bytes(worst.total))
     mem.add_row("of which reserved by PyTorch (as logged)", format_bytes(worst.reserved))
     mem.add_row(f"of {format_bytes(memory.hbm)} HBM, {memory.headroom:.0%} headroom", format_bytes(memory.usable(worst.stage)))
