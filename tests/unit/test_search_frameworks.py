@@ -198,3 +198,34 @@ def test_a_plan_its_framework_cannot_run_carries_a_note_that_names_the_field_and
     assert note.startswith("the framework cannot run this plan (predicted as a what-if): parallel.zero_stage: ")
     assert "torchtitan" in note and "ZeRO-1" in note
     assert unrunnable_note(plan(3)) is None
+
+
+def test_on_one_node_the_default_shard_nodes_all_and_1_consider_as_many_plans_as_all_alone():
+    runner = CliRunner()
+    base = ["search", "--framework", "fsdp", "--num-nodes", "1", "--format", "json"]
+    default = runner.invoke(app, base)
+    whole = runner.invoke(app, [*base, "--shard-nodes", "all"])
+    assert default.exit_code == 0 and whole.exit_code == 0, default.output + whole.output
+    default, whole = json.loads(default.stdout), json.loads(whole.stdout)
+    assert default["considered"] == whole["considered"]
+    assert default["excluded"] == whole["excluded"]
+
+
+def test_the_exact_search_on_one_node_counts_shard_nodes_1_as_the_whole_group():
+    demo = _demo()
+    one_node = demo.cluster.model_copy(update={"num_nodes": 1})
+    counts = []
+    for nodes in ((None, 1), (None,)):
+        space = SearchSpace(framework="fsdp", shard_nodes=nodes, tp=(1, 2, 3), pp=(1,), zero_stage=(3,),
+                            recompute=(Recompute.FULL,))
+        result = search_plans(demo.model, one_node, demo.parallel.global_batch_size, demo.precision, space,
+                              screen=False)
+        counts.append((result.considered, dict(result.excluded), len(result.ranked)))
+    assert counts[0] == counts[1]
+
+
+def test_a_shard_group_over_every_node_of_the_cluster_is_full_sharding_and_a_smaller_one_stays():
+    space = SearchSpace(framework="fsdp", shard_nodes=(None, 1, 2, 4))
+    assert space.on_nodes(1).shard_nodes == (None,)
+    assert space.on_nodes(2).shard_nodes == (None, 1)
+    assert space.on_nodes(8).shard_nodes == (None, 1, 2, 4)

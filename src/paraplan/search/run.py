@@ -167,7 +167,7 @@ def search_plans(
     _check_bounds(global_batch_size, budget_usd, deadline_s)
     if (budget_usd is not None or deadline_s is not None) and train_tokens is None:
         raise ConfigError("train_tokens: a budget or a deadline needs the number of tokens to train")
-    space = space or SearchSpace()
+    space = (space or SearchSpace()).on_nodes(cluster.num_nodes)  # before the grid: screen and exact agree
     limits = (train_tokens, budget_usd, deadline_s)
     mixed = len(set(model.moe_layers)) > 1  # dense and MoE layers (DeepSeek-V3): exact path
     if isinstance(cluster, HeteroClusterSpec) or (space.uneven_layers and not mixed):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -124,6 +124,13 @@ class SearchSpace:
         if bad or not self.offload_optimizer:
             raise ConfigError(f"offload_optimizer: {', '.join(map(repr, bad)) or 'nothing'} is not one of "
                               f"{', '.join(OFFLOAD_DEVICES)}")
+
+    def on_nodes(self, num_nodes: int) -> SearchSpace:
+        """This space on a cluster of ``num_nodes`` nodes: a hybrid shard group over that many
+        nodes or more reaches the whole data-parallel group, so it is the full-sharding value
+        (``None``), counted once (on one node, shard_nodes ``all,1`` is one value, not two)."""
+        nodes = tuple(dict.fromkeys(None if k is None or k >= num_nodes else k for k in self.shard_nodes))
+        return self if nodes == self.shard_nodes else replace(self, shard_nodes=nodes)
 
     def batch_sizes(self, global_batch_size: int) -> tuple[int, ...]:
         return self.global_batch_sizes or (global_batch_size,)
