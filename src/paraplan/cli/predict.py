@@ -59,6 +59,7 @@ def predict_command(
 
                 data["layer_ops"] = [asdict(o) for o in pred.layer_ops]
                 data["layer_collectives"] = [asdict(c) for c in pred.layer_collectives]
+                data["stage_collectives"] = [asdict(c) for c in pred.stage_collectives]
             write_text(render_json(data))
         elif output is OutputFormat.csv:
             write_text(render_csv([pred.to_dict()]))

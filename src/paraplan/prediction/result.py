@@ -135,6 +135,13 @@ class CollectiveEstimate:
     group_nodes: int
     seconds: float
     source: str = "alpha-beta"
+    # how often it runs: each "layer" (tp, cp, ep), each "micro-batch" of the stage (ZeRO-2/3
+    # over the stage's weights) or once an "iteration" (gradient reduction)
+    per: str = "layer"
+
+
+# what ``--explain`` shows: one layer's operators and collectives, the stage's data-parallel collectives
+Explained = tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...], tuple[CollectiveEstimate, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +179,7 @@ class Prediction:
     # kernels timed with generic guesses, not curves measured on the GPU (one note each)
     uncalibrated: tuple[str, ...] = ()
     params_active: float = 0.0  # a mixture of experts': those one token is computed with
-    _explain: Callable[[], tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]] | None = field(
+    _explain: Callable[[], Explained] | None = field(
         default=None, repr=False, compare=False
     )
 
@@ -186,8 +193,8 @@ class Prediction:
             object.__setattr__(self, "memory", PlanMemory(stages, tuple(hbm), self.job.memory_headroom))
 
     @functools.cached_property
-    def _explained(self) -> tuple[tuple[OpEstimate, ...], tuple[CollectiveEstimate, ...]]:
-        return self._explain() if self._explain is not None else ((), ())
+    def _explained(self) -> Explained:
+        return self._explain() if self._explain is not None else ((), (), ())
 
     @property
     def layer_ops(self) -> tuple[OpEstimate, ...]:
@@ -198,6 +205,13 @@ class Prediction:
     def layer_collectives(self) -> tuple[CollectiveEstimate, ...]:
         """The collectives of one layer of the critical stage, with their seconds."""
         return self._explained[1]
+
+    @property
+    def stage_collectives(self) -> tuple[CollectiveEstimate, ...]:
+        """The critical stage's data-parallel collectives, with their seconds: ZeRO-2/3's
+        gathers and reduce-scatters of every micro-batch (over the stage's weights: FSDP and
+        DeepSpeed issue them layer by layer) and the gradient reduction once an iteration."""
+        return self._explained[2]
 
     @property
     def worst_memory(self) -> StageMemory:

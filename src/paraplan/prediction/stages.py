@@ -267,7 +267,9 @@ def explain_layer(
     inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layers: dict[bool, LayerCost]
 ):
     """The operators and collectives of one layer of stage ``st`` with their seconds
-    (``--explain``): of its mixture-of-experts layers when it has any."""
+    (``--explain``): of its mixture-of-experts layers when it has any; then the stage's
+    data-parallel collectives (ZeRO-2/3 gathers and reduce-scatters of every micro-batch, over
+    the stage's weights, and the gradient reduction once an iteration)."""
     block = st.blocks[-1]
     layer = layers[block.moe]
     weights = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers).op_weights
@@ -288,23 +290,26 @@ def explain_layer(
                 dims=op.dims,
             )
         )
-    colls = []
-    for c in block.collectives:
-        layout = comm.pair if c.dim is ParallelDim.PP else comm.layouts[c.dim]
-        colls.append(
-            CollectiveEstimate(
-                name=c.name,
-                kind=c.kind.value,
-                dim=c.dim.value,
-                bytes=c.bytes,
-                phase=c.phase.value,
-                count=c.count,
-                group_size=layout.size,
-                group_nodes=layout.nodes,
-                seconds=comm.seconds(c),
-                source=cm.collective_source(c, layout) if hasattr(cm, "collective_source") else "alpha-beta",
-            )
-        )
-    return tuple(ops), tuple(colls)
+    colls = tuple(_collective_estimate(c, cm, comm) for c in block.collectives)
+    stage = tuple(_collective_estimate(c, cm, comm, "micro-batch") for c in st.per_microbatch_dp)
+    stage += tuple(_collective_estimate(c, cm, comm, "iteration") for c in st.grad_sync)
+    return tuple(ops), colls, stage
+
+
+def _collective_estimate(c, cm: CostModel, comm: CommCosts, per: str = "layer") -> CollectiveEstimate:
+    layout = comm.pair if c.dim is ParallelDim.PP else comm.layouts[c.dim]
+    return CollectiveEstimate(
+        name=c.name,
+        kind=c.kind.value,
+        dim=c.dim.value,
+        bytes=c.bytes,
+        phase=c.phase.value,
+        count=c.count,
+        group_size=layout.size,
+        group_nodes=layout.nodes,
+        seconds=comm.seconds(c),
+        source=cm.collective_source(c, layout) if hasattr(cm, "collective_source") else "alpha-beta",
+        per=per,
+    )
 
 

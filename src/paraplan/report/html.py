@@ -10,11 +10,12 @@ import base64
 from html import escape
 
 from paraplan.prediction import Prediction
-from paraplan.prediction.components import components_of
+from paraplan.prediction.components import BY_FIELD, components_of
 from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.gemms import gemm_rows
 from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
+from paraplan.report.tables import NO_LAYER_COLLECTIVES, STAGE_COLLECTIVES_TITLE, collective_phase
 from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
 
 _STYLE = """
@@ -121,15 +122,27 @@ def _operators(pred: Prediction) -> str:
                  f"{sum(o.recompute_s for o in ops) * 1e3:.3f}", ""])
     table = _table(["operator", "role", "kind", "GFLOP", "MB", "fwd ms", "bwd ms", "recompute ms", "model"], rows,
                    left=3, total=True)
-    colls = [
-        [c.name, c.kind, f"{c.dim} x{c.group_size} over {c.group_nodes} node(s)", c.phase, str(c.count),
-         f"{c.bytes / 1e6:.2f}", f"{c.seconds * 1e3:.3f}", c.source]
-        for c in pred.layer_collectives
-    ]
-    if not colls:
-        return table + '<p class="note">No collectives in a layer (tp = cp = 1).</p>'
     header = ["collective", "kind", "group", "phase", "calls", "MB", "ms (all calls)", "model"]
-    return table + "<h3>Collectives of one layer</h3>" + _table(header, colls, left=4)
+    if pred.layer_collectives:
+        table += "<h3>Collectives of one layer</h3>" + _table(header, _collective_rows(pred.layer_collectives), left=4)
+    else:
+        table += f'<p class="note">No collectives within a layer ({NO_LAYER_COLLECTIVES}).</p>'
+    if pred.stage_collectives:
+        table += (f"<h3>{STAGE_COLLECTIVES_TITLE}</h3>"
+                  '<p class="note">ZeRO-2/3 gathers and reduce-scatters run every micro-batch over the stage\'s '
+                  "weights (FSDP and DeepSpeed issue them layer by layer); the gradient reduction runs once an "
+                  f"iteration. Their exposed time is the breakdown's {BY_FIELD['dp_communication_s'].label}.</p>"
+                  + _table(header, _collective_rows(pred.stage_collectives), left=4))
+    return table
+
+
+def _collective_rows(collectives) -> list[list[str]]:
+    return [
+        [c.name, c.kind, f"{c.dim} x{c.group_size} over {c.group_nodes} node(s)",
+         collective_phase(c), str(c.count),
+         f"{c.bytes / 1e6:.2f}", f"{c.seconds * 1e3:.3f}", c.source]
+        for c in collectives
+    ]
 
 
 def _gemms(pred: Prediction) -> str:

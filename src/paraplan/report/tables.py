@@ -153,26 +153,46 @@ def render_explain(pred: Prediction) -> Group:
     total_r = sum(o.recompute_s for o in pred.layer_ops)
     ops.add_row(Text("total", style="bold"), "", "", "", "", f"{total_f * 1e3:.3f}", f"{total_b * 1e3:.3f}",
                 f"{total_r * 1e3:.3f}", "")
-    colls = ReadableTable("Collectives of one layer")
+    items: list[Any] = [ops]
+    if pred.layer_collectives:
+        items.append(_collectives_table("Collectives of one layer", pred.layer_collectives))
+    else:
+        items.append(Text(f"Collectives of one layer: none ({NO_LAYER_COLLECTIVES})"))
+    if pred.stage_collectives:
+        items.append(_collectives_table(STAGE_COLLECTIVES_TITLE, pred.stage_collectives))
+    return Group(*items)
+
+
+#: why a layer has no collectives of its own (``render_explain`` and the HTML report)
+NO_LAYER_COLLECTIVES = "no tensor, context or expert parallelism"
+#: the title of the critical stage's data-parallel collectives
+STAGE_COLLECTIVES_TITLE = "Data-parallel and ZeRO collectives of the critical stage"
+
+
+def collective_phase(c) -> str:
+    """The phase of a collective, and how often it runs when that is not once a layer."""
+    return c.phase if c.per == "layer" else f"{c.phase}, each {c.per}"
+
+
+def _collectives_table(title: str, collectives) -> ReadableTable:
+    colls = ReadableTable(title)
     colls.add_column("collective")
     colls.add_column("kind")
     colls.add_column("group", wrap=True)
-    colls.add_column("phase")
+    colls.add_column("phase", wrap=True)
     colls.add_column("calls", number=True)
     colls.add_column("MB", number=True)
     colls.add_column("ms (all calls)", short="ms", number=True)
     colls.add_column("model", wrap=True, detail=True)
-    for c in pred.layer_collectives:
+    for c in collectives:
         colls.add_row(
             c.name,
             c.kind,
             f"{c.dim} x{c.group_size} over {c.group_nodes} node(s)",
-            c.phase,
+            collective_phase(c),
             str(c.count),
             f"{c.bytes / 1e6:.2f}",
             f"{c.seconds * 1e3:.3f}",
             c.source,
         )
-    if not pred.layer_collectives:
-        colls.add_row("(none: tp = cp = 1)", "", "", "", "", "", "", "")
-    return Group(ops, colls)
+    return colls
