@@ -115,3 +115,37 @@ def test_json_holds_both_predictions_whole_and_the_differences(tp4_against_tp8):
     assert data["difference"]["iteration_s"]["change"] == pytest.approx(
         data["b"]["iteration_s"] - data["a"]["iteration_s"])
     assert set(data["difference"]["memory.fits"]) == {"a", "b"}
+
+
+def test_a_change_from_a_negative_figure_has_no_percentage_that_would_flip_its_sign():
+    assert Delta("memory.margin_bytes", -5.0, 30.0).relative is None
+    assert Delta("memory.margin_bytes", -5.0, 30.0).change == 35.0
+
+
+@pytest.fixture(scope="module")
+def zero1_against_zero3():
+    return compare_predictions(_pred(tp=1, pp=1, framework="fsdp", zero_stage=0, recompute="full"),
+                               _pred(tp=1, pp=1, framework="fsdp", zero_stage=3, recompute="full"))
+
+
+def test_the_table_names_each_memory_part_by_the_label_every_renderer_prints(zero1_against_zero3):
+    from paraplan.prediction.memory_parts import MEMORY_PARTS
+
+    text = assert_readable(render_comparison(zero1_against_zero3))[80]
+    for part in MEMORY_PARTS:  # every part is in ZeRO-3's plan
+        assert getattr(zero1_against_zero3.b.worst_memory, part.field) > 0
+        assert f"memory: {part.label}" in text
+    assert "memory margin (after headroom)" in text
+
+
+def test_csv_and_json_give_the_memory_margin_and_every_memory_part_of_a_and_b(zero1_against_zero3):
+    from paraplan.prediction.memory_parts import MEMORY_PARTS
+
+    cmp = zero1_against_zero3
+    rows = {r["figure"]: r for r in comparison_rows(cmp)}
+    margin = rows["memory.margin_bytes"]
+    assert (margin["a"], margin["b"]) == (cmp.a.memory.margin, cmp.b.memory.margin)
+    for part in MEMORY_PARTS:
+        assert rows[part.key]["b"] == getattr(cmp.b.worst_memory, part.field)
+        assert part.key in cmp.to_dict()["difference"]
+    assert "memory.margin_bytes" in render_csv(list(rows.values()))

@@ -1,23 +1,27 @@
 """Two predictions side by side: each figure of A and of B, and B - A (absolute and relative).
 
 The summary figures are the ones a user weighs a plan by (time, throughput, MFU, memory per
-GPU, cost); the components are every field of the Breakdown, whatever fields it has.
+GPU and its margin, cost); the memory parts are the worst stage's, one per ``MEMORY_PARTS``;
+the components are every field of the Breakdown, whatever fields it has.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.result import Prediction
 
 # the summary's figures, in the order they are shown; each is a key of Prediction.to_dict()
-# (``memory.total_bytes``: the worst stage's per GPU)
+# (``memory.total_bytes``: the worst stage's per GPU; ``memory.margin_bytes``: what it leaves
+# of its GPU's memory after the headroom, negative when it does not fit)
 SUMMARY_KEYS = (
     "iteration_s",
     "tokens_per_s",
     "mfu",
     "memory.total_bytes",
     "memory.hbm_bytes",
+    "memory.margin_bytes",
     "cost.cost_per_hour_usd",
     "cost.usd_per_million_tokens",
     "cost.time_to_train_s",
@@ -40,9 +44,10 @@ class Delta:
 
     @property
     def relative(self) -> float | None:
-        """(B - A) / A; None where A is zero (a component one plan does not have)."""
+        """(B - A) / A; None where A is zero (a component one plan does not have) or negative (a
+        margin A lacks: its ratio would turn the change's sign)."""
         change = self.change
-        return None if change is None or not self.a else change / self.a
+        return None if change is None or not self.a or self.a < 0 else change / self.a
 
     def to_dict(self) -> dict[str, float | None]:
         return {"a": self.a, "b": self.b, "change": self.change, "relative": self.relative}
@@ -57,6 +62,7 @@ class Comparison:
     summary: tuple[Delta, ...]
     components: tuple[Delta, ...]  # one per Breakdown field, in its order, then the total
     settings: tuple[tuple[str, object, object], ...] = ()  # (key, A's, B's) of the settings that differ
+    memory: tuple[Delta, ...] = ()  # the worst stage's memory parts, one per MEMORY_PARTS (key ``memory.<field>_bytes``)
 
     @property
     def fits(self) -> tuple[bool, bool]:
@@ -71,6 +77,7 @@ class Comparison:
             "difference": {
                 **{d.key: d.to_dict() for d in self.summary},
                 "memory.fits": {"a": self.a.fits, "b": self.b.fits},
+                **{d.key: d.to_dict() for d in self.memory},
                 **{f"breakdown.{d.key}": d.to_dict() for d in self.components},
             },
         }
@@ -88,7 +95,8 @@ def compare_predictions(a: Prediction, b: Prediction) -> Comparison:
     components = tuple(Delta(f.name, getattr(a.breakdown, f.name), getattr(b.breakdown, f.name))
                        for f in fields(a.breakdown))
     total = Delta("total_s", a.breakdown.total_s, b.breakdown.total_s)
-    return Comparison(a, b, summary, (*components, total), _settings(da, db))
+    memory = tuple(Delta(part.key, _lookup(da, part.key), _lookup(db, part.key)) for part in MEMORY_PARTS)
+    return Comparison(a, b, summary, (*components, total), _settings(da, db), memory)
 
 
 # the settings of a job, as keys of Prediction.to_dict() (``parallel``: every key of the plan)

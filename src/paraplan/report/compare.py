@@ -10,9 +10,12 @@ from rich.text import Text
 
 from paraplan.prediction.compare import Comparison, Delta
 from paraplan.prediction.components import BY_FIELD
+from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.result import Prediction
 from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_seconds
+
+MEMORY_BY_KEY = {part.key: part for part in MEMORY_PARTS}
 
 
 def _usd(x: float) -> str:
@@ -35,6 +38,7 @@ _SUMMARY: dict[str, tuple[str, Callable[[float], str], Callable[[float], str]]] 
     "mfu": ("MFU", lambda x: f"{100 * x:.1f} %", lambda x: f"{100 * x:+.1f} pt"),
     "memory.total_bytes": ("memory per GPU (worst stage)", format_bytes, _signed(format_bytes)),
     "memory.hbm_bytes": ("HBM per GPU", format_bytes, _signed(format_bytes)),
+    "memory.margin_bytes": ("memory margin (after headroom)", _signed(format_bytes), _signed(format_bytes)),
     "cost.cost_per_hour_usd": ("cluster $ / hour", _usd, _signed(_usd)),
     "cost.usd_per_million_tokens": ("$ per million tokens", _usd, _signed(_usd)),
     "cost.time_to_train_s": ("time to train", _seconds, _signed(_seconds)),
@@ -74,7 +78,7 @@ def describe(pred: Prediction) -> str:
 
 def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> Group:
     """Who A and B are, the settings that differ, then one table: the summary figures, whether
-    each fits, and the breakdown components either has, with B - A and its percentage of A."""
+    each fits, the worst stage's memory parts either has, and the breakdown components either has, with B - A and its percentage of A."""
     head = [Text.assemble((f"A ({names[0]}): ", "bold"), describe(cmp.a)),
             Text.assemble((f"B ({names[1]}): ", "bold"), describe(cmp.b))]
     if cmp.settings:
@@ -91,6 +95,11 @@ def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> G
         _row(table, label, d, fmt, change)
     fits_a, fits_b = cmp.fits
     table.add_row("fits", "yes" if fits_a else "NO", "yes" if fits_b else "NO", "", "", end_section=True)
+    # the worst stage's memory parts either plan has, by the labels every renderer prints
+    parts = [d for d in cmp.memory if (d.a or 0.0) > 0 or (d.b or 0.0) > 0 or MEMORY_BY_KEY[d.key].always]
+    for i, d in enumerate(parts):
+        _row(table, f"memory: {MEMORY_BY_KEY[d.key].label}", d, format_bytes, _signed(format_bytes),
+             end_section=i == len(parts) - 1)
     # a component neither plan has is left out (zero in both, to rounding: 1e-9 of the iteration)
     noise = 1e-9 * max(cmp.a.iteration_s, cmp.b.iteration_s)
     for d in cmp.components:
@@ -105,5 +114,6 @@ def comparison_rows(cmp: Comparison) -> list[dict[str, Any]]:
     """CSV rows: one per figure, with A, B, B - A and (B - A) / A."""
     rows = [{"figure": d.key, **d.to_dict()} for d in cmp.summary]
     rows.append({"figure": "memory.fits", "a": cmp.a.fits, "b": cmp.b.fits, "change": None, "relative": None})
+    rows += [{"figure": d.key, **d.to_dict()} for d in cmp.memory]
     rows += [{"figure": f"breakdown.{d.key}", **d.to_dict()} for d in cmp.components]
     return rows
