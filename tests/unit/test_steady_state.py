@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from paraplan.schedule import simulate_deepspeed_pipeline, simulate_pipeline
 from paraplan.schedule.deepspeed import deepspeed_finish
+from paraplan.schedule.pipeline import pipeline_finish, task_durations
 from paraplan.schedule.steady import LONG
 from paraplan.specs import Schedule
 
@@ -45,6 +46,34 @@ def test_deepspeeds_extrapolated_schedule_equals_its_full_simulation(p, data, ex
     assert short.finish == pytest.approx(full.finish, rel=1e-9)
     dur = np.array([[f, b, 0.06, 0.05] for f, b in zip(fwd, bwd, strict=True)]).reshape(-1, 1)
     assert deepspeed_finish(p, m, dur)[:, 0] == pytest.approx(full.finish, rel=1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    p=st.integers(2, 6),
+    data=st.data(),
+    schedule=st.sampled_from([Schedule.ZB_H1, Schedule.ZB_V, Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED]),
+)
+def test_many_plans_of_one_shape_finish_when_each_ones_simulation_says(p, data, schedule):
+    """``pipeline_finish`` (the search's screen: a task graph evaluated for many plans at once,
+    its steady state extrapolated from short runs past a few warm-ups) equals
+    ``simulate_pipeline`` plan by plan, with unequal stages, weight gradients and sends."""
+    m = data.draw(st.sampled_from([1, p - 1, p, 2 * p + 1, 50, 97, 300, LONG + 7]))
+    vpp = 2 if schedule is Schedule.INTERLEAVED else 1
+    if vpp > 1:  # interleaving runs whole rounds of p micro-batches
+        m = p * -(-m // p)
+    v, plans = schedule.chunks(vpp), 3
+    fwd = np.array([data.draw(st.lists(times, min_size=plans, max_size=plans)) for _ in range(p)])
+    bwd = fwd * np.array([data.draw(st.lists(st.floats(1.0, 3.0), min_size=plans, max_size=plans)) for _ in range(p)])
+    share = np.array(data.draw(st.lists(st.floats(0.0, 0.6), min_size=plans, max_size=plans)))
+    wgrad = bwd * share if schedule.splits_backward else np.zeros_like(bwd)
+    send = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.05, 0.4]), min_size=plans, max_size=plans)))
+    dur = np.asarray(task_durations(schedule, p, v, list(fwd), list(bwd), list(wgrad), send, send + 0.01))
+    got = pipeline_finish(schedule, p, m, v, dur)
+    for j in range(plans):
+        sim = simulate_pipeline(list(fwd[:, j]), list(bwd[:, j]), float(send[j]), m, schedule, vpp,
+                                fwd_extra_s=0.01, wgrad_s=list(wgrad[:, j]))
+        assert list(got[:, j]) == pytest.approx(sim.finish, rel=1e-9)
 
 
 def test_two_million_micro_batches_take_no_longer_than_two_thousand():

@@ -26,8 +26,8 @@ and gradient reductions and the optimizer step are costed outside the pipeline.
 from __future__ import annotations
 
 import functools
-import itertools
 
+from paraplan.schedule.graph import graph_ends, graph_levels
 from paraplan.schedule.pipeline import PipelineResult, Task
 from paraplan.schedule.steady import LONG, extrapolate
 
@@ -211,27 +211,10 @@ def simulate_deepspeed_pipeline(
 
 @functools.lru_cache(maxsize=64)
 def _levels(p: int, m: int):
-    """_graph in levels (every node after all of its predecessors' levels), for evaluating
-    many plans of one shape at once: per level the node ids, both predecessors (the node
-    count stands for "none", a zero row) and duration indices; and each stage's last node."""
-    import numpy as np
-
+    """_graph in levels (``schedule.graph``) and each stage's last node."""
     kinds, first, second, last = _flat(p, m)
-    n = len(kinds)
-    level = [0] * n
-    for k in range(n):
-        a, b = first[k], second[k]
-        level[k] = 1 + max(level[a] if a >= 0 else -1, level[b] if b >= 0 else -1)
-    order = np.argsort(np.asarray(level), kind="stable")
-    bounds = np.searchsorted(np.asarray(level)[order], np.arange(max(level) + 2))
-    fa = np.where(np.asarray(first) >= 0, first, n)
-    fb = np.where(np.asarray(second) >= 0, second, n)
-    kd = np.asarray(kinds)
-    out = []
-    for lo, hi in itertools.pairwise(bounds):
-        ids = order[lo:hi]
-        out.append((ids, fa[ids], fb[ids], kd[ids]))
-    return tuple(out), last, n
+    levels, n = graph_levels(kinds, first, second)
+    return levels, last, n
 
 
 def deepspeed_finish(p: int, m: int, dur):
@@ -245,7 +228,4 @@ def deepspeed_finish(p: int, m: int, dur):
         columns = [_finish_of(p, m, dur[:, j]) for j in range(dur.shape[1])]
         return np.asarray(columns).T
     levels, last, n = _levels(p, m)
-    end = np.zeros((n + 1, dur.shape[1]))
-    for ids, a, b, kind in levels:
-        end[ids] = np.maximum(end[a], end[b]) + dur[kind]
-    return end[list(last)]
+    return graph_ends(levels, n, dur)[list(last)]

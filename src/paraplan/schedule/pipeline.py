@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from paraplan.schedule.graph import graph_ends, graph_levels
 from paraplan.schedule.orders import B, F, W, placement, stage_order
-from paraplan.schedule.steady import extrapolate
+from paraplan.schedule.steady import LONG, extrapolate, extrapolate_many
 from paraplan.specs import Schedule
 
 
@@ -141,6 +142,25 @@ def _task_ends(
     return end
 
 
+def task_durations(schedule: Schedule, p: int, v: int, fwd_s, bwd_s, wgrad_s, send_bwd_s, send_fwd_s) -> list:
+    """Each (stage, chunk, kind)'s duration, indexed (stage * v + chunk) * 3 + kind, from each
+    stage's forward, whole backward and weight-gradient seconds (floats, or arrays of many
+    plans). A task holds its stage for its compute and its blocking send: ``send_fwd_s`` after
+    a forward, ``send_bwd_s`` after an input gradient, none out of the model's two ends and
+    none between two chunks of one stage."""
+    where_is = placement(schedule, p, v)
+    last_vs = p * v - 1
+    dur: list = [0.0] * (3 * p * v)
+    for s, (i, c) in enumerate(where_is):
+        sends_fwd = s < last_vs and where_is[s + 1][0] != i
+        sends_bwd = s > 0 and where_is[s - 1][0] != i
+        at = (i * v + c) * 3
+        dur[at + F] = fwd_s[i] / v + (send_fwd_s if sends_fwd else 0.0)
+        dur[at + B] = (bwd_s[i] - wgrad_s[i]) / v + (send_bwd_s if sends_bwd else 0.0)
+        dur[at + W] = wgrad_s[i] / v
+    return dur
+
+
 def simulate_pipeline(
     fwd_s: list[float],
     bwd_s: list[float],
@@ -173,19 +193,8 @@ def simulate_pipeline(
         return PipelineResult(makespan=total, finish=(total,), busy=(total,), tasks=None)
     split = schedule.splits_backward
     w_s = list(wgrad_s) if (split and wgrad_s is not None) else [0.0] * p
-    # A task's duration includes its blocking send (none out of the model's two ends, none
-    # between two chunks of one stage). Durations are indexed (stage * v + chunk) * 3 + kind.
     blocking = 0.0 if overlap_p2p else 1.0
-    where_is = placement(schedule, p, v)
-    last_vs = p * v - 1
-    dur = [0.0] * (3 * p * v)
-    for s, (i, c) in enumerate(where_is):
-        sends_fwd = s < last_vs and where_is[s + 1][0] != i
-        sends_bwd = s > 0 and where_is[s - 1][0] != i
-        at = (i * v + c) * 3
-        dur[at + F] = fwd_s[i] / v + (blocking * (p2p_s + fwd_extra_s) if sends_fwd else 0.0)
-        dur[at + B] = (bwd_s[i] - w_s[i]) / v + (blocking * p2p_s if sends_bwd else 0.0)
-        dur[at + W] = w_s[i] / v
+    dur = task_durations(schedule, p, v, fwd_s, bwd_s, w_s, blocking * p2p_s, blocking * (p2p_s + fwd_extra_s))
     busy = tuple(m * sum(dur[i * v * 3:(i + 1) * v * 3]) for i in range(p))
     arrival = (p2p_s + fwd_extra_s, p2p_s, 0.0) if overlap_p2p else (0.0, 0.0, 0.0)
 
@@ -208,3 +217,69 @@ def simulate_pipeline(
             for k, (i, c, kind, j, _, _) in enumerate(structure)
         )
     return PipelineResult(makespan=max(clock), finish=clock, busy=busy, tasks=tasks)
+
+
+@functools.lru_cache(maxsize=64)
+def _levels(schedule: Schedule, p: int, m: int, v: int):
+    """_structure in levels (``schedule.graph``)."""
+    return graph_levels(*_flat_structure(schedule, p, m, v))
+
+
+def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur):
+    """Each stage's finish time for many plans of one shape (``p`` stages, ``m`` micro-batches,
+    ``v`` chunks per stage) at once, with blocking sends: ``dur`` is an array of shape
+    (3 p v, plans) indexed as ``task_durations`` (sends included). Returns an array of shape
+    (p, plans), equal to ``simulate_pipeline``'s finish times (to rounding where the steady
+    state is extrapolated: past ``batched_short(p) + 2 p`` micro-batches, from two short runs a cycle
+    apart, so the search's cost stays flat in m; a plan whose short run shows no cycle is run
+    in full)."""
+    short = batched_short(p)
+    if m <= short + 2 * p:
+        return _full(schedule, p, m, v, dur)
+
+    def run(k: int, sel):
+        levels, n = _levels(schedule, p, k, v)
+        end = graph_ends(levels, n, dur[:, sel])
+        return end[list(_last_task(schedule, p, k, v))], end[list(_stage0_done(schedule, p, k, v))]
+
+    out, rest = extrapolate_many(run, m, p, short, dur.shape[1])
+    if rest.any():
+        full = _full(schedule, p, m, v, dur[:, rest])
+        if out is None:
+            return full
+        out[:, rest] = full
+    return out
+
+
+def batched_short(p: int) -> int:
+    """Micro-batches of ``pipeline_finish``'s short runs for ``p`` stages: a few times the
+    warm-up, so that the middle half of the run is past it."""
+    return max(32, 4 * p)
+
+
+def _full(schedule: Schedule, p: int, m: int, v: int, dur):
+    """pipeline_finish from the whole task graph (one plan at a time, each extrapolated as
+    ``simulate_pipeline`` does, past ``LONG`` micro-batches)."""
+    if m > LONG:
+        return _each(schedule, p, m, v, dur)
+    levels, n = _levels(schedule, p, m, v)
+    return graph_ends(levels, n, dur)[list(_last_task(schedule, p, m, v))]
+
+
+def _each(schedule: Schedule, p: int, m: int, v: int, dur):
+    """pipeline_finish one plan at a time, each extrapolated from its steady state as
+    ``simulate_pipeline`` does."""
+    import numpy as np
+
+    columns = []
+    for j in range(dur.shape[1]):
+        column = [float(d) for d in dur[:, j]]
+
+        def run(k: int, column=column) -> tuple[tuple[float, ...], list[float]]:
+            end = _task_ends(column, (0.0, 0.0, 0.0), False, schedule, p, k, v)
+            last = _last_task(schedule, p, k, v)
+            return tuple(end[last[i]] for i in range(p)), [end[t] for t in _stage0_done(schedule, p, k, v)]
+
+        steady = extrapolate(run, m, p)
+        columns.append(steady if steady is not None else run(m)[0])
+    return np.asarray(columns).T

@@ -45,3 +45,38 @@ def extrapolate(
     then, _ = run(k + c)
     cycles = (m - k) // c
     return tuple(a + cycles * (b - a) for a, b in zip(start, then, strict=True))
+
+
+def extrapolate_many(run, m: int, period: int, k: int, n: int):
+    """``extrapolate`` for ``n`` plans of one shape at once, from short runs of about ``k``
+    micro-batches: ``run(k, sel)`` returns, for the plans of the boolean mask ``sel``, each
+    stage's finish time (stages, plans) and when stage 0 finished each micro-batch (k, plans).
+    Returns (each stage's finish for ``m`` micro-batches, (stages, n); a mask of the plans
+    with no cycle in the middle half of the short run, whose finish is NaN: the caller runs
+    them in full)."""
+    import numpy as np
+
+    k += (m - k) % period
+    every = np.ones(n, dtype=bool)
+    _, marks = run(k, every)
+    lo, hi = k // 4, 3 * k // 4
+    cycle = np.zeros(n, dtype=np.int64)
+    for c in range(1, min(8 * period, (hi - lo) // 4) + 1):
+        inc = marks[lo + c] - marks[lo]
+        steps = marks[lo + c:hi] - marks[lo:hi - c]
+        found = (cycle == 0) & (inc > 0) & np.all(np.abs(steps - inc) <= 1e-9 * np.abs(inc), axis=0)
+        cycle[found] = c
+    out = None
+    for c in np.unique(cycle[cycle > 0]).tolist():
+        sel = cycle == c
+        whole = c * period // math.gcd(c, period)  # a whole number of cycles that keeps m's remainder
+        k_c = k + (m - k) % whole
+        if k_c > m:  # m is too short for this cycle: run in full
+            cycle[sel] = 0
+            continue
+        start, _ = run(k_c, sel)
+        then, _ = run(k_c + whole, sel)
+        if out is None:
+            out = np.full((start.shape[0], n), np.nan)
+        out[:, sel] = start + (m - k_c) // whole * (then - start)
+    return out, cycle == 0

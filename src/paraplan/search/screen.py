@@ -18,14 +18,12 @@ costed once per distinct value of its axes with the same code the exact path run
 The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
 combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
 term by term. Memory is the exact formula (the screen's verdict equals ``estimate_memory``'s;
-tests check it). Time differs from ``predict`` only in the pipeline: the event simulation is
-replaced by closed forms that are exact for equal stages without transfers --
-``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved, the flow-shop
-sum for GPipe -- generalised to the unequal first and last stages and the blocking sends by
-summing every stage once and repeating the slowest (see ``_finish``). DeepSpeed's 1F1B
-(``schedule.deepspeed``) is not a closed form: its step graph is evaluated for all plans of a
-(pp, micro-batches) shape at once, so those plans' times equal ``predict``'s. The search
-times the screen's shortlist exactly.
+tests check it). Time differs from ``predict`` only in the pipeline of 1F1B, interleaved and
+GPipe plans, whose event simulation is replaced by closed forms (``schedule.closed_form``:
+exact for equal stages without sends, an estimate with unequal ends and sends); DeepSpeed's
+1F1B and the zero-bubble schedules are their task graphs, evaluated per shape for all plans
+at once, so those plans' times equal ``predict``'s. The search times the screen's shortlist
+exactly.
 """
 
 from __future__ import annotations
@@ -52,7 +50,15 @@ from paraplan.prediction.memory import (
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import gradient_copy_s, optimizer_step_s
-from paraplan.schedule.deepspeed import deepspeed_finish
+from paraplan.schedule.closed_form import (
+    FIRST,
+    LAST,
+    MID,
+    SCHEDULES,
+    chunks_per_stage,
+    finish_by_class,
+    in_flight,
+)
 from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
 from paraplan.search.space import (
     EP_EXPERTS,
@@ -79,7 +85,6 @@ from paraplan.specs import (
     Phase,
     Precision,
     Recompute,
-    Schedule,
 )
 from paraplan.specs.frameworks import framework_offer
 from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
@@ -92,8 +97,6 @@ SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "sche
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
 # full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)
 _RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL, Recompute.LAYER, Recompute.OP)
-_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_V)
-_FIRST, _MID, _LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
 
 
 def screenable(space: SearchSpace, model: ModelSpec | None = None) -> bool:
@@ -116,7 +119,7 @@ class Screen:
     precision: Precision
     space: SearchSpace
     train_tokens: float | None
-    # gbs tp pp dp cp ep etp (raw: 0 as tp) sched (raw: index into _SCHEDULES, -1 the plan's own) vpp mbs zero
+    # gbs tp pp dp cp ep etp (raw: 0 as tp) sched (raw: index into SCHEDULES, -1 the plan's own) vpp mbs zero
     # recompute (index) sp (raw: 0 off, 1 on, 2 with tp) offload (OFFLOAD_DEVICES index)
     # shard (hybrid sharding's data_parallel_shard_degree, 0: the whole gradient group)
     plans: dict[str, np.ndarray]
@@ -169,7 +172,7 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     tps, pps, sps = plan_axes(model, cluster, space)
     eps, etps = expert_axes(model, space, n)
     pipes = pipe_axis(space)
-    sched_codes = tuple(-1 if s is None else _SCHEDULES.index(s) for s, _ in pipes)
+    sched_codes = tuple(-1 if s is None else SCHEDULES.index(s) for s, _ in pipes)
     outer = (space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, tuple(e or 0 for e in etps),
              tuple(range(len(pipes))), space.micro_batch_size, tuple(k or 0 for k in space.shard_nodes))
     rc = tuple(_RECOMPUTE.index(Recompute(r)) for r in space.recompute)
@@ -237,7 +240,7 @@ def _job_at(model, cluster, precision, space, train_tokens, plans, i: int, offlo
         cp=int(plans["cp"][i]), vpp=int(plans["vpp"][i]), micro_batch_size=int(plans["mbs"][i]),
         zero_stage=int(plans["zero"][i]), recompute=_RECOMPUTE[int(plans["recompute"][i])],
         sequence_parallel=None if sp == 2 else bool(sp), ep=int(plans["ep"][i]), etp=etp or None,
-        schedule=None if sched < 0 else _SCHEDULES[sched],
+        schedule=None if sched < 0 else SCHEDULES[sched],
         offload_optimizer=OFFLOAD_DEVICES[int(plans["offload"][i])] if offload is None else offload,
         dp_shard=int(plans["shard"][i]) or None,
     )
@@ -293,7 +296,7 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
                 recompute_cost(plan.model_copy(update={"recompute": policy}), st.layer_ops, x, 1))
                for policy in _RECOMPUTE[1:]},
         }
-        flags = {_FIRST: (True, False), _MID: (False, False), _LAST: (False, True), 3: (True, True)}  # 3: pp = 1
+        flags = {FIRST: (True, False), MID: (False, False), LAST: (False, True), 3: (True, True)}  # 3: pp = 1
         ends = {c: count_end_ops(job, x, first=f, last=la) for c, (f, la) in flags.items()}
         for c, ops in ends.items():
             colls = count_end_collectives(model, plan, x, first=flags[c][0], last=flags[c][1])
@@ -324,7 +327,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str
     for j, inv in enumerate(invs):
         comm = CommCosts(inv, cm)
         pp = len(inv.stages)
-        for c, s in ((_FIRST, 0), (_MID, min(1, pp - 1)), (_LAST, pp - 1)):
+        for c, s in ((FIRST, 0), (MID, min(1, pp - 1)), (LAST, pp - 1)):
             st = inv.stages[s]
             mem = estimate_stage_memory(inv, st)
             out["layers"][j, c] = st.num_layers
@@ -393,7 +396,7 @@ def screen_plans(
                 excluded[rejection_reason(err)] += int(per_key[j])
             continue
         ok[j] = True
-        schedule[j] = _SCHEDULES.index(job.parallel.schedule)
+        schedule[j] = SCHEDULES.index(job.parallel.schedule)
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
         fused = job.parallel.fuses_gradient_accumulation
         lockstep = lockstep or job.parallel.runs_deepspeed_train_schedule
@@ -468,17 +471,17 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
     m = (gbs // (mbs * dp)).astype(np.float64)
     p = pp.astype(np.float64)
-    v = np.where(sched == 1, np.maximum(vpp, 1), 1).astype(np.float64)
+    v = chunks_per_stage(sched, vpp)
     single = pp == 1
-    classes = (_FIRST, _MID, _LAST)
-    exists = {_FIRST: np.ones(len(pp), dtype=bool), _MID: pp >= 3, _LAST: pp >= 2}
+    classes = (FIRST, MID, LAST)
+    exists = {FIRST: np.ones(len(pp), dtype=bool), MID: pp >= 3, LAST: pp >= 2}
     full = rc == _RECOMPUTE.index(Recompute.FULL)
-    gpipe, interleaved, zb_h1, zb_v = sched == 2, sched == 1, sched == 3, sched == 4
-    zero_bubble = bool(zb_h1.any() or zb_v.any())  # costed only when the space has such plans
+    gpipe = sched == 2
+    zero_bubble = bool(((sched == 3) | (sched == 4)).any())  # W costed only when the space has such plans
 
     def ends(name: str, c: int) -> np.ndarray:
         # stage 0 carries both ends when there is one stage
-        return np.where(single, A[f"{name}3"][a], A[f"{name}{c}"][a]) if c == _FIRST else A[f"{name}{c}"][a]
+        return np.where(single, A[f"{name}3"][a], A[f"{name}{c}"][a]) if c == FIRST else A[f"{name}{c}"][a]
 
     layer_f, layer_b, comm_f, comm_b = A["layer_f"][a], A["layer_b"][a], A["comm_f"][a], A["comm_b"][a]
     rc_layer = np.choose(rc, [np.zeros(len(rc)), *(A[f"rc_{p.value}"][a] for p in _RECOMPUTE[1:])])
@@ -522,117 +525,11 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         ends_saved = ends("work0_", c)
         held = np.where(fold, held + ends_saved, held)
         work = np.where(fold, work - ends_saved, work)
-        stage = np.where(c == _LAST, p - 1, float(c))
-        chunks = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-        flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))
-        # memory.in_flight_microbatches of the zero-bubble schedules (schedule.peak_in_flight)
-        if zero_bubble:
-            flight = np.where(zb_h1, np.minimum(p, m), flight)
-            flight = np.where(zb_v, np.minimum(2 * p, m + np.minimum(m, stage + 1)) / 2, flight)
-        transient = held * flight + work + logits + B["gathered"][b, c] + B["buffers"][b, c]
+        transient = held * in_flight(c, p, m, v, sched) + work + logits + B["gathered"][b, c] + B["buffers"][b, c]
         mem[c] = peak_bytes(B["static"][b, c], transient, B["runtime"][b, c], frag)
-    finish = _finish(f, bw, p2p, m, p, v, gpipe, p2p + p2p_mask)
-    if zero_bubble:
-        _zero_bubble_finish(finish, f, bw, wg, p2p, p2p + p2p_mask, m, p, zb_h1, zb_v)
-    if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
-        _lockstep_finish(finish, f, bw, p2p, p2p + p2p_mask, pp, m, (sched == 0) & (pp > 1))
+    finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
     step = np.max([np.where(exists[c], opt[c], neg) for c in classes], axis=0)
     worst = np.max([np.where(exists[c], mem[c], neg) for c in classes], axis=0)
     return drain + step, worst
-
-
-def _lockstep_finish(finish, f, b, x, xf, pp, m, which) -> None:
-    """Replace ``finish`` of the plans in ``which`` with DeepSpeed's TrainSchedule
-    (``schedule.deepspeed``): the step graph of each (pp, micro-batches) shape evaluated once
-    for all of its plans, each stage costed as its class (stage 0, middle, last)."""
-    idx = np.flatnonzero(which)
-    if len(idx) == 0:
-        return
-    shapes = np.stack([pp[idx], m[idx].astype(np.int64)])
-    for p, mb in np.unique(shapes, axis=1).T.tolist():
-        sel = idx[(shapes[0] == p) & (shapes[1] == mb)]
-        dur = np.empty((4 * p, len(sel)))
-        for stage in range(p):
-            c = _FIRST if stage == 0 else _LAST if stage == p - 1 else _MID
-            dur[4 * stage] = f[c][sel]
-            dur[4 * stage + 1] = b[c][sel]
-            dur[4 * stage + 2] = xf[sel]
-            dur[4 * stage + 3] = x[sel]
-        done = deepspeed_finish(p, mb, dur)
-        finish[_FIRST][sel] = done[0]
-        finish[_LAST][sel] = done[p - 1]
-        if p > 2:
-            finish[_MID][sel] = done[1:p - 1].max(axis=0)
-
-
-def _zero_bubble_finish(finish, f, b, w, x, xf, m, p, zb_h1, zb_v) -> None:
-    """Replace ``finish`` of the zero-bubble plans with closed forms exact for equal stages
-    without sends and m >= p (ZB-H1) or m >= 2p with F = B = W (ZB-V), an estimate otherwise
-    (the search times its shortlist exactly). ZB-H1: m (F + B + W) + (p - 1) max(F + B - W, B)
-    (Qi et al. 2023's (p - 1)(F + B - W) while W <= F; the first stage waits (p - 1) B for its
-    first gradient in any case). ZB-V: m (F + B + W) + (p - 1) max(F, B, F + B - W) / 2, the
-    staggered start of p - 1 half-stage forwards (ibid. Section 6) when the passes are equal.
-    Sends: ZB-H1 as 1F1B; ZB-V two each way on middle stages, one on the two end stages."""
-    mid = p - 2
-    has_mid = mid > 0
-    neg = -np.inf
-    bx = {c: b[c] - w[c] for c in b}
-    one_way = {_FIRST: xf, _MID: xf + x, _LAST: x}  # 1F1B: stage 0 sends no gradient, the last no activation
-    v_way = {_FIRST: xf + x, _MID: 2 * (xf + x), _LAST: xf + x}
-    for sel, sends, share in ((zb_h1, one_way, 1.0), (zb_v, v_way, 0.5)):
-        if not sel.any():
-            continue
-        s = {c: f[c] + b[c] + sends[c] for c in f}
-        s_max = np.maximum(np.maximum(s[_FIRST], s[_LAST]), np.where(has_mid, s[_MID], neg))
-        gap = {c: share * np.maximum(np.maximum(f[c] + bx[c] - w[c], bx[c]), f[c] if share < 1 else bx[c]) for c in f}
-        g_max = np.maximum(np.maximum(gap[_FIRST], gap[_LAST]), np.where(has_mid, gap[_MID], neg))
-        t = m * s_max + (p - 1) * g_max
-        for c in (_FIRST, _MID, _LAST):
-            finish[c] = np.where(sel & (p > 1), t, finish[c])
-
-
-def _finish(f, b, x, m, p, v, gpipe, xf):
-    """When stage 0, stage 1 and the last stage finish their last task, from each class's
-    forward ``f`` and backward ``b`` seconds per micro-batch and the send times: ``xf``
-    forward (with DeepSpeed's attention mask), ``x`` backward.
-
-    A task holds its stage for its compute and its blocking send (none out of the model's
-    ends), as in ``schedule.simulate_pipeline``. GPipe is two flow shops of identical jobs:
-    forwards end at sum(F) + (m - 1) max(F), backwards from the last stage down to stage i add
-    sum(B[i:]) + (m - 1) max(B[i:]) (exact). 1F1B and interleaved: every stage's work once plus
-    m v - 1 chunk-periods of the slowest stage; a stage finishes when the last backward has
-    yet to cross the stages before it. Exact for equal stages without sends; with unequal
-    ends and sends it is an estimate (the search's shortlist absorbs the difference).
-    """
-    mid = p - 2  # middle stages (all equal)
-    has_mid = mid > 0
-    one = p == 1
-    Fs = {_FIRST: f[_FIRST] + xf, _MID: f[_MID] + xf, _LAST: f[_LAST]}
-    Bs = {_FIRST: b[_FIRST], _MID: b[_MID] + x, _LAST: b[_LAST] + x}
-    neg = -np.inf
-    # GPipe
-    f_max = np.maximum(np.maximum(Fs[_FIRST], Fs[_LAST]), np.where(has_mid, Fs[_MID], neg))
-    t_fwd = Fs[_FIRST] + mid * Fs[_MID] + Fs[_LAST] + (m - 1) * f_max
-    max_from_mid = np.where(has_mid, np.maximum(Bs[_MID], Bs[_LAST]), Bs[_LAST])
-    g = {
-        _LAST: t_fwd + m * Bs[_LAST],
-        _MID: t_fwd + mid * Bs[_MID] + Bs[_LAST] + (m - 1) * max_from_mid,
-        _FIRST: t_fwd + Bs[_FIRST] + mid * Bs[_MID] + Bs[_LAST] + (m - 1) * np.maximum(max_from_mid, Bs[_FIRST]),
-    }
-    # 1F1B (v = 1) and interleaved: per micro-batch and stage, compute plus 2v - 1 or 2v sends
-    s = {
-        _FIRST: f[_FIRST] + b[_FIRST] + v * xf + (v - 1) * x,
-        _MID: f[_MID] + b[_MID] + v * (xf + x),
-        _LAST: f[_LAST] + b[_LAST] + (v - 1) * xf + v * x,
-    }
-    s_max = np.maximum(np.maximum(s[_FIRST], s[_LAST]), np.where(has_mid, s[_MID], neg))
-    t = (s[_FIRST] + mid * s[_MID] + s[_LAST]) / v + (m - 1 / v) * s_max
-    b0 = b[_FIRST] / v
-    k = {_FIRST: t, _MID: t - b0, _LAST: t - b0 - mid * (b[_MID] / v + x)}
-    out = {}
-    for c in (_FIRST, _MID, _LAST):
-        out[c] = np.where(gpipe, g[c], k[c])
-    out[_FIRST] = np.where(one, m * (f[_FIRST] + b[_FIRST]), out[_FIRST])
-    return out
