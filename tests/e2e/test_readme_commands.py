@@ -4,7 +4,10 @@ The shell blocks of README.md are read at test time: each block's ``paraplan`` c
 in order (a later command may read what an earlier one wrote), in a scratch directory laid
 out like a checkout (``examples/`` beside it, ``../shared`` when it exists), and each must
 exit with 0. The README's Python blocks run too. Blocks that read ``../shared`` skip cleanly
-without it; the block that fits the learned backend takes minutes and is marked slow.
+without it; blocks that run a command of several seconds (fitting the learned backend takes
+minutes; a search, a JAX compile, a profile, a recorded trace or a report take 2-10 s) are
+marked slow: the fast tier checks the README's ``predict``, ``catalog``, ``export`` and
+``calibrate`` blocks.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SHARED = ROOT.parent / "shared"
-_SLOW = ("paraplan fit ",)
+_SLOW = ("paraplan fit ", "paraplan search ", "paraplan sharding ", "paraplan profile ", "paraplan trace record ",
+         "paraplan report ")
 
 
 def _blocks(language: str) -> list[tuple[int, str]]:
@@ -91,7 +95,10 @@ def test_every_readme_command_runs_as_written(commands, checkout):
         assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
 
 
-@pytest.mark.parametrize(("line", "code"), [pytest.param(n, c, id=f"README line {n}") for n, c in _blocks("python")])
+@pytest.mark.parametrize(("line", "code"), [
+    pytest.param(n, c, id=f"README line {n}", marks=[pytest.mark.slow] if "paraplan.sharding" in c else [])
+    for n, c in _blocks("python")
+])
 def test_every_readme_python_block_runs(line, code, checkout):
     if "../shared" in code and not SHARED.is_dir():
         pytest.skip("reads ../shared/data, absent here")
