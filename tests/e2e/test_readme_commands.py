@@ -4,10 +4,10 @@ The shell blocks of README.md are read at test time: each block's ``paraplan`` c
 in order (a later command may read what an earlier one wrote), in a scratch directory laid
 out like a checkout (``examples/`` beside it, ``../shared`` when it exists), and each must
 exit with 0. The README's Python blocks run too. Blocks that read ``../shared`` skip cleanly
-without it; blocks that run a command of several seconds (fitting the learned backend takes
-minutes; a search, a JAX compile, a profile, a recorded trace or a report take 2-10 s) are
-marked slow: the fast tier checks the README's ``predict``, ``catalog``, ``export`` and
-``calibrate`` blocks.
+without it. Blocks of more than four commands, and blocks that run a command of several seconds
+(fitting the learned backend takes minutes; a search, a JAX compile, a profile, a recorded
+trace, a validation or a report take 2-10 s), are marked slow: the fast tier runs the quick
+start and the README's short ``predict`` and ``export`` blocks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SHARED = ROOT.parent / "shared"
 _SLOW = ("paraplan fit ", "paraplan search ", "paraplan sharding ", "paraplan profile ", "paraplan trace record ",
-         "paraplan report ")
+         "paraplan report ", "paraplan validate ", "paraplan calibrate ")
+_FAST_COMMANDS = 4  # a block of more commands is slow (each starts a process: ~1 s)
 
 
 def _blocks(language: str) -> list[tuple[int, str]]:
@@ -57,7 +58,8 @@ def _shell_blocks() -> list:
         commands = _commands(block)
         if not commands:
             continue
-        marks = [pytest.mark.slow] if any(c.startswith(_SLOW) for c in commands) else []
+        slow = len(commands) > _FAST_COMMANDS or any(c.startswith(_SLOW) for c in commands)
+        marks = [pytest.mark.slow] if slow else []
         params.append(pytest.param(commands, id=f"README line {line}", marks=marks))
     return params
 

@@ -145,7 +145,7 @@ def test_bad_inputs_are_one_line_config_errors():
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.SkipTestWarning")
-@pytest.mark.parametrize("algorithm", ["xgboost", "rforest"])
+@pytest.mark.parametrize("algorithm", [pytest.param("xgboost", marks=pytest.mark.slow), "rforest"])
 def test_the_residual_regressor_passes_scikit_learns_estimator_checks(algorithm):
     from sklearn.utils.estimator_checks import check_estimator
 
