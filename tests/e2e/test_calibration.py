@@ -10,11 +10,13 @@ import yaml
 pytest.importorskip("scipy")
 pytest.importorskip("pandas")
 
+import numpy as np
 from typer.testing import CliRunner
 
+from paraplan.calibrate.operators import load_operator_samples, predict_ops
 from paraplan.catalog import load_cluster, load_gpu
 from paraplan.cli.app import app
-from paraplan.specs import EfficiencySpec
+from paraplan.specs import EfficiencySpec, Precision
 
 pytestmark = pytest.mark.shared_data
 runner = CliRunner()
@@ -51,19 +53,34 @@ def test_perlmutter_links_are_the_catalogs(gpumodeling_dir):
 
 @pytest.mark.slow
 def test_a100_efficiency_curves_are_the_catalogs(gpumodeling_dir):
+    """The fit stops when the loss improves by less than scipy's ftol (1e-8 of itself; status 2
+    after ~12 evaluations), which leaves the loss's flat directions unsettled in the last digit
+    the catalog prints: bmm:fwd's max_fraction comes out 0.5745 or 0.5747, the kernel overhead
+    0.46 or 0.47 us, a small half_work a few percent apart, with the numpy/scipy build. What the
+    samples do settle is what the curves predict: the refit and the catalog predict every sample
+    within 0.2 % (0.08 % at most measured), and each max_fraction agrees within 0.1 %. A curve
+    fitted to other data or edited by hand moves its operators' predictions by percents."""
+    folder = gpumodeling_dir / "operators_A100"
     result = runner.invoke(
-        app, ["calibrate", "operators", str(gpumodeling_dir / "operators_A100"), "--gpu", "A100-SXM4-80GB",
-              "--compare", "off"], env={"COLUMNS": "80"},
+        app, ["calibrate", "operators", str(folder), "--gpu", "A100-SXM4-80GB", "--compare", "off"],
+        env={"COLUMNS": "80"},
     )
     assert result.exit_code == 0, result.output
     fitted = EfficiencySpec.model_validate(yaml.safe_load(result.stdout[result.stdout.rindex("efficiency:"):])["efficiency"])
-    catalog = load_gpu("A100-SXM4-80GB").efficiency
+    gpu = load_gpu("A100-SXM4-80GB")
+    catalog = gpu.efficiency
     assert set(fitted.ops) == set(catalog.ops)
     for name in ("gemm", "attention", "memory"):
-        assert getattr(fitted, name).max_fraction == pytest.approx(getattr(catalog, name).max_fraction, abs=1e-4), name
+        assert getattr(fitted, name).max_fraction == pytest.approx(getattr(catalog, name).max_fraction, rel=1e-3), name
     for key, curve in catalog.ops.items():
-        assert fitted.ops[key].max_fraction == pytest.approx(curve.max_fraction, abs=1e-4), key
-    assert fitted.kernel_overhead_s == pytest.approx(catalog.kernel_overhead_s, abs=0.01e-6)
+        assert fitted.ops[key].max_fraction == pytest.approx(curve.max_fraction, rel=1e-3), key
+    refit = gpu.model_copy(update={"efficiency": catalog.model_copy(update={
+        "gemm": fitted.gemm, "attention": fitted.attention, "memory": fitted.memory, "ops": fitted.ops,
+        "kernel_overhead_s": fitted.kernel_overhead_s})})
+    samples = load_operator_samples(folder, gpu)
+    peak = gpu.flops_for(Precision.FP16)
+    moved = np.abs(np.log(predict_ops(samples, refit, peak) / predict_ops(samples, gpu, peak)))
+    assert moved.max() < 2e-3, (moved.max(), samples.ops[int(moved.argmax())].name)
     assert "20% hold-out (seed 0) median |err| 8.9%, mean |err| 13.5%" in fitted.source
 
 

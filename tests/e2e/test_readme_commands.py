@@ -8,7 +8,9 @@ exists), and each must exit with 0. The ``python`` blocks run too. Blocks fenced
 ``text`` are shown, not run. Blocks that read ``../shared`` skip cleanly without it; blocks
 with a command that takes long (fitting, profiling, recording a trace, planning a sharding
 and compiling it, starting worker processes, drawing pictures, searching the whole space) are
-marked slow.
+marked slow, and so are blocks of more than four commands and blocks that search, validate or
+calibrate (2-10 s each): the fast tier runs the quick start and the short predict, compare and
+export blocks.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHARED = ROOT.parent / "shared"
 #: Commands that take more than a few seconds here (measured 2026-11-26 on a shared 2-core
 #: machine: profile ops on the tiny grid 30 s, fit --quick 13 s, a sharding plan compiled 33 s,
-#: trace record ~15 s).
-_SLOW = ("paraplan fit ", "paraplan profile ", "paraplan sharding ", "paraplan trace record ")
+#: trace record ~15 s; a search, a validation, a calibration or a report 2-10 s).
+_SLOW = ("paraplan fit ", "paraplan profile ", "paraplan sharding ", "paraplan trace record ", "paraplan search ",
+         "paraplan report ", "paraplan validate ", "paraplan calibrate ")
 #: Searches fanned out to worker processes or Ray start those first (10-15 s here); pictures
 #: import matplotlib and draw (a report 5 s), the whole search space takes seconds per search.
-_SLOW_FLAGS = ("--executor", "--plot", "--pareto", "--space full", "paraplan report ")
+_SLOW_FLAGS = ("--executor", "--plot", "--pareto", "--space full")
 #: Python blocks that plan a sharding (JAX compiles the step) are slow too.
 _SLOW_PYTHON = ("paraplan.sharding",)
+_FAST_COMMANDS = 4  # a block of more commands is slow (each starts a process: ~1 s)
 
 
 def _blocks(page: Path, language: str) -> list[tuple[int, str]]:
@@ -70,7 +74,8 @@ def _shell_blocks() -> list:
             commands = _commands(block)
             if not commands:
                 continue
-            slow = any(c.startswith(_SLOW) or any(f in c for f in _SLOW_FLAGS) for c in commands)
+            slow = len(commands) > _FAST_COMMANDS or any(
+                c.startswith(_SLOW) or any(f in c for f in _SLOW_FLAGS) for c in commands)
             marks = [pytest.mark.slow] if slow else []
             params.append(pytest.param(commands, id=_where(page, line), marks=marks))
     return params

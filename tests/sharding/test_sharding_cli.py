@@ -88,6 +88,7 @@ def test_a_target_that_is_not_file_and_function_is_one_line():
         assert result.exit_code == 2 and "target:" in result.stderr
 
 
+@pytest.mark.slow
 def test_profile_adds_xla_s_view_of_every_chosen_block(devices):
     result = run(GPT, "--mesh", "data=2,model=4", "--args", SMALL, "--profile", "--no-verify", "--format", "json")
     assert result.exit_code == 0, result.output

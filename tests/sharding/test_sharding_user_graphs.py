@@ -78,6 +78,7 @@ def test_a_reshaped_weight_is_kept_whole_and_costed_whole():
     assert all(c in ("M", None) for s in a.costs.options[0] for c in s)
 
 
+@pytest.mark.slow
 def test_bf16_plans_are_compared_within_bf16_rounding(devices):
     from gpt_example import gpt
 
@@ -90,6 +91,7 @@ def test_bf16_plans_are_compared_within_bf16_rounding(devices):
     assert check.matches, check.max_abs_error
 
 
+@pytest.mark.slow
 def test_a_step_with_extra_arguments_and_scalars_in_the_batch_is_verified(devices):
     from gpt_example import gpt
 

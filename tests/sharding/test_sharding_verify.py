@@ -22,7 +22,8 @@ def model(devices):
     return g, params, x
 
 
-@pytest.mark.parametrize("plan", ["replicated", "data", "megatron"])
+@pytest.mark.parametrize("plan", [pytest.param("replicated", marks=pytest.mark.slow), "data",
+                                  pytest.param("megatron", marks=pytest.mark.slow)])
 def test_a_sharded_step_computes_what_the_unsharded_step_does(model, plan):
     g, params, x = model
     for fn in (g.loss, g.train_step):
@@ -45,6 +46,7 @@ def test_megatron_forward_all_reduces_exactly_the_analytic_bytes(model):
     assert result.xla_collective_bytes["all-reduce"] == analytic + 4
 
 
+@pytest.mark.slow
 def test_the_python_entry_point_returns_partition_specs_that_apply_to_the_arrays(model):
     import numpy as np
     from jax.sharding import NamedSharding

@@ -310,6 +310,7 @@ def test_torchtitan_recipe_for_llama_3_70b_round_trips_degrees_batches_and_stage
     assert calls["CheckpointManager.Config"]["enable"] is True
 
 
+@pytest.mark.slow
 def test_torchtitan_recipe_parses_with_torchtitans_own_config_manager(tmp_path, monkeypatch):
     job = load_job(LLAMA)
     config = titan_parse(render_torchtitan(job, predict(job)), tmp_path, monkeypatch)

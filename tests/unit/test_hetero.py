@@ -3,7 +3,6 @@ on the GPUs it runs on, and the search over node orders and splits (FASOP's case
 
 import dataclasses
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from paraplan.search import SearchSpace, search_plans
 from paraplan.search.hetero import _lines, node_orders
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.specs import ConfigError, HeteroClusterSpec, HeteroJob, Precision
+from timing import assert_no_slower
 
 FASOP = "hetero-a100-a10"
 
@@ -183,12 +183,14 @@ def test_stage_time_and_memory_are_straight_lines_in_the_layer_count():
 
 
 def test_fasops_case_is_searched_in_under_a_second_and_puts_more_layers_on_the_a100s():
+    """Under a second idle (0.9-1.2 s on the 2-core machine, benchmarks/bench_hetero.py). As a ratio
+    measured in this run: no longer than 5 searches of 64 A100s per node order (8 orders; the
+    search of one order costs ~2 homogeneous searches: 12-16 x measured for the 8)."""
     model, cluster = load_model("gpt2-xl"), fasop()
-    search_plans(model, cluster, 64)  # warm the caches (catalog, curves)
-    start = time.perf_counter()
-    result = search_plans(model, cluster, 64)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.5  # 0.9-1.2 s measured on this 2-core machine (benchmarks/bench_hetero.py)
+    result = search_plans(model, cluster, 64)  # also warms the caches (catalog, curves)
+    same_size = load_cluster("dgx-a100", num_nodes=8)
+    assert_no_slower(lambda: search_plans(model, cluster, 64), lambda: search_plans(model, same_size, 64),
+                     factor=5 * len(node_orders(cluster)), repeat=2)
     best = result.ranked[0]
     layers = best.plan_dict()["layers_per_stage"]
     gpus = best.placement.stage_gpus
@@ -205,6 +207,7 @@ def test_every_distinct_node_order_is_tried():
     assert node_orders(fasop())[0] == (0,) + (1,) * 7
 
 
+@pytest.mark.slow
 def test_the_best_split_is_within_a_few_percent_of_brute_force_over_every_split():
     """The partition is exact for the pipeline's closed form; the full prediction adds the
     data-parallel reduction, which the closed form leaves out; the best split is refined (0.0 % here,
@@ -236,6 +239,7 @@ def test_uneven_splits_never_lose_to_even_ones_on_a_homogeneous_cluster():
     assert any(p.job.parallel.pp == 16 for p in uneven.ranked) or uneven.excluded
 
 
+@pytest.mark.slow
 def test_search_command_takes_a_heterogeneous_catalog_cluster_or_file(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["search", "--model", "gpt2-xl", "--cluster", FASOP, "--global-batch-size", "64",

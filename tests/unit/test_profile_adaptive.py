@@ -202,6 +202,7 @@ def test_a_live_sweep_with_the_out_of_bag_stop_times_no_held_out_shape():
     assert len(asked) > sum(r.n_samples + len(r.skipped) for r in runs)  # the held-out 20 % too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", ["oob", "holdout"])
 def test_profile_adaptive_measures_a_grid_into_a_samples_file_and_resumes_from_its_journal(tmp_path, stop):
     pytest.importorskip("torch")

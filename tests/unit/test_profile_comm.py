@@ -69,6 +69,7 @@ def test_command_line_of_the_module(tmp_path):
 
 # -- several processes ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_four_processes_on_two_emulated_nodes(tmp_path):
     """Rows valid for every collective and group; all-gather bytes = its TOTAL output,
     reduce-scatter bytes = its input (the buffers the processes really passed)."""
@@ -96,6 +97,7 @@ def test_four_processes_on_two_emulated_nodes(tmp_path):
     assert_readable(table)
 
 
+@pytest.mark.slow
 def test_the_slowest_rank_is_recorded(tmp_path):
     """Rank 1 sleeps 50 ms inside each timed region after its call: rank 0, which writes,
     records rank 1's time."""
@@ -107,6 +109,7 @@ def test_the_slowest_rank_is_recorded(tmp_path):
     assert min(entry["extra"]["repeats_s"]) >= 0.05
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_where_it_stopped(tmp_path):
     config = _config(tmp_path, kinds=(CollectiveKind.ALL_REDUCE, CollectiveKind.BROADCAST), max_bytes=65536)
     total = 8
@@ -173,6 +176,7 @@ def test_cli_slurm_and_errors(tmp_path):
     assert result.exit_code == 0 and result.stdout.startswith("torchrun --nnodes=2 --nproc-per-node=4")
 
 
+@pytest.mark.slow
 def test_cli_local_run_then_fit_with_operator_samples(tmp_path):
     """`paraplan profile comm` runs 2 gloo processes here; `paraplan fit --quick` reads its
     file with an operator samples file of the same machine (cpu-core, examples/tiny-cpu)."""

@@ -8,7 +8,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from paraplan.regress.select import (
 )
 from paraplan.regress.store import load_models, read_manifest, save_models
 from paraplan.specs import ConfigError
+from timing import assert_no_slower
 
 NAMES = ["x", "log_scale"]
 # A model file checks that op regressors carry op features and collective ones collective features.
@@ -145,7 +145,7 @@ def test_bad_inputs_are_one_line_config_errors():
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.SkipTestWarning")
-@pytest.mark.parametrize("algorithm", ["xgboost", "rforest"])
+@pytest.mark.parametrize("algorithm", [pytest.param("xgboost", marks=pytest.mark.slow), "rforest"])
 def test_the_residual_regressor_passes_scikit_learns_estimator_checks(algorithm):
     from sklearn.utils.estimator_checks import check_estimator
 
@@ -565,9 +565,12 @@ def repeated_tree_id(doc):
     ("edit", "raw", "message"),
     [
         (set_nodes("left_children", [10**8]), None, "is not a valid XGBoost model (tree 0 node 0"),
-        (parents_out_of_range, None, "is not a valid XGBoost model (tree 0 has inconsistent parent indices)"),
-        (repeated_tree_id, None, "is not a valid XGBoost model (tree 1 has id 0)"),
-        (None, b'{"learner":' + b"[" * 200_000 + b"]" * 200_000 + b"}", "is not a valid XGBoost JSON model"),
+        # one child process in the fast tier; the loader's checks are unit-tested in-process above
+        pytest.param(parents_out_of_range, None, "is not a valid XGBoost model (tree 0 has inconsistent parent indices)",
+                     marks=pytest.mark.slow),
+        pytest.param(repeated_tree_id, None, "is not a valid XGBoost model (tree 1 has id 0)", marks=pytest.mark.slow),
+        pytest.param(None, b'{"learner":' + b"[" * 200_000 + b"]" * 200_000 + b"}", "is not a valid XGBoost JSON model",
+                     marks=pytest.mark.slow),
     ],
     ids=["child-out-of-range", "parent-out-of-range", "repeated-tree-id", "deep-nesting"],
 )
@@ -743,12 +746,16 @@ def test_paraplan_fit_prints_every_regressor_and_number_whole(tmp_path, samples_
 
 
 def test_the_quick_budget_fits_one_regressor_in_seconds():
+    """~1.5 s on the 2-core machine idle; here, as a ratio measured in this run: no longer than 25
+    fits of its largest configuration (it makes 17 fits, 3 folds x 5 configurations + 2, most of
+    them smaller; 7-8 x measured; the default budget's 42 fits of up to 600 trees are ~100 x)."""
     X, b, t = distorted(2000, seed=3, noise=0.01)
-    start = time.perf_counter()
-    best = fit_best("op/speed", X, b, t, NAMES, budget="quick")
-    elapsed = time.perf_counter() - start
-    assert elapsed < 15.0  # ~1.5 s on the 2-core machine; generous for a loaded CI box
-    assert isinstance(best, FittedRegressor) and best.fit_seconds <= elapsed
+    largest = ResidualRegressor("xgboost", {"n_estimators": 120, "max_depth": 6, "learning_rate": 0.15})
+    fits: list = []
+    elapsed, _ = assert_no_slower(lambda: fits.append(fit_best("op/speed", X, b, t, NAMES, budget="quick")),
+                                  lambda: largest.fit(X, np.log(t / b)), factor=25, repeat=2)
+    assert all(isinstance(best, FittedRegressor) for best in fits)
+    assert min(best.fit_seconds for best in fits) <= elapsed
 
 
 def test_importing_paraplan_does_not_load_the_machine_learning_libraries():

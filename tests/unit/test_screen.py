@@ -89,9 +89,20 @@ def _with_hbm(cluster, hbm_bytes: float):
     return cluster.model_copy(update={"gpu": cluster.gpu.model_copy(update={"hbm_bytes": hbm_bytes})})
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_the_screen_matches_the_exact_prediction_on_every_plan_of_ten_spaces(case):
+    screen_matches_the_exact_prediction(case)
+
+
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_the_screen_matches_the_exact_prediction_on_every_plan(case):
+    screen_matches_the_exact_prediction(case)
+
+
+def screen_matches_the_exact_prediction(case):
     model, cluster, precision, gbs, space = case
     screen = screen_plans(model, cluster, gbs, precision, space)
     cands = enumerate_plans(model, cluster, gbs, precision, space)
@@ -129,9 +140,20 @@ def test_the_memory_verdict_is_exact_at_any_limit(case, quantile):
         assert bool(screen.fits[i]) == (exact <= screen.memory_limit)
 
 
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.sampled_from((1, 3, 50)), st.sampled_from((0.0, 0.02, 0.10)))
+def test_the_screened_search_finds_the_brute_force_best_in_six_spaces(case, shortlist, within):
+    screened_search_finds_the_brute_force_best(case, shortlist, within)
+
+
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.sampled_from((1, 3, 50)), st.sampled_from((0.0, 0.02, 0.10)))
 def test_the_screened_search_finds_the_brute_force_best(case, shortlist, within):
+    screened_search_finds_the_brute_force_best(case, shortlist, within)
+
+
+def screened_search_finds_the_brute_force_best(case, shortlist, within):
     model, cluster, precision, gbs, space = case
     brute = search_plans(model, cluster, gbs, precision, space, screen=False)
     fast = search_plans(model, cluster, gbs, precision, space, shortlist=shortlist, shortlist_within=within)
