@@ -468,7 +468,7 @@ def test_a_gpu_name_with_a_letter_mistyped_suggests_the_catalog_name(typed, mean
     assert suggest_catalog_name("gpus", typed) == meant
 
 
-@pytest.mark.parametrize("other_part", ["H800", "A6000", "A1000", "H20", "V100-16GB"])
+@pytest.mark.parametrize("other_part", ["H800", "A6000", "A1000", "H20", "V100-16GB", "GB200"])
 def test_a_gpu_whose_model_number_differs_is_not_suggested_as_a_typo(other_part):
     assert suggest_catalog_name("gpus", other_part) is None
     with pytest.raises(ConfigError, match=rf"unknown GPU '{other_part}', not in the catalog .*cluster: \{{gpu: \{{name, "):

@@ -56,7 +56,7 @@ def catalog_names(kind: Kind) -> list[str]:
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_MODEL_NUMBER = re.compile(r"[a-z]?\d+(?:\.\d+)?")
+_MODEL_NUMBER = re.compile(r"[a-z]*\d+(?:\.\d+)?")  # the letters before it too: GB200 is not a B200
 
 # How to describe an entry the catalog lacks, inline in a job file (one line each).
 _INLINE = {

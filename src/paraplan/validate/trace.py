@@ -2,7 +2,7 @@
 
 The trace's summary (``traces.summary``) gives, per rank and iteration, compute by kernel class,
 exposed communication per parallel dimension and idle time; they add up to the rank's iteration.
-The iteration compared is the fastest one (or the median one) by the slowest rank's time, as
+The iteration compared is the fastest one (or the median one) by its longest rank's time, as
 ``paraplan trace summarize`` reports it; each stage's components are the mean over the ranks
 that ran it (ranks map onto stages with the pipeline dimension outermost, as Megatron-LM and
 torch.distributed.pipelining number them). ``stageparts`` cuts the prediction the same way.
@@ -77,7 +77,7 @@ def check_run_matches_job(job: Job, directory: Path) -> None:
 
 def measured_from_trace(job: Job, summary: TraceSummary, iteration: str = "fastest") -> MeasuredRun:
     """The run a trace recorded, as a measured run of ``job``: the chosen iteration (by the
-    slowest rank's time) and per stage the mean of its ranks' components."""
+    longest rank's time) and per stage the mean of its ranks' components."""
     if iteration not in ITERATIONS:
         raise ConfigError(f"--iteration {iteration!r}: choose one of {', '.join(ITERATIONS)}")
     plan = job.parallel
@@ -109,7 +109,7 @@ def measured_from_trace(job: Job, summary: TraceSummary, iteration: str = "faste
                        for name in COMPONENTS if values[name] > 0]
     ranks = sorted(len(its) for its in by_stage.values())
     notes = [
-        f"measured: step {step}, the {iteration} of {len(summary.steps)} iterations by the slowest rank's time; "
+        f"measured: step {step}, the {iteration} of {len(summary.steps)} iterations by its longest rank's time; "
         f"each stage the mean of its {ranks[0] if ranks[0] == ranks[-1] else f'{ranks[0]}-{ranks[-1]}'} rank(s)",
     ]
     if any(r.device == "cpu" for r in summary.ranks):
