@@ -8,7 +8,7 @@ written again and again, each copy shifted in time by the fixture's span (plus a
 ProfilerStep#N markers renumbered, so every copy's iterations stay distinct; each event is
 written as Kineto writes it (one indented JSON object). It goes to a temporary directory that is
 deleted afterwards. Each file is decoded in a fresh process (imports included in the wall time);
-peak RSS is that process's own ru_maxrss. With --gzip a gzipped copy (level 6) is decoded too.
+peak RSS is that process's own high-water mark (VmHWM; ru_maxrss where /proc is absent). With --gzip a gzipped copy (level 6) is decoded too.
 Prints a Markdown table; with --check exits 1 when a decode is over the budget, scaled to 1 GB.
 """
 
@@ -38,7 +38,14 @@ from paraplan.traces import decode_trace
 start = time.perf_counter()
 trace = decode_trace(sys.argv[1])
 seconds = time.perf_counter() - start
+# this process's own peak: ru_maxrss keeps the parent's peak across fork and exec (Linux stores
+# the forked copy's high-water mark at exec), so a child of a large process reports the parent's
 peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    with open("/proc/self/status") as f:
+        peak_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+except (OSError, StopIteration):
+    pass
 print(json.dumps({"decode_s": seconds, "peak_kb": peak_kb, "events": trace.events,
                   "iterations": len(trace.iterations)}))
 """
