@@ -1,7 +1,9 @@
 """How trace events become components: the classification tables, as data.
 
-An event's name (and category) is matched against `COMPUTE_RULES` and `COMM_RULES` in order;
-the first match names its class. Events no rule names (module annotations, autograd wrappers,
+An event's name (and category) is matched against `COMM_RULES`, then `COMPUTE_RULES`, in order;
+the first match names its class. A GPU kernel (not communication) is classified by its own name
+from the table in `kernel_classes.yaml` (`paraplan.traces.kernels`), a memory copy or set is
+"memory". Events no rule names (module annotations, autograd wrappers,
 `aten::empty`, ...) take their enclosing event's class. A rule that `claims` its subtree gives its
 class to everything nested inside it (the optimizer step's many small element-wise ops are the
 optimizer; the matmuls inside an unfused attention are attention).
@@ -24,8 +26,15 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from paraplan.traces.kernels import classify_kernel
+
 #: Compute classes, in the order tables show them.
-COMPUTE_CLASSES = ("gemm", "attention", "norm", "elementwise", "fp8_cast", "optimizer", "other")
+COMPUTE_CLASSES = ("gemm", "attention", "norm", "elementwise", "fp8_cast", "optimizer", "other",
+                   "embedding", "memory", "conv")
+#: Profiler categories of GPU kernels (Kineto's, and the 2021 schema's), classified by the
+#: kernel's own name (`paraplan.traces.kernels`); memory copies and sets are "memory".
+KERNEL_CATEGORIES = frozenset({"kernel", "Kernel"})
+MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
 #: Collective kinds, normalised (lower case, no punctuation) -> the name paraplan shows.
 COLLECTIVE_KINDS = {
     "allreduce": "all_reduce",
@@ -72,8 +81,6 @@ COMPUTE_RULES: tuple[Rule, ...] = (
          r"fill|zero|lerp|addcmul|addcdiv|sum|mean|cat|stack|embedding_dense_backward|"
          r"threshold_backward|gelu_backward|silu_backward|_log_softmax_backward_data|"
          r"nll_loss_forward|nll_loss_backward|index_select|embedding|_to_copy)_?$", "elementwise"),
-    Rule(r"(?i)elementwise|vectorized|reduce_kernel|softmax|dropout|fill_kernel|copy_kernel|"
-         r"cat_?array|index_", "elementwise", categories=("kernel",)),
 )
 
 #: Communication events: the operation name is the text the group `op` catches.
@@ -147,6 +154,10 @@ def classify(name: str, category: str = "") -> Verdict:
         if m:
             op = m.groupdict().get("op") or rule.op
             return Verdict("comm", rule.claims, collective_kind(op) if op else None, rule.klass == "transfer")
+    if category in KERNEL_CATEGORIES:
+        return Verdict(classify_kernel(name))
+    if category in MEMORY_CATEGORIES:
+        return Verdict("memory")
     for regex, rule in _COMPILED_COMPUTE:
         if rule.categories and category not in rule.categories:
             continue
