@@ -164,6 +164,17 @@ def test_a_kernel_no_rule_names_is_left_to_other():
     assert classify("void my_own_thing_kernel<float>(float*)", "kernel").klass is None
 
 
+def test_the_unclassified_kernels_are_listed_by_their_own_name_most_time_first():
+    seconds = {"void my_thing<float>(float*)": 1.0, "void my_thing<int>(int*)": 2.0,
+               "void ns::rare_kernel<2>(int)": 0.5, "volta_sgemm_128x32_nt": 9.0}
+    assert kernels.top_unclassified(seconds) == [("my_thing", 3.0), ("ns::rare_kernel", 0.5)]
+    assert kernels.top_unclassified(seconds, limit=1) == [("my_thing", 3.0)]
+
+
+def test_nccl_kernels_of_the_2021_schema_are_communication():
+    assert classify("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "Kernel").klass == "comm"
+
+
 def test_a_users_table_is_tried_before_the_built_in_one(tmp_path, monkeypatch):
     path = tmp_path / "mine.yaml"
     path.write_text("rules:\n  - {class: attention, name: '^my_own_thing'}\n  - {class: norm, name: 'sgemm'}\n")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -174,6 +175,19 @@ def classify_kernel(signature: str, table: KernelTable | None = None) -> str | N
         if rule.matches(kernel):
             return rule.klass
     return None
+
+
+def top_unclassified(seconds: Mapping[str, float], limit: int = 10,
+                     table: KernelTable | None = None) -> list[tuple[str, float]]:
+    """The kernels no rule names, by their own (qualified) name, with their summed time, most
+    time first: ``seconds`` maps a kernel's signature to its time."""
+    table = kernel_table() if table is None else table
+    left: dict[str, float] = {}
+    for signature, s in seconds.items():
+        if classify_kernel(signature, table) is None:
+            name = kernel_name(signature, table.wrappers).qualified
+            left[name] = left.get(name, 0.0) + s
+    return sorted(left.items(), key=lambda item: (-item[1], item[0]))[:limit]
 
 
 @lru_cache(maxsize=1)

@@ -86,7 +86,7 @@ COMPUTE_RULES: tuple[Rule, ...] = (
 #: Communication events: the operation name is the text the group `op` catches.
 COMM_RULES: tuple[Rule, ...] = (
     Rule(r"^(?:gloo|nccl|mpi|ucc|xccl):(?P<op>\w+)", "transfer", claims=True),
-    Rule(r"^nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)", "transfer", claims=True, categories=("kernel",)),
+    Rule(r"^nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)", "transfer", claims=True, categories=("kernel", "Kernel")),
     Rule(r"^record_param_comms$", "host", claims=True),
     Rule(r"^c10d::(?P<op>\w+?)_?$", "host", claims=True),
     Rule(r"^(?:nccl|gloo):", "host", claims=True),
