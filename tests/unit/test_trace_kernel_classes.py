@@ -57,6 +57,7 @@ REAL_KERNELS = [
     ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_"
      "kernel__5x_cublas", "gemm"),
     ("nvjet_qqtst_128x256_64x4_2x1_v_bz_coopA_NTN", "gemm"),
+    ("triton_tem_fused_addmm_0", "gemm"),
     ("void cutlass::reduction::kernel::ReduceSplitK<cutlass::MatrixShape<4, 128> >(cutlass::reduction::"
      "kernel::ReduceSplitK<>::Params)", "gemm"),
     ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
@@ -118,6 +119,7 @@ def test_every_rule_of_the_table_classifies_at_least_one_real_kernel():
 @pytest.mark.parametrize(("signature", "namespace", "name"), [
     ("void at::native::(anonymous namespace)::foo<float, 4>(float*, int)", "at::native", "foo"),
     ("volta_sgemm_128x32_nt", "", "volta_sgemm_128x32_nt"),
+    ("void my_kernel<float>(float*) [clone .kd]", "", "my_kernel"),
     ("split_embedding_backward_codegen_rowwise_adagrad_weighted_find_long_segments(at::GenericPackedTensor"
      "Accessor<int, 1ul, at::RestrictPtrTraits, int>)", "", "split_embedding_backward_codegen_rowwise_adagrad_"
      "weighted_find_long_segments"),

@@ -37,6 +37,7 @@ from paraplan.specs import ConfigError
 #: Environment variable naming a user's table of kernel rules, tried before the built-in one.
 USER_TABLE_ENV = "PARAPLAN_KERNEL_CLASSES"
 _ANON = "(anonymous namespace)"
+_CLONE_SUFFIX = re.compile(r"\s*\[clone [^\]]*\]$")  # a compiler's clone note ("[clone .kd]")
 _OPEN = {"<": ">", "(": ")", "[": "]", "{": "}"}
 
 
@@ -74,7 +75,7 @@ class KernelTable:
 def kernel_name(signature: str, wrappers: frozenset[str] | None = None) -> KernelName:
     """The kernel's own name in a demangled (or Itanium-mangled) CUDA/HIP signature."""
     wrappers = kernel_table().wrappers if wrappers is None else wrappers
-    sig = signature.strip()
+    sig = _CLONE_SUFFIX.sub("", signature.strip())
     if sig.startswith("_Z"):
         return _mangled_name(sig, wrappers)
     head, first_template = _declarator(sig.replace(_ANON, "\0"))
