@@ -78,14 +78,44 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
 
     prefix = "item" if _check_start(path) == b"[" else "traceEvents.item"
     count = 0
-    with _guarded(path), _open(path) as f:
-        for event in ijson.items(f, prefix, use_float=True):
-            if not isinstance(event, dict):
-                raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
-            count += 1
-            yield event
+    try:
+        with _guarded(path, fast=True), _open(path) as f:
+            for event in ijson.items(f, prefix, use_float=True):
+                count += _checked(path, event)
+                yield event
+    except _BigInteger:
+        # ijson's C backend with use_float=True parses integers into a C long long and refuses
+        # any above 2^63 (ICRAR/ijson#153), yet real traces hold such ids (HTA PR #324). Read on
+        # from the same event without use_float: integers of any size, decimals turned to floats.
+        with _guarded(path), _open(path) as f:
+            for n, event in enumerate(ijson.items(f, prefix)):
+                if n >= count:
+                    count += _checked(path, event)
+                    yield _floats(event)
     if count == 0:
         _no_events(path)
+
+
+class _BigInteger(Exception):
+    """ijson's fast path met an integer it cannot hold."""
+
+
+def _checked(path: Path, event: Any) -> int:
+    if not isinstance(event, dict):
+        raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
+    return 1
+
+
+def _floats(value: Any) -> Any:
+    """The value with every Decimal (ijson's number with a fraction) turned into a float."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _floats(v) for k, v in value.items()}
+    if kind is list:
+        return [_floats(v) for v in value]
+    if kind.__name__ == "Decimal":
+        return float(value)
+    return value
 
 
 def _check_start(path: Path) -> bytes:
@@ -138,8 +168,9 @@ def _whole_events(path: Path) -> Iterator[dict[str, Any]]:
 class _guarded:
     """Turn the many ways a file can be broken into one TraceFileError naming it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fast: bool = False) -> None:
         self.path = path
+        self.fast = fast  # ijson with use_float=True: an integer overflow means "read it slowly"
 
     def __enter__(self) -> None:
         return None
@@ -147,6 +178,8 @@ class _guarded:
     def __exit__(self, kind, exc, tb) -> bool:
         if exc is None or isinstance(exc, TraceFileError):
             return False
+        if self.fast and type(exc).__name__ == "IncompleteJSONError" and "integer overflow" in str(exc):
+            raise _BigInteger from None
         reason = _reason(exc)
         if reason is None:
             return False
