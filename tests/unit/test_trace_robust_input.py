@@ -69,3 +69,27 @@ def test_a_huge_integer_in_the_header_is_read_too(tmp_path, reading):
                   distributedInfo={"rank": 0, "world_size": 1}, baseTimeNanoseconds=HUGE)
     assert reader.read_header(path)["baseTimeNanoseconds"] == HUGE
     assert decode_trace(path).iterations[0].step == 7
+
+
+def _as_2021(events: list[dict]) -> list[dict]:
+    """The same events as PyTorch 1.8-1.9's Kineto wrote them: capitalised categories, and the
+    device events' `external id` in lower case."""
+    old = {v: k for k, v in reader.KINETO_2021.items()}
+    out = []
+    for e in events:
+        e = {**e, "cat": old.get(e["cat"], e["cat"]), "args": dict(e.get("args", {}))}
+        if e["cat"] in ("Kernel", "Memcpy", "Memset") and "External id" in e["args"]:
+            e["args"]["external id"] = e["args"].pop("External id")
+        out.append(e)
+    return out
+
+
+def test_a_2021_kineto_trace_is_decoded_as_the_gpu_trace_it_is(tmp_path, reading):
+    today = decode_trace(_write(_gpu_step([1, 2, 3]), tmp_path / "rank0.json"))
+    old_events = _as_2021(_gpu_step([1, 2, 3]))
+    assert {e["cat"] for e in old_events} == {"user_annotation", "Operator", "Runtime", "Kernel"}
+    old = decode_trace(_write(old_events, tmp_path / "rank1.json"))
+    assert old.device == today.device == "gpu"
+    assert old.iterations == today.iterations
+    kernels = [e for e in iter_events(tmp_path / "rank1.json") if e["cat"] == "kernel"]
+    assert [e["args"]["External id"] for e in kernels] == [1, 3]

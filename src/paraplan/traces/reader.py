@@ -19,6 +19,11 @@ from paraplan.specs import ConfigError
 _GZIP_MAGIC = b"\x1f\x8b"
 #: The trace's small top-level fields kept beside the events (Kineto writes them first).
 HEADER_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
+#: The 2021 Kineto categories (PyTorch 1.8-1.9) under today's names, as the PyTorch profiler's
+#: TensorBoard plugin maps them (pytorch/kineto tb_plugin/torch_tb_profiler/profiler/trace.py,
+#: EventTypeMap); the events are otherwise the same, so such a trace decodes as a GPU trace.
+KINETO_2021 = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
+               "Memset": "gpu_memset", "Python": "python_function"}
 
 
 class TraceFileError(ConfigError):
@@ -101,8 +106,16 @@ class _BigInteger(Exception):
 
 
 def _checked(path: Path, event: Any) -> int:
+    """1 for an event (its 2021 category renamed to today's); TraceFileError for anything else."""
     if not isinstance(event, dict):
         raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
+    cat = event.get("cat")
+    today = KINETO_2021.get(cat) if type(cat) is str else None
+    if today is not None:
+        event["cat"] = today
+        args = event.get("args")
+        if isinstance(args, dict) and "external id" in args and "External id" not in args:
+            args["External id"] = args.pop("external id")  # 2021 device events (same plugin file)
     return 1
 
 
@@ -160,8 +173,7 @@ def _whole_events(path: Path) -> Iterator[dict[str, Any]]:
     if not events:
         raise TraceFileError(f"{path}: the trace holds no events")
     for event in events:
-        if not isinstance(event, dict):
-            raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
+        _checked(path, event)
         yield event
 
 
