@@ -8,10 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from paraplan.cli.app import app
 from paraplan.traces import reader
 from paraplan.traces.decode import decode_trace
-from paraplan.traces.reader import iter_events
+from paraplan.traces.reader import TraceFileError, iter_events
+from paraplan.traces.summary import summarize
 
 #: Above 2^64: real Kineto traces carry such ids (HolisticTraceAnalysis PR #324).
 HUGE = 2**64 + 1
@@ -37,6 +40,10 @@ def _gpu_step(ids: list[int]) -> list[dict]:
         {"ph": "X", "cat": "kernel", "name": "vectorized_elementwise_kernel<4>", "pid": 0, "tid": 7, "ts": 800.5,
          "dur": 50, "args": {"External id": ids[2], "correlation": ids[2]}},
     ]
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(app, ["trace", *args], env={"COLUMNS": "80"})
 
 
 @pytest.fixture(params=["streamed by ijson", "read whole by json"])
@@ -93,3 +100,76 @@ def test_a_2021_kineto_trace_is_decoded_as_the_gpu_trace_it_is(tmp_path, reading
     assert old.iterations == today.iterations
     kernels = [e for e in iter_events(tmp_path / "rank1.json") if e["cat"] == "kernel"]
     assert [e["args"]["External id"] for e in kernels] == [1, 3]
+
+
+HTA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "hta"
+needs_hta = pytest.mark.skipif(not HTA.is_dir(), reason="the HTA traces live in ../shared (not in CI)")
+
+
+def _rank(path: Path, rank: int, *, trailer: dict | None = None, **header) -> Path:
+    """A tiny GPU rank file of a 2-rank run; `trailer` is written after the events, where newer
+    Kineto writes baseTimeNanoseconds."""
+    events = _gpu_step([1, 2, 3])
+    top = {"distributedInfo": {"rank": rank, "world_size": 2}, **header, "traceEvents": events, **(trailer or {})}
+    path.write_text(json.dumps(top))
+    return path
+
+
+DAY_NS = 86_400 * 10**9
+BASE_NS = 1_711_964_646_000_000_000  # B_resnet_nccl_a100's baseTimeNanoseconds
+
+
+@needs_hta
+def test_rank_files_of_two_different_real_runs_are_refused_naming_the_gpus():
+    # B (A100, rank 0 of 2, steps 4-6) and C (V100, rank 1 of 2, steps 2-6) share steps 4-6
+    b, c = HTA / "B_resnet_nccl_a100" / "nccl_data.json.gz", HTA / "C_dfindex_v100" / "df_index_resolver.json.gz"
+    with pytest.raises(TraceFileError, match="disagree on the GPU") as info:
+        summarize([b, c])
+    assert "A100" in str(info.value) and "V100" in str(info.value) and "\n" not in str(info.value)
+
+
+@needs_hta
+def test_the_two_ranks_of_one_real_run_are_still_one_run():
+    assert [r.rank for r in summarize([HTA / "A_vit128_sampled"]).ranks] == [0, 1]
+
+
+def test_ranks_recorded_a_day_apart_are_refused_with_both_times(tmp_path, reading):
+    a = _rank(tmp_path / "rank0.json", 0, trailer={"baseTimeNanoseconds": BASE_NS})
+    b = _rank(tmp_path / "rank1.json", 1, trailer={"baseTimeNanoseconds": BASE_NS + DAY_NS})
+    with pytest.raises(TraceFileError, match="recorded at different times") as info:
+        summarize([a, b])
+    assert "2024-04-01" in str(info.value) and "2024-04-02" in str(info.value) and "+86,400 s" in str(info.value)
+    result = run_cli("summarize", str(a), str(b))
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "recorded at different times" in result.stderr
+
+
+def test_ranks_recorded_a_second_apart_or_on_clocks_since_boot_are_one_run(tmp_path, reading):
+    a = _rank(tmp_path / "rank0.json", 0, trailer={"baseTimeNanoseconds": BASE_NS})
+    b = _rank(tmp_path / "rank1.json", 1, trailer={"baseTimeNanoseconds": BASE_NS + 10**9})
+    assert [r.rank for r in summarize([a, b]).ranks] == [0, 1]
+    c = _rank(tmp_path / "rank1b.json", 1)  # no base: ts counts from boot, nothing to compare
+    assert [r.rank for r in summarize([a, c]).ranks] == [0, 1]
+
+
+def test_a_run_that_fits_on_one_host_is_refused_when_its_files_name_two_hosts(tmp_path, reading):
+    eight = [{"name": "NVIDIA H100 80GB HBM3"}] * 8
+    a = _rank(tmp_path / "rank0.json", 0, deviceProperties=eight, hostname="node-a")
+    b = _rank(tmp_path / "rank1.json", 1, deviceProperties=eight, trailer={"host_name": "node-b"})
+    with pytest.raises(TraceFileError, match="disagree on the host name") as info:
+        summarize([a, b])
+    assert "node-a" in str(info.value) and "node-b" in str(info.value)
+
+
+def test_ranks_of_a_run_across_hosts_may_name_different_hosts(tmp_path, reading):
+    one = [{"name": "NVIDIA H100 80GB HBM3"}]
+    a = _rank(tmp_path / "rank0.json", 0, deviceProperties=one, hostname="node-a")
+    b = _rank(tmp_path / "rank1.json", 1, deviceProperties=one, hostname="node-b")
+    assert [r.rank for r in summarize([a, b]).ranks] == [0, 1]
+
+
+def test_the_fields_kineto_writes_after_the_events_are_read_without_decoding_the_file(tmp_path, reading):
+    path = _rank(tmp_path / "rank0.json.gz", 0, hostname="node-a", trailer={"baseTimeNanoseconds": BASE_NS})
+    path.write_bytes(gzip.compress(path.read_bytes()))
+    top = reader.read_top(path)
+    assert (top["baseTimeNanoseconds"], top["hostname"], top["distributedInfo"]["rank"]) == (BASE_NS, "node-a", 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,14 @@ from paraplan.specs import ConfigError
 
 _GZIP_MAGIC = b"\x1f\x8b"
 #: The trace's small top-level fields kept beside the events (Kineto writes them first).
-HEADER_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
+HEADER_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName",
+               "hostname", "host_name")
+#: Top-level fields newer Kineto writes after the events: read from the file's last bytes.
+_TRAILER = {"baseTimeNanoseconds": re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)'),
+            "hostname": re.compile(rb'"(?:hostname|host_name)"\s*:\s*"([^"\\]*)"')}
+#: (path, mtime, size) -> the top-level fields seen when the file was last read (the trailer
+#: when streamed, every field but the events when read whole)
+_TRAILERS: dict[tuple, dict[str, Any]] = {}
 #: The 2021 Kineto categories (PyTorch 1.8-1.9) under today's names, as the PyTorch profiler's
 #: TensorBoard plugin maps them (pytorch/kineto tb_plugin/torch_tb_profiler/profiler/trace.py,
 #: EventTypeMap); the events are otherwise the same, so such a trace decodes as a GPU trace.
@@ -85,7 +93,8 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
     count = 0
     try:
         with _guarded(path, fast=True), _open(path) as f:
-            for event in ijson.items(f, prefix, use_float=True):
+            tail = _Tail(f)
+            for event in ijson.items(tail, prefix, use_float=True):
                 count += _checked(path, event)
                 yield event
     except _BigInteger:
@@ -93,12 +102,80 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
         # any above 2^63 (ICRAR/ijson#153), yet real traces hold such ids (HTA PR #324). Read on
         # from the same event without use_float: integers of any size, decimals turned to floats.
         with _guarded(path), _open(path) as f:
-            for n, event in enumerate(ijson.items(f, prefix)):
+            tail = _Tail(f)
+            for n, event in enumerate(ijson.items(tail, prefix)):
                 if n >= count:
                     count += _checked(path, event)
                     yield _floats(event)
     if count == 0:
         _no_events(path)
+    _TRAILERS[_key(path)] = _parse_trailer(tail.bytes())
+
+
+def read_top(path: Path) -> dict[str, Any]:
+    """The trace's top-level fields, before and after `traceEvents`; the host's name (Kineto
+    writes `hostname` or `host_name`) as `hostname`. Without ijson, from the last whole read."""
+    path = Path(path)
+    if not _has_ijson():
+        cached = _TRAILERS.get(_key(path))
+        whole = _load_whole(path) if cached is None else cached
+        return {**{k: v for k, v in whole.items() if k in HEADER_KEYS}, **_trailer_of(whole)}
+    return {**read_header(path), **read_trailer(path)}
+
+
+def read_trailer(path: Path) -> dict[str, Any]:
+    """The top-level fields written after `traceEvents` (baseTimeNanoseconds, hostname): kept
+    from the last read of the file by `iter_events`, else read from its end."""
+    path = Path(path)
+    cached = _TRAILERS.get(_key(path))
+    if cached is not None:
+        return _trailer_of(cached)
+    if not _has_ijson():
+        return _trailer_of(_load_whole(path))
+    with _guarded(path), _open(path) as f:
+        tail = _Tail(f)
+        while tail.read(1 << 20):
+            pass
+    return _parse_trailer(tail.bytes())
+
+
+def _key(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+def _trailer_of(whole: dict[str, Any]) -> dict[str, Any]:
+    found = {k: whole[k] for k in ("baseTimeNanoseconds", "hostname") if k in whole}
+    if "host_name" in whole:
+        found.setdefault("hostname", whole["host_name"])
+    return found
+
+
+def _parse_trailer(tail: bytes) -> dict[str, Any]:
+    end = tail.rfind(b"]")  # the events' array closes before the trailer
+    found: dict[str, Any] = {}
+    for key, pattern in _TRAILER.items():
+        matches = pattern.findall(tail, end if end >= 0 else 0)
+        if matches:
+            value = matches[-1].decode("utf-8", "replace")
+            found[key] = int(value) if key == "baseTimeNanoseconds" else value
+    return found
+
+
+class _Tail:
+    """A binary file that keeps the last bytes read from it (two reads' worth)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.prev, self.last = f, b"", b""
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        if data:
+            self.prev, self.last = self.last, data
+        return data
+
+    def bytes(self) -> bytes:
+        return self.prev + self.last
 
 
 class _BigInteger(Exception):
@@ -169,7 +246,9 @@ def _load_whole(path: Path) -> dict[str, Any]:
 
 
 def _whole_events(path: Path) -> Iterator[dict[str, Any]]:
-    events = _load_whole(path)["traceEvents"]
+    whole = _load_whole(path)
+    _TRAILERS[_key(path)] = {k: v for k, v in whole.items() if k != "traceEvents"}
+    events = whole["traceEvents"]
     if not events:
         raise TraceFileError(f"{path}: the trace holds no events")
     for event in events:
