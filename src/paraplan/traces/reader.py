@@ -24,6 +24,7 @@ HEADER_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTime
 #: Top-level fields newer Kineto writes after the events: read from the file's last bytes.
 _TRAILER = {"baseTimeNanoseconds": re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)'),
             "hostname": re.compile(rb'"(?:hostname|host_name)"\s*:\s*"([^"\\]*)"')}
+_ARRAY_END = re.compile(rb"}\s*]")
 #: (path, mtime, size) -> the top-level fields seen when the file was last read (the trailer
 #: when streamed, every field but the events when read whole)
 _TRAILERS: dict[tuple, dict[str, Any]] = {}
@@ -101,10 +102,11 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
         # ijson's C backend with use_float=True parses integers into a C long long and refuses
         # any above 2^63 (ICRAR/ijson#153), yet real traces hold such ids (HTA PR #324). Read on
         # from the same event without use_float: integers of any size, decimals turned to floats.
+        done = count
         with _guarded(path), _open(path) as f:
             tail = _Tail(f)
             for n, event in enumerate(ijson.items(tail, prefix)):
-                if n >= count:
+                if n >= done:
                     count += _checked(path, event)
                     yield _floats(event)
     if count == 0:
@@ -152,10 +154,11 @@ def _trailer_of(whole: dict[str, Any]) -> dict[str, Any]:
 
 
 def _parse_trailer(tail: bytes) -> dict[str, Any]:
-    end = tail.rfind(b"]")  # the events' array closes before the trailer
+    closes = list(_ARRAY_END.finditer(tail))  # the events' array closes before the trailer
+    end = closes[-1].end() if closes else 0
     found: dict[str, Any] = {}
     for key, pattern in _TRAILER.items():
-        matches = pattern.findall(tail, end if end >= 0 else 0)
+        matches = pattern.findall(tail, end)
         if matches:
             value = matches[-1].decode("utf-8", "replace")
             found[key] = int(value) if key == "baseTimeNanoseconds" else value
