@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,20 @@ from paraplan.specs import ConfigError
 
 _GZIP_MAGIC = b"\x1f\x8b"
 #: The trace's small top-level fields kept beside the events (Kineto writes them first).
-HEADER_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
+HEADER_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName",
+               "hostname", "host_name")
+#: Top-level fields newer Kineto writes after the events: read from the file's last bytes.
+_TRAILER = {"baseTimeNanoseconds": re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)'),
+            "hostname": re.compile(rb'"(?:hostname|host_name)"\s*:\s*"([^"\\]*)"')}
+_ARRAY_END = re.compile(rb"}\s*]")
+#: (path, mtime, size) -> the top-level fields seen when the file was last read (the trailer
+#: when streamed, every field but the events when read whole)
+_TRAILERS: dict[tuple, dict[str, Any]] = {}
+#: The 2021 Kineto categories (PyTorch 1.8-1.9) under today's names, as the PyTorch profiler's
+#: TensorBoard plugin maps them (pytorch/kineto tb_plugin/torch_tb_profiler/profiler/trace.py,
+#: EventTypeMap); the events are otherwise the same, so such a trace decodes as a GPU trace.
+KINETO_2021 = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
+               "Memset": "gpu_memset", "Python": "python_function"}
 
 
 class TraceFileError(ConfigError):
@@ -78,14 +92,123 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
 
     prefix = "item" if _check_start(path) == b"[" else "traceEvents.item"
     count = 0
-    with _guarded(path), _open(path) as f:
-        for event in ijson.items(f, prefix, use_float=True):
-            if not isinstance(event, dict):
-                raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
-            count += 1
-            yield event
+    try:
+        with _guarded(path, fast=True), _open(path) as f:
+            tail = _Tail(f)
+            for event in ijson.items(tail, prefix, use_float=True):
+                count += _checked(path, event)
+                yield event
+    except _BigInteger:
+        # ijson's C backend with use_float=True parses integers into a C long long and refuses
+        # any above 2^63 (ICRAR/ijson#153), yet real traces hold such ids (HTA PR #324). Read on
+        # from the same event without use_float: integers of any size, decimals turned to floats.
+        done = count
+        with _guarded(path), _open(path) as f:
+            tail = _Tail(f)
+            for n, event in enumerate(ijson.items(tail, prefix)):
+                if n >= done:
+                    count += _checked(path, event)
+                    yield _floats(event)
     if count == 0:
         _no_events(path)
+    _TRAILERS[_key(path)] = _parse_trailer(tail.bytes())
+
+
+def read_top(path: Path) -> dict[str, Any]:
+    """The trace's top-level fields, before and after `traceEvents`; the host's name (Kineto
+    writes `hostname` or `host_name`) as `hostname`. Without ijson, from the last whole read."""
+    path = Path(path)
+    if not _has_ijson():
+        cached = _TRAILERS.get(_key(path))
+        whole = _load_whole(path) if cached is None else cached
+        return {**{k: v for k, v in whole.items() if k in HEADER_KEYS}, **_trailer_of(whole)}
+    return {**read_header(path), **read_trailer(path)}
+
+
+def read_trailer(path: Path) -> dict[str, Any]:
+    """The top-level fields written after `traceEvents` (baseTimeNanoseconds, hostname): kept
+    from the last read of the file by `iter_events`, else read from its end."""
+    path = Path(path)
+    cached = _TRAILERS.get(_key(path))
+    if cached is not None:
+        return _trailer_of(cached)
+    if not _has_ijson():
+        return _trailer_of(_load_whole(path))
+    with _guarded(path), _open(path) as f:
+        tail = _Tail(f)
+        while tail.read(1 << 20):
+            pass
+    return _parse_trailer(tail.bytes())
+
+
+def _key(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+def _trailer_of(whole: dict[str, Any]) -> dict[str, Any]:
+    found = {k: whole[k] for k in ("baseTimeNanoseconds", "hostname") if k in whole}
+    if "host_name" in whole:
+        found.setdefault("hostname", whole["host_name"])
+    return found
+
+
+def _parse_trailer(tail: bytes) -> dict[str, Any]:
+    closes = list(_ARRAY_END.finditer(tail))  # the events' array closes before the trailer
+    end = closes[-1].end() if closes else 0
+    found: dict[str, Any] = {}
+    for key, pattern in _TRAILER.items():
+        matches = pattern.findall(tail, end)
+        if matches:
+            value = matches[-1].decode("utf-8", "replace")
+            found[key] = int(value) if key == "baseTimeNanoseconds" else value
+    return found
+
+
+class _Tail:
+    """A binary file that keeps the last bytes read from it (two reads' worth)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.prev, self.last = f, b"", b""
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        if data:
+            self.prev, self.last = self.last, data
+        return data
+
+    def bytes(self) -> bytes:
+        return self.prev + self.last
+
+
+class _BigInteger(Exception):
+    """ijson's fast path met an integer it cannot hold."""
+
+
+def _checked(path: Path, event: Any) -> int:
+    """1 for an event (its 2021 category renamed to today's); TraceFileError for anything else."""
+    if not isinstance(event, dict):
+        raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
+    cat = event.get("cat")
+    today = KINETO_2021.get(cat) if type(cat) is str else None
+    if today is not None:
+        event["cat"] = today
+        args = event.get("args")
+        if isinstance(args, dict) and "external id" in args and "External id" not in args:
+            args["External id"] = args.pop("external id")  # 2021 device events (same plugin file)
+    return 1
+
+
+def _floats(value: Any) -> Any:
+    """The value with every Decimal (ijson's number with a fraction) turned into a float."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _floats(v) for k, v in value.items()}
+    if kind is list:
+        return [_floats(v) for v in value]
+    if kind.__name__ == "Decimal":
+        return float(value)
+    return value
 
 
 def _check_start(path: Path) -> bytes:
@@ -126,20 +249,22 @@ def _load_whole(path: Path) -> dict[str, Any]:
 
 
 def _whole_events(path: Path) -> Iterator[dict[str, Any]]:
-    events = _load_whole(path)["traceEvents"]
+    whole = _load_whole(path)
+    _TRAILERS[_key(path)] = {k: v for k, v in whole.items() if k != "traceEvents"}
+    events = whole["traceEvents"]
     if not events:
         raise TraceFileError(f"{path}: the trace holds no events")
     for event in events:
-        if not isinstance(event, dict):
-            raise TraceFileError(f"{path}: traceEvents holds a {type(event).__name__}, not events")
+        _checked(path, event)
         yield event
 
 
 class _guarded:
     """Turn the many ways a file can be broken into one TraceFileError naming it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fast: bool = False) -> None:
         self.path = path
+        self.fast = fast  # ijson with use_float=True: an integer overflow means "read it slowly"
 
     def __enter__(self) -> None:
         return None
@@ -147,6 +272,8 @@ class _guarded:
     def __exit__(self, kind, exc, tb) -> bool:
         if exc is None or isinstance(exc, TraceFileError):
             return False
+        if self.fast and type(exc).__name__ == "IncompleteJSONError" and "integer overflow" in str(exc):
+            raise _BigInteger from None
         reason = _reason(exc)
         if reason is None:
             return False

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from paraplan.specs import ConfigError
 from paraplan.traces.decode import Iteration, RankTrace, decode_trace
-from paraplan.traces.reader import TraceFileError
+from paraplan.traces.reader import TraceFileError, read_top
 from paraplan.traces.rules import P2P_KINDS
 
 _TRACE_NAME = re.compile(r"rank|trace", re.I)
@@ -214,16 +214,74 @@ def _assign_ranks(ranks: list[RankTrace]) -> list[RankTrace]:
     return sorted(out, key=lambda r: r.rank)
 
 
+#: Ranks of one run profile the same steps at the same moment, give or take the hosts' clock
+#: skew (NTP keeps it to milliseconds); traces whose shared first step starts further apart on
+#: the wall clock were recorded by different runs.
+FAR_APART_S = 300.0
+#: Microseconds since 1970 from 2001 on: a trace clock that is wall-clock time (older Kineto
+#: writes such `ts`; newer, `ts` from `baseTimeNanoseconds`); anything smaller is a clock since
+#: boot, which cannot be compared across files.
+_WALL_CLOCK_US = 1e15
+
+
 def _check_together(ranks: list[RankTrace]) -> None:
+    """Refuse, in one line naming the mismatch, files that cannot be one run: a rank twice, or
+    ranks that disagree on the world size, the GPU, the host name or when they ran."""
     seen: dict[int, Path] = {}
     for r in ranks:
         if r.rank in seen:
             raise TraceFileError(f"{r.path}: rank {r.rank} again (also {seen[r.rank]}): files of different runs?")
         seen[r.rank] = r.path
-    worlds = {r.world_size for r in ranks if r.world_size is not None}
-    if len(worlds) > 1:
-        which = ", ".join(f"{r.path.name}: {r.world_size}" for r in ranks)
-        raise TraceFileError(f"the files disagree on the world size ({which}): files of different runs?")
+    if len(ranks) < 2:
+        return
+    tops = [read_top(r.path) for r in ranks]
+    common = set.intersection(*(set(it.step for it in r.iterations) for r in ranks))
+    facts = {
+        "world size": [r.world_size for r in ranks],
+        "GPU": [_gpu(top) for top in tops],
+        "host name": _hosts(tops, ranks),
+    }
+    for what, values in facts.items():
+        if len({v for v in values if v is not None}) > 1:
+            which = ", ".join(f"{r.path.name}: {v}" for r, v in zip(ranks, values, strict=True))
+            raise TraceFileError(f"the files disagree on the {what} ({which}): files of different runs?")
+    starts = [_wall_start_s(top, r, common) for top, r in zip(tops, ranks, strict=True)]
+    known = [(r, t) for r, t in zip(ranks, starts, strict=True) if t is not None]
+    if len(known) > 1 and max(t for _, t in known) - min(t for _, t in known) > FAR_APART_S:
+        first = min(t for _, t in known)
+        which = ", ".join(f"{r.path.name}: {_utc(t)} (+{t - first:,.0f} s)" for r, t in known)
+        raise TraceFileError(f"the files were recorded at different times ({which}): files of different runs?")
+
+
+def _gpu(top: dict) -> str | None:
+    names = sorted({d.get("name") for d in top.get("deviceProperties") or () if isinstance(d, dict) and d.get("name")})
+    return " + ".join(names) or None
+
+
+def _hosts(tops: list[dict], ranks: list[RankTrace]) -> list[str | None]:
+    """Each file's host name where the run fits on one host (its world size at most the GPUs
+    each host lists), so that its ranks must share one; else nothing to compare (the ranks of
+    a many-host run differ in host name)."""
+    world = next((r.world_size for r in ranks if r.world_size is not None), None)
+    fits = world is not None and all(len(top.get("deviceProperties") or ()) >= world for top in tops)
+    return [top.get("hostname") if fits and isinstance(top.get("hostname"), str) else None for top in tops]
+
+
+def _wall_start_s(top: dict, r: RankTrace, common: set[int]) -> float | None:
+    """When the first step the ranks share (else the rank's first step) began, in seconds
+    since 1970; None when the trace's clock is not the wall clock."""
+    its = [it for it in r.iterations if it.step in common] or list(r.iterations)
+    if not its:
+        return None
+    base = top.get("baseTimeNanoseconds")
+    start_us = min(its, key=lambda it: it.step).start_us + (base / 1e3 if isinstance(base, int) else 0.0)
+    return start_us * 1e-6 if start_us >= _WALL_CLOCK_US else None
+
+
+def _utc(t: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _span(r: RankTrace) -> str:
