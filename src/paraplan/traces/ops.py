@@ -3,8 +3,9 @@ operators the run executed, with their shapes (the trace must be recorded with
 ``record_shapes=True``) and their time.
 
 On a CPU trace an operator's time is its ``aten::`` event's duration. On a GPU trace it is the
-summed duration of the kernels the operator launched, matched by Kineto's ``External id``
-(the ``cpu_op`` event carries the shapes, the ``kernel`` events the device time).
+summed duration of the kernels the operator launched (the ``cpu_op`` event carries the shapes,
+the ``kernel`` events the device time), linked through the launching runtime call's
+correlation id to the innermost operator around that call (``trace_operators``).
 Only leaf operators are kept (``aten::mm``, not the ``aten::linear`` that calls it), so no
 time is counted twice.
 """
@@ -77,41 +78,132 @@ def op_class(name: str) -> tuple[str, bool] | None:
     return None
 
 
+#: Host-side CUDA/HIP API calls that launch GPU work; a kernel carries its launch's
+#: ``args.correlation`` (Kineto's categories; ``cuda_driver`` covers cuLaunchKernel).
+_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOps:
+    """The timed leaf operators of one rank's trace, and how many of its GPU kernels could be
+    attributed to the CPU operator that launched them."""
+
+    timings: tuple[OpTiming, ...]
+    kernels: int  # GPU kernels (``cat == "kernel"``) in the trace
+    linked: int  # of them attributed to a CPU operator
+    shaped_ops: int  # CPU operators that recorded the shapes of tensor inputs
+    leaf_ops: int  # of them leaf operators paraplan times (``op_class``)
+
+    @property
+    def linked_fraction(self) -> float | None:
+        """Linked kernels / kernels; None on a trace without kernels (a CPU trace)."""
+        return self.linked / self.kernels if self.kernels else None
+
+
 def operator_timings(path: Path) -> list[OpTiming]:
     """Every timed leaf operator of one rank's trace, in file order. Empty when the trace was
     recorded without shapes (``record_shapes=False``)."""
-    calls: dict[object, tuple[str, str, bool, tuple, str, float]] = {}
-    order: list[object] = []
-    kernel_s: dict[object, float] = defaultdict(float)
-    for n, ev in enumerate(iter_events(path)):
+    return list(trace_operators(path).timings)
+
+
+def trace_operators(path: Path) -> TraceOps:
+    """Every timed leaf operator of one rank's trace (``operator_timings``) with the kernel
+    linking counts (``TraceOps``).
+
+    A kernel belongs to the CPU operator that launched it, found as HolisticTraceAnalysis does
+    (facebookresearch/HolisticTraceAnalysis, ``hta/common/trace_collection.py``
+    ``get_cpu_gpu_correlation``: the kernel's ``correlation`` equals its launching runtime
+    call's; ``hta/common/trace_call_stack.py`` ``CallStackGraph``: the runtime call's parent is
+    the innermost CPU event on its thread whose interval contains it): the runtime call (e.g.
+    ``cudaLaunchKernel``) with the kernel's ``args.correlation``, then the innermost
+    ``cpu_op`` on the runtime call's thread (pid, tid) whose interval contains the call. When a
+    kernel has no such runtime call, its ``External id`` is matched to a ``cpu_op``'s (older
+    and CPU-recorded traces, where that id is the operator's).
+    """
+    kernels, owners, info, shaped = _link(path)
+    kernel_s: dict[int, float] = defaultdict(float)
+    for (_, _, seconds), op in zip(kernels, owners, strict=True):
+        if op is not None:
+            kernel_s[op] += seconds
+    out = []
+    for i in sorted(info):
+        name, klass, backward, dims, dtype, host_s = info[i]
+        seconds = kernel_s.get(i, 0.0) if kernels else host_s
+        if seconds > 0.0:
+            out.append(OpTiming(name, klass, backward, dims, dtype, seconds))
+    linked = sum(op is not None for op in owners)
+    return TraceOps(tuple(out), len(kernels), linked, shaped, len(info))
+
+
+def _link(path: Path, *, by_launch: bool = True):
+    """The kernels (correlation, External id, seconds), the index of the cpu_op each belongs to
+    (None when unlinked), the timed leaf operators by index, and the number of operators with
+    shapes. ``by_launch=False`` links by External id alone (the linking before issue 25)."""
+    ops: list[tuple[float, float, int]] = []  # (start, end, op index) of every cpu_op
+    thread_of: list[tuple] = []  # op index -> (pid, tid)
+    info: dict[int, tuple[str, str, bool, tuple, str, float]] = {}  # op index -> timed leaf op
+    by_ext: dict[object, int] = {}
+    launches: dict[object, tuple[tuple, float]] = {}  # correlation -> ((pid, tid), ts)
+    kernels: list[tuple[object, object, float]] = []  # (correlation, External id, seconds)
+    shaped = 0
+    for ev in iter_events(path):
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
         cat = ev.get("cat") or ""
         args = ev.get("args") or {}
         if cat == "kernel":
+            kernels.append((args.get("correlation"), args.get("External id"), float(ev["dur"]) * 1e-6))
+        elif cat in _RUNTIME_CATS:
+            corr = args.get("correlation")
+            if corr is not None and by_launch:
+                launches[corr] = ((ev.get("pid"), ev.get("tid")), float(ev["ts"]))
+        elif cat == "cpu_op":
+            i = len(thread_of)
+            ts = float(ev["ts"])
+            ops.append((ts, ts + float(ev["dur"]), i))
+            thread_of.append((ev.get("pid"), ev.get("tid")))
             ext = args.get("External id")
             if ext is not None:
-                kernel_s[ext] += float(ev["dur"]) * 1e-6
-            continue
-        if cat != "cpu_op":
-            continue
-        verdict = op_class(ev.get("name") or "")
-        if verdict is None:
-            continue
-        dims, dtype = _tensor_inputs(args)
-        if not dims:
-            continue
-        key = args.get("External id", ("event", n))
-        calls[key] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6)
-        order.append(key)
-    on_gpu = bool(kernel_s)
-    out = []
-    for key in order:
-        name, klass, backward, dims, dtype, host_s = calls[key]
-        seconds = kernel_s.get(key, 0.0) if on_gpu else host_s
-        if seconds > 0.0:
-            out.append(OpTiming(name, klass, backward, dims, dtype, seconds))
-    return out
+                by_ext.setdefault(ext, i)
+            dims, dtype = _tensor_inputs(args)
+            if not dims:
+                continue
+            shaped += 1
+            verdict = op_class(ev.get("name") or "")
+            if verdict is not None:
+                info[i] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6)
+    parent = _enclosing_ops(ops, thread_of, launches)
+    owners: list[int | None] = []
+    for corr, ext, _ in kernels:
+        op = parent.get(corr) if corr is not None else None
+        if op is None and corr not in launches and ext is not None:
+            op = by_ext.get(ext)
+        owners.append(op)
+    return kernels, owners, info, shaped
+
+
+def _enclosing_ops(ops, thread_of, launches) -> dict[object, int]:
+    """correlation id -> index of the innermost cpu_op on the launching thread that contains the
+    launch (a sweep per thread over starts, with a stack of the operators still open)."""
+    per_thread: dict[tuple, list[tuple[float, int, float, object]]] = defaultdict(list)
+    for start, end, i in ops:
+        per_thread[thread_of[i]].append((start, 0, -end, i))  # at a tie, the outer op opens first
+    for corr, (thread, ts) in launches.items():
+        if thread in per_thread:
+            per_thread[thread].append((ts, 1, 0.0, corr))
+    parent: dict[object, int] = {}
+    for events in per_thread.values():
+        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        stack: list[tuple[float, int]] = []  # (end, op index)
+        for ts, is_launch, neg_end, ref in events:
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            if is_launch:
+                if stack:
+                    parent[ref] = stack[-1][1]
+            else:
+                stack.append((-neg_end, ref))
+    return parent
 
 
 def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], str]:
