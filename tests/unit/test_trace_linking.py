@@ -97,20 +97,23 @@ def test_calibrate_names_the_true_reason_it_has_nothing_to_fit():
 
 # -- HTA's real GPU traces ----------------------------------------------------------------------
 
-#: (set, file, kernels, linked kernels: the launching runtime call and its enclosing cpu_op,
-#: External id for the rest). HTA links through the same runtime correlation
-#: (hta/common/trace_collection.py get_cpu_gpu_correlation, hta/common/trace_call_stack.py).
-#: The unlinked ones have their cudaLaunchKernel, but no cpu_op around it on its thread (A: 16 a
-#: rank; E1: 48, on the main thread).
+#: (set, file, kernels, linked kernels, HTA's linked kernels). Linked: the launching runtime call
+#: and its enclosing cpu_op, External id for the rest. HTA's: HolisticTraceAnalysis 0.5.0 (PyPI)
+#: run on these files on 2026-11-26, each kernel's ``index_correlation`` (its runtime call,
+#: hta/common/trace.py) followed up ``CallGraph``'s parents (hta/common/call_stack.py) to the
+#: first cpu_op; HTA links every kernel to its runtime call. The unlinked ones have their
+#: cudaLaunchKernel, but no cpu_op around it on its thread (A: 16 a rank; E1: 48, main thread).
+#: On E1 the two agree on the operator of 8,515 of 8,568 kernels: 47 go to a nested autograd
+#: node inside the one HTA picks, 6 HTA leaves unlinked.
 SETS = [
-    ("A_vit128_sampled", "sampled_rank-0.json.gz", 1154, 1138),
-    ("A_vit128_sampled", "sampled_rank-1.json.gz", 1104, 1088),
-    ("B_resnet_nccl_a100", "nccl_data.json.gz", 2700, 2700),
-    ("C_dfindex_v100", "df_index_resolver.json.gz", 19370, 19370),
-    ("E1_diff_control_a100x8", "control.json.gz", 8568, 8520),
-    ("F_ns_resolution_v100", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 4350, 4350),
-    ("I_amd_mi250", "mi250_minitoy_train_ROCm6_2_kineto.json.gz", 14, 14),
-    ("J_gpu_user_annotation", "step_based_trace_2543932.json.gz", 130, 130),
+    ("A_vit128_sampled", "sampled_rank-0.json.gz", 1154, 1138, 1138),
+    ("A_vit128_sampled", "sampled_rank-1.json.gz", 1104, 1088, 1088),
+    ("B_resnet_nccl_a100", "nccl_data.json.gz", 2700, 2700, 2700),
+    ("C_dfindex_v100", "df_index_resolver.json.gz", 19370, 19370, 19370),
+    ("E1_diff_control_a100x8", "control.json.gz", 8568, 8520, 8514),
+    ("F_ns_resolution_v100", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 4350, 4350, 4350),
+    ("I_amd_mi250", "mi250_minitoy_train_ROCm6_2_kineto.json.gz", 14, 14, 14),
+    ("J_gpu_user_annotation", "step_based_trace_2543932.json.gz", 130, 130, 130),
 ]
 
 
@@ -122,15 +125,17 @@ def _hta(folder: str, name: str) -> Path:
 
 
 def _first(folder: str) -> Path:
-    return _hta(folder, next(name for f, name, _, _ in SETS if f == folder))
+    return _hta(folder, next(name for f, name, *_ in SETS if f == folder))
 
 
 @pytest.mark.shared_data
-@pytest.mark.parametrize(("folder", "name", "kernels", "linked"), SETS, ids=[f"{s[0][:2]}-{s[1][:14]}" for s in SETS])
-def test_at_least_98_percent_of_the_kernels_of_every_hta_trace_link_to_their_operator(folder, name, kernels, linked):
+@pytest.mark.parametrize(("folder", "name", "kernels", "linked", "hta"), SETS,
+                         ids=[f"{s[0][:2]}-{s[1][:14]}" for s in SETS])
+def test_the_linked_fraction_of_every_hta_trace_is_htas_within_a_point(folder, name, kernels, linked, hta):
     found = trace_operators(_hta(folder, name))
     assert (found.kernels, found.linked) == (kernels, linked)
     assert found.linked_fraction >= 0.98
+    assert abs(found.linked_fraction - hta / kernels) < 0.01
 
 
 @pytest.mark.shared_data

@@ -112,9 +112,10 @@ def trace_operators(path: Path) -> TraceOps:
 
     A kernel belongs to the CPU operator that launched it, found as HolisticTraceAnalysis does
     (facebookresearch/HolisticTraceAnalysis, ``hta/common/trace_collection.py``
-    ``get_cpu_gpu_correlation``: the kernel's ``correlation`` equals its launching runtime
-    call's; ``hta/common/trace_call_stack.py`` ``CallStackGraph``: the runtime call's parent is
-    the innermost CPU event on its thread whose interval contains it): the runtime call (e.g.
+    ``get_cpu_gpu_correlation``, ``hta/common/trace.py`` in v0.5.0: the kernel's ``correlation``
+    equals its launching runtime call's; ``hta/common/trace_call_stack.py`` ``CallStackGraph``,
+    ``call_stack.py`` in v0.5.0: the runtime call's parent is the innermost CPU event on its
+    thread whose interval contains it): the runtime call (e.g.
     ``cudaLaunchKernel``) with the kernel's ``args.correlation``, then the innermost
     ``cpu_op`` on the runtime call's thread (pid, tid) whose interval contains the call. When a
     kernel has no such runtime call, its ``External id`` is matched to a ``cpu_op``'s (older
