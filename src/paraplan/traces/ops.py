@@ -12,6 +12,7 @@ time is counted twice.
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,13 +141,12 @@ def _link(path: Path, *, by_launch: bool = True):
     """The kernels (correlation, External id, seconds), the index of the cpu_op each belongs to
     (None when unlinked), the timed leaf operators by index, and the number of operators with
     shapes. ``by_launch=False`` links by External id alone (the linking before issue 25)."""
-    ops: list[tuple[float, float, int]] = []  # (start, end, op index) of every cpu_op
-    thread_of: list[tuple] = []  # op index -> (pid, tid)
+    threads: dict[tuple, _Thread] = {}
     info: dict[int, tuple[str, str, bool, tuple, str, float]] = {}  # op index -> timed leaf op
     by_ext: dict[object, int] = {}
-    launches: dict[object, tuple[tuple, float]] = {}  # correlation -> ((pid, tid), ts)
+    launched: set = set()  # correlation ids of runtime calls
     kernels: list[tuple[object, object, float]] = []  # (correlation, External id, seconds)
-    shaped = 0
+    n_ops = shaped = 0
     for ev in iter_events(path):
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
@@ -157,12 +157,11 @@ def _link(path: Path, *, by_launch: bool = True):
         elif cat in _RUNTIME_CATS:
             corr = args.get("correlation")
             if corr is not None and by_launch:
-                launches[corr] = ((ev.get("pid"), ev.get("tid")), float(ev["ts"]))
+                _thread(threads, ev).launch(corr, float(ev["ts"]))
+                launched.add(corr)
         elif cat == "cpu_op":
-            i = len(thread_of)
-            ts = float(ev["ts"])
-            ops.append((ts, ts + float(ev["dur"]), i))
-            thread_of.append((ev.get("pid"), ev.get("tid")))
+            i, n_ops = n_ops, n_ops + 1
+            _thread(threads, ev).op(float(ev["ts"]), float(ev["dur"]), i)
             ext = args.get("External id")
             if ext is not None:
                 by_ext.setdefault(ext, i)
@@ -173,38 +172,69 @@ def _link(path: Path, *, by_launch: bool = True):
             verdict = op_class(ev.get("name") or "")
             if verdict is not None:
                 info[i] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6)
-    parent = _enclosing_ops(ops, thread_of, launches)
+    parent: dict[object, int] = {}
+    for thread in threads.values():
+        thread.enclosing_ops(parent)
     owners: list[int | None] = []
     for corr, ext, _ in kernels:
         op = parent.get(corr) if corr is not None else None
-        if op is None and corr not in launches and ext is not None:
+        if op is None and corr not in launched and ext is not None:
             op = by_ext.get(ext)
         owners.append(op)
     return kernels, owners, info, shaped
 
 
-def _enclosing_ops(ops, thread_of, launches) -> dict[object, int]:
-    """correlation id -> index of the innermost cpu_op on the launching thread that contains the
-    launch (a sweep per thread over starts, with a stack of the operators still open)."""
-    per_thread: dict[tuple, list[tuple[float, int, float, object]]] = defaultdict(list)
-    for start, end, i in ops:
-        per_thread[thread_of[i]].append((start, 0, -end, i))  # at a tie, the outer op opens first
-    for corr, (thread, ts) in launches.items():
-        if thread in per_thread:
-            per_thread[thread].append((ts, 1, 0.0, corr))
-    parent: dict[object, int] = {}
-    for events in per_thread.values():
-        events.sort(key=lambda e: (e[0], e[1], e[2]))
+def _thread(threads: dict, ev: dict) -> _Thread:
+    key = (ev.get("pid"), ev.get("tid"))
+    if key not in threads:
+        threads[key] = _Thread()
+    return threads[key]
+
+
+class _Thread:
+    """One host thread's cpu_ops (start, end, index) and runtime calls (start, correlation),
+    kept in flat arrays (a GB trace holds millions of them)."""
+
+    __slots__ = ("ends", "index", "launch_corr", "launch_ts", "starts")
+
+    def __init__(self) -> None:
+        self.starts, self.ends, self.index = array("d"), array("d"), array("q")
+        self.launch_ts, self.launch_corr = array("d"), []
+
+    def op(self, ts: float, dur: float, i: int) -> None:
+        self.starts.append(ts)
+        self.ends.append(ts + dur)
+        self.index.append(i)
+
+    def launch(self, corr, ts: float) -> None:
+        self.launch_ts.append(ts)
+        self.launch_corr.append(corr)
+
+    def enclosing_ops(self, parent: dict) -> None:
+        """Record in ``parent`` correlation id -> the innermost cpu_op of this thread containing
+        that runtime call: one sweep over starts with a stack of the operators still open (at a
+        tie the outer operator opens first, and an operator opens before a call at its start)."""
+        if not self.launch_corr or not self.starts:
+            return
+        import numpy as np
+
+        starts, ends = np.frombuffer(self.starts), np.frombuffer(self.ends)
+        order = np.lexsort((-ends, starts))
+        op_start, op_end = starts[order].tolist(), ends[order].tolist()
+        op_index = np.frombuffer(self.index, dtype=np.int64)[order].tolist()
         stack: list[tuple[float, int]] = []  # (end, op index)
-        for ts, is_launch, neg_end, ref in events:
+        o, n = 0, len(op_start)
+        for c in np.argsort(np.frombuffer(self.launch_ts), kind="stable").tolist():
+            ts = self.launch_ts[c]
+            while o < n and op_start[o] <= ts:
+                while stack and stack[-1][0] < op_start[o]:
+                    stack.pop()
+                stack.append((op_end[o], op_index[o]))
+                o += 1
             while stack and stack[-1][0] < ts:
                 stack.pop()
-            if is_launch:
-                if stack:
-                    parent[ref] = stack[-1][1]
-            else:
-                stack.append((-neg_end, ref))
-    return parent
+            if stack:
+                parent[self.launch_corr[c]] = stack[-1][1]
 
 
 def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], str]:
