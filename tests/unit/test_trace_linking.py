@@ -7,12 +7,15 @@ says why it cannot fit. Checked on small hand-written traces and on HTA's real G
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paraplan.calibrate.trace import no_timings_reason
-from paraplan.traces.ops import TraceOps, _link, trace_operators
+from paraplan.traces.ops import TraceOps, _link, _Thread, trace_operators
 
 HTA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "hta"
 TID, BWD = 11, 12  # the main and the autograd thread
@@ -156,3 +159,34 @@ def test_where_the_external_id_names_the_operator_the_runtime_launch_finds_the_s
     _, by_ext, _, _ = _link(path, by_launch=False)
     assert len(kernels) > 10 and None not in by_ext
     assert by_launch == by_ext
+
+
+def _nested_ops(rnd, start: float, end: float, depth: int, out: list) -> None:
+    """Properly nested operators inside [start, end], as one host thread records them."""
+    t = start
+    while depth < 4 and rnd.random() < 0.7 and t < end:
+        a = rnd.uniform(t, end)
+        b = rnd.uniform(a, end)
+        out.append((a, b))
+        _nested_ops(rnd, a, b, depth + 1, out)
+        t = b if rnd.random() < 0.5 else rnd.uniform(b, end)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32))
+def test_every_launch_goes_to_the_innermost_operator_containing_it(seed):
+    rnd = random.Random(seed)
+    ops: list[tuple[float, float]] = []
+    _nested_ops(rnd, 0.0, 1000.0, 0, ops)
+    thread = _Thread()
+    for i, (a, b) in enumerate(ops):
+        thread.op(a, b - a, i)
+    launches = [rnd.uniform(-10.0, 1010.0) for _ in range(20)] + [a for a, _ in ops[:5]] + [b for _, b in ops[:5]]
+    for corr, ts in enumerate(launches):
+        thread.launch(corr, ts)
+    parent: dict = {}
+    thread.enclosing_ops(parent)
+    for corr, ts in enumerate(launches):
+        around = [i for i, (a, b) in enumerate(ops) if a <= ts <= b]
+        innermost = min(around, key=lambda i: (ops[i][1] - ops[i][0], -i)) if around else None
+        assert parent.get(corr) == innermost
