@@ -180,3 +180,57 @@ def test_validate_trace_names_an_unknown_cluster_in_one_line():
     result = runner.invoke(app, ["validate", "trace", str(JOB), str(FIXTURES / "ddp"), "--cluster", "no-such"])
     assert result.exit_code == 2
     assert "no-such" in result.output and "Traceback" not in result.output
+
+
+# -- HTA's real GPU traces (../shared/data/traces/hta; issue 25 part 7) ----------------------
+
+HTA = ROOT.parent / "shared" / "data" / "traces" / "hta"
+
+
+@pytest.fixture(scope="module")
+def a100_fp32_job():
+    """An A100 job in fp32 (the element type of these traces' GEMMs); only its cluster and
+    precision matter to the fit."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "examples" / "mistral-7b-one-node.yaml").read_text(encoding="utf-8"))
+    return resolve_job({**raw, "precision": "fp32"})
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("folder", ["A_vit128_sampled", "E1_diff_control_a100x8"])
+def test_calibrate_fits_a_gemm_curve_from_hundreds_of_linked_gemm_calls_of_a_real_gpu_trace(folder, a100_fp32_job):
+    files = sorted((HTA / folder).glob("*.json.gz"))
+    if not files:
+        pytest.skip(f"../shared/data/traces/hta/{folder} is not present")
+    result = calibrate_from_trace(files, a100_fp32_job, date="2026-11-26")
+    assert result.linked_fraction > 0.98
+    gemm = next(row for row in result.curves if row.kind == "gemm")
+    assert gemm.calls >= 700 and gemm.points >= 100 and gemm.fit is not None
+    assert abs(gemm.after.median) < abs(gemm.before.median)
+    assert result.cluster.gpu.efficiency.precisions[Precision.FP32].gemm == gemm.fit.curve.model_copy(
+        update={"source": result.source})
+
+
+@pytest.mark.shared_data
+def test_calibrate_on_a_real_gpu_trace_without_shapes_says_to_record_them(a100_fp32_job):
+    files = sorted((HTA / "B_resnet_nccl_a100").glob("*.json.gz"))
+    if not files:
+        pytest.skip("../shared/data/traces/hta/B_resnet_nccl_a100 is not present")
+    with pytest.raises(ConfigError, match="record_shapes=True"):
+        calibrate_from_trace(files, a100_fp32_job)
+
+
+@pytest.mark.shared_data
+def test_the_command_shows_how_many_kernels_it_linked_to_their_operator(tmp_path):
+    folder = HTA / "E1_diff_control_a100x8"
+    if not folder.is_dir():
+        pytest.skip("../shared/data/traces/hta/E1_diff_control_a100x8 is not present")
+    job = tmp_path / "a100-fp32.yaml"
+    job.write_text((ROOT / "examples" / "mistral-7b-one-node.yaml").read_text(encoding="utf-8")
+                   .replace("precision: bf16", "precision: fp32"), encoding="utf-8")
+    result = runner.invoke(app, ["calibrate", "trace", str(folder), "--job", str(job), "-o", str(tmp_path / "c.yaml"),
+                                 "--date", "2026-11-26"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    assert_readable_text(result.stdout, 80)
+    assert "kernels linked to the operator that launched them: 8,520 of 8,568 (99.4 %)" in result.stdout

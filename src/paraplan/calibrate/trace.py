@@ -56,7 +56,7 @@ from paraplan.specs import (
     Precision,
 )
 from paraplan.traces.decode import RankTrace, decode_trace
-from paraplan.traces.ops import ELEMENT_BYTES, OpTiming, operator_timings
+from paraplan.traces.ops import ELEMENT_BYTES, GEMM_OPS, OpTiming, TraceOps, trace_operators
 
 #: A link's message sizes must span this factor for its latency to be fitted.
 MIN_SIZE_SPAN = 8.0
@@ -108,6 +108,13 @@ class TraceCalibration:
     links: tuple[LinkRow, ...]
     files: tuple[Path, ...]
     source: str
+    kernels: int = 0  # GPU kernels in the traces
+    linked_kernels: int = 0  # of them attributed to the CPU operator that launched them
+
+    @property
+    def linked_fraction(self) -> float | None:
+        """Kernels linked to their launching operator / kernels; None for CPU traces."""
+        return self.linked_kernels / self.kernels if self.kernels else None
 
 
 def calibrate_from_trace(
@@ -126,15 +133,15 @@ def calibrate_from_trace(
     source = f"fitted by paraplan calibrate trace to {files[0].parent}/{{{where}}} on {date}"
     timings: list[OpTiming] = []
     ranks: list[RankTrace] = []
+    found: list[TraceOps] = []
     for path in files:
         log(f"reading {path}")
-        timings.extend(operator_timings(path))
+        found.append(trace_operators(path))
+        timings.extend(found[-1].timings)
         ranks.append(decode_trace(path))
     if not timings:
-        raise ConfigError(
-            f"{files[0].parent}: no operator shapes in the traces: record them with "
-            "torch.profiler.profile(record_shapes=True)"
-        )
+        raise ConfigError(f"{files[0].parent}: {no_timings_reason(found)}")
+    kernels, linked = sum(f.kernels for f in found), sum(f.linked for f in found)
     gpu = job.cluster.gpu
     curves: list[CurveRow] = []
     # memory first, with the per-call overhead every operator pays: a GEMM's time is the larger
@@ -155,7 +162,24 @@ def calibrate_from_trace(
     cluster = job.cluster.model_copy(update={"gpu": gpu})
     samples, calls = _collective_samples(ranks, job.cluster)
     cluster, links = _fit_links(samples, calls, cluster, source)
-    return TraceCalibration(job.cluster, cluster, job.precision, tuple(curves), links, files, source)
+    return TraceCalibration(job.cluster, cluster, job.precision, tuple(curves), links, files, source, kernels, linked)
+
+
+def no_timings_reason(found: Sequence[TraceOps]) -> str:
+    """Why rank traces yielded no operator timing to fit, in one line: no shapes recorded, no
+    kernel linked to an operator, or no operator paraplan times among those with shapes."""
+    kernels, linked = sum(f.kernels for f in found), sum(f.linked for f in found)
+    shaped, leaf = sum(f.shaped_ops for f in found), sum(f.leaf_ops for f in found)
+    if not shaped:
+        return "no operator shapes in the traces: record them with torch.profiler.profile(record_shapes=True)"
+    if not leaf:
+        return (f"{shaped:,} operators recorded shapes but none is one paraplan times "
+                f"({', '.join(sorted(GEMM_OPS))}, attention, element-wise, norms, activations)")
+    if kernels and not linked:
+        return (f"none of the {kernels:,} GPU kernels could be linked to the operator that launched it "
+                "(no runtime launch with its correlation id, no cpu_op with its External id)")
+    return (f"none of the {leaf:,} timed operators with shapes launched a linked kernel "
+            f"({linked:,} of {kernels:,} kernels linked to an operator)")
 
 
 # -- operators --------------------------------------------------------------------------------
@@ -165,7 +189,7 @@ def _fit_kind(kind, timings, job: Job, gpu, seed, holdout, source) -> CurveRow:
     mine = [t for t in timings if t.klass == kind]
     points = _points(kind, mine, job, source)
     if points is None:
-        return CurveRow(kind, len(mine), 0, None, None, None, "no calls with shapes: left as it was")
+        return CurveRow(kind, len(mine), 0, None, None, None, _unpriced(mine))
     every = list(range(len(points.ops)))
     original = job.cluster.gpu
     prior = _curve_of(original, kind, points.precision)
@@ -178,6 +202,15 @@ def _fit_kind(kind, timings, job: Job, gpu, seed, holdout, source) -> CurveRow:
     if fit.curve.max_fraction >= 0.999:
         reason = _AT_PEAK
     return CurveRow(kind, len(mine), len(points.ops), before, after, fit, reason)
+
+
+def _unpriced(mine: list[OpTiming]) -> str:
+    """Why a curve's calls gave no point: none linked, or none of a shape or type it prices."""
+    if not mine:
+        return "no linked call with shapes in the traces: left as it was"
+    types = sorted({t.dtype for t in mine if t.dtype not in ELEMENT_BYTES})
+    why = f"element type {', '.join(types)} unknown" if types else "shapes it cannot price"
+    return f"{len(mine)} calls, none usable ({why}): left as it was"
 
 
 _AT_PEAK = "runs at the nominal peak or faster: the GPU's peak is too low for these calls"

@@ -221,6 +221,9 @@ def render_trace_calibration(result: Any) -> Group:
         parts.append(links)
     else:
         notes.append("links: no collective with recorded bytes (record_shapes=True) and a group of 2+: left as they were")
+    if result.kernels:
+        notes.append(f"kernels linked to the operator that launched them: {result.linked_kernels:,} of "
+                     f"{result.kernels:,} ({100 * result.linked_fraction:.1f} %)")
     notes.append("errors: predicted/measured - 1 on the trace's own calls (median call of each shape), in-sample")
     parts.append(Text("\n".join(notes), style="dim"))
     return Group(*parts)

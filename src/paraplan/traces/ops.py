@@ -3,14 +3,16 @@ operators the run executed, with their shapes (the trace must be recorded with
 ``record_shapes=True``) and their time.
 
 On a CPU trace an operator's time is its ``aten::`` event's duration. On a GPU trace it is the
-summed duration of the kernels the operator launched, matched by Kineto's ``External id``
-(the ``cpu_op`` event carries the shapes, the ``kernel`` events the device time).
+summed duration of the kernels the operator launched (the ``cpu_op`` event carries the shapes,
+the ``kernel`` events the device time), linked through the launching runtime call's
+correlation id to the innermost operator around that call (``trace_operators``).
 Only leaf operators are kept (``aten::mm``, not the ``aten::linear`` that calls it), so no
 time is counted twice.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,41 +79,162 @@ def op_class(name: str) -> tuple[str, bool] | None:
     return None
 
 
+#: Host-side CUDA/HIP API calls that launch GPU work; a kernel carries its launch's
+#: ``args.correlation`` (Kineto's categories; ``cuda_driver`` covers cuLaunchKernel).
+_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOps:
+    """The timed leaf operators of one rank's trace, and how many of its GPU kernels could be
+    attributed to the CPU operator that launched them."""
+
+    timings: tuple[OpTiming, ...]
+    kernels: int  # GPU kernels (``cat == "kernel"``) in the trace
+    linked: int  # of them attributed to a CPU operator
+    shaped_ops: int  # CPU operators that recorded the shapes of tensor inputs
+    leaf_ops: int  # of them leaf operators paraplan times (``op_class``)
+
+    @property
+    def linked_fraction(self) -> float | None:
+        """Linked kernels / kernels; None on a trace without kernels (a CPU trace)."""
+        return self.linked / self.kernels if self.kernels else None
+
+
 def operator_timings(path: Path) -> list[OpTiming]:
     """Every timed leaf operator of one rank's trace, in file order. Empty when the trace was
     recorded without shapes (``record_shapes=False``)."""
-    calls: dict[object, tuple[str, str, bool, tuple, str, float]] = {}
-    order: list[object] = []
-    kernel_s: dict[object, float] = defaultdict(float)
-    for n, ev in enumerate(iter_events(path)):
+    return list(trace_operators(path).timings)
+
+
+def trace_operators(path: Path) -> TraceOps:
+    """Every timed leaf operator of one rank's trace (``operator_timings``) with the kernel
+    linking counts (``TraceOps``).
+
+    A kernel belongs to the CPU operator that launched it, found as HolisticTraceAnalysis does
+    (facebookresearch/HolisticTraceAnalysis, ``hta/common/trace_collection.py``
+    ``get_cpu_gpu_correlation``, ``hta/common/trace.py`` in v0.5.0: the kernel's ``correlation``
+    equals its launching runtime call's; ``hta/common/trace_call_stack.py`` ``CallStackGraph``,
+    ``call_stack.py`` in v0.5.0: the runtime call's parent is the innermost CPU event on its
+    thread whose interval contains it): the runtime call (e.g.
+    ``cudaLaunchKernel``) with the kernel's ``args.correlation``, then the innermost
+    ``cpu_op`` on the runtime call's thread (pid, tid) whose interval contains the call. When a
+    kernel has no such runtime call, its ``External id`` is matched to a ``cpu_op``'s (older
+    and CPU-recorded traces, where that id is the operator's).
+    """
+    kernels, owners, info, shaped = _link(path)
+    kernel_s: dict[int, float] = defaultdict(float)
+    for (_, _, seconds), op in zip(kernels, owners, strict=True):
+        if op is not None:
+            kernel_s[op] += seconds
+    out = []
+    for i in sorted(info):
+        name, klass, backward, dims, dtype, host_s = info[i]
+        seconds = kernel_s.get(i, 0.0) if kernels else host_s
+        if seconds > 0.0:
+            out.append(OpTiming(name, klass, backward, dims, dtype, seconds))
+    linked = sum(op is not None for op in owners)
+    return TraceOps(tuple(out), len(kernels), linked, shaped, len(info))
+
+
+def _link(path: Path, *, by_launch: bool = True):
+    """The kernels (correlation, External id, seconds), the index of the cpu_op each belongs to
+    (None when unlinked), the timed leaf operators by index, and the number of operators with
+    shapes. ``by_launch=False`` links by External id alone (the linking before issue 25)."""
+    threads: dict[tuple, _Thread] = {}
+    info: dict[int, tuple[str, str, bool, tuple, str, float]] = {}  # op index -> timed leaf op
+    by_ext: dict[object, int] = {}
+    launched: set = set()  # correlation ids of runtime calls
+    kernels: list[tuple[object, object, float]] = []  # (correlation, External id, seconds)
+    n_ops = shaped = 0
+    for ev in iter_events(path):
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
         cat = ev.get("cat") or ""
         args = ev.get("args") or {}
         if cat == "kernel":
+            kernels.append((args.get("correlation"), args.get("External id"), float(ev["dur"]) * 1e-6))
+        elif cat in _RUNTIME_CATS:
+            corr = args.get("correlation")
+            if corr is not None and by_launch:
+                _thread(threads, ev).launch(corr, float(ev["ts"]))
+                launched.add(corr)
+        elif cat == "cpu_op":
+            i, n_ops = n_ops, n_ops + 1
+            _thread(threads, ev).op(float(ev["ts"]), float(ev["dur"]), i)
             ext = args.get("External id")
             if ext is not None:
-                kernel_s[ext] += float(ev["dur"]) * 1e-6
-            continue
-        if cat != "cpu_op":
-            continue
-        verdict = op_class(ev.get("name") or "")
-        if verdict is None:
-            continue
-        dims, dtype = _tensor_inputs(args)
-        if not dims:
-            continue
-        key = args.get("External id", ("event", n))
-        calls[key] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6)
-        order.append(key)
-    on_gpu = bool(kernel_s)
-    out = []
-    for key in order:
-        name, klass, backward, dims, dtype, host_s = calls[key]
-        seconds = kernel_s.get(key, 0.0) if on_gpu else host_s
-        if seconds > 0.0:
-            out.append(OpTiming(name, klass, backward, dims, dtype, seconds))
-    return out
+                by_ext.setdefault(ext, i)
+            dims, dtype = _tensor_inputs(args)
+            if not dims:
+                continue
+            shaped += 1
+            verdict = op_class(ev.get("name") or "")
+            if verdict is not None:
+                info[i] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6)
+    parent: dict[object, int] = {}
+    for thread in threads.values():
+        thread.enclosing_ops(parent)
+    owners: list[int | None] = []
+    for corr, ext, _ in kernels:
+        op = parent.get(corr) if corr is not None else None
+        if op is None and corr not in launched and ext is not None:
+            op = by_ext.get(ext)
+        owners.append(op)
+    return kernels, owners, info, shaped
+
+
+def _thread(threads: dict, ev: dict) -> _Thread:
+    key = (ev.get("pid"), ev.get("tid"))
+    if key not in threads:
+        threads[key] = _Thread()
+    return threads[key]
+
+
+class _Thread:
+    """One host thread's cpu_ops (start, end, index) and runtime calls (start, correlation),
+    kept in flat arrays (a GB trace holds millions of them)."""
+
+    __slots__ = ("ends", "index", "launch_corr", "launch_ts", "starts")
+
+    def __init__(self) -> None:
+        self.starts, self.ends, self.index = array("d"), array("d"), array("q")
+        self.launch_ts, self.launch_corr = array("d"), []
+
+    def op(self, ts: float, dur: float, i: int) -> None:
+        self.starts.append(ts)
+        self.ends.append(ts + dur)
+        self.index.append(i)
+
+    def launch(self, corr, ts: float) -> None:
+        self.launch_ts.append(ts)
+        self.launch_corr.append(corr)
+
+    def enclosing_ops(self, parent: dict) -> None:
+        """Record in ``parent`` correlation id -> the innermost cpu_op of this thread containing
+        that runtime call: one sweep over starts with a stack of the operators still open (at a
+        tie the outer operator opens first, and an operator opens before a call at its start)."""
+        if not self.launch_corr or not self.starts:
+            return
+        import numpy as np
+
+        starts, ends = np.frombuffer(self.starts), np.frombuffer(self.ends)
+        order = np.lexsort((-ends, starts))
+        op_start, op_end = starts[order].tolist(), ends[order].tolist()
+        op_index = np.frombuffer(self.index, dtype=np.int64)[order].tolist()
+        stack: list[tuple[float, int]] = []  # (end, op index)
+        o, n = 0, len(op_start)
+        for c in np.argsort(np.frombuffer(self.launch_ts), kind="stable").tolist():
+            ts = self.launch_ts[c]
+            while o < n and op_start[o] <= ts:
+                while stack and stack[-1][0] < op_start[o]:
+                    stack.pop()
+                stack.append((op_end[o], op_index[o]))
+                o += 1
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            if stack:
+                parent[self.launch_corr[c]] = stack[-1][1]
 
 
 def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], str]:
