@@ -72,6 +72,11 @@ def gpu_windows(threads, runtime_ids: array, runtime_ts: array, runtime_launches
                    f"is cut off by the end of the trace ({int(lost[-1])} of its kernel launches have no kernel)")
             notes.append(f"the last step ({source} {steps[-1]}) {why}: dropped")
             out.pop()
+    waits = [max(0.0, out[i + 1][1] - out[i][2]) for i in range(len(out) - 1) if count[i] and count[i + 1]]
+    spans = [b - a for i, (_, a, b) in enumerate(out) if count[i]]
+    if waits and max(waits) > 0.005 * float(np.median(spans)):  # a wait under 0.5 % goes unsaid
+        notes.append(f"between steps the GPU waited up to {max(waits) / 1e3:.3g} ms for the host "
+                     f"(median {float(np.median(waits)) / 1e3:.3g} ms): no iteration counts it")
     empty = [steps[i] for i in range(len(out)) if not count[i]]
     if empty:
         notes.append(f"{source} {', '.join(map(str, empty))} launched no GPU work: the host's window is its time")
