@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paraplan.traces.decode import decode_trace
 from paraplan.traces.summary import summarize
@@ -140,3 +143,30 @@ def test_the_gpu_iterations_of_steps_fill_what_htas_temporal_breakdown_spans_but
     its = {it.step: it for it in decode_trace(_hta(name)).iterations}
     total_ms = sum(its[s].iteration_s for s in steps) * 1e3
     assert span_ms * 0.98 <= total_ms <= span_ms + 0.1
+
+
+@settings(max_examples=40)
+@given(st.lists(st.lists(st.tuples(st.integers(1, 50), st.integers(0, 80)), min_size=1, max_size=4),
+                min_size=2, max_size=5),
+       st.integers(0, 300))
+def test_whatever_the_lag_each_iteration_is_the_span_of_exactly_the_kernels_its_step_launched(steps, lag):
+    # one stream runs the kernels in launch order, `lag` us behind, after a gap each asks for
+    events, gpu, c, launched = [], float(lag), 0, {}
+    for n, kernels in enumerate(steps, start=1):
+        events.append(_step(n, 1000 * (n - 1), 1000))
+        for k, (dur, gap) in enumerate(kernels):
+            c += 1
+            events.append(_launch(c, 1000 * (n - 1) + 10 * k))
+            gpu = max(gpu + gap, 1000 * (n - 1) + 10 * k)
+            events.append(_kernel(c, gpu, dur))
+            launched.setdefault(n, []).append((gpu, gpu + dur))
+            gpu += dur
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = decode_trace(_write(events, Path(tmp) / "rank0.json.gz"))
+    assert [it.step for it in trace.iterations] == list(launched)
+    for it in trace.iterations:
+        mine = launched[it.step]
+        assert it.start_us == mine[0][0]
+        assert it.iteration_s == pytest.approx((mine[-1][1] - mine[0][0]) * 1e-6)
+        assert it.compute_s == pytest.approx(sum(b - a for a, b in mine) * 1e-6)
+        assert it.compute_s + it.exposed_comm_s + it.idle_s == pytest.approx(it.iteration_s)
