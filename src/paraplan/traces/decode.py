@@ -178,7 +178,6 @@ class _Events:
         # runtime calls (cudaLaunchKernel, ...): correlation id, start, whether it launches a kernel
         self.runtime_ids, self.runtime_ts, self.runtime_launches = array("q"), array("d"), array("b")
         self._launch_names: dict[str, bool] = {}
-        self._launch_times: dict[int, float] | None = None
         self.classes: list[tuple[str | None, bool]] = []  # (label, claims), by index
         self._class_index: dict[tuple[str | None, bool], int] = {}
         self._roles: dict[tuple[str, str], tuple[int, Any, bool]] = {}  # names repeat: decided once
@@ -236,13 +235,15 @@ class _Events:
         self.runtime_launches.append(launches)
 
     def launch_times(self) -> dict[int, float]:
-        """Correlation id -> start of the runtime call that launched it (the first, if repeated)."""
-        if self._launch_times is None:
-            times: dict[int, float] = {}
+        """Correlation id -> start of the runtime call that launched it (the first, if repeated),
+        for the communication transfers' ids only (a dict of every call would be large)."""
+        wanted = {p[-1] for p in self.pending} - {NO_CORRELATION}
+        times: dict[int, float] = {}
+        if wanted:
             for c, t in zip(self.runtime_ids, self.runtime_ts, strict=True):
-                times.setdefault(c, t)
-            self._launch_times = times
-        return self._launch_times
+                if c in wanted and c not in times:
+                    times[c] = t
+        return times
 
     def _role(self, name: str, cat: str) -> tuple[int, Any, bool]:
         """(what, value, on the device): a marker's step, a span's class index, a comm verdict."""
