@@ -13,6 +13,14 @@ segments (on any thread: gloo works on its own threads, NCCL on its own streams)
 communication the part of it that no compute overlaps, and idle the rest.
 On a GPU trace (kernels present) the segments are the device's kernels; on a CPU trace, the
 host's operators.
+
+On a GPU trace an iteration is the GPU's, not the host's: each kernel, memcpy and memset belongs
+to the step (ProfilerStep window) that holds the runtime call that launched it (the
+`cuda_runtime`/`cuda_driver` event of the same `args.correlation`; a kernel without one belongs
+where it ran), and the iteration is the span of that work, first start to last end: when the host
+runs ahead of the GPU, its windows cut the GPU's iterations anywhere. A last step that launched
+nothing, or whose kernels are missing (the trace ended before they ran), is dropped, with a note.
+HolisticTraceAnalysis attributes kernels to steps the same way (../shared/data/traces/README.md).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from paraplan.traces import intervals as iv
+from paraplan.traces.gpu_steps import NO_CORRELATION, gpu_windows
 from paraplan.traces.reader import TraceFileError, iter_events, read_header
 from paraplan.traces.rules import (
     COMPUTE_CLASSES,
@@ -41,7 +50,11 @@ from paraplan.traces.rules import (
 )
 
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_SKIP_CATEGORIES = frozenset({"Trace", "fwdbwd", "ac2g", "gpu_user_annotation", "cuda_runtime", "cuda_driver"})
+_RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+_SKIP_CATEGORIES = frozenset({"Trace", "fwdbwd", "ac2g", "gpu_user_annotation"})
+#: A runtime call that launches a kernel (cudaLaunchKernel, cuLaunchKernel, hipExtModuleLaunchKernel,
+#: cudaGraphLaunch, ...): one whose kernel is missing from the trace was cut off by its end.
+_LAUNCH = re.compile(r"launch", re.I)
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
 
 
@@ -94,6 +107,7 @@ class RankTrace:
     iterations: tuple[Iteration, ...]
     collectives: tuple[Collective, ...] = field(repr=False)
     events: int = 0
+    notes: tuple[str, ...] = ()  # what the decoder decided that the reader should know
 
 
 def decode_trace(path: Path) -> RankTrace:
@@ -108,6 +122,10 @@ def decode_trace(path: Path) -> RankTrace:
     device = "gpu" if events.device else "cpu"
     timeline = events.device if events.device else events.host
     windows, source = _windows(events.markers, events.regions)
+    host_windows, notes = windows, ()
+    if events.device:
+        windows, notes = gpu_windows(list(events.device.values()), events.runtime_ids, events.runtime_ts,
+                                     events.runtime_launches, host_windows, source)
     edges = frozenset(t for _, start, end in windows for t in (start, end))
     segments = [_sweep(timeline.pop(key), events.classes, edges) for key in list(timeline)]
     iterations = tuple(_iteration(step, start, end, segments) for step, start, end in windows)
@@ -123,19 +141,23 @@ def decode_trace(path: Path) -> RankTrace:
         device=device,
         iteration_source=source,
         iterations=iterations,
-        collectives=tuple(_collectives(events.pending, windows)),
+        collectives=tuple(_collectives(events.pending, host_windows, {w[0] for w in windows},
+                                       events.launch_times())),
         events=count,
+        notes=notes,
     )
 
 
 class _Thread:
     """One thread's duration events, compactly (a 1 GB trace holds millions): start and end
-    (microseconds) and the index of each one's (label, claims) in `_Events.classes`."""
+    (microseconds), the index of each one's (label, claims) in `_Events.classes`, and (on the
+    device) each one's correlation id."""
 
-    __slots__ = ("classes", "ends", "starts")
+    __slots__ = ("classes", "correlations", "ends", "starts")
 
     def __init__(self) -> None:
         self.starts, self.ends, self.classes = array("d"), array("d"), array("i")
+        self.correlations = array("q")
 
 
 # What an event (by its name and category) is to the decoder.
@@ -152,7 +174,10 @@ class _Events:
         self.device: dict[Any, _Thread] = {}  # kernels, memcpy and memset
         self.markers: list[tuple[int, float, float, Any]] = []
         self.regions: list[tuple[str, float, float]] = []
-        self.pending: list[tuple[float, float, str, str, str, int | None, int | None]] = []
+        self.pending: list[tuple[float, float, str, str, str, int | None, int | None, int]] = []
+        # runtime calls (cudaLaunchKernel, ...): correlation id, start, whether it launches a kernel
+        self.runtime_ids, self.runtime_ts, self.runtime_launches = array("q"), array("d"), array("b")
+        self._launch_names: dict[str, bool] = {}
         self.classes: list[tuple[str | None, bool]] = []  # (label, claims), by index
         self._class_index: dict[tuple[str | None, bool], int] = {}
         self._roles: dict[tuple[str, str], tuple[int, Any, bool]] = {}  # names repeat: decided once
@@ -168,6 +193,9 @@ class _Events:
             cat = ev.get("cat") or ""
             if cat in _SKIP_CATEGORIES:
                 continue
+            if cat in _RUNTIME_CATEGORIES:
+                self._runtime(ev)
+                continue
             name = ev.get("name") or ""
             role = roles.get((name, cat))
             if role is None:
@@ -181,7 +209,8 @@ class _Events:
             if what == _REGION:
                 self.regions.append((name, ts, ts + dur))
                 continue
-            index = value if what == _SPAN else self._comm(value, ev, ts, dur)
+            correlation = _correlation(ev) if on_device else NO_CORRELATION
+            index = value if what == _SPAN else self._comm(value, ev, ts, dur, correlation)
             threads = self.device if on_device else self.host
             thread = threads.get(key)
             if thread is None:
@@ -189,7 +218,32 @@ class _Events:
             thread.starts.append(ts)
             thread.ends.append(ts + dur)
             thread.classes.append(index)
+            if on_device:
+                thread.correlations.append(correlation)
         return count
+
+    def _runtime(self, ev: dict) -> None:
+        correlation = _correlation(ev)
+        if correlation == NO_CORRELATION:
+            return
+        name = ev.get("name") or ""
+        launches = self._launch_names.get(name)
+        if launches is None:
+            launches = self._launch_names[name] = bool(_LAUNCH.search(name))
+        self.runtime_ids.append(correlation)
+        self.runtime_ts.append(float(ev.get("ts", 0.0)))
+        self.runtime_launches.append(launches)
+
+    def launch_times(self) -> dict[int, float]:
+        """Correlation id -> start of the runtime call that launched it (the first, if repeated),
+        for the communication transfers' ids only (a dict of every call would be large)."""
+        wanted = {p[-1] for p in self.pending} - {NO_CORRELATION}
+        times: dict[int, float] = {}
+        if wanted:
+            for c, t in zip(self.runtime_ids, self.runtime_ts, strict=True):
+                if c in wanted and c not in times:
+                    times[c] = t
+        return times
 
     def _role(self, name: str, cat: str) -> tuple[int, Any, bool]:
         """(what, value, on the device): a marker's step, a span's class index, a comm verdict."""
@@ -204,14 +258,14 @@ class _Events:
             return _COMM, verdict, on_device
         return _SPAN, self._class(verdict.klass, verdict.claims), on_device
 
-    def _comm(self, verdict, ev: dict, ts: float, dur: float) -> int:
+    def _comm(self, verdict, ev: dict, ts: float, dur: float, correlation: int) -> int:
         """A communication event's class index (its label names the dimension and kind, from
         its arguments); a transfer is also kept as a collective."""
         args = ev.get("args") or {}
         kind = verdict.collective or _kind_from_args(args)
         dim, group, size = self.groups.dimension(kind, args)
         if verdict.transfer:
-            self.pending.append((ts, dur, kind, dim, group, _bytes(args), size))
+            self.pending.append((ts, dur, kind, dim, group, _bytes(args), size, correlation))
         return self._class(f"comm {dim} {kind}", verdict.claims)
 
     def _class(self, label: str | None, claims: bool) -> int:
@@ -343,15 +397,24 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
 _DIM_ORDER = ["tp", "cp", "ep", "pp", "dp", "unknown"]
 
 
-def _collectives(pending, windows) -> list[Collective]:
+def _collectives(pending, windows, kept: set[int], launched: dict[int, float]) -> list[Collective]:
+    """Each transfer in the step (host window) that launched it (a host event: that holds it)."""
     starts = [a for _, a, _ in windows]
     out = []
-    for ts, dur, kind, dim, group, nbytes, size in sorted(pending):
-        i = bisect_right(starts, ts) - 1
-        if i < 0 or ts >= windows[i][2]:
+    for ts, dur, kind, dim, group, nbytes, size, correlation in sorted(pending, key=lambda p: p[:5]):
+        when = launched.get(correlation, ts)
+        i = bisect_right(starts, when) - 1
+        if i < 0 or when >= windows[i][2] or windows[i][0] not in kept:
             continue
         out.append(Collective(windows[i][0], kind, dim, group, nbytes, size, ts, dur * 1e-6))
     return out
+
+
+def _correlation(ev: dict) -> int:
+    value = (ev.get("args") or {}).get("correlation")
+    if type(value) is not int or not 0 <= value < 2**63:
+        return NO_CORRELATION
+    return value
 
 
 def _kind_from_args(args: dict) -> str:
