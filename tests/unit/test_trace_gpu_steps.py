@@ -170,3 +170,24 @@ def test_whatever_the_lag_each_iteration_is_the_span_of_exactly_the_kernels_its_
         assert it.iteration_s == pytest.approx((mine[-1][1] - mine[0][0]) * 1e-6)
         assert it.compute_s == pytest.approx(sum(b - a for a, b in mine) * 1e-6)
         assert it.compute_s + it.exposed_comm_s + it.idle_s == pytest.approx(it.iteration_s)
+
+
+def test_the_summary_prints_the_dropped_step_note_and_keeps_it_in_its_json(tmp_path):
+    from paraplan.report.traces import render_trace_summary, trace_record
+
+    path = _host_ahead(tmp_path, last_kernels=1)
+    summary = summarize([path])
+    assert any("rank 0:" in n and "dropped" in n for n in summary.notes)
+    assert trace_record(summary)["notes"] == list(summary.notes)
+    from rich.console import Console
+
+    console = Console(width=80, record=True)
+    console.print(render_trace_summary(summary))
+    assert "note: rank 0:" in console.export_text()
+
+
+def test_summarize_uses_the_traces_its_caller_decoded(tmp_path):
+    path = _host_ahead(tmp_path)
+    decoded = decode_trace(path)
+    path.unlink()  # it must not read the file again
+    assert summarize([path], decoded=[decoded]).steps == tuple(it.step for it in decoded.iterations)

@@ -61,6 +61,7 @@ def trace_record(s: TraceSummary) -> dict[str, Any]:
         "iterations": {"count": len(s.steps), "steps": list(s.steps), **s.stats()},
         "iteration_s": {str(k): v for k, v in s.step_times_s.items()},
         "noise_pct": s.noise_pct,
+        "notes": list(s.notes),
         "fastest": {"step": s.fastest_step, "ranks": per_rank(s.fastest_step)},
         "median": {"step": s.median_step, "ranks": per_rank(s.median_step)},
         "ranks": [
@@ -88,8 +89,9 @@ def render_trace_summary(s: TraceSummary) -> Group:
         f"Noise: the typical (median) iteration is {s.noise_pct:.1f} % slower than the fastest "
         f"(#{s.fastest_step}, {_ms(s.step_times_s[s.fastest_step])} ms)."
     )
+    notes = [Text(f"note: {n}") for n in s.notes]
     return Group(
-        head, _title("Iteration time (ms; a step takes its longest rank's time)"), times, noise,
+        head, _title("Iteration time (ms; a step takes its longest rank's time)"), times, noise, *notes,
         _shares(s),
         _title(f"Components of the fastest iteration, #{s.fastest_step} (ms)"),
         _iteration_table(s, s.fastest_step),

@@ -48,6 +48,12 @@ class TraceSummary:
     skipped: tuple[tuple[Path, str], ...] = field(default=())
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What the decoder says about each rank's trace (a dropped last step, steps that launched
+        no GPU work, the GPU's waits for the host), prefixed with the rank."""
+        return tuple(f"rank {r.rank}: {note}" for r in self.ranks for note in r.notes)
+
+    @property
     def times(self) -> list[float]:
         return [self.step_times_s[s] for s in self.steps]
 
@@ -183,9 +189,11 @@ def trace_files(paths: list[Path]) -> list[Path]:
 def summarize(paths: list[Path], decoded: list[RankTrace] | None = None) -> TraceSummary:
     """Decode every rank's trace and summarise. A bad file among good ones is skipped and named
     in `skipped`; when nothing can be read, or the files do not belong together, TraceFileError."""
-    files = trace_files(paths)
-    ranks, skipped = [], []
-    for f in files:
+    if decoded is not None:  # decoded by the caller already: summarise those
+        files, ranks, skipped = [r.path for r in decoded], list(decoded), []
+    else:
+        files, ranks, skipped = trace_files(paths), [], []
+    for f in files if decoded is None else ():
         try:
             ranks.append(decode_trace(f))
         except TraceFileError as exc:
