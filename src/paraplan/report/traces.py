@@ -32,13 +32,15 @@ def _components(it: Iteration) -> dict[str, float]:
     rows.update({f"comm {k}": v for k, v in it.comm_by_kind.items()})
     rows.update({f"exposed comm {k}": v for k, v in it.exposed_by_dimension.items()})
     rows["overlapped comm"] = it.overlap_s
+    if it.memory_s > 0:
+        rows["memory"] = it.memory_s
     rows["idle"] = it.idle_s
     return rows
 
 
 def _order(name: str) -> tuple:
     head = name.split(" ")[0]
-    rank = {"compute": 0, "comm": 1, "exposed": 2, "overlapped": 3, "idle": 4}.get(head, 5)
+    rank = {"compute": 0, "comm": 1, "exposed": 2, "overlapped": 3, "memory": 4, "idle": 5}.get(head, 6)
     klass = name.removeprefix("compute ")
     return (rank, COMPUTE_CLASSES.index(klass) if rank == 0 and klass in COMPUTE_CLASSES else 0, name)
 
@@ -48,7 +50,8 @@ def trace_record(s: TraceSummary) -> dict[str, Any]:
     def per_rank(step: int) -> list[dict[str, Any]]:
         return [
             {"rank": r.rank, "iteration_s": (it := s.iteration(r, step)).iteration_s, "compute_s": it.compute_s,
-             "comm_s": it.comm_s, "exposed_comm_s": it.exposed_comm_s, "components_s": _components(it)}
+             "comm_s": it.comm_s, "exposed_comm_s": it.exposed_comm_s, "memory_s": it.memory_s,
+             "components_s": _components(it)}
             for r in s.ranks
         ]
 
@@ -106,12 +109,12 @@ def _title(text: str) -> Text:
 
 def _shares(s: TraceSummary) -> Group:
     t = Table(box=box.SIMPLE_HEAD)
-    for col in ("rank", "iteration", "compute", "comm", "exposed", "overlap", "idle"):
+    for col in ("rank", "iteration", "compute", "comm", "exposed", "overlap", "memory", "idle"):
         t.add_column(col, justify="right", no_wrap=True)
     shares = s.shares()
     for sh in shares:
         t.add_row(str(sh.rank), _ms(sh.iteration_s), _ms(sh.compute_s), _ms(sh.comm_s), _ms(sh.exposed_comm_s),
-                  _pct(sh.overlap_s, sh.comm_s), _ms(sh.idle_s))
+                  _pct(sh.overlap_s, sh.comm_s), _ms(sh.memory_s), _ms(sh.idle_s))
     slow = next(x for x in shares if x.rank == s.slowest_rank)
     waits = s.waits_caused()
     if waits and waits[slow.rank] > 0:
@@ -122,7 +125,7 @@ def _shares(s: TraceSummary) -> Group:
         more = f", {_ms(slow.compute_s - statistics.median(rest))} ms more than the others' median" if rest else ""
         why = f"no collective to time it by: the most compute, {_ms(slow.compute_s)} ms{more}"
     note = Text(f"Straggler: rank {slow.rank} ({why}). Overlap: the share of communication time hidden "
-                "under compute.")
+                "under compute; memory: copies and sets beneath neither.")
     return Group(_title("Per rank (ms, median over its iterations)"), t, note)
 
 

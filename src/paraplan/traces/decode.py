@@ -6,11 +6,15 @@ flow events are dropped as they stream by), in arrays: a 1 GB trace holds millio
 Then, per thread, a sweep gives every instant to the innermost event's class (or to the
 outermost claiming one), and each iteration window is cut out of those segments:
 
-    iteration_s = compute_s + exposed communication + idle_s
+    iteration_s = compute_s + exposed communication + memory_s + idle_s
 
 where compute is the union of compute segments, communication the union of communication
 segments (on any thread: gloo works on its own threads, NCCL on its own streams), exposed
-communication the part of it that no compute overlaps, and idle the rest.
+communication the part of it that no compute overlaps, memory the memory copies and sets
+(class "memory") that neither compute nor communication overlaps, and idle the rest. This is
+HolisticTraceAnalysis's temporal breakdown (hta/analyzers/breakdown_analysis.py,
+`get_temporal_breakdown`: computation = union of computation kernels, non-compute = union of all
+kernels less computation, i.e. communication and memory; idle = span less the union of all).
 On a GPU trace (kernels present) the segments are the device's kernels; on a CPU trace, the
 host's operators.
 
@@ -74,7 +78,7 @@ class Collective:
 
 @dataclass(frozen=True)
 class Iteration:
-    """One iteration on one rank; compute + exposed communication + idle = iteration_s."""
+    """One iteration on one rank; compute + exposed communication + memory + idle = iteration_s."""
 
     step: int
     start_us: float
@@ -86,6 +90,7 @@ class Iteration:
     comm_by_kind: dict[str, float]  # "dp all_reduce" -> busy seconds
     overlap_s: float  # communication hidden under compute
     idle_s: float
+    memory_s: float = 0.0  # memory copies/sets beneath neither compute nor communication
 
     @property
     def comm_s(self) -> float:
@@ -357,6 +362,7 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
     compute: dict[str, list] = defaultdict(list)
     comm_dim: dict[str, list] = defaultdict(list)
     comm_kind: dict[str, list] = defaultdict(list)
+    memory: list = []
     for segs in segments:
         starts, ends, labels = segs.starts, segs.ends, segs.labels
         for i in range(bisect_right(ends, start), len(labels)):
@@ -369,6 +375,8 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
                 _, dim, kind = label.split(" ", 2)
                 comm_dim[dim].append(piece)
                 comm_kind[f"{dim} {kind}"].append(piece)
+            elif label == "memory":
+                memory.append(piece)
             else:
                 compute[label].append(piece)
     busy = iv.union(p for pieces in compute.values() for p in pieces)
@@ -379,6 +387,7 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
         mine = iv.union(comm_dim[dim])
         exposed[dim] = iv.length(iv.subtract(mine, covered)) * 1e-6
         covered = iv.union([*covered, *mine])
+    memory_s = iv.length(iv.subtract(iv.union(memory), covered)) * 1e-6
     span = end - start
     return Iteration(
         step=step,
@@ -390,7 +399,8 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
         exposed_by_dimension=exposed,
         comm_by_kind={k: iv.length(iv.union(v)) * 1e-6 for k, v in sorted(comm_kind.items())},
         overlap_s=iv.length(iv.intersect(comm_all, busy)) * 1e-6,
-        idle_s=max(0.0, span - iv.length(iv.union([*busy, *comm_all]))) * 1e-6,
+        idle_s=max(0.0, span - iv.length(iv.union([*busy, *comm_all, *memory]))) * 1e-6,
+        memory_s=memory_s,
     )
 
 

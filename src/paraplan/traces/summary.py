@@ -34,6 +34,7 @@ class RankShare:
     exposed_comm_s: float
     overlap_s: float
     idle_s: float
+    memory_s: float = 0.0  # memory copies/sets beneath neither compute nor communication
 
     @property
     def overlap_fraction(self) -> float:
@@ -101,6 +102,7 @@ class TraceSummary:
                 rank=r.rank, iteration_s=med(lambda i: i.iteration_s), compute_s=med(lambda i: i.compute_s),
                 comm_s=med(lambda i: i.comm_s), exposed_comm_s=med(lambda i: i.exposed_comm_s),
                 overlap_s=med(lambda i: i.overlap_s), idle_s=med(lambda i: i.idle_s),
+                memory_s=med(lambda i: i.memory_s),
             ))
         return out
 

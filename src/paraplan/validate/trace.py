@@ -105,6 +105,7 @@ def measured_from_trace(job: Job, summary: TraceSummary, iteration: str = "faste
             "idle": statistics.fmean(it.idle_s for it in its),
             "iteration": statistics.fmean(it.iteration_s for it in its),
         }
+        values["memory"] = statistics.fmean(it.memory_s for it in its)  # copies/sets are not compute
         components += [MeasuredComponent(name, f"stage {stage}", stage, values[name])
                        for name in COMPONENTS if values[name] > 0]
     ranks = sorted(len(its) for its in by_stage.values())
