@@ -46,7 +46,7 @@ def test_iteration_times_match_the_runs_wall_clock_timers(mode):
 def test_compute_exposed_communication_and_idle_add_up_to_the_iteration(mode):
     for f in sorted((FIXTURES / mode).glob("rank*.json.gz")):
         for it in decode_trace(f).iterations:
-            assert it.compute_s + it.exposed_comm_s + it.idle_s == pytest.approx(it.iteration_s, rel=1e-9)
+            assert it.compute_s + it.exposed_comm_s + it.memory_s + it.idle_s == pytest.approx(it.iteration_s, rel=1e-9)
             assert sum(it.compute_by_class.values()) == pytest.approx(it.compute_s, rel=1e-9)
             assert it.overlap_s <= it.comm_s + 1e-12
             assert it.compute_by_class["gemm"] > 0 and it.compute_by_class["optimizer"] > 0

@@ -83,7 +83,11 @@ def _split(path: Path, steps: range) -> tuple[float, float, float]:
 
 
 # HTA's get_temporal_breakdown on each set (../shared/data/traces/README.md): every step but the
-# last; compute %, non-compute %, idle % of the span
+# last; compute %, non-compute %, idle % of the span. paraplan keeps the trace's fractional
+# microseconds; HTA's figures match whole microseconds (ts and dur cut to integers): on F, where
+# thousands of kernels last a few us, cutting them so moves paraplan's 97.4 / 0.9 / 1.7 to
+# 96.9 / 0.7 / 2.3 (HTA: 96.8 / 0.6 / 2.6), most of the gap left there; on B, 17.7 / 5.1 / 77.2
+# to 17.5 / 5.0 / 77.5 (HTA: 17.3 / 5.0 / 77.8), about half of it
 HTA_TABLE = [
     ("A_vit128_sampled", 0, range(551, 552), (17.7, 28.7, 53.6)),
     ("A_vit128_sampled", 1, range(551, 552), (22.6, 22.7, 54.7)),
