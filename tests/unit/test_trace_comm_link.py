@@ -155,3 +155,11 @@ def test_on_hta_set_b_the_collectives_are_its_21_nccl_kernels_with_their_bytes()
     assert len(trace.collectives) == 21  # HTA's tests/test_nccl_parser (nccl_parser_config)
     assert Counter(c.kind for c in trace.collectives) == {"all_reduce": 15, "broadcast": 6}
     assert all(c.bytes and c.group == "default_pg" and c.group_size == 2 for c in trace.collectives)
+
+
+def test_a_host_collective_on_another_thread_does_not_name_a_kernel_it_did_not_launch(tmp_path):
+    other = {**_host("nccl:all_to_all", 100, 500, cat="user_annotation"), "tid": 2}
+    events = [_host("ProfilerStep#1", 0, 1000, cat="user_annotation"), other, _launch(9, 200),
+              _kernel(SENDRECV, 9, 300, 100)]
+    (c,) = decode_trace(_write(events, tmp_path / "t.json.gz")).collectives
+    assert c.kind == "send_recv"

@@ -293,7 +293,8 @@ class _Events:
             if verdict.annotation and not on_device:
                 self.annotations.append(len(self.pending))
             elif on_device:
-                self.device_comms.append((verdict.collective or "other", args, key, position, len(self.pending)))
+                own = {k: args[k] for k in _COMM_ARGS if k in args}  # not the whole dict: kernels are many
+                self.device_comms.append((verdict.collective or "other", own, key, position, len(self.pending)))
             self.pending.append((ts, dur, kind, dim, group, _bytes(args), size, correlation))
         return self._class(f"comm {dim} {kind}", verdict.claims)
 

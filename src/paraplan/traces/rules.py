@@ -17,7 +17,12 @@ What real traces hold (seen in torch 2.13 CPU traces with gloo, and in NCCL GPU 
   process-group name. torch 2.13 records no `record_param_comms` event for gloo.
 * NCCL: kernels `ncclDevKernel_AllReduce_Sum_bf16_RING_LL(...)` whose args hold
   `Collective name`, `In msg nelems`, `Out msg nelems`, `Group size`, `dtype`,
-  `Process Group Name`, `Process Group Description` and `Process Group Ranks`.
+  `Process Group Name`, `Process Group Description` and `Process Group Ranks`. The host around
+  the launch holds `c10d::alltoall_base_` > `record_param_comms` (the same arguments, PyTorch
+  2.x) > `nccl:all_to_all` (a user annotation with the input's `Input Dims`): the kernel takes its
+  kind from there (an all_to_all runs as `ncclKernel_SendRecv_...`; `paraplan.traces.comm_link`).
+* DeepEP (github.com/deepseek-ai/DeepEP): `void deep_ep::intranode::dispatch<...>(...)`,
+  `deep_ep::internode_ll::combine<...>`, ... kernels move MoE tokens: expert-parallel all_to_all.
 """
 
 from __future__ import annotations
