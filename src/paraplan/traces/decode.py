@@ -40,11 +40,13 @@ from typing import Any
 import numpy as np
 
 from paraplan.traces import intervals as iv
+from paraplan.traces.comm_link import HostComm, from_host, host_collectives
 from paraplan.traces.gpu_steps import NO_CORRELATION, gpu_windows
 from paraplan.traces.reader import TraceFileError, iter_events, read_header
 from paraplan.traces.rules import (
     COMPUTE_CLASSES,
     DTYPE_BYTES,
+    EP_KINDS,
     P2P_KINDS,
     STEP_MARKER,
     TRAIN_STEP_REGIONS,
@@ -129,6 +131,7 @@ def decode_trace(path: Path) -> RankTrace:
     windows, source = _windows(events.markers, events.regions)
     host_windows, notes = windows, ()
     if events.device:
+        events.link_collectives()
         windows, notes = gpu_windows(list(events.device.values()), events.runtime_ids, events.runtime_ts,
                                      events.runtime_launches, host_windows, source)
     edges = frozenset(t for _, start, end in windows for t in (start, end))
@@ -180,6 +183,14 @@ class _Events:
         self.markers: list[tuple[int, float, float, Any]] = []
         self.regions: list[tuple[str, float, float]] = []
         self.pending: list[tuple[float, float, str, str, str, int | None, int | None, int]] = []
+        # a GPU communication kernel's own kind and arguments, where it sits (thread, position),
+        # and its index in `pending` (-1: none); the host's communication events and annotations
+        self.device_comms: list[tuple[str, dict, Any, int, int]] = []
+        self.host_comms: list[tuple[Any, float, float, HostComm]] = []
+        self.annotations: list[int] = []  # `pending` indices of host annotations of GPU transfers
+        # each runtime call's thread, an index into `_thread_keys` (a GB trace has millions)
+        self.runtime_threads = array("i")
+        self._thread_keys: dict[Any, int] = {}
         # runtime calls (cudaLaunchKernel, ...): correlation id, start, whether it launches a kernel
         self.runtime_ids, self.runtime_ts, self.runtime_launches = array("q"), array("d"), array("b")
         self._launch_names: dict[str, bool] = {}
@@ -215,11 +226,14 @@ class _Events:
                 self.regions.append((name, ts, ts + dur))
                 continue
             correlation = _correlation(ev) if on_device else NO_CORRELATION
-            index = value if what == _SPAN else self._comm(value, ev, ts, dur, correlation)
             threads = self.device if on_device else self.host
             thread = threads.get(key)
             if thread is None:
                 thread = threads[key] = _Thread()
+            if what == _SPAN:
+                index = value
+            else:
+                index = self._comm(value, ev, ts, dur, correlation, key, len(thread.starts), on_device)
             thread.starts.append(ts)
             thread.ends.append(ts + dur)
             thread.classes.append(index)
@@ -236,6 +250,11 @@ class _Events:
         if launches is None:
             launches = self._launch_names[name] = bool(_LAUNCH.search(name))
         self.runtime_ids.append(correlation)
+        key = (ev.get("pid"), ev.get("tid"))
+        thread = self._thread_keys.get(key)
+        if thread is None:
+            thread = self._thread_keys[key] = len(self._thread_keys)
+        self.runtime_threads.append(thread)
         self.runtime_ts.append(float(ev.get("ts", 0.0)))
         self.runtime_launches.append(launches)
 
@@ -263,15 +282,49 @@ class _Events:
             return _COMM, verdict, on_device
         return _SPAN, self._class(verdict.klass, verdict.claims), on_device
 
-    def _comm(self, verdict, ev: dict, ts: float, dur: float, correlation: int) -> int:
+    def _comm(self, verdict, ev: dict, ts: float, dur: float, correlation: int, key, position: int,
+              on_device: bool) -> int:
         """A communication event's class index (its label names the dimension and kind, from
         its arguments); a transfer is also kept as a collective."""
         args = ev.get("args") or {}
         kind = verdict.collective or _kind_from_args(args)
         dim, group, size = self.groups.dimension(kind, args)
+        if not on_device:
+            # an annotation of a GPU transfer (`nccl:all_to_all`) records its input tensor
+            names = (*_COMM_ARGS, "Input Dims", "Input type") if verdict.annotation else _COMM_ARGS
+            carried = {k: args[k] for k in names if k in args}
+            self.host_comms.append((key, ts, ts + dur, HostComm(kind, carried)))
         if verdict.transfer:
+            if verdict.annotation and not on_device:
+                self.annotations.append(len(self.pending))
+            elif on_device:
+                own = {k: args[k] for k in _COMM_ARGS if k in args}  # not the whole dict: kernels are many
+                self.device_comms.append((verdict.collective or "other", own, key, position, len(self.pending)))
             self.pending.append((ts, dur, kind, dim, group, _bytes(args), size, correlation))
         return self._class(f"comm {dim} {kind}", verdict.claims)
+
+    def link_collectives(self) -> None:
+        """On a GPU trace: each communication kernel takes the kind, process group and bytes of
+        the host collective that launched it (`paraplan.traces.comm_link`), and the host's
+        annotations of those transfers (`nccl:all_reduce`) are no transfers themselves."""
+        drop = set(self.annotations)
+        if self.device_comms:
+            launches = zip(self.runtime_threads, self.runtime_ts, self.runtime_ids, strict=True)
+            wanted = {self.pending[i][-1] for *_, i in self.device_comms}
+            comms = [(self._thread_keys.get(key, -1), *rest) for key, *rest in self.host_comms]
+            around = host_collectives(launches, comms, wanted)
+            for own_kind, own_args, key, position, i in self.device_comms:
+                ts, dur, _, _, _, _, _, correlation = self.pending[i]
+                kind, args = from_host(own_kind, own_args, around.get(correlation, []))
+                if kind == "other":
+                    kind = _kind_from_args(args)
+                dim, group, size = self.groups.dimension(kind, args)
+                self.pending[i] = (ts, dur, kind, dim, group, _bytes(args), size, correlation)
+                thread = self.device[key]
+                claims = self.classes[thread.classes[position]][1]
+                thread.classes[position] = self._class(f"comm {dim} {kind}", claims)
+        if drop:
+            self.pending = [p for i, p in enumerate(self.pending) if i not in drop]
 
     def _class(self, label: str | None, claims: bool) -> int:
         index = self._class_index.get((label, claims))
@@ -427,6 +480,12 @@ def _correlation(ev: dict) -> int:
     return value
 
 
+#: The arguments of a host collective (`record_param_comms`, PyTorch 2.x) that tell its kind, bytes
+#: and process group.
+_COMM_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
+              "Process Group Name", "Process Group Description", "Process Group Ranks")
+
+
 def _kind_from_args(args: dict) -> str:
     return collective_kind(str(args.get("Collective name", ""))) if args.get("Collective name") else "other"
 
@@ -467,6 +526,8 @@ class _Groups:
         if dim is None:
             if kind in P2P_KINDS:
                 dim = "pp"
+            elif kind in EP_KINDS:
+                dim = "ep"
             elif self.single or desc == "default_pg":
                 # one process group: the collectives are data parallel's (DDP, FSDP, ZeRO)
                 dim = "dp"

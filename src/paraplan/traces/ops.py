@@ -210,9 +210,10 @@ class _Thread:
         self.launch_ts.append(ts)
         self.launch_corr.append(corr)
 
-    def enclosing_ops(self, parent: dict) -> None:
+    def enclosing_ops(self, parent: dict, *, whole_stack: bool = False) -> None:
         """Record in ``parent`` correlation id -> the innermost cpu_op of this thread containing
-        that runtime call: one sweep over starts with a stack of the operators still open (at a
+        that runtime call (``whole_stack``: the indices of every op containing it, outermost
+        first): one sweep over starts with a stack of the operators still open (at a
         tie the outer operator opens first, and an operator opens before a call at its start)."""
         if not self.launch_corr or not self.starts:
             return
@@ -234,7 +235,7 @@ class _Thread:
             while stack and stack[-1][0] < ts:
                 stack.pop()
             if stack:
-                parent[self.launch_corr[c]] = stack[-1][1]
+                parent[self.launch_corr[c]] = [i for _, i in stack] if whole_stack else stack[-1][1]
 
 
 def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], str]:
@@ -250,3 +251,7 @@ def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], str]:
             if not dtype and i < len(types):
                 dtype = str(types[i])
     return tuple(shapes), dtype
+
+
+#: The host-thread sweep (operators around each runtime call), for `paraplan.traces.comm_link` too.
+HostThread = _Thread

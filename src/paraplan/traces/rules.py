@@ -17,7 +17,12 @@ What real traces hold (seen in torch 2.13 CPU traces with gloo, and in NCCL GPU 
   process-group name. torch 2.13 records no `record_param_comms` event for gloo.
 * NCCL: kernels `ncclDevKernel_AllReduce_Sum_bf16_RING_LL(...)` whose args hold
   `Collective name`, `In msg nelems`, `Out msg nelems`, `Group size`, `dtype`,
-  `Process Group Name`, `Process Group Description` and `Process Group Ranks`.
+  `Process Group Name`, `Process Group Description` and `Process Group Ranks`. The host around
+  the launch holds `c10d::alltoall_base_` > `record_param_comms` (the same arguments, PyTorch
+  2.x) > `nccl:all_to_all` (a user annotation with the input's `Input Dims`): the kernel takes its
+  kind from there (an all_to_all runs as `ncclKernel_SendRecv_...`; `paraplan.traces.comm_link`).
+* DeepEP (github.com/deepseek-ai/DeepEP): `void deep_ep::intranode::dispatch<...>(...)`,
+  `deep_ep::internode_ll::combine<...>`, ... kernels move MoE tokens: expert-parallel all_to_all.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ COLLECTIVE_KINDS = {
     "sendrecv": "send_recv",
 }
 P2P_KINDS = frozenset({"send", "recv", "send_recv"})
+#: Kinds that, when the process group names no dimension, are expert parallelism's (MoE token
+#: dispatch and combine are all-to-alls; Megatron-LM's and torchtitan's EP use all_to_all_single).
+EP_KINDS = frozenset({"all_to_all"})
 
 
 @dataclass(frozen=True)
@@ -84,9 +92,22 @@ COMPUTE_RULES: tuple[Rule, ...] = (
 )
 
 #: Communication events: the operation name is the text the group `op` catches.
+#: A "transfer" spans the transfer itself; an "annotation" is the host's record of a transfer that
+#: runs on the GPU (`nccl:all_reduce` on the CPU thread): a transfer only on a trace without GPU
+#: kernels, where it is all there is; a "host" event enqueues one (its arguments may name the kind,
+#: the process group and the bytes of the kernel it launches, see `paraplan.traces.comm_link`).
 COMM_RULES: tuple[Rule, ...] = (
-    Rule(r"^(?:gloo|nccl|mpi|ucc|xccl):(?P<op>\w+)", "transfer", claims=True),
+    Rule(r"^(?:gloo|mpi|ucc):(?P<op>\w+)", "transfer", claims=True),
+    Rule(r"^(?:nccl|xccl|rccl):(?P<op>\w+)", "annotation", claims=True),
     Rule(r"^nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)", "transfer", claims=True, categories=("kernel", "Kernel")),
+    # DeepEP's (github.com/deepseek-ai/DeepEP, csrc/kernels/{intranode,internode,internode_ll}.cu)
+    # MoE dispatch/combine kernels and their notify steps, e.g.
+    # `void deep_ep::intranode::dispatch<8, 768, 8192>(...)`; NVSHMEM's all-to-all collective kernels
+    # (`nvshmemx_alltoallmem_on_stream`): expert parallelism's all-to-all
+    Rule(r"^(?:void )?deep_ep::(?:intranode|internode|internode_ll)::(?:\w*dispatch|\w*combine|cached_notify)\b",
+         "transfer", claims=True, categories=("kernel", "Kernel"), op="all_to_all"),
+    Rule(r"(?i)^(?:void )?(?:nvshmemi?x?_?\w*)?alltoall\w*(?:kernel|_on_stream)|^(?:void )?nvshmem\w*alltoall",
+         "transfer", claims=True, categories=("kernel", "Kernel"), op="all_to_all"),
     Rule(r"^record_param_comms$", "host", claims=True),
     Rule(r"^c10d::(?P<op>\w+?)_?$", "host", claims=True),
     Rule(r"^(?:nccl|gloo):", "host", claims=True),
@@ -131,6 +152,7 @@ class Verdict:
     claims: bool = False
     collective: str | None = None  # the normalised kind, for communication
     transfer: bool = False  # the event spans the transfer itself (not its enqueueing)
+    annotation: bool = False  # the host's record of a GPU transfer: a transfer only without kernels
 
 
 _COMPILED_COMPUTE = tuple((re.compile(r.pattern), r) for r in COMPUTE_RULES)
@@ -153,7 +175,8 @@ def classify(name: str, category: str = "") -> Verdict:
         m = regex.search(name)
         if m:
             op = m.groupdict().get("op") or rule.op
-            return Verdict("comm", rule.claims, collective_kind(op) if op else None, rule.klass == "transfer")
+            return Verdict("comm", rule.claims, collective_kind(op) if op else None,
+                           rule.klass in ("transfer", "annotation"), rule.klass == "annotation")
     if category in KERNEL_CATEGORIES:
         return Verdict(classify_kernel(name))
     if category in MEMORY_CATEGORIES:
