@@ -7,29 +7,16 @@ communication. Checked on hand-made traces and on HolisticTraceAnalysis's test t
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from hta_traces import hta_trace, write_trace
 from paraplan.traces.decode import decode_trace
 from paraplan.traces.rules import classify
 
-HTA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "hta"
-
-
-def _hta(name: str) -> Path:
-    files = sorted((HTA / name).glob("*.json.gz"))
-    if not files:
-        pytest.skip(f"../shared/data/traces/hta/{name} is not present")
-    return files[0]
-
-
-def _write(events: list[dict], path: Path) -> Path:
-    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
-    return path
+_hta, _write = hta_trace, write_trace
 
 
 def _host(name: str, ts: float, dur: float, cat: str = "cpu_op", args: dict | None = None) -> dict:

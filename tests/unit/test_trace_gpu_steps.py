@@ -5,8 +5,6 @@ hand-made traces and on HolisticTraceAnalysis's test traces (../shared/data/trac
 
 from __future__ import annotations
 
-import gzip
-import json
 import tempfile
 from pathlib import Path
 
@@ -14,22 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hta_traces import hta_trace, write_trace
 from paraplan.traces.decode import decode_trace
 from paraplan.traces.summary import summarize
 
-HTA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "hta"
-
-
-def _hta(name: str) -> Path:
-    files = sorted((HTA / name).glob("*.json.gz"))
-    if not files:
-        pytest.skip(f"../shared/data/traces/hta/{name} is not present")
-    return files[0]
-
-
-def _write(events: list[dict], path: Path) -> Path:
-    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
-    return path
+_hta, _write = hta_trace, write_trace
 
 
 def _step(n: int, ts: float, dur: float) -> dict:
