@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from paraplan.specs import ConfigError
-from paraplan.specs.extras import EXTRA_OF_MODULE, missing_extra_message, require
+from paraplan.specs.extras import EXTRA_OF_MODULE, missing_extra_message
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,16 +39,6 @@ def test_a_missing_submodule_counts_as_its_package():
 
 def test_a_missing_module_no_extra_installs_is_a_bug_not_an_extra():
     assert missing_extra_message(ModuleNotFoundError("x", name="paraplan_nonexistent")) is None
-
-
-def test_require_gives_the_module_when_it_is_installed():
-    assert require("json") is sys.modules["json"]
-
-
-def test_require_refuses_a_missing_optional_module_in_one_line(monkeypatch):
-    monkeypatch.setitem(EXTRA_OF_MODULE, "paraplan_test_missing_module", "plot")
-    with pytest.raises(ConfigError, match=r"paraplan\[plot\]"):
-        require("paraplan_test_missing_module")
 
 
 def test_the_cli_turns_a_missing_extra_into_exit_2(monkeypatch, capsys):

@@ -7,11 +7,6 @@ command that needs one and finds it missing ends with one line naming the extra,
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
-from paraplan.specs.errors import ConfigError
-
 #: The extra that installs each optional top-level module (the first extra that has it).
 EXTRA_OF_MODULE: dict[str, str] = {
     "matplotlib": "plot",
@@ -41,13 +36,3 @@ def missing_extra_message(exc: ImportError) -> str | None:
         return None
     return f"{name} is not installed: this needs the '{extra}' extra (pip install 'paraplan[{extra}]')"
 
-
-def require(module: str) -> ModuleType:
-    """``importlib.import_module(module)``, or a one-line ConfigError naming the extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        message = missing_extra_message(exc)
-        if message is None:
-            raise
-        raise ConfigError(message) from None
