@@ -3,7 +3,6 @@ the model by their catalog names, with only the fields the job changed written o
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -132,25 +131,16 @@ def _parallel_mapping(p: ParallelPlan) -> dict[str, Any]:
     """Every field of the plan that is not its default (all of the plan's, MoE, offload and
     overlap settings included), under its short name where it has one (tp, pp, dp, cp, vpp, ep,
     etp, dp_shard); the degrees, batch, recompute, schedule and framework always."""
+    dumped = p.model_dump(mode="json")  # enums by value, tuples as lists
     parallel: dict[str, Any] = {}
     for key, spec in ParallelPlan.model_fields.items():
-        value = getattr(p, key)
-        if key not in _PLAN_ALWAYS and value == spec.default:
+        if key not in _PLAN_ALWAYS and getattr(p, key) == spec.default:
             continue
         if key == "virtual_pipeline_model_parallel_size" and p.vpp == 1:
             continue
         choices = getattr(spec.validation_alias, "choices", None) or [key]
-        parallel[min(choices, key=len)] = _plain(value)
+        parallel[min(choices, key=len)] = dumped[key]
     return parallel
-
-
-def _plain(value: Any) -> Any:
-    """A plan value as YAML writes it: an enum by its value, a tuple as a list."""
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _catalog_equal(name: str, value: Any) -> bool:
