@@ -32,6 +32,7 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from paraplan.catalog import load_runtime_memory
@@ -178,9 +179,10 @@ def microbatch_bytes(inv: JobInventory, st: StageInventory) -> tuple[float, floa
 #   fp32 copy: e extra bytes (none in fp32, where ``.float()`` returns the logits themselves).
 # - torchtitan's ``cross_entropy_loss``: ``F.cross_entropy(pred.float(), labels)``, i.e.
 #   log_softmax (saves its fp32 output) and nll_loss; the trainer deletes ``pred`` before
-#   ``loss.backward()``. Forward: e-byte logits + fp32 copy + fp32 log-softmax; backward of
-#   log_softmax: its saved output, the incoming fp32 gradient and the fp32 input gradient,
-#   12 bytes: 8 beyond the saved 4.
+#   ``loss.backward()``. Forward: e-byte logits + fp32 copy + fp32 log-softmax, at most 12
+#   bytes for any e <= 4; backward of log_softmax: its saved output, the incoming fp32
+#   gradient and the fp32 input gradient, 12 bytes: the peak, 8 beyond the saved 4.
+TORCHTITAN_LOSS_EXTRA_BYTES = 8.0
 def loss_logits_bytes(job: Job, st: StageInventory) -> float:
     """Bytes the loss holds at its peak beyond the softmax the inventory saves, on the stage
     that computes it (0 elsewhere)."""
@@ -192,7 +194,7 @@ def loss_logits_bytes(job: Job, st: StageInventory) -> float:
         elements *= n
     e = param_bytes(job.precision)
     if job.parallel.framework is Framework.FSDP:
-        extra = max(e + (4.0 if e < 4.0 else 0.0) + 4.0, 12.0) - 4.0
+        extra = TORCHTITAN_LOSS_EXTRA_BYTES
     else:
         extra = e if e < 4.0 else 0.0
     return extra * elements
@@ -352,8 +354,9 @@ class PlanMemory:
         """What stage ``stage`` leaves of its usable memory (negative: it does not fit)."""
         return self.usable(stage) - self.stages[stage].total
 
-    @property
+    @functools.cached_property
     def worst(self) -> StageMemory:
+        """The stage with the least margin (every named part below reads it: found once)."""
         return min(self.stages, key=lambda m: self.margin_of(m.stage))
 
     @property
