@@ -5,6 +5,8 @@ hand-made traces and on HolisticTraceAnalysis's test traces (../shared/data/trac
 
 from __future__ import annotations
 
+import gzip
+import json
 import tempfile
 from pathlib import Path
 
@@ -56,6 +58,14 @@ def test_an_iteration_is_the_gpu_span_of_the_work_its_step_launched_when_the_hos
         (1, 50.0, pytest.approx(300e-6)), (2, 350.0, pytest.approx(300e-6)), (3, 650.0, pytest.approx(300e-6))]
     assert all(it.compute_s == pytest.approx(300e-6) and it.idle_s == pytest.approx(0) for it in trace.iterations)
     assert trace.notes == ()
+
+
+@pytest.mark.parametrize("category", ["hip_runtime", "hip_driver"])
+def test_a_rocm_launch_attributes_its_kernel_to_the_step_that_launched_it_as_a_cuda_one_does(tmp_path, category):
+    events = [{**e, "cat": category} if e["cat"] == "cuda_runtime" else e
+              for e in json.loads(gzip.decompress(_host_ahead(tmp_path).read_bytes()))["traceEvents"]]
+    trace = decode_trace(_write(events, tmp_path / "rocm.json.gz"))
+    assert [(it.step, it.start_us) for it in trace.iterations] == [(1, 50.0), (2, 350.0), (3, 650.0)]
 
 
 def test_the_gpus_wait_for_the_host_between_steps_belongs_to_no_iteration(tmp_path):

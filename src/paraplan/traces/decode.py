@@ -48,6 +48,7 @@ from paraplan.traces.rules import (
     DTYPE_BYTES,
     EP_KINDS,
     P2P_KINDS,
+    RUNTIME_CATEGORIES,
     STEP_MARKER,
     TRAIN_STEP_REGIONS,
     classify,
@@ -56,7 +57,6 @@ from paraplan.traces.rules import (
 )
 
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 _SKIP_CATEGORIES = frozenset({"Trace", "fwdbwd", "ac2g", "gpu_user_annotation"})
 #: A runtime call that launches a kernel (cudaLaunchKernel, cuLaunchKernel, hipExtModuleLaunchKernel,
 #: cudaGraphLaunch, ...): one whose kernel is missing from the trace was cut off by its end.
@@ -209,7 +209,7 @@ class _Events:
             cat = ev.get("cat") or ""
             if cat in _SKIP_CATEGORIES:
                 continue
-            if cat in _RUNTIME_CATEGORIES:
+            if cat in RUNTIME_CATEGORIES:
                 self._runtime(ev)
                 continue
             name = ev.get("name") or ""

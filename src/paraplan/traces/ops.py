@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paraplan.traces.reader import iter_events
+from paraplan.traces.rules import RUNTIME_CATEGORIES
 
 #: Leaf operators by the class of kernel they run: the efficiency curve their timings fit.
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
@@ -77,11 +78,6 @@ def op_class(name: str) -> tuple[str, bool] | None:
     if name in OWN_CURVE_OPS:
         return f"op:{OWN_CURVE_OPS[name]}", name.endswith("_backward")
     return None
-
-
-#: Host-side CUDA/HIP API calls that launch GPU work; a kernel carries its launch's
-#: ``args.correlation`` (Kineto's categories; ``cuda_driver`` covers cuLaunchKernel).
-_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +150,7 @@ def _link(path: Path, *, by_launch: bool = True):
         args = ev.get("args") or {}
         if cat == "kernel":
             kernels.append((args.get("correlation"), args.get("External id"), float(ev["dur"]) * 1e-6))
-        elif cat in _RUNTIME_CATS:
+        elif cat in RUNTIME_CATEGORIES:
             corr = args.get("correlation")
             if corr is not None and by_launch:
                 _thread(threads, ev).launch(corr, float(ev["ts"]))

@@ -39,6 +39,9 @@ COMPUTE_CLASSES = ("gemm", "attention", "norm", "elementwise", "fp8_cast", "opti
 #: Profiler categories of GPU kernels (Kineto's, and the 2021 schema's), classified by the
 #: kernel's own name (`paraplan.traces.kernels`); memory copies and sets are "memory".
 KERNEL_CATEGORIES = frozenset({"kernel", "Kernel"})
+#: Host-side CUDA/HIP API calls that launch GPU work; a kernel carries its launch's
+#: ``args.correlation`` (Kineto's categories; ``cuda_driver`` covers cuLaunchKernel).
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
 MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
 #: Collective kinds, normalised (lower case, no punctuation) -> the name paraplan shows.
 COLLECTIVE_KINDS = {
