@@ -114,6 +114,40 @@ def test_fp8_peaks_are_given_only_for_gpus_with_fp8_tensor_cores():
     }
 
 
+#: GPUs whose TF32 tensor-core peak a public datasheet gives (dense, not the 2:4-sparsity figure)
+TF32_GPUS = {
+    "A100-SXM4-40GB": 156e12,
+    "A100-SXM4-80GB": 156e12,
+    "A100-PCIE-80GB": 156e12,
+    "H100-SXM5-80GB": 494.7e12,
+    "H100-PCIE-80GB": 378e12,
+    "H200-SXM-141GB": 494.7e12,
+    "L40S": 183e12,
+    "B200": 1100e12,
+}
+
+
+def test_tf32_peaks_are_the_datasheets_dense_figures_and_only_where_confirmed():
+    with_tf32 = {name: load_gpu(name).peak_flops[Precision.TF32] for name in catalog_names("gpus")
+                 if Precision.TF32 in load_gpu(name).peak_flops}
+    assert with_tf32 == pytest.approx(TF32_GPUS)
+
+
+@pytest.mark.parametrize("name", sorted(TF32_GPUS))
+def test_every_tf32_peak_lies_between_the_fp32_and_the_16_bit_peak_and_cites_its_datasheet(name):
+    gpu = load_gpu(name)
+    # below the 16-bit dense peak: a 2:4-sparsity TF32 figure would equal it or exceed it
+    assert gpu.flops_for(Precision.FP32) < gpu.flops_for(Precision.TF32) < gpu.flops_for(Precision.BF16)
+    assert "TF32" in gpu.sources.get("peak_flops_tf32", ""), f"{name}: no source for its tf32 peak"
+
+
+def test_volta_and_cdna2_have_no_tf32_peak_so_a_tf32_job_on_them_is_refused():
+    assert Precision.TF32 not in load_gpu("V100").peak_flops
+    assert Precision.TF32 not in load_gpu("MI250X").peak_flops
+    with pytest.raises(ConfigError, match="precision: GPU V100-SXM2-32GB has no tf32 peak"):
+        resolve_job({"model": "gpt2", "cluster": "aws-p3dn.24xlarge", "precision": "tf32"})
+
+
 def test_v100_has_no_bf16_peak_so_a_bf16_job_on_it_is_refused():
     assert Precision.BF16 not in load_gpu("V100").peak_flops
     with pytest.raises(ConfigError, match="precision: GPU V100-SXM2-32GB has no bf16 peak"):

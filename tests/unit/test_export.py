@@ -739,3 +739,21 @@ def test_torchtitan_refuses_a_shard_group_that_splits_a_context_parallel_group()
     job = hsdp_cp_job(shard=2, cp=4)  # torchtitan shards over all 4 cp ranks at least
     with pytest.raises(ConfigError, match=r"^parallel\.data_parallel_shard_degree: .*cp=4"):
         render_torchtitan(job)
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torchtitan"])
+def test_a_tf32_job_exports_as_fp32_training_and_says_tf32_needs_allow_tf32(target):
+    from paraplan.export.deepspeed import deepspeed_config
+    from paraplan.export.torchtitan import torchtitan_config
+
+    job = job_from(LLAMA if target == "megatron" else MISTRAL, precision="tf32")
+    notes = [n for n in export_notes(target, job) if n.startswith("precision: tf32")]
+    assert len(notes) == 1 and "torch.backends.cuda.matmul.allow_tf32 = True" in notes[0]
+    assert "precision: tf32 is no launch setting" in render(target, job)  # the recipe carries it
+    if target == "megatron":
+        assert not {"--bf16", "--fp16", "--fp8-format"} & set(megatron_args(job))
+    elif target == "deepspeed":
+        config = deepspeed_config(job)
+        assert "bf16" not in config and "fp16" not in config
+    else:
+        assert torchtitan_config(job)["training"]["mixed_precision_param"] == "float32"

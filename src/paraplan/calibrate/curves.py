@@ -99,7 +99,7 @@ def load_gemm_table(
     flops = 2.0 * rows.b * rows.m * rows.n * rows.k
     rows = rows[flops >= min_flops]
     fp8 = precision is Precision.FP8
-    operand = 1 if fp8 else 2 if precision is not Precision.FP32 else 4
+    operand = 1 if fp8 else 4 if precision.full_width else 2
     ops = []
     for r in rows.itertuples():
         op = gemm("gemm", "table row", int(r.b * r.m), int(r.k), int(r.n), 2, bias=False, saved=0.0, fp8=fp8)

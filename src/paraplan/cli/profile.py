@@ -31,7 +31,7 @@ def ops_command(
                                                         "(repeatable: one sweep for several jobs).")] = None,
     neighbours: Annotated[bool, typer.Option(help="With --for: also the neighbour plans.")] = True,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
-    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="fp32, fp16, bf16, fp8 (repeatable; "
+    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="fp32, tf32, fp16, bf16, fp8 (repeatable; "
                                                     "default: the job's precision, else fp32).")] = None,
     device_name: Annotated[str | None, typer.Option(help="Catalog GPU name to file the rows under (default: "
                                                     "torch's device name; cpu-core on the CPU).")] = None,

@@ -29,7 +29,7 @@ def search_command(
     global_batch_size: Annotated[str | None, Opt(
         help="Global batch size in sequences; a list (512,1024,2048) ranks the plans of every size together "
              "by tokens/s.")] = None,
-    precision: Annotated[str | None, Opt(help="fp32 | fp16 | bf16 | fp8")] = None,
+    precision: Annotated[str | None, Opt(help="fp32 | tf32 | fp16 | bf16 | fp8")] = None,
     price_per_gpu_hour: Annotated[str | None, Opt(help="e.g. '2.5 USD'.")] = None,
     objective: Annotated[str, Opt(help="time (highest tokens/s) | cost (lowest $ per token)")] = "time",
     train_tokens: Annotated[str | None, Opt(help="Tokens to train, e.g. 2T.")] = None,

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from paraplan.inventory.partition import count_layers_per_stage
-from paraplan.specs import ConfigError, Framework, Job
+from paraplan.specs import ConfigError, Framework, Job, Precision
 from paraplan.units import format_bytes, format_tokens
 
 if TYPE_CHECKING:
@@ -124,12 +124,24 @@ def common_notes(job: Job, prediction: Prediction | None) -> list[str]:
         )
     if prediction is not None and prediction.placement is not None:
         notes.append(placement_note(prediction))
+    if job.precision is Precision.TF32:
+        notes.append(tf32_note())
     p = job.parallel
     if job.model.is_moe:
         balance = " (perfect balance)" if p.expert_load_imbalance == 1.0 else ""
         notes.append(f"parallel.expert_load_imbalance: not a launch setting; the prediction assumed the busiest "
                      f"expert-parallel rank gets {p.expert_load_imbalance:g}x the mean routed tokens{balance}")
     return notes
+
+
+def tf32_note() -> str:
+    """No framework has a TF32 switch: the recipe trains in fp32, and the matmuls reach the
+    TF32 peak the prediction used only where PyTorch lets cuBLAS use TF32."""
+    return ("precision: tf32 is no launch setting (Megatron-LM, DeepSpeed and torchtitan have none); the recipe "
+            "trains in fp32 and "
+            "its matmuls run on TF32 tensor cores only with torch.backends.cuda.matmul.allow_tf32 = True "
+            "(or torch.set_float32_matmul_precision('high')) in the training script; PyTorch's default "
+            "since 1.12 is False, at the fp32 peak (predict with precision: fp32 for that)")
 
 
 def placement_note(prediction: Prediction) -> str:

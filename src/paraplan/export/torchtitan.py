@@ -140,7 +140,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append(f"parallel.recompute: torchtitan {TORCHTITAN_VERSION} has no every-n-th-layer policy; the "
                    "recipe recomputes every layer (FullAC): more recompute than predicted; predict with "
                    "recompute: full for torchtitan's own")
-    if p.grad_reduce_in_fp32 is False and job.precision is not Precision.FP32:
+    if p.grad_reduce_in_fp32 is False and not job.precision.full_width:
         out.append("parallel.grad_reduce_in_fp32: torchtitan reduces gradients in float32 "
                    "(training.mixed_precision_reduce takes \"float32\" only); the prediction reduced them in bf16")
     if _flavor(job) is None and m.is_moe:
@@ -189,7 +189,7 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
     steps = train_iterations(job)
     if steps is not None:
         training["steps"] = steps
-    training["mixed_precision_param"] = "float32" if job.precision is Precision.FP32 else "bfloat16"
+    training["mixed_precision_param"] = "float32" if job.precision.full_width else "bfloat16"
     training["mixed_precision_reduce"] = "float32"
     if p.offload_optimizer != p.offload_param or p.offload_param == "nvme":
         raise ConfigError("parallel.offload_optimizer: torchtitan's training.enable_cpu_offload moves parameters, "

@@ -19,11 +19,11 @@ from paraplan.specs import Framework, Job, ModelSpec, Phase, Precision, Recomput
 def adam_state_bytes(precision: Precision) -> float:
     """Bytes per parameter of Adam's state: fp32 first and second moments, plus an fp32
     master copy of the weights in mixed-precision training (fp32 training has none)."""
-    return 8.0 if precision is Precision.FP32 else 12.0
+    return 8.0 if precision.full_width else 12.0
 
 
 def param_bytes(precision: Precision) -> float:
-    return 4.0 if precision is Precision.FP32 else 2.0
+    return 4.0 if precision.full_width else 2.0
 
 
 def grad_bytes(job: Job) -> float:

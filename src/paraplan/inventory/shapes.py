@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from paraplan.specs import ModelSpec, ParallelPlan, Precision
 
 # Bytes of one activation element. FP8 training keeps activations in 16-bit between GEMMs.
-_ACTIVATION_BYTES = {Precision.FP32: 4, Precision.FP16: 2, Precision.BF16: 2, Precision.FP8: 2}
+_ACTIVATION_BYTES = {Precision.FP32: 4, Precision.TF32: 4, Precision.FP16: 2, Precision.BF16: 2, Precision.FP8: 2}
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ __all__ = [
 #: What CPU rows are filed under unless ``--device-name`` says otherwise: the one-core "GPU"
 #: of examples/tiny-cpu/cluster.yaml.
 CPU_DEVICE_NAME = "cpu-core"
-_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 #: The GPT-2-style vocabulary columns: their rows record the rank's vocabulary rows (``vp``).
 _VOCAB_DIM = {"linear_final": "n", "embedding": "vocab", "cross_entropy": "vocab"}
 
@@ -187,6 +187,10 @@ def measure_point(point: GridPoint, dtype: str, settings: SweepSettings
         if settings.device == "cpu":
             raise Unsupported("fp8: the CPU has no FP8 matrix units (a GPU of compute capability 8.9+ has)")
         raise Unsupported("fp8: the sampler has no FP8 kernels yet (Transformer Engine's are not timed)")
+    if dtype == "tf32":
+        if settings.device == "cpu":
+            raise Unsupported("tf32: the CPU has no TF32 matrix units (an NVIDIA GPU of compute capability 8.0+ has)")
+        raise Unsupported("tf32: the sampler times no TF32 kernels yet (fp32 with torch.backends.cuda.matmul.allow_tf32)")
     try:
         op = op_for_sample(point.tag, point.values(), Precision(dtype))
     except (ValueError, LookupError) as exc:

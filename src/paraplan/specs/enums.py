@@ -16,10 +16,21 @@ class Phase(str, Enum):
 
 
 class Precision(str, Enum):
+    """A job's training precision, and the precision a kernel's math runs in."""
+
     FP32 = "fp32"
+    # fp32 training whose matmuls run on TF32 tensor cores (NVIDIA Ampere and later with
+    # torch.backends.cuda.matmul.allow_tf32): parameters, gradients and activations stay fp32
+    TF32 = "tf32"
     FP16 = "fp16"
     BF16 = "bf16"
     FP8 = "fp8"
+
+    @property
+    def full_width(self) -> bool:
+        """Whether parameters, gradients and activations are kept in fp32 (no 16-bit copy,
+        no master weights): fp32 and tf32 training."""
+        return self in (Precision.FP32, Precision.TF32)
 
 
 class Recompute(str, Enum):

@@ -118,7 +118,7 @@ def family_of(run: dict[str, Any]) -> Family:
 
 def _precision(text: str) -> str:
     low = text.lower()
-    for word in ("fp8", "bf16", "fp16", "fp32"):
+    for word in ("fp8", "bf16", "fp16", "tf32", "fp32"):
         if word in low:
             return word
     raise ConfigError(f"precision: cannot read a precision from {text!r}")
