@@ -205,11 +205,36 @@ def test_calibrate_fits_a_gemm_curve_from_hundreds_of_linked_gemm_calls_of_a_rea
         pytest.skip(f"../shared/data/traces/hta/{folder} is not present")
     result = calibrate_from_trace(files, a100_fp32_job, date="2026-11-26")
     assert result.linked_fraction > 0.98
-    gemm = next(row for row in result.curves if row.kind == "gemm")
-    assert gemm.calls >= 700 and gemm.points >= 100 and gemm.fit is not None
-    assert abs(gemm.after.median) < abs(gemm.before.median)
-    assert result.cluster.gpu.efficiency.precisions[Precision.FP32].gemm == gemm.fit.curve.model_copy(
-        update={"source": result.source})
+    gemms = {row.precision: row for row in result.curves if row.kind == "gemm"}
+    assert sum(row.calls for row in gemms.values()) >= 700
+    # cuBLAS ran most of these fp32 GEMMs on TF32 tensor cores (cutlass_80_tensorop_s1688gemm_*),
+    # the rest as SIMT fp32 kernels (ampere_sgemm_*): one curve each
+    tf32 = gemms[Precision.TF32]
+    assert tf32.calls >= 600 and tf32.points >= 100 and tf32.fit is not None
+    assert abs(tf32.after.median) < abs(tf32.before.median)
+    for precision, row in gemms.items():
+        assert result.cluster.gpu.efficiency.precisions[precision].gemm == row.fit.curve.model_copy(
+            update={"source": result.source})
+        assert row.fit.curve.max_fraction < 0.9  # a plausible share of that precision's peak
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("folder", ["A_vit128_sampled", "E1_diff_control_a100x8"])
+def test_fp32_gemms_on_tf32_tensor_cores_are_impossible_at_the_fp32_peak_and_plausible_at_the_tf32_one(folder,
+                                                                                                  a100_fp32_job):
+    files = sorted((HTA / folder).glob("*.json.gz"))
+    if not files:
+        pytest.skip(f"../shared/data/traces/hta/{folder} is not present")
+    gpu = a100_fp32_job.cluster.gpu
+    on_tf32 = [t for f in files for t in operator_timings(f) if t.klass == "gemm" and t.precision == "tf32"]
+    assert len(on_tf32) >= 600 and {t.dtype for t in on_tf32} == {"float"}
+    as_fp32 = _points("gemm", on_tf32, a100_fp32_job, "test", Precision.FP32)
+    fastest = max(op.flops / s for op, s in zip(as_fp32.ops, as_fp32.seconds, strict=True))
+    assert fastest > 1.5 * gpu.flops_for(Precision.FP32)  # beyond what fp32 arithmetic can do
+    assert fit_curve(as_fp32, gpu, holdout=1e-9, loss="soft_l1").curve.max_fraction >= 0.999  # stuck at the peak
+    as_tf32 = _points("gemm", on_tf32, a100_fp32_job, "test", Precision.TF32)
+    assert fastest < 0.8 * gpu.flops_for(Precision.TF32)  # what TF32 tensor cores can do
+    assert 0.2 < fit_curve(as_tf32, gpu, holdout=1e-9, loss="soft_l1").curve.max_fraction < 0.6
 
 
 @pytest.mark.shared_data

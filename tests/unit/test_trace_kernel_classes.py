@@ -15,7 +15,14 @@ import pytest
 
 from paraplan.specs import ConfigError
 from paraplan.traces import kernels
-from paraplan.traces.kernels import KernelName, classify_kernel, kernel_name, kernel_table, load_kernel_table
+from paraplan.traces.kernels import (
+    KernelName,
+    classify_kernel,
+    kernel_name,
+    kernel_precision,
+    kernel_table,
+    load_kernel_table,
+)
 from paraplan.traces.rules import COMPUTE_CLASSES, classify
 
 HTA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "hta"
@@ -191,7 +198,22 @@ def test_a_users_table_is_tried_before_the_built_in_one(tmp_path, monkeypatch):
         kernel_table.cache_clear()
 
 
+@pytest.mark.parametrize(("signature", "precision"), [
+    # HTA's A100 traces (A, E1): cuBLAS's CUTLASS fp32 tensor-op GEMMs, m16n8k8 = the TF32 MMA
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>"
+     "(cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4::Params)", "tf32"),
+    ("sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel", "tf32"),
+    ("cutlass_tensorop_s1688gemm_3xtf32_fast_f32_128x128_16x4_nn_align4", "fp32"),  # fp32-accurate 3xTF32
+    ("ampere_sgemm_128x64_nn", None),  # SIMT fp32: the job's precision
+    ("void cutlass::Kernel<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)", None),
+])
+def test_a_gemm_kernels_own_name_says_when_it_runs_on_tf32_tensor_cores(signature, precision):
+    assert kernel_precision(signature) == precision
+
+
 @pytest.mark.parametrize(("text", "field"), [
+    ("precisions:\n  - {precision: tf33, name: x}\n", "precisions[0].precision"),
+    ("precisions: 3\n", "precisions"),
     ("rules:\n  - {class: gemmm, name: x}\n", "rules[0].class"),
     ("rules:\n  - {class: gemm, name: '('}\n", "rules[0]"),
     ("rules:\n  - {class: gemm}\n", "rules[0]"),

@@ -5,8 +5,10 @@ From the rank traces of one job (recorded with ``record_shapes=True``):
 - the leaf operators' timings (``traces.ops``) become inventory operators whose shapes the
   trace names, grouped by (operator, shapes) with the median time of each group (a preempted
   call does not move it); the ``gemm``, ``attention`` and ``memory`` efficiency curves are
-  fitted to them with ``curves.fit_curve``, the GEMM and attention curves in the job's
-  precision;
+  fitted to them with ``curves.fit_curve``, the GEMM and attention curves in the precision
+  their kernels ran in: the one the kernels' names say (``kernel_classes.yaml``'s
+  ``precisions``: fp32 GEMMs on TF32 tensor cores fit the tf32 curve, against the tf32 peak),
+  else the job's;
 - the decoded collectives (``traces.decode``: kind, bytes, group size, time) become
   collective samples: the same call on every rank of its group is one sample whose time is
   the shortest rank's (the others include waiting for the last rank to arrive); the links'
@@ -83,6 +85,7 @@ class CurveRow:
     after: ErrorStats | None  # the fitted curve on every point (in-sample)
     fit: CurveFit | None
     reason: str = ""
+    precision: Precision | None = None  # the precision the curve is fitted in (None: the job's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +153,11 @@ def calibrate_from_trace(
     if overhead_row is not None:
         curves.append(overhead_row)
     for kind in ("memory", "gemm", "attention"):
-        row = _fit_kind(kind, timings, job, gpu, seed, holdout, source)  # errors before: job.cluster.gpu
-        curves.append(row)
-        if row.fit is not None:
-            gpu = _with_curve(gpu, row.fit, source)
+        for precision, mine in _by_precision(kind, timings, job.precision):
+            row = _fit_kind(kind, mine, job, gpu, seed, holdout, source, precision)  # errors before: job.cluster.gpu
+            curves.append(row)
+            if row.fit is not None:
+                gpu = _with_curve(gpu, row.fit, source)
     for key in sorted({t.klass for t in timings if t.klass.startswith("op:")}):
         row, gpu = _fit_own_curve(key, timings, job, gpu, source)
         curves.append(row)
@@ -185,11 +189,25 @@ def no_timings_reason(found: Sequence[TraceOps]) -> str:
 # -- operators --------------------------------------------------------------------------------
 
 
-def _fit_kind(kind, timings, job: Job, gpu, seed, holdout, source) -> CurveRow:
-    mine = [t for t in timings if t.klass == kind]
-    points = _points(kind, mine, job, source)
+def _by_precision(kind: str, timings, job_precision: Precision) -> list[tuple[Precision, list[OpTiming]]]:
+    """``kind``'s calls by the precision their kernels ran in: the one their kernels' names say
+    (fp32 operands on TF32 tensor cores: tf32), else the job's; the job's first, always there."""
+    groups: dict[Precision, list[OpTiming]] = {job_precision: []}
+    for t in timings:
+        if t.klass == kind:
+            said = Precision(t.precision) if t.precision and kind != "memory" else job_precision
+            groups.setdefault(said, []).append(t)
+    return [(p, mine) for p, mine in groups.items() if mine or p is job_precision]
+
+
+def _fit_kind(kind, mine, job: Job, gpu, seed, holdout, source, precision: Precision) -> CurveRow:
+    if mine and kind != "memory" and precision not in gpu.peak_flops:
+        return CurveRow(kind, len(mine), 0, None, None, None,
+                        f"{len(mine)} calls ran in {precision.value}, but {gpu.name} has no {precision.value} "
+                        "peak in the catalog: left as it was", precision)
+    points = _points(kind, mine, job, source, precision)
     if points is None:
-        return CurveRow(kind, len(mine), 0, None, None, None, _unpriced(mine))
+        return CurveRow(kind, len(mine), 0, None, None, None, _unpriced(mine), precision)
     every = list(range(len(points.ops)))
     original = job.cluster.gpu
     prior = _curve_of(original, kind, points.precision)
@@ -201,7 +219,7 @@ def _fit_kind(kind, timings, job: Job, gpu, seed, holdout, source) -> CurveRow:
     reason = "" if both else f"fewer than {MIN_POINTS} sizes: max_fraction fitted, half_work at its floor"
     if fit.curve.max_fraction >= 0.999:
         reason = _AT_PEAK
-    return CurveRow(kind, len(mine), len(points.ops), before, after, fit, reason)
+    return CurveRow(kind, len(mine), len(points.ops), before, after, fit, reason, precision)
 
 
 def _unpriced(mine: list[OpTiming]) -> str:
@@ -294,7 +312,10 @@ def _own_predictions(ops, phase, gpu, precision) -> np.ndarray:
     return np.array([estimate_op_s(op, phase, gpu, peak, precision) for op in ops])
 
 
-def _points(kind: str, timings: list[OpTiming], job: Job, source: str) -> KernelPoints | None:
+def _points(kind: str, timings: list[OpTiming], job: Job, source: str,
+            precision: Precision | None = None) -> KernelPoints | None:
+    """The calls of one curve as inventory operators, one per (operator, shapes, element type)
+    with its median time; fitted in ``precision`` (default: the job's)."""
     groups: dict[tuple, list[float]] = defaultdict(list)
     for t in timings:
         groups[(t.name, t.backward, t.dims, t.dtype)].append(t.seconds)
@@ -309,7 +330,7 @@ def _points(kind: str, timings: list[OpTiming], job: Job, source: str) -> Kernel
         seconds.append(statistics.median(times))
     if not ops:
         return None
-    return KernelPoints(kind, job.precision, ops, phases, np.array(seconds), source)
+    return KernelPoints(kind, precision or job.precision, ops, phases, np.array(seconds), source)
 
 
 def _gemm_op(name: str, dims, e: int, model: ModelSpec) -> Op | None:

@@ -199,14 +199,16 @@ def render_trace_calibration(result: Any) -> Group:
         if row.kind == "overhead":
             notes.append(row.reason)
             continue
+        # a curve fitted in another precision than the job's (fp32 GEMMs on TF32 tensor cores)
+        name = row.kind if row.precision in (None, result.precision) else f"{row.kind} {row.precision.value}"
         if row.fit is None:
-            curves.add_row(row.kind, str(row.calls), str(row.points), "-", "-", "-", "-")
+            curves.add_row(name, str(row.calls), str(row.points), "-", "-", "-", "-")
         else:
             c = row.fit.curve
-            curves.add_row(row.kind, str(row.calls), str(row.points), f"{c.max_fraction:.4f}", f"{c.half_work:.3g}",
+            curves.add_row(name, str(row.calls), str(row.points), f"{c.max_fraction:.4f}", f"{c.half_work:.3g}",
                            f"{row.before.median:+,.1f}", f"{row.after.median:+,.1f}")
         if row.reason:
-            notes.append(f"{row.kind}: {row.reason}")
+            notes.append(f"{name}: {row.reason}")
     parts: list[Any] = [curves]
     if result.links:
         links = _table(f"{result.cluster.name}: links", "link", "calls", "sizes\nkB", "fitted",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from paraplan.specs import ConfigError
+from paraplan.specs import ConfigError, Precision
 
 #: Environment variable naming a user's table of kernel rules, tried before the built-in one.
 USER_TABLE_ENV = "PARAPLAN_KERNEL_CLASSES"
@@ -70,6 +70,7 @@ class KernelRule:
 class KernelTable:
     wrappers: frozenset[str]
     rules: tuple[KernelRule, ...]
+    precisions: tuple[KernelRule, ...] = ()  # ``klass`` holds the precision ("tf32")
 
 
 def kernel_name(signature: str, wrappers: frozenset[str] | None = None) -> KernelName:
@@ -178,6 +179,27 @@ def classify_kernel(signature: str, table: KernelTable | None = None) -> str | N
     return None
 
 
+def kernel_precision(signature: str, table: KernelTable | None = None) -> str | None:
+    """The precision a kernel's math runs in when its own name says so ("tf32" for fp32
+    operands on TF32 tensor cores), else None."""
+    if table is None:
+        return _precision_in_table(signature)
+    if not table.precisions:
+        return None
+    kernel = kernel_name(signature, table.wrappers)
+    for rule in table.precisions:
+        if rule.matches(kernel):
+            return rule.klass
+    return None
+
+
+@lru_cache(maxsize=65536)
+def _precision_in_table(signature: str) -> str | None:
+    """``kernel_precision`` with the user's and the built-in table; cached, since a trace
+    repeats a few thousand kernel names."""
+    return kernel_precision(signature, kernel_table())
+
+
 def top_unclassified(seconds: Mapping[str, float], limit: int = 10,
                      table: KernelTable | None = None) -> list[tuple[str, float]]:
     """The kernels no rule names, by their own (qualified) name, with their summed time, most
@@ -204,7 +226,8 @@ def kernel_table() -> KernelTable:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{USER_TABLE_ENV}={user}: cannot read the kernel table ({err})") from None
     mine = load_kernel_table(user_text, user)
-    return KernelTable(mine.wrappers | built_in.wrappers, mine.rules + built_in.rules)
+    return KernelTable(mine.wrappers | built_in.wrappers, mine.rules + built_in.rules,
+                       mine.precisions + built_in.precisions)
 
 
 def load_kernel_table(text: str, where: str) -> KernelTable:
@@ -212,7 +235,8 @@ def load_kernel_table(text: str, where: str) -> KernelTable:
 
     Layout: ``wrappers: [qualified names]`` and ``rules: [{class, name, namespace}]`` where
     ``name`` (a regular expression searched in the kernel's own name) is required and
-    ``namespace`` (searched in its namespace path) optional."""
+    ``namespace`` (searched in its namespace path) optional; ``precisions: [{precision, name,
+    namespace}]`` the same for the precision a kernel's math runs in."""
     from paraplan.traces.rules import COMPUTE_CLASSES
 
     try:
@@ -221,21 +245,30 @@ def load_kernel_table(text: str, where: str) -> KernelTable:
         raise ConfigError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("rules", []), list):
         raise ConfigError(f"{where}: expected a mapping with a list of rules under 'rules'")
+    rules = _rules(data, "rules", "class", COMPUTE_CLASSES, where)
+    if not isinstance(data.get("precisions", []), list):
+        raise ConfigError(f"{where}: precisions: expected a list of rules")
+    precisions = _rules(data, "precisions", "precision", tuple(p.value for p in Precision), where)
+    wrappers = data.get("wrappers", [])
+    if not isinstance(wrappers, list) or not all(isinstance(w, str) for w in wrappers):
+        raise ConfigError(f"{where}: wrappers: expected a list of qualified names")
+    return KernelTable(frozenset(wrappers), rules, precisions)
+
+
+def _rules(data: dict, section: str, key: str, allowed: tuple[str, ...], where: str) -> tuple[KernelRule, ...]:
+    """The rules of one section (``rules``: ``class``; ``precisions``: ``precision``)."""
     rules = []
-    for i, entry in enumerate(data.get("rules", [])):
-        at = f"{where}: rules[{i}]"
+    for i, entry in enumerate(data.get(section, [])):
+        at = f"{where}: {section}[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise ConfigError(f"{at}: needs 'name' (a regular expression) and 'class'")
-        klass = entry.get("class")
-        if klass not in COMPUTE_CLASSES:
-            raise ConfigError(f"{at}.class: {klass!r} is not one of {', '.join(COMPUTE_CLASSES)}")
+            raise ConfigError(f"{at}: needs 'name' (a regular expression) and '{key}'")
+        value = entry.get(key)
+        if value not in allowed:
+            raise ConfigError(f"{at}.{key}: {value!r} is not one of {', '.join(allowed)}")
         try:
             name = re.compile(entry["name"])
             ns = re.compile(entry["namespace"]) if entry.get("namespace") else None
         except (re.error, TypeError) as err:
             raise ConfigError(f"{at}: not a regular expression ({err})") from None
-        rules.append(KernelRule(klass, name, ns, where))
-    wrappers = data.get("wrappers", [])
-    if not isinstance(wrappers, list) or not all(isinstance(w, str) for w in wrappers):
-        raise ConfigError(f"{where}: wrappers: expected a list of qualified names")
-    return KernelTable(frozenset(wrappers), tuple(rules))
+        rules.append(KernelRule(value, name, ns, where))
+    return tuple(rules)

@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from paraplan.traces.kernels import kernel_precision
 from paraplan.traces.reader import iter_events
 from paraplan.traces.rules import RUNTIME_CATEGORIES
 
@@ -63,6 +64,9 @@ class OpTiming:
     dims: tuple[tuple[int, ...], ...]
     dtype: str
     seconds: float
+    # the precision its kernels' names say their math ran in ("tf32": fp32 operands on TF32
+    # tensor cores; ``traces.kernels.kernel_precision``), "" when none says
+    precision: str = ""
 
 
 def op_class(name: str) -> tuple[str, bool] | None:
@@ -120,28 +124,33 @@ def trace_operators(path: Path) -> TraceOps:
     """
     kernels, owners, info, shaped = _link(path)
     kernel_s: dict[int, float] = defaultdict(float)
-    for (_, _, seconds), op in zip(kernels, owners, strict=True):
+    precision: dict[int, str] = {}
+    for (_, _, seconds, kernel), op in zip(kernels, owners, strict=True):
         if op is not None:
             kernel_s[op] += seconds
+            if op in info and op not in precision:
+                said = kernel_precision(kernel)
+                if said is not None:
+                    precision[op] = said
     out = []
     for i in sorted(info):
         name, klass, backward, dims, dtype, host_s = info[i]
         seconds = kernel_s.get(i, 0.0) if kernels else host_s
         if seconds > 0.0:
-            out.append(OpTiming(name, klass, backward, dims, dtype, seconds))
+            out.append(OpTiming(name, klass, backward, dims, dtype, seconds, precision.get(i, "")))
     linked = sum(op is not None for op in owners)
     return TraceOps(tuple(out), len(kernels), linked, shaped, len(info))
 
 
 def _link(path: Path, *, by_launch: bool = True):
-    """The kernels (correlation, External id, seconds), the index of the cpu_op each belongs to
+    """The kernels (correlation, External id, seconds, name), the index of the cpu_op each belongs to
     (None when unlinked), the timed leaf operators by index, and the number of operators with
     shapes. ``by_launch=False`` links by External id alone (the linking before issue 25)."""
     threads: dict[tuple, _Thread] = {}
     info: dict[int, tuple[str, str, bool, tuple, str, float]] = {}  # op index -> timed leaf op
     by_ext: dict[object, int] = {}
     launched: set = set()  # correlation ids of runtime calls
-    kernels: list[tuple[object, object, float]] = []  # (correlation, External id, seconds)
+    kernels: list[tuple[object, object, float, str]] = []  # (correlation, External id, seconds, name)
     n_ops = shaped = 0
     for ev in iter_events(path):
         if ev.get("ph") != "X" or "dur" not in ev:
@@ -149,7 +158,8 @@ def _link(path: Path, *, by_launch: bool = True):
         cat = ev.get("cat") or ""
         args = ev.get("args") or {}
         if cat == "kernel":
-            kernels.append((args.get("correlation"), args.get("External id"), float(ev["dur"]) * 1e-6))
+            kernels.append((args.get("correlation"), args.get("External id"), float(ev["dur"]) * 1e-6,
+                            ev.get("name") or ""))
         elif cat in RUNTIME_CATEGORIES:
             corr = args.get("correlation")
             if corr is not None and by_launch:
@@ -172,7 +182,7 @@ def _link(path: Path, *, by_launch: bool = True):
     for thread in threads.values():
         thread.enclosing_ops(parent)
     owners: list[int | None] = []
-    for corr, ext, _ in kernels:
+    for corr, ext, _, _ in kernels:
         op = parent.get(corr) if corr is not None else None
         if op is None and corr not in launched and ext is not None:
             op = by_ext.get(ext)
