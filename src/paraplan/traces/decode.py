@@ -11,7 +11,10 @@ outermost claiming one), and each iteration window is cut out of those segments:
 where compute is the union of compute segments, communication the union of communication
 segments (on any thread: gloo works on its own threads, NCCL on its own streams), exposed
 communication the part of it that no compute overlaps, memory the memory copies and sets
-(class "memory") that neither compute nor communication overlaps, and idle the rest. This is
+(class "memory") that neither compute nor communication overlaps, and idle the rest. Compute
+by class is each class's union across every stream (thread), an instant that kernels of k
+classes share on different streams counting 1/k to each (``intervals.shares``): the classes add
+up to compute, never more, so an iteration's parts never exceed it. This is
 HolisticTraceAnalysis's temporal breakdown (hta/analyzers/breakdown_analysis.py,
 `get_temporal_breakdown`: computation = union of computation kernels, non-compute = union of all
 kernels less computation, i.e. communication and memory; idle = span less the union of all).
@@ -432,7 +435,8 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
                 memory.append(piece)
             else:
                 compute[label].append(piece)
-    busy = iv.union(p for pieces in compute.values() for p in pieces)
+    by_class = {c: iv.union(compute[c]) for c in COMPUTE_CLASSES if c in compute}
+    busy = iv.union(p for pieces in by_class.values() for p in pieces)
     comm_all = iv.union(p for pieces in comm_dim.values() for p in pieces)
     exposed: dict[str, float] = {}
     covered = busy
@@ -447,7 +451,7 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
         start_us=start,
         iteration_s=span * 1e-6,
         compute_s=iv.length(busy) * 1e-6,
-        compute_by_class={c: iv.length(iv.union(compute[c])) * 1e-6 for c in COMPUTE_CLASSES if c in compute},
+        compute_by_class={c: v * 1e-6 for c, v in iv.shares(by_class).items()},
         comm_by_dimension={d: iv.length(iv.union(comm_dim[d])) * 1e-6 for d in sorted(comm_dim, key=_DIM_ORDER.index)},
         exposed_by_dimension=exposed,
         comm_by_kind={k: iv.length(iv.union(v)) * 1e-6 for k, v in sorted(comm_kind.items())},
