@@ -50,6 +50,7 @@ from paraplan.traces.rules import (
     COMPUTE_CLASSES,
     DTYPE_BYTES,
     EP_KINDS,
+    KERNEL_CATEGORIES,
     P2P_KINDS,
     RUNTIME_CATEGORIES,
     STEP_MARKER,
@@ -118,6 +119,10 @@ class RankTrace:
     collectives: tuple[Collective, ...] = field(repr=False)
     events: int = 0
     notes: tuple[str, ...] = ()  # what the decoder decided that the reader should know
+    # the whole trace's compute kernels (not communication, copies or sets): their seconds, and
+    # per signature those of the kernels no rule of the kernel table names (class "other")
+    kernel_s: float = 0.0
+    unclassified_s: dict[str, float] = field(default_factory=dict, repr=False)
 
 
 def decode_trace(path: Path) -> RankTrace:
@@ -156,6 +161,8 @@ def decode_trace(path: Path) -> RankTrace:
                                        events.launch_times())),
         events=count,
         notes=notes,
+        kernel_s=events.kernel_us * 1e-6,
+        unclassified_s={name: us * 1e-6 for name, us in events.unclassified.items()},
     )
 
 
@@ -200,6 +207,9 @@ class _Events:
         self.classes: list[tuple[str | None, bool]] = []  # (label, claims), by index
         self._class_index: dict[tuple[str | None, bool], int] = {}
         self._roles: dict[tuple[str, str], tuple[int, Any, bool]] = {}  # names repeat: decided once
+        self.kernel_us = 0.0  # compute kernels' time
+        self.unclassified: dict[str, float] = {}  # a kernel no rule names -> its time (us)
+        self._unclassified_keys: set[tuple[str, str]] = set()
 
     def read(self, path: Path) -> int:
         """Take in every event of the file; return how many there were."""
@@ -235,6 +245,10 @@ class _Events:
                 thread = threads[key] = _Thread()
             if what == _SPAN:
                 index = value
+                if on_device and cat in KERNEL_CATEGORIES:
+                    self.kernel_us += dur
+                    if (name, cat) in self._unclassified_keys:
+                        self.unclassified[name] = self.unclassified.get(name, 0.0) + dur
             else:
                 index = self._comm(value, ev, ts, dur, correlation, key, len(thread.starts), on_device)
             thread.starts.append(ts)
@@ -283,6 +297,8 @@ class _Events:
         on_device = cat in _DEVICE_CATEGORIES
         if verdict.klass == "comm":
             return _COMM, verdict, on_device
+        if verdict.klass is None and cat in KERNEL_CATEGORIES:
+            self._unclassified_keys.add((name, cat))
         return _SPAN, self._class(verdict.klass, verdict.claims), on_device
 
     def _comm(self, verdict, ev: dict, ts: float, dur: float, correlation: int, key, position: int,
