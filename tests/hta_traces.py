@@ -21,7 +21,8 @@ def hta_trace(name: str) -> Path:
     return files[0]
 
 
-def write_trace(events: list[dict], path: Path) -> Path:
-    """``events`` as a gzipped trace file at ``path``."""
-    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+def write_trace(events: list[dict], path: Path, **top) -> Path:
+    """``events`` as a gzipped trace file at ``path``, after the top-level fields ``top``
+    (``distributedInfo``, ``deviceProperties``, ...)."""
+    path.write_bytes(gzip.compress(json.dumps({**top, "traceEvents": events}).encode()))
     return path

@@ -58,7 +58,7 @@ def test_a_stage_s_measured_parts_add_up_to_its_iteration():
     run, _ = _validated("pipeline")
     for stage in ("stage 0", "stage 1"):
         parts = {c.name: c.seconds for c in run.components if c.stage == stage}
-        total = sum(v for k, v in parts.items() if k not in ("compute", "iteration"))
+        total = sum(v or 0.0 for k, v in parts.items() if k not in ("compute", "iteration"))
         assert total == pytest.approx(parts["iteration"], rel=0.02)
 
 

@@ -124,6 +124,8 @@ def trace_command(
         result = validate_run(measured)
     for path, reason in skipped:
         err.print(f"[yellow]skipped:[/] {path}: {reason}", highlight=False, soft_wrap=True)
+    for warning in result.warnings:  # the trace ran otherwise than the job says (JSON: "warnings")
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
         if output is OutputFormat.json:
             write_text(render_json(trace_validation_record(result)))

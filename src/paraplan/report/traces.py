@@ -3,6 +3,7 @@ and the components of the fastest and the median iteration (tables within 80 col
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any
 
@@ -16,6 +17,43 @@ from paraplan.traces.rules import COMPUTE_CLASSES
 from paraplan.traces.summary import TraceSummary
 
 _RANK_COLUMNS = 4  # more ranks than this: min / median / max over ranks
+TOP_UNCLASSIFIED = 5  # unclassified kernels listed
+_KERNEL_WIDTH = 52  # a kernel's name in the unclassified table: the table fits 80 columns
+_SPLIT_AT = "..."  # where a long name was shortened (rich's own cut is "…": never a name's)
+
+
+def short_kernel_name(name: str, width: int = _KERNEL_WIDTH) -> str:
+    """``name`` within ``width`` characters, shortened only at whole words: the leading
+    namespaces first (``...::foo``), then the middle words of the kernel's own name
+    (``cutlass_80_tensorop_..._align4``); a number is never cut."""
+    if len(name) <= width:
+        return name
+    parts = name.split("::")
+    for i in range(1, len(parts)):
+        shorter = _SPLIT_AT + "::" + "::".join(parts[i:])
+        if len(shorter) <= width:
+            return shorter
+    words = re.findall(r"[^_]+_?|_", parts[-1])  # each word with its trailing underscore
+    head, tail, i, j = [], [], 0, len(words)  # words[i:j] are not placed yet
+    room = width - len(_SPLIT_AT)
+    while i < j:
+        front = len(head) <= len(tail)  # from the front and the back in turn
+        word = words[i] if front else words[j - 1]
+        if len(word) > room:
+            break
+        room -= len(word)
+        if front:
+            head.append(word)
+            i += 1
+        else:
+            tail.insert(0, word)
+            j -= 1
+    if head or tail:
+        return "".join(head) + _SPLIT_AT + "".join(tail)
+    cut = width - len(_SPLIT_AT)  # one word longer than the width: cut it, never within a number
+    while cut > 0 and parts[-1][cut - 1].isdigit() and parts[-1][cut].isdigit():
+        cut -= 1
+    return parts[-1][:cut] + _SPLIT_AT
 
 
 def _ms(x: float | None) -> str:
@@ -73,6 +111,8 @@ def trace_record(s: TraceSummary) -> dict[str, Any]:
         "slowest_rank": s.slowest_rank,
         "waits_caused_s": {str(k): v for k, v in (s.waits_caused() or {}).items()},
         "collectives": s.collective_totals(),
+        "unclassified_kernels": [{"kernel": name, "seconds": sec, "share_of_kernel_time": share}
+                                 for name, sec, share in s.top_unclassified(TOP_UNCLASSIFIED)],
     }
 
 
@@ -100,7 +140,24 @@ def render_trace_summary(s: TraceSummary) -> Group:
         _iteration_table(s, s.fastest_step),
         _title(f"Components of the median iteration, #{s.median_step} (ms)"),
         _iteration_table(s, s.median_step),
+        *_unclassified(s),
     )
+
+
+def _unclassified(s: TraceSummary) -> list:
+    """The kernels no rule names (class other), most time first; nothing when there are none."""
+    top = s.top_unclassified(TOP_UNCLASSIFIED)
+    if not top:
+        return []
+    t = Table(box=box.SIMPLE_HEAD)
+    t.add_column("kernel", no_wrap=True)
+    t.add_column("ms", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
+    for name, seconds, share in top:
+        t.add_row(short_kernel_name(name), _ms(seconds), f"{100 * share:.1f} %")
+    return [_title(f"Unclassified kernels (class other), top {len(top)}: whole trace, every rank"), t,
+            Text("share: of all compute kernels' time. A rule in a table named by $PARAPLAN_KERNEL_CLASSES "
+                 "classifies them (see paraplan/traces/kernel_classes.yaml).")]
 
 
 def _title(text: str) -> Text:

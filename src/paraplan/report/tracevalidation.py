@@ -19,13 +19,15 @@ from paraplan.report.layout import ReadableTable
 from paraplan.validate import RunValidation
 from paraplan.validate.trace import PARTS
 
-
-def _err(x: float) -> str:
-    return f"{100 * x:+.1f} %"
+NOT_MEASURED = "n/a"  # a part the trace cannot measure (not the same as a measured 0)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f}"
+def _err(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} %"
+
+
+def _ms(seconds: float | None) -> str:
+    return NOT_MEASURED if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def trace_validation_record(r: RunValidation) -> dict[str, Any]:
@@ -37,13 +39,15 @@ def trace_validation_record(r: RunValidation) -> dict[str, Any]:
         "predicted_iteration_s": r.prediction.iteration_s,
         "error": r.error,
         "components": component_rows(r),
+        "warnings": list(r.warnings),
         "notes": list(r.notes),
         "uncalibrated": list(r.prediction.uncalibrated),
     }
 
 
 def component_rows(r: RunValidation) -> list[dict[str, Any]]:
-    """One row per stage and component (the CSV form)."""
+    """One row per stage and component (the CSV form): ``measured_s`` None where the trace
+    cannot measure the part, ``error`` None where nothing was measured (None or 0)."""
     return [
         {"stage": c.stage, "component": c.component, "measured_s": c.measured_s, "predicted_s": c.predicted_s,
          "error": c.error}
@@ -68,14 +72,15 @@ def render_trace_validation(r: RunValidation) -> Group:
         first_of_stage = i == 0 or rows[i - 1].stage != c.stage
         table.add_row(c.stage if first_of_stage else "", c.component, _ms(c.measured_s), _ms(c.predicted_s), _err(c.error),
                       end_section=last_of_stage, style=style)
-    notes = [Text(f"note: {n}", style="dim") for n in r.notes]
+    notes = [Text(f"note: {n}", style="dim") for n in r.notes]  # warnings: the command prints them
     notes += [Text(f"uncalibrated: {u}", style="yellow") for u in r.prediction.uncalibrated]
     return Group(summary, table, *notes)
 
 
 _PART_COLORS = {
     "gemm": "#4c72b0", "attention": "#8172b3", "norm": "#64b5cd", "elementwise": "#55a868",
-    "fp8_cast": "#ccb974", "optimizer": "#937860", "other": "#b0b0b0",
+    "fp8_cast": "#ccb974", "optimizer": "#937860", "other": "#b0b0b0", "embedding": "#edc948",
+    "memory": "#7f7f00", "conv": "#2f4b7c",
     "tp comm": "#dd8452", "cp comm": "#f0b98d", "ep comm": "#da8bc3", "pp comm": "#c8a2c8",
     "dp comm": "#c44e52", "unknown comm": "#8c8c8c", "idle": "#eeeeee",
 }
@@ -89,7 +94,7 @@ def figure_trace_validation(r: RunValidation):
     bars: list[tuple[str, str, dict[str, float]]] = []  # (stage, which, part -> seconds)
     for stage in stages:
         mine = [c for c in r.components if c.stage == stage and c.component in PARTS]
-        bars.append((stage, "measured", {c.component: c.measured_s for c in mine}))
+        bars.append((stage, "measured", {c.component: c.measured_s or 0.0 for c in mine}))
         bars.append((stage, "predicted", {c.component: c.predicted_s for c in mine}))
     used = [p for p in PARTS if any(values.get(p, 0.0) > 0 for _, _, values in bars)]
     fig, ax = plt.subplots(figsize=(max(7.5, 2.2 * len(bars) + 3.5), 5.6), layout="constrained")
@@ -105,12 +110,17 @@ def figure_trace_validation(r: RunValidation):
                 ax.text(x, 100 * (b + h / 2), f"{100 * h:.0f} %", ha="center", va="center", fontsize="small")
     for x, (_, _, values) in zip(positions, bars, strict=True):
         ax.text(x, 101.5, f"{sum(values.values()) * 1e3:.1f} ms", ha="center", va="bottom", fontsize="small")
-    ax.set_xticks(positions, [f"{which}\n{stage}" for stage, which, _ in bars], fontsize="small")
+    unmeasured = {stage: [c.component for c in r.components if c.stage == stage and c.measured_s is None]
+                  for stage in stages}
+    labels = [f"{which}\n{stage}" + (f"\n{NOT_MEASURED}: {', '.join(unmeasured[stage])}"
+                                     if which == "measured" and unmeasured[stage] else "")
+              for stage, which, _ in bars]
+    ax.set_xticks(positions, labels, fontsize="small")
     ax.set_ylim(0, 110)
     ax.set_ylabel("share of the stage's iteration, %")
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="part")
-    ax.set_title(f"{r.run_id} on {r.gpu}: where an iteration goes, measured (trace) beside predicted\n"
+    ax.set_title(f"{r.run_id} on {r.gpu}\nwhere an iteration goes, measured (trace) beside predicted\n"
                  f"iteration {r.measured_iteration_s * 1e3:.1f} ms measured, {r.prediction.iteration_s * 1e3:.1f} ms "
                  f"predicted: error {_err(r.error)}", fontsize="medium")
     return fig

@@ -11,7 +11,10 @@ outermost claiming one), and each iteration window is cut out of those segments:
 where compute is the union of compute segments, communication the union of communication
 segments (on any thread: gloo works on its own threads, NCCL on its own streams), exposed
 communication the part of it that no compute overlaps, memory the memory copies and sets
-(class "memory") that neither compute nor communication overlaps, and idle the rest. This is
+(class "memory") that neither compute nor communication overlaps, and idle the rest. Compute
+by class is each class's union across every stream (thread), an instant that kernels of k
+classes share on different streams counting 1/k to each (``intervals.shares``): the classes add
+up to compute, never more, so an iteration's parts never exceed it. This is
 HolisticTraceAnalysis's temporal breakdown (hta/analyzers/breakdown_analysis.py,
 `get_temporal_breakdown`: computation = union of computation kernels, non-compute = union of all
 kernels less computation, i.e. communication and memory; idle = span less the union of all).
@@ -47,6 +50,7 @@ from paraplan.traces.rules import (
     COMPUTE_CLASSES,
     DTYPE_BYTES,
     EP_KINDS,
+    KERNEL_CATEGORIES,
     P2P_KINDS,
     RUNTIME_CATEGORIES,
     STEP_MARKER,
@@ -115,6 +119,10 @@ class RankTrace:
     collectives: tuple[Collective, ...] = field(repr=False)
     events: int = 0
     notes: tuple[str, ...] = ()  # what the decoder decided that the reader should know
+    # the whole trace's compute kernels (not communication, copies or sets): their seconds, and
+    # per signature those of the kernels no rule of the kernel table names (class "other")
+    kernel_s: float = 0.0
+    unclassified_s: dict[str, float] = field(default_factory=dict, repr=False)
 
 
 def decode_trace(path: Path) -> RankTrace:
@@ -153,6 +161,8 @@ def decode_trace(path: Path) -> RankTrace:
                                        events.launch_times())),
         events=count,
         notes=notes,
+        kernel_s=events.kernel_us * 1e-6,
+        unclassified_s={name: us * 1e-6 for name, us in events.unclassified.items()},
     )
 
 
@@ -197,6 +207,9 @@ class _Events:
         self.classes: list[tuple[str | None, bool]] = []  # (label, claims), by index
         self._class_index: dict[tuple[str | None, bool], int] = {}
         self._roles: dict[tuple[str, str], tuple[int, Any, bool]] = {}  # names repeat: decided once
+        self.kernel_us = 0.0  # compute kernels' time
+        self.unclassified: dict[str, float] = {}  # a kernel no rule names -> its time (us)
+        self._unclassified_keys: set[tuple[str, str]] = set()
 
     def read(self, path: Path) -> int:
         """Take in every event of the file; return how many there were."""
@@ -232,6 +245,10 @@ class _Events:
                 thread = threads[key] = _Thread()
             if what == _SPAN:
                 index = value
+                if on_device and cat in KERNEL_CATEGORIES:
+                    self.kernel_us += dur
+                    if (name, cat) in self._unclassified_keys:
+                        self.unclassified[name] = self.unclassified.get(name, 0.0) + dur
             else:
                 index = self._comm(value, ev, ts, dur, correlation, key, len(thread.starts), on_device)
             thread.starts.append(ts)
@@ -280,6 +297,8 @@ class _Events:
         on_device = cat in _DEVICE_CATEGORIES
         if verdict.klass == "comm":
             return _COMM, verdict, on_device
+        if verdict.klass is None and cat in KERNEL_CATEGORIES:
+            self._unclassified_keys.add((name, cat))
         return _SPAN, self._class(verdict.klass, verdict.claims), on_device
 
     def _comm(self, verdict, ev: dict, ts: float, dur: float, correlation: int, key, position: int,
@@ -432,7 +451,8 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
                 memory.append(piece)
             else:
                 compute[label].append(piece)
-    busy = iv.union(p for pieces in compute.values() for p in pieces)
+    by_class = {c: iv.union(compute[c]) for c in COMPUTE_CLASSES if c in compute}
+    busy = iv.union(p for pieces in by_class.values() for p in pieces)
     comm_all = iv.union(p for pieces in comm_dim.values() for p in pieces)
     exposed: dict[str, float] = {}
     covered = busy
@@ -447,7 +467,7 @@ def _iteration(step: int, start: float, end: float, segments: list[_Segments]) -
         start_us=start,
         iteration_s=span * 1e-6,
         compute_s=iv.length(busy) * 1e-6,
-        compute_by_class={c: iv.length(iv.union(compute[c])) * 1e-6 for c in COMPUTE_CLASSES if c in compute},
+        compute_by_class={c: v * 1e-6 for c, v in iv.shares(by_class).items()},
         comm_by_dimension={d: iv.length(iv.union(comm_dim[d])) * 1e-6 for d in sorted(comm_dim, key=_DIM_ORDER.index)},
         exposed_by_dimension=exposed,
         comm_by_kind={k: iv.length(iv.union(v)) * 1e-6 for k, v in sorted(comm_kind.items())},

@@ -52,3 +52,30 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
         if cur < e:
             out.append((cur, e))
     return out
+
+
+def shares(sets: dict[str, Intervals]) -> dict[str, float]:
+    """Each set's share of the union of all of them: an instant that k of the sets hold counts
+    1/k to each, so the shares add up to the union's length and none exceeds its set's length.
+    ``sets`` are each a union (sorted, disjoint)."""
+    lengths = {name: length(a) for name, a in sets.items()}
+    if len(sets) < 2:
+        return lengths
+    whole = length(union(p for a in sets.values() for p in a))
+    if sum(lengths.values()) <= whole:
+        return lengths  # no two sets overlap: each keeps its own length
+    edges = sorted((t, opens, name) for name, a in sets.items() for s, e in a for t, opens in ((s, 1), (e, 0)))
+    out = dict.fromkeys(sets, 0.0)
+    active: set[str] = set()
+    last = edges[0][0]
+    for t, opens, name in edges:  # ends sort before starts at equal times
+        if t > last and active:
+            each = (t - last) / len(active)
+            for a in active:
+                out[a] += each
+        last = t
+        if opens:
+            active.add(name)
+        else:
+            active.discard(name)
+    return out

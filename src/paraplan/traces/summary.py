@@ -16,6 +16,7 @@ from pathlib import Path
 
 from paraplan.specs import ConfigError
 from paraplan.traces.decode import Iteration, RankTrace, decode_trace
+from paraplan.traces.kernels import top_unclassified
 from paraplan.traces.reader import TraceFileError, read_top
 from paraplan.traces.rules import P2P_KINDS
 
@@ -147,6 +148,19 @@ class TraceSummary:
         if waits and max(waits.values()) > 0:
             return max(waits, key=waits.__getitem__)
         return max(self.shares(), key=lambda s: s.compute_s).rank
+
+    def top_unclassified(self, limit: int = 5) -> list[tuple[str, float, float]]:
+        """The kernels no rule of the kernel table names (class "other"), by their own name,
+        most time first: (name, seconds over the whole trace and every rank, share of all the
+        ranks' compute kernel time). Empty when every kernel has a class."""
+        seconds: dict[str, float] = defaultdict(float)
+        for r in self.ranks:
+            for signature, s in r.unclassified_s.items():
+                seconds[signature] += s
+        total = sum(r.kernel_s for r in self.ranks)
+        if not seconds or total <= 0:
+            return []
+        return [(name, s, s / total) for name, s in top_unclassified(seconds, limit)]
 
     def collective_totals(self) -> list[dict]:
         """Per rank, dimension and kind: count, bytes and busy seconds per iteration (means)."""

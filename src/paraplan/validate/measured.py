@@ -23,7 +23,7 @@ class MeasuredComponent:
     name: str  # the source's component name ("stage_fwd", "gemm", "dp exposed", ...)
     stage: str  # where: "first", "middle", "last", "stage 0", or "-" (one call, no stage)
     stage_index: int | None  # the pipeline stage it was measured on (None: "-")
-    seconds: float
+    seconds: float | None  # None: the source cannot measure this part (not the same as 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,7 @@ class MeasuredRun:
     their_error: float | None = None  # the source's own published prediction error, if any
     assumed: tuple[str, ...] = ()  # what reading the record as a job had to assume
     notes: tuple[str, ...] = ()  # how the measurement was taken, in words
+    warnings: tuple[str, ...] = ()  # where the record and the job disagree (another GPU, another pp)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

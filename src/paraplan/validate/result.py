@@ -11,11 +11,14 @@ from paraplan.prediction import Prediction
 class ComponentError:
     component: str
     stage: str  # "first", "middle", "last" or "-" for a per-call value
-    measured_s: float
+    measured_s: float | None  # None: the source cannot measure this part (0: measured, none of it)
     predicted_s: float
 
     @property
-    def error(self) -> float:
+    def error(self) -> float | None:
+        """Relative error of the prediction; None where nothing was measured to compare with."""
+        if not self.measured_s:
+            return None
         return (self.predicted_s - self.measured_s) / self.measured_s
 
 
@@ -30,6 +33,7 @@ class RunValidation:
     gpu: str = ""
     assumed: tuple[str, ...] = ()  # what mapping the record onto a job had to assume
     notes: tuple[str, ...] = ()  # how the measurement was taken (``MeasuredRun.notes``)
+    warnings: tuple[str, ...] = ()  # where the measured run and its job disagree (``MeasuredRun.warnings``)
 
     @property
     def error(self) -> float:

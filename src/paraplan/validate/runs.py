@@ -89,4 +89,5 @@ def validate_run(run: MeasuredRun, backend: str = "analytical", models: ModelSet
         gpu=run.gpu or run.job.cluster.gpu.name,
         assumed=run.assumed,
         notes=run.notes,
+        warnings=run.warnings,
     )

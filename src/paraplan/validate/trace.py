@@ -6,6 +6,11 @@ The iteration compared is the fastest one (or the median one) by its longest ran
 ``paraplan trace summarize`` reports it; each stage's components are the mean over the ranks
 that ran it (ranks map onto stages with the pipeline dimension outermost, as Megatron-LM and
 torch.distributed.pipelining number them). ``stageparts`` cuts the prediction the same way.
+
+Every part that either side has is compared: a part the trace measured as 0 (none of it ran,
+e.g. no optimizer kernel in the iteration) shows as 0 beside the prediction; a part the trace
+cannot measure at all is None ("n/a"): a parallel dimension's communication on a stage where
+some communication names no process group (it is "unknown comm", and may hold that dimension's).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import json
 import statistics
 from pathlib import Path
 
+from paraplan.catalog import load_catalog_entry
 from paraplan.costmodel import CostModel
 from paraplan.prediction import Prediction
 from paraplan.specs import ConfigError, Job
-from paraplan.traces.rules import COMPUTE_CLASSES
+from paraplan.traces.reader import TraceFileError, read_top
+from paraplan.traces.rules import COMPUTE_CLASSES, P2P_KINDS, group_dimension
 from paraplan.traces.summary import TraceSummary, summarize
 from paraplan.validate.measured import MeasuredComponent, MeasuredRun
 from paraplan.validate.result import ComponentError
@@ -95,9 +102,10 @@ def measured_from_trace(job: Job, summary: TraceSummary, iteration: str = "faste
             raise ConfigError(f"{rank.path}: rank {rank.rank}, but job {job.name} has {job.cluster.num_gpus} ranks")
         by_stage.setdefault(stage_of_rank(job, rank.rank), []).append(summary.iteration(rank, step))
     components = []
+    unattributed = []
     for stage in sorted(by_stage):
         its = by_stage[stage]
-        values = {
+        values: dict[str, float | None] = {
             **{c: statistics.fmean(it.compute_by_class.get(c, 0.0) for it in its) for c in COMPUTE_CLASSES},
             "compute": statistics.fmean(it.compute_s for it in its),
             **{f"{d} comm": statistics.fmean(it.exposed_by_dimension.get(d, 0.0) for it in its)
@@ -106,13 +114,22 @@ def measured_from_trace(job: Job, summary: TraceSummary, iteration: str = "faste
             "iteration": statistics.fmean(it.iteration_s for it in its),
         }
         values["memory"] = statistics.fmean(it.memory_s for it in its)  # copies/sets are not compute
-        components += [MeasuredComponent(name, f"stage {stage}", stage, values[name])
-                       for name in COMPONENTS if values[name] > 0]
+        if values["unknown comm"]:
+            # communication no process group names: a dimension measured as 0 may be in it
+            unattributed.append(stage)
+            values.update({part: None for part in COMM_PARTS if part != "unknown comm" and not values[part]})
+        components += [MeasuredComponent(name, f"stage {stage}", stage, values[name]) for name in COMPONENTS]
     ranks = sorted(len(its) for its in by_stage.values())
     notes = [
         f"measured: step {step}, the {iteration} of {len(summary.steps)} iterations by its longest rank's time; "
         f"each stage the mean of its {ranks[0] if ranks[0] == ranks[-1] else f'{ranks[0]}-{ranks[-1]}'} rank(s)",
     ]
+    missing = sorted(set(range(plan.pp)) - set(by_stage))
+    if missing:
+        notes.append(f"no rank of stage(s) {', '.join(map(str, missing))} was traced: nothing measured there")
+    if unattributed:
+        notes.append(f"stage(s) {', '.join(map(str, unattributed))}: communication that no process group names "
+                     "is unknown comm, so a dimension measured as 0 there is not measured (n/a), not 0")
     if any(r.device == "cpu" for r in summary.ranks):
         notes.append("a CPU trace: compute is the host's operators")
     if plan.pp > 1:
@@ -127,7 +144,53 @@ def measured_from_trace(job: Job, summary: TraceSummary, iteration: str = "faste
         components=tuple(components),
         gpu=job.cluster.gpu.name,
         notes=tuple(notes),
+        warnings=job_mismatches(job, summary),
     )
+
+
+def job_mismatches(job: Job, summary: TraceSummary) -> tuple[str, ...]:
+    """Where the trace says it ran otherwise than ``job`` does, in words: the GPU (the trace's
+    ``deviceProperties`` names, read through the catalog's aliases) and the pipeline degree
+    (the size of a process group whose description or name says pipeline, else whether the
+    trace holds any pipeline send or receive). Warnings, not errors: a prediction of the job
+    on another GPU can still be worth comparing."""
+    out = []
+    tops = []
+    for rank in summary.ranks:
+        try:
+            tops.append(read_top(rank.path))
+        except (TraceFileError, OSError):
+            continue
+    names = sorted({d["name"] for top in tops for d in top.get("deviceProperties") or ()
+                    if isinstance(d, dict) and isinstance(d.get("name"), str) and d["name"]})
+    says = job.cluster.gpu.name
+    for name in names:
+        theirs = _catalog_gpu(name)
+        if (theirs or name.casefold()) != (_catalog_gpu(says) or says.casefold()):
+            unknown = "" if theirs else " (a GPU the catalog does not know)"
+            out.append(f"trace recorded on {name}{unknown}, job says {says}")
+    pp = job.parallel.pp
+    sizes = sorted({int(g["pg_size"]) for top in tops for g in (top.get("distributedInfo") or {}).get("pg_config") or ()
+                    if isinstance(g, dict) and isinstance(g.get("pg_size"), int)
+                    and group_dimension(f"{g.get('pg_desc') or ''} {g.get('pg_name') or ''}") == "pp"})
+    if sizes and sizes != [pp]:
+        out.append(f"the trace's pipeline process group has {' or '.join(map(str, sizes))} ranks, job says pp {pp}")
+    elif not sizes:
+        sends = sum(1 for r in summary.ranks for c in r.collectives if c.dimension == "pp" and c.kind in P2P_KINDS)
+        if pp > 1 and not sends:
+            out.append(f"the trace holds no pipeline send or receive, job says pp {pp}")
+        elif pp == 1 and sends:
+            out.append(f"the trace holds {sends} pipeline sends/receives in its iterations, job says pp 1")
+    return tuple(out)
+
+
+def _catalog_gpu(name: str) -> str | None:
+    """The catalog's name of a GPU given any of its aliases ("NVIDIA A100-SXM4-40GB"); None
+    for a GPU the catalog does not know."""
+    try:
+        return str(load_catalog_entry("gpus", name)["name"])
+    except ConfigError:
+        return None
 
 
 def load_trace_run(
@@ -142,11 +205,20 @@ def load_trace_run(
     return measured_from_trace(job, summary, iteration), summary.skipped
 
 
+#: Shown for every stage whatever their values.
+ALWAYS_SHOWN = frozenset({"compute", "idle", "iteration"})
+
+
 def compare_trace(run: MeasuredRun, pred: Prediction, cm: CostModel) -> tuple[ComponentError, ...]:
-    """Each measured component of each stage beside paraplan's value of the same part
-    (0 where paraplan predicts none of it, e.g. ``other``: operators it does not model)."""
+    """Each component of each traced stage that either side has, measured beside paraplan's
+    value of the same part: a part the trace measured (more than 0) or paraplan predicts (0
+    where paraplan predicts none of it, e.g. ``other``: operators it does not model; a
+    measured 0 where the trace has none of a predicted part; None where the trace cannot
+    measure it), and always compute, idle and the iteration."""
     parts = predicted_stage_parts(pred, cm)
-    return tuple(
-        ComponentError(c.name, c.stage, c.seconds, parts[c.stage_index].get(c.name, 0.0))
-        for c in run.components
-    )
+    out = []
+    for c in run.components:
+        predicted = parts[c.stage_index].get(c.name, 0.0)
+        if c.name in ALWAYS_SHOWN or (c.seconds or 0.0) > 0 or predicted > 0:
+            out.append(ComponentError(c.name, c.stage, c.seconds, predicted))
+    return tuple(out)
