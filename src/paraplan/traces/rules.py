@@ -87,11 +87,12 @@ COMPUTE_RULES: tuple[Rule, ...] = (
     Rule(r"(?i)fp8|float8|e4m3|e5m2|cast_transpose|amax", "fp8_cast", claims=True),
     Rule(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|_scaled_mm|addmv|mv|dot)$", "gemm"),
     Rule(r"(?i)gemm|cutlass|cublas|xmma|wgmma|nvjet|_mma_|matmul", "gemm"),
+    Rule(r"^aten::(embedding|embedding_dense_backward|embedding_backward)_?$", "embedding"),
     Rule(r"^aten::(add|sub|mul|div|neg|pow|sqrt|rsqrt|exp|log|tanh|sigmoid|gelu|silu|relu|softmax|"
          r"_softmax|log_softmax|_log_softmax|dropout|native_dropout|where|masked_fill|clamp|copy|"
-         r"fill|zero|lerp|addcmul|addcdiv|sum|mean|cat|stack|embedding_dense_backward|"
+         r"fill|zero|lerp|addcmul|addcdiv|sum|mean|cat|stack|"
          r"threshold_backward|gelu_backward|silu_backward|_log_softmax_backward_data|"
-         r"nll_loss_forward|nll_loss_backward|index_select|embedding|_to_copy)_?$", "elementwise"),
+         r"nll_loss_forward|nll_loss_backward|index_select|_to_copy)_?$", "elementwise"),
 )
 
 #: Communication events: the operation name is the text the group `op` catches.

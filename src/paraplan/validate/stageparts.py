@@ -24,7 +24,7 @@ CLASS_OF_KIND = {
     OpKind.SOFTMAX: "attention",
     OpKind.NORM: "norm",
     OpKind.ELEMENTWISE: "elementwise",
-    OpKind.EMBEDDING: "elementwise",
+    OpKind.EMBEDDING: "embedding",  # the trace has its own embedding class (kernel_classes.yaml)
     OpKind.LOSS: "elementwise",
     OpKind.OPTIMIZER: "optimizer",
 }
