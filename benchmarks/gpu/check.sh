@@ -27,7 +27,8 @@ everything it measured under DIR:
                -> validate.json, validate-calibrated.json (+ .txt)
  11. manifest  manifest.json: versions, GPU, each step's seconds and exit status, the files
 
-A step that fails is recorded (manifest.json "failed") and the others still run; the exit
+Each step has a time limit (timeout: 300 s; the profile --profile-time + 180 s). A step that
+fails is recorded (manifest.json "failed") and the others still run; the exit
 status is 1 if any failed. Everything printed also goes to DIR/check.log. DIR must not exist or
 be empty: nothing is ever written over.
 
@@ -78,6 +79,16 @@ fi
 if [[ -z "$PROFILE_TIME" ]]; then
     if [[ $QUICK -eq 1 ]]; then PROFILE_TIME="10s"; else PROFILE_TIME="180s"; fi
 fi
+# --profile-time in seconds (for the step's time limit): a number and s, min or h
+if [[ "$PROFILE_TIME" =~ ^([0-9]+)[[:space:]]*(s|sec|min|h)?$ ]]; then
+    case "${BASH_REMATCH[2]}" in
+        min) PROFILE_SECONDS=$((BASH_REMATCH[1] * 60)) ;;
+        h) PROFILE_SECONDS=$((BASH_REMATCH[1] * 3600)) ;;
+        *) PROFILE_SECONDS=${BASH_REMATCH[1]} ;;
+    esac
+else
+    die "--profile-time '$PROFILE_TIME': a whole number of s, min or h (180s, 4 min)"
+fi
 QUICK_FLAG=()
 [[ $QUICK -eq 1 ]] && QUICK_FLAG=(--quick)
 
@@ -109,7 +120,7 @@ step() {
     return 0
 }
 
-paraplan() { "$PY" -m paraplan.cli "$@"; }
+paraplan() { timeout 300 "$PY" -m paraplan.cli "$@"; }
 helper() { "$PY" "$HERE/gpucheck.py" "$@"; }
 
 # 1. install: the core dependencies the machine lacks (pip keeps what it has), then paraplan
@@ -132,7 +143,7 @@ gpu_tests() {
     mapfile -t files < <(grep -rl --include='test_*.py' 'pytest.mark.gpu' tests | sort)
     [[ ${#files[@]} -gt 0 ]] || { echo "no test carries pytest.mark.gpu"; return 1; }
     # JAX (the sharding test) would otherwise take 75 % of the GPU's memory as it starts
-    XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 \
     "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs --junitxml "$OUT_DIR/tests.xml" "${files[@]}" \
         2>&1 | tee "$OUT_DIR/tests.log"
 }
@@ -153,13 +164,15 @@ profile_ops() {
         args+=(--dtype bf16 --device-name "$DEVICE_NAME")
         [[ $QUICK -eq 1 ]] || args+=(--grid "$HERE/llama-3-8b-layer.yaml")
     fi
-    paraplan profile adaptive "${args[@]}" >"$OUT_DIR/profile/adaptive.json" 2> >(tee "$OUT_DIR/profile/adaptive.log" >&2)
+    # the budget only stops new batches: the one in hand, and writing the samples, come after it
+    timeout $((PROFILE_SECONDS + 180)) \
+        "$PY" -m paraplan.cli profile adaptive "${args[@]}" >"$OUT_DIR/profile/adaptive.json" 2> >(tee "$OUT_DIR/profile/adaptive.log" >&2)
 }
 step profile profile_ops
 step fp8 helper fp8 --device "$DEVICE" --out "$OUT_DIR/profile/fp8_gemm.json" "${QUICK_FLAG[@]}"
 
 # 7. the training trace of the small Llama.
-step trace helper train --device "$DEVICE" --job "$OUT_DIR/small-llama.yaml" --out "$OUT_DIR/trace" "${QUICK_FLAG[@]}"
+step trace timeout 300 "$PY" "$HERE/gpucheck.py" train --device "$DEVICE" --job "$OUT_DIR/small-llama.yaml" --out "$OUT_DIR/trace" "${QUICK_FLAG[@]}"
 
 # 8-10. decode, calibrate from it, validate the prediction of the same job.
 summarize() {

@@ -283,7 +283,8 @@ def build_llama(cfg: LlamaConfig):
         def forward(self, x):
             return F.rms_norm(x, (x.shape[-1],), self.weight, cfg.eps)
 
-    def rotate(x, cos, sin):
+    def rotate(x, cos, sin):  # in x's dtype: under autocast, bf16 (fp32 tables would promote q and k)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -330,9 +331,8 @@ def build_llama(cfg: LlamaConfig):
 
         def forward(self, tokens):
             x = self.embed(tokens)
-            cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
             for block in self.blocks:
-                x = block(x, cos, sin)
+                x = block(x, self.cos, self.sin)
             return self.head(self.norm(x))
 
     return Llama()
@@ -402,11 +402,39 @@ def manifest(out: Path) -> dict:
     return {
         "what": "benchmarks/gpu/check.sh: GPU-marked tests, operator profile, a one-GPU training trace, "
                 "its summary, calibration and validation",
-        "env": env, "steps": steps,
+        "env": env, "results": results(out), "steps": steps,
         "total_s": round(sum(s["seconds"] for s in steps), 1),
         "failed": [s["step"] for s in steps if s["rc"] != 0],
         "files": {str(p.relative_to(out)): p.stat().st_size for p in files},
     }
+
+
+def results(out: Path) -> dict:
+    """The headline numbers of each output that exists (for the README and a quick look)."""
+    def read(name: str) -> dict | None:
+        try:
+            return json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    found: dict = {}
+    if (a := read("profile/adaptive.json")) is not None:
+        found["profile"] = {**a["summary"], "regressors_reached": sum(r["reached"] for r in a["regressors"]),
+                            "regressors": len(a["regressors"])}
+    if (f := read("profile/fp8_gemm.json")) is not None:
+        found["fp8"] = {"fp8": f["fp8"], "tokens": f["tokens"],
+                        "gemms": {g["gemm"]: {k: g.get(k) for k in ("bf16_tflops", "fp8_tflops", "fp8_speedup")}
+                                  for g in f["gemms"]}}
+    if (t := read("trace/timers.json")) is not None:
+        seconds = [r["seconds"] for r in t["ranks"]["0"]]
+        found["timers_median_s"] = statistics.median(seconds) if seconds else None
+    if (m := read("trace-summary.json")) is not None:
+        found["trace"] = {"iterations": m["iterations"], "noise_pct": m.get("noise_pct"),
+                          "device": m.get("device")}
+    for name in ("validate", "validate-calibrated"):
+        if (v := read(f"{name}.json")) is not None:
+            found[name] = {k: v.get(k) for k in ("gpu", "measured_iteration_s", "predicted_iteration_s", "error")}
+    return found
 
 
 def verify(out: Path) -> list[str]:

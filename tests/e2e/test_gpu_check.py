@@ -27,6 +27,7 @@ def test_its_help_names_every_step_and_bad_arguments_get_one_line_and_exit_2(tmp
     for args, says in ((["--device", "cpu"], "--out DIR is required"),
                        (["--out", str(tmp_path / "x"), "--device", "tpu"], "--device 'tpu'"),
                        (["--out", str(tmp_path / "x"), "--wheels", str(tmp_path / "none")], "--wheels"),
+                       (["--out", str(tmp_path / "x"), "--profile-time", "soon"], "--profile-time 'soon'"),
                        (["--bogus"], "unknown argument '--bogus'")):
         bad = check(*args)
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
@@ -47,6 +48,9 @@ def test_the_cpu_dry_run_runs_every_step_and_writes_sane_outputs(tmp_path: Path)
     assert manifest["env"]["device_name"] == "cpu-core" and manifest["env"]["torch"]
     assert "trace/rank0.json.gz" in manifest["files"] and "check.log" in manifest["files"]
     assert "=== validate: exit 0" in (out / "check.log").read_text()
+    results = manifest["results"]
+    assert results["validate"]["measured_iteration_s"] == results["validate-calibrated"]["measured_iteration_s"] > 0
+    assert results["trace"]["iterations"]["count"] == 3 and results["profile"]["rows"] > 0
 
     # the GPU-marked tests were found and ran (here they skip)
     assert "skipped" in (out / "tests.log").read_text()
