@@ -89,6 +89,26 @@ def test_a_sample_budget_stops_it_early(split):
     assert result.stop_reason == "max_samples reached" and result.n_samples == 35
 
 
+def test_a_spent_time_budget_stops_it_after_the_batch_in_hand_and_says_so(split):
+    import time
+
+    candidates, heldout = split
+    calls = []
+
+    def slow(points: pd.DataFrame) -> np.ndarray:
+        calls.append(len(points))
+        return replay(points)
+
+    # the deadline passes during the seed batch: that batch is finished, no other is started
+    deadline = time.monotonic() + 0.05
+    result = sample_adaptively(candidates, lambda p: (time.sleep(0.1), slow(p))[1], heldout, target_error=1e-6,
+                               batch_size=10, deadline=deadline)
+    assert result.stop_reason == "time budget spent" and not result.reached
+    assert calls == [10] and result.n_samples == 10
+    late = sample_adaptively(candidates, slow, heldout, target_error=1e-6, deadline=time.monotonic() - 1)
+    assert late.stop_reason == "time budget spent" and late.n_samples == 0 and calls == [10]
+
+
 def test_the_same_seed_measures_the_same_shapes_in_the_same_order(split):
     first, again, other = run(split), run(split), run(split, random_state=1)
     assert np.array_equal(first.chosen, again.chosen)
@@ -200,6 +220,10 @@ def test_a_live_sweep_with_the_out_of_bag_stop_times_no_held_out_shape():
     assert len(asked) == sum(r.n_samples + len(r.skipped) for r in runs)
     runs, asked = sweep("holdout")
     assert len(asked) > sum(r.n_samples + len(r.skipped) for r in runs)  # the held-out 20 % too
+    fake = Fake()
+    spent = run_adaptive_sweep(points, fake, target_error=0.05, stop="oob", deadline=0.0, hardware=hardware)
+    assert fake.asked == [] and len(spent) == len(runs)  # every pool is named, none measured
+    assert all(r.stop_reason == "time budget spent" and r.n_samples == 0 for r in spent)
 
 
 @pytest.mark.slow
@@ -227,3 +251,12 @@ def test_profile_adaptive_measures_a_grid_into_a_samples_file_and_resumes_from_i
     again = CliRunner().invoke(app, [*args, "--force"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["summary"]["measured_now"] == 0  # all from the journal
+    if stop == "oob":  # a budget spent before the first batch: an empty samples file, and says why
+        short = CliRunner().invoke(app, [*(str(tmp_path / "none.samples") if a == str(out) else a for a in args),
+                                         "--max-time", "1 ns"])
+        assert short.exit_code == 0, short.output
+        regressors = json.loads(short.stdout)["regressors"]
+        assert regressors and all(r["stop"] == "time budget spent" and r["median_error"] is None
+                                  for r in regressors)
+        bad = CliRunner().invoke(app, [*args, "--force", "--max-time", "soon"])
+        assert bad.exit_code == 2 and "--max-time" in bad.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -114,6 +115,19 @@ def _fraction(text: str) -> float:
     return number
 
 
+def _duration(text: str) -> float:
+    """``--max-time``: '90s', '4 min', '240' -> seconds (positive)."""
+    from paraplan.units import UnitError, parse_seconds
+
+    try:
+        seconds = parse_seconds(text)
+    except UnitError as exc:
+        raise ConfigError(f"--max-time: {exc}") from None
+    if not seconds > 0:
+        raise ConfigError(f"--max-time: {text!r} must be a positive duration")
+    return seconds
+
+
 class StopRule(str, enum.Enum):
     oob = "oob"
     holdout = "holdout"
@@ -145,6 +159,10 @@ def adaptive_command(
                                                "the oob stop, adaptive order stopped later in the replay "
                                                "(11.9k shapes vs 8.0k).")] = SampleOrder.random,
     batch: Annotated[int, typer.Option(help="Shapes measured between two fits (at least).")] = 8,
+    max_time: Annotated[str | None, typer.Option("--max-time", help="Start no batch after this long "
+                                                 "(90s, 4 min, 1h); the batch in hand is finished, the "
+                                                 "samples measured are written and each regressor not "
+                                                 "done says 'time budget spent'.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     dtype: Annotated[list[str] | None, typer.Option("--dtype", help="fp32, fp16, bf16 (repeatable).")] = None,
     device_name: Annotated[str | None, typer.Option(help="Catalog GPU name to file the rows under.")] = None,
@@ -170,6 +188,7 @@ def adaptive_command(
     with user_errors():
         check_samples_path(out_file, overwrite=force, flag="--force")
         target = _fraction(target_error)
+        deadline = None if max_time is None else time.monotonic() + _duration(max_time)
         points, job_dtype = _grid_points(grid, job_file, True)
         hardware = Hardware.of(load_cluster_file(p) for p in cluster_files or [])
         settings = ops.SweepSettings(device=device, device_name=device_name or ops.default_device_name(device),
@@ -181,7 +200,7 @@ def adaptive_command(
             measure = JournalMeasure(points, settings, store, progress=lambda key, outcome: err.print(
                 f"{key}: {outcome}", highlight=False))
             runs = run_adaptive_sweep(points, measure, target_error=target, batch_size=batch, random_state=seed,
-                                      hardware=hardware, stop=stop.value, order=order.value)
+                                      hardware=hardware, stop=stop.value, order=order.value, deadline=deadline)
             meta = store.finalize(out_file, ops.metadata(store, settings, info, (1, 1), f"adaptive {target:g}"),
                                   overwrite=force)
             record = adaptive_record(runs, measure.measured, measure.skipped, len(store.rows()), target, out_file)

@@ -32,6 +32,7 @@ it is the grid a live sampler will measure.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ __all__ = [
 
 ORDERS = ("adaptive", "random")
 STOPS = ("holdout", "oob")
+#: The stop reason of a run cut short by its deadline (``paraplan profile adaptive --max-time``).
+BUDGET_SPENT = "time budget spent"
 #: The forest the loop fits: its trees are the ensemble whose spread marks disagreement.
 FOREST_PARAMS: dict[str, Any] = {"n_estimators": 60, "min_samples_leaf": 1, "max_features": 1.0, "oob_score": True}
 
@@ -119,7 +122,7 @@ class AdaptiveRun:
     time_s: np.ndarray  # their measured seconds
     steps: list[Step] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # pool rows ``measure`` could not time (NaN)
-    stop_reason: str = ""  # "target reached", "pool exhausted", "max_samples reached"
+    stop_reason: str = ""  # "target reached", "pool exhausted", "max_samples reached", BUDGET_SPENT
     stop: str = "holdout"  # the error the target is judged on: "holdout" or "oob" (out-of-bag)
 
     @property
@@ -161,6 +164,7 @@ def sample_adaptively(
     shortlist: int = 4,
     random_state: int = 0,
     stop: str = "holdout",
+    deadline: float | None = None,
 ) -> AdaptiveRun:
     """Measure batches of ``pool`` until the median error is at most ``target_error``: on
     ``heldout`` (``stop="holdout"``), or the forest's out-of-bag error over the measured shapes
@@ -172,7 +176,8 @@ def sample_adaptively(
     geometric); the seed has ``seed_size`` (default: ``max(batch_size, 10)``). ``order`` is
     "adaptive" or "random". An adaptive batch is the best-scored ``batch`` of a random shortlist
     of ``shortlist`` times as many unmeasured shapes (0: score the whole pool). Deterministic
-    for a given ``random_state``.
+    for a given ``random_state``. ``deadline`` (a :func:`time.monotonic` time): no batch is
+    started after it (the batch in hand is finished); the run stops with "time budget spent".
     """
     if order not in ORDERS:
         raise ValueError(f"order: {order!r} is not one of {', '.join(ORDERS)}")
@@ -198,12 +203,18 @@ def sample_adaptively(
     if heldout is not None and len(heldout.time_s) == 0:
         heldout = None
     run = AdaptiveRun(pool.key, order, target_error, np.empty(0, dtype=int), np.empty(0), stop=stop)
+    if _spent(deadline):
+        run.stop_reason = BUDGET_SPENT
+        return run
     _add(run, pool, measure, np.asarray(chosen, dtype=int))
     tried = len(chosen)
     while True:
         if len(run.chosen) < 2:
             if tried >= limit:
                 run.stop_reason = "pool exhausted"
+                return run
+            if _spent(deadline):
+                run.stop_reason = BUDGET_SPENT
                 return run
             batch = _unmeasured(permutation, run)[: max(batch_size, 2)]
             _add(run, pool, measure, batch)
@@ -220,6 +231,9 @@ def sample_adaptively(
         if tried >= limit:
             run.stop_reason = "max_samples reached"
             return run
+        if _spent(deadline):
+            run.stop_reason = BUDGET_SPENT
+            return run
         size = min(max(batch_size, math.ceil(growth * len(run.chosen))), limit - tried)
         if order == "random":
             batch = _unmeasured(permutation, run)[:size]
@@ -227,6 +241,10 @@ def sample_adaptively(
             batch = _next_batch(pool, scaled, run, model, size, rng, shortlist)
         _add(run, pool, measure, batch)
         tried += len(batch)
+
+
+def _spent(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
 
 
 def _unmeasured(rows: np.ndarray, run: AdaptiveRun) -> np.ndarray:

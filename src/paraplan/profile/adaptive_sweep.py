@@ -13,12 +13,20 @@ cannot run (out of memory, unsupported) is recorded as skipped and left out of t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from paraplan.profile.adaptive import AdaptiveRun, HeldOut, pools_from_samples, sample_adaptively, split_pool
+from paraplan.profile.adaptive import (
+    BUDGET_SPENT,
+    AdaptiveRun,
+    HeldOut,
+    pools_from_samples,
+    sample_adaptively,
+    split_pool,
+)
 from paraplan.profile.grid import GridPoint
 from paraplan.profile.records import RecordStore
 
@@ -110,21 +118,27 @@ def run_adaptive_sweep(
     hardware: Any = None,
     stop: str = "holdout",
     order: str = "adaptive",
+    deadline: float | None = None,
 ) -> list[AdaptiveRun | None]:
     """One adaptive run per regressor pool of ``points`` (None where the pool was measured whole
     because it had fewer than :data:`MIN_POOL` shapes). ``hardware``: GPUs outside the catalog
     (:class:`paraplan.fitting.Hardware`). ``stop`` and ``order``: as
     :func:`~paraplan.profile.adaptive.sample_adaptively`'s; ``stop="oob"`` measures no held-out
-    set."""
+    set. ``deadline`` (a :func:`time.monotonic` time): no batch starts after it; the pools not
+    reached by then come back as runs with no shape measured, stopped with "time budget spent"."""
     frame = candidate_samples(points, measure.settings.dtypes, measure.settings.device_name)
     runs: list[AdaptiveRun | None] = []
     for pool in pools_from_samples(frame, hardware):
+        if deadline is not None and time.monotonic() >= deadline:
+            runs.append(AdaptiveRun(pool.key, order, target_error, np.empty(0, dtype=int), np.empty(0), stop=stop,
+                                    stop_reason=BUDGET_SPENT))
+            continue
         if len(pool) < MIN_POOL:
             measure(pool.points)
             runs.append(None)
             continue
         options = {"target_error": target_error, "batch_size": batch_size, "growth": 0.1,
-                   "random_state": random_state, "order": order, "stop": stop}
+                   "random_state": random_state, "order": order, "stop": stop, "deadline": deadline}
         if stop == "oob":
             runs.append(sample_adaptively(pool, measure, None, **options))
             continue

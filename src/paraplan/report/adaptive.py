@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ def adaptive_record(runs: list[Any], measured: int, skipped: int, rows: int, tar
     """The adaptive sweep as plain data (JSON output, and what :func:`render_adaptive` prints)."""
     regressors = [
         {"regressor": r.key, "measured": r.n_samples, "skipped": len(r.skipped), "reached": r.reached,
-         "median_error": r.stop_error, "error_on": "out-of-bag" if r.stop == "oob" else "held-out",
+         "median_error": r.stop_error if math.isfinite(r.stop_error) else None, "error_on": "out-of-bag" if r.stop == "oob" else "held-out",
          "stop": r.stop_reason}
         for r in runs if r is not None
     ]
@@ -41,6 +42,7 @@ def render_adaptive(record: dict[str, Any]) -> Group:
         table.add_column("error %", number=True)
         table.add_column("stopped", wrap=True)
         for r in record["regressors"]:
-            table.add_row(r["regressor"], str(r["measured"]), f"{100 * r['median_error']:.1f}", r["stop"])
+            error = "-" if r["median_error"] is None else f"{100 * r['median_error']:.1f}"
+            table.add_row(r["regressor"], str(r["measured"]), error, r["stop"])
         items.append(table)
     return Group(*items)
