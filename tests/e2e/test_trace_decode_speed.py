@@ -2,7 +2,7 @@
 benchmarks/bench_trace_decode.py builds its 1 GB one), each decode in a fresh process, imports
 included. The bounds are ratios to the standard library's ``json.load`` of the same file, in a
 fresh process, measured in this run: the decoder takes at most 3 x as long (1-2 x measured) and
-holds less memory. The absolute target (a 1 GB trace in under a minute and under 2 GB) is the
+holds less memory. The absolute target (a 1 GB trace in under 30 s and under 2 GB) is the
 benchmark's ``--check``, run on an idle machine."""
 
 from __future__ import annotations
