@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from paraplan._version import __version__
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -18,29 +18,22 @@ def predict(
     job: Job | dict[str, Any] | str, *, backend: str | None = None, models: str | None = None, **kwargs: Any
 ) -> Prediction:
     """Predict one iteration. ``job`` is a Job, a job mapping, or the path of a job file;
-    ``models`` (a file from ``paraplan fit``) selects the learned backend."""
+    ``models`` (a file from ``paraplan fit``) selects the learned backend; a job on node groups
+    of different GPUs is predicted analytically (``prediction.facade.predict_any`` chooses)."""
+    import warnings
+
     from paraplan.catalog import load_job, resolve_job
-    from paraplan.prediction import predict as _predict
-    from paraplan.prediction.backends import load_model_file, make_cost_model
+    from paraplan.prediction.facade import predict_any
 
     if isinstance(job, str):
         job = load_job(job)
     elif isinstance(job, dict):
         job = resolve_job(job)
-    from paraplan.specs import HeteroJob
-
-    if isinstance(job, HeteroJob):
-        from paraplan.prediction.hetero import predict_hetero
-
-        return predict_hetero(job, **kwargs)
-    backend = backend or ("learned" if models is not None else "analytical")
-    fitted = load_model_file(models) if models is not None else None
-    cost_model = make_cost_model(job, backend, fitted)
-    for note in getattr(cost_model, "notes", ()):
-        import warnings
-
-        warnings.warn(f"{models}: {note}", stacklevel=2)
-    return _predict(job, cost_model, **kwargs)
+    notes: list[str] = []
+    prediction = predict_any(job, backend=backend, models=models, notes=notes, **kwargs)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    return prediction
 
 
 def one_batch_predict(job: Job | dict[str, Any] | str, models: str | None = None) -> float:

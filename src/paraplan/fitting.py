@@ -313,7 +313,7 @@ def regressor_sizes(samples) -> dict[str, int]:
 
 def training_metadata(samples_path, samples, budget: str, seed: int, hardware: Hardware = _CATALOG) -> dict[str, Any]:
     """What a models file records about how it was made."""
-    from paraplan import __version__
+    from paraplan._version import __version__
 
     meta = dict(samples.attrs.get("samples_metadata", {}))
     return {

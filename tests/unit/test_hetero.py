@@ -322,7 +322,7 @@ def test_traffic_that_stays_inside_a_node_group_uses_that_groups_network():
 
 def test_a_mixed_stage_takes_one_groups_whole_timing_not_a_mix_of_parts():
     from paraplan.costmodel import AnalyticalCostModel
-    from paraplan.prediction import CommCosts, layer_costs, stage_timing
+    from paraplan.prediction.stages import CommCosts, layer_costs, stage_timing
 
     job = gpt2xl_job((0,) + (1,) * 7, pp=4)
     pred = predict_hetero(job)

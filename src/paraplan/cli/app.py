@@ -59,7 +59,7 @@ app.add_typer(trace_app, name="trace", short_help="Read PyTorch profiler traces:
 
 def _print_version(value: bool) -> None:
     if value:
-        from paraplan import __version__
+        from paraplan._version import __version__
 
         typer.echo(f"paraplan {__version__}")
         raise typer.Exit()

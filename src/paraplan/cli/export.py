@@ -22,8 +22,8 @@ def export_command(
     """Write the launch recipe for a job's plan; what the target cannot express is noted on stderr."""
     from paraplan.catalog import load_job
     from paraplan.export import TARGETS, export_notes, render
-    from paraplan.prediction import predict
-    from paraplan.specs import ConfigError, HeteroJob
+    from paraplan.prediction.facade import predict_any
+    from paraplan.specs import ConfigError
 
     with user_errors():
         render_target = target.lower()
@@ -32,13 +32,8 @@ def export_command(
         if out is not None and out.exists() and not force:
             raise ConfigError(f"out: {out} already exists; pass --force to overwrite it")
         job = load_job(job_file)
-        if isinstance(job, HeteroJob):  # node groups: the same arguments on every node, in node order
-            from paraplan.prediction.hetero import predict_hetero
-
-            prediction = predict_hetero(job)
-            job = prediction.job
-        else:
-            prediction = predict(job)
+        prediction = predict_any(job)
+        job = prediction.job  # node groups: the same arguments on every node, in node order
         text = render(render_target, job, prediction)
         notes = export_notes(render_target, job, prediction)
         if out is not None:

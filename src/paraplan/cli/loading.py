@@ -93,22 +93,10 @@ def predict_flagged(job: Job | HeteroJob, backend: str, models: Path | None,
     """The prediction of ``job`` with the cost model ``backend`` (``models``: a fitted models
     file), and the notes about it: that its framework cannot run the plan, and what the cost
     model has to say."""
-    from paraplan.prediction import predict
-    from paraplan.prediction.backends import BACKENDS, load_model_file, make_cost_model
-    from paraplan.specs import ConfigError, HeteroJob
+    from paraplan.prediction.facade import predict_any
     from paraplan.specs.frameworks import unrunnable_note
 
     unrunnable = tuple(n for n in (unrunnable_note(job),) if n is not None)
-
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
-    if isinstance(job, HeteroJob):  # node groups of different GPUs
-        if backend != "analytical" or models is not None:
-            raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
-        from paraplan.prediction.hetero import predict_hetero
-
-        return predict_hetero(job, keep_timeline=keep_timeline), unrunnable
-    fitted = load_model_file(models) if models is not None else None
-    cost_model = make_cost_model(job, backend, fitted)
-    notes = tuple(f"{models}: {note}" for note in getattr(cost_model, "notes", ()))
-    return predict(job, cost_model, keep_timeline=keep_timeline), unrunnable + notes
+    notes: list[str] = []
+    prediction = predict_any(job, backend=backend, models=models, keep_timeline=keep_timeline, notes=notes)
+    return prediction, unrunnable + tuple(notes)

@@ -26,7 +26,7 @@ FRAMEWORK_NAMES = {Framework.MEGATRON: "Megatron-LM", Framework.DEEPSPEED: "Deep
 def framework_line(job: Job, runs_on: Framework) -> str:
     """Which framework the prediction (and the plan's numbers in this recipe) was made for, and,
     when the recipe launches another one, that its numbers do not carry over as they are."""
-    from paraplan import __version__
+    from paraplan._version import __version__
 
     made_for = job.parallel.framework
     line = f"predicted for {made_for.value} ({FRAMEWORK_NAMES[made_for]}), paraplan {__version__}"
@@ -82,7 +82,7 @@ def plan_summary(job: Job) -> str:
 def header_lines(job: Job, prediction: Prediction | None, what: str, runs_on: Framework) -> list[str]:
     """The comment lines that open a recipe: what it is, the framework the prediction was made for,
     the job, the plan, the prediction."""
-    from paraplan import __version__
+    from paraplan._version import __version__
 
     c = job.cluster
     place = prediction.placement if prediction is not None else None

@@ -1,8 +1,10 @@
-"""Predict one training iteration: the facade (``predict``, ``predict_hetero``), what a
-prediction is (``result``), what a stage costs (``stages``), memory, and the choice of cost
-model (``backends``)."""
+"""Predict one training iteration: ``predict`` (a job and a cost model in, a ``Prediction``
+out) and what a prediction is made of. The modules hold the rest: the one door that chooses the
+homogeneous or heterogeneous path and the cost model (``facade.predict_any``), what a stage
+costs (``stages``), memory (``memory``), the heterogeneous path (``hetero``) and the choice of
+cost model (``backends``)."""
 
-from paraplan.prediction.facade import all_ops, assemble_prediction, predict, stage_sends_s
+from paraplan.prediction.facade import predict
 from paraplan.prediction.memory import PlanMemory, StageMemory
 from paraplan.prediction.result import (
     Breakdown,
@@ -12,36 +14,15 @@ from paraplan.prediction.result import (
     Prediction,
     StageTiming,
 )
-from paraplan.prediction.stages import (
-    BACKWARD,
-    CommCosts,
-    LayerCost,
-    explain_layer,
-    exposed_beside,
-    layer_costs,
-    ops_seconds,
-    stage_timing,
-)
 
 __all__ = [
-    "BACKWARD",
     "Breakdown",
     "CollectiveEstimate",
-    "CommCosts",
-    "LayerCost",
     "OpEstimate",
     "Placement",
     "PlanMemory",
     "Prediction",
     "StageMemory",
     "StageTiming",
-    "all_ops",
-    "assemble_prediction",
-    "explain_layer",
-    "exposed_beside",
-    "layer_costs",
-    "ops_seconds",
     "predict",
-    "stage_sends_s",
-    "stage_timing",
 ]

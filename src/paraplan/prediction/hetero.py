@@ -18,16 +18,9 @@ import functools
 
 from paraplan.costmodel import AnalyticalCostModel, calibration_gaps, link_gaps
 from paraplan.inventory import count_job
-from paraplan.prediction import (
-    CommCosts,
-    Placement,
-    Prediction,
-    all_ops,
-    assemble_prediction,
-    explain_layer,
-    layer_costs,
-    stage_timing,
-)
+from paraplan.prediction.facade import all_ops, assemble_prediction
+from paraplan.prediction.result import Placement, Prediction
+from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
 from paraplan.specs import HeteroJob
 
 

@@ -99,7 +99,7 @@ def save_models(
     import skops
     import xgboost
 
-    from paraplan import __version__
+    from paraplan._version import __version__
 
     manifest = {
         "format": FORMAT,

@@ -48,7 +48,7 @@ def tool_versions() -> dict[str, str]:
     import pandas
     import pyarrow
 
-    from paraplan import __version__
+    from paraplan._version import __version__
 
     return {
         "paraplan": __version__,
@@ -60,7 +60,7 @@ def tool_versions() -> dict[str, str]:
 
 
 def _metadata(extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    from paraplan import __version__
+    from paraplan._version import __version__
 
     extra = dict(extra or {})
     meta: dict[str, Any] = {

@@ -27,9 +27,10 @@ from pydantic import ValidationError
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
 from paraplan.inventory.partition import count_layers_per_stage, split_layers
-from paraplan.prediction import CommCosts, Prediction, stage_timing
-from paraplan.prediction.hetero import predict_hetero
+from paraplan.prediction import Prediction
+from paraplan.prediction.facade import predict_any
 from paraplan.prediction.memory import estimate_stage_memory, usable_hbm_bytes
+from paraplan.prediction.stages import CommCosts, stage_timing
 from paraplan.prediction.stages import layer_costs as cost_layers
 from paraplan.search.partition import closed_form_s, partition_layers
 from paraplan.search.space import SearchSpace, rejection_reason, runs_as_zero, sp_axis
@@ -303,7 +304,7 @@ def rank_candidates(
     for n, i in enumerate(chosen):
         if progress is not None:
             progress(n, len(chosen))
-        preds.append(predict_hetero(hetero_job(model, cluster, precision, train_tokens, cands[int(i)])))
+        preds.append(predict_any(hetero_job(model, cluster, precision, train_tokens, cands[int(i)])))
     fits = [i for i, p in enumerate(preds) if p.fits]
     if fits:
         best = min(fits, key=lambda i: (preds[i].iteration_s / preds[i].job.parallel.global_batch_size, i))
@@ -337,7 +338,7 @@ def refine_split(pred: Prediction, taken: set) -> Prediction:
                 parallel = job.parallel.model_copy(update={"layers_per_stage": tuple(split)})
                 if (job.node_order if pred.placement else None, parallel) in taken:
                     continue
-                trial = predict_hetero(job.model_copy(update={"parallel": parallel}))
+                trial = predict_any(job.model_copy(update={"parallel": parallel}))
                 if trial.fits and trial.iteration_s < pred.iteration_s * (1 - 1e-9):
                     pred, job, improved = trial, job.model_copy(update={"parallel": parallel}), True
                     moves += 1

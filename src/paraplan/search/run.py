@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from paraplan.inventory import count_job
-from paraplan.prediction import Prediction, predict
+from paraplan.prediction import Prediction
+from paraplan.prediction.facade import predict_any
 from paraplan.prediction.memory import estimate_memory, usable_hbm_bytes
 from paraplan.search.pareto import PARETO_AXES, near_front
 from paraplan.search.screen import screen_plans, screenable
@@ -208,7 +209,7 @@ def search_plans(
             if smallest is None or worst < smallest[0]:
                 smallest = (worst, job)
             continue
-        pred = predict(job)
+        pred = predict_any(job)
         reason = _over_limits(pred.time_to_train_s, pred.cost_to_train_usd, limits)
         if reason:
             excluded[reason] += 1
@@ -221,7 +222,7 @@ def search_plans(
     if not ranked and missed:
         closest = min(missed, key=lambda c: c.rank)
     elif not ranked and smallest is not None:
-        pred = predict(smallest[1])
+        pred = predict_any(smallest[1])
         closest = Closest(pred, _misses(pred, limits))
     scored = _scored(cluster, np.array([1.0 / p.tokens_per_s for p in ranked]),
                      np.array([p.worst_memory.total for p in ranked]))
@@ -314,7 +315,7 @@ def _screened_search(model, cluster, global_batch_size, precision, space, object
 
     def exact_of(i: int) -> Prediction:
         if i not in exact:
-            exact[i] = predict(sc.job(i))
+            exact[i] = predict_any(sc.job(i))
         return exact[i]
 
     price = cluster.price_per_gpu_hour
@@ -389,7 +390,6 @@ def _screened_search(model, cluster, global_batch_size, precision, space, object
 
 def _uneven_search(model, cluster, global_batch_size, precision, space, objective, limits, progress,
                    shortlist, shortlist_within, pareto=None) -> SearchResult:
-    from paraplan.prediction.hetero import predict_hetero
     from paraplan.search.hetero import enumerate_hetero, hetero_job, rank_candidates
 
     train_tokens = limits[0]
@@ -428,7 +428,7 @@ def _uneven_search(model, cluster, global_batch_size, precision, space, objectiv
             if j < len(ranked):
                 front.append(ranked[j])
                 continue
-            pred = predict_hetero(hetero_job(model, cluster, precision, train_tokens, meeting[j - len(ranked)]))
+            pred = predict_any(hetero_job(model, cluster, precision, train_tokens, meeting[j - len(ranked)]))
             if pred.fits and _over_limits(pred.time_to_train_s, pred.cost_to_train_usd, limits) is None:
                 front.append(pred)
     closest = min(missed, key=lambda c: c.rank) if not ranked and missed else None

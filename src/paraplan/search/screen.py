@@ -41,7 +41,6 @@ from paraplan.inventory import JobInventory, count_job
 from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
-from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.prediction.memory import (
     estimate_stage_memory,
     fragmentation_share,
@@ -50,6 +49,7 @@ from paraplan.prediction.memory import (
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import gradient_copy_s, optimizer_step_s
+from paraplan.prediction.stages import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.schedule.closed_form import (
     FIRST,
     LAST,

@@ -13,7 +13,9 @@ from __future__ import annotations
 from paraplan.costmodel import CostModel
 from paraplan.inventory import OpKind, count_job
 from paraplan.inventory.recompute import recompute_cost
-from paraplan.prediction import BACKWARD, Prediction, stage_sends_s
+from paraplan.prediction import Prediction
+from paraplan.prediction.facade import stage_sends_s
+from paraplan.prediction.stages import BACKWARD
 from paraplan.specs import Phase
 
 #: The trace's compute class of each operator kind (``traces.rules.COMPUTE_CLASSES``).
