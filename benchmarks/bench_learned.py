@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from paraplan.catalog import load_job
-from paraplan.fitting import fit_models, fit_tasks, training_metadata
+from paraplan.costmodel.fitting import fit_models, fit_tasks, training_metadata
 from paraplan.prediction import predict
 from paraplan.prediction.backends import load_model_file, make_cost_model
 from paraplan.regress.store import save_models

@@ -19,11 +19,11 @@ def predict(
 ) -> Prediction:
     """Predict one iteration. ``job`` is a Job, a job mapping, or the path of a job file;
     ``models`` (a file from ``paraplan fit``) selects the learned backend; a job on node groups
-    of different GPUs is predicted analytically (``prediction.facade.predict_any`` chooses)."""
+    of different GPUs is predicted analytically (``prediction.entry.predict_any`` chooses)."""
     import warnings
 
     from paraplan.catalog import load_job, resolve_job
-    from paraplan.prediction.facade import predict_any
+    from paraplan.prediction.entry import predict_any
 
     if isinstance(job, str):
         job = load_job(job)

@@ -35,7 +35,7 @@ def test_the_memory_table_names_every_part_by_its_one_label_and_fits_80_columns(
 
 def test_the_memory_picture_names_every_part_by_the_same_labels(zero3):
     pytest.importorskip("matplotlib")
-    from paraplan.regress.plot import load_pyplot
+    from paraplan.files.pictures import load_pyplot
     from paraplan.report.plots import figure_memory
 
     fig = figure_memory(zero3)

@@ -263,7 +263,7 @@ def _fit_keys():
 
 
 def test_learning_curves_get_one_panel_per_operator_and_per_collective_kind():
-    from paraplan.regress.plot import curve_panels
+    from paraplan.report.learning_curves import curve_panels
 
     panels = curve_panels(_fit_keys())
     assert list(panels) == ["linear1", "linear2", "flash_atten", "softmax", "all_reduce (collective)",
@@ -274,7 +274,7 @@ def test_learning_curves_get_one_panel_per_operator_and_per_collective_kind():
 
 
 def test_the_learning_curve_plot_of_many_regressors_is_a_png(tmp_path):
-    from paraplan.regress.plot import plot_learning_curves
+    from paraplan.report.learning_curves import plot_learning_curves
 
     rows = [(0.1, 20, 0.3), (0.25, 50, 0.2), (0.5, 100, 0.1), (1.0, 200, 0.05)]
     out = plot_learning_curves({k: rows for k in _fit_keys()}, tmp_path / "curves.png")
@@ -284,12 +284,12 @@ def test_the_learning_curve_plot_of_many_regressors_is_a_png(tmp_path):
 def test_fit_without_matplotlib_stops_before_fitting_when_asked_for_learning_curves(tmp_path, monkeypatch):
     import sys
 
-    import paraplan.fitting
+    import paraplan.costmodel.fitting
 
     def never(*a, **k):
         raise AssertionError("fitted before finding matplotlib missing")
 
-    monkeypatch.setattr(paraplan.fitting, "fit_models", never)
+    monkeypatch.setattr(paraplan.costmodel.fitting, "fit_models", never)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     (tmp_path / "a.samples").write_bytes(b"")
     result = _run("fit", str(tmp_path / "a.samples"), "--out", str(tmp_path / "a.models"),

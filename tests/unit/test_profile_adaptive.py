@@ -189,7 +189,7 @@ def test_a_held_out_stop_without_a_held_out_set_and_an_unknown_stop_are_refused(
 
 def test_a_live_sweep_with_the_out_of_bag_stop_times_no_held_out_shape():
     from paraplan.catalog.jobs import load_cluster_file
-    from paraplan.fitting import Hardware
+    from paraplan.costmodel.fitting import Hardware
     from paraplan.profile.adaptive_sweep import run_adaptive_sweep
     from paraplan.profile.grid import load_grid
     from paraplan.profile.ops import SweepSettings

@@ -499,17 +499,18 @@ def test_a_repeated_key_cannot_show_the_check_one_tree_and_xgboost_another(tmp_p
 
 
 def test_the_booster_xgboost_built_is_checked_from_its_own_dump(fitted):
-    from paraplan.regress.store import _booster_problem, _decode_ubjson
+    from paraplan.regress.trees import booster_problem
+    from paraplan.regress.ubjson import decode_ubjson
 
     booster = fitted["op/a/fwd"].estimator.estimator_.get_booster()
-    dump = _decode_ubjson(bytes(booster.save_raw(raw_format="ubj")))
-    assert _booster_problem(dump, 2) is None
+    dump = decode_ubjson(bytes(booster.save_raw(raw_format="ubj")))
+    assert booster_problem(dump, 2) is None
     tree = dump["learner"]["gradient_booster"]["model"]["trees"][3]
     left = tree["left_children"].copy()
     left[0] = 0
     tree["left_children"] = left
-    assert _booster_problem(dump, 2) == "tree 3 node 0 has a child index that is not a later node of the tree"
-    assert _booster_problem(dump, 3).startswith("2 features, the manifest names 3")
+    assert booster_problem(dump, 2) == "tree 3 node 0 has a child index that is not a later node of the tree"
+    assert booster_problem(dump, 3).startswith("2 features, the manifest names 3")
 
 
 UBJ_KEY = b"L" + (7).to_bytes(8, "big") + b"learner"
@@ -528,17 +529,17 @@ UBJ_KEY = b"L" + (7).to_bytes(8, "big") + b"learner"
     ids=["deep-nesting", "string-past-end", "array-past-end", "repeated-key", "trailing-bytes", "unknown-marker"],
 )
 def test_the_ubjson_decoder_refuses_what_xgboost_would_read_out_of_bounds(data):
-    from paraplan.regress.store import _decode_ubjson
+    from paraplan.regress.ubjson import decode_ubjson
 
     with pytest.raises(ValueError):
-        _decode_ubjson(data)
+        decode_ubjson(data)
 
 
 def test_the_ubjson_decoder_reads_what_xgboost_writes(fitted):
-    from paraplan.regress.store import _decode_ubjson
+    from paraplan.regress.ubjson import decode_ubjson
 
     booster = fitted["op/a/fwd"].estimator.estimator_.get_booster()
-    from_ubj = _decode_ubjson(bytes(booster.save_raw(raw_format="ubj")))
+    from_ubj = decode_ubjson(bytes(booster.save_raw(raw_format="ubj")))
     from_json = json.loads(bytes(booster.save_raw(raw_format="json")))
 
     def same(a, b):
@@ -603,14 +604,14 @@ def test_learning_curves_use_nested_training_fractions_and_one_hold_out(tmp_path
     assert all(0 < e < 0.3 for e in errors)
     assert errors[-1] < 0.03 and errors[-1] < errors[0]
 
-    from paraplan.regress.plot import plot_learning_curves
+    from paraplan.report.learning_curves import plot_learning_curves
 
     out = plot_learning_curves({"op/a/fwd": rows, "collective/b": rows[:2]}, tmp_path / "curves.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_learning_curve_plot_needs_a_plot_file_name(tmp_path):
-    from paraplan.regress.plot import plot_learning_curves
+    from paraplan.report.learning_curves import plot_learning_curves
 
     rows = [(0.5, 100, 0.1), (1.0, 200, 0.05)]
     for name, message in (("curves.txt", "a plot file name ends in .png, .svg, .pdf"), ("no/curves.png", "does not exist")):
@@ -656,13 +657,13 @@ def samples_file(tmp_path):
 def test_paraplan_fit_checks_its_output_paths_before_fitting(tmp_path, samples_file, monkeypatch, out, curves, message):
     from typer.testing import CliRunner
 
-    import paraplan.fitting
+    import paraplan.costmodel.fitting
     from paraplan.cli.app import app
 
     def never(*args, **kwargs):
         raise AssertionError("fitted before checking the output paths")
 
-    monkeypatch.setattr(paraplan.fitting, "fit_models", never)
+    monkeypatch.setattr(paraplan.costmodel.fitting, "fit_models", never)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dir.png").mkdir()
     (tmp_path / "old.png").write_bytes(b"keep me")
@@ -686,7 +687,7 @@ def test_paraplan_fit_refuses_the_same_file_for_models_and_curves(tmp_path, samp
 
 
 def test_the_work_of_paraplan_fit_is_foretold_from_the_samples_table(samples_file):
-    import paraplan.fitting as fitting
+    import paraplan.costmodel.fitting as fitting
     from paraplan.samples import load_samples
 
     samples = load_samples(samples_file)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from paraplan.atomic import sweep_stale, temp_path
+from paraplan.files.atomic import sweep_stale, temp_path
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("pyarrow")

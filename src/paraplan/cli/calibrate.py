@@ -44,8 +44,8 @@ def _log(line: str) -> None:
 
 def _prepare(folder: Path, out_file: Path | None, force: bool) -> None:
     """Everything checked before seconds of fitting: the extra, DIR and --out."""
-    from paraplan.atomic import check_output_path
     from paraplan.calibrate import check_dependencies
+    from paraplan.files.atomic import check_output_path
 
     check_dependencies()
     if not folder.is_dir():
@@ -224,10 +224,10 @@ def trace_command(
     """Fit the job's GPU efficiency curves (GEMM, attention, memory, norms and activations) to
     the operators a profiler trace timed, and its links to the collectives it timed; write the
     job's cluster with the fitted numbers as a cluster file for `paraplan predict --cluster`."""
-    from paraplan.atomic import check_output_path
     from paraplan.calibrate import check_dependencies, cluster_file_yaml, write_new_file
     from paraplan.calibrate.trace import calibrate_from_trace
     from paraplan.catalog import load_job
+    from paraplan.files.atomic import check_output_path
     from paraplan.report.calibration import render_trace_calibration
     from paraplan.specs import Job
     from paraplan.traces.summary import trace_files

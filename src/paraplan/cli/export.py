@@ -22,7 +22,7 @@ def export_command(
     """Write the launch recipe for a job's plan; what the target cannot express is noted on stderr."""
     from paraplan.catalog import load_job
     from paraplan.export import TARGETS, export_notes, render
-    from paraplan.prediction.facade import predict_any
+    from paraplan.prediction.entry import predict_any
     from paraplan.specs import ConfigError
 
     with user_errors():

@@ -29,11 +29,11 @@ def fit_command(
 ) -> None:
     """Fit one residual regressor per (GPU, operator, direction) and (cluster, collective);
     print each one's cross-validated and held-out error next to the analytical baseline's."""
-    import paraplan.fitting as fitting
-    from paraplan.atomic import check_output_path
+    import paraplan.costmodel.fitting as fitting
     from paraplan.catalog.jobs import load_cluster_file
     from paraplan.cli.progress import StagedProgress
-    from paraplan.regress.plot import check_plot_path
+    from paraplan.files.atomic import check_output_path
+    from paraplan.files.pictures import check_plot_path
     from paraplan.regress.select import MIN_DISTINCT_SAMPLES
     from paraplan.regress.store import save_models
     from paraplan.report.fitting import fit_rows, render_fit, render_learning_curves
@@ -50,7 +50,7 @@ def fit_command(
             check_plot_path(learning_curves, overwrite=force, flag="--force")
             if learning_curves.resolve() == out_file.resolve():
                 raise ConfigError(f"{learning_curves}: --learning-curves and --out name the same file")
-        # One bar over every stage, its work in rough seconds (paraplan.fitting), so the ETA
+        # One bar over every stage, its work in rough seconds (paraplan.costmodel.fitting), so the ETA
         # holds from the first stage to the last.
         with StagedProgress(err, "reading samples") as bar:
             bar.add_work(fitting.READ_WORK)
@@ -95,7 +95,7 @@ def fit_command(
                                                      progress=starting("curves"),
                                                      done=lambda: bar.advance(work.curves[current[0]]))
                 bar.stage("plotting curves")
-                from paraplan.regress.plot import plot_learning_curves
+                from paraplan.report.learning_curves import plot_learning_curves
 
                 plot_learning_curves(curves, learning_curves)
                 bar.advance(work.plot)

@@ -93,7 +93,7 @@ def predict_flagged(job: Job | HeteroJob, backend: str, models: Path | None,
     """The prediction of ``job`` with the cost model ``backend`` (``models``: a fitted models
     file), and the notes about it: that its framework cannot run the plan, and what the cost
     model has to say."""
-    from paraplan.prediction.facade import predict_any
+    from paraplan.prediction.entry import predict_any
     from paraplan.specs.frameworks import unrunnable_note
 
     unrunnable = tuple(n for n in (unrunnable_note(job),) if n is not None)

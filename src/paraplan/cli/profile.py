@@ -179,7 +179,7 @@ def adaptive_command(
     of the shapes timed and held out (--stop holdout). Every point is journalled; the same
     command resumes."""
     from paraplan.catalog.jobs import load_cluster_file
-    from paraplan.fitting import Hardware
+    from paraplan.costmodel.fitting import Hardware
     from paraplan.profile import ops, records
     from paraplan.profile.adaptive_sweep import JournalMeasure, run_adaptive_sweep
     from paraplan.report.adaptive import adaptive_record, render_adaptive

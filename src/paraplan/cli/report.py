@@ -26,7 +26,7 @@ def report_command(
     """Write one HTML page with the summary, the breakdown per stage, the pipeline timeline,
     memory per stage, the operators of one layer and its GEMMs (pictures inlined; needs the
     plot extra). The job flags are predict's."""
-    from paraplan.regress.plot import load_pyplot
+    from paraplan.files.pictures import load_pyplot
     from paraplan.report.gemms import render_gemms_csv
     from paraplan.report.html import render_html
     from paraplan.specs import ConfigError
@@ -51,7 +51,7 @@ def report_command(
 
 
 def _check_out(path: Path, suffix: str, force: bool, what: str) -> None:
-    from paraplan.atomic import check_output_path
+    from paraplan.files.atomic import check_output_path
     from paraplan.specs import ConfigError
 
     if path.suffix.lower() != suffix:

@@ -359,8 +359,8 @@ def _ints(name: str, text: str, low: int = 1) -> list[int]:
 def _check_outputs(save_best: Path | None, pareto: Path | None, force: bool) -> None:
     """--save-best and --pareto can be written (folder there, no file unless --force, a picture
     suffix and matplotlib for --pareto), checked before the search runs."""
-    from paraplan.atomic import check_output_path
-    from paraplan.regress.plot import check_plot_path
+    from paraplan.files.atomic import check_output_path
+    from paraplan.files.pictures import check_plot_path
     from paraplan.specs import ConfigError
 
     try:

@@ -65,7 +65,7 @@ def summarize_command(
 
 def _write_atomically(target: Path, text: str) -> None:
     """A reader never sees half a file: write beside it, then rename over it."""
-    from paraplan.atomic import sweep_stale, temp_path
+    from paraplan.files.atomic import sweep_stale, temp_path
 
     sweep_stale(target)
     tmp = temp_path(target)

@@ -102,7 +102,7 @@ def trace_command(
     measured and predicted (compute by kernel class, exposed communication per dimension, idle)
     with its error, and the iteration's."""
     from paraplan.catalog import load_job
-    from paraplan.regress.plot import check_plot_path
+    from paraplan.files.pictures import check_plot_path
     from paraplan.report.formats import render_csv, render_json
     from paraplan.report.tracevalidation import (
         component_rows,

@@ -66,7 +66,7 @@ def render_slurm(job: Job, prediction: Prediction | None = None) -> str:
     """The batch script text. Without a prediction and with ``train_tokens``, one is made here."""
     check_prediction(job, prediction)
     if prediction is None and job.train_tokens is not None:
-        from paraplan.prediction.facade import predict_any
+        from paraplan.prediction.entry import predict_any
 
         prediction = predict_any(job)
     c, p = job.cluster, job.parallel

@@ -1,6 +1,6 @@
 """Predict one training iteration: ``predict`` (a job and a cost model in, a ``Prediction``
 out) and what a prediction is made of. The modules hold the rest: the one door that chooses the
-homogeneous or heterogeneous path and the cost model (``facade.predict_any``), what a stage
+homogeneous or heterogeneous path and the cost model (``entry.predict_any``), what a stage
 costs (``stages``), memory (``memory``), the heterogeneous path (``hetero``) and the choice of
 cost model (``backends``)."""
 

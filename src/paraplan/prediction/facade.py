@@ -1,19 +1,16 @@
 """The facade: Job -> Prediction (iteration time, breakdown, memory, MFU, cost).
 
-``predict_any`` is the one door: it chooses the homogeneous or heterogeneous prediction and the
-cost model, for the CLI, the plan search, the exports and the Python API (``paraplan.predict``);
-``predict`` is the homogeneous path with a cost model already chosen.
+``predict`` is the homogeneous path with a cost model already chosen; the one door that chooses
+it or the heterogeneous path, and the cost model, is ``prediction.entry.predict_any``.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 
 from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, expert_gaps, link_gaps
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
-from paraplan.prediction.backends import BACKENDS, ModelSet, load_model_file, make_cost_model
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.offload import offload_notes
 from paraplan.prediction.result import (
@@ -27,36 +24,7 @@ from paraplan.prediction.result import (
 from paraplan.prediction.sanity import check_iteration, check_possible
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
 from paraplan.schedule import placement, simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
-from paraplan.specs import ConfigError, HeteroJob, Job
-
-
-def predict_any(
-    job: Job | HeteroJob,
-    *,
-    backend: str | None = None,
-    models: Path | str | ModelSet | None = None,
-    keep_timeline: bool = False,
-    notes: list[str] | None = None,
-) -> Prediction:
-    """Predict one iteration of ``job``, homogeneous or on node groups of different GPUs.
-    ``backend`` names the cost model (``analytical``, or ``learned`` with ``models``: a models
-    file from ``paraplan fit`` or its loaded ``ModelSet``; ``learned`` when only ``models`` is
-    given). What the cost model has to say is appended to ``notes`` when given."""
-    backend = backend or ("learned" if models is not None else "analytical")
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
-    if isinstance(job, HeteroJob):  # node groups of different GPUs
-        if backend != "analytical" or models is not None:
-            raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
-        from paraplan.prediction.hetero import predict_hetero
-
-        return predict_hetero(job, keep_timeline=keep_timeline)
-    fitted = models if models is None or isinstance(models, ModelSet) else load_model_file(models)
-    cost_model = make_cost_model(job, backend, fitted)
-    if notes is not None:
-        source = "models" if isinstance(models, ModelSet) else models
-        notes.extend(f"{source}: {note}" for note in getattr(cost_model, "notes", ()))
-    return predict(job, cost_model, keep_timeline=keep_timeline)
+from paraplan.specs import Job
 
 
 def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:

@@ -3,7 +3,7 @@
 The engine does not know how a point is measured. It gets a :class:`Pool` of candidate shapes
 of one regressor (one device, dtype, operator and direction, or one collective and link) with
 the features and analytical baselines ``paraplan fit`` computes for them
-(:func:`paraplan.fitting.fit_tasks`), a ``measure(points) -> seconds`` callable, and a
+(:func:`paraplan.costmodel.fitting.fit_tasks`), a ``measure(points) -> seconds`` callable, and a
 :class:`HeldOut` set of measured shapes it never trains on. Then:
 
 1. a space-filling seed (greedy max-min distance in the scaled feature space) is measured;
@@ -278,14 +278,14 @@ def split_pool(pool: Pool, fraction: float = 0.2, random_state: int = 0) -> tupl
 
 def pools_from_samples(samples: Any, hardware: Any = None) -> list[Pool]:
     """One pool per regressor ``paraplan fit`` would fit on ``samples``, with its features
-    (GPUs outside the catalog from ``hardware``, a :class:`paraplan.fitting.Hardware`).
+    (GPUs outside the catalog from ``hardware``, a :class:`paraplan.costmodel.fitting.Hardware`).
 
     Rows with identical features (one shape timed twice, or shapes the operator does not tell
     apart) become one candidate; its ``time_s`` is their geometric mean (NaN if unmeasured).
     """
     import pandas as pd
 
-    from paraplan.fitting import Hardware, fit_tasks
+    from paraplan.costmodel.fitting import Hardware, fit_tasks
 
     frame = samples.copy()
     frame["time_s"] = frame["time_s"].fillna(1.0)  # fit_tasks reads it; the pool does not use it

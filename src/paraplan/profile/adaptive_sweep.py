@@ -122,7 +122,7 @@ def run_adaptive_sweep(
 ) -> list[AdaptiveRun | None]:
     """One adaptive run per regressor pool of ``points`` (None where the pool was measured whole
     because it had fewer than :data:`MIN_POOL` shapes). ``hardware``: GPUs outside the catalog
-    (:class:`paraplan.fitting.Hardware`). ``stop`` and ``order``: as
+    (:class:`paraplan.costmodel.fitting.Hardware`). ``stop`` and ``order``: as
     :func:`~paraplan.profile.adaptive.sample_adaptively`'s; ``stop="oob"`` measures no held-out
     set. ``deadline`` (a :func:`time.monotonic` time): no batch starts after it; the pools not
     reached by then come back as runs with no shape measured, stopped with "time budget spent"."""

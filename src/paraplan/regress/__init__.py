@@ -6,7 +6,6 @@ time b and the measured time t, and learns y = log(t / b).
 - :mod:`~paraplan.regress.estimators`: ``ResidualRegressor`` (XGBoost or random forest)
 - :mod:`~paraplan.regress.select`: ``fit_best`` (CV tuning, hold-out error), ``learning_curve``
 - :mod:`~paraplan.regress.store`: ``save_models`` / ``load_models`` (safe model files)
-- :mod:`~paraplan.regress.plot`: ``plot_learning_curves``
 
 Names are imported on first use, so ``import paraplan.regress`` stays cheap; scikit-learn and
 XGBoost load when a regressor is built or a model file is read.
@@ -27,7 +26,6 @@ _EXPORTS = {
     "load_models": "store",
     "read_manifest": "store",
     "save_models": "store",
-    "plot_learning_curves": "plot",
 }
 
 __all__ = sorted(_EXPORTS)

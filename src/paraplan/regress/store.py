@@ -20,6 +20,9 @@ manifest, a checksum mismatch, a truncated model, an unexpected type in a skops 
 whose indices point outside it) raises a one-line
 :class:`paraplan.specs.ConfigError` that starts with the path. ``unzip -p a100.models
 manifest.json`` shows what a file holds.
+
+The strict decoders of XGBoost documents are in :mod:`paraplan.regress.ubjson`, the checks that
+a model's trees can be walked safely in :mod:`paraplan.regress.trees`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import json
 import math
 import os
 import re
-import struct
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,13 +40,15 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.atomic import check_output_path, sweep_stale, temp_path
 from paraplan.catalog.userdata import json_depth
+from paraplan.files.atomic import check_output_path, sweep_stale, temp_path
 from paraplan.regress.estimators import ALGORITHMS, ResidualRegressor
 from paraplan.regress.select import FittedRegressor
+from paraplan.regress.trees import booster_problem, forest_problem, short_error
+from paraplan.regress.ubjson import decode_ubjson, decode_xgboost_json
 from paraplan.specs import ConfigError
 
-__all__ = ["TRUSTED_SKOPS_TYPES", "check_output_path", "load_models", "read_manifest", "save_models"]
+__all__ = ["TRUSTED_SKOPS_TYPES", "load_models", "read_manifest", "save_models"]
 
 FORMAT = "paraplan-models"
 FORMAT_VERSION = 1
@@ -60,7 +64,6 @@ MAX_MEMBER_BYTES = 512 * 2**20  # refuse zip members that would expand beyond th
 # a thousandfold correction either way is tampered with or fitted on broken samples.
 MAX_ABS_RESIDUAL = math.log(1000.0)
 MAX_MANIFEST_DEPTH = 64  # nesting of manifest.json (the metadata is a few levels deep)
-MAX_XGBOOST_DEPTH = 32  # nesting of an XGBoost model document (XGBoost writes 7 levels)
 _MEMBER = re.compile(r"^models/\d{3,6}\.(ubj|json|skops)$")
 
 
@@ -204,7 +207,7 @@ def _open(path: str | os.PathLike[str]) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(p, "r")
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a paraplan model file ({_short(exc)})") from None
+        raise ConfigError(f"{path}: not a paraplan model file ({short_error(exc)})") from None
 
 
 def _read(path: Any, zf: zipfile.ZipFile, name: str, what: str) -> bytes:
@@ -217,7 +220,7 @@ def _read(path: Any, zf: zipfile.ZipFile, name: str, what: str) -> bytes:
     try:
         return zf.read(info)
     except Exception as exc:  # CRC errors, truncated archives, bad compression
-        raise ConfigError(f"{path}: {what} cannot be read ({_short(exc)})") from None
+        raise ConfigError(f"{path}: {what} cannot be read ({short_error(exc)})") from None
 
 
 def _manifest(path: Any, zf: zipfile.ZipFile) -> dict[str, Any]:
@@ -227,7 +230,7 @@ def _manifest(path: Any, zf: zipfile.ZipFile) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"{path}: manifest.json is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{path}: manifest.json is not valid JSON ({_short(exc)})") from None
+        raise ConfigError(f"{path}: manifest.json is not valid JSON ({short_error(exc)})") from None
     if json_depth(manifest) > MAX_MANIFEST_DEPTH:
         raise ConfigError(f"{path}: manifest.json is nested too deeply")
     bad = lambda msg: ConfigError(f"{path}: manifest.json: {msg}")  # noqa: E731
@@ -359,7 +362,7 @@ def _load_xgboost(path: Any, key: str, data: bytes, is_json: bool, n_features: i
     # UBJSON length past the end reads beyond the buffer, a parent index out of range is followed
     # while loading), so only a document decoded strictly here and checked reaches them.
     try:
-        doc = _decode_xgboost_json(data) if is_json else _decode_ubjson(data)
+        doc = decode_xgboost_json(data) if is_json else decode_ubjson(data)
     except (ValueError, IndexError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise bad from None
     _check_booster(path, key, doc, n_features)
@@ -375,272 +378,17 @@ def _load_xgboost(path: Any, key: str, data: bytes, is_json: bool, n_features: i
     # wrote round-trips byte for byte, and then the dump is the document checked above.
     if dump != data:
         try:
-            doc = _decode_ubjson(dump)
+            doc = decode_ubjson(dump)
         except (ValueError, IndexError):
             raise bad from None
         _check_booster(path, key, doc, n_features)
     return model
 
 
-# --- XGBoost model documents ---------------------------------------------------------------
-
-_INT64 = struct.Struct(">q")
-_UBJ_SCALARS = {
-    ord(marker): struct.Struct(fmt)
-    for marker, fmt in (("i", ">b"), ("U", ">B"), ("I", ">h"), ("l", ">i"), ("L", ">q"), ("d", ">f"), ("C", ">b"))
-}
-# the typed arrays XGBoost's UBJSON reader accepts: f32, u8, i32, i64 (big-endian)
-_UBJ_TYPED = {ord("d"): np.dtype(">f4"), ord("U"): np.dtype(">u1"), ord("l"): np.dtype(">i4"), ord("L"): np.dtype(">i8")}
-_OBJ, _OBJ_END, _ARR, _ARR_END, _TYPE, _COUNT, _LEN, _STR, _NULL, _TRUE, _FALSE = (
-    ord(c) for c in "{}[]$#LSZTF"
-)
-
-
-def _decode_ubjson(data: bytes) -> Any:
-    """The UBJSON document ``data`` as dicts, lists, scalars and (typed arrays) numpy arrays.
-
-    Strict: the subset XGBoost's reader accepts, every length within the data, at most
-    :data:`MAX_XGBOOST_DEPTH` levels, no repeated key (XGBoost keeps the first, a dict the
-    last), nothing after the document. Raises ValueError otherwise.
-    """
-    n = len(data)
-    int64 = _INT64.unpack_from
-    typed = _UBJ_TYPED.get
-    scalars = _UBJ_SCALARS.get
-
-    def length(pos: int) -> tuple[int, int]:
-        if pos + 9 > n or data[pos] != _LEN:
-            raise ValueError("a length is not an int64")
-        (value,) = int64(data, pos + 1)
-        pos += 9
-        if value < 0 or value > n - pos:
-            raise ValueError("a length runs past the end")
-        return value, pos
-
-    def parse(pos: int, depth: int) -> tuple[Any, int]:
-        # every read is guarded by the caller's pos < n or by an explicit bound
-        c = data[pos]
-        pos += 1
-        if c == _ARR and data[pos : pos + 1] == b"$":  # typed array: the bulk of a model
-            dtype = typed(data[pos + 1]) if pos + 3 < n else None
-            if dtype is None or data[pos + 2] != _COUNT:
-                raise ValueError("unsupported typed array")
-            count, pos = length(pos + 3)
-            end = pos + count * dtype.itemsize
-            if end > n:
-                raise ValueError("truncated")
-            return np.frombuffer(data, dtype=dtype, count=count, offset=pos), end
-        if c == _OBJ or c == _ARR:
-            if depth >= MAX_XGBOOST_DEPTH:
-                raise ValueError("nested too deeply")
-            if pos >= n:
-                raise ValueError("truncated")
-        if c == _OBJ:
-            obj: dict[bytes, Any] = {}
-            while data[pos] != _OBJ_END:
-                size, pos = length(pos)
-                name = data[pos : pos + size]
-                pos += size
-                if name in obj or pos >= n:
-                    raise ValueError("a key is repeated or truncated")
-                obj[name], pos = parse(pos, depth + 1)
-                if pos >= n:
-                    raise ValueError("truncated")
-            return {name.decode("utf-8"): v for name, v in obj.items()}, pos + 1
-        if c == _ARR:
-            items: list[Any] = []
-            if data[pos] == _COUNT:
-                count, pos = length(pos + 1)
-                for _ in range(count):
-                    if pos >= n:
-                        raise ValueError("truncated")
-                    item, pos = parse(pos, depth + 1)
-                    items.append(item)
-                return items, pos
-            while data[pos] != _ARR_END:
-                item, pos = parse(pos, depth + 1)
-                items.append(item)
-                if pos >= n:
-                    raise ValueError("truncated")
-            return items, pos + 1
-        if c == _STR:
-            if pos >= n:
-                raise ValueError("truncated")
-            size, pos = length(pos)
-            return data[pos : pos + size].decode("utf-8"), pos + size
-        scalar = scalars(c)
-        if scalar is not None:
-            if pos + scalar.size > n:
-                raise ValueError("truncated")
-            return scalar.unpack_from(data, pos)[0], pos + scalar.size
-        if c == _NULL:
-            return None, pos
-        if c == _TRUE or c == _FALSE:
-            return c == _TRUE, pos
-        raise ValueError("unsupported marker")
-
-    if not n:
-        raise ValueError("empty")
-    doc, end = parse(0, 0)
-    if end != n:
-        raise ValueError("data after the document")
-    return doc
-
-
-_JSON_STRING = re.compile(rb'"[^"]*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
-_BRACKET_STEP = np.zeros(256, dtype=np.int64)
-_BRACKET_STEP[list(b"{[")] = 1
-_BRACKET_STEP[list(b"}]")] = -1
-
-
-def _decode_xgboost_json(data: bytes) -> Any:
-    """The JSON document ``data``, strictly: no escapes (XGBoost writes none, and its reader
-    might decode them differently), no repeated key, at most :data:`MAX_XGBOOST_DEPTH` levels
-    (measured before parsing). Raises ValueError otherwise."""
-    if b"\\" in data:
-        raise ValueError("escapes in strings")
-    brackets = np.frombuffer(_JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS), dtype=np.uint8)
-    if brackets.size and int(np.cumsum(_BRACKET_STEP[brackets]).max()) > MAX_XGBOOST_DEPTH:
-        raise ValueError("nested too deeply")
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        obj = dict(pairs)
-        if len(obj) != len(pairs):
-            raise ValueError("a key is repeated")
-        return obj
-
-    return json.loads(data.decode("utf-8"), object_pairs_hook=unique)
-
-
-_INT_ARRAYS = ("left_children", "right_children", "parents", "split_indices")
-_FLOAT_ARRAYS = ("split_conditions", "base_weights", "loss_changes", "sum_hessian")
-_CATEGORY_ARRAYS = ("categories", "categories_nodes", "categories_segments", "categories_sizes")
-_ROOT_PARENT = 2**31 - 1  # XGBoost's "no parent" (-1 without its left-child flag bit)
-_BASE_SCORE = re.compile(r"\[?[-+0-9.eE]{1,40}\]?")
-
-
 def _check_booster(path: Any, key: str, doc: Any, n_features: int) -> None:
-    problem = _booster_problem(doc, n_features)
+    problem = booster_problem(doc, n_features)
     if problem:
         raise ConfigError(f"{path}: model file {key!r} is not a valid XGBoost model ({problem})")
-
-
-def _count(value: Any) -> int:
-    """A count XGBoost stores as a decimal string ("60")."""
-    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9):
-        raise ValueError(f"{value!r} is not a count")
-    return int(value)
-
-
-def _booster_problem(doc: Any, n_features: int) -> str | None:
-    """Why the XGBoost model document cannot be loaded and walked safely, or None.
-
-    Accepted: what paraplan fits (one squared-error regression target, one tree per round, numeric
-    splits, no attributes) with every tree a proper binary tree: node arrays as long as
-    ``num_nodes``, each inner node's children after it, within the tree and naming it as their
-    parent, every node but the root some node's child, split features below ``n_features``, and
-    finite thresholds and leaf values.
-    """
-    try:
-        learner = doc["learner"]
-        params = learner["learner_model_param"]
-        if _count(params["num_feature"]) != n_features:
-            return f"{params['num_feature']} features, the manifest names {n_features}"
-        if params.get("num_target", "1") != "1" or params.get("num_class", "0") != "0":
-            return "not a single-target regressor"
-        if not _BASE_SCORE.fullmatch(str(params.get("base_score", "0"))):
-            return "base_score is not a number"
-        if learner["objective"]["name"] != "reg:squarederror":
-            return f"objective {learner['objective']['name']!r} is not reg:squarederror"
-        if learner.get("attributes", {}) != {}:
-            return "unexpected booster attributes"
-        for field in ("feature_names", "feature_types"):
-            names = learner.get(field, [])
-            if not (isinstance(names, list) and len(names) in (0, n_features)):
-                return f"{field} does not match {n_features} features"
-            if not all(isinstance(name, str) and name != "c" for name in names):
-                return f"{field} must be strings, none categorical"
-        booster = learner["gradient_booster"]
-        if booster["name"] != "gbtree":
-            return f"booster {booster['name']!r} is not gbtree"
-        model = booster["model"]
-        n_trees = _count(model["gbtree_model_param"]["num_trees"])
-        if model["gbtree_model_param"].get("num_parallel_tree", "1") != "1":
-            return "more than one tree per round"
-        trees = model["trees"]
-        if not isinstance(trees, list) or len(trees) != n_trees or n_trees < 1:
-            return f"{n_trees} trees declared, {len(trees) if isinstance(trees, list) else 0} present"
-        info = np.asarray(model["tree_info"])
-        if info.shape != (n_trees,) or info.dtype.kind not in "iu" or info.any():
-            return "tree_info does not assign every tree to the one output"
-        if "iteration_indptr" in model:
-            indptr = np.asarray(model["iteration_indptr"])
-            if indptr.dtype.kind not in "iu" or not np.array_equal(indptr, np.arange(n_trees + 1)):
-                return "iteration_indptr does not list one tree per round"
-        cats = model.get("cats", {})
-        if not isinstance(cats, dict) or any(len(v) for v in cats.values()):
-            return "categorical features are not supported"
-        return _trees_problem(trees, n_features)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        return f"unexpected layout: {_short(exc)}"
-
-
-def _trees_problem(trees: list[Any], n_features: int) -> str | None:
-    sizes, arrays = [], {name: [] for name in (*_INT_ARRAYS, *_FLOAT_ARRAYS, "default_left", "split_type")}
-    for i, tree in enumerate(trees):
-        param = tree["tree_param"]
-        if tree["id"] != i or isinstance(tree["id"], bool):
-            return f"tree {i} has id {tree['id']!r}"
-        n = _count(param["num_nodes"])
-        if n < 1 or _count(param["num_feature"]) != n_features:
-            return f"tree {i} does not match {n_features} features"
-        if param.get("num_deleted", "0") != "0" or param.get("size_leaf_vector", "1") not in ("0", "1"):
-            return f"tree {i} has deleted nodes or vector leaves"
-        for name in _CATEGORY_ARRAYS:
-            if len(tree.get(name, ())):
-                return f"tree {i} has categorical splits"
-        for name, parts in arrays.items():
-            values = np.asarray(tree.get(name, np.zeros(n, np.uint8)) if name == "split_type" else tree[name])
-            if values.shape != (n,) or values.dtype.kind not in ("iu" if name in _INT_ARRAYS else "iufb"):
-                return f"tree {i} has inconsistent node arrays"
-            parts.append(values)
-        sizes.append(n)
-    # all trees at once: node j of tree t is row start[t] + j
-    size = np.asarray(sizes)
-    start = np.concatenate([[0], np.cumsum(size)[:-1]])
-    tree_of = np.repeat(np.arange(len(size)), size)
-    own = np.arange(int(size.sum())) - start[tree_of]
-    left, right, parent, feature = (np.concatenate(arrays[name]).astype(np.int64) for name in _INT_ARRAYS)
-    inner = left != -1
-    children_bad = inner != (right != -1)
-    for child in (left, right):
-        children_bad |= inner & ((child <= own) | (child >= size[tree_of]))
-    with np.errstate(over="ignore", invalid="ignore"):  # XGBoost holds thresholds as float32
-        finite = np.isfinite(np.concatenate(arrays["split_conditions"]).astype(np.float32))
-    checks = (
-        (children_bad, "a child index that is not a later node of the tree"),
-        (inner & ((feature < 0) | (feature >= n_features)), f"a split feature outside 0..{n_features - 1}"),
-        (~finite, "a NaN or infinite threshold or leaf value"),
-        (np.concatenate(arrays["split_type"]) != 0, "a categorical split"),
-        ((own == 0) & (parent != _ROOT_PARENT), "a root with a parent"),
-    )
-    for mask, what in checks:
-        if mask.any():
-            return f"tree {int(tree_of[np.argmax(mask)])} node {int(own[np.argmax(mask)])} has {what}"
-    # each child names its parent, and every node but a root is exactly one node's child
-    rows = np.flatnonzero(inner)
-    for child in (left, right):
-        at = start[tree_of[rows]] + child[rows]
-        wrong = parent[at] != own[rows]
-        if wrong.any():
-            return f"tree {int(tree_of[rows[np.argmax(wrong)]])} has inconsistent parent indices"
-    base = start[tree_of[rows]]
-    children = np.bincount(np.concatenate([base + left[rows], base + right[rows]]), minlength=len(own))
-    orphan = children != (own != 0)
-    if orphan.any():
-        return f"tree {int(tree_of[np.argmax(orphan)])} has nodes outside the tree"
-    return None
 
 
 def _load_forest(path: Any, key: str, data: bytes, n_features: int) -> Any:
@@ -663,57 +411,12 @@ def _load_forest(path: Any, key: str, data: bytes, n_features: int) -> Any:
         raise ConfigError(f"{path}: model file {key!r} is not a valid skops file") from None
     if type(model) is not RandomForestRegressor:
         raise ConfigError(f"{path}: model file {key!r} holds a {type(model).__name__}, not a random forest")
-    problem = _forest_problem(model, n_features)
+    problem = forest_problem(model, n_features)
     if problem:
         raise ConfigError(f"{path}: model file {key!r} is not a valid random forest ({problem})")
     model.set_params(n_jobs=1)
     return model
 
 
-def _forest_problem(model: Any, n_features: int) -> str | None:
-    """Why the forest's trees cannot be walked safely, or None.
-
-    scikit-learn follows child and feature indices without bounds checks, so a crafted file
-    could make ``predict`` read out of bounds. Fitted trees number children after their parent,
-    which also rules out cycles.
-    """
-    from sklearn.tree import DecisionTreeRegressor
-
-    trees = getattr(model, "estimators_", None)
-    if not isinstance(trees, list) or not trees:
-        return "no trees"
-    if getattr(model, "n_outputs_", None) != 1:
-        return "not a single-output regressor"
-    for i, est in enumerate(trees):
-        if type(est) is not DecisionTreeRegressor or not hasattr(est, "tree_"):
-            return f"estimator {i} is not a fitted regression tree"
-        tree = est.tree_
-        n = int(tree.node_count)
-        left, right, feature = tree.children_left, tree.children_right, tree.feature
-        if n < 1 or not (len(left) == len(right) == len(feature) == n):
-            return f"tree {i} has inconsistent node arrays"
-        if tree.n_features != n_features or tree.n_outputs != 1 or tree.value.shape != (n, 1, 1):
-            return f"tree {i} does not match {n_features} features and one output"
-        leaf = left == -1
-        inner = ~leaf
-        own = np.arange(n)[inner]
-        if (
-            not np.array_equal(leaf, right == -1)
-            or np.any(left[inner] <= own)
-            or np.any(right[inner] <= own)
-            or np.any(left[inner] >= n)
-            or np.any(right[inner] >= n)
-            or np.any(feature[inner] < 0)
-            or np.any(feature[inner] >= n_features)
-        ):
-            return f"tree {i} has out-of-range node or feature indices"
-    return None
-
-
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:160]

@@ -10,9 +10,9 @@ import io
 import os
 from pathlib import Path
 
+from paraplan.files.pictures import check_plot_path, load_pyplot
 from paraplan.prediction import Prediction
 from paraplan.prediction.memory_parts import memory_parts_of
-from paraplan.regress.plot import check_plot_path, load_pyplot
 from paraplan.report.stagebars import COMPONENTS, DP_LABEL, stage_bars, timeline_bars
 from paraplan.specs import ConfigError
 

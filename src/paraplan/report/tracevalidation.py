@@ -13,8 +13,8 @@ from typing import Any
 from rich.console import Group
 from rich.text import Text
 
-from paraplan.atomic import sweep_stale, temp_path
-from paraplan.regress.plot import load_pyplot
+from paraplan.files.atomic import sweep_stale, temp_path
+from paraplan.files.pictures import load_pyplot
 from paraplan.report.layout import ReadableTable
 from paraplan.validate import RunValidation
 from paraplan.validate.trace import PARTS

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paraplan.atomic import check_output_path, sweep_stale, temp_path
 from paraplan.catalog.userdata import json_depth
+from paraplan.files.atomic import check_output_path, sweep_stale, temp_path
 from paraplan.samples.schema import SCHEMA_VERSION, validate_samples
 from paraplan.specs import ConfigError
 

@@ -28,7 +28,7 @@ from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
 from paraplan.inventory.partition import count_layers_per_stage, split_layers
 from paraplan.prediction import Prediction
-from paraplan.prediction.facade import predict_any
+from paraplan.prediction.entry import predict_any
 from paraplan.prediction.memory import estimate_stage_memory, usable_hbm_bytes
 from paraplan.prediction.stages import CommCosts, stage_timing
 from paraplan.prediction.stages import layer_costs as cost_layers

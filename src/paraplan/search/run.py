@@ -10,7 +10,7 @@ import numpy as np
 
 from paraplan.inventory import count_job
 from paraplan.prediction import Prediction
-from paraplan.prediction.facade import predict_any
+from paraplan.prediction.entry import predict_any
 from paraplan.prediction.memory import estimate_memory, usable_hbm_bytes
 from paraplan.search.pareto import PARETO_AXES, near_front
 from paraplan.search.screen import screen_plans, screenable

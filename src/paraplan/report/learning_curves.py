@@ -7,37 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from paraplan.specs import ConfigError
+from paraplan.files.pictures import check_plot_path, load_pyplot
 
 Curve = Sequence[tuple[float, int, float]]
-#: The formats :func:`plot_learning_curves` writes, by file suffix.
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
-def check_plot_path(path: str | os.PathLike[str], *, overwrite: bool = False, flag: str = "--force") -> None:
-    """Raise a one-line ConfigError unless a plot can be written to ``path``: a .png, .svg or
-    .pdf name in an existing folder, not a folder, and not an existing file unless
-    ``overwrite`` (``flag`` names the option that allows replacing it); and matplotlib, which
-    draws it, is installed."""
-    from paraplan.atomic import check_output_path
-
-    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
-        raise ConfigError(f"{path}: a plot file name ends in {', '.join(PLOT_SUFFIXES)}")
-    check_output_path(path, overwrite=overwrite, flag=flag, what="plot file")
-    load_pyplot()
-
-
-def load_pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display); a missing matplotlib is a
-    one-line ConfigError naming the extra that installs it."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError("pictures need matplotlib: pip install 'paraplan[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def curve_panels(keys: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
@@ -72,7 +44,7 @@ def plot_learning_curves(
     multiples: one panel per operator or collective kind (:func:`curve_panels`). The x axis is
     the number of training samples (log scale), the y axis the held-out error on time in percent.
     An existing file at ``path`` is replaced; any other unusable path is a one-line ConfigError
-    (see :func:`check_plot_path`).
+    (see :func:`paraplan.files.pictures.check_plot_path`).
     """
     import math
 
