@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from paraplan.files.atomic import check_output_path
 from paraplan.specs import ConfigError
 
 #: The picture formats written, by file suffix.
@@ -18,6 +17,8 @@ def check_plot_path(path: str | os.PathLike[str], *, overwrite: bool = False, fl
     .pdf name in an existing folder, not a folder, and not an existing file unless
     ``overwrite`` (``flag`` names the option that allows replacing it); and matplotlib, which
     draws it, is installed."""
+    from paraplan.files.atomic import check_output_path  # secrets and hashlib: only when writing
+
     if Path(path).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"{path}: a plot file name ends in {', '.join(PLOT_SUFFIXES)}")
     check_output_path(path, overwrite=overwrite, flag=flag, what="plot file")
