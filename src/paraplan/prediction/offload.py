@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, params_updated
-from paraplan.specs import ClusterSpec, Framework, Job, LinkSpec
+from paraplan.specs import ClusterSpec, ConfigError, Framework, Job, LinkSpec
 
 # When a node has no CPU-Adam measurement: DeepSpeed's CPU-Adam on a DGX-2 node's two Xeon
 # Platinum 8168 CPUs (48 cores), as recalled from the ZeRO-Offload paper (arXiv 2101.06840,
@@ -61,7 +61,7 @@ def nvme_bytes_per_s(cluster: ClusterSpec) -> float:
     generic NVMe figure is worth guessing: drives and their number vary by 10x)."""
     bw = cluster.host.nvme_bandwidth_bytes_per_s
     if bw is None:
-        raise ValueError(
+        raise ConfigError(
             f"cluster.host.nvme_bandwidth: cluster {cluster.name!r} has no NVMe bandwidth; "
             "offload to nvme needs one (give host: {nvme_bandwidth: ...} in the cluster)"
         )
