@@ -59,7 +59,7 @@ from paraplan.schedule.closed_form import (
     finish_by_class,
     in_flight,
 )
-from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
+from paraplan.schedule.overlap import exposed_sync_s, with_sharded_traffic
 from paraplan.search.space import (
     EP_EXPERTS,
     EP_STAGE,
@@ -497,23 +497,14 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         backward = n * layer_b + ends("end_b", c)
         dp_f, dp_b = B["dp_f"][b, c], B["dp_b"][b, c]
         reduce_s, gather_s = B["reduce"][b, c], B["gather"][b, c]
-        if overlap:  # prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
-            units = np.maximum(n, 1)
-            forward = sharded_pass_s(forward + tp_f, dp_f, units, slowdown) - tp_f
-            backward = sharded_pass_s(backward + tp_b, dp_b, units, slowdown) - tp_b
-        else:
-            forward, backward = forward + dp_f, backward + dp_b
+        # as prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
+        forward, backward = with_sharded_traffic(forward, backward, tp_f, tp_b, dp_f, dp_b, n, slowdown, overlap)
         copy = B["grad_copy"][b, c]
         if copy.any():  # ZeRO-Offload's gradient copy, as offload.exposed_gradient_copy_s
             exposed = (copy - backward) * (copy > backward)
             backward = backward + np.where(zero >= 2, exposed, exposed / m)
-        if overlap:
-            last_b, first_f = backward + recompute + tp_b, forward + tp_f
-            exposed = (overlapped_s(last_b, reduce_s, slowdown) - last_b
-                       + overlapped_s(first_f, gather_s, slowdown) - first_f)
-        else:
-            exposed = reduce_s + gather_s
         f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
+        exposed = exposed_sync_s(f[c], bw[c], reduce_s, gather_s, slowdown, overlap)
         if zero_bubble:
             wg[c] = n * A["layer_w"][a] + ends("end_w", c)
         drain_extra[c], opt[c] = exposed, B["optimizer"][b, c]
