@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, params_updated
 from paraplan.specs import ClusterSpec, ConfigError, Framework, Job, LinkSpec
@@ -137,14 +139,14 @@ def gradient_copy_s(inv: JobInventory, st: StageInventory) -> float:
     return _shard(inv, st) * inv.grad_bytes / host_bytes_per_s(inv.job.cluster)
 
 
-def exposed_gradient_copy_s(inv: JobInventory, copy_s, backward_s):
+def exposed_gradient_copy_s(copy_s, backward_s, zero_stage, num_microbatches):
     """What the gradient copy adds to each micro-batch's backward pass: its excess over the
     backward it overlaps, every micro-batch under ZeRO-2/3 (which reduce, and copy out, every
     micro-batch's gradients), once per iteration under ZeRO-1 (at the accumulation boundary;
-    spread over the micro-batches here). Works on numbers and numpy arrays alike."""
-    p = inv.job.parallel
+    spread over the micro-batches here). Works on numbers and numpy arrays alike (the plan
+    screen calls it for every plan)."""
     exposed = (copy_s - backward_s) * (copy_s > backward_s)
-    return exposed if p.zero_stage >= 2 else exposed / p.num_microbatches
+    return np.where(zero_stage >= 2, exposed, exposed / num_microbatches)
 
 
 def optimizer_step_s(inv: JobInventory, st: StageInventory) -> float | None:
@@ -178,7 +180,7 @@ def offload_time(inv: JobInventory, st: StageInventory, forward_s: float, backwa
         fetch = _shard(inv, st) * inv.param_bytes / rate
         fwd += max(0.0, fetch - forward_s)
         bwd += max(0.0, fetch - backward_s)
-    bwd += exposed_gradient_copy_s(inv, gradient_copy_s(inv, st), backward_s)
+    bwd += float(exposed_gradient_copy_s(gradient_copy_s(inv, st), backward_s, p.zero_stage, p.num_microbatches))
     if p.cpu_offloading:
         k, n = min(p.cpu_offloading_num_layers or 0, st.num_layers), st.num_layers
         per_layer = layer_saved_bytes / link

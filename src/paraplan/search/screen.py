@@ -49,7 +49,7 @@ from paraplan.prediction.memory import (
     peak_bytes,
     usable_hbm_bytes,
 )
-from paraplan.prediction.offload import gradient_copy_s, optimizer_step_s
+from paraplan.prediction.offload import exposed_gradient_copy_s, gradient_copy_s, optimizer_step_s
 from paraplan.schedule.closed_form import (
     FIRST,
     LAST,
@@ -500,9 +500,8 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
         # as prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
         forward, backward = with_sharded_traffic(forward, backward, tp_f, tp_b, dp_f, dp_b, n, slowdown, overlap)
         copy = B["grad_copy"][b, c]
-        if copy.any():  # ZeRO-Offload's gradient copy, as offload.exposed_gradient_copy_s
-            exposed = (copy - backward) * (copy > backward)
-            backward = backward + np.where(zero >= 2, exposed, exposed / m)
+        if copy.any():  # ZeRO-Offload's gradient copy
+            backward = backward + exposed_gradient_copy_s(copy, backward, zero, m)
         f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
         exposed = exposed_sync_s(f[c], bw[c], reduce_s, gather_s, slowdown, overlap)
         if zero_bubble:
