@@ -42,7 +42,7 @@ from paraplan.inventory.ops import OpKind
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.offload import count_offload
-from paraplan.schedule import peak_in_flight
+from paraplan.schedule.closed_form import stage_in_flight
 from paraplan.specs import Framework, Job, ParallelPlan, Recompute, Schedule
 
 
@@ -128,23 +128,10 @@ def fragmentation_share() -> float:
 
 def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
     """Micro-batches whose activations a stage holds at its peak (in units of its whole
-    layer stack; interleaving holds more, smaller chunks)."""
+    layer stack; interleaving holds more, smaller chunks): ``schedule.closed_form.stage_in_flight``,
+    the count the plan screen uses too."""
     plan = inv.job.parallel
-    p, m = plan.pp, plan.num_microbatches
-    if plan.schedule is Schedule.GPIPE:
-        return float(m)
-    if plan.schedule is Schedule.INTERLEAVED:
-        v = plan.vpp
-        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-        return chunks / v
-    if plan.schedule.splits_backward and p > 1:
-        # counted on the schedule's order (``schedule.peak_in_flight``): ZB-H1 holds
-        # min(p, m) on every stage (stage i defers i W passes, each keeping its micro-batch's
-        # activations: an upper bound, the W pass needs only its GEMMs' inputs), the same
-        # peak as 1F1B's stage 0; ZB-V min(2p, m + min(m, i + 1)) half-stage chunks, at most
-        # p micro-batches, also 1F1B's peak (Qi et al. 2023, Sections 2.1 and 6)
-        return peak_in_flight(plan.schedule, stage, p, m, plan.schedule.chunks(plan.vpp))
-    return float(min(p - stage, m))
+    return float(stage_in_flight(plan.schedule, stage, plan.pp, plan.num_microbatches, plan.vpp))
 
 
 def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
