@@ -124,11 +124,10 @@ def count_offload(inv: JobInventory, st: StageInventory, weights: float, gradien
 @dataclass(frozen=True, slots=True)
 class OffloadTime:
     """Seconds offload adds to one stage: exposed copies per micro-batch (forward and
-    backward) and the once-per-iteration optimizer step that replaces the GPU's."""
+    backward; the optimizer step on the CPU is ``optimizer_step_s``)."""
 
     forward_mb_s: float
     backward_mb_s: float
-    optimizer_s: float | None  # None: the GPU's own optimizer step stands
 
 
 def gradient_copy_s(inv: JobInventory, st: StageInventory) -> float:
@@ -186,7 +185,7 @@ def offload_time(inv: JobInventory, st: StageInventory, forward_s: float, backwa
         per_layer = layer_saved_bytes / link
         fwd += k * max(0.0, per_layer - forward_s / n)
         bwd += k * max(0.0, per_layer - backward_s / n)
-    return OffloadTime(fwd, bwd, optimizer_step_s(inv, st))
+    return OffloadTime(fwd, bwd)
 
 
 def offload_notes(job: Job, host_bytes_per_gpu: float) -> tuple[str, ...]:

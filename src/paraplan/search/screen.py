@@ -49,7 +49,8 @@ from paraplan.prediction.memory import (
     peak_bytes,
     usable_hbm_bytes,
 )
-from paraplan.prediction.offload import exposed_gradient_copy_s, gradient_copy_s, optimizer_step_s
+from paraplan.prediction.offload import exposed_gradient_copy_s, gradient_copy_s
+from paraplan.prediction.stages import stage_optimizer_s
 from paraplan.schedule.closed_form import (
     FIRST,
     LAST,
@@ -335,8 +336,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str
             out["gather"][j, c] = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
             out["dp_f"][j, c] = comm.total(st.per_microbatch_dp, (Phase.FWD,))
             out["dp_b"][j, c] = comm.total(st.per_microbatch_dp, BACKWARD)
-            step = optimizer_step_s(inv, st)  # offload: the CPU step replaces the GPU's
-            out["optimizer"][j, c] = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER) if step is None else step
+            out["optimizer"][j, c] = stage_optimizer_s(inv, st, cm)  # offload: the CPU step replaces the GPU's
             out["grad_copy"][j, c] = gradient_copy_s(inv, st)
             out["static"][j, c] = mem.persistent
             out["gathered"][j, c] = mem.gathered_params
