@@ -33,10 +33,18 @@ SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedul
 FIRST, MID, LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
 
 
+def runs(sched, *schedules: Schedule):
+    """Which plans (schedule codes ``sched``) run one of ``schedules``."""
+    mask = sched == SCHEDULES.index(schedules[0])
+    for schedule in schedules[1:]:
+        mask = mask | (sched == SCHEDULES.index(schedule))
+    return mask
+
+
 def chunks_per_stage(sched, vpp):
     """Model chunks per stage of each plan that the closed forms see (``v``): vpp for the
     interleaved schedule, else 1 (ZB-V's two chunks are its task graph's own)."""
-    return np.where(sched == 1, np.maximum(vpp, 1), 1).astype(np.float64)
+    return np.where(runs(sched, Schedule.INTERLEAVED), np.maximum(vpp, 1), 1).astype(np.float64)
 
 
 def stage_in_flight(schedule: Schedule, stage, p, m, vpp):
@@ -79,12 +87,12 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
     DeepSpeed's attention mask), ``pp``, ``m`` and ``v`` (``chunks_per_stage``) arrays and
     ``sched`` the schedule codes; ``lockstep``: the 1F1B plans run DeepSpeed's TrainSchedule."""
     p = pp.astype(np.float64)
-    finish = _closed_form_finish(f, b, x, m, p, v, sched == 2, xf)
-    zero_bubble = ((sched == 3) | (sched == 4)) & (pp > 1)
+    finish = _closed_form_finish(f, b, x, m, p, v, runs(sched, Schedule.GPIPE), xf)
+    zero_bubble = runs(sched, Schedule.ZB_H1, Schedule.ZB_V) & (pp > 1)
     if zero_bubble.any():
         _zero_bubble_finish(finish, f, b, w, x, xf, pp, m, sched, zero_bubble)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
-        _lockstep_finish(finish, f, b, x, xf, pp, m, (sched == 0) & (pp > 1))
+        _lockstep_finish(finish, f, b, x, xf, pp, m, runs(sched, Schedule.ONE_F_ONE_B) & (pp > 1))
     return finish
 
 
