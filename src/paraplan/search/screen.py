@@ -48,10 +48,14 @@ from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import BACKWARD, CommCosts, LayerCost, ops_seconds
 from paraplan.prediction.memory import (
+    activation_bytes,
+    end_saved_bytes,
     estimate_stage_memory,
     fragmentation_share,
+    hold_end_tensors,
     microbatch_bytes,
     peak_bytes,
+    transient_bytes,
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import exposed_gradient_copy_s, gradient_copy_s
@@ -313,11 +317,14 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,))
             row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
             row[f"endc_b{c}"] = comm.total(colls, BACKWARD)
+        one_layer = {c: dataclasses.replace(st.with_layers(1), end_ops=ops) for c, ops in ends.items()}
+        for c, stage in one_layer.items():
+            row[f"saved{c}"] = end_saved_bytes(stage)
         for r, policy in enumerate(_RECOMPUTE):
             job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
             inv_r = dataclasses.replace(inv, job=job_r)
-            for c, ops in ends.items():
-                held, working, logits = microbatch_bytes(inv_r, dataclasses.replace(st.with_layers(1), end_ops=ops))
+            for c, stage in one_layer.items():
+                held, working, logits = microbatch_bytes(inv_r, stage)
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
                 row[f"work{r}_{c}"] = working
                 row[f"logits{r}_{c}"] = logits
@@ -525,12 +532,9 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         # memory.estimate_stage_memory, with the stage's micro-batches in flight
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(len(_RECOMPUTE))])
         logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
-        held = n * held1
-        fold = gpipe & ~full  # GPipe holds every micro-batch's end tensors (no recompute: work0 is theirs)
-        ends_saved = ends("work0_", c)
-        held = np.where(fold, held + ends_saved, held)
-        work = np.where(fold, work - ends_saved, work)
-        transient = held * in_flight(c, p, m, v, sched) + work + logits + layout("gathered", c) + layout("buffers", c)
+        held, work = hold_end_tensors(n * held1, work, ends("saved", c), gpipe & ~full)
+        activations = activation_bytes(held, in_flight(c, p, m, v, sched), work)
+        transient = transient_bytes(activations, logits, layout("gathered", c), layout("buffers", c))
         mem[c] = peak_bytes(layout("static", c), transient, layout("runtime", c), frag)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep)
     neg = -np.inf
