@@ -101,8 +101,21 @@ def test_a_plan_needing_more_host_memory_than_the_node_has_is_flagged():
 
 
 def test_nvme_offload_without_a_catalog_nvme_bandwidth_fails_naming_the_field():
-    with pytest.raises(ValueError, match=r"cluster\.host\.nvme_bandwidth"):
+    with pytest.raises(ConfigError, match=r"cluster\.host\.nvme_bandwidth"):
         predict(job(zero_stage=3, framework="deepspeed", offload_optimizer="nvme"))
+
+
+def test_a_search_trying_nvme_offload_on_a_cluster_without_its_bandwidth_fails_in_one_line_naming_the_field():
+    """It was a traceback (a ValueError from the screen's cost tables)."""
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    result = CliRunner().invoke(app, ["search", "--model", "gpt3-1.3b", "--cluster", "dgx-h100", "--framework",
+                                      "deepspeed", "--zero", "3", "--offload", "none,nvme", "--mbs", "1"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "cluster.host.nvme_bandwidth" in lines[0], result.output
 
 
 @pytest.mark.parametrize(("plan", "field"), [

@@ -35,6 +35,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 from paraplan.catalog import load_runtime_memory
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params, param_bytes, split_params
@@ -42,7 +44,7 @@ from paraplan.inventory.ops import OpKind
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.offload import count_offload
-from paraplan.schedule import peak_in_flight
+from paraplan.schedule.closed_form import stage_in_flight
 from paraplan.specs import Framework, Job, ParallelPlan, Recompute, Schedule
 
 
@@ -75,7 +77,7 @@ class StageMemory:
     @property
     def transient(self) -> float:
         """Tensors allocated and freed within the iteration (what fragments the allocator)."""
-        return self.activations + self.logits + self.gathered_params + self.buffers
+        return transient_bytes(self.activations, self.logits, self.gathered_params, self.buffers)
 
     @property
     def allocated(self) -> float:
@@ -98,6 +100,27 @@ class StageMemory:
     @property
     def total(self) -> float:
         return peak_bytes(self.persistent, self.transient, self.runtime, self.fragmentation_share)
+
+
+def transient_bytes(activations, logits, gathered, buffers):
+    """``StageMemory.transient`` from its parts; numbers or numpy arrays (the search's screen)."""
+    return activations + logits + gathered + buffers
+
+
+def activation_bytes(held, in_flight, working, offloaded=0.0):
+    """A stage's activations at its peak: ``held`` bytes per micro-batch for each of the
+    ``in_flight`` micro-batches, the ``working`` bytes of the one being processed, less what
+    activation offload keeps on the host. Numbers or numpy arrays (the search's screen)."""
+    return held * in_flight + working - offloaded
+
+
+def hold_end_tensors(held, working, ends_saved, gpipe_without_full_recompute):
+    """(held, working) bytes per micro-batch once GPipe's order is accounted for: every
+    micro-batch's forward finishes before any backward, so (unless full recompute drops them)
+    the LM head's and the loss's saved tensors ``ends_saved`` are held for all of them, not
+    just the one being processed. Numbers or numpy arrays (the search's screen)."""
+    every = gpipe_without_full_recompute
+    return np.where(every, held + ends_saved, held), np.where(every, working - ends_saved, working)
 
 
 def peak_bytes(persistent, transient, runtime, fragmentation: float):
@@ -128,23 +151,10 @@ def fragmentation_share() -> float:
 
 def in_flight_microbatches(inv: JobInventory, stage: int) -> float:
     """Micro-batches whose activations a stage holds at its peak (in units of its whole
-    layer stack; interleaving holds more, smaller chunks)."""
+    layer stack; interleaving holds more, smaller chunks): ``schedule.closed_form.stage_in_flight``,
+    the count the plan screen uses too."""
     plan = inv.job.parallel
-    p, m = plan.pp, plan.num_microbatches
-    if plan.schedule is Schedule.GPIPE:
-        return float(m)
-    if plan.schedule is Schedule.INTERLEAVED:
-        v = plan.vpp
-        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-        return chunks / v
-    if plan.schedule.splits_backward and p > 1:
-        # counted on the schedule's order (``schedule.peak_in_flight``): ZB-H1 holds
-        # min(p, m) on every stage (stage i defers i W passes, each keeping its micro-batch's
-        # activations: an upper bound, the W pass needs only its GEMMs' inputs), the same
-        # peak as 1F1B's stage 0; ZB-V min(2p, m + min(m, i + 1)) half-stage chunks, at most
-        # p micro-batches, also 1F1B's peak (Qi et al. 2023, Sections 2.1 and 6)
-        return peak_in_flight(plan.schedule, stage, p, m, plan.schedule.chunks(plan.vpp))
-    return float(min(p - stage, m))
+    return float(stage_in_flight(plan.schedule, stage, plan.pp, plan.num_microbatches, plan.vpp))
 
 
 def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
@@ -164,9 +174,13 @@ def microbatch_bytes(inv: JobInventory, st: StageInventory) -> tuple[float, floa
         rc = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers)
         held += rc.held_bytes
         layer_working = max(layer_working, rc.working_bytes)
-    end_saved = sum(op.saved_bytes for op in st.end_ops)
     logits = max(0.0, loss_logits_bytes(inv.job, st) - layer_working)
-    return held, layer_working + end_saved, logits
+    return held, layer_working + end_saved_bytes(st), logits
+
+
+def end_saved_bytes(st: StageInventory) -> float:
+    """What the stage's end operators (embedding, LM head, loss) save for the backward pass."""
+    return sum(op.saved_bytes for op in st.end_ops)
 
 
 # Bytes per logit element the loss holds at its peak, beyond the fp32 softmax it saves for the
@@ -272,11 +286,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     held, working, logits = microbatch_bytes(inv, st)
     flight = in_flight_microbatches(inv, st.index)
     if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
-        # every micro-batch's forward finishes before any backward: the LM head's and the
-        # loss's saved tensors are held for all of them, not just the one being processed
-        ends = sum(op.saved_bytes for op in st.end_ops)
-        held += ends
-        working -= ends
+        held, working = map(float, hold_end_tensors(held, working, end_saved_bytes(st), True))
     # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each): of the
     # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards), plus the layer being
     # gathered and used
@@ -307,7 +317,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         weights=weights - off.weights + fp8_copies,
         gradients=gradients - off.gradients,
         optimizer_states=optimizer - off.optimizer_states,
-        activations=held * flight + working - off.activations,
+        activations=activation_bytes(held, flight, working, off.activations),
         buffers=buffers,
         in_flight_microbatches=flight,
         host=off.on_host(inv.job),

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, params_updated
-from paraplan.specs import ClusterSpec, Framework, Job, LinkSpec
+from paraplan.specs import ClusterSpec, ConfigError, Framework, Job, LinkSpec
 
 # When a node has no CPU-Adam measurement: DeepSpeed's CPU-Adam on a DGX-2 node's two Xeon
 # Platinum 8168 CPUs (48 cores), as recalled from the ZeRO-Offload paper (arXiv 2101.06840,
@@ -61,7 +63,7 @@ def nvme_bytes_per_s(cluster: ClusterSpec) -> float:
     generic NVMe figure is worth guessing: drives and their number vary by 10x)."""
     bw = cluster.host.nvme_bandwidth_bytes_per_s
     if bw is None:
-        raise ValueError(
+        raise ConfigError(
             f"cluster.host.nvme_bandwidth: cluster {cluster.name!r} has no NVMe bandwidth; "
             "offload to nvme needs one (give host: {nvme_bandwidth: ...} in the cluster)"
         )
@@ -122,11 +124,10 @@ def count_offload(inv: JobInventory, st: StageInventory, weights: float, gradien
 @dataclass(frozen=True, slots=True)
 class OffloadTime:
     """Seconds offload adds to one stage: exposed copies per micro-batch (forward and
-    backward) and the once-per-iteration optimizer step that replaces the GPU's."""
+    backward; the optimizer step on the CPU is ``optimizer_step_s``)."""
 
     forward_mb_s: float
     backward_mb_s: float
-    optimizer_s: float | None  # None: the GPU's own optimizer step stands
 
 
 def gradient_copy_s(inv: JobInventory, st: StageInventory) -> float:
@@ -137,14 +138,14 @@ def gradient_copy_s(inv: JobInventory, st: StageInventory) -> float:
     return _shard(inv, st) * inv.grad_bytes / host_bytes_per_s(inv.job.cluster)
 
 
-def exposed_gradient_copy_s(inv: JobInventory, copy_s, backward_s):
+def exposed_gradient_copy_s(copy_s, backward_s, zero_stage, num_microbatches):
     """What the gradient copy adds to each micro-batch's backward pass: its excess over the
     backward it overlaps, every micro-batch under ZeRO-2/3 (which reduce, and copy out, every
     micro-batch's gradients), once per iteration under ZeRO-1 (at the accumulation boundary;
-    spread over the micro-batches here). Works on numbers and numpy arrays alike."""
-    p = inv.job.parallel
+    spread over the micro-batches here). Works on numbers and numpy arrays alike (the plan
+    screen calls it for every plan)."""
     exposed = (copy_s - backward_s) * (copy_s > backward_s)
-    return exposed if p.zero_stage >= 2 else exposed / p.num_microbatches
+    return np.where(zero_stage >= 2, exposed, exposed / num_microbatches)
 
 
 def optimizer_step_s(inv: JobInventory, st: StageInventory) -> float | None:
@@ -178,13 +179,13 @@ def offload_time(inv: JobInventory, st: StageInventory, forward_s: float, backwa
         fetch = _shard(inv, st) * inv.param_bytes / rate
         fwd += max(0.0, fetch - forward_s)
         bwd += max(0.0, fetch - backward_s)
-    bwd += exposed_gradient_copy_s(inv, gradient_copy_s(inv, st), backward_s)
+    bwd += float(exposed_gradient_copy_s(gradient_copy_s(inv, st), backward_s, p.zero_stage, p.num_microbatches))
     if p.cpu_offloading:
         k, n = min(p.cpu_offloading_num_layers or 0, st.num_layers), st.num_layers
         per_layer = layer_saved_bytes / link
         fwd += k * max(0.0, per_layer - forward_s / n)
         bwd += k * max(0.0, per_layer - backward_s / n)
-    return OffloadTime(fwd, bwd, optimizer_step_s(inv, st))
+    return OffloadTime(fwd, bwd)
 
 
 def offload_notes(job: Job, host_bytes_per_gpu: float) -> tuple[str, ...]:

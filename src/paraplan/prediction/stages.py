@@ -22,9 +22,9 @@ from paraplan.inventory import (
 from paraplan.inventory.moe import is_shared_expert
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
 from paraplan.prediction.memory import activations_per_microbatch
-from paraplan.prediction.offload import offload_time
+from paraplan.prediction.offload import offload_time, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
-from paraplan.schedule import overlapped_s, sharded_pass_s
+from paraplan.schedule import exposed_sync_s, overlapped_s, with_sharded_traffic
 from paraplan.specs import Phase
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
@@ -164,6 +164,14 @@ class CommCosts:
         return sum(self.seconds(c) for c in colls if c.phase in phases)
 
 
+def stage_optimizer_s(inv: JobInventory, st: StageInventory, cm: CostModel) -> float:
+    """The stage's optimizer step: the GPU's, or with optimizer offload the CPU's
+    (``offload.optimizer_step_s``). ``stage_timing`` and the plan screen both call it."""
+    gpu = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER)
+    step = optimizer_step_s(inv, st)
+    return gpu if step is None else step
+
+
 def stage_timing(
     inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layers: dict[bool, LayerCost]
 ) -> StageTiming:
@@ -202,34 +210,23 @@ def stage_timing(
     if st.per_microbatch_dp:
         dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
         dp_b = comm.total(st.per_microbatch_dp, BACKWARD)
-        if plan.overlaps_grad_reduce:
-            # ZeRO-3 prefetches each layer's weights while the previous layer computes, and
-            # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on; the
-            # first gather and the last reduce-scatter are exposed, and computation slows
-            # while NCCL runs beside it.
-            units = max(1, n)
-            forward = float(sharded_pass_s(forward + tp_f, dp_f, units, slowdown)) - tp_f
-            backward = float(sharded_pass_s(backward + tp_b, dp_b, units, slowdown)) - tp_b
-        else:
-            forward, backward = forward + dp_f, backward + dp_b
+        # ZeRO-3 prefetches each layer's weights while the previous layer computes, and
+        # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on; the
+        # first gather and the last reduce-scatter are exposed, and computation slows
+        # while NCCL runs beside it.
+        forward, backward = map(float, with_sharded_traffic(forward, backward, tp_f, tp_b, dp_f, dp_b, n, slowdown,
+                                                            plan.overlaps_grad_reduce))
     zero_f, zero_b = max(0.0, forward - kernels_f), max(0.0, backward - kernels_b)
-    optimizer_s = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER)
+    optimizer_s = stage_optimizer_s(inv, st, cm)
     offload_f = offload_b = 0.0
-    if plan.offloads:  # host copies the computation does not hide, and the step on the CPU
+    if plan.offloads:  # host copies the computation does not hide
         off = offload_time(inv, st, forward, backward, activations_per_microbatch(inv, st)[0] / n)
         forward, backward = forward + off.forward_mb_s, backward + off.backward_mb_s
         offload_f, offload_b = off.forward_mb_s, off.backward_mb_s
-        optimizer_s = optimizer_s if off.optimizer_s is None else off.optimizer_s
     fwd_pass, bwd_pass = forward + tp_f, backward + recompute + tp_b
     reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
     gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
-    if plan.overlaps_grad_reduce:
-        # Buckets reduce while the last micro-batch's backward runs; the parameter
-        # all-gather overlaps the next iteration's first forward (both slowing it down).
-        last_b, first_f = bwd_pass, fwd_pass
-        exposed = float(overlapped_s(last_b, reduce_s, slowdown) - last_b + overlapped_s(first_f, gather_s, slowdown) - first_f)
-    else:
-        exposed = reduce_s + gather_s
+    exposed = float(exposed_sync_s(fwd_pass, bwd_pass, reduce_s, gather_s, slowdown, plan.overlaps_grad_reduce))
     return StageTiming(
         stage=st.index,
         num_layers=n,

@@ -2,12 +2,13 @@
 
 from paraplan.schedule.deepspeed import simulate_deepspeed_pipeline, transfer_s
 from paraplan.schedule.orders import peak_in_flight, placement
-from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
+from paraplan.schedule.overlap import exposed_sync_s, overlapped_s, sharded_pass_s, with_sharded_traffic
 from paraplan.schedule.pipeline import PipelineResult, Task, simulate_pipeline
 
 __all__ = [
     "PipelineResult",
     "Task",
+    "exposed_sync_s",
     "overlapped_s",
     "peak_in_flight",
     "placement",
@@ -15,4 +16,5 @@ __all__ = [
     "simulate_deepspeed_pipeline",
     "simulate_pipeline",
     "transfer_s",
+    "with_sharded_traffic",
 ]

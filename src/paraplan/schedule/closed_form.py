@@ -33,23 +33,50 @@ SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedul
 FIRST, MID, LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
 
 
+def runs(sched, *schedules: Schedule):
+    """Which plans (schedule codes ``sched``) run one of ``schedules``."""
+    mask = sched == SCHEDULES.index(schedules[0])
+    for schedule in schedules[1:]:
+        mask = mask | (sched == SCHEDULES.index(schedule))
+    return mask
+
+
 def chunks_per_stage(sched, vpp):
     """Model chunks per stage of each plan that the closed forms see (``v``): vpp for the
     interleaved schedule, else 1 (ZB-V's two chunks are its task graph's own)."""
-    return np.where(sched == 1, np.maximum(vpp, 1), 1).astype(np.float64)
+    return np.where(runs(sched, Schedule.INTERLEAVED), np.maximum(vpp, 1), 1).astype(np.float64)
+
+
+def stage_in_flight(schedule: Schedule, stage, p, m, vpp):
+    """Micro-batches whose activations stage ``stage`` of ``p`` holds at its peak under
+    ``schedule``, in units of its whole layer stack (interleaving holds more, smaller chunks
+    of ``vpp``), for ``m`` micro-batches: numbers or numpy arrays. ``prediction.memory`` calls
+    it for one stage of a plan, the screen for a stage class of many plans; it equals
+    ``schedule.peak_in_flight``, counted on the schedule's order (a test checks). ZB-H1 holds
+    min(p, m) on every stage (stage i defers i W passes, each keeping its micro-batch's
+    activations: an upper bound, the W pass needs only its GEMMs' inputs), the same peak as
+    1F1B's stage 0; ZB-V min(2p, m + min(m, i + 1)) half-stage chunks, at most p micro-batches,
+    also 1F1B's peak (Qi et al. 2023, Sections 2.1 and 6)."""
+    if schedule is Schedule.GPIPE:
+        return m
+    if schedule is Schedule.INTERLEAVED:
+        return np.minimum((p - stage - 1) * 2 + (vpp - 1) * p + 1, m * vpp) / vpp
+    if schedule is Schedule.ZB_H1:
+        return np.minimum(p, m)
+    if schedule is Schedule.ZB_V:
+        return np.minimum(2 * p, m + np.minimum(m, stage + 1)) / 2
+    return np.minimum(p - stage, m)
 
 
 def in_flight(c: int, p, m, v, sched):
-    """Micro-batches whose activations a stage of class ``c`` holds at its peak (in units of
-    its whole layer stack), per plan: ``prediction.memory.in_flight_microbatches``."""
-    gpipe, interleaved, zb_h1, zb_v = sched == 2, sched == 1, sched == 3, sched == 4
+    """``stage_in_flight`` of stage class ``c`` (stage 0, 1 or p - 1) per plan, ``sched`` the
+    plans' schedule codes and ``v`` their ``chunks_per_stage``. Stage 1 holds the most of the
+    middle stages except under ZB-V, whose later stages hold more, but never more than its
+    last stage, so the worst stage is the same."""
     stage = np.where(c == LAST, p - 1, float(c))
-    chunks = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-    flight = np.where(gpipe, m, np.where(interleaved, chunks / v, np.minimum(p - stage, m)))
-    # the zero-bubble schedules (schedule.peak_in_flight)
-    if zb_h1.any() or zb_v.any():
-        flight = np.where(zb_h1, np.minimum(p, m), flight)
-        flight = np.where(zb_v, np.minimum(2 * p, m + np.minimum(m, stage + 1)) / 2, flight)
+    flight = np.zeros(len(sched))
+    for code in np.unique(sched).tolist():
+        flight = np.where(sched == code, stage_in_flight(SCHEDULES[code], stage, p, m, v), flight)
     return flight
 
 
@@ -60,12 +87,12 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
     DeepSpeed's attention mask), ``pp``, ``m`` and ``v`` (``chunks_per_stage``) arrays and
     ``sched`` the schedule codes; ``lockstep``: the 1F1B plans run DeepSpeed's TrainSchedule."""
     p = pp.astype(np.float64)
-    finish = _closed_form_finish(f, b, x, m, p, v, sched == 2, xf)
-    zero_bubble = ((sched == 3) | (sched == 4)) & (pp > 1)
+    finish = _closed_form_finish(f, b, x, m, p, v, runs(sched, Schedule.GPIPE), xf)
+    zero_bubble = runs(sched, Schedule.ZB_H1, Schedule.ZB_V) & (pp > 1)
     if zero_bubble.any():
         _zero_bubble_finish(finish, f, b, w, x, xf, pp, m, sched, zero_bubble)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
-        _lockstep_finish(finish, f, b, x, xf, pp, m, (sched == 0) & (pp > 1))
+        _lockstep_finish(finish, f, b, x, xf, pp, m, runs(sched, Schedule.ONE_F_ONE_B) & (pp > 1))
     return finish
 
 

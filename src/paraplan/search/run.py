@@ -114,8 +114,10 @@ SHORTLIST = 50  # plans timed exactly after the screen, at least
 SHORTLIST_WITHIN = 0.10  # and every plan within this fraction of the best screened time per token
 SCREENED_OUT = "slower than the shortlist (screened, not timed exactly)"
 #: Plans the screen puts within this fraction of the Pareto front (in time; in cost too for
-#: the cost axis) are predicted exactly: the screen's time is within 0.1 % of the exact one for
-#: 1F1B and GPipe and ~1 % for interleaved plans (3.7 % the worst case found).
+#: the cost axis) are predicted exactly: the screen's time equals the exact one to rounding for
+#: one stage, GPipe, DeepSpeed's 1F1B and zero-bubble plans (within 1 % past their exact range),
+#: is within 0.1 % for Megatron-LM's 1F1B and ~1 % for interleaved plans (3.7 % the worst case
+#: found); tests/unit/test_screen.py checks each bound.
 FRONT_SLACK = 0.04
 
 

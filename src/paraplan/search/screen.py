@@ -17,13 +17,18 @@ costed once per distinct value of its axes with the same code the exact path run
 
 The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
 combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
-term by term. Memory is the exact formula (the screen's verdict equals ``estimate_memory``'s;
-tests check it). Time differs from ``predict`` only in the pipeline of 1F1B, interleaved and
-GPipe plans, whose event simulation is replaced by closed forms (``schedule.closed_form``:
-exact for equal stages without sends, an estimate with unequal ends and sends); DeepSpeed's
-1F1B and the zero-bubble schedules are their task graphs, evaluated per shape for all plans
-at once, so those plans' times equal ``predict``'s. The search times the screen's shortlist
-exactly.
+term by term, through the functions the prediction calls too (``schedule.overlap``'s data-parallel
+overlap, ``schedule.closed_form.stage_in_flight``, ``offload.exposed_gradient_copy_s``,
+``stages.stage_optimizer_s``). Memory is the exact formula: the same bytes as
+``estimate_memory`` (tests check it, hence the same verdict). Time equals ``predict``'s to
+rounding for one stage, for GPipe (two flow shops, exact), for DeepSpeed's 1F1B and for the
+zero-bubble schedules (their task graphs, evaluated per shape for all plans at once; past
+``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
+1 %). It differs only in the pipeline of Megatron-LM's 1F1B and interleaved plans with pp > 1,
+whose event simulation is replaced by closed forms (``schedule.closed_form``: exact for equal
+stages without sends, an estimate with unequal ends and sends: within 0.1 % for 1F1B, a few
+per cent interleaved). tests/unit/test_screen.py checks each class on plans that walk every
+axis. The search times the screen's shortlist exactly.
 """
 
 from __future__ import annotations
@@ -42,14 +47,18 @@ from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory import (
+    activation_bytes,
+    end_saved_bytes,
     estimate_stage_memory,
     fragmentation_share,
+    hold_end_tensors,
     microbatch_bytes,
     peak_bytes,
+    transient_bytes,
     usable_hbm_bytes,
 )
-from paraplan.prediction.offload import gradient_copy_s, optimizer_step_s
-from paraplan.prediction.stages import BACKWARD, CommCosts, LayerCost, ops_seconds
+from paraplan.prediction.offload import exposed_gradient_copy_s, gradient_copy_s
+from paraplan.prediction.stages import BACKWARD, CommCosts, LayerCost, ops_seconds, stage_optimizer_s
 from paraplan.schedule.closed_form import (
     FIRST,
     LAST,
@@ -58,8 +67,9 @@ from paraplan.schedule.closed_form import (
     chunks_per_stage,
     finish_by_class,
     in_flight,
+    runs,
 )
-from paraplan.schedule.overlap import overlapped_s, sharded_pass_s
+from paraplan.schedule.overlap import exposed_sync_s, with_sharded_traffic
 from paraplan.search.space import (
     EP_EXPERTS,
     EP_STAGE,
@@ -85,6 +95,7 @@ from paraplan.specs import (
     Phase,
     Precision,
     Recompute,
+    Schedule,
 )
 from paraplan.specs.frameworks import framework_offer
 from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
@@ -305,11 +316,14 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,))
             row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
             row[f"endc_b{c}"] = comm.total(colls, BACKWARD)
+        one_layer = {c: dataclasses.replace(st.with_layers(1), end_ops=ops) for c, ops in ends.items()}
+        for c, stage in one_layer.items():
+            row[f"saved{c}"] = end_saved_bytes(stage)
         for r, policy in enumerate(_RECOMPUTE):
             job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
             inv_r = dataclasses.replace(inv, job=job_r)
-            for c, ops in ends.items():
-                held, working, logits = microbatch_bytes(inv_r, dataclasses.replace(st.with_layers(1), end_ops=ops))
+            for c, stage in one_layer.items():
+                held, working, logits = microbatch_bytes(inv_r, stage)
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
                 row[f"work{r}_{c}"] = working
                 row[f"logits{r}_{c}"] = logits
@@ -335,8 +349,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str
             out["gather"][j, c] = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
             out["dp_f"][j, c] = comm.total(st.per_microbatch_dp, (Phase.FWD,))
             out["dp_b"][j, c] = comm.total(st.per_microbatch_dp, BACKWARD)
-            step = optimizer_step_s(inv, st)  # offload: the CPU step replaces the GPU's
-            out["optimizer"][j, c] = cm.estimate_op_s(st.optimizer, Phase.OPTIMIZER) if step is None else step
+            out["optimizer"][j, c] = stage_optimizer_s(inv, st, cm)  # offload: the CPU step replaces the GPU's
             out["grad_copy"][j, c] = gradient_copy_s(inv, st)
             out["static"][j, c] = mem.persistent
             out["gathered"][j, c] = mem.gathered_params
@@ -423,49 +436,50 @@ def screen_plans(
         return Screen(*args, plans, empty, empty, excluded, considered)
     cm = AnalyticalCostModel(cluster, precision)
     # a MoE layer's dispatch, experts and their activations follow ep and etp too
-    akey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), *experts)
+    shard_key = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), *experts)
     if not fused or precision is Precision.FP8:
         # a layer's backward adds its gradients to .grad on all but the first micro-batch;
         # FP8 layers cast their weights once per iteration: both are shared by m micro-batches
-        akey = _mix(akey, _codes(plans["gbs"] // (mbs * plans["dp"])))
+        shard_key = _mix(shard_key, _codes(plans["gbs"] // (mbs * plans["dp"])))
     if space.framework == "fsdp":
         # FSDP2 copies gathered weights and gradients in every layer when ZeRO-3 shards them
-        akey = _mix(akey, ((zero >= 3) & (plans["dp"] * cp > 1)).astype(np.int64))
-    a_reps, a = _representatives(akey, prefer=pp > 1)
-    a_invs = [count_job(_job_at(*args, plans, int(i))) for i in a_reps]
-    A = _shard_table(model, cm, a_invs)
+        shard_key = _mix(shard_key, ((zero >= 3) & (plans["dp"] * cp > 1)).astype(np.int64))
+    shard_reps, shard_of = _representatives(shard_key, prefer=pp > 1)
+    shard_invs = [count_job(_job_at(*args, plans, int(i))) for i in shard_reps]
+    shards = _shard_table(model, cm, shard_invs)
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
-    bkey = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
+    layout_key = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
                 _codes(plans["shard"]))  # hybrid sharding: the ZeRO shards and the replicas' all-reduce
-    b_reps, b = _representatives(bkey)
-    b_invs = [count_job(_job_at(*args, plans, int(i))) for i in b_reps]
-    B = _layout_table(cm, b_invs)
+    layout_reps, layout_of = _representatives(layout_key)
+    layout_invs = [count_job(_job_at(*args, plans, int(i))) for i in layout_reps]
+    layouts = _layout_table(cm, layout_invs)
     # The pipeline message of a shard shape between neighbouring stages of a layout (its
     # time depends on where the pair of stages lies, hence on pp).
-    ab, ab_inv = np.unique(a * len(b_reps) + b, return_inverse=True)
-    p2p_ab, mask_ab = np.zeros(len(ab)), np.zeros(len(ab))
+    pairs, pair_of = np.unique(shard_of * len(layout_reps) + layout_of, return_inverse=True)
+    p2p_pair, mask_pair = np.zeros(len(pairs)), np.zeros(len(pairs))
     comms: dict[int, CommCosts] = {}
-    for j, key in enumerate(ab):
-        ai, bi = divmod(int(key), len(b_reps))
-        message, mask = a_invs[ai].p2p, a_invs[ai].p2p_mask
-        if b_invs[bi].job.parallel.pp > 1 and message is not None:
-            comm = comms.get(bi)
+    for j, key in enumerate(pairs):
+        si, li = divmod(int(key), len(layout_reps))
+        message, mask = shard_invs[si].p2p, shard_invs[si].p2p_mask
+        if layout_invs[li].job.parallel.pp > 1 and message is not None:
+            comm = comms.get(li)
             if comm is None:
-                comm = comms[bi] = CommCosts(b_invs[bi], cm)
-            p2p_ab[j] = comm.seconds(message)
-            mask_ab[j] = comm.seconds(mask) if mask is not None else 0.0
-    p2p, p2p_mask = p2p_ab[ab_inv], mask_ab[ab_inv]
+                comm = comms[li] = CommCosts(layout_invs[li], cm)
+            p2p_pair[j] = comm.seconds(message)
+            mask_pair[j] = comm.seconds(mask) if mask is not None else 0.0
+    p2p, p2p_mask = p2p_pair[pair_of], mask_pair[pair_of]
     clock["cost"] = time.perf_counter()
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
-    iteration, memory = _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockstep)
+    iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
+                                 lockstep)
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
     return Screen(*args, plans, iteration, memory, excluded, considered, timings)
 
 
-def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockstep=False):
+def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
     rc, zero = plans["recompute"], plans["zero"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
@@ -476,57 +490,51 @@ def _combine(plans, sched, overlap, A, a, B, b, p2p, p2p_mask, slowdown, lockste
     classes = (FIRST, MID, LAST)
     exists = {FIRST: np.ones(len(pp), dtype=bool), MID: pp >= 3, LAST: pp >= 2}
     full = rc == _RECOMPUTE.index(Recompute.FULL)
-    gpipe = sched == 2
-    zero_bubble = bool(((sched == 3) | (sched == 4)).any())  # W costed only when the space has such plans
+    gpipe = runs(sched, Schedule.GPIPE)
+    # W costed only when the space has zero-bubble plans
+    zero_bubble = bool(runs(sched, Schedule.ZB_H1, Schedule.ZB_V).any())
+
+    def shard(name: str) -> np.ndarray:  # each plan's entry of its shard shape's row
+        return shards[name][shard_of]
+
+    def layout(name: str, c: int) -> np.ndarray:  # each plan's entry of its layout's row, stage class c
+        return layouts[name][layout_of, c]
 
     def ends(name: str, c: int) -> np.ndarray:
         # stage 0 carries both ends when there is one stage
-        return np.where(single, A[f"{name}3"][a], A[f"{name}{c}"][a]) if c == FIRST else A[f"{name}{c}"][a]
+        return np.where(single, shard(f"{name}3"), shard(f"{name}{c}")) if c == FIRST else shard(f"{name}{c}")
 
-    layer_f, layer_b, comm_f, comm_b = A["layer_f"][a], A["layer_b"][a], A["comm_f"][a], A["comm_b"][a]
-    rc_layer = np.choose(rc, [np.zeros(len(rc)), *(A[f"rc_{p.value}"][a] for p in _RECOMPUTE[1:])])
-    held1 = np.choose(rc, [A[f"held{r}"][a] for r in range(len(_RECOMPUTE))])
+    layer_f, layer_b, comm_f, comm_b = shard("layer_f"), shard("layer_b"), shard("comm_f"), shard("comm_b")
+    rc_layer = np.choose(rc, [np.zeros(len(rc)), *(shard(f"rc_{p.value}") for p in _RECOMPUTE[1:])])
+    held1 = np.choose(rc, [shard(f"held{r}") for r in range(len(_RECOMPUTE))])
     frag = fragmentation_share()
     f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
     for c in classes:
-        n = B["layers"][b, c]
+        n = layout("layers", c)
         tp_f = n * comm_f + ends("endc_f", c)
         tp_b = n * comm_b + ends("endc_b", c)
         recompute = n * rc_layer
         forward = n * layer_f + ends("end_f", c)
         backward = n * layer_b + ends("end_b", c)
-        dp_f, dp_b = B["dp_f"][b, c], B["dp_b"][b, c]
-        reduce_s, gather_s = B["reduce"][b, c], B["gather"][b, c]
-        if overlap:  # prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
-            units = np.maximum(n, 1)
-            forward = sharded_pass_s(forward + tp_f, dp_f, units, slowdown) - tp_f
-            backward = sharded_pass_s(backward + tp_b, dp_b, units, slowdown) - tp_b
-        else:
-            forward, backward = forward + dp_f, backward + dp_b
-        copy = B["grad_copy"][b, c]
-        if copy.any():  # ZeRO-Offload's gradient copy, as offload.exposed_gradient_copy_s
-            exposed = (copy - backward) * (copy > backward)
-            backward = backward + np.where(zero >= 2, exposed, exposed / m)
-        if overlap:
-            last_b, first_f = backward + recompute + tp_b, forward + tp_f
-            exposed = (overlapped_s(last_b, reduce_s, slowdown) - last_b
-                       + overlapped_s(first_f, gather_s, slowdown) - first_f)
-        else:
-            exposed = reduce_s + gather_s
+        dp_f, dp_b = layout("dp_f", c), layout("dp_b", c)
+        reduce_s, gather_s = layout("reduce", c), layout("gather", c)
+        # as prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
+        forward, backward = with_sharded_traffic(forward, backward, tp_f, tp_b, dp_f, dp_b, n, slowdown, overlap)
+        copy = layout("grad_copy", c)
+        if copy.any():  # ZeRO-Offload's gradient copy
+            backward = backward + exposed_gradient_copy_s(copy, backward, zero, m)
         f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
+        exposed = exposed_sync_s(f[c], bw[c], reduce_s, gather_s, slowdown, overlap)
         if zero_bubble:
-            wg[c] = n * A["layer_w"][a] + ends("end_w", c)
-        drain_extra[c], opt[c] = exposed, B["optimizer"][b, c]
+            wg[c] = n * shard("layer_w") + ends("end_w", c)
+        drain_extra[c], opt[c] = exposed, layout("optimizer", c)
         # memory.estimate_stage_memory, with the stage's micro-batches in flight
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(len(_RECOMPUTE))])
         logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
-        held = n * held1
-        fold = gpipe & ~full  # GPipe holds every micro-batch's end tensors (no recompute: work0 is theirs)
-        ends_saved = ends("work0_", c)
-        held = np.where(fold, held + ends_saved, held)
-        work = np.where(fold, work - ends_saved, work)
-        transient = held * in_flight(c, p, m, v, sched) + work + logits + B["gathered"][b, c] + B["buffers"][b, c]
-        mem[c] = peak_bytes(B["static"][b, c], transient, B["runtime"][b, c], frag)
+        held, work = hold_end_tensors(n * held1, work, ends("saved", c), gpipe & ~full)
+        activations = activation_bytes(held, in_flight(c, p, m, v, sched), work)
+        transient = transient_bytes(activations, logits, layout("gathered", c), layout("buffers", c))
+        mem[c] = peak_bytes(layout("static", c), transient, layout("runtime", c), frag)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
