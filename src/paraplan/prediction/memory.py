@@ -45,7 +45,7 @@ from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.offload import count_offload
 from paraplan.schedule.closed_form import stage_in_flight
-from paraplan.specs import Framework, Job, ParallelPlan, Recompute, Schedule
+from paraplan.specs import Framework, Job, ParallelPlan, Recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +285,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     params, experts = st.params, st.expert_params
     held, working, logits = microbatch_bytes(inv, st)
     flight = in_flight_microbatches(inv, st.index)
-    if plan.schedule is Schedule.GPIPE and plan.recompute is not Recompute.FULL:
+    if plan.schedule.forwards_all_first and plan.recompute is not Recompute.FULL:
         held, working = map(float, hold_end_tensors(held, working, end_saved_bytes(st), True))
     # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each): of the
     # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards), plus the layer being

@@ -29,7 +29,7 @@ from paraplan.schedule.pipeline import pipeline_finish, task_durations
 from paraplan.specs import Schedule
 
 #: A plan's schedule as an integer code (its index here) in the screen's plan arrays.
-SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1, Schedule.ZB_V)
+SCHEDULES = tuple(Schedule)  # a plan's schedule code is its index here
 FIRST, MID, LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp - 1
 
 
@@ -44,7 +44,7 @@ def runs(sched, *schedules: Schedule):
 def chunks_per_stage(sched, vpp):
     """Model chunks per stage of each plan that the closed forms see (``v``): vpp for the
     interleaved schedule, else 1 (ZB-V's two chunks are its task graph's own)."""
-    return np.where(runs(sched, Schedule.INTERLEAVED), np.maximum(vpp, 1), 1).astype(np.float64)
+    return np.where(runs(sched, *(s for s in SCHEDULES if s.uses_vpp)), np.maximum(vpp, 1), 1).astype(np.float64)
 
 
 def stage_in_flight(schedule: Schedule, stage, p, m, vpp):
@@ -87,8 +87,8 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
     DeepSpeed's attention mask), ``pp``, ``m`` and ``v`` (``chunks_per_stage``) arrays and
     ``sched`` the schedule codes; ``lockstep``: the 1F1B plans run DeepSpeed's TrainSchedule."""
     p = pp.astype(np.float64)
-    finish = _closed_form_finish(f, b, x, m, p, v, runs(sched, Schedule.GPIPE), xf)
-    zero_bubble = runs(sched, Schedule.ZB_H1, Schedule.ZB_V) & (pp > 1)
+    finish = _closed_form_finish(f, b, x, m, p, v, runs(sched, *(s for s in SCHEDULES if s.forwards_all_first)), xf)
+    zero_bubble = runs(sched, *(s for s in SCHEDULES if s.splits_backward)) & (pp > 1)
     if zero_bubble.any():
         _zero_bubble_finish(finish, f, b, w, x, xf, pp, m, sched, zero_bubble)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape

@@ -95,7 +95,6 @@ from paraplan.specs import (
     Phase,
     Precision,
     Recompute,
-    Schedule,
 )
 from paraplan.specs.frameworks import framework_offer
 from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
@@ -490,9 +489,9 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
     classes = (FIRST, MID, LAST)
     exists = {FIRST: np.ones(len(pp), dtype=bool), MID: pp >= 3, LAST: pp >= 2}
     full = rc == _RECOMPUTE.index(Recompute.FULL)
-    gpipe = runs(sched, Schedule.GPIPE)
+    gpipe = runs(sched, *(s for s in SCHEDULES if s.forwards_all_first))
     # W costed only when the space has zero-bubble plans
-    zero_bubble = bool(runs(sched, Schedule.ZB_H1, Schedule.ZB_V).any())
+    zero_bubble = bool(runs(sched, *(s for s in SCHEDULES if s.splits_backward)).any())
 
     def shard(name: str) -> np.ndarray:  # each plan's entry of its shard shape's row
         return shards[name][shard_of]

@@ -146,7 +146,7 @@ class SearchSpace:
         axes: dict[str, Any] = {**FULL_SPACE, "zero_stage": offer.full_zero}
         if not offer.context_parallel:
             axes["cp"] = (1,)
-        if Schedule.INTERLEAVED not in offer.schedules:
+        if not any(s.uses_vpp for s in offer.schedules):
             axes["vpp"] = (1,)
         if not offer.expert_tensor_parallel:
             axes["etp"] = (1,)
@@ -232,7 +232,7 @@ def pipe_axis(space: SearchSpace) -> tuple[tuple[Schedule | None, int], ...]:
     out: list[tuple[Schedule | None, int]] = []
     for name in dict.fromkeys(space.schedule):
         sched = Schedule(getattr(name, "value", name))
-        if sched is Schedule.INTERLEAVED:
+        if sched.uses_vpp:
             out += [(sched, v) for v in (tuple(v for v in space.vpp if v > 1) or (2,))]
         else:  # zb-v: its 2 chunks are the schedule's own (vpp left unset)
             out.append((sched, 1))
@@ -307,8 +307,7 @@ def plan_job(
     if offload_optimizer != "none":  # offload's own rules come first, as in the ParallelPlan validator
         ParallelPlan(zero_stage=zero_stage, framework=space.framework, offload_optimizer=offload_optimizer)
     extra_schedule = space.extra.get("schedule")
-    runs = schedule or (Schedule(extra_schedule) if extra_schedule is not None else
-                        Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
+    runs = schedule or (Schedule(extra_schedule) if extra_schedule is not None else Schedule.for_vpp(vpp))
     refusal = framework_refusal(
         space.framework, tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero_stage,
         schedule=runs, recompute=Recompute(getattr(recompute, "value", recompute)), hybrid=dp_shard is not None,

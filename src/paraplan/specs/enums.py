@@ -52,14 +52,35 @@ class Schedule(str, Enum):
     ZB_H1 = "zb-h1"  # 1F1B's memory, W passes delayed (Section 2.1)
     ZB_V = "zb-v"  # two chunks per stage in a V (Section 6; torchtitan's ZBVZeroBubble)
 
+    # What the rest of the package asks of a schedule is these properties, never its name:
+    # a new schedule is a member here, its order and closed forms in ``paraplan.schedule`` and
+    # its flags in ``paraplan.export`` (docs/extending.md).
+
     @property
     def splits_backward(self) -> bool:
         """Whether the schedule runs B and W as separate tasks."""
         return self in (Schedule.ZB_H1, Schedule.ZB_V)
 
+    @property
+    def uses_vpp(self) -> bool:
+        """Whether the plan's virtual pipeline size (vpp) sets the chunks per stage
+        (Megatron-LM's interleaving); other schedules own their chunk count."""
+        return self is Schedule.INTERLEAVED
+
+    @property
+    def forwards_all_first(self) -> bool:
+        """Whether every micro-batch's forward runs before any backward (GPipe), so that a
+        stage holds every micro-batch's saved tensors at once."""
+        return self is Schedule.GPIPE
+
     def chunks(self, vpp: int) -> int:
         """Model chunks per pipeline stage under this schedule."""
-        return vpp if self is Schedule.INTERLEAVED else 2 if self is Schedule.ZB_V else 1
+        return vpp if self.uses_vpp else 2 if self is Schedule.ZB_V else 1
+
+    @classmethod
+    def for_vpp(cls, vpp: int) -> Schedule:
+        """Megatron-LM's schedule for a virtual pipeline size: interleaved when vpp > 1."""
+        return cls.INTERLEAVED if vpp > 1 else cls.ONE_F_ONE_B
 
     def virtual_stage(self, p: int, stage: int, chunk: int) -> int:
         """The position of ``chunk`` of ``stage`` in the model (0 .. p x chunks - 1): Megatron-
