@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from paraplan.specs import ConfigError, InternalError, format_validation_error
+from paraplan.specs import PLAN_ALIASES, ConfigError, InternalError, format_validation_error
 from paraplan.specs.extras import missing_extra_message
 from paraplan.units import UnitError
 
@@ -108,6 +108,19 @@ def cli_flag(name: str, type_: Any, *decls: str, key: str | None = None, default
     return Flag(name, key or name, type_, typer.Option(*decls, **kwargs), default)
 
 
+def plan_flag(field: str, type_: Any, **kwargs: Any) -> Flag:
+    """The flag of the plan's ``field``, named as job files name it (the plan's aliases): ``--tp``
+    and ``--tensor-model-parallel-size`` for a field with a short name, ``--zero-stage`` for one
+    without, ``--sequence-parallel/--no-sequence-parallel`` for a switch."""
+    long = "--" + field.replace("_", "-")
+    short = next((s for s, f in PLAN_ALIASES.items() if f == field), None)
+    if type_ is bool:
+        decls: tuple[str, ...] = (f"{long}/--no-{long[2:]}",)
+    else:
+        decls = (f"--{short}", long) if short else ()
+    return cli_flag(short or field, type_ | None, *decls, key=field, **kwargs)
+
+
 # the model: a catalog name, or a Hugging Face config.json, and the training sequence length
 MODEL_FLAGS = (
     cli_flag("seq_length", int | None, "--seq-length",
@@ -126,33 +139,25 @@ JOB_FLAGS = (
     cli_flag("num_nodes", int | None, help="Number of nodes."),
     cli_flag("gpus_per_node", int | None, help="GPUs per node."),
     cli_flag("price_per_gpu_hour", str | None, help="e.g. '2.5 USD'."),
-    cli_flag("tp", int | None, "--tp", "--tensor-model-parallel-size", key="tensor_model_parallel_size",
-          help="Tensor-parallel size."),
-    cli_flag("pp", int | None, "--pp", "--pipeline-model-parallel-size", key="pipeline_model_parallel_size",
-          help="Pipeline-parallel size."),
-    cli_flag("dp", int | None, "--dp", "--data-parallel-size", key="data_parallel_size",
-          help="Data-parallel size (derived when omitted)."),
-    cli_flag("cp", int | None, "--cp", "--context-parallel-size", key="context_parallel_size",
-          help="Context-parallel size."),
-    cli_flag("vpp", int | None, "--vpp", "--virtual-pipeline-model-parallel-size",
-          key="virtual_pipeline_model_parallel_size", help="Interleaved stages per GPU."),
-    cli_flag("sequence_parallel", bool | None, "--sequence-parallel/--no-sequence-parallel"),
-    cli_flag("ep", int | None, "--ep", "--expert-model-parallel-size", key="expert_model_parallel_size",
-          help="Expert-parallel size (MoE models)."),
-    cli_flag("etp", int | None, "--etp", "--expert-tensor-parallel-size", key="expert_tensor_parallel_size",
-          help="Expert tensor-parallel size (default: tp)."),
-    cli_flag("expert_load_imbalance", float | None,
-          help="Busiest expert-parallel rank's tokens over the mean (default 1.0)."),
-    cli_flag("zero_stage", int | None, help="ZeRO / distributed-optimizer stage 0-3."),
-    cli_flag("micro_batch_size", int | None),
-    cli_flag("global_batch_size", int | None),
-    cli_flag("recompute", str | None, help="none | selective | full (Megatron-LM) | layer | op (torchtitan, FSDP)"),
-    cli_flag("schedule", str | None, help="gpipe | 1f1b | interleaved | zb-h1 | zb-v"),
-    cli_flag("framework", str | None, help="megatron | deepspeed | fsdp"),
+    plan_flag("tensor_model_parallel_size", int, help="Tensor-parallel size."),
+    plan_flag("pipeline_model_parallel_size", int, help="Pipeline-parallel size."),
+    plan_flag("data_parallel_size", int, help="Data-parallel size (derived when omitted)."),
+    plan_flag("context_parallel_size", int, help="Context-parallel size."),
+    plan_flag("virtual_pipeline_model_parallel_size", int, help="Interleaved stages per GPU."),
+    plan_flag("sequence_parallel", bool),
+    plan_flag("expert_model_parallel_size", int, help="Expert-parallel size (MoE models)."),
+    plan_flag("expert_tensor_parallel_size", int, help="Expert tensor-parallel size (default: tp)."),
+    plan_flag("expert_load_imbalance", float, help="Busiest expert-parallel rank's tokens over the mean (default 1.0)."),
+    plan_flag("zero_stage", int, help="ZeRO / distributed-optimizer stage 0-3."),
+    plan_flag("micro_batch_size", int),
+    plan_flag("global_batch_size", int),
+    plan_flag("recompute", str, help="none | selective | full (Megatron-LM) | layer | op (torchtitan, FSDP)"),
+    plan_flag("schedule", str, help="gpipe | 1f1b | interleaved | zb-h1 | zb-v"),
+    plan_flag("framework", str, help="megatron | deepspeed | fsdp"),
     cli_flag("precision", str | None, help="fp32 | tf32 | fp16 | bf16 | fp8"),
     cli_flag("train_tokens", str | None, help="Tokens to train, e.g. 2T, for time and cost to train."),
     cli_flag("memory_headroom", float | None, help="Share of each GPU's memory to leave free, e.g. 0.05.",
-          show_default="0.05, or the job file's"),
+             show_default="0.05, or the job file's"),
 )
 
 # the cost model (predict, report, compare)

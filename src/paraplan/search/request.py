@@ -19,12 +19,12 @@ if TYPE_CHECKING:
 
 SPACES = ("default", "full")
 
-# the job file's parallel keys the search varies or keeps (any other is neither: a note says so)
-_SEARCHED_KEYS = frozenset({
-    "global_batch_size", "framework", "tp", "pp", "dp", "cp", "vpp", "tensor_model_parallel_size",
-    "pipeline_model_parallel_size", "data_parallel_size", "context_parallel_size",
-    "virtual_pipeline_model_parallel_size", "micro_batch_size", "zero_stage", "recompute",
-    "sequence_parallel", "schedule"})
+# the plan's fields the search varies or keeps (a job file's short names read as these); any
+# other field the job file sets is neither: a note says so
+_SEARCHED_FIELDS = frozenset({
+    "global_batch_size", "framework", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "data_parallel_size", "context_parallel_size", "virtual_pipeline_model_parallel_size", "micro_batch_size",
+    "zero_stage", "recompute", "sequence_parallel", "schedule"})
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class SearchRequest:
         mapping = apply_overrides(raw, overrides)
         given = dict(mapping.get("parallel") or {})
         framework = f.framework or given.get("framework") or "megatron"
-        ignored = sorted(set(given) - _SEARCHED_KEYS)
+        ignored = sorted(set(given) - _SEARCHED_FIELDS)  # (apply_overrides gave the long names)
         notes = ()
         if job_file is not None and ignored:
             notes = (f"note: the search neither varies nor keeps the job file's {', '.join(ignored)}; "
