@@ -7,7 +7,7 @@ configuration, with the cluster sizing (``--num-gpus``, ``--sizes``, ``--cluster
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,24 +27,29 @@ _SEARCHED_FIELDS = frozenset({
     "zero_stage", "recompute", "sequence_parallel", "schedule"})
 
 
+# a flag laid over the job file's (or the demo job's) mapping as ``apply_overrides`` reads it
+_JOB = {"job": True}
+
+
 @dataclass(frozen=True)
 class SearchFlags:
     """What ``paraplan search`` is told, as typed on its command line (None: not given; lists
-    are comma-separated text, sizes and prices in units)."""
+    are comma-separated text, sizes and prices in units). The fields marked ``_JOB`` are laid
+    over the job; the others shape the search."""
 
-    model: str | None = None
-    seq_length: int | None = None
-    hf_config: str | Path | None = None
-    cluster: str | None = None
-    gpu: str | None = None
+    model: str | None = field(default=None, metadata=_JOB)
+    seq_length: int | None = field(default=None, metadata=_JOB)
+    hf_config: str | Path | None = field(default=None, metadata=_JOB)
+    cluster: str | None = field(default=None, metadata=_JOB)
+    gpu: str | None = field(default=None, metadata=_JOB)
     num_gpus: int | None = None
-    num_nodes: int | None = None
-    global_batch_size: str | None = None
-    precision: str | None = None
-    price_per_gpu_hour: str | None = None
+    num_nodes: int | None = field(default=None, metadata=_JOB)
+    global_batch_size: str | None = field(default=None, metadata=_JOB)
+    precision: str | None = field(default=None, metadata=_JOB)
+    price_per_gpu_hour: str | None = field(default=None, metadata=_JOB)
     objective: str = "time"
-    train_tokens: str | None = None
-    memory_headroom: float | None = None
+    train_tokens: str | None = field(default=None, metadata=_JOB)
+    memory_headroom: float | None = field(default=None, metadata=_JOB)
     budget: str | None = None
     deadline: str | None = None
     framework: str | None = None
@@ -126,10 +131,8 @@ class SearchRequest:
             raw = {"model": demo["model"], "cluster": demo["cluster"], "parallel": demo["parallel"]}
         else:
             raw = demo_job_mapping()
-        overrides = dict(model=f.model, cluster=f.cluster, gpu=f.gpu, num_nodes=f.num_nodes,
-                         precision=f.precision, price_per_gpu_hour=f.price_per_gpu_hour,
-                         train_tokens=f.train_tokens, global_batch_size=batches[0] if batches else None,
-                         memory_headroom=f.memory_headroom, seq_length=f.seq_length, hf_config=f.hf_config)
+        overrides = {x.name: getattr(f, x.name) for x in fields(f) if x.metadata.get("job")}
+        overrides["global_batch_size"] = batches[0] if batches else None  # a list ranks every size together
         mapping = apply_overrides(raw, overrides)
         given = dict(mapping.get("parallel") or {})
         framework = f.framework or given.get("framework") or "megatron"
