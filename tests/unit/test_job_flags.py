@@ -86,3 +86,25 @@ def test_the_demo_line_says_the_sequence_length_came_from_the_demo_job_under_an_
     words = " ".join(from_demo(demo_job_mapping(), {"hf_config": str(HF)}, 8192))
     assert "--model" not in words and "--seq-length 8192" in words
     assert "--seq-length" not in " ".join(from_demo(demo_job_mapping(), {"hf_config": str(HF), "seq_length": 64}, 64))
+
+
+def test_a_plan_flag_is_named_by_the_short_name_job_files_use():
+    from paraplan.specs import PLAN_ALIASES
+
+    short = {field: alias for alias, field in PLAN_ALIASES.items()}
+    aliased = [f for f in JOB_FLAGS if f.key in short]
+    assert {f.key for f in aliased} >= {"tensor_model_parallel_size", "expert_tensor_parallel_size"}
+    assert all(f.flag == f"--{short[f.key]}" for f in aliased)
+
+
+def test_every_plan_flag_lands_in_the_parallel_part_of_the_job():
+    from paraplan.specs import ParallelPlan
+
+    plan_keys = [f.key for f in JOB_FLAGS if f.key in ParallelPlan.model_fields]
+    job = apply_overrides(demo_job_mapping(), dict.fromkeys(plan_keys, "x"))
+    assert {k for k, v in job["parallel"].items() if v == "x"} == set(plan_keys)
+
+
+def test_a_job_files_dp_shard_is_read_as_the_plans_data_parallel_shard_degree():
+    job = apply_overrides({**demo_job_mapping(), "parallel": {"dp_shard": 2}}, {})
+    assert job["parallel"] == {"data_parallel_shard_degree": 2}

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from paraplan.catalog.loader import hetero_cluster, load_catalog_entry, load_cluster, load_gpu, load_model
 from paraplan.catalog.userdata import load_data, load_yaml, read_text
 from paraplan.specs import (
+    PLAN_ALIASES,
     ClusterSpec,
     ConfigError,
     GpuSpec,
@@ -17,6 +18,7 @@ from paraplan.specs import (
     HeteroJob,
     Job,
     ModelSpec,
+    ParallelPlan,
     format_validation_error,
     short_repr,
 )
@@ -216,29 +218,8 @@ def load_job(path: Path | str) -> Job | HeteroJob:
     return resolve_job(read_job_file(path), base_dir=path.parent)
 
 
-# Flags that go into the job's ``cluster`` and ``parallel`` mappings (Megatron-LM names).
-_CLUSTER_FLAGS = ("num_nodes", "gpus_per_node", "price_per_gpu_hour")
-_PARALLEL_FLAGS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "data_parallel_size",
-    "context_parallel_size",
-    "virtual_pipeline_model_parallel_size",
-    "sequence_parallel",
-    "zero_stage",
-    "micro_batch_size",
-    "global_batch_size",
-    "recompute",
-    "schedule",
-    "framework",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-    "expert_load_imbalance",
-)
-_SHORT = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
-          "dp": "data_parallel_size", "cp": "context_parallel_size",
-          "vpp": "virtual_pipeline_model_parallel_size", "ep": "expert_model_parallel_size",
-          "etp": "expert_tensor_parallel_size"}
+# a job file's short plan names (tp, pp, dp, cp, vpp, dp_shard, ep, etp): the plan's own aliases
+_SHORT = PLAN_ALIASES
 
 
 def demo_job_mapping() -> dict[str, Any]:
@@ -293,20 +274,17 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         cluster = {}  # a cluster described by its GPU: the reference node's network (_cluster)
     cluster = {} if cluster is None else _cluster_value(cluster)
     cluster = {"name": cluster} if isinstance(cluster, str) else dict(cluster)
-    if "gpu" in given:
-        cluster["gpu"] = given["gpu"]
-    for key in _CLUSTER_FLAGS:
-        if key in given:
-            cluster[key] = given[key]
-    job["cluster"] = cluster
     parallel = {_SHORT.get(k, k): v for k, v in _parallel(job.get("parallel")).items()}
-    for key in _PARALLEL_FLAGS:
-        if key in given:
-            parallel[key] = given[key]
+    for key, value in given.items():  # each into the part of the job whose field it is
+        if key in ParallelPlan.model_fields:
+            parallel[key] = value
+        elif key in Job.model_fields:
+            if key not in ("model", "cluster", "parallel"):  # (laid over above)
+                job[key] = value
+        elif key in ClusterSpec.model_fields:
+            cluster[key] = value
+    job["cluster"] = cluster
     job["parallel"] = parallel
-    for key in ("precision", "train_tokens", "name", "memory_headroom"):
-        if key in given:
-            job[key] = given[key]
     return job
 
 

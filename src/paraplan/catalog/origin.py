@@ -10,10 +10,10 @@ from typing import Any
 from paraplan.catalog.jobs import _SHORT, apply_overrides, resolve_job
 from paraplan.specs import ConfigError, HeteroJob, Job
 
-# parallel keys an error may name, by their short name when they have one
+# parallel keys an error may name (by either name), said by their short name when they have one
 _LONG_TO_SHORT = {long: short for short, long in _SHORT.items()}
 _NAMED = (*_SHORT, "micro_batch_size", "global_batch_size", "zero_stage", "sequence_parallel",
-          "data_parallel_shard_degree", "layers_per_stage", "recompute", "schedule")
+          "layers_per_stage", "recompute", "schedule")
 
 
 def resolve_with_flags(
@@ -39,13 +39,17 @@ def blame_origin(message: str, raw: dict[str, Any], flags: dict[str, Any], origi
     parallel = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}
     values = {_LONG_TO_SHORT.get(k, k): v for k, v in parallel.items()}
     given = {_LONG_TO_SHORT.get(k, k) for k, v in flags.items() if v is not None}
-    named = [key for key in _NAMED if re.search(rf"(?<![\w.]){key}(?!\w)|parallel\.{key}\b", message)]
+    named = [key for key in _NAMED if _names(message, key) or (key in _SHORT and _names(message, _SHORT[key]))]
     taken = [k for k in named if k in values and k not in given and not (k in _SHORT and values[k] == 1)]
     if not taken:
         return ""
     what = _listed([f"{k} {_shown(values[k])}" for k in taken], "and")
     fix = _listed(["--" + k.replace("_", "-") for k in taken], "or")
     return f"{what} came from {origin}, not from a flag: set {fix}"
+
+
+def _names(message: str, key: str) -> bool:
+    return re.search(rf"(?<![\w.]){key}(?!\w)|parallel\.{key}\b", message) is not None
 
 
 def _listed(items: list[str], last: str) -> str:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from paraplan.specs import ConfigError, InternalError, format_validation_error
+from paraplan.specs import PLAN_ALIASES, ConfigError, InternalError, format_validation_error
 from paraplan.specs.extras import missing_extra_message
 from paraplan.units import UnitError
 
@@ -94,6 +94,7 @@ class Flag:
     key: str  # apply_overrides' key
     type: Any
     option: Any  # typer.Option(...)
+    default: Any = None  # the value when the flag is not given
 
     @property
     def flag(self) -> str:
@@ -103,55 +104,60 @@ class Flag:
         return first if isinstance(first, str) else f"--{self.name.replace('_', '-')}"
 
 
-def _flag(name: str, type_: Any, *decls: str, key: str | None = None, **kwargs: Any) -> Flag:
-    return Flag(name, key or name, type_, typer.Option(*decls, **kwargs))
+def cli_flag(name: str, type_: Any, *decls: str, key: str | None = None, default: Any = None, **kwargs: Any) -> Flag:
+    return Flag(name, key or name, type_, typer.Option(*decls, **kwargs), default)
+
+
+def plan_flag(field: str, type_: Any, **kwargs: Any) -> Flag:
+    """The flag of the plan's ``field``, named as job files name it (the plan's aliases): ``--tp``
+    and ``--tensor-model-parallel-size`` for a field with a short name, ``--zero-stage`` for one
+    without, ``--sequence-parallel/--no-sequence-parallel`` for a switch."""
+    long = "--" + field.replace("_", "-")
+    short = next((s for s, f in PLAN_ALIASES.items() if f == field), None)
+    if type_ is bool:
+        decls: tuple[str, ...] = (f"{long}/--no-{long[2:]}",)
+    else:
+        decls = (f"--{short}", long) if short else ()
+    return cli_flag(short or field, type_ | None, *decls, key=field, **kwargs)
 
 
 # the model: a catalog name, or a Hugging Face config.json, and the training sequence length
 MODEL_FLAGS = (
-    _flag("seq_length", int | None, "--seq-length",
+    cli_flag("seq_length", int | None, "--seq-length",
           help="Tokens per training sequence (default: the job's model's)."),
-    _flag("hf_config", Path | None, "--hf-config",
+    cli_flag("hf_config", Path | None, "--hf-config",
           help="A Hugging Face config.json (or its folder) as the model, instead of --model; the "
                "sequence length is --seq-length, else the job's (max_position_embeddings is the "
                "longest sequence the model accepts, not the training length)."),
 )
 
 JOB_FLAGS = (
-    _flag("model", str | None, help="Catalog model name, e.g. llama-3-70b."),
+    cli_flag("model", str | None, help="Catalog model name, e.g. llama-3-70b."),
     *MODEL_FLAGS,
-    _flag("cluster", str | None, help="Catalog cluster name, e.g. dgx-h100."),
-    _flag("gpu", str | None, help="Catalog GPU name, e.g. H100-SXM5-80GB."),
-    _flag("num_nodes", int | None, help="Number of nodes."),
-    _flag("gpus_per_node", int | None, help="GPUs per node."),
-    _flag("price_per_gpu_hour", str | None, help="e.g. '2.5 USD'."),
-    _flag("tp", int | None, "--tp", "--tensor-model-parallel-size", key="tensor_model_parallel_size",
-          help="Tensor-parallel size."),
-    _flag("pp", int | None, "--pp", "--pipeline-model-parallel-size", key="pipeline_model_parallel_size",
-          help="Pipeline-parallel size."),
-    _flag("dp", int | None, "--dp", "--data-parallel-size", key="data_parallel_size",
-          help="Data-parallel size (derived when omitted)."),
-    _flag("cp", int | None, "--cp", "--context-parallel-size", key="context_parallel_size",
-          help="Context-parallel size."),
-    _flag("vpp", int | None, "--vpp", "--virtual-pipeline-model-parallel-size",
-          key="virtual_pipeline_model_parallel_size", help="Interleaved stages per GPU."),
-    _flag("sequence_parallel", bool | None, "--sequence-parallel/--no-sequence-parallel"),
-    _flag("ep", int | None, "--ep", "--expert-model-parallel-size", key="expert_model_parallel_size",
-          help="Expert-parallel size (MoE models)."),
-    _flag("etp", int | None, "--etp", "--expert-tensor-parallel-size", key="expert_tensor_parallel_size",
-          help="Expert tensor-parallel size (default: tp)."),
-    _flag("expert_load_imbalance", float | None,
-          help="Busiest expert-parallel rank's tokens over the mean (default 1.0)."),
-    _flag("zero_stage", int | None, help="ZeRO / distributed-optimizer stage 0-3."),
-    _flag("micro_batch_size", int | None),
-    _flag("global_batch_size", int | None),
-    _flag("recompute", str | None, help="none | selective | full (Megatron-LM) | layer | op (torchtitan, FSDP)"),
-    _flag("schedule", str | None, help="gpipe | 1f1b | interleaved | zb-h1 | zb-v"),
-    _flag("framework", str | None, help="megatron | deepspeed | fsdp"),
-    _flag("precision", str | None, help="fp32 | tf32 | fp16 | bf16 | fp8"),
-    _flag("train_tokens", str | None, help="Tokens to train, e.g. 2T, for time and cost to train."),
-    _flag("memory_headroom", float | None, help="Share of each GPU's memory to leave free, e.g. 0.05.",
-          show_default="0.05, or the job file's"),
+    cli_flag("cluster", str | None, help="Catalog cluster name, e.g. dgx-h100."),
+    cli_flag("gpu", str | None, help="Catalog GPU name, e.g. H100-SXM5-80GB."),
+    cli_flag("num_nodes", int | None, help="Number of nodes."),
+    cli_flag("gpus_per_node", int | None, help="GPUs per node."),
+    cli_flag("price_per_gpu_hour", str | None, help="e.g. '2.5 USD'."),
+    plan_flag("tensor_model_parallel_size", int, help="Tensor-parallel size."),
+    plan_flag("pipeline_model_parallel_size", int, help="Pipeline-parallel size."),
+    plan_flag("data_parallel_size", int, help="Data-parallel size (derived when omitted)."),
+    plan_flag("context_parallel_size", int, help="Context-parallel size."),
+    plan_flag("virtual_pipeline_model_parallel_size", int, help="Interleaved stages per GPU."),
+    plan_flag("sequence_parallel", bool),
+    plan_flag("expert_model_parallel_size", int, help="Expert-parallel size (MoE models)."),
+    plan_flag("expert_tensor_parallel_size", int, help="Expert tensor-parallel size (default: tp)."),
+    plan_flag("expert_load_imbalance", float, help="Busiest expert-parallel rank's tokens over the mean (default 1.0)."),
+    plan_flag("zero_stage", int, help="ZeRO / distributed-optimizer stage 0-3."),
+    plan_flag("micro_batch_size", int),
+    plan_flag("global_batch_size", int),
+    plan_flag("recompute", str, help="none | selective | full (Megatron-LM) | layer | op (torchtitan, FSDP)"),
+    plan_flag("schedule", str, help="gpipe | 1f1b | interleaved | zb-h1 | zb-v"),
+    plan_flag("framework", str, help="megatron | deepspeed | fsdp"),
+    cli_flag("precision", str | None, help="fp32 | tf32 | fp16 | bf16 | fp8"),
+    cli_flag("train_tokens", str | None, help="Tokens to train, e.g. 2T, for time and cost to train."),
+    cli_flag("memory_headroom", float | None, help="Share of each GPU's memory to leave free, e.g. 0.05.",
+             show_default="0.05, or the job file's"),
 )
 
 # the cost model (predict, report, compare)
@@ -169,7 +175,7 @@ def takes_flags(*groups: tuple[Flag, ...]) -> Callable[[Callable[..., Any]], Cal
         signature = inspect.signature(func, eval_str=True)
         params = list(signature.parameters.values())
         at = [p.name for p in params].index("flags")
-        options = [inspect.Parameter(f.name, params[at].kind, default=None, annotation=Annotated[f.type, f.option])
+        options = [inspect.Parameter(f.name, params[at].kind, default=f.default, annotation=Annotated[f.type, f.option])
                    for f in flags]
 
         @functools.wraps(func)

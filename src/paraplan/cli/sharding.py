@@ -39,60 +39,35 @@ def sharding_command(
 
     This imports FILE.py (or MODULE) and runs its code (the module, the example-args function
     and the step itself), by design, with your permissions: run it only on code you trust."""
+    from paraplan.sharding.request import ShardingRequest
     from paraplan.specs import ConfigError
-    from paraplan.units import format_bytes, parse_bytes
 
     with user_errors():
-        axes = _parse_mesh(mesh)
-        size = 1
-        for _, n in axes:
-            size *= n
+        request = ShardingRequest.from_flags(mesh=mesh, memory_budget=memory_budget, cluster=cluster,
+                                             precision=precision)
         if verify or profile:
-            _ask_for_cpu_devices(size)
-        if memory_budget is None:
-            from paraplan.catalog import load_cluster
-
-            budget = float(load_cluster(cluster).gpu.hbm_bytes)
-            memory_budget = f"{format_bytes(budget)} (the GPU's memory)"
-        elif memory_budget.strip().lower() == "none":
-            budget = None
-        else:
-            from paraplan.units import UnitError
-
-            try:
-                budget = parse_bytes(memory_budget)
-            except UnitError as exc:
-                raise ConfigError(f"memory_budget: {exc}") from None
+            _ask_for_cpu_devices(request.devices)
         if output is OutputFormat.csv:
             raise ConfigError("format: sharding writes table or json")
-        try:
-            import jax  # noqa: F401
-        except ImportError:
-            raise ConfigError('sharding: needs JAX; install the extra: pip install -e ".[sharding]"') from None
-        from paraplan.sharding.plan import search
-        from paraplan.sharding.target import example_args as make_args
-        from paraplan.sharding.target import load_target, parse_kwargs
-
-        step = load_target(target)
-        call_args = make_args(step, example_args, parse_kwargs(args), shapes_only)
+        step, call_args = request.load(target, example_args, args, shapes_only)
         if profile:
             from rich.progress import Progress
 
             with Progress(console=err, transient=True) as bar:
                 task = bar.add_task("compiling block strategies", total=None)
-                plan = search(step.fn, call_args, axes, cluster=cluster, precision=precision, memory_budget=budget,
-                              profiled=True, progress=lambda done, total: bar.update(task, completed=done, total=total))
+                plan = request.search(step, call_args, profiled=True,
+                                      progress=lambda done, total: bar.update(task, completed=done, total=total))
         else:
             with err.status(f"tracing and searching {target} on {mesh}"):
-                plan = search(step.fn, call_args, axes, cluster=cluster, precision=precision, memory_budget=budget)
+                plan = request.search(step, call_args)
         check = None
         if verify:
-            with err.status(f"compiling the plan on {size} devices"):
+            with err.status(f"compiling the plan on {request.devices} devices"):
                 check = plan.verify(step.fn, call_args)
     data = plan.to_dict()
     from paraplan.report.sharding import no_plan_message
 
-    missed = None if plan.fits else no_plan_message(data, memory_budget)
+    missed = None if plan.fits else no_plan_message(data, request.memory_budget_text)
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
 
@@ -111,12 +86,6 @@ def sharding_command(
     if missed is not None:  # a valid question with no answer: exit 1, the nearest plan named
         err.print(f"[bold red]{missed[:7]}[/]{escape(missed[7:])}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
-
-
-def _parse_mesh(text: str):
-    from paraplan.sharding.target import parse_mesh
-
-    return parse_mesh(text)
 
 
 def _ask_for_cpu_devices(count: int) -> None:

@@ -15,11 +15,12 @@ from paraplan.specs.hardware import (
 from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
 from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.plan import PLAN_ALIASES, ParallelPlan
 from paraplan.specs.runtime import RuntimeMemorySpec
 
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM",
+    "PLAN_ALIASES",
     "ClusterSpec",
     "CollectiveCurve",
     "ConfigError",

@@ -428,3 +428,13 @@ def check_offload(plan: ParallelPlan) -> None:
                              f"activation recomputation ({plan.recompute.value!r})")
         if plan.cpu_offloading_num_layers is None:
             raise ValueError("parallel.cpu_offloading_num_layers: say how many layers' activations to offload")
+
+
+# A job file's short names of the plan's fields (tp: tensor_model_parallel_size), read from the
+# plan's own aliases: the one table job files, overrides and the command line's flags share.
+PLAN_ALIASES: dict[str, str] = {
+    choice: name
+    for name, spec in ParallelPlan.model_fields.items()
+    for choice in getattr(spec.validation_alias, "choices", ())
+    if choice != name
+}
