@@ -17,7 +17,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from paraplan.specs import PLAN_ALIASES, ConfigError, InternalError, format_validation_error
+from paraplan.specs import (
+    PLAN_ALIASES,
+    ConfigError,
+    Framework,
+    InternalError,
+    Precision,
+    Schedule,
+    format_validation_error,
+)
 from paraplan.specs.extras import missing_extra_message
 from paraplan.units import UnitError
 
@@ -108,6 +116,12 @@ def cli_flag(name: str, type_: Any, *decls: str, key: str | None = None, default
     return Flag(name, key or name, type_, typer.Option(*decls, **kwargs), default)
 
 
+def choices(kind: type[enum.Enum]) -> str:
+    """An enum's values as a flag's help lists them: ``fp32 | tf32 | ...``, from the enum
+    itself, so that a new member is offered without editing the CLI."""
+    return " | ".join(str(member.value) for member in kind)
+
+
 def plan_flag(field: str, type_: Any, **kwargs: Any) -> Flag:
     """The flag of the plan's ``field``, named as job files name it (the plan's aliases): ``--tp``
     and ``--tensor-model-parallel-size`` for a field with a short name, ``--zero-stage`` for one
@@ -152,9 +166,9 @@ JOB_FLAGS = (
     plan_flag("micro_batch_size", int),
     plan_flag("global_batch_size", int),
     plan_flag("recompute", str, help="none | selective | full (Megatron-LM) | layer | op (torchtitan, FSDP)"),
-    plan_flag("schedule", str, help="gpipe | 1f1b | interleaved | zb-h1 | zb-v"),
-    plan_flag("framework", str, help="megatron | deepspeed | fsdp"),
-    cli_flag("precision", str | None, help="fp32 | tf32 | fp16 | bf16 | fp8"),
+    plan_flag("schedule", str, help=choices(Schedule)),
+    plan_flag("framework", str, help=choices(Framework)),
+    cli_flag("precision", str | None, help=choices(Precision)),
     cli_flag("train_tokens", str | None, help="Tokens to train, e.g. 2T, for time and cost to train."),
     cli_flag("memory_headroom", float | None, help="Share of each GPU's memory to leave free, e.g. 0.05.",
              show_default="0.05, or the job file's"),

@@ -11,6 +11,7 @@ from rich.markup import escape
 from paraplan.cli.common import (
     MODEL_FLAGS,
     OutputFormat,
+    choices,
     cli_flag,
     err,
     out,
@@ -19,6 +20,7 @@ from paraplan.cli.common import (
     write_text,
 )
 from paraplan.cli.loading import cwd_paths, from_demo
+from paraplan.specs import Precision
 
 Opt = typer.Option
 
@@ -34,7 +36,7 @@ SEARCH_FLAGS = (
     cli_flag("global_batch_size", str | None,
              help="Global batch size in sequences; a list (512,1024,2048) ranks the plans of every size together "
                   "by tokens/s."),
-    cli_flag("precision", str | None, help="fp32 | tf32 | fp16 | bf16 | fp8"),
+    cli_flag("precision", str | None, help=choices(Precision)),
     cli_flag("price_per_gpu_hour", str | None, help="e.g. '2.5 USD'."),
     cli_flag("objective", str, default="time", help="time (highest tokens/s) | cost (lowest $ per token)"),
     cli_flag("train_tokens", str | None, help="Tokens to train, e.g. 2T."),
