@@ -19,14 +19,6 @@ if TYPE_CHECKING:
 
 SPACES = ("default", "full")
 
-# the plan's fields the search varies or keeps (a job file's short names read as these); any
-# other field the job file sets is neither: a note says so
-_SEARCHED_FIELDS = frozenset({
-    "global_batch_size", "framework", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-    "data_parallel_size", "context_parallel_size", "virtual_pipeline_model_parallel_size", "micro_batch_size",
-    "zero_stage", "recompute", "sequence_parallel", "schedule"})
-
-
 # a flag laid over the job file's (or the demo job's) mapping as ``apply_overrides`` reads it
 _JOB = {"job": True}
 
@@ -136,11 +128,6 @@ class SearchRequest:
         mapping = apply_overrides(raw, overrides)
         given = dict(mapping.get("parallel") or {})
         framework = f.framework or given.get("framework") or "megatron"
-        ignored = sorted(set(given) - _SEARCHED_FIELDS)  # (apply_overrides gave the long names)
-        notes = ()
-        if job_file is not None and ignored:
-            notes = (f"note: the search neither varies nor keeps the job file's {', '.join(ignored)}; "
-                     "predict the plan it finds with them",)
         _check_batch(given.get("global_batch_size"))
         mapping["parallel"] = {"global_batch_size": given.get("global_batch_size")}
         base_dir = job_file.parent if job_file else Path(".")
@@ -150,6 +137,12 @@ class SearchRequest:
         gbs = base.parallel.global_batch_size if gbs is None else gbs
         space = search_space(f.space, f, framework=framework, memory_headroom=base.memory_headroom,
                              batches=batches if batches and len(batches) > 1 else None)
+        # the job file's plan fields the space has no axis for (apply_overrides gave the long names)
+        ignored = sorted(set(given) - space.plan_fields())
+        notes = ()
+        if job_file is not None and ignored:
+            notes = (f"note: the search neither varies nor keeps the job file's {', '.join(ignored)}; "
+                     "predict the plan it finds with them",)
         if f.etp is not None and not base.model.is_moe:
             raise ConfigError("etp: the model is dense (it has no num_moe_experts); expert parallelism "
                               "applies to mixtures of experts")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from paraplan.inventory.partition import split_layers
 from paraplan.specs import (
     DEFAULT_MEMORY_HEADROOM,
+    PLAN_ALIASES,
     ClusterSpec,
     ConfigError,
     Framework,
@@ -51,7 +52,14 @@ def _powers_of_two(limit: int) -> list[int]:
 @dataclass(frozen=True)
 class SearchSpace:
     """What may vary. Degrees default to powers of two up to the cluster size; ``None`` in a
-    list-valued field means "every sensible value"."""
+    list-valued field means "every sensible value".
+
+    Each axis covers the plan field its name says (a ``ParallelPlan`` field or its short alias,
+    ``specs.PLAN_ALIASES``) or the one its ``plan`` metadata names (None: no plan field), so
+    :meth:`plan_fields` knows what a search varies or keeps without a list beside it."""
+
+    # plan fields the space sets though no axis names them: dp is the GPUs tp x pp x cp leave
+    DERIVED_PLAN_FIELDS: ClassVar[tuple[str, ...]] = ("dp",)
 
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
@@ -65,15 +73,15 @@ class SearchSpace:
     # DeepSpeed's offload_optimizer devices to try ("none", "cpu", "nvme"): ZeRO-Offload on/off
     offload_optimizer: tuple[str, ...] = ("none",)
     sequence_parallel: str = "with_tp"  # "with_tp": on whenever tp > 1; "both": try on and off; "off"
-    allow_tp_across_nodes: bool = False
+    allow_tp_across_nodes: bool = field(default=False, metadata={"plan": None})
     framework: str = "megatron"
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"plan": None})  # its keys: plan fields
     # Let stages hold unequal layer counts, chosen by the exact partition (always on for
     # heterogeneous clusters): pp need not divide the layers, and the embedding and LM-head
     # stages may take fewer.
-    uneven_layers: bool = False
+    uneven_layers: bool = field(default=False, metadata={"plan": "layers_per_stage"})
     # Global batch sizes to try (ranked by tokens/s); ``None``: the one the search is given.
-    global_batch_sizes: tuple[int, ...] | None = None
+    global_batch_sizes: tuple[int, ...] | None = field(default=None, metadata={"plan": "global_batch_size"})
     # Expert parallelism (mixture-of-experts models; a dense model keeps ep = 1): ``None``:
     # every ep that divides the experts (those that do not divide tp x cp x dp are counted out
     # per plan), smallest first. ``etp``: expert tensor-parallel sizes, ``None`` meaning
@@ -84,13 +92,13 @@ class SearchSpace:
     # over the whole data-parallel group, k shards over its ranks on k nodes and replicates
     # across; applies to the ZeRO stages the framework shards hybrid (FSDP: 3) with cp = 1, the
     # rest run as full sharding. ``None`` for the axis: the framework's (FSDP: whole group and 1 node).
-    shard_nodes: tuple[int | None, ...] | None = None
+    shard_nodes: tuple[int | None, ...] | None = field(default=None, metadata={"plan": "dp_shard"})
     # Pipeline schedules to try ("1f1b", "interleaved", "gpipe", "zb-h1", "zb-v"); ``None``:
     # the plan's own (1F1B, interleaved when vpp > 1, or ``extra["schedule"]``). Interleaved
     # plans take the vpp axis's values above 1 (2 when it has none); zb-v runs 2 chunks.
     schedule: tuple[str, ...] | None = None
     # The share of each GPU's memory a plan must leave free (``Job.memory_headroom``).
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
+    memory_headroom: float = field(default=DEFAULT_MEMORY_HEADROOM, metadata={"plan": None})  # a Job field
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom <= 0.5:
@@ -124,6 +132,14 @@ class SearchSpace:
         if bad or not self.offload_optimizer:
             raise ConfigError(f"offload_optimizer: {', '.join(map(repr, bad)) or 'nothing'} is not one of "
                               f"{', '.join(OFFLOAD_DEVICES)}")
+
+    def plan_fields(self) -> frozenset[str]:
+        """The plan fields (``ParallelPlan``'s long names) this space varies or keeps: those its
+        axes cover, those derived from them, and ``extra``'s; a job file's other plan fields
+        are neither."""
+        names = [*self.DERIVED_PLAN_FIELDS, *self.extra]
+        names += [f.metadata.get("plan", f.name) for f in fields(self)]
+        return frozenset(PLAN_ALIASES.get(n, n) for n in names if n is not None)
 
     def on_nodes(self, num_nodes: int) -> SearchSpace:
         """This space on a cluster of ``num_nodes`` nodes: a hybrid shard group over that many
