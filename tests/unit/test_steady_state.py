@@ -57,11 +57,13 @@ def test_deepspeeds_extrapolated_schedule_equals_its_full_simulation(p, data, ex
     p=st.integers(2, 6),
     data=st.data(),
     schedule=st.sampled_from([Schedule.ZB_H1, Schedule.ZB_V, Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED]),
+    overlap=st.booleans(),
 )
-def test_many_plans_of_one_shape_finish_when_each_ones_simulation_says(p, data, schedule):
+def test_many_plans_of_one_shape_finish_when_each_ones_simulation_says(p, data, schedule, overlap):
     """``pipeline_finish`` (the search's screen: a task graph evaluated for many plans at once)
     equals ``simulate_pipeline`` plan by plan, with unequal stages, weight gradients and sends,
-    where it evaluates the whole graph (up to ``batched_short(p) + 2 p`` micro-batches). Past
+    blocking or asynchronous (Megatron-LM's overlap_p2p_comm: a send holds no stage, an input
+    arrives one transfer later), where it evaluates the whole graph (up to ``batched_short(p) + 2 p`` micro-batches). Past
     that it extrapolates a steady state read off a short run; a schedule whose stages drift
     into a slower steady state only after the short run (a small rate difference eating a
     warm-up's slack, hundreds of micro-batches later) is then off by a bounded amount: within
@@ -76,12 +78,14 @@ def test_many_plans_of_one_shape_finish_when_each_ones_simulation_says(p, data, 
     share = np.array(data.draw(st.lists(st.floats(0.0, 0.6), min_size=plans, max_size=plans)))
     wgrad = bwd * share if schedule.splits_backward else np.zeros_like(bwd)
     send = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.05, 0.4]), min_size=plans, max_size=plans)))
-    dur = np.asarray(task_durations(schedule, p, v, list(fwd), list(bwd), list(wgrad), send, send + 0.01))
-    got = pipeline_finish(schedule, p, m, v, dur)
+    blocking = 0.0 if overlap else 1.0
+    dur = np.asarray(task_durations(schedule, p, v, list(fwd), list(bwd), list(wgrad), blocking * send,
+                                    blocking * (send + 0.01)))
+    got = pipeline_finish(schedule, p, m, v, dur, np.stack([send + 0.01, send]) if overlap else None)
     exact = batched_short(p) + 2 * p
     for j in range(plans):
         sim = simulate_pipeline(list(fwd[:, j]), list(bwd[:, j]), float(send[j]), m, schedule, vpp,
-                                fwd_extra_s=0.01, wgrad_s=list(wgrad[:, j]))
+                                fwd_extra_s=0.01, wgrad_s=list(wgrad[:, j]), overlap_p2p=overlap)
         assert list(got[:, j]) == pytest.approx(sim.finish, rel=1e-9 if m <= exact else 1e-2)
 
 

@@ -220,33 +220,49 @@ def simulate_pipeline(
 
 
 @functools.lru_cache(maxsize=64)
-def _levels(schedule: Schedule, p: int, m: int, v: int):
-    """_structure in levels (``schedule.graph``)."""
-    return graph_levels(*_flat_structure(schedule, p, m, v))
+def _levels(schedule: Schedule, p: int, m: int, v: int, overlap_p2p: bool = False):
+    """_structure in levels (``schedule.graph``); with ``overlap_p2p`` each task waits for an
+    input from another stage one transfer longer (``_task_ends``): its delay is the duration
+    row 3 p v + 1 (a forward's input) or 3 p v + 2 (a backward's), 3 p v (zero) otherwise."""
+    kinds, prevs, deps = _flat_structure(schedule, p, m, v)
+    if not overlap_p2p:
+        return graph_levels(kinds, prevs, deps)
+    stage_of, base = 3 * v, 3 * p * v
+    delays = [base + 1 + kind % 3 if dep >= 0 and kind % 3 != W and kinds[dep] // stage_of != kind // stage_of
+              else base for kind, dep in zip(kinds, deps, strict=True)]
+    return graph_levels(kinds, prevs, deps, delays)
 
 
-def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur):
+def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur, arrival=None):
     """Each stage's finish time for many plans of one shape (``p`` stages, ``m`` micro-batches,
-    ``v`` chunks per stage) at once, with blocking sends: ``dur`` is an array of shape
-    (3 p v, plans) indexed as ``task_durations`` (sends included). Returns an array of shape
+    ``v`` chunks per stage) at once: ``dur`` is an array of shape (3 p v, plans) indexed as
+    ``task_durations`` (blocking sends included). With ``arrival``, an array (2, plans) of
+    a forward's and a backward's transfer, sends are asynchronous (``simulate_pipeline``'s
+    ``overlap_p2p``: ``dur`` then holds no send, and an input from another stage arrives one
+    transfer after its task ends). Returns an array of shape
     (p, plans), equal to ``simulate_pipeline``'s finish times up to ``batched_short(p) + 2 p``
     micro-batches. Past that the steady state is extrapolated from two short runs a cycle
     apart, so the search's cost stays flat in m (a plan whose short run shows no cycle is run
     in full): exact unless the stages drift into a slower steady state only after the short
     run (a small rate difference eating a warm-up's slack), where it is a fraction of a percent
     fast; the search predicts its shortlist exactly."""
+    import numpy as np
+
+    overlap = arrival is not None
+    if overlap:  # the delays' rows: none, a forward's input, a backward's
+        dur = np.concatenate([dur, np.zeros((1, dur.shape[1])), arrival])
     short = batched_short(p)
     if m <= short + 2 * p:
-        return _full(schedule, p, m, v, dur)
+        return _full(schedule, p, m, v, dur, overlap)
 
     def run(k: int, sel):
-        levels, n = _levels(schedule, p, k, v)
+        levels, n = _levels(schedule, p, k, v, overlap)
         end = graph_ends(levels, n, dur[:, sel])
         return end[list(_last_task(schedule, p, k, v))], end[list(_stage0_done(schedule, p, k, v))]
 
     out, rest = extrapolate_many(run, m, p, short, dur.shape[1])
     if rest.any():
-        full = _full(schedule, p, m, v, dur[:, rest])
+        full = _full(schedule, p, m, v, dur[:, rest], overlap)
         if out is None:
             return full
         out[:, rest] = full
@@ -261,26 +277,29 @@ def batched_short(p: int) -> int:
     return max(128, 16 * p)
 
 
-def _full(schedule: Schedule, p: int, m: int, v: int, dur):
+def _full(schedule: Schedule, p: int, m: int, v: int, dur, overlap: bool):
     """pipeline_finish from the whole task graph (one plan at a time, each extrapolated as
-    ``simulate_pipeline`` does, past ``LONG`` micro-batches)."""
+    ``simulate_pipeline`` does, past ``LONG`` micro-batches); ``dur`` with the delays' rows
+    when ``overlap``."""
     if m > LONG:
-        return _each(schedule, p, m, v, dur)
-    levels, n = _levels(schedule, p, m, v)
+        return _each(schedule, p, m, v, dur, overlap)
+    levels, n = _levels(schedule, p, m, v, overlap)
     return graph_ends(levels, n, dur)[list(_last_task(schedule, p, m, v))]
 
 
-def _each(schedule: Schedule, p: int, m: int, v: int, dur):
+def _each(schedule: Schedule, p: int, m: int, v: int, dur, overlap: bool):
     """pipeline_finish one plan at a time, each extrapolated from its steady state as
     ``simulate_pipeline`` does."""
     import numpy as np
 
+    base = 3 * p * v
     columns = []
     for j in range(dur.shape[1]):
-        column = [float(d) for d in dur[:, j]]
+        column = [float(d) for d in dur[:base, j]]
+        arrival = (float(dur[base + 1, j]), float(dur[base + 2, j]), 0.0) if overlap else (0.0, 0.0, 0.0)
 
-        def run(k: int, column=column) -> tuple[tuple[float, ...], list[float]]:
-            end = _task_ends(column, (0.0, 0.0, 0.0), False, schedule, p, k, v)
+        def run(k: int, column=column, arrival=arrival) -> tuple[tuple[float, ...], list[float]]:
+            end = _task_ends(column, arrival, overlap, schedule, p, k, v)
             last = _last_task(schedule, p, k, v)
             return tuple(end[last[i]] for i in range(p)), [end[t] for t in _stage0_done(schedule, p, k, v)]
 
