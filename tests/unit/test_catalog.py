@@ -536,3 +536,17 @@ def test_a_catalog_cluster_whose_network_a_job_changed_is_not_named_as_the_catal
 def test_a_job_that_repeats_the_catalogs_own_link_keeps_the_catalog_name():
     raw = load_catalog_entry("clusters", "aws-p5.48xlarge")
     assert load_cluster("aws-p5.48xlarge", inter_node=raw["inter_node"]).name == "aws-p5.48xlarge"
+
+
+def test_a_gpu_named_on_another_gpus_node_gets_its_own_nvlink_never_the_nodes():
+    """--cluster dgx-h100 --gpu B200 ran B200 over Hopper's 450 GB/s NVLink, silently."""
+    blackwell = load_cluster("dgx-h100", gpu="B200")
+    assert blackwell.intra_node.bandwidth_bytes_per_s == load_gpu("B200").intra_node.bandwidth_bytes_per_s == 900e9
+    assert "B200's own intra-node link" in blackwell.name
+    assert blackwell.inter_node == load_cluster("dgx-h100").inter_node  # the node's network stays
+
+
+def test_a_gpu_with_the_same_nvlink_as_the_nodes_keeps_the_nodes_measured_link():
+    hopper = load_cluster("dgx-h100", gpu="H200-SXM-141GB")
+    assert hopper.intra_node == load_cluster("dgx-h100").intra_node
+    assert "own intra-node link" not in hopper.name

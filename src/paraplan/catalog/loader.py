@@ -174,6 +174,13 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
         gpu = raw["gpu"]
         gpu_name = gpu.name if isinstance(gpu, GpuSpec) else dict(gpu).get("name", "custom GPU")
         raw["name"] = f"{raw['name']} with {gpu_name}"
+        if "intra_node" not in overrides and not _same_bandwidth(_gpu_link(gpu), raw.get("intra_node")):
+            # another GPU's NVLink: its own link, never the node's GPU's (B200 on dgx-h100
+            # gets 900 GB/s, not Hopper's 450); the node's measurements were of the other link
+            raw.pop("intra_node", None)
+            for key in ("intra_node", "intra_node_efficiency"):
+                raw["sources"].pop(key, None)
+            raw["name"] += f" ({gpu_name}'s own intra-node link)"
         raw.pop("aliases", None)
         if "price_per_gpu_hour" not in overrides:  # the catalog's price was for its own GPU
             raw.pop("price_per_gpu_hour", None)
@@ -185,6 +192,23 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
 
 
 _LINKS = ("intra_node", "inter_node", "host_link")
+
+
+def _gpu_link(gpu: Any) -> Any:
+    """A GPU's own intra-node link (a GpuSpec's or a mapping's), or None."""
+    return gpu.intra_node if isinstance(gpu, GpuSpec) else dict(gpu).get("intra_node")
+
+
+def _same_bandwidth(link: Any, other: Any) -> bool:
+    """Whether two intra-node links run at the same bandwidth (the same NVLink generation and
+    width: a node's measured efficiency then applies to the other GPU too). A GPU with no link
+    of its own keeps the node's."""
+    if link is None or other is None:
+        return True
+    try:
+        return LinkSpec.model_validate(link).bandwidth_bytes_per_s == LinkSpec.model_validate(other).bandwidth_bytes_per_s
+    except ValidationError:
+        return False
 
 
 def _same_link(given: Any, catalog: Any) -> bool:
