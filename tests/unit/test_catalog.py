@@ -550,3 +550,11 @@ def test_a_gpu_with_the_same_nvlink_as_the_nodes_keeps_the_nodes_measured_link()
     hopper = load_cluster("dgx-h100", gpu="H200-SXM-141GB")
     assert hopper.intra_node == load_cluster("dgx-h100").intra_node
     assert "own intra-node link" not in hopper.name
+
+
+def test_b200_has_a_reference_node_whose_numbers_are_cited():
+    node = load_cluster("dgx-b200")
+    assert load_gpu("B200").reference_node == "dgx-b200" and node.gpus_per_node == 8
+    assert node.intra_node.bandwidth_bytes_per_s == 900e9 and node.inter_node.bandwidth_bytes_per_s == 50e9
+    sources = load_catalog_entry("clusters", "dgx-b200")["sources"]
+    assert {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"} <= set(sources)
