@@ -11,7 +11,7 @@ import typer
 
 from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, OutputFormat, err, out, user_errors, write_text
 from paraplan.cli.profile_comm import comm_command
-from paraplan.specs import ConfigError
+from paraplan.specs import ConfigError, positive_value
 
 profile_app = typer.Typer(
     name="profile",
@@ -117,15 +117,9 @@ def _fraction(text: str) -> float:
 
 def _duration(text: str) -> float:
     """``--max-time``: '90s', '4 min', '240' -> seconds (positive)."""
-    from paraplan.units import UnitError, parse_seconds
+    from paraplan.units import parse_seconds
 
-    try:
-        seconds = parse_seconds(text)
-    except UnitError as exc:
-        raise ConfigError(f"--max-time: {exc}") from None
-    if not seconds > 0:
-        raise ConfigError(f"--max-time: {text!r} must be a positive duration")
-    return seconds
+    return positive_value("--max-time", text, parse_seconds, "duration")
 
 
 class StopRule(str, enum.Enum):

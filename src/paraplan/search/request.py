@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paraplan.specs import ConfigError
+from paraplan.specs import ConfigError, positive_value
 
 if TYPE_CHECKING:
     from paraplan.search.run import SearchResult
@@ -109,8 +109,8 @@ class SearchRequest:
         for flag, value in (("--num-gpus", f.num_gpus), ("--num-nodes", f.num_nodes)):
             if value is not None and value < 1:
                 raise ConfigError(f"{flag}: expected a positive whole number, got {value}")
-        budget_usd = _positive("--budget", f.budget, parse_usd, "amount")
-        deadline_s = _positive("--deadline", f.deadline, parse_seconds, "duration")
+        budget_usd = positive_value("--budget", f.budget, parse_usd, "amount")
+        deadline_s = positive_value("--deadline", f.deadline, parse_seconds, "duration")
         if f.objective not in OBJECTIVES:
             raise ConfigError(f"objective: {f.objective!r} is not one of {', '.join(OBJECTIVES)}")
         if f.pareto_axis is not None and f.pareto_axis not in PARETO_AXES:
@@ -297,22 +297,6 @@ def ints(name: str, text: str, low: int = 1) -> list[int]:
         what = "positive whole numbers" if low == 1 else f"whole numbers from {low}"
         raise ConfigError(f"{name}: expected {what}, got {text!r}")
     return list(dict.fromkeys(values))
-
-
-def _positive(flag: str, text: str | None, parse, what: str) -> float | None:
-    """``text`` read by ``parse`` (units), refused unless it is above zero."""
-    from paraplan.specs import short_repr
-    from paraplan.units import UnitError
-
-    if text is None:
-        return None
-    try:
-        value = parse(text)
-    except UnitError as exc:
-        raise ConfigError(f"{flag}: {exc}") from None
-    if not value > 0:
-        raise ConfigError(f"{flag}: expected a positive {what}, got {short_repr(text)}")
-    return value
 
 
 def _check_batch(value) -> None:

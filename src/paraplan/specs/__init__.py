@@ -1,7 +1,13 @@
 """Validated, frozen configuration types: what a job is made of."""
 
 from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
-from paraplan.specs.errors import ConfigError, InternalError, format_validation_error, short_repr
+from paraplan.specs.errors import (
+    ConfigError,
+    InternalError,
+    format_validation_error,
+    positive_value,
+    short_repr,
+)
 from paraplan.specs.hardware import (
     ClusterSpec,
     CollectiveCurve,
@@ -43,5 +49,6 @@ __all__ = [
     "RuntimeMemorySpec",
     "Schedule",
     "format_validation_error",
+    "positive_value",
     "short_repr",
 ]

@@ -56,3 +56,19 @@ def format_validation_error(err: ValidationError) -> str:
     elif first["type"] != "value_error":
         msg = f"{msg} (got {short_repr(first['input'])})"
     return f"{loc}: {msg}" if loc else msg
+
+
+def positive_value(flag: str, text: str | None, parse, what: str) -> float | None:
+    """A flag's ``text`` read by ``parse`` (a ``paraplan.units`` reader: '4 min', '2.5 USD'),
+    refused in one line naming the flag unless it is above zero; None stays None."""
+    from paraplan.units import UnitError
+
+    if text is None:
+        return None
+    try:
+        value = parse(text)
+    except UnitError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+    if not value > 0:
+        raise ConfigError(f"{flag}: expected a positive {what}, got {short_repr(text)}")
+    return value
