@@ -558,3 +558,11 @@ def test_b200_has_a_reference_node_whose_numbers_are_cited():
     assert node.intra_node.bandwidth_bytes_per_s == 900e9 and node.inter_node.bandwidth_bytes_per_s == 50e9
     sources = load_catalog_entry("clusters", "dgx-b200")["sources"]
     assert {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"} <= set(sources)
+
+
+def test_h200_has_a_reference_node_whose_numbers_are_cited():
+    node = load_cluster("dgx-h200")
+    assert load_gpu("H200").reference_node == "dgx-h200" and node.gpus_per_node == 8
+    assert node.intra_node.bandwidth_bytes_per_s == 450e9 and node.inter_node.bandwidth_bytes_per_s == 50e9
+    sources = load_catalog_entry("clusters", "dgx-h200")["sources"]
+    assert {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"} <= set(sources)
