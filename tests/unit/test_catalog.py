@@ -566,3 +566,12 @@ def test_h200_has_a_reference_node_whose_numbers_are_cited():
     assert node.intra_node.bandwidth_bytes_per_s == 450e9 and node.inter_node.bandwidth_bytes_per_s == 50e9
     sources = load_catalog_entry("clusters", "dgx-h200")["sources"]
     assert {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"} <= set(sources)
+
+
+def test_mi300x_has_a_reference_node_whose_fully_connected_links_are_a_mesh():
+    node = load_cluster("azure-nd-mi300x-v5")
+    assert load_gpu("MI300X").reference_node == "azure-nd-mi300x-v5" and node.gpus_per_node == 8
+    assert node.intra_node.topology == "mesh" and node.intra_node.bandwidth_bytes_per_s == 448e9
+    assert node.inter_node.bandwidth_bytes_per_s == 50e9
+    sources = load_catalog_entry("clusters", "azure-nd-mi300x-v5")["sources"]
+    assert {"gpu", "intra_node", "inter_node", "host_memory"} <= set(sources)
