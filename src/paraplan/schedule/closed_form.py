@@ -34,17 +34,20 @@ FIRST, MID, LAST = 0, 1, 2  # stage classes: stage 0, stage 1 (middle), stage pp
 
 
 def runs(sched, *schedules: Schedule):
-    """Which plans (schedule codes ``sched``) run one of ``schedules``."""
-    mask = sched == SCHEDULES.index(schedules[0])
-    for schedule in schedules[1:]:
-        mask = mask | (sched == SCHEDULES.index(schedule))
-    return mask
+    """Which plans (schedule codes ``sched``) run one of ``schedules`` (none: no plan)."""
+    return np.isin(sched, [SCHEDULES.index(schedule) for schedule in schedules])
+
+
+def runs_where(sched, prop: str):
+    """Which plans (schedule codes ``sched``) run a schedule with the property ``prop`` (a
+    ``Schedule`` property such as ``splits_backward``): the screen asks for properties, never names."""
+    return runs(sched, *(schedule for schedule in SCHEDULES if getattr(schedule, prop)))
 
 
 def chunks_per_stage(sched, vpp):
     """Model chunks per stage of each plan that the closed forms see (``v``): vpp for the
     interleaved schedule, else 1 (ZB-V's two chunks are its task graph's own)."""
-    return np.where(runs(sched, *(s for s in SCHEDULES if s.uses_vpp)), np.maximum(vpp, 1), 1).astype(np.float64)
+    return np.where(runs_where(sched, "uses_vpp"), np.maximum(vpp, 1), 1).astype(np.float64)
 
 
 def stage_in_flight(schedule: Schedule, stage, p, m, vpp):
@@ -87,8 +90,8 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
     DeepSpeed's attention mask), ``pp``, ``m`` and ``v`` (``chunks_per_stage``) arrays and
     ``sched`` the schedule codes; ``lockstep``: the 1F1B plans run DeepSpeed's TrainSchedule."""
     p = pp.astype(np.float64)
-    finish = _closed_form_finish(f, b, x, m, p, v, runs(sched, *(s for s in SCHEDULES if s.forwards_all_first)), xf)
-    zero_bubble = runs(sched, *(s for s in SCHEDULES if s.splits_backward)) & (pp > 1)
+    finish = _closed_form_finish(f, b, x, m, p, v, runs_where(sched, "forwards_all_first"), xf)
+    zero_bubble = runs_where(sched, "splits_backward") & (pp > 1)
     if zero_bubble.any():
         _zero_bubble_finish(finish, f, b, w, x, xf, pp, m, sched, zero_bubble)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape

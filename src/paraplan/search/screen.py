@@ -68,7 +68,7 @@ from paraplan.schedule.closed_form import (
     chunks_per_stage,
     finish_by_class,
     in_flight,
-    runs,
+    runs_where,
 )
 from paraplan.schedule.overlap import exposed_sync_s, with_sharded_traffic
 from paraplan.search.space import (
@@ -490,9 +490,9 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
     classes = (FIRST, MID, LAST)
     exists = {FIRST: np.ones(len(pp), dtype=bool), MID: pp >= 3, LAST: pp >= 2}
     full = rc == _RECOMPUTE.index(Recompute.FULL)
-    gpipe = runs(sched, *(s for s in SCHEDULES if s.forwards_all_first))
+    gpipe = runs_where(sched, "forwards_all_first")
     # W costed only when the space has zero-bubble plans
-    zero_bubble = bool(runs(sched, *(s for s in SCHEDULES if s.splits_backward)).any())
+    zero_bubble = bool(runs_where(sched, "splits_backward").any())
 
     def shard(name: str) -> np.ndarray:  # each plan's entry of its shard shape's row
         return shards[name][shard_of]
