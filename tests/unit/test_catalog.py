@@ -552,26 +552,15 @@ def test_a_gpu_with_the_same_nvlink_as_the_nodes_keeps_the_nodes_measured_link()
     assert "own intra-node link" not in hopper.name
 
 
-def test_b200_has_a_reference_node_whose_numbers_are_cited():
-    node = load_cluster("dgx-b200")
-    assert load_gpu("B200").reference_node == "dgx-b200" and node.gpus_per_node == 8
-    assert node.intra_node.bandwidth_bytes_per_s == 900e9 and node.inter_node.bandwidth_bytes_per_s == 50e9
-    sources = load_catalog_entry("clusters", "dgx-b200")["sources"]
-    assert {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"} <= set(sources)
-
-
-def test_h200_has_a_reference_node_whose_numbers_are_cited():
-    node = load_cluster("dgx-h200")
-    assert load_gpu("H200").reference_node == "dgx-h200" and node.gpus_per_node == 8
-    assert node.intra_node.bandwidth_bytes_per_s == 450e9 and node.inter_node.bandwidth_bytes_per_s == 50e9
-    sources = load_catalog_entry("clusters", "dgx-h200")["sources"]
-    assert {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"} <= set(sources)
-
-
-def test_mi300x_has_a_reference_node_whose_fully_connected_links_are_a_mesh():
-    node = load_cluster("azure-nd-mi300x-v5")
-    assert load_gpu("MI300X").reference_node == "azure-nd-mi300x-v5" and node.gpus_per_node == 8
-    assert node.intra_node.topology == "mesh" and node.intra_node.bandwidth_bytes_per_s == 448e9
-    assert node.inter_node.bandwidth_bytes_per_s == 50e9
-    sources = load_catalog_entry("clusters", "azure-nd-mi300x-v5")["sources"]
-    assert {"gpu", "intra_node", "inter_node", "host_memory"} <= set(sources)
+@pytest.mark.parametrize(("gpu", "node", "nvlink", "topology", "cited"), [
+    ("B200", "dgx-b200", 900e9, "switch", {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"}),
+    ("H200", "dgx-h200", 450e9, "switch", {"intra_node", "inter_node", "inter_node_efficiency", "host_memory"}),
+    # MI300X's 8-GPU platform is fully connected: a mesh, not a switch
+    ("MI300X", "azure-nd-mi300x-v5", 448e9, "mesh", {"gpu", "intra_node", "inter_node", "host_memory"}),
+])
+def test_a_gpu_has_a_reference_node_whose_numbers_are_cited(gpu, node, nvlink, topology, cited):
+    cluster = load_cluster(node)
+    assert load_gpu(gpu).reference_node == node and cluster.gpus_per_node == 8
+    assert cluster.intra_node.bandwidth_bytes_per_s == nvlink and cluster.intra_node.topology == topology
+    assert cluster.inter_node.bandwidth_bytes_per_s == 50e9
+    assert cited <= set(load_catalog_entry("clusters", node)["sources"])
