@@ -125,6 +125,12 @@ def read_top(path: Path) -> dict[str, Any]:
     return {**read_header(path), **read_trailer(path)}
 
 
+def device_names(top: dict[str, Any]) -> list[str]:
+    """The GPU names a trace's ``deviceProperties`` lists (from ``read_top``), sorted, each once."""
+    return sorted({d["name"] for d in top.get("deviceProperties") or ()
+                   if isinstance(d, dict) and isinstance(d.get("name"), str) and d["name"]})
+
+
 def read_trailer(path: Path) -> dict[str, Any]:
     """The top-level fields written after `traceEvents` (baseTimeNanoseconds, hostname): kept
     from the last read of the file by `iter_events`, else read from its end."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from paraplan.specs import ConfigError
 from paraplan.traces.decode import Iteration, RankTrace, decode_trace
 from paraplan.traces.kernels import top_unclassified
-from paraplan.traces.reader import TraceFileError, read_top
+from paraplan.traces.reader import TraceFileError, device_names, read_top
 from paraplan.traces.rules import P2P_KINDS
 
 _TRACE_NAME = re.compile(r"rank|trace", re.I)
@@ -278,8 +278,7 @@ def _check_together(ranks: list[RankTrace]) -> None:
 
 
 def _gpu(top: dict) -> str | None:
-    names = sorted({d.get("name") for d in top.get("deviceProperties") or () if isinstance(d, dict) and d.get("name")})
-    return " + ".join(names) or None
+    return " + ".join(device_names(top)) or None
 
 
 def _hosts(tops: list[dict], ranks: list[RankTrace]) -> list[str | None]:

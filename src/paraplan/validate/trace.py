@@ -23,7 +23,7 @@ from paraplan.catalog import load_catalog_entry
 from paraplan.costmodel import CostModel
 from paraplan.prediction import Prediction
 from paraplan.specs import ConfigError, Job
-from paraplan.traces.reader import TraceFileError, read_top
+from paraplan.traces.reader import TraceFileError, device_names, read_top
 from paraplan.traces.rules import COMPUTE_CLASSES, P2P_KINDS, group_dimension
 from paraplan.traces.summary import TraceSummary, summarize
 from paraplan.validate.measured import MeasuredComponent, MeasuredRun
@@ -161,8 +161,7 @@ def job_mismatches(job: Job, summary: TraceSummary) -> tuple[str, ...]:
             tops.append(read_top(rank.path))
         except (TraceFileError, OSError):
             continue
-    names = sorted({d["name"] for top in tops for d in top.get("deviceProperties") or ()
-                    if isinstance(d, dict) and isinstance(d.get("name"), str) and d["name"]})
+    names = sorted({name for top in tops for name in device_names(top)})
     says = job.cluster.gpu.name
     for name in names:
         theirs = _catalog_gpu(name)
