@@ -32,14 +32,19 @@ def load_model_file(path: Path | str) -> ModelSet:
     return ModelSet(models, metadata)
 
 
+def check_backend(backend: str) -> None:
+    """Refuse, in one line naming the available ones, a backend name that is none of ``BACKENDS``."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
+
+
 def make_cost_model(job: Job, backend: str, models: ModelSet | None = None) -> CostModel:
     """The cost model for ``job``: the roofline, or learned residuals on top of it."""
+    check_backend(backend)
     if backend == "analytical":
         return AnalyticalCostModel(job.cluster, job.precision)
-    if backend == "learned":
-        if models is None:
-            raise ConfigError("models: the learned backend needs a models file (paraplan fit ... --out FILE)")
-        from paraplan.costmodel.learned import LearnedCostModel
+    if models is None:
+        raise ConfigError("models: the learned backend needs a models file (paraplan fit ... --out FILE)")
+    from paraplan.costmodel.learned import LearnedCostModel
 
-        return LearnedCostModel(job.cluster, job.precision, models.models, models.fingerprints)
-    raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
+    return LearnedCostModel(job.cluster, job.precision, models.models, models.fingerprints)

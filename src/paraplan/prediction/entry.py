@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from paraplan.prediction.backends import BACKENDS, ModelSet, load_model_file, make_cost_model
+from paraplan.prediction.backends import ModelSet, check_backend, load_model_file, make_cost_model
 from paraplan.prediction.facade import predict
 from paraplan.prediction.hetero import predict_hetero
 from paraplan.prediction.result import Prediction
@@ -26,8 +26,7 @@ def predict_any(
     file from ``paraplan fit`` or its loaded ``ModelSet``; ``learned`` when only ``models`` is
     given). What the cost model has to say is appended to ``notes`` when given."""
     backend = backend or ("learned" if models is not None else "analytical")
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend: unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
+    check_backend(backend)  # before the node-groups rule, so a misspelt name is named as such
     if isinstance(job, HeteroJob):  # node groups of different GPUs
         if backend != "analytical" or models is not None:
             raise ConfigError("backend: a cluster with node groups of different GPUs is predicted analytically")
