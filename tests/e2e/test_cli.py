@@ -118,7 +118,7 @@ def test_explain_lists_the_operators_of_one_layer():
     ("args", "message"),
     [
         (("predict", "--gpu", "A100-SMX4"), "unknown GPU 'A100-SMX4'; did you mean A100-SXM4-80GB?"),
-        (("predict", "--gpu", "H800"), "unknown GPU 'H800', not in the catalog"),
+        (("predict", "--gpu", "A800"), "unknown GPU 'A800', not in the catalog"),
         (("predict", "--tp", "3"), "parallel: tp*pp*cp = 3 does not divide the cluster's 32 GPUs"),
         (("predict", "--model", "llama-3-8b", "--tp", "16", "--num-nodes", "4"), "parallel.tp: num_query_groups=8 is not divisible by 16"),
         (("predict", "no-such-file.yaml"), "no-such-file.yaml: cannot read the job file"),

@@ -109,6 +109,10 @@ def test_fp8_peaks_are_given_only_for_gpus_with_fp8_tensor_cores():
         "H200-SXM-141GB",
         "GH200-120GB",
         "B200",
+        "B300",
+        "GB200",
+        "GB300",
+        "H800",
         "L40S",
         "MI300X",
     }
@@ -124,6 +128,10 @@ TF32_GPUS = {
     "H200-SXM-141GB": 494.7e12,
     "L40S": 183e12,
     "B200": 1100e12,
+    "B300": 1125e12,
+    "GB200": 1250e12,
+    "GB300": 1250e12,
+    "H800": 494.7e12,
 }
 
 
@@ -502,7 +510,7 @@ def test_a_gpu_name_with_a_letter_mistyped_suggests_the_catalog_name(typed, mean
     assert suggest_catalog_name("gpus", typed) == meant
 
 
-@pytest.mark.parametrize("other_part", ["H800", "A6000", "A1000", "H20", "V100-16GB", "GB200"])
+@pytest.mark.parametrize("other_part", ["A800", "A6000", "A1000", "H20", "V100-16GB", "GB100"])
 def test_a_gpu_whose_model_number_differs_is_not_suggested_as_a_typo(other_part):
     assert suggest_catalog_name("gpus", other_part) is None
     with pytest.raises(ConfigError, match=rf"unknown GPU '{other_part}', not in the catalog .*cluster: \{{gpu: \{{name, "):
@@ -516,14 +524,14 @@ def test_a_model_size_that_differs_is_not_suggested_as_a_typo():
 
 def test_the_inline_gpu_the_error_describes_is_a_gpu_the_job_file_accepts():
     with pytest.raises(ConfigError) as err:
-        load_gpu("H800")
+        load_gpu("A800")
     message = str(err.value)
     assert all(field in message for field in ("peak_flops: {bf16:", "hbm_bytes", "hbm_bandwidth", "gpus_per_node"))
-    gpu = {"name": "H800", "peak_flops": {"bf16": "989 TFLOPS"}, "hbm_bytes": "80 GiB",
-           "hbm_bandwidth": "3.35 TB/s", "intra_node": {"bandwidth": "200 GB/s"}}
+    gpu = {"name": "A800", "peak_flops": {"bf16": "312 TFLOPS"}, "hbm_bytes": "80 GiB",
+           "hbm_bandwidth": "2.04 TB/s", "intra_node": {"bandwidth": "200 GB/s"}}
     job = resolve_job({"model": "llama-2-7b", "cluster": {"gpu": gpu, "gpus_per_node": 8},
                             "parallel": {"tp": 8}})
-    assert job.cluster.gpu.name == "H800"
+    assert job.cluster.gpu.name == "A800"
 
 
 def test_a_catalog_cluster_whose_network_a_job_changed_is_not_named_as_the_catalog_cluster():

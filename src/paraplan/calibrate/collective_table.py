@@ -69,8 +69,8 @@ def fit_collective_table(
                  & (table.xla_tensor_bytes >= min_bytes) & table.opcode.isin(list(_OPCODES))]
     if rows.empty:
         raise ConfigError(f"--gpu-key: no all-reduce/all-gather/reduce-scatter rows for {gpu_key} in {path}")
-    if cluster.intra_node is None or rows.devices_per_group.max() > cluster.gpus_per_node:
-        raise ConfigError(f"--cluster {cluster.name}: the table's groups do not fit in one of its nodes")
+    if cluster.intra_node is None or rows.devices_per_group.max() > cluster.domain_size:
+        raise ConfigError(f"--cluster {cluster.name}: the table's groups do not fit in one of its scale-up domains")
     fits = []
     for opcode, kind in _OPCODES.items():
         part = rows[rows.opcode == opcode]

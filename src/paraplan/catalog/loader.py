@@ -173,6 +173,7 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
     if other_gpu:  # the node's links with another GPU: no longer the catalog entry
         gpu = raw["gpu"]
         gpu_name = gpu.name if isinstance(gpu, GpuSpec) else dict(gpu).get("name", "custom GPU")
+        _check_domain(raw, gpu, gpu_name, overrides)
         raw["name"] = f"{raw['name']} with {gpu_name}"
         if "intra_node" not in overrides and not _same_bandwidth(_gpu_link(gpu), raw.get("intra_node")):
             # another GPU's NVLink: its own link, never the node's GPU's (B200 on dgx-h100
@@ -192,6 +193,23 @@ def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
 
 
 _LINKS = ("intra_node", "inter_node", "host_link")
+
+
+def _check_domain(raw: dict[str, Any], gpu: Any, gpu_name: str, overrides: dict[str, Any]) -> None:
+    """A node whose NVLink switch system joins several hosts (GB200 NVL72) takes another GPU
+    only where that GPU's own reference node has the same scale-up domain (GB300 on a GB200
+    rack); any other GPU is refused rather than given the rack's domain or silently one host's."""
+    domain = raw.get("scale_up_domain")
+    if domain is None or "scale_up_domain" in overrides:
+        return
+    reference = gpu.reference_node if isinstance(gpu, GpuSpec) else dict(gpu).get("reference_node")
+    own = load_catalog_entry("clusters", reference).get("scale_up_domain") if isinstance(reference, str) else None
+    if own != domain:
+        where = f"; its own node is {reference}" if isinstance(reference, str) else ""
+        raise ConfigError(
+            f"gpu: {gpu_name} is not built into {raw['name']}'s {domain}-GPU NVLink domain{where} "
+            "(name that node, or give scale_up_domain)"
+        )
 
 
 def _gpu_link(gpu: Any) -> Any:

@@ -7,6 +7,7 @@ consecutive ranks share a node.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from paraplan.inventory.ops import ParallelDim
@@ -73,4 +74,9 @@ def group_layout(
     n = _size(dim, plan) if size is None else size
     stride = _stride(dim, plan)
     per_node = min(n, max(1, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    span = n * stride
+    if stride < gpus_per_node and span % gpus_per_node and gpus_per_node % span:
+        # groups that do not tile the domains (16 of a 72-GPU NVLink domain): some straddle two,
+        # and the slowest group, with the fewest ranks on one side, sets the collective's time
+        per_node = min(per_node, max(1, math.gcd(span, gpus_per_node) // stride))
     return GroupLayout(size=n, nodes=-(-n // per_node), per_node=per_node)

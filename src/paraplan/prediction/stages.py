@@ -149,7 +149,7 @@ class CommCosts:
     """Collective times for one job, each group's layout computed once."""
 
     def __init__(self, inv: JobInventory, cm: CostModel) -> None:
-        plan, gpn = inv.job.parallel, inv.job.cluster.gpus_per_node
+        plan, gpn = inv.job.parallel, inv.job.cluster.domain_size
         self.cm = cm
         self.plan = plan
         self.slowdown = cm.cluster.gpu.efficiency.overlap_slowdown

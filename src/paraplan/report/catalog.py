@@ -70,6 +70,7 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
                     "name": c.name,
                     "gpu": " + ".join(f"{g.num_nodes}x{g.gpus_per_node} {g.gpu.name}" for g in c.node_groups),
                     "gpus_per_node": c.gpus_per_node,
+                    "domain_gpus": c.gpus_per_node,
                     "intra_node_gb_per_s": None,
                     "inter_node_gb_per_s_per_gpu": c.fabric.bandwidth_bytes_per_s / 1e9 if c.fabric else None,
                     "price_per_gpu_hour_usd": None if price is None else price / c.num_gpus,
@@ -81,6 +82,7 @@ def catalog_rows(kind: str) -> list[dict[str, Any]]:
                     "name": c.name,
                     "gpu": c.gpu.name,
                     "gpus_per_node": c.gpus_per_node,
+                    "domain_gpus": c.scale_up_domain or c.gpus_per_node,  # GPUs on one NVLink domain
                     "intra_node_gb_per_s": c.intra_node.bandwidth_bytes_per_s / 1e9 if c.intra_node else None,
                     "inter_node_gb_per_s_per_gpu": c.inter_node.bandwidth_bytes_per_s / 1e9 if c.inter_node else None,
                     "price_per_gpu_hour_usd": c.price_per_gpu_hour,
@@ -112,6 +114,7 @@ _HEADERS: dict[str, tuple[str, str | None]] = {
     "experts": ("experts x top-k", "experts"),
     "gpu": ("GPU", None),
     "gpus_per_node": ("GPUs per node", "GPUs/node"),
+    "domain_gpus": ("GPUs per NVLink domain", "domain"),
     "price_per_gpu_hour_usd": ("$ per GPU-hour", "$/GPU-h"),
 }
 _TEXT = {"name", "gpu", "aliases", "activation", "efficiency", "experts"}
@@ -127,7 +130,7 @@ def render_catalog(kind: str, rows: list[dict[str, Any]]) -> ReadableTable:
     for column in rows[0]:
         header, short = _HEADERS.get(column, (column, None))
         table.add_column(header, short=short, number=column not in _TEXT, wrap=column in _PROSE,
-                         detail=column == "aliases")
+                         detail=column in ("aliases", "domain_gpus"))
     for row in rows:
         table.add_row(*("-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in row.values()))
     return table

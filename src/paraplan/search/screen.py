@@ -209,7 +209,7 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, space:
     rule(n % mp != 0, "tp*pp*cp does not divide the number of GPUs")
     dp = np.where(alive, n // np.maximum(mp, 1), 1)
     if not space.allow_tp_across_nodes:
-        rule(tp > gpn, f"tp > {gpn} crosses the node's NVLink domain")
+        rule(tp > cluster.domain_size, f"tp > {cluster.domain_size} crosses the node's NVLink domain")
     rule(gbs % (mbs * dp) != 0, "global batch is not a multiple of micro-batch x dp")
     m = gbs // (mbs * dp)
     rule(

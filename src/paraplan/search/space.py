@@ -401,8 +401,8 @@ def enumerate_plans(
             excluded["tp*pp*cp does not divide the number of GPUs"] += 1
             continue
         dp = n // (tp * pp * cp)
-        if tp > cluster.gpus_per_node and not space.allow_tp_across_nodes:
-            excluded[f"tp > {cluster.gpus_per_node} crosses the node's NVLink domain"] += 1
+        if tp > cluster.domain_size and not space.allow_tp_across_nodes:
+            excluded[f"tp > {cluster.domain_size} crosses the node's NVLink domain"] += 1
             continue
         if gbs % (mbs * dp):
             excluded["global batch is not a multiple of micro-batch x dp"] += 1

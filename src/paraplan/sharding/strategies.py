@@ -52,7 +52,7 @@ Strategy = tuple[str | None, ...]  # per mesh axis: "B", "M", "K", "N" or None
 @dataclass(frozen=True)
 class Mesh:
     """Named mesh axes (outermost first) on a cluster; device ``i`` (row-major over the axes)
-    sits on node ``i // gpus_per_node``."""
+    sits in scale-up domain ``i // domain_size`` (a node, or an NVLink domain of several)."""
 
     axes: tuple[tuple[str, int], ...]
     cluster: ClusterSpec
@@ -72,7 +72,7 @@ class Mesh:
     def group_layout(self, axes: tuple[int, ...]) -> GroupLayout:
         """Where the group spanned by the mesh axes at positions ``axes`` lies (the group of
         device 0; every group of a row-major mesh on equal nodes looks the same)."""
-        return _group_layout(tuple(n for _, n in self.axes), tuple(sorted(axes)), self.cluster.gpus_per_node)
+        return _group_layout(tuple(n for _, n in self.axes), tuple(sorted(axes)), self.cluster.domain_size)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -201,6 +201,9 @@ class ClusterSpec(BaseModel):
     gpu: GpuSpec
     num_nodes: Int = Field(default=1, ge=1)
     gpus_per_node: Int = Field(ge=1)
+    # GPUs joined by the intra-node link (the scale-up domain): the node's by default; an NVLink
+    # switch system joins several host nodes into one (GB200 NVL72: 18 trays of 4 GPUs = 72)
+    scale_up_domain: Int | None = Field(default=None, ge=1)
     intra_node: LinkSpec | None = None
     inter_node: LinkSpec | None = None
     price_per_gpu_hour: Usd | None = None
@@ -213,14 +216,20 @@ class ClusterSpec(BaseModel):
     def _intra_link(self) -> ClusterSpec:
         if self.host_link is None and self.gpu.host_link is not None:
             object.__setattr__(self, "host_link", self.gpu.host_link)
-        if self.intra_node is None and self.gpus_per_node > 1:
+        if self.intra_node is None and self.domain_size > 1:
             if self.gpu.intra_node is None:
                 raise ValueError(
                     f"intra_node: cluster {short_repr(self.name)} has {self.gpus_per_node} GPUs per node "
                     f"but neither it nor GPU {self.gpu.name} names an intra-node link"
                 )
             object.__setattr__(self, "intra_node", self.gpu.intra_node)
-        if self.inter_node is None and self.num_nodes > 1:
+        domain = self.scale_up_domain
+        if domain is not None and (domain < self.gpus_per_node or domain % self.gpus_per_node):
+            raise ValueError(
+                f"scale_up_domain: {domain} GPUs is not a whole number of cluster {short_repr(self.name)}'s "
+                f"nodes of {self.gpus_per_node} GPUs (a scale-up domain joins whole nodes)"
+            )
+        if self.inter_node is None and self.num_gpus > self.domain_size:
             raise ValueError(
                 f"cluster.inter_node: cluster {short_repr(self.name)} has {self.num_nodes} nodes but no "
                 "inter-node link (give bandwidth and latency)"
@@ -230,3 +239,13 @@ class ClusterSpec(BaseModel):
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def domain_size(self) -> int:
+        """How many of the cluster's GPUs share the intra-node link: one node's, or the
+        ``scale_up_domain``'s (all of the cluster's GPUs where it has fewer). Collectives inside a
+        domain run on the intra-node link, across domains on the inter-node network; the group
+        layouts and the search's tp rule use this, not the node."""
+        if self.scale_up_domain is None:
+            return self.gpus_per_node
+        return min(self.scale_up_domain, self.num_gpus)
