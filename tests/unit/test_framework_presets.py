@@ -123,3 +123,12 @@ def test_an_unknown_preset_on_the_command_line_exits_2_with_one_line():
 def test_a_plain_engine_value_takes_no_preset_and_says_none():
     code, out, _ = _run("predict", "--framework", "megatron", "-f", "json")
     assert code == 0 and "framework_preset" not in json.loads(out)
+
+
+def test_a_job_with_a_preset_writes_back_as_a_job_file_that_resolves_to_it():
+    from paraplan.catalog.jobfile import job_mapping
+
+    job = resolve_job({**_JOB, "parallel": {**_JOB["parallel"], "sequence_parallel": False}})
+    mapping = job_mapping(job)
+    assert mapping["parallel"]["framework"] == "nemo-24.07" and "zero_stage" not in mapping["parallel"]
+    assert resolve_job(mapping) == job
