@@ -8,7 +8,7 @@ import pytest
 
 from paraplan.catalog import resolve_job
 from paraplan.validate.published import measured_iteration_s
-from paraplan.validate.records import family_of, job_from_record
+from paraplan.validate.records import job_from_record, preset_of
 
 _FSDP_RUN = {
     "id": "ibm-fsdp-llama2-7b-h100-96gpu",
@@ -33,7 +33,7 @@ _FSDP_RUN = {
 
 def test_an_fsdp_record_becomes_a_full_shard_llama_job_on_the_stated_network():
     mapped = job_from_record(_FSDP_RUN)
-    assert mapped.family == "fms-fsdp"
+    assert mapped.family == "fms-fsdp-2024.03"
     assert mapped.gpu == "H100-SXM5-80GB"
     job = resolve_job(mapped.mapping)
     assert job.parallel.zero_stage == 3
@@ -58,16 +58,17 @@ def test_a_record_without_a_network_takes_the_reference_node_and_says_so():
 @pytest.mark.parametrize(
     ("framework", "family"),
     [
-        ("torchtitan (FSDP2)", "torchtitan"),
-        ("NVIDIA NeMo/Megatron-Core (MLPerf v3.0 submission)", "megatron"),
-        ("Megatron-LM (2022)", "megatron"),
-        ("MosaicML llm-foundry (Composer, FSDP)", "mosaicml"),
-        ("GPT-NeoX (DeepSpeed)", "deepspeed"),
-        ("PyTorch FSDP", "fsdp"),
+        ("torchtitan (FSDP2)", "torchtitan-0.1"),
+        ("NVIDIA NeMo/Megatron-Core (MLPerf v3.0 submission)", "nemo-mlperf-3.0"),
+        ("Megatron-LM (2022)", "megatron-lm-2022"),
+        ("NVIDIA NeMo 24.07 (Megatron-Core)", "nemo-24.07"),
+        ("MosaicML llm-foundry (Composer, FSDP)", "composer-0.17"),
+        ("GPT-NeoX (DeepSpeed)", "deepspeed-0.14"),
+        ("PyTorch FSDP", "pytorch-fsdp-2.4"),
     ],
 )
-def test_the_framework_family_is_read_from_the_record_words(framework, family):
-    assert family_of({"framework": framework}).name == family
+def test_the_framework_preset_is_read_from_the_record_words(framework, family):
+    assert preset_of({"framework": framework}).id == family
 
 
 def test_fp8_is_read_from_the_precision_words():

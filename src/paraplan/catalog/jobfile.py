@@ -9,6 +9,7 @@ from typing import Any
 from paraplan.catalog.jobs import _cluster, _in_catalog, _model
 from paraplan.catalog.loader import catalog_names, load_any_cluster, load_cluster, load_gpu, load_model
 from paraplan.specs import (
+    PLAN_ALIASES,
     ClusterSpec,
     ConfigError,
     GpuSpec,
@@ -19,7 +20,7 @@ from paraplan.specs import (
     ParallelPlan,
 )
 
-_WRITTEN = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order"}
+_WRITTEN = {"name", "model", "cluster", "parallel", "precision", "train_tokens", "node_order", "preset"}
 _CLUSTER_FIELDS = ("gpus_per_node", "intra_node", "inter_node", "host_link", "price_per_gpu_hour", "host")
 
 
@@ -33,8 +34,14 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
         cluster: Any = c.name if _catalog_equal(c.name, c) else c.model_dump(mode="json")
     else:
         cluster = cluster_mapping(job.cluster)
+    parallel = _parallel_mapping(job.parallel)
+    if job.preset is not None:  # the preset by name; the fields it filled in are its again
+        short = {long: min((k for k, v in PLAN_ALIASES.items() if v == long), key=len, default=long)
+                 for long in job.preset.taken}
+        parallel = {k: v for k, v in parallel.items() if k not in job.preset.taken and k not in short.values()}
+        parallel["framework"] = job.preset.preset
     out: dict[str, Any] = {"name": job.name, "model": model_mapping(job.model), "cluster": cluster,
-                           "parallel": _parallel_mapping(job.parallel), "precision": job.precision.value}
+                           "parallel": parallel, "precision": job.precision.value}
     if job.train_tokens is not None:
         out["train_tokens"] = int(job.train_tokens) if float(job.train_tokens).is_integer() else job.train_tokens
     for key, spec in type(job).model_fields.items():  # any other field the job sets (memory_headroom, ...)

@@ -187,12 +187,31 @@ def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job | Hetero
         message = str(err)
         raise ConfigError(message if message.startswith("cluster") else f"cluster: {message}") from None
     data["parallel"] = _parallel(data.get("parallel"))
+    _apply_preset(data)
     if hetero and "node_order" in data:
         data["node_order"] = _node_order(data["node_order"], data["cluster"])
     try:
         return (HeteroJob if hetero else Job).model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
+
+
+def _apply_preset(data: dict[str, Any]) -> None:
+    """Lay the framework preset ``parallel.framework`` names (``nemo-24.07``) under the plan's
+    stated fields, and keep what it did for the prediction to say (``Job.preset``)."""
+    from paraplan.catalog.presets import apply_preset, find_preset
+
+    preset = find_preset(data["parallel"].get("framework"))
+    if preset is None:
+        return
+    cluster = data["cluster"]
+    if isinstance(cluster, dict):  # a cluster described in full, validated with the job
+        per_node = int(cluster.get("gpus_per_node") or 1)
+        nodes, num_gpus = per_node, int(cluster.get("num_nodes") or 1) * per_node
+    else:
+        nodes, num_gpus = cluster.gpus_per_node, cluster.num_gpus
+    data["parallel"], data["preset"] = apply_preset(
+        data["parallel"], preset, num_gpus=num_gpus, gpus_per_node=nodes, model=data["model"])
 
 
 def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:

@@ -315,6 +315,7 @@ class Prediction:
             "stages": [asdict(s) for s in self.stages],
             "uncalibrated": list(self.uncalibrated),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
+            **({"framework_preset": job.preset.to_dict()} if job.preset is not None else {}),
         }
 
 

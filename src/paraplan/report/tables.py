@@ -75,6 +75,8 @@ def render_prediction(pred: Prediction) -> Group:
         mem.add_row("host memory per GPU (offload)", format_bytes(host))
 
     items: list[Any] = [head, summary, parts, mem]
+    if job.preset is not None:  # the framework preset's defaults taken, the user's values kept
+        items.insert(1, Text("\n".join(job.preset.lines())))
     if pred.placement is not None:
         stages = ReadableTable("Stages on node groups")
         stages.add_column("stage", number=True)

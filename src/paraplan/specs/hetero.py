@@ -19,6 +19,7 @@ from paraplan.specs.hardware import ClusterSpec, LinkSpec
 from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.preset import PresetUse
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -119,6 +120,7 @@ class HeteroJob(BaseModel):
     train_tokens: Count | None = None
     node_order: tuple[Int, ...] | None = None
     memory_headroom: Headroom = DEFAULT_MEMORY_HEADROOM  # share of each GPU's memory left free
+    preset: PresetUse | None = None  # the framework preset (Job.preset)
 
     @model_validator(mode="after")
     def _consistent(self) -> HeteroJob:
@@ -150,6 +152,7 @@ class HeteroJob(BaseModel):
             precision=self.precision,
             train_tokens=self.train_tokens,
             memory_headroom=self.memory_headroom,
+            preset=self.preset,
         )
 
     def stage_groups(self) -> tuple[tuple[int, ...], ...]:

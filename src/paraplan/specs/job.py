@@ -9,6 +9,7 @@ from paraplan.specs.enums import Precision, Schedule
 from paraplan.specs.hardware import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan, pp_layers_problem
+from paraplan.specs.preset import PresetUse
 
 # The share of each GPU's memory a plan leaves free by default: the run-to-run spread of the
 # caching allocator's peak reserved memory around the average fragmentation the prediction
@@ -35,6 +36,8 @@ class Job(BaseModel):
     precision: Precision = Precision.BF16
     train_tokens: Count | None = None
     memory_headroom: Headroom = DEFAULT_MEMORY_HEADROOM  # share of each GPU's memory left free
+    # the framework preset the plan's unstated fields came from (parallel.framework: nemo-24.07)
+    preset: PresetUse | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Job:

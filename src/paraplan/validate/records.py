@@ -3,8 +3,8 @@
 A record states the model, the parallel plan, the GPU, the node size, sometimes the network,
 and the framework in words ("NVIDIA NeMo/Megatron-Core (MLPerf v3.0 submission)", "torchtitan
 (FSDP2)", "IBM fms-fsdp (PyTorch FSDP + SDPA FlashAttention-2)"). This module reads those
-words into the settings paraplan has, by tables (``_FAMILIES``, ``_ARCHITECTURES``) rather
-than one branch per run, and says what it had to assume (``JobFromRecord.assumed``). Only the
+words into the settings paraplan has, by tables (the framework presets of
+``catalog/frameworks``, found by their keywords; ``_ARCHITECTURES``) rather than one branch per run, and says what it had to assume (``JobFromRecord.assumed``). Only the
 configuration is read: the measured figures never shape the job.
 """
 
@@ -15,45 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from paraplan.catalog import load_catalog_entry, load_gpu
+from paraplan.catalog.presets import Preset, apply_preset, preset_for_words
 from paraplan.specs import ConfigError
 
+# A record's framework words name a framework preset (``catalog/frameworks/*.yaml``: each
+# file's ``keywords``, tried in its ``priority`` order); the preset says what that framework
+# does by default for what the record leaves out. A record that names none runs on the
+# megatron engine with the plan's own defaults.
+_NO_PRESET_ENGINE = "megatron"
 
-@dataclass(frozen=True, slots=True)
-class Family:
-    """How one framework family runs a job, where the record does not say."""
-
-    name: str
-    keywords: tuple[str, ...]  # lower-case words of the record's ``framework`` that name it
-    framework: str  # paraplan's framework setting
-    sharded_data_parallel: bool  # FSDP: a null zero_stage means FULL_SHARD (ZeRO-3)
-    grad_reduce_in_fp32: bool | None = None  # None: the framework's default
-    fsdp_version: int | None = None  # PyTorch FSDP1 (flat parameters) or FSDP2; None: the default
-    tp_comm_overlap: bool = False  # with sequence parallelism
-    # billions of parameters up to which the family shards within a node (HYBRID_SHARD)
-    hybrid_shard_below: float = 0.0
-    overlap_p2p_comm: bool = False  # with interleaving
-
-
-# First match wins; the order puts the specific names before the generic ones.
-_FAMILIES = (
-    Family("torchtitan", ("torchtitan",), "fsdp", True),
-    # fms-fsdp's mixed precision reduces in bf16 (policies/mixed_precision.py, bfSixteen); it
-    # runs FSDP1 (FullyShardedDataParallel) and shards within a node up to ~30B parameters: the
-    # README's runs are HSDP for 7B and 13B, FULL_SHARD for 34B and 70B (blog: "HSDP is feasible
-    # only when the model can be sharded within a single node, limiting the size of models to
-    # around 30B parameters")
-    Family("fms-fsdp", ("fms-fsdp", "fms_fsdp"), "fsdp", True, grad_reduce_in_fp32=False, fsdp_version=1,
-           hybrid_shard_below=30.0),
-    # Composer wraps models in FSDP1's FullyShardedDataParallel
-    Family("mosaicml", ("mosaic", "llm-foundry", "composer"), "fsdp", True, fsdp_version=1),
-    Family("deepspeed", ("deepspeed", "gpt-neox"), "deepspeed", False),
-    Family("fsdp", ("fsdp",), "fsdp", True),
-    # NVIDIA's MLPerf GPT-3 NeMo configs (training_results_v3.0 .../gpt3/implementations/pytorch:
-    # megatron_gpt_config.yaml overlap_p2p_comm: True; config_tp_h100.sh TP_COMM_OVERLAP=True)
-    Family("megatron", ("mlperf",), "megatron", False, tp_comm_overlap=True, overlap_p2p_comm=True),
-    Family("megatron", ("megatron", "nemo"), "megatron", False),
-)
-_DEFAULT_FAMILY = _FAMILIES[-1]
 
 # Architecture defaults by MLP activation: GPT-3-style (Megatron-LM's GPT) or Llama-style.
 _ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -103,17 +73,18 @@ class JobFromRecord:
     """A job mapping (for ``catalog.resolve_job``) and what the mapping assumed."""
 
     mapping: dict[str, Any]
-    family: str
+    family: str  # the preset's name-version, or the engine when the record names no preset
     gpu: str
     assumed: tuple[str, ...]
 
 
-def family_of(run: dict[str, Any]) -> Family:
-    text = str(run.get("framework") or "").lower()
-    for family in _FAMILIES:
-        if any(word in text for word in family.keywords):
-            return family
-    return _DEFAULT_FAMILY
+def preset_of(run: dict[str, Any]) -> Preset | None:
+    """The framework preset a record's ``framework`` words name (None: none does)."""
+    return preset_for_words(str(run.get("framework") or ""))
+
+
+def _engine(preset: Preset | None) -> str:
+    return preset.engine.value if preset is not None else _NO_PRESET_ENGINE
 
 
 def _precision(text: str) -> str:
@@ -180,14 +151,16 @@ def _experts(run: dict[str, Any], assumed: list[str]) -> dict[str, Any]:
     return fields
 
 
-def _model(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str, Any]:
+def _model(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> dict[str, Any]:
     m = run["model"]
     activation = m.get("activation", "gelu")
     arch = dict(_ARCHITECTURES[activation])
-    if family.name == "megatron" and activation == "gelu":
+    if _engine(preset) == "megatron" and activation == "gelu":
         # Megatron-LM's GPT: dropout 0.1 on attention and hidden states (its defaults).
         arch.update(attention_dropout=0.1, hidden_dropout=0.1)
-    old_megatron = family.name == "megatron" and "(202" in str(run.get("framework", ""))
+    # the preset's attention kernel, where the model has it (Megatron-LM of 2021-22 ran its own
+    # fused softmax on the full score matrix)
+    kernel = preset.recorded.get("attention_kernel", ("",))[0] if preset is not None else ""
     return {
         "name": run["id"],
         "num_layers": m["num_layers"],
@@ -199,11 +172,11 @@ def _model(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str,
         "vocab_size": _vocab(run, assumed),
         "activation": activation,
         # Megatron-LM of 2021-22 ran its own fused softmax on the full score matrix.
-        "attention": "unfused" if old_megatron else "flash",
+        "attention": "unfused" if kernel == "unfused" else "flash",
         **arch,
         # torchtitan's (Aug 2024) and fms-fsdp's published numbers ran without torch.compile:
         # SwiGLU as silu, then a multiply; Megatron/NeMo fuse it
-        **({"swiglu_fusion": False} if family.name in _EAGER and activation == "swiglu" else {}),
+        **({"swiglu_fusion": False} if preset is not None and preset.name in _EAGER and activation == "swiglu" else {}),
         **_experts(run, assumed),
     }
 
@@ -229,63 +202,51 @@ def _cluster(run: dict[str, Any], gpu_name: str, assumed: list[str]) -> dict[str
     return cluster
 
 
-def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[str, Any]:
+def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> dict[str, Any]:
+    """The plan the record states; what it leaves out is the preset's to fill
+    (``parallel.framework`` names it), or the plan's own default where no preset is named."""
     p = run["parallel"]
     words = _words(run)
+    engine = _engine(preset)
+    sharded = engine == "fsdp"
     gbs = p["global_batch_size"]
     dp = p.get("dp") or int(run["num_gpus"]) // (p["tp"] * p["pp"] * (p.get("cp") or 1))
     mbs = p.get("micro_batch_size")
     if mbs is None:
         mbs = gbs // dp
         assumed.append(f"micro_batch_size {mbs} (global batch / dp: no gradient accumulation)")
-    zero = p.get("zero_stage")
-    if zero is None and not family.sharded_data_parallel and _DIST_OPT.search(words):
-        zero = 1  # Megatron's distributed optimizer shards the optimizer states: ZeRO-1
-    if zero is None:
-        zero = 3 if family.sharded_data_parallel else 0
-        assumed.append(f"zero_stage {zero} ({'FULL_SHARD' if zero == 3 else 'plain data parallel'})")
     vpp = p.get("virtual_pipeline") or 1
-    recompute = str(run.get("recompute") or "none").split()[0].lower()
-    if recompute not in _RECOMPUTE:
-        raise ConfigError(f"{run['id']}: recompute {run.get('recompute')!r} is not none, selective or full")
-    recompute = _RECOMPUTE[recompute]
-    if recompute == "selective" and family.framework == "fsdp":
-        # torchtitan's "selective" is per op or every n-th layer (its default n = 2);
-        # fms-fsdp's checkpoints every n-th block (n not stated: 2 assumed)
-        if _OP_POLICY.search(words):
-            recompute = "op"
-        else:
-            recompute = "layer"
-            assumed.append("selective checkpointing of every 2nd layer")
-    parallel = {
+    parallel: dict[str, Any] = {
         "tp": p["tp"],
         "pp": p["pp"],
         "dp": dp,
         "cp": p.get("cp") or 1,
-        "sequence_parallel": bool(p.get("sp")),
         "vpp": vpp if vpp > 1 else None,
-        "zero_stage": zero,
         "micro_batch_size": mbs,
         "global_batch_size": gbs,
-        "recompute": recompute,
-        "framework": family.framework,
+        "framework": preset.id if preset is not None else engine,
     }
-    if family.grad_reduce_in_fp32 is not None:
-        parallel["grad_reduce_in_fp32"] = family.grad_reduce_in_fp32
-    if family.fsdp_version is not None:
-        parallel["fsdp_version"] = family.fsdp_version
-    tp_overlap = family.tp_comm_overlap or bool(_TP_OVERLAP.search(words))
-    if tp_overlap and parallel["sequence_parallel"] and parallel["tp"] > 1:
+    if p.get("sp") is not None:
+        parallel["sequence_parallel"] = bool(p["sp"])
+    zero = p.get("zero_stage")
+    if zero is None and not sharded and _DIST_OPT.search(words):
+        zero = 1  # Megatron's distributed optimizer shards the optimizer states: ZeRO-1
+    if zero is None and preset is None:
+        zero = 0
+        assumed.append("zero_stage 0 (plain data parallel)")
+    if zero is not None:
+        parallel["zero_stage"] = zero
+    recompute = run.get("recompute")
+    if recompute is not None or preset is None:
+        parallel["recompute"] = _recompute(run, engine, words, assumed)
+    if _TP_OVERLAP.search(words) and parallel.get("sequence_parallel") and parallel["tp"] > 1:
         parallel["tp_comm_overlap"] = True
-    billions = run["model"].get("params_billion")
     node = int(run["gpus_per_node"])
-    hybrid = zero >= 1 and dp > node and dp % node == 0 and not _FULL_SHARD.search(words)
-    if hybrid and _HYBRID.search(words):
+    if _FULL_SHARD.search(words) or p.get("zero_stage") is not None:
+        parallel["data_parallel_shard_degree"] = None  # stated: FULL_SHARD, or the record's own stage
+    elif _HYBRID.search(words) and (zero or 0) >= (0 if zero is None and sharded else 1) and dp > node and dp % node == 0:
         parallel["data_parallel_shard_degree"] = node
-    elif hybrid and p.get("zero_stage") is None and billions is not None and billions <= family.hybrid_shard_below:
-        parallel["data_parallel_shard_degree"] = node
-        assumed.append(f"hybrid sharding within each {node}-GPU node ({family.name}'s rule)")
-    if (family.overlap_p2p_comm or _P2P_OVERLAP.search(words)) and parallel["vpp"]:
+    if _P2P_OVERLAP.search(words) and parallel["vpp"]:
         parallel["overlap_p2p_comm"] = True
     if (p.get("ep") or 1) > 1 or p.get("etp"):
         parallel["expert_model_parallel_size"] = p.get("ep") or 1
@@ -293,23 +254,43 @@ def _parallel(run: dict[str, Any], family: Family, assumed: list[str]) -> dict[s
         assumed.append("expert load perfectly balanced (the record gives no imbalance)")
     if p.get("moe_a2a_overlap"):
         parallel["overlap_moe_expert_parallel_comm"] = True
-    if family.name == "megatron" and "(202" in str(run.get("framework", "")):
-        # Megatron-LM of 2021-22 sent 1/tp of the activation between stages and all-gathered
-        # it (Narayanan et al. SC'21, section 4.1, scatter/gather).
-        parallel["scatter_gather_p2p"] = True
+    if preset is not None:
+        # what the preset fills in, said as the reader's assumptions
+        _, use = apply_preset(parallel, preset, num_gpus=int(run["num_gpus"]), gpus_per_node=node,
+                              params_billion=run["model"].get("params_billion"))
+        assumed.extend(f"{k} {_shown(v)} ({preset.id}'s default)" for k, v in use.taken.items())
     return parallel
+
+
+def _recompute(run: dict[str, Any], engine: str, words: str, assumed: list[str]) -> str:
+    recompute = str(run.get("recompute") or "none").split()[0].lower()
+    if recompute not in _RECOMPUTE:
+        raise ConfigError(f"{run['id']}: recompute {run.get('recompute')!r} is not none, selective or full")
+    recompute = _RECOMPUTE[recompute]
+    if recompute == "selective" and engine == "fsdp":
+        # torchtitan's "selective" is per op or every n-th layer (its default n = 2);
+        # fms-fsdp's checkpoints every n-th block (n not stated: 2 assumed)
+        if _OP_POLICY.search(words):
+            return "op"
+        assumed.append("selective checkpointing of every 2nd layer")
+        return "layer"
+    return recompute
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def job_from_record(run: dict[str, Any]) -> JobFromRecord:
     """The job a published record describes (its configuration only)."""
-    family = family_of(run)
+    preset = preset_of(run)
     assumed: list[str] = []
     gpu = _gpu_name(str(run["gpu"]))
     mapping = {
         "name": run["id"],
-        "model": _model(run, family, assumed),
+        "model": _model(run, preset, assumed),
         "cluster": _cluster(run, gpu, assumed),
-        "parallel": _parallel(run, family, assumed),
+        "parallel": _parallel(run, preset, assumed),
         "precision": _precision(str(run["precision"])),
     }
-    return JobFromRecord(mapping, family.name, gpu, tuple(assumed))
+    return JobFromRecord(mapping, preset.id if preset is not None else _NO_PRESET_ENGINE, gpu, tuple(assumed))

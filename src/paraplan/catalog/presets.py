@@ -1,0 +1,200 @@
+"""Framework presets (``catalog/frameworks/*.yaml``): what a framework at a named version does
+by default for the plan fields a user does not state, each default with its source.
+
+A preset is named ``name-version`` (``nemo-24.07``); its name alone (``nemo``) is its newest
+version in the catalog. It runs on one of paraplan's engines (megatron, deepspeed, fsdp) and
+sets only fields the user left out: a stated field always wins, and where it differs from the
+preset's default the prediction says the user's value was used. What a preset records that the
+plan has no field for yet (attention kernel, FP8 recipe) is listed as recorded, not modelled.
+The published-runs reader finds a record's preset by the ``keywords`` of these files.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from paraplan.specs import PLAN_ALIASES, ConfigError, Framework, ModelSpec
+from paraplan.specs.preset import PresetUse
+
+# When a default applies, read from the plan as the user left it (after the defaults before it):
+_WHEN = {
+    "always": "",
+    "tensor_parallel": "with tp > 1",
+    "sequence_parallel": "with sequence parallelism and tp > 1",
+    "interleaved": "with the interleaved schedule (vpp > 1)",
+    "sharded_over_nodes": "when ZeRO shards over whole nodes",
+    "layer_recompute": "with recompute 'layer'",
+}
+# the order defaults are applied in (a later one may depend on an earlier one)
+_ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p",
+          "grad_reduce_in_fp32", "fsdp_version", "recompute", "recompute_every", "data_parallel_shard_degree")
+_RECORDED = ("attention_kernel", "fp8_recipe")
+
+
+@dataclass(frozen=True, slots=True)
+class Default:
+    field: str
+    value: Any  # "node" for data_parallel_shard_degree: the node's GPUs
+    when: str
+    source: str
+    max_params_billion: float | None = None  # the hybrid-shard rule's model size bound
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    name: str
+    version: str
+    engine: Framework
+    label: str
+    keywords: tuple[str, ...]
+    priority: int  # the reader tries presets' keywords in this order (specific names first)
+    defaults: tuple[Default, ...]
+    recorded: dict[str, tuple[str, str]]  # field -> (value, source)
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+@functools.cache
+def presets() -> dict[str, Preset]:
+    """Every preset in the catalog by its id (name-version), sorted."""
+    out: dict[str, Preset] = {}
+    folder = resources.files("paraplan.catalog") / "frameworks"
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith((".yaml", ".yml")):
+            preset = _preset(yaml.safe_load(entry.read_text(encoding="utf-8")), entry.name)
+            out[preset.id] = preset
+    return out
+
+
+def _preset(raw: dict[str, Any], where: str) -> Preset:
+    defaults = []
+    for key, spec in (raw.get("defaults") or {}).items():
+        if key not in _ORDER or not spec.get("source") or spec.get("when", "always") not in _WHEN:
+            raise ConfigError(f"{where}: defaults.{key}: not a plan field a preset sets, or no source / bad when")
+        defaults.append(Default(key, spec["value"], spec.get("when", "always"), spec["source"],
+                                spec.get("max_params_billion")))
+    defaults.sort(key=lambda d: _ORDER.index(d.field))
+    recorded = {}
+    for key, spec in (raw.get("recorded") or {}).items():
+        if key not in _RECORDED or not spec.get("source"):
+            raise ConfigError(f"{where}: recorded.{key}: unknown, or no source")
+        recorded[key] = (str(spec["value"]), spec["source"])
+    return Preset(str(raw["name"]), str(raw["version"]), Framework(raw["engine"]), raw["label"],
+                  tuple(raw.get("keywords") or ()), int(raw.get("priority", 100)), tuple(defaults), recorded)
+
+
+def preset_names() -> list[str]:
+    return list(presets())
+
+
+def _version_key(preset: Preset) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.\-]", preset.version))
+
+
+def find_preset(value: Any) -> Preset | None:
+    """The preset ``value`` names (``nemo-24.07``, or ``nemo``: its newest version); None for one
+    of the engines themselves (megatron, deepspeed, fsdp) or a non-string; a ConfigError listing
+    the presets for any other name."""
+    if not isinstance(value, str) or value in {f.value for f in Framework}:
+        return None
+    table = presets()
+    key = value.strip().lower()
+    if key in table:
+        return table[key]
+    versions = [p for p in table.values() if p.name == key]
+    if versions:
+        return max(versions, key=_version_key)
+    engines = " | ".join(f.value for f in Framework)
+    raise ConfigError(f"parallel.framework: {value!r} is not an engine ({engines}) nor a preset the catalog has: "
+                      f"{', '.join(table)}")
+
+
+def preset_for_words(text: str) -> Preset | None:
+    """The preset whose keywords a published record's framework words name (the first in
+    the files' ``priority`` order, then by id), or None."""
+    low = text.lower()
+    for preset in sorted(presets().values(), key=lambda p: (p.priority, p.id)):
+        if any(word in low for word in preset.keywords):
+            return preset
+    return None
+
+
+def apply_preset(parallel: dict[str, Any], preset: Preset, *, num_gpus: int, gpus_per_node: int,
+                 model: ModelSpec | dict[str, Any] | None = None,
+                 params_billion: float | None = None) -> tuple[dict[str, Any], PresetUse]:
+    """``parallel`` (a job's plan mapping) with the preset's defaults laid under it, its
+    framework the preset's engine, and what was taken, kept and recorded."""
+    plan = {PLAN_ALIASES.get(k, k): v for k, v in parallel.items()}
+    stated = set(plan) - {"framework"}
+    plan["framework"] = preset.engine.value
+    taken: dict[str, Any] = {}
+    overridden: dict[str, tuple[Any, Any]] = {}
+    for default in preset.defaults:
+        if not _applies(default, plan, num_gpus, gpus_per_node, model, params_billion):
+            continue
+        value = gpus_per_node if default.value == "node" else default.value
+        if default.field in stated:
+            if plan[default.field] != value:
+                overridden[default.field] = (plan[default.field], value)
+        else:
+            plan[default.field] = value
+            taken[default.field] = value
+    recorded = {k: v for k, (v, _) in preset.recorded.items()}
+    return plan, PresetUse(preset=preset.id, label=preset.label, engine=preset.engine, taken=taken,
+                           overridden=overridden, recorded=recorded)
+
+
+def _applies(default: Default, plan: dict[str, Any], num_gpus: int, node: int,
+             model: ModelSpec | dict[str, Any] | None, params_billion: float | None) -> bool:
+    tp = int(plan.get("tensor_model_parallel_size") or 1)
+    if default.when == "tensor_parallel":
+        return tp > 1
+    if default.when == "sequence_parallel":
+        return tp > 1 and bool(plan.get("sequence_parallel"))
+    if default.when == "layer_recompute":
+        return plan.get("recompute") == "layer"
+    if default.when == "interleaved":
+        vpp = plan.get("virtual_pipeline_model_parallel_size") or 1
+        return vpp > 1 or plan.get("schedule") == "interleaved"
+    if default.when == "sharded_over_nodes":
+        model_parallel = tp * int(plan.get("pipeline_model_parallel_size") or 1) * int(plan.get("context_parallel_size") or 1)
+        dp = plan.get("data_parallel_size") or num_gpus // max(model_parallel, 1)
+        if int(plan.get("zero_stage") or 0) < 1 or dp <= node or dp % node:
+            return False
+        if default.max_params_billion is not None:
+            billions = params_billion if params_billion is not None else model_billions(model)
+            return billions is not None and billions <= default.max_params_billion
+    return True
+
+
+def model_billions(model: ModelSpec | dict[str, Any] | None) -> float | None:
+    """A dense model's parameters in billions, near enough for a preset's size rule (the
+    weights of attention, MLP and embeddings; None when the model cannot be read)."""
+    try:
+        m = model if isinstance(model, ModelSpec) else ModelSpec.model_validate(model)
+    except (ValueError, TypeError):
+        return None
+    h, layers = m.hidden_size, m.num_layers
+    kv = (m.kv_channels or h // m.num_attention_heads) * (m.num_query_groups or m.num_attention_heads)
+    ffn = m.ffn_hidden_size or 4 * h
+    mlp = (3 if m.activation == "swiglu" else 2) * h * ffn
+    vocab = m.padded_vocab_size or m.vocab_size or 0
+    embed = vocab * h * (2 if m.untie_embeddings_and_output_weights else 1)
+    return (layers * (2 * h * h + 2 * h * kv + mlp) + embed) / 1e9
+
+
+def preset_sources(preset: Preset) -> dict[str, str]:
+    """Every default's and recorded field's source (``paraplan catalog`` and tests)."""
+    return {**{d.field: d.source for d in preset.defaults}, **{k: s for k, (_, s) in preset.recorded.items()}}
+
+
+__all__ = ["Default", "Preset", "apply_preset", "find_preset", "model_billions", "preset_for_words",
+           "preset_names", "preset_sources", "presets"]

@@ -1,0 +1,134 @@
+"""Framework presets (catalog/frameworks/*.yaml): what a framework at a version does by default
+for the plan fields a user leaves out, each default cited; job files, flags and the published-
+runs reader resolve the same preset, and a stated field always wins and is said."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from paraplan.catalog import resolve_job
+from paraplan.catalog.jobs import apply_overrides
+from paraplan.catalog.presets import find_preset, preset_sources, presets
+from paraplan.cli.app import app
+from paraplan.specs import ConfigError, Framework
+from paraplan.validate.records import job_from_record
+
+_JOB = {
+    "model": "llama-2-70b",
+    "cluster": {"name": "dgx-h100", "num_nodes": 8},
+    "parallel": {"framework": "nemo-24.07", "tp": 4, "pp": 4, "vpp": 5, "global_batch_size": 128},
+    "precision": "bf16",
+}
+_RECORD = {
+    "id": "nemo-llama2-70b-64gpu",
+    "gpu": "H100-SXM5-80GB",
+    "num_gpus": 64,
+    "gpus_per_node": 8,
+    "model": {"num_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_kv_heads": 8,
+              "ffn_hidden_size": 28672, "seq_length": 4096, "vocab_size": 32000, "activation": "swiglu"},
+    "parallel": {"tp": 4, "pp": 4, "dp": 4, "cp": 1, "sp": None, "virtual_pipeline": 5, "zero_stage": None,
+                 "micro_batch_size": 1, "global_batch_size": 128},
+    "recompute": None,
+    "precision": "bf16",
+    "framework": "NVIDIA NeMo 24.07",
+}
+
+
+@pytest.mark.parametrize("preset_id", list(presets()))
+def test_each_preset_file_loads_with_a_source_for_every_default(preset_id):
+    preset = presets()[preset_id]
+    assert preset.engine in set(Framework)
+    assert preset.defaults and preset.keywords
+    sources = preset_sources(preset)
+    assert set(sources) == {d.field for d in preset.defaults} | set(preset.recorded)
+    assert all(len(source) > 20 for source in sources.values())
+
+
+def test_a_preset_name_alone_is_its_newest_version_and_an_engine_is_no_preset():
+    assert find_preset("nemo").id == "nemo-24.07"
+    assert find_preset("megatron") is None and find_preset("fsdp") is None
+
+
+def test_an_unknown_preset_is_one_line_listing_the_presets_the_catalog_has():
+    with pytest.raises(ConfigError) as err:
+        find_preset("nemo-99.01")
+    message = str(err.value)
+    assert "\n" not in message and "parallel.framework" in message
+    assert all(name in message for name in presets())
+
+
+def test_a_job_file_takes_the_preset_s_defaults_and_runs_on_its_engine():
+    job = resolve_job(_JOB)
+    plan = job.parallel
+    assert plan.framework is Framework.MEGATRON
+    assert plan.sequence_parallel and plan.zero_stage == 1 and plan.grad_reduce_in_fp32
+    assert job.preset.preset == "nemo-24.07"
+    assert job.preset.taken["sequence_parallel"] is True and not job.preset.overridden
+
+
+def test_a_field_the_user_states_wins_over_the_preset_and_is_said():
+    job = resolve_job({**_JOB, "parallel": {**_JOB["parallel"], "sequence_parallel": False}})
+    assert job.parallel.sequence_parallel is False
+    assert job.preset.overridden == {"sequence_parallel": (False, True)}
+    assert "tp_comm_overlap" not in job.preset.taken  # it needs sequence parallelism
+    assert any("your value, used" in line for line in job.preset.lines())
+
+
+def test_the_job_file_the_flag_and_the_reader_resolve_the_same_preset():
+    from_file = resolve_job(_JOB)
+    plain = {**_JOB, "parallel": {k: v for k, v in _JOB["parallel"].items() if k != "framework"}}
+    from_flag = resolve_job(apply_overrides(plain, {"framework": "nemo-24.07"}))
+    from_record = resolve_job(job_from_record(_RECORD).mapping)
+    assert from_file.preset == from_flag.preset
+    assert from_record.preset.preset == from_file.preset.preset
+    assert from_record.preset.taken == from_file.preset.taken
+    assert from_record.parallel.sequence_parallel and from_record.parallel.zero_stage == 1
+
+
+def test_the_fms_fsdp_preset_shards_within_a_node_only_below_30b_parameters():
+    small = {"model": "llama-2-7b", "cluster": {"name": "dgx-a100", "num_nodes": 4},
+             "parallel": {"framework": "fms-fsdp"}}
+    large = {**small, "model": "llama-2-70b"}
+    assert resolve_job(small).parallel.data_parallel_shard_degree == 8
+    assert resolve_job(large).parallel.data_parallel_shard_degree is None
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_the_defaults_taken_appear_in_the_json_and_the_table(tmp_path):
+    path = tmp_path / "nemo.json"
+    path.write_text(json.dumps(_JOB))
+    code, out, _ = _run("predict", str(path), "--no-sequence-parallel", "-f", "json")
+    assert code == 0
+    preset = json.loads(out)["framework_preset"]
+    assert preset["preset"] == "nemo-24.07" and preset["defaults_taken"]["zero_stage"] == 1
+    assert preset["user_values_used"] == {"sequence_parallel": {"used": False, "preset": True}}
+    assert "attention_kernel" in preset["recorded_not_modelled"]
+    code, out, _ = _run("predict", str(path))
+    assert code == 0 and "defaults taken from it: zero_stage 1" in out
+
+
+def test_an_unknown_preset_on_the_command_line_exits_2_with_one_line():
+    code, _, err = _run("predict", "--framework", "nemo-99.01")
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "nemo-24.07" in err
+
+
+def test_a_plain_engine_value_takes_no_preset_and_says_none():
+    code, out, _ = _run("predict", "--framework", "megatron", "-f", "json")
+    assert code == 0 and "framework_preset" not in json.loads(out)
+
+
+def test_a_job_with_a_preset_writes_back_as_a_job_file_that_resolves_to_it():
+    from paraplan.catalog.jobfile import job_mapping
+
+    job = resolve_job({**_JOB, "parallel": {**_JOB["parallel"], "sequence_parallel": False}})
+    mapping = job_mapping(job)
+    assert mapping["parallel"]["framework"] == "nemo-24.07" and "zero_stage" not in mapping["parallel"]
+    assert resolve_job(mapping) == job
