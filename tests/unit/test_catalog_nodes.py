@@ -173,3 +173,16 @@ def test_the_instinct_collective_curves_are_what_the_collective_table_command_fi
     for kind, curve in curves.items():
         bus = ", ".join(f"{n}: {b / 1e9:.0f} GB/s" for n, b in sorted(curve.bus_bytes_per_s.items()))
         assert f"{kind}: {{bus_bytes_per_s: {{{bus}}}, half_bytes: {curve.half_bytes:.3g}}}" in result.stdout
+
+
+def test_an_instinct_gpu_named_on_another_instinct_node_gets_its_own_fabric_or_the_same_one():
+    # an MI355X on MI300X's VM: its own 7 x 76.8 GB/s mesh and gfx950 curves, never the node's
+    mi355x = load_cluster("azure-nd-mi300x-v5", gpu="MI355X")
+    assert mi355x.intra_node.bandwidth_bytes_per_s == load_gpu("MI355X").intra_node.bandwidth_bytes_per_s
+    assert mi355x.intra_node.collectives == load_gpu("MI355X").intra_node.collectives
+    assert "MI355X's own intra-node link" in mi355x.name
+    # an MI325X there: the same Infinity Fabric platform, so the node's measured link stays
+    mi325x = load_cluster("azure-nd-mi300x-v5", gpu="MI325X")
+    assert mi325x.intra_node == load_cluster("azure-nd-mi300x-v5").intra_node
+    # on an NVSwitch node an Instinct GPU still gets its direct-link mesh
+    assert load_cluster("dgx-h100", gpu="MI355X").intra_node.topology == "mesh"
