@@ -115,6 +115,8 @@ def test_fp8_peaks_are_given_only_for_gpus_with_fp8_tensor_cores():
         "H800",
         "L40S",
         "MI300X",
+        "MI325X",
+        "MI355X",
     }
 
 
@@ -152,6 +154,7 @@ def test_every_tf32_peak_lies_between_the_fp32_and_the_16_bit_peak_and_cites_its
 def test_volta_and_cdna2_have_no_tf32_peak_so_a_tf32_job_on_them_is_refused():
     assert Precision.TF32 not in load_gpu("V100").peak_flops
     assert Precision.TF32 not in load_gpu("MI250X").peak_flops
+    assert Precision.TF32 not in load_gpu("MI355X").peak_flops  # CDNA4 dropped CDNA3's XF32
     with pytest.raises(ConfigError, match="precision: GPU V100-SXM2-32GB has no tf32 peak"):
         resolve_job({"model": "gpt2", "cluster": "aws-p3dn.24xlarge", "precision": "tf32"})
 

@@ -105,8 +105,11 @@ def test_a_cluster_described_by_its_gpu_takes_the_reference_nodes_network_as_the
 
 
 def test_a_multi_node_cluster_without_a_network_or_a_reference_node_is_rejected():
-    message = error_of(cluster={"gpu": "A10", "num_nodes": 4, "gpus_per_node": 4}, parallel={"tp": 4, "pp": 4})
-    assert message.startswith("cluster.inter_node:") and "no reference node for A10" in message
+    # every catalog GPU has a reference node: a GPU described inline has none
+    gpu = {"name": "A800", "peak_flops": {"bf16": "312 TFLOPS"}, "hbm_bytes": "80 GiB",
+           "hbm_bandwidth": "2.04 TB/s", "intra_node": {"bandwidth": "200 GB/s"}}
+    message = error_of(cluster={"gpu": gpu, "num_nodes": 4, "gpus_per_node": 4}, parallel={"tp": 4, "pp": 4})
+    assert message.startswith("cluster.inter_node:") and "no reference node for A800" in message
 
 
 def test_a_model_may_give_its_padded_vocabulary_alone():
