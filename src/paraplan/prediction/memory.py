@@ -27,7 +27,8 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
   buffers sit outside it (``runtime``). Both are cited in ``runtime/memory.yaml``.
 
-``peak_bytes`` combines the terms; the search's screen calls it on arrays.
+``activations_at_peak`` and ``stage_peak_bytes`` combine the terms, for one stage here and on
+arrays for many plans in the search's screen.
 """
 
 from __future__ import annotations

@@ -141,8 +141,8 @@ def exposed_gradient_copy_s(copy_s, backward_s, zero_stage, num_microbatches):
     """What the gradient copy adds to each micro-batch's backward pass: its excess over the
     backward it overlaps, every micro-batch under ZeRO-2/3 (which reduce, and copy out, every
     micro-batch's gradients), once per iteration under ZeRO-1 (at the accumulation boundary;
-    spread over the micro-batches here). Works on numbers and numpy arrays alike (the plan
-    screen calls it for every plan)."""
+    spread over the micro-batches here). Works on numbers and numpy arrays alike
+    (``exposed_offload_s``)."""
     exposed = (copy_s - backward_s) * (copy_s > backward_s)
     return np.where(zero_stage >= 2, exposed, exposed / num_microbatches)
 

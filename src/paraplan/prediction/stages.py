@@ -1,7 +1,8 @@
 """What one stage costs per micro-batch: each layer's operators and collectives costed once,
 communication overlapped with computation as the framework overlaps it, recompute, the DP and
-ZeRO traffic and the optimizer step (``stage_timing``). The plan search costs stages with it
-too (``search.screen``, ``search.hetero``).
+ZeRO traffic and the optimizer step (``stage_timing``). The arithmetic that turns a stage's cost
+terms into its passes is ``stage_arithmetic``'s, which the plan screen calls on arrays
+(``search.screen``); the heterogeneous search calls ``stage_timing`` itself (``search.hetero``).
 """
 
 from __future__ import annotations
@@ -192,8 +193,9 @@ def stage_timing(
 ) -> StageTiming:
     """One stage's seconds per micro-batch and once per iteration (the parts the pipeline
     schedule, the DP overlap and the optimizer step are built from), each pass cut into its
-    kernels' own seconds and what each kind of communication adds to them. The plan search
-    costs stages with it too (``search.screen``, ``search.hetero``)."""
+    kernels' own seconds and what each kind of communication adds to them. The plan screen
+    costs stages with the same arithmetic (``stage_arithmetic``), the heterogeneous search with
+    this function (``search.hetero``)."""
     plan = inv.job.parallel
     n = st.num_layers
     # the passes' parts (the breakdown: the kernels' recompute, each kind of collective's share)

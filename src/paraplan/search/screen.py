@@ -16,11 +16,14 @@ costed once per distinct value of its axes with the same code the exact path run
   and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
 
 The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
-combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
-term by term, through the functions the prediction calls too (``schedule.overlap``'s data-parallel
-overlap, ``schedule.closed_form.stage_in_flight``, ``offload.exposed_gradient_copy_s``,
-``stages.stage_optimizer_s``). Memory is the exact formula: the same bytes as
-``estimate_memory`` (tests check it, hence the same verdict). Time equals ``predict``'s to
+combined with arrays by the prediction's own stage arithmetic: each stage class's cost terms, read
+from the tables, go through the functions ``prediction.stage_timing`` and
+``memory.estimate_stage_memory`` call for one stage (``stage_arithmetic.stage_work`` and
+``stage_passes``: layers and ends summed, ZeRO-2/3 overlap, ZeRO-Offload's gradient copy, the
+exposed gradient sync; ``memory.activations_at_peak`` and ``stage_peak_bytes``), with the
+micro-batches in flight of ``schedule.closed_form`` and the optimizer step of
+``stages.stage_optimizer_s``. Memory is the exact formula: the same bytes as ``estimate_memory``
+(tests check it, hence the same verdict). Time equals ``predict``'s to
 rounding for one stage, for GPipe (two flow shops, exact), for DeepSpeed's 1F1B and for the
 zero-bubble schedules (their task graphs, evaluated per shape for all plans at once; past
 ``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
