@@ -28,7 +28,7 @@ import numpy as np
 
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, params_updated
-from paraplan.specs import ClusterSpec, ConfigError, Framework, Job, LinkSpec
+from paraplan.specs import ClusterSpec, ConfigError, Framework, Job, LinkSpec, ParallelPlan
 
 # When a node has no CPU-Adam measurement: DeepSpeed's CPU-Adam on a DGX-2 node's two Xeon
 # Platinum 8168 CPUs (48 cores), as recalled from the ZeRO-Offload paper (arXiv 2101.06840,
@@ -96,7 +96,7 @@ def _shard(inv: JobInventory, st: StageInventory) -> float:
     return params_updated(inv.job, st.params, st.expert_params)
 
 
-def offloaded_layers(plan, st: StageInventory) -> tuple[int, int]:
+def offloaded_layers(plan: ParallelPlan, st: StageInventory) -> tuple[int, int]:
     """(k, n): of stage ``st``'s n layers, the k whose saved activations activation offload
     (Megatron-Core's ``cpu_offloading``) keeps on the host; (0, 1) without it."""
     if not plan.cpu_offloading:

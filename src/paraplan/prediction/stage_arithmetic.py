@@ -84,13 +84,13 @@ def stage_passes(work: PassWork, layers, dp_fwd, dp_bwd, reduce_s, gather_s, slo
     ``reduce_s`` and ``gather_s`` once an iteration (``exposed_sync_s``) and ``offload``'s host copies.
     Numbers for one plan or numpy arrays for many (``overlap`` and ``offload`` the same for all)."""
     forward, backward = work.forward, work.backward
-    sharded = (dp_fwd > 0) | (dp_bwd > 0)  # a stage without such traffic keeps its passes as they are
-    if isinstance(sharded, np.ndarray):
+    if isinstance(dp_fwd, np.ndarray) or isinstance(dp_bwd, np.ndarray):
+        sharded = np.maximum(dp_fwd, dp_bwd) > 0  # a stage without such traffic keeps its passes as they are
         if sharded.any():
             f, b = with_sharded_traffic(forward, backward, work.comm_fwd, work.comm_bwd, dp_fwd, dp_bwd, layers,
                                         slowdown, overlap)
             forward, backward = (f, b) if sharded.all() else (np.where(sharded, f, forward), np.where(sharded, b, backward))
-    elif sharded:
+    elif dp_fwd > 0 or dp_bwd > 0:
         forward, backward = map(float, with_sharded_traffic(forward, backward, work.comm_fwd, work.comm_bwd, dp_fwd,
                                                             dp_bwd, layers, slowdown, overlap))
     sharded_fwd, sharded_bwd = forward, backward
