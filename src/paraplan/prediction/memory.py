@@ -27,7 +27,8 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
   buffers sit outside it (``runtime``). Both are cited in ``runtime/memory.yaml``.
 
-``peak_bytes`` combines the terms; the search's screen calls it on arrays.
+``activations_at_peak`` and ``stage_peak_bytes`` combine the terms, for one stage here and on
+arrays for many plans in the search's screen.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from paraplan.inventory.job import adam_state_bytes, fp8_weight_params, param_by
 from paraplan.inventory.ops import OpKind
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory_parts import MEMORY_PARTS
-from paraplan.prediction.offload import count_offload
+from paraplan.prediction.offload import count_offload, offloaded_layers
 from paraplan.schedule.closed_form import stage_in_flight
 from paraplan.specs import Framework, Job, ParallelPlan, Recompute
 
@@ -99,19 +100,13 @@ class StageMemory:
 
     @property
     def total(self) -> float:
-        return peak_bytes(self.persistent, self.transient, self.runtime, self.fragmentation_share)
+        return stage_peak_bytes(self.persistent, self.activations, self.logits, self.gathered_params, self.buffers,
+                                self.runtime, self.fragmentation_share)
 
 
 def transient_bytes(activations, logits, gathered, buffers):
     """``StageMemory.transient`` from its parts; numbers or numpy arrays (the search's screen)."""
     return activations + logits + gathered + buffers
-
-
-def activation_bytes(held, in_flight, working, offloaded=0.0):
-    """A stage's activations at its peak: ``held`` bytes per micro-batch for each of the
-    ``in_flight`` micro-batches, the ``working`` bytes of the one being processed, less what
-    activation offload keeps on the host. Numbers or numpy arrays (the search's screen)."""
-    return held * in_flight + working - offloaded
 
 
 def hold_end_tensors(held, working, ends_saved, gpipe_without_full_recompute):
@@ -121,6 +116,29 @@ def hold_end_tensors(held, working, ends_saved, gpipe_without_full_recompute):
     just the one being processed. Numbers or numpy arrays (the search's screen)."""
     every = gpipe_without_full_recompute
     return np.where(every, held + ends_saved, held), np.where(every, working - ends_saved, working)
+
+
+def activations_at_peak(held, working, ends_saved, gpipe_without_full_recompute, in_flight, offloaded_layers=0,
+                        layers=1):
+    """(activations, offloaded): a stage's activations at its peak and, of the bytes its
+    ``in_flight`` micro-batches hold, what activation offload keeps on the host (the share of
+    its ``layers`` that ``offloaded_layers`` is). ``held`` bytes per micro-batch in flight and
+    ``working`` for the one being processed, the ends' ``ends_saved`` held for every micro-batch
+    under GPipe's order (``hold_end_tensors``). ``estimate_stage_memory`` calls it for one stage
+    and the search's screen for a stage class of many plans (numpy arrays; no offloaded layers)."""
+    every = gpipe_without_full_recompute
+    if isinstance(every, np.ndarray) or every:
+        held, working = hold_end_tensors(held, working, ends_saved, every)
+    held_all = held * in_flight
+    offloaded = held_all * offloaded_layers / layers if offloaded_layers else 0.0
+    return held_all + working - offloaded, offloaded
+
+
+def stage_peak_bytes(persistent, activations, logits, gathered, buffers, runtime, fragmentation: float):
+    """A stage's peak memory from its parts (``StageMemory.total``; the search's screen calls it on
+    arrays): the persistent tensors, the transient ones (``transient_bytes``) with what the
+    allocator reserves around them, and the runtime's (``peak_bytes``)."""
+    return peak_bytes(persistent, transient_bytes(activations, logits, gathered, buffers), runtime, fragmentation)
 
 
 def peak_bytes(persistent, transient, runtime, fragmentation: float):
@@ -285,8 +303,9 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     params, experts = st.params, st.expert_params
     held, working, logits = microbatch_bytes(inv, st)
     flight = in_flight_microbatches(inv, st.index)
-    if plan.schedule.forwards_all_first and plan.recompute is not Recompute.FULL:
-        held, working = map(float, hold_end_tensors(held, working, end_saved_bytes(st), True))
+    every = plan.schedule.forwards_all_first and plan.recompute is not Recompute.FULL  # GPipe holds the ends' tensors
+    activations, offloaded = activations_at_peak(held, working, end_saved_bytes(st) if every else 0.0, every, flight,
+                                                 *offloaded_layers(plan, st))
     # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each): of the
     # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards), plus the layer being
     # gathered and used
@@ -310,14 +329,14 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         # shard and Adam's two moments, not a 16-bit shard beside a 12-byte optimizer state (with
         # one rank nothing is sharded: the run is ZeRO 0's, ``search.space.runs_as_zero``)
         weights, optimizer = sharded(4.0, 3), sharded(adam_state_bytes(inv.job.precision) - 4.0, 1)
-    off = count_offload(inv, st, weights, gradients, optimizer, held * flight)  # what offload moves off the GPU
+    off = count_offload(inv, st, weights, gradients, optimizer, offloaded)  # what offload moves off the GPU
     gathered, buffers = framework_buffers(inv, st)
     return StageMemory(
         stage=st.index,
         weights=weights - off.weights + fp8_copies,
         gradients=gradients - off.gradients,
         optimizer_states=optimizer - off.optimizer_states,
-        activations=activation_bytes(held, flight, working, off.activations),
+        activations=float(activations),
         buffers=buffers,
         in_flight_microbatches=flight,
         host=off.on_host(inv.job),

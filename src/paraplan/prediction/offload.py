@@ -28,7 +28,7 @@ import numpy as np
 
 from paraplan.inventory import JobInventory, StageInventory
 from paraplan.inventory.job import adam_state_bytes, params_updated
-from paraplan.specs import ClusterSpec, ConfigError, Framework, Job, LinkSpec
+from paraplan.specs import ClusterSpec, ConfigError, Framework, Job, LinkSpec, ParallelPlan
 
 # When a node has no CPU-Adam measurement: DeepSpeed's CPU-Adam on a DGX-2 node's two Xeon
 # Platinum 8168 CPUs (48 cores), as recalled from the ZeRO-Offload paper (arXiv 2101.06840,
@@ -96,12 +96,21 @@ def _shard(inv: JobInventory, st: StageInventory) -> float:
     return params_updated(inv.job, st.params, st.expert_params)
 
 
+def offloaded_layers(plan: ParallelPlan, st: StageInventory) -> tuple[int, int]:
+    """(k, n): of stage ``st``'s n layers, the k whose saved activations activation offload
+    (Megatron-Core's ``cpu_offloading``) keeps on the host; (0, 1) without it."""
+    if not plan.cpu_offloading:
+        return 0, 1
+    n = st.num_layers
+    return min(plan.cpu_offloading_num_layers or 0, n), n
+
+
 def count_offload(inv: JobInventory, st: StageInventory, weights: float, gradients: float,
-                  optimizer_states: float, held_activations: float) -> OffloadBytes:
+                  optimizer_states: float, activations: float) -> OffloadBytes:
     """What leaves one GPU of stage ``st``: its optimizer states (``optimizer_states`` bytes on
     the device without offload), its gradient partition (``gradients``) where offload keeps it
-    on the host, its parameter shard (``weights``), and of ``held_activations`` (the bytes all
-    in-flight micro-batches hold) the share of the offloaded layers.
+    on the host, its parameter shard (``weights``), and ``activations`` (the offloaded layers'
+    share of what the micro-batches in flight hold: ``memory.activations_at_peak``).
 
     Gradients: DeepSpeed's ZeRO-2/3 offload copies each reduced bucket to its fp32 host
     partition (the GPU keeps only the communication buckets, inside the runtime allowance) and
@@ -110,24 +119,14 @@ def count_offload(inv: JobInventory, st: StageInventory, weights: float, gradien
     p = inv.job.parallel
     opt = p.offload_optimizer != "none"
     shard = _shard(inv, st)
-    layers = (p.cpu_offloading_num_layers or 0) if p.cpu_offloading else 0
     grads_on_host = opt and (p.framework is Framework.FSDP or (p.framework is Framework.DEEPSPEED and p.zero_stage >= 2))
     return OffloadBytes(
         optimizer_states=optimizer_states if opt else 0.0,
         host_gradients=shard * HOST_GRAD_BYTES if opt else 0.0,
         gradients=gradients if grads_on_host else 0.0,
         weights=weights if p.offload_param != "none" else 0.0,
-        activations=held_activations * min(layers, st.num_layers) / st.num_layers if layers else 0.0,
+        activations=activations,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class OffloadTime:
-    """Seconds offload adds to one stage: exposed copies per micro-batch (forward and
-    backward; the optimizer step on the CPU is ``optimizer_step_s``)."""
-
-    forward_mb_s: float
-    backward_mb_s: float
 
 
 def gradient_copy_s(inv: JobInventory, st: StageInventory) -> float:
@@ -142,8 +141,8 @@ def exposed_gradient_copy_s(copy_s, backward_s, zero_stage, num_microbatches):
     """What the gradient copy adds to each micro-batch's backward pass: its excess over the
     backward it overlaps, every micro-batch under ZeRO-2/3 (which reduce, and copy out, every
     micro-batch's gradients), once per iteration under ZeRO-1 (at the accumulation boundary;
-    spread over the micro-batches here). Works on numbers and numpy arrays alike (the plan
-    screen calls it for every plan)."""
+    spread over the micro-batches here). Works on numbers and numpy arrays alike
+    (``exposed_offload_s``)."""
     exposed = (copy_s - backward_s) * (copy_s > backward_s)
     return np.where(zero_stage >= 2, exposed, exposed / num_microbatches)
 
@@ -164,28 +163,52 @@ def optimizer_step_s(inv: JobInventory, st: StageInventory) -> float | None:
     return cpu + back
 
 
-def offload_time(inv: JobInventory, st: StageInventory, forward_s: float, backward_s: float,
-                 layer_saved_bytes: float) -> OffloadTime:
-    """``forward_s`` and ``backward_s``: the stage's compute for one micro-batch, which the
-    copies overlap; ``layer_saved_bytes``: what one layer saves for the backward pass per
-    micro-batch (what activation offload copies out and back)."""
+@dataclass(frozen=True, slots=True)
+class OffloadCosts:
+    """The host copies of one stage in seconds, before the computation hides any of them; numbers
+    for one plan, or numpy arrays with one entry per plan (the search's screen). What they add to
+    its passes is ``exposed_offload_s``."""
+
+    gradient_copy_s: object  # the gradient partition to the host (ZeRO-Offload), 0 without
+    zero_stage: object
+    num_microbatches: object
+    param_fetch_s: object = None  # one pass's fetch of the ZeRO-3 parameter shard; None: not offloaded
+    offloaded_layers: object = None  # layers whose activations go to the host; None: none do
+    layer_copy_s: object = 0.0  # one layer's saved activations, out or back
+
+
+def offload_costs(inv: JobInventory, st: StageInventory, layer_saved_bytes: float) -> OffloadCosts:
+    """The host copies of stage ``st``; ``layer_saved_bytes``: what one layer saves for the backward
+    pass per micro-batch (what activation offload copies out and back)."""
     p, c = inv.job.parallel, inv.job.cluster
     link = host_bytes_per_s(c)
-    fwd = bwd = 0.0
+    fetch = offloaded = None
     if p.offload_param != "none":
         # ZeRO-3 fetches every layer's shard to the GPU before its all-gather, in the forward
         # and again in the backward pass, prefetched while the previous layer computes
         rate = link if p.offload_param == "cpu" else min(link, nvme_bytes_per_s(c) / c.gpus_per_node)
         fetch = _shard(inv, st) * inv.param_bytes / rate
-        fwd += max(0.0, fetch - forward_s)
-        bwd += max(0.0, fetch - backward_s)
-    bwd += float(exposed_gradient_copy_s(gradient_copy_s(inv, st), backward_s, p.zero_stage, p.num_microbatches))
     if p.cpu_offloading:
-        k, n = min(p.cpu_offloading_num_layers or 0, st.num_layers), st.num_layers
-        per_layer = layer_saved_bytes / link
-        fwd += k * max(0.0, per_layer - forward_s / n)
-        bwd += k * max(0.0, per_layer - backward_s / n)
-    return OffloadTime(fwd, bwd)
+        offloaded = offloaded_layers(p, st)[0]
+    return OffloadCosts(gradient_copy_s(inv, st), p.zero_stage, p.num_microbatches, fetch, offloaded,
+                        layer_saved_bytes / link)
+
+
+def exposed_offload_s(costs: OffloadCosts, forward_s, backward_s, layers):
+    """(forward, backward) seconds the host copies add to one micro-batch of a stage of ``layers``
+    layers whose passes take ``forward_s`` and ``backward_s``: a parameter fetch its excess over the
+    pass it is prefetched beside, the gradient copy ``exposed_gradient_copy_s``, activation offload
+    per offloaded layer its copy's excess over one layer's pass. Numbers or numpy arrays."""
+    fwd = bwd = 0.0
+    if costs.param_fetch_s is not None:
+        fwd = fwd + np.maximum(0.0, costs.param_fetch_s - forward_s)
+        bwd = bwd + np.maximum(0.0, costs.param_fetch_s - backward_s)
+    bwd = bwd + exposed_gradient_copy_s(costs.gradient_copy_s, backward_s, costs.zero_stage, costs.num_microbatches)
+    if costs.offloaded_layers is not None:
+        k, per_layer = costs.offloaded_layers, costs.layer_copy_s
+        fwd = fwd + k * np.maximum(0.0, per_layer - forward_s / layers)
+        bwd = bwd + k * np.maximum(0.0, per_layer - backward_s / layers)
+    return fwd, bwd
 
 
 def offload_notes(job: Job, host_bytes_per_gpu: float) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """What one stage costs per micro-batch: each layer's operators and collectives costed once,
 communication overlapped with computation as the framework overlaps it, recompute, the DP and
-ZeRO traffic and the optimizer step (``stage_timing``). The plan search costs stages with it
-too (``search.screen``, ``search.hetero``).
+ZeRO traffic and the optimizer step (``stage_timing``). The arithmetic that turns a stage's cost
+terms into its passes is ``stage_arithmetic``'s, which the plan screen calls on arrays
+(``search.screen``); the heterogeneous search calls ``stage_timing`` itself (``search.hetero``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from paraplan.inventory import (
 from paraplan.inventory.moe import is_shared_expert
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
 from paraplan.prediction.memory import activations_per_microbatch
-from paraplan.prediction.offload import offload_time, optimizer_step_s
+from paraplan.prediction.offload import offload_costs, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
-from paraplan.schedule import exposed_sync_s, overlapped_s, with_sharded_traffic
+from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
+from paraplan.schedule import overlapped_s
 from paraplan.specs import Phase
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
@@ -35,6 +37,15 @@ _EXPERT_DIMS = (ParallelDim.EP, ParallelDim.ETP)
 def ops_seconds(cm: CostModel, ops: tuple[Op, ...], phases: tuple[Phase, ...]) -> float:
     """Seconds of ``ops`` in ``phases`` (one rank, one micro-batch)."""
     return sum(cm.estimate_op_s(op, ph) for op in ops for ph in phases)
+
+
+def ops_passes(cm: CostModel, ops: tuple[Op, ...]) -> tuple[float, float, float]:
+    """``ops_seconds`` of ``ops`` forward, backward and in the weight gradients (a part of the
+    backward), each operator's weight gradient costed once."""
+    costs = [(cm.estimate_op_s(op, Phase.FWD), cm.estimate_op_s(op, Phase.BWD_INPUT),
+              cm.estimate_op_s(op, Phase.BWD_WEIGHT)) for op in ops]
+    return (sum(f for f, _, _ in costs), sum(t for _, i, w in costs for t in (i, w)),
+            sum(w for _, _, w in costs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +78,11 @@ class LayerCost:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
         collectives' forward, each as often as the policy re-runs it)."""
         return self.recompute_kernels_s(rc) + rc.comm_weight * self.comm_fwd
+
+    def work(self, rc: RecomputeCost) -> PassWork:
+        """The layer's seconds per micro-batch as ``stage_work`` sums them, recomputing under ``rc``."""
+        return PassWork(self.fwd_total, self.bwd_total, self.wgrad_total, self.comm_fwd, self.comm_bwd,
+                        self.recompute_s(rc))
 
     def recompute_kernels_s(self, rc: RecomputeCost) -> float:
         """The operators' part of ``recompute_s``; the collectives' part is
@@ -177,81 +193,69 @@ def stage_timing(
 ) -> StageTiming:
     """One stage's seconds per micro-batch and once per iteration (the parts the pipeline
     schedule, the DP overlap and the optimizer step are built from), each pass cut into its
-    kernels' own seconds and what each kind of communication adds to them. The plan search
-    costs stages with it too (``search.screen``, ``search.hetero``)."""
+    kernels' own seconds and what each kind of communication adds to them. The plan screen
+    costs stages with the same arithmetic (``stage_arithmetic``), the heterogeneous search with
+    this function (``search.hetero``)."""
     plan = inv.job.parallel
     n = st.num_layers
-    # the passes' totals are summed in this order (the pipeline schedule reads them); the
-    # parts (``part``) are summed beside them and add up to them
+    # the passes' parts (the breakdown: the kernels' recompute, each kind of collective's share)
+    # are summed beside the totals and add up to them
     tp_f = comm.total(st.end_collectives, (Phase.FWD,))
     tp_b = comm.total(st.end_collectives, BACKWARD)
-    part = {"tp_f": tp_f, "tp_b": tp_b, "cp_f": 0.0, "cp_b": 0.0, "ep_f": 0.0, "ep_b": 0.0, "rc": 0.0}
-    forward = ops_seconds(cm, st.end_ops, (Phase.FWD,))
-    backward = ops_seconds(cm, st.end_ops, BACKWARD)
-    wgrad = ops_seconds(cm, st.end_ops, (Phase.BWD_WEIGHT,))
-    recompute = 0.0
+    ends = PassWork(*ops_passes(cm, st.end_ops), tp_f, tp_b)
+    blocks = []
+    rc_kernels = cp_f = cp_b = ep_f = ep_b = 0.0
     for block in st.blocks:
         k, layer = block.num_layers, layers[block.moe]
         rc = recompute_cost(plan, block.ops, inv.shape, k)
-        tp_f += k * layer.comm_fwd
-        tp_b += k * layer.comm_bwd
-        recompute += k * layer.recompute_s(rc)
-        forward += k * layer.fwd_total
-        backward += k * layer.bwd_total
-        wgrad += k * layer.wgrad_total
-        part["rc"] += k * layer.recompute_kernels_s(rc)
+        blocks.append((k, layer.work(rc)))
+        rc_kernels += k * layer.recompute_kernels_s(rc)
         # a recomputed forward's collectives run again in the backward pass
-        for dim, f, b in (("tp", layer.tp_fwd, layer.tp_bwd), ("cp", layer.cp_fwd, layer.cp_bwd),
-                          ("ep", layer.ep_fwd, layer.ep_bwd)):
-            part[f"{dim}_f"] += k * f
-            part[f"{dim}_b"] += k * (b + rc.comm_weight * f)
-    kernels_f, kernels_b = forward, backward
-    slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
-    if st.per_microbatch_dp:
-        dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
-        dp_b = comm.total(st.per_microbatch_dp, BACKWARD)
-        # ZeRO-3 prefetches each layer's weights while the previous layer computes, and
-        # ZeRO-2/3 reduce-scatter gradient buckets while the backward pass goes on; the
-        # first gather and the last reduce-scatter are exposed, and computation slows
-        # while NCCL runs beside it.
-        forward, backward = map(float, with_sharded_traffic(forward, backward, tp_f, tp_b, dp_f, dp_b, n, slowdown,
-                                                            plan.overlaps_grad_reduce))
-    zero_f, zero_b = max(0.0, forward - kernels_f), max(0.0, backward - kernels_b)
-    optimizer_s = stage_optimizer_s(inv, st, cm)
-    offload_f = offload_b = 0.0
+        again = rc.comm_weight
+        tp_f += k * layer.tp_fwd
+        tp_b += k * (layer.tp_bwd + again * layer.tp_fwd)
+        cp_f += k * layer.cp_fwd
+        cp_b += k * (layer.cp_bwd + again * layer.cp_fwd)
+        ep_f += k * layer.ep_fwd
+        ep_b += k * (layer.ep_bwd + again * layer.ep_fwd)
+    work = stage_work(ends, blocks)
+    offload = None
     if plan.offloads:  # host copies the computation does not hide
-        off = offload_time(inv, st, forward, backward, activations_per_microbatch(inv, st)[0] / n)
-        forward, backward = forward + off.forward_mb_s, backward + off.backward_mb_s
-        offload_f, offload_b = off.forward_mb_s, off.backward_mb_s
-    fwd_pass, bwd_pass = forward + tp_f, backward + recompute + tp_b
+        offload = offload_costs(inv, st, activations_per_microbatch(inv, st)[0] / n)
     reduce_s = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
     gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
-    exposed = float(exposed_sync_s(fwd_pass, bwd_pass, reduce_s, gather_s, slowdown, plan.overlaps_grad_reduce))
+    # ZeRO-3 prefetches each layer's weights while the previous layer computes, and ZeRO-2/3
+    # reduce-scatter gradient buckets while the backward pass goes on (``stage_passes``)
+    dp_f = dp_b = 0.0
+    if st.per_microbatch_dp:
+        dp_f, dp_b = comm.total(st.per_microbatch_dp, (Phase.FWD,)), comm.total(st.per_microbatch_dp, BACKWARD)
+    passes = stage_passes(work, n, dp_f, dp_b, reduce_s, gather_s, cm.cluster.gpu.efficiency.overlap_slowdown,
+                          plan.overlaps_grad_reduce, offload)
     return StageTiming(
         stage=st.index,
         num_layers=n,
-        forward_mb_s=kernels_f,
-        backward_mb_s=kernels_b,
-        recompute_mb_s=part["rc"],
-        tp_fwd_mb_s=part["tp_f"],
-        tp_bwd_mb_s=part["tp_b"],
-        cp_fwd_mb_s=part["cp_f"],
-        cp_bwd_mb_s=part["cp_b"],
-        ep_fwd_mb_s=part["ep_f"],
-        ep_bwd_mb_s=part["ep_b"],
-        zero_fwd_mb_s=zero_f,
-        zero_bwd_mb_s=zero_b,
-        offload_fwd_mb_s=offload_f,
-        offload_bwd_mb_s=offload_b,
-        fwd_pass_mb_s=fwd_pass,
-        bwd_pass_mb_s=bwd_pass,
+        forward_mb_s=work.forward,
+        backward_mb_s=work.backward,
+        recompute_mb_s=rc_kernels,
+        tp_fwd_mb_s=tp_f,
+        tp_bwd_mb_s=tp_b,
+        cp_fwd_mb_s=cp_f,
+        cp_bwd_mb_s=cp_b,
+        ep_fwd_mb_s=ep_f,
+        ep_bwd_mb_s=ep_b,
+        zero_fwd_mb_s=float(passes.zero_fwd),
+        zero_bwd_mb_s=float(passes.zero_bwd),
+        offload_fwd_mb_s=float(passes.offload_fwd),
+        offload_bwd_mb_s=float(passes.offload_bwd),
+        fwd_pass_mb_s=float(passes.fwd_pass),
+        bwd_pass_mb_s=float(passes.bwd_pass),
         p2p_s=comm.seconds(inv.p2p) if inv.p2p is not None else 0.0,
         grad_reduce_s=reduce_s,
         param_gather_s=gather_s,
-        exposed_dp_s=exposed,
-        optimizer_s=optimizer_s,
+        exposed_dp_s=float(passes.exposed_sync),
+        optimizer_s=stage_optimizer_s(inv, st, cm),
         p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
-        wgrad_mb_s=wgrad,
+        wgrad_mb_s=work.wgrad,
     )
 
 

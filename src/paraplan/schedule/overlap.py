@@ -42,8 +42,8 @@ def with_sharded_traffic(forward_s, backward_s, tp_fwd_s, tp_bwd_s, dp_fwd_s, dp
     ``dp_*`` (ZeRO-3's weight gathers, ZeRO-2/3's gradient reduce-scatters) is added:
     with ``overlap`` (Megatron-LM's overlap_grad_reduce and the like) each of ``layers``
     units prefetches beside its neighbour's pass, tensor-parallel collectives included
-    (``sharded_pass_s``), else the traffic adds up. ``prediction.stage_timing`` and the
-    plan screen both call it."""
+    (``sharded_pass_s``), else the traffic adds up. ``prediction.stage_arithmetic.stage_passes``
+    calls it, for ``stage_timing`` and for the plan screen."""
     if not overlap:
         return forward_s + dp_fwd_s, backward_s + dp_bwd_s
     units = np.maximum(layers, 1)
@@ -55,8 +55,8 @@ def exposed_sync_s(fwd_pass_s, bwd_pass_s, reduce_s, gather_s, slowdown, overlap
     """Seconds the once-per-iteration gradient reduction ``reduce_s`` and parameter
     all-gather ``gather_s`` add: with ``overlap`` the buckets reduce beside the last
     micro-batch's backward pass and the gather beside the next iteration's first forward
-    (both slowing it down), else both are exposed. ``prediction.stage_timing`` and the plan
-    screen both call it."""
+    (both slowing it down), else both are exposed. ``prediction.stage_arithmetic.stage_passes``
+    calls it, for ``stage_timing`` and for the plan screen."""
     if not overlap:
         return reduce_s + gather_s
     return (overlapped_s(bwd_pass_s, reduce_s, slowdown) - bwd_pass_s

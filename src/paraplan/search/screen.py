@@ -16,11 +16,14 @@ costed once per distinct value of its axes with the same code the exact path run
   and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
 
 The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
-combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
-term by term, through the functions the prediction calls too (``schedule.overlap``'s data-parallel
-overlap, ``schedule.closed_form.stage_in_flight``, ``offload.exposed_gradient_copy_s``,
-``stages.stage_optimizer_s``). Memory is the exact formula: the same bytes as
-``estimate_memory`` (tests check it, hence the same verdict). Time equals ``predict``'s to
+combined with arrays by the prediction's own stage arithmetic: each stage class's cost terms, read
+from the tables, go through the functions ``prediction.stage_timing`` and
+``memory.estimate_stage_memory`` call for one stage (``stage_arithmetic.stage_work`` and
+``stage_passes``: layers and ends summed, ZeRO-2/3 overlap, ZeRO-Offload's gradient copy, the
+exposed gradient sync; ``memory.activations_at_peak`` and ``stage_peak_bytes``), with the
+micro-batches in flight of ``schedule.closed_form`` and the optimizer step of
+``stages.stage_optimizer_s``. Memory is the exact formula: the same bytes as ``estimate_memory``
+(tests check it, hence the same verdict). Time equals ``predict``'s to
 rounding for one stage, for GPipe (two flow shops, exact), for DeepSpeed's 1F1B and for the
 zero-bubble schedules (their task graphs, evaluated per shape for all plans at once; past
 ``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
@@ -48,17 +51,16 @@ from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory import (
-    activation_bytes,
+    activations_at_peak,
     end_saved_bytes,
     estimate_stage_memory,
     fragmentation_share,
-    hold_end_tensors,
     microbatch_bytes,
-    peak_bytes,
-    transient_bytes,
+    stage_peak_bytes,
     usable_hbm_bytes,
 )
-from paraplan.prediction.offload import exposed_gradient_copy_s, gradient_copy_s
+from paraplan.prediction.offload import OffloadCosts, gradient_copy_s
+from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
 from paraplan.prediction.stages import BACKWARD, CommCosts, LayerCost, ops_seconds, stage_optimizer_s
 from paraplan.schedule.closed_form import (
     FIRST,
@@ -70,7 +72,6 @@ from paraplan.schedule.closed_form import (
     in_flight,
     runs_where,
 )
-from paraplan.schedule.overlap import exposed_sync_s, with_sharded_traffic
 from paraplan.search.space import (
     EP_EXPERTS,
     EP_STAGE,
@@ -504,37 +505,31 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         # stage 0 carries both ends when there is one stage
         return np.where(single, shard(f"{name}3"), shard(f"{name}{c}")) if c == FIRST else shard(f"{name}{c}")
 
-    layer_f, layer_b, comm_f, comm_b = shard("layer_f"), shard("layer_b"), shard("comm_f"), shard("comm_b")
-    rc_layer = np.choose(rc, [np.zeros(len(rc)), *(shard(f"rc_{p.value}") for p in _RECOMPUTE[1:])])
+    # one layer of each plan's shard shape (the W pass costed only when the space has zero-bubble plans)
+    layer = PassWork(shard("layer_f"), shard("layer_b"), shard("layer_w") if zero_bubble else 0.0, shard("comm_f"),
+                     shard("comm_b"), np.choose(rc, [np.zeros(len(rc)), *(shard(f"rc_{p.value}") for p in _RECOMPUTE[1:])]))
     held1 = np.choose(rc, [shard(f"held{r}") for r in range(len(_RECOMPUTE))])
     frag = fragmentation_share()
     f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
     for c in classes:
+        # each stage class's time and memory with the prediction's arithmetic (``stage_passes``,
+        # ``activations_at_peak``, ``stage_peak_bytes``), its terms read from the tables
         n = layout("layers", c)
-        tp_f = n * comm_f + ends("endc_f", c)
-        tp_b = n * comm_b + ends("endc_b", c)
-        recompute = n * rc_layer
-        forward = n * layer_f + ends("end_f", c)
-        backward = n * layer_b + ends("end_b", c)
-        dp_f, dp_b = layout("dp_f", c), layout("dp_b", c)
-        reduce_s, gather_s = layout("reduce", c), layout("gather", c)
-        # as prediction.stage_timing: ZeRO-2/3 traffic and bucketed reduction overlap
-        forward, backward = with_sharded_traffic(forward, backward, tp_f, tp_b, dp_f, dp_b, n, slowdown, overlap)
-        copy = layout("grad_copy", c)
-        if copy.any():  # ZeRO-Offload's gradient copy
-            backward = backward + exposed_gradient_copy_s(copy, backward, zero, m)
-        f[c], bw[c] = forward + tp_f, backward + recompute + tp_b
-        exposed = exposed_sync_s(f[c], bw[c], reduce_s, gather_s, slowdown, overlap)
+        ends_work = PassWork(ends("end_f", c), ends("end_b", c), ends("end_w", c) if zero_bubble else 0.0,
+                             ends("endc_f", c), ends("endc_b", c))
+        copy = layout("grad_copy", c)  # ZeRO-Offload's gradient copy
+        passes = stage_passes(stage_work(ends_work, ((n, layer),)), n, layout("dp_f", c), layout("dp_b", c),
+                              layout("reduce", c), layout("gather", c), slowdown, overlap,
+                              OffloadCosts(copy, zero, m) if copy.any() else None)
+        f[c], bw[c], drain_extra[c], opt[c] = passes.fwd_pass, passes.bwd_pass, passes.exposed_sync, layout("optimizer", c)
         if zero_bubble:
-            wg[c] = n * shard("layer_w") + ends("end_w", c)
-        drain_extra[c], opt[c] = exposed, layout("optimizer", c)
-        # memory.estimate_stage_memory, with the stage's micro-batches in flight
+            wg[c] = passes.work.wgrad
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(len(_RECOMPUTE))])
         logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
-        held, work = hold_end_tensors(n * held1, work, ends("saved", c), gpipe & ~full)
-        activations = activation_bytes(held, in_flight(c, p, m, v, sched), work)
-        transient = transient_bytes(activations, logits, layout("gathered", c), layout("buffers", c))
-        mem[c] = peak_bytes(layout("static", c), transient, layout("runtime", c), frag)
+        activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full,
+                                             in_flight(c, p, m, v, sched))
+        mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
+                                  layout("buffers", c), layout("runtime", c), frag)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
