@@ -157,7 +157,7 @@ def search_command(
 def _print(result, top, output, front, axis, save_best, pareto) -> None:
     from rich.console import Group
 
-    from paraplan.report.search import plan_row, render_plans, render_search, search_rows
+    from paraplan.report.search import plan_row, preset_summary, render_plans, render_search, search_rows
 
     rows = search_rows(result, top)
     closest = result.closest
@@ -166,6 +166,9 @@ def _print(result, top, output, front, axis, save_best, pareto) -> None:
         from paraplan.report.search import no_plan_message
 
         data: dict = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
+        summary = preset_summary(rows)
+        if summary is not None:  # the framework preset's defaults the plans took (each plan's own in its row)
+            data["framework_preset"] = summary
         if front is not None:
             data["pareto"] = search_rows(result, plans=front)
             data["pareto_axis"] = axis

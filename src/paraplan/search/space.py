@@ -72,8 +72,11 @@ class SearchSpace:
     vpp: tuple[int, ...] = (1,)
     # DeepSpeed's offload_optimizer devices to try ("none", "cpu", "nvme"): ZeRO-Offload on/off
     offload_optimizer: tuple[str, ...] = ("none",)
-    sequence_parallel: str = "with_tp"  # "with_tp": on whenever tp > 1; "both": try on and off; "off"
+    # "with_tp": on whenever tp > 1; "both": try on and off; "off"; ``None``: "with_tp", or the preset's
+    sequence_parallel: str | None = None
     allow_tp_across_nodes: bool = field(default=False, metadata={"plan": None})
+    # an engine (megatron, deepspeed, fsdp) or a framework preset (``catalog/frameworks``: nemo-24.07,
+    # or nemo for its newest), which the space runs on its engine (``framework`` is then the engine)
     framework: str = "megatron"
     extra: dict[str, Any] = field(default_factory=dict, metadata={"plan": None})  # its keys: plan fields
     # Let stages hold unequal layer counts, chosen by the exact partition (always on for
@@ -99,11 +102,22 @@ class SearchSpace:
     schedule: tuple[str, ...] | None = None
     # The share of each GPU's memory a plan must leave free (``Job.memory_headroom``).
     memory_headroom: float = field(default=DEFAULT_MEMORY_HEADROOM, metadata={"plan": None})  # a Job field
+    # The framework preset the plans take their unstated fields from (its id; ``framework`` may name
+    # it instead), and the plan fields the space leaves to it: those of its defaults that no axis
+    # was given for (ZeRO, recompute, sequence parallelism, hybrid sharding left ``None``: the
+    # axis then holds the preset's one value) and that ``extra`` does not state. Each plan takes
+    # them as a job file naming the preset would (``catalog.presets.apply_preset``: a conditional
+    # default, e.g. sequence parallelism with tp > 1, per plan); an axis given is searched.
+    preset: str | None = field(default=None, metadata={"plan": None})
+    preset_fields: tuple[str, ...] | None = field(default=None, metadata={"plan": None})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom <= 0.5:
             raise ConfigError(f"memory_headroom: expected a fraction of the GPU's memory from 0 to 0.5, "
                               f"got {self.memory_headroom!r}")
+        self._lay_preset()
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", "with_tp")
         offer = framework_offer(self.framework)
         defaults = {"zero_stage": offer.search_zero, "recompute": offer.search_recompute,
                     "etp": (None,) if offer.expert_tensor_parallel else (1,),
@@ -133,6 +147,32 @@ class SearchSpace:
             raise ConfigError(f"offload_optimizer: {', '.join(map(repr, bad)) or 'nothing'} is not one of "
                               f"{', '.join(OFFLOAD_DEVICES)}")
 
+    def _lay_preset(self) -> None:
+        """Resolve the preset (``framework`` or ``preset``), run its engine, and give the axes
+        left to it the preset's value."""
+        preset = find_space_preset(self.preset or self.framework)
+        if preset is None:
+            return
+        object.__setattr__(self, "preset", preset.id)
+        object.__setattr__(self, "framework", preset.engine.value)
+        if self.preset_fields is None:
+            unset = {"zero_stage": self.zero_stage, "recompute": self.recompute,
+                     "sequence_parallel": self.sequence_parallel, "data_parallel_shard_degree": self.shard_nodes}
+            left = [d.field for d in preset.defaults
+                    if (unset[d.field] is None if d.field in unset else d.field not in self.extra)]
+            object.__setattr__(self, "preset_fields", tuple(left))
+        for d in preset.defaults:
+            if d.field not in self.preset_fields:
+                continue
+            if d.field == "zero_stage":
+                object.__setattr__(self, "zero_stage", (int(d.value),))
+            elif d.field == "recompute":
+                object.__setattr__(self, "recompute", (Recompute(d.value),))
+            elif d.field == "sequence_parallel":  # its rule is "with tp > 1", or always (tp > 1 anyway)
+                object.__setattr__(self, "sequence_parallel", "with_tp" if d.value else "off")
+            elif d.field == "data_parallel_shard_degree":  # the preset's rule decides per plan
+                object.__setattr__(self, "shard_nodes", (None,))
+
     def plan_fields(self) -> frozenset[str]:
         """The plan fields (``ParallelPlan``'s long names) this space varies or keeps: those its
         axes cover, those derived from them, and ``extra``'s; a job file's other plan fields
@@ -158,7 +198,8 @@ class SearchSpace:
         (FSDP: 0 and 3), the framework's recompute policies, sequence parallelism on and off,
         expert tensor parallelism tp and 1 (mixtures of experts), and for FSDP the zero-bubble
         schedules; ``changes`` replace fields."""
-        offer = framework_offer(changes.get("framework", "megatron"))
+        preset = find_space_preset(changes.get("preset") or changes.get("framework", "megatron"))
+        offer = framework_offer(preset.engine if preset is not None else changes.get("framework", "megatron"))
         axes: dict[str, Any] = {**FULL_SPACE, "zero_stage": offer.full_zero}
         if not offer.context_parallel:
             axes["cp"] = (1,)
@@ -170,6 +211,31 @@ class SearchSpace:
         if offer.full_schedules is not None and not changes.get("uneven_layers") and "schedule" not in extra:
             axes["schedule"] = tuple(s.value for s in offer.full_schedules)
         return cls(**{**axes, **changes})
+
+
+def find_space_preset(name: Any) -> Any:
+    """The framework preset ``name`` names (``catalog.presets.find_preset``; None for an engine),
+    an unknown name refused as the ``framework`` field's."""
+    from paraplan.catalog.presets import find_preset
+
+    try:
+        return find_preset(name)
+    except ConfigError as err:
+        raise ConfigError(str(err).removeprefix("parallel.")) from None
+
+
+def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: SearchSpace) -> tuple[dict[str, Any], Any]:
+    """One plan of ``space`` (a job's plan mapping) with its preset's defaults for the fields the
+    space leaves to it, and what the preset did (``PresetUse``; None without a preset)."""
+    if space.preset is None:
+        return plan, None
+    from paraplan.catalog.presets import apply_preset
+
+    left = set(space.preset_fields or ())
+    stated = {k: v for k, v in plan.items() if PLAN_ALIASES.get(k, k) not in left}
+    _, use = apply_preset(stated, find_space_preset(space.preset), num_gpus=cluster.num_gpus,
+                          gpus_per_node=cluster.gpus_per_node, model=model)
+    return {**stated, **use.taken}, use  # the plan's own names kept (tp, pp, ...)
 
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
@@ -355,6 +421,7 @@ def plan_job(
         **({"layers_per_stage": layers_per_stage} if layers_per_stage is not None else {}),
         **space.extra,
     }
+    plan, preset = with_preset(plan, model, cluster, space)
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
     name += (f"-ep{ep}" if ep > 1 else "") + (f"-etp{etp}" if etp is not None else "")
     name += f"-{schedule.value}" if schedule is not None else ""
@@ -365,7 +432,7 @@ def plan_job(
     if space.global_batch_sizes:
         name += f"-gbs{global_batch_size}"
     return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens,
-               memory_headroom=space.memory_headroom)
+               memory_headroom=space.memory_headroom, **({"preset": preset} if preset is not None else {}))
 
 
 def rejection_reason(err: ValidationError | ConfigError) -> str:
