@@ -13,11 +13,11 @@ from test_screen import screen_matches_the_exact_prediction
 from typer.testing import CliRunner
 
 from paraplan.catalog.loader import load_cluster, load_model
-from paraplan.catalog.presets import presets
+from paraplan.catalog.presets import find_preset, presets
 from paraplan.cli.app import app
 from paraplan.search import search_plans
 from paraplan.search.space import SearchSpace, enumerate_plans
-from paraplan.specs import ConfigError, Precision, Recompute
+from paraplan.specs import ConfigError, Precision
 
 
 def _small():
@@ -35,17 +35,25 @@ _SEARCH = ("search", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--num-no
 
 def test_every_plan_of_a_preset_search_takes_the_preset_s_defaults_on_its_engine():
     model, cluster = _small()
-    space = SearchSpace(framework="nemo-24.07", micro_batch_size=(1, 2))
-    assert (space.framework, space.preset, space.zero_stage, space.recompute) == (
-        "megatron", "nemo-24.07", (1,), (Recompute.NONE,))
+    space = SearchSpace(framework="megatron-bridge-0.1", micro_batch_size=(1, 2))
+    assert (space.framework, space.preset) == ("megatron", "megatron-bridge-0.1")
     result = search_plans(model, cluster, 64, Precision.BF16, space)
     assert len(result.ranked) > 3
     for pred in result.ranked:
         plan, use = pred.job.parallel, pred.job.preset
-        assert use.preset == "nemo-24.07" and not use.overridden
-        assert plan.zero_stage == 1 and plan.recompute is Recompute.NONE and plan.grad_reduce_in_fp32 is True
-        # sequence parallelism "with tp > 1": taken per plan
-        assert plan.sequence_parallel == (plan.tp > 1) and ("sequence_parallel" in use.taken) == (plan.tp > 1)
+        assert use.preset == "megatron-bridge-0.1" and plan.grad_reduce_in_fp32 is True
+        # "with tp > 1" and "with sequence parallelism": taken per plan
+        assert plan.sequence_parallel == plan.tp_comm_overlap == (plan.tp > 1)
+        assert ("sequence_parallel" in use.taken) == ("tp_comm_overlap" in use.taken) == (plan.tp > 1)
+
+
+def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_preset_s_value():
+    space = SearchSpace(framework="megatron-core-0.12")
+    # ZeRO 0-1 and the recompute policies are what the engine's space searches; sequence
+    # parallelism it pins ("with tp > 1"), so megatron-core's default (off) replaces it
+    assert space.zero_stage == (0, 1) and len(space.recompute) == 3 and space.sequence_parallel == "off"
+    assert SearchSpace(framework="nemo-24.07").sequence_parallel == "with_tp"
+    assert SearchSpace(framework="torchtitan").preset_fields == ("grad_reduce_in_fp32", "fsdp_version", "recompute_every")
 
 
 def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():
@@ -56,13 +64,13 @@ def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():
     assert {j.parallel.sequence_parallel for j in jobs if j.parallel.tp > 1} == {True, False}
     zero0 = next(j for j in jobs if j.parallel.zero_stage == 0)
     assert zero0.preset.overridden["zero_stage"] == (0, 1) and "zero_stage" not in zero0.preset.taken
-    assert "recompute" in zero0.preset.taken  # what the search does not vary is still the preset's
+    assert zero0.preset.taken == {"grad_reduce_in_fp32": True}  # what the search does not vary is the preset's
 
 
 def test_a_plain_engine_search_takes_no_preset():
     model, cluster = _small()
     space = SearchSpace(framework="megatron", micro_batch_size=(1,))
-    assert space.preset is None and space.zero_stage == (0, 1)
+    assert space.preset is None and space.zero_stage == (0, 1) and space.sequence_parallel == "with_tp"
     assert all(j.preset is None for j in enumerate_plans(model, cluster, 64, Precision.BF16, space).jobs)
 
 
@@ -82,6 +90,20 @@ def test_the_screen_matches_the_exact_prediction_under_each_preset(preset_id):
         assert jobs and all(j.preset is not None and j.preset.preset == preset_id for j in jobs)
 
 
+@pytest.mark.parametrize("preset_id", list(presets()))
+def test_every_plan_of_a_preset_search_writes_back_as_a_job_file_that_resolves_to_it(preset_id):
+    from paraplan.catalog import resolve_job
+    from paraplan.catalog.jobfile import job_mapping
+
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("dgx-a100", num_nodes=2)
+    space = SearchSpace(framework=preset_id, micro_batch_size=(1,), sequence_parallel="both",
+                        recompute=("none", "full", "layer") if find_preset(preset_id).engine.value == "fsdp" else None)
+    jobs = enumerate_plans(model, cluster, 32, Precision.BF16, space).jobs
+    assert jobs
+    for job in jobs:
+        assert resolve_job(job_mapping(job)) == job, job.name
+
+
 def test_the_search_table_and_json_say_the_preset_and_the_defaults_taken():
     code, out, _ = _run(*_SEARCH, "--framework", "nemo-24.07", "--zero", "0,1")
     assert code == 0
@@ -90,8 +112,9 @@ def test_the_search_table_and_json_say_the_preset_and_the_defaults_taken():
     code, out, _ = _run(*_SEARCH, "--framework", "nemo-24.07", "--zero", "0,1", "-f", "json")
     data = json.loads(out)
     assert code == 0 and data["framework_preset"]["preset"] == "nemo-24.07"
-    assert data["framework_preset"]["defaults_taken"]["recompute"] == "none"
+    assert data["framework_preset"]["defaults_taken"]["grad_reduce_in_fp32"] is True
     assert "zero_stage" not in data["framework_preset"]["defaults_taken"]  # searched
+    assert data["framework_preset"]["searched"]["zero_stage"] == 1  # ZeRO-0 plans: not the preset's 1
     assert all(r["framework_preset"]["preset"] == "nemo-24.07" for r in data["plans"])
 
 
@@ -116,7 +139,7 @@ def test_a_job_file_naming_a_preset_searches_with_it(tmp_path):
     code, out, _ = _run("search", str(job), "--mbs", "1", "-f", "json")
     data = json.loads(out)
     assert code == 0 and data["framework_preset"]["preset"] == "megatron-core-0.12"
-    assert all(not r["sequence_parallel"] and r["zero_stage"] == 0 for r in data["plans"])
+    assert data["plans"] and not any(r["sequence_parallel"] for r in data["plans"])  # megatron-core's default
 
 
 def test_an_unknown_preset_in_a_search_is_one_line_and_exit_2():

@@ -47,7 +47,10 @@ SEARCH_FLAGS = (
     cli_flag("framework", str | None,
              help="megatron | deepspeed | fsdp: the search tries only what that framework runs "
                   "(fsdp: ZeRO-0 as DDP, ZeRO-3 whole-group and within a node; deepspeed: ZeRO 0-3, "
-                  "0-1 with pp, 1F1B only).", show_default="the job file's, else megatron"),
+                  "0-1 with pp, 1F1B only). Or a framework preset (e.g. nemo-24.07, or nemo for its newest; "
+                  "torchtitan; an unknown name lists them): its engine's space, with the preset's defaults "
+                  "for what no flag varies (--zero, --recompute, --sp, --shard-nodes search those).",
+             show_default="the job file's, else megatron"),
     cli_flag("space", str, default="default",
              help="default: tp, pp, micro-batch 1-8, the framework's ZeRO stages (megatron 0-1) and recompute "
                   "policies, sequence parallelism with tp. full: also cp 1-8, vpp 1-8, micro-batch 1-16, ZeRO 0-3 "

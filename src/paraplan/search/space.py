@@ -103,11 +103,12 @@ class SearchSpace:
     # The share of each GPU's memory a plan must leave free (``Job.memory_headroom``).
     memory_headroom: float = field(default=DEFAULT_MEMORY_HEADROOM, metadata={"plan": None})  # a Job field
     # The framework preset the plans take their unstated fields from (its id; ``framework`` may name
-    # it instead), and the plan fields the space leaves to it: those of its defaults that no axis
-    # was given for (ZeRO, recompute, sequence parallelism, hybrid sharding left ``None``: the
-    # axis then holds the preset's one value) and that ``extra`` does not state. Each plan takes
+    # it instead), and the plan fields the space leaves to it: those of its defaults that the space
+    # does not vary and ``extra`` does not state (its overlaps, gradient-reduce dtype, FSDP version;
+    # sequence parallelism unless the axis is given; ZeRO, recompute or hybrid sharding only where
+    # the engine's default axis is one value: the axis then holds the preset's). Each plan takes
     # them as a job file naming the preset would (``catalog.presets.apply_preset``: a conditional
-    # default, e.g. sequence parallelism with tp > 1, per plan); an axis given is searched.
+    # default, e.g. sequence parallelism with tp > 1, per plan); an axis that varies is searched.
     preset: str | None = field(default=None, metadata={"plan": None})
     preset_fields: tuple[str, ...] | None = field(default=None, metadata={"plan": None})
 
@@ -156,10 +157,16 @@ class SearchSpace:
         object.__setattr__(self, "preset", preset.id)
         object.__setattr__(self, "framework", preset.engine.value)
         if self.preset_fields is None:
-            unset = {"zero_stage": self.zero_stage, "recompute": self.recompute,
-                     "sequence_parallel": self.sequence_parallel, "data_parallel_shard_degree": self.shard_nodes}
-            left = [d.field for d in preset.defaults
-                    if (unset[d.field] is None if d.field in unset else d.field not in self.extra)]
+            # an axis left to the engine's default is the preset's where that default is one value
+            # (sequence parallelism's "with tp > 1" rule); the engine's several ZeRO stages, recompute
+            # policies or shard groups are searched, as a flag's would be
+            offer = framework_offer(preset.engine)
+            unset = {"zero_stage": (self.zero_stage, offer.search_zero),
+                     "recompute": (self.recompute, offer.search_recompute),
+                     "sequence_parallel": (self.sequence_parallel, ()),
+                     "data_parallel_shard_degree": (self.shard_nodes, offer.search_shard_nodes)}
+            left = [d.field for d in preset.defaults if d.field not in self.extra and (
+                d.field not in unset or (unset[d.field][0] is None and len(unset[d.field][1]) <= 1))]
             object.__setattr__(self, "preset_fields", tuple(left))
         for d in preset.defaults:
             if d.field not in self.preset_fields:
@@ -231,10 +238,15 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
         return plan, None
     from paraplan.catalog.presets import apply_preset
 
+    preset = find_space_preset(space.preset)
     left = set(space.preset_fields or ())
     stated = {k: v for k, v in plan.items() if PLAN_ALIASES.get(k, k) not in left}
-    _, use = apply_preset(stated, find_space_preset(space.preset), num_gpus=cluster.num_gpus,
-                          gpus_per_node=cluster.gpus_per_node, model=model)
+    named = {PLAN_ALIASES.get(k, k) for k in stated}
+    for d in preset.defaults:  # a field the space varies, at its default in this plan (full sharding)
+        if d.field not in left and d.field not in named:
+            stated[d.field] = ParallelPlan.model_fields[d.field].default
+    _, use = apply_preset(stated, preset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
+                          model=model)
     return {**stated, **use.taken}, use  # the plan's own names kept (tp, pp, ...)
 
 
