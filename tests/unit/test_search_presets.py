@@ -142,6 +142,21 @@ def test_a_job_file_naming_a_preset_searches_with_it(tmp_path):
     assert data["plans"] and not any(r["sequence_parallel"] for r in data["plans"])  # megatron-core's default
 
 
+def test_a_job_file_s_own_value_of_a_field_the_preset_sets_is_kept_over_the_preset_s(tmp_path):
+    job, best = tmp_path / "job.yaml", tmp_path / "best.yaml"
+    job.write_text(yaml.safe_dump({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 2},
+                                   "parallel": {"framework": "megatron-bridge", "tp_comm_overlap": False,
+                                                "global_batch_size": 64}}))
+    code, out, err = _run("search", str(job), "--mbs", "1", "--save-best", str(best), "-f", "json")
+    data = json.loads(out)
+    assert code == 0 and "tp_comm_overlap" not in err  # kept, not "neither varies nor keeps"
+    assert data["framework_preset"]["searched"]["tp_comm_overlap"] is True  # the preset's, not used
+    assert any(r["tp"] > 1 for r in data["plans"])
+    assert yaml.safe_load(best.read_text())["parallel"]["tp_comm_overlap"] is False
+    code, out, _ = _run("predict", str(best), "-f", "json")
+    assert code == 0 and json.loads(out)["iteration_s"] == pytest.approx(data["plans"][0]["iteration_s"], rel=1e-12)
+
+
 def test_an_unknown_preset_in_a_search_is_one_line_and_exit_2():
     code, _, err = _run(*_SEARCH, "--framework", "nemo-99.01")
     assert code == 2

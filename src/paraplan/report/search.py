@@ -232,7 +232,7 @@ def preset_lines(summary: dict[str, Any]) -> list[str]:
             f"{k} {shown(v)}" + (f" ({s['taken_where'][k]})" if k in s["taken_where"] else "")
             for k, v in s["defaults_taken"].items()))
     if s["searched"]:
-        out.append("searched, not the preset's: " + ", ".join(
+        out.append("searched or stated, not the preset's: " + ", ".join(
             f"{k} ({s['preset']} would set {shown(v)})" for k, v in s["searched"].items()))
     if s["recorded_not_modelled"]:
         out.append("recorded, not yet modelled: " + ", ".join(f"{k} {v}" for k, v in s["recorded_not_modelled"].items()))

@@ -111,6 +111,9 @@ class SearchSpace:
     # default, e.g. sequence parallelism with tp > 1, per plan); an axis that varies is searched.
     preset: str | None = field(default=None, metadata={"plan": None})
     preset_fields: tuple[str, ...] | None = field(default=None, metadata={"plan": None})
+    # the job file's own values of fields the preset would set and no axis varies
+    # (``PRESET_STATED``): every plan keeps them over the preset's, as a stated field in a job file
+    preset_stated: dict[str, Any] = field(default_factory=dict, metadata={"plan": None})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom <= 0.5:
@@ -152,6 +155,10 @@ class SearchSpace:
         """Resolve the preset (``framework`` or ``preset``), run its engine, and give the axes
         left to it the preset's value."""
         preset = find_space_preset(self.preset or self.framework)
+        bad = sorted(set(self.preset_stated) - set(PRESET_STATED))
+        if bad or (self.preset_stated and preset is None):
+            raise ConfigError(f"preset_stated: {', '.join(bad) or 'a stated field'} is not a field a framework preset "
+                              f"sets that no axis varies ({', '.join(PRESET_STATED)}), or no preset is named")
         if preset is None:
             return
         object.__setattr__(self, "preset", preset.id)
@@ -165,7 +172,7 @@ class SearchSpace:
                      "recompute": (self.recompute, offer.search_recompute),
                      "sequence_parallel": (self.sequence_parallel, ()),
                      "data_parallel_shard_degree": (self.shard_nodes, offer.search_shard_nodes)}
-            left = [d.field for d in preset.defaults if d.field not in self.extra and (
+            left = [d.field for d in preset.defaults if d.field not in {**self.extra, **self.preset_stated} and (
                 d.field not in unset or (unset[d.field][0] is None and len(unset[d.field][1]) <= 1))]
             object.__setattr__(self, "preset_fields", tuple(left))
         for d in preset.defaults:
@@ -240,7 +247,7 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
 
     preset = find_space_preset(space.preset)
     left = set(space.preset_fields or ())
-    stated = {k: v for k, v in plan.items() if PLAN_ALIASES.get(k, k) not in left}
+    stated = {k: v for k, v in {**plan, **space.preset_stated}.items() if PLAN_ALIASES.get(k, k) not in left}
     named = {PLAN_ALIASES.get(k, k) for k in stated}
     for d in preset.defaults:  # a field the space varies, at its default in this plan (full sharding)
         if d.field not in left and d.field not in named:
@@ -249,6 +256,11 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
                           model=model)
     return {**stated, **use.taken}, use  # the plan's own names kept (tp, pp, ...)
 
+
+#: Fields a framework preset sets that no axis of the space varies and the screen times through
+#: its representative Jobs, so that a job file's own value is kept (``SearchSpace.preset_stated``);
+#: recompute_every is not among them (the screen takes it linear in the layers).
+PRESET_STATED = ("tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p", "grad_reduce_in_fp32", "fsdp_version")
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices
