@@ -196,3 +196,12 @@ def test_the_html_report_of_a_preset_job_lists_the_defaults_taken():
 
     html = _summary(predict(resolve_job(_NEMO_JOB)))
     assert "framework nemo-24.07" in html and "defaults taken from it: zero_stage 1" in html
+
+
+def test_a_torchtitan_export_of_an_fsdp1_preset_job_names_the_preset_and_says_torchtitan_runs_fsdp2(tmp_path):
+    fms = tmp_path / "fms.yaml"
+    fms.write_text(yaml.safe_dump({**_NEMO_JOB, "parallel": {"framework": "fms-fsdp", "global_batch_size": 64}}))
+    code, out, _ = _run("export", "torchtitan", str(fms))
+    assert code == 0
+    assert "predicted for fms-fsdp-2024.03" in out and "fsdp_version 1" in out
+    assert "NOTE(paraplan): parallel.fsdp_version: the prediction followed FSDP1" in out

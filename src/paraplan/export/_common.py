@@ -35,7 +35,7 @@ def framework_line(job: Job, runs_on: Framework) -> str:
         line = f"predicted for {preset.preset} ({preset.label}) on {made_for.value} ({FRAMEWORK_NAMES[made_for]}), " \
                f"paraplan {__version__}"
         if preset.taken:
-            line += "; the preset's defaults taken, set in this recipe: " + ", ".join(
+            line += "; the preset's defaults taken: " + ", ".join(
                 f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in preset.taken.items())
     if made_for is not runs_on:
         line += (f"; this recipe runs it on {FRAMEWORK_NAMES[runs_on]}, whose behaviour the prediction did not "
