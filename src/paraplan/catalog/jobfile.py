@@ -39,6 +39,9 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
         short = {long: min((k for k, v in PLAN_ALIASES.items() if v == long), key=len, default=long)
                  for long in job.preset.taken}
         parallel = {k: v for k, v in parallel.items() if k not in job.preset.taken and k not in short.values()}
+        for key, (mine, _) in job.preset.overridden.items():  # stated, even at the plan's default
+            if not any(PLAN_ALIASES.get(k, k) == key for k in parallel):
+                parallel[key] = mine
         parallel["framework"] = job.preset.preset
     out: dict[str, Any] = {"name": job.name, "model": model_mapping(job.model), "cluster": cluster,
                            "parallel": parallel, "precision": job.precision.value}

@@ -191,10 +191,15 @@ def model_billions(model: ModelSpec | dict[str, Any] | None) -> float | None:
     return (layers * (2 * h * h + 2 * h * kv + mlp) + embed) / 1e9
 
 
+def default_rule(preset: Preset, field: str) -> str:
+    """When ``preset``'s default for ``field`` applies, in words ("with tp > 1"; "" always)."""
+    return next((_WHEN[d.when] for d in preset.defaults if d.field == field), "")
+
+
 def preset_sources(preset: Preset) -> dict[str, str]:
     """Every default's and recorded field's source (``paraplan catalog`` and tests)."""
     return {**{d.field: d.source for d in preset.defaults}, **{k: s for k, (_, s) in preset.recorded.items()}}
 
 
-__all__ = ["Default", "Preset", "apply_preset", "find_preset", "model_billions", "preset_for_words",
+__all__ = ["Default", "Preset", "apply_preset", "default_rule", "find_preset", "model_billions", "preset_for_words",
            "preset_names", "preset_sources", "presets"]

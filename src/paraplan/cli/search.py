@@ -47,7 +47,10 @@ SEARCH_FLAGS = (
     cli_flag("framework", str | None,
              help="megatron | deepspeed | fsdp: the search tries only what that framework runs "
                   "(fsdp: ZeRO-0 as DDP, ZeRO-3 whole-group and within a node; deepspeed: ZeRO 0-3, "
-                  "0-1 with pp, 1F1B only).", show_default="the job file's, else megatron"),
+                  "0-1 with pp, 1F1B only). Or a framework preset (e.g. nemo-24.07, or nemo for its newest; "
+                  "torchtitan; an unknown name lists them): its engine's space, with the preset's defaults "
+                  "for what no flag varies (--zero, --recompute, --sp, --shard-nodes search those).",
+             show_default="the job file's, else megatron"),
     cli_flag("space", str, default="default",
              help="default: tp, pp, micro-batch 1-8, the framework's ZeRO stages (megatron 0-1) and recompute "
                   "policies, sequence parallelism with tp. full: also cp 1-8, vpp 1-8, micro-batch 1-16, ZeRO 0-3 "
@@ -157,7 +160,7 @@ def search_command(
 def _print(result, top, output, front, axis, save_best, pareto) -> None:
     from rich.console import Group
 
-    from paraplan.report.search import plan_row, render_plans, render_search, search_rows
+    from paraplan.report.search import plan_row, preset_summary, render_plans, render_search, search_rows
 
     rows = search_rows(result, top)
     closest = result.closest
@@ -166,6 +169,9 @@ def _print(result, top, output, front, axis, save_best, pareto) -> None:
         from paraplan.report.search import no_plan_message
 
         data: dict = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
+        summary = preset_summary(rows)
+        if summary is not None:  # the framework preset's defaults the plans took (each plan's own in its row)
+            data["framework_preset"] = summary
         if front is not None:
             data["pareto"] = search_rows(result, plans=front)
             data["pareto_axis"] = axis

@@ -30,6 +30,13 @@ def framework_line(job: Job, runs_on: Framework) -> str:
 
     made_for = job.parallel.framework
     line = f"predicted for {made_for.value} ({FRAMEWORK_NAMES[made_for]}), paraplan {__version__}"
+    preset = getattr(job, "preset", None)
+    if preset is not None:  # the framework preset the plan's unstated fields came from: they are in the recipe
+        line = f"predicted for {preset.preset} ({preset.label}) on {made_for.value} ({FRAMEWORK_NAMES[made_for]}), " \
+               f"paraplan {__version__}"
+        if preset.taken:
+            line += "; the preset's defaults taken: " + ", ".join(
+                f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in preset.taken.items())
     if made_for is not runs_on:
         line += (f"; this recipe runs it on {FRAMEWORK_NAMES[runs_on]}, whose behaviour the prediction did not "
                  f"follow: re-predict with framework: {runs_on.value} for its numbers")

@@ -140,6 +140,9 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append(f"parallel.recompute: torchtitan {TORCHTITAN_VERSION} has no every-n-th-layer policy; the "
                    "recipe recomputes every layer (FullAC): more recompute than predicted; predict with "
                    "recompute: full for torchtitan's own")
+    if p.fsdp_version == 1:  # a preset of an FSDP1 stack (fms-fsdp, Composer) or a stated one
+        out.append("parallel.fsdp_version: the prediction followed FSDP1 (FullyShardedDataParallel: flat "
+                   "parameters); torchtitan runs FSDP2 (fully_shard): re-predict with fsdp_version: 2 for its numbers")
     if p.grad_reduce_in_fp32 is False and not job.precision.full_width:
         out.append("parallel.grad_reduce_in_fp32: torchtitan reduces gradients in float32 "
                    "(training.mixed_precision_reduce takes \"float32\" only); the prediction reduced them in bf16")

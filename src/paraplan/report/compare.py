@@ -73,7 +73,13 @@ def describe(pred: Prediction) -> str:
     return (f"{job.model.name}, seq {job.model.seq_length:,}, on {gpus}; tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp}"
             + (f" vpp={p.vpp}" if p.vpp > 1 else "")
             + f", micro-batch {p.micro_batch_size}, global batch {p.global_batch_size}, {job.precision.value}, "
-            f"recompute {p.recompute.value}, ZeRO-{p.zero_stage}, {p.schedule.value}, {p.framework.value}")
+            f"recompute {p.recompute.value}, ZeRO-{p.zero_stage}, {p.schedule.value}, {_framework(pred)}")
+
+
+def _framework(pred: Prediction) -> str:
+    """The engine, with the framework preset it runs for (``nemo-24.07 on megatron``)."""
+    preset = getattr(pred.job, "preset", None)
+    return pred.job.parallel.framework.value if preset is None else f"{preset.preset} on {preset.engine.value}"
 
 
 def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> Group:
@@ -81,8 +87,11 @@ def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> G
     each fits, the worst stage's memory parts either has, and the breakdown components either has, with B - A and its percentage of A."""
     head = [Text.assemble((f"A ({names[0]}): ", "bold"), describe(cmp.a)),
             Text.assemble((f"B ({names[1]}): ", "bold"), describe(cmp.b))]
-    if cmp.settings:
-        differ = ", ".join(f"{key.removeprefix('parallel.')} {a} -> {b}" for key, a, b in cmp.settings)
+    presets = [getattr(getattr(p.job, "preset", None), "preset", None) for p in (cmp.a, cmp.b)]
+    settings = [("framework preset", *(p or "none" for p in presets))] if presets[0] != presets[1] else []
+    settings += list(cmp.settings)
+    if settings:
+        differ = ", ".join(f"{key.removeprefix('parallel.')} {a} -> {b}" for key, a, b in settings)
         head.append(Text.assemble(("differs: ", "bold"), differ))
     else:
         head.append(Text("differs: nothing (the same job twice)"))

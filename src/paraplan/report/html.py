@@ -63,6 +63,7 @@ def _summary(pred: Prediction) -> str:
         ["GPUs", f"{gpus_label(pred)} ({job.cluster.name})"],
         ["plan", f"tp={plan.tp} pp={plan.pp} dp={plan.dp} cp={plan.cp} vpp={plan.vpp}, ZeRO-{plan.zero_stage}, "
                  f"{plan.schedule.value}, {plan.framework.value}, recompute {plan.recompute.value}"],
+        *([["framework preset", "; ".join(job.preset.lines())]] if getattr(job, "preset", None) else []),
         ["batch", f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
                   f"({plan.num_microbatches} micro-batches), sequence {job.model.seq_length}, {job.precision.value}"],
         ["iteration time", format_seconds(pred.iteration_s)],

@@ -50,6 +50,8 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "time_to_train_s": pred.time_to_train_s,
         "cost_to_train_usd": pred.cost_to_train_usd,
         "uncalibrated": list(pred.uncalibrated),
+        # the framework preset's defaults this plan took (a search run with a preset)
+        **({"framework_preset": pred.job.preset.to_dict()} if getattr(pred.job, "preset", None) else {}),
     }
 
 
@@ -196,11 +198,55 @@ def render_excluded(result: SearchResult) -> ReadableTable:
     return why
 
 
+def preset_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the framework preset of a search did to its plans (None: no preset): the defaults
+    they took (with the rule of a conditional one, e.g. "with tp > 1"), the fields
+    the search varied where a plan's value is not the preset's, and what it records unmodelled."""
+    from paraplan.catalog.presets import default_rule, find_preset
+
+    uses = [r["framework_preset"] for r in rows if "framework_preset" in r]
+    if not uses:
+        return None
+    preset = find_preset(uses[0]["preset"])
+    every: dict[str, Any] = {}
+    for use in uses:
+        every.update(use["defaults_taken"])
+    taken = {d.field: every[d.field] for d in preset.defaults if d.field in every}  # the preset's order
+    searched: dict[str, Any] = {}
+    for use in uses:
+        searched.update({k: v["preset"] for k, v in use["user_values_used"].items()})
+    rules = {k: default_rule(preset, k) for k in taken if default_rule(preset, k)}
+    return {"preset": preset.id, "label": preset.label, "engine": uses[0]["engine"], "defaults_taken": taken,
+            "taken_where": rules,
+            "searched": searched, "recorded_not_modelled": uses[0]["recorded_not_modelled"]}
+
+
+def preset_lines(summary: dict[str, Any]) -> list[str]:
+    """The preset summary in words, one line each (as ``PresetUse.lines`` for one prediction)."""
+    from paraplan.specs.preset import shown
+
+    s = summary
+    out = [f"framework {s['preset']} ({s['label']}; modelled as {s['engine']})"]
+    if s["defaults_taken"]:
+        out.append("defaults taken from it: " + ", ".join(
+            f"{k} {shown(v)}" + (f" ({s['taken_where'][k]})" if k in s["taken_where"] else "")
+            for k, v in s["defaults_taken"].items()))
+    if s["searched"]:
+        out.append("searched or stated, not the preset's: " + ", ".join(
+            f"{k} ({s['preset']} would set {shown(v)})" for k, v in s["searched"].items()))
+    if s["recorded_not_modelled"]:
+        out.append("recorded, not yet modelled: " + ", ".join(f"{k} {v}" for k, v in s["recorded_not_modelled"].items()))
+    return out
+
+
 def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str | None = None) -> Group:
     """The ranked plans (columns that say nothing for these rows are left out), then the
     excluded families; with ``title`` (e.g. the Pareto front) only the plans."""
     plans_only = title is not None
-    frameworks = ", ".join(dict.fromkeys(r["framework"] for r in rows))  # the framework the plans were made for
+    # the framework the plans were made for (a preset's name and its engine)
+    frameworks = ", ".join(dict.fromkeys(
+        f"{r['framework_preset']['preset']} on {r['framework']}" if "framework_preset" in r else r["framework"]
+        for r in rows))
     title = title or (
         f"Best plans by {result.objective}{f' for {frameworks}' if frameworks else ''} ({len(result.ranked):,} "
         f"ranked, timed exactly after the screen; {result.considered:,} considered)"
@@ -208,6 +254,9 @@ def render_search(result: SearchResult, rows: list[dict[str, Any]], title: str |
     parts = render_plans(result, rows, title) if rows or plans_only else []
     if plans_only:
         return Group(*parts)
+    summary = preset_summary(rows)
+    if summary is not None and parts:
+        parts.insert(1, Text("\n".join(preset_lines(summary))))
     return Group(*parts, render_excluded(result))
 
 

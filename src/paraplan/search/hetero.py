@@ -33,7 +33,7 @@ from paraplan.prediction.memory import estimate_stage_memory, usable_hbm_bytes
 from paraplan.prediction.stages import CommCosts, stage_timing
 from paraplan.prediction.stages import layer_costs as cost_layers
 from paraplan.search.partition import closed_form_s, partition_layers
-from paraplan.search.space import SearchSpace, rejection_reason, runs_as_zero, sp_axis
+from paraplan.search.space import SearchSpace, rejection_reason, runs_as_zero, sp_axis, with_preset
 from paraplan.specs import (
     DEFAULT_MEMORY_HEADROOM,
     ConfigError,
@@ -46,6 +46,7 @@ from paraplan.specs import (
 )
 from paraplan.specs.frameworks import framework_refusal
 from paraplan.specs.hetero import stage_groups
+from paraplan.specs.preset import PresetUse
 from paraplan.units import format_bytes
 
 MAX_NODE_ORDERS = 512  # beyond this many node orders, only orders that keep each group together
@@ -80,6 +81,7 @@ class Candidate:
     estimate_s: float  # iteration seconds by the closed form plus the once-per-iteration parts
     memory_bytes: float = 0.0  # the worst stage's, exact (straight lines in the layer count)
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM  # the share of each GPU's memory left free
+    preset: PresetUse | None = None  # the framework preset's defaults the plan took (Job.preset)
 
 
 def _lines(job: HeteroJob, layer_costs: dict | None = None):
@@ -184,7 +186,8 @@ def plan_candidates(
             continue
         per_iter = max(once[g, mixed[s]][s] for s, gs in enumerate(groups) for g in gs)
         worst = float(np.max(mem[:, 0] + (np.array(part.layers) - 1) * mem[:, 1]))
-        out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter, worst, job.memory_headroom))
+        out.append(Candidate(plan_args, order, part.layers, part.objective_s + per_iter, worst, job.memory_headroom,
+                                 job.preset))
         # Megatron-LM's even split too, when it fits and differs: the partition is optimal
         # for the closed form, the exact simulation may still prefer equal stages
         even = count_layers_per_stage(model, job.parallel)
@@ -192,7 +195,8 @@ def plan_candidates(
             t = T[np.arange(S), np.array(even) - 1]
             if np.all(np.isfinite(t)):
                 worst = float(np.max(mem[:, 0] + (np.array(even) - 1) * mem[:, 1]))
-                out.append(Candidate(plan_args, order, even, closed_form_s(t, m) + per_iter, worst, job.memory_headroom))
+                out.append(Candidate(plan_args, order, even, closed_form_s(t, m) + per_iter, worst,
+                                     job.memory_headroom, job.preset))
     return out, no_fit
 
 
@@ -248,14 +252,16 @@ def enumerate_hetero(
             "zero_stage": zero, "recompute": recompute, "framework": space.framework,
             "sequence_parallel": (tp > 1) if sp is None else (sp and tp > 1), **space.extra,
         }
+        plan, preset = with_preset(plan, model, cluster, space)
         if model.num_layers % pp and "layers_per_stage" not in plan:  # this search states every split it runs
             plan["layers_per_stage"] = split_layers(model.num_layers, pp)
-        run = (gbs, tp, pp, cp, mbs, runs_as_zero(zero, dp * cp, precision), recompute, plan["sequence_parallel"])
+        run = (gbs, tp, pp, cp, mbs, runs_as_zero(zero, dp * cp, precision), recompute,
+               plan.get("sequence_parallel", False))
         if run in runs:
             continue
         try:
             job = HeteroJob(model=model, cluster=cluster, parallel=plan, precision=precision,
-                            train_tokens=train_tokens, memory_headroom=space.memory_headroom)
+                            train_tokens=train_tokens, memory_headroom=space.memory_headroom, preset=preset)
         except (ValidationError, ConfigError) as err:
             excluded[rejection_reason(err)] += 1
             continue
@@ -275,7 +281,8 @@ def hetero_job(model, cluster, precision, train_tokens, cand: Candidate) -> Hete
     if len(cluster.node_groups) > 1:
         name += "-" + "".join(str(g) for g in cand.node_order)
     return HeteroJob(name=name, model=model, cluster=cluster, parallel=plan, precision=precision,
-                     train_tokens=train_tokens, node_order=cand.node_order, memory_headroom=cand.memory_headroom)
+                     train_tokens=train_tokens, node_order=cand.node_order, memory_headroom=cand.memory_headroom,
+                     preset=cand.preset)
 
 
 REFINE_MOVES = 16  # at most this many one-layer moves between neighbouring stages on the best plan

@@ -136,9 +136,10 @@ class SearchRequest:
         gbs = mapping["parallel"]["global_batch_size"]
         gbs = base.parallel.global_batch_size if gbs is None else gbs
         space = search_space(f.space, f, framework=framework, memory_headroom=base.memory_headroom,
-                             batches=batches if batches and len(batches) > 1 else None)
+                             batches=batches if batches and len(batches) > 1 else None,
+                             preset_stated=_preset_stated(framework, given))
         # the job file's plan fields the space has no axis for (apply_overrides gave the long names)
-        ignored = sorted(set(given) - space.plan_fields())
+        ignored = sorted(set(given) - space.plan_fields() - set(space.preset_stated))
         notes = ()
         if job_file is not None and ignored:
             notes = (f"note: the search neither varies nor keeps the job file's {', '.join(ignored)}; "
@@ -225,8 +226,19 @@ def _priced(job) -> bool:
     return getattr(job.cluster, "price_per_gpu_hour", None) is not None
 
 
+def _preset_stated(framework: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The job file's values of the fields its framework preset would set that no axis varies
+    (kept over the preset's in every plan; nothing without a preset)."""
+    from paraplan.search.space import PRESET_STATED, find_space_preset
+
+    preset = find_space_preset(framework)
+    if preset is None:
+        return {}
+    return {d.field: given[d.field] for d in preset.defaults if d.field in PRESET_STATED and d.field in given}
+
+
 def search_space(name: str, f: SearchFlags, *, framework: str, batches: list[int] | None,
-                 memory_headroom: float | None = None) -> SearchSpace:
+                 memory_headroom: float | None = None, preset_stated: dict[str, Any] | None = None) -> SearchSpace:
     """The SearchSpace of ``--space`` with the axes the list flags of ``f`` give."""
     from paraplan.search.space import SearchSpace
     from paraplan.specs import Recompute
@@ -276,6 +288,8 @@ def search_space(name: str, f: SearchFlags, *, framework: str, batches: list[int
             raise ConfigError(f"--shard-nodes: expected all or comma-separated node counts, got {f.shard_nodes!r}")
         axes["shard_nodes"] = tuple(dict.fromkeys(None if w == "all" else int(w) for w in words))
     common = dict(framework=framework, allow_tp_across_nodes=f.allow_tp_across_nodes, uneven_layers=f.uneven_layers)
+    if preset_stated:
+        common["preset_stated"] = preset_stated
     if memory_headroom is not None:
         common["memory_headroom"] = memory_headroom
     if name == "full":

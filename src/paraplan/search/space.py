@@ -72,8 +72,11 @@ class SearchSpace:
     vpp: tuple[int, ...] = (1,)
     # DeepSpeed's offload_optimizer devices to try ("none", "cpu", "nvme"): ZeRO-Offload on/off
     offload_optimizer: tuple[str, ...] = ("none",)
-    sequence_parallel: str = "with_tp"  # "with_tp": on whenever tp > 1; "both": try on and off; "off"
+    # "with_tp": on whenever tp > 1; "both": try on and off; "off"; ``None``: "with_tp", or the preset's
+    sequence_parallel: str | None = None
     allow_tp_across_nodes: bool = field(default=False, metadata={"plan": None})
+    # an engine (megatron, deepspeed, fsdp) or a framework preset (``catalog/frameworks``: nemo-24.07,
+    # or nemo for its newest), which the space runs on its engine (``framework`` is then the engine)
     framework: str = "megatron"
     extra: dict[str, Any] = field(default_factory=dict, metadata={"plan": None})  # its keys: plan fields
     # Let stages hold unequal layer counts, chosen by the exact partition (always on for
@@ -99,11 +102,26 @@ class SearchSpace:
     schedule: tuple[str, ...] | None = None
     # The share of each GPU's memory a plan must leave free (``Job.memory_headroom``).
     memory_headroom: float = field(default=DEFAULT_MEMORY_HEADROOM, metadata={"plan": None})  # a Job field
+    # The framework preset the plans take their unstated fields from (its id; ``framework`` may name
+    # it instead), and the plan fields the space leaves to it: those of its defaults that the space
+    # does not vary and ``extra`` does not state (its overlaps, gradient-reduce dtype, FSDP version;
+    # sequence parallelism unless the axis is given; ZeRO, recompute or hybrid sharding only where
+    # the engine's default axis is one value: the axis then holds the preset's). Each plan takes
+    # them as a job file naming the preset would (``catalog.presets.apply_preset``: a conditional
+    # default, e.g. sequence parallelism with tp > 1, per plan); an axis that varies is searched.
+    preset: str | None = field(default=None, metadata={"plan": None})
+    preset_fields: tuple[str, ...] | None = field(default=None, metadata={"plan": None})
+    # the job file's own values of fields the preset would set and no axis varies
+    # (``PRESET_STATED``): every plan keeps them over the preset's, as a stated field in a job file
+    preset_stated: dict[str, Any] = field(default_factory=dict, metadata={"plan": None})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom <= 0.5:
             raise ConfigError(f"memory_headroom: expected a fraction of the GPU's memory from 0 to 0.5, "
                               f"got {self.memory_headroom!r}")
+        self._lay_preset()
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", "with_tp")
         offer = framework_offer(self.framework)
         defaults = {"zero_stage": offer.search_zero, "recompute": offer.search_recompute,
                     "etp": (None,) if offer.expert_tensor_parallel else (1,),
@@ -133,6 +151,42 @@ class SearchSpace:
             raise ConfigError(f"offload_optimizer: {', '.join(map(repr, bad)) or 'nothing'} is not one of "
                               f"{', '.join(OFFLOAD_DEVICES)}")
 
+    def _lay_preset(self) -> None:
+        """Resolve the preset (``framework`` or ``preset``), run its engine, and give the axes
+        left to it the preset's value."""
+        preset = find_space_preset(self.preset or self.framework)
+        bad = sorted(set(self.preset_stated) - set(PRESET_STATED))
+        if bad or (self.preset_stated and preset is None):
+            raise ConfigError(f"preset_stated: {', '.join(bad) or 'a stated field'} is not a field a framework preset "
+                              f"sets that no axis varies ({', '.join(PRESET_STATED)}), or no preset is named")
+        if preset is None:
+            return
+        object.__setattr__(self, "preset", preset.id)
+        object.__setattr__(self, "framework", preset.engine.value)
+        if self.preset_fields is None:
+            # an axis left to the engine's default is the preset's where that default is one value
+            # (sequence parallelism's "with tp > 1" rule); the engine's several ZeRO stages, recompute
+            # policies or shard groups are searched, as a flag's would be
+            offer = framework_offer(preset.engine)
+            unset = {"zero_stage": (self.zero_stage, offer.search_zero),
+                     "recompute": (self.recompute, offer.search_recompute),
+                     "sequence_parallel": (self.sequence_parallel, ()),
+                     "data_parallel_shard_degree": (self.shard_nodes, offer.search_shard_nodes)}
+            left = [d.field for d in preset.defaults if d.field not in {**self.extra, **self.preset_stated} and (
+                d.field not in unset or (unset[d.field][0] is None and len(unset[d.field][1]) <= 1))]
+            object.__setattr__(self, "preset_fields", tuple(left))
+        for d in preset.defaults:
+            if d.field not in self.preset_fields:
+                continue
+            if d.field == "zero_stage":
+                object.__setattr__(self, "zero_stage", (int(d.value),))
+            elif d.field == "recompute":
+                object.__setattr__(self, "recompute", (Recompute(d.value),))
+            elif d.field == "sequence_parallel":  # its rule is "with tp > 1", or always (tp > 1 anyway)
+                object.__setattr__(self, "sequence_parallel", "with_tp" if d.value else "off")
+            elif d.field == "data_parallel_shard_degree":  # the preset's rule decides per plan
+                object.__setattr__(self, "shard_nodes", (None,))
+
     def plan_fields(self) -> frozenset[str]:
         """The plan fields (``ParallelPlan``'s long names) this space varies or keeps: those its
         axes cover, those derived from them, and ``extra``'s; a job file's other plan fields
@@ -158,7 +212,8 @@ class SearchSpace:
         (FSDP: 0 and 3), the framework's recompute policies, sequence parallelism on and off,
         expert tensor parallelism tp and 1 (mixtures of experts), and for FSDP the zero-bubble
         schedules; ``changes`` replace fields."""
-        offer = framework_offer(changes.get("framework", "megatron"))
+        preset = find_space_preset(changes.get("preset") or changes.get("framework", "megatron"))
+        offer = framework_offer(preset.engine if preset is not None else changes.get("framework", "megatron"))
         axes: dict[str, Any] = {**FULL_SPACE, "zero_stage": offer.full_zero}
         if not offer.context_parallel:
             axes["cp"] = (1,)
@@ -171,6 +226,41 @@ class SearchSpace:
             axes["schedule"] = tuple(s.value for s in offer.full_schedules)
         return cls(**{**axes, **changes})
 
+
+def find_space_preset(name: Any) -> Any:
+    """The framework preset ``name`` names (``catalog.presets.find_preset``; None for an engine),
+    an unknown name refused as the ``framework`` field's."""
+    from paraplan.catalog.presets import find_preset
+
+    try:
+        return find_preset(name)
+    except ConfigError as err:
+        raise ConfigError(str(err).removeprefix("parallel.")) from None
+
+
+def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: SearchSpace) -> tuple[dict[str, Any], Any]:
+    """One plan of ``space`` (a job's plan mapping) with its preset's defaults for the fields the
+    space leaves to it, and what the preset did (``PresetUse``; None without a preset)."""
+    if space.preset is None:
+        return plan, None
+    from paraplan.catalog.presets import apply_preset
+
+    preset = find_space_preset(space.preset)
+    left = set(space.preset_fields or ())
+    stated = {k: v for k, v in {**plan, **space.preset_stated}.items() if PLAN_ALIASES.get(k, k) not in left}
+    named = {PLAN_ALIASES.get(k, k) for k in stated}
+    for d in preset.defaults:  # a field the space varies, at its default in this plan (full sharding)
+        if d.field not in left and d.field not in named:
+            stated[d.field] = ParallelPlan.model_fields[d.field].default
+    _, use = apply_preset(stated, preset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
+                          model=model)
+    return {**stated, **use.taken}, use  # the plan's own names kept (tp, pp, ...)
+
+
+#: Fields a framework preset sets that no axis of the space varies and the screen times through
+#: its representative Jobs, so that a job file's own value is kept (``SearchSpace.preset_stated``);
+#: recompute_every is not among them (the screen takes it linear in the layers).
+PRESET_STATED = ("tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p", "grad_reduce_in_fp32", "fsdp_version")
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices
@@ -355,6 +445,7 @@ def plan_job(
         **({"layers_per_stage": layers_per_stage} if layers_per_stage is not None else {}),
         **space.extra,
     }
+    plan, preset = with_preset(plan, model, cluster, space)
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
     name += (f"-ep{ep}" if ep > 1 else "") + (f"-etp{etp}" if etp is not None else "")
     name += f"-{schedule.value}" if schedule is not None else ""
@@ -365,7 +456,7 @@ def plan_job(
     if space.global_batch_sizes:
         name += f"-gbs{global_batch_size}"
     return Job(name=name, model=model, cluster=cluster, parallel=plan, precision=precision, train_tokens=train_tokens,
-               memory_headroom=space.memory_headroom)
+               memory_headroom=space.memory_headroom, **({"preset": preset} if preset is not None else {}))
 
 
 def rejection_reason(err: ValidationError | ConfigError) -> str:

@@ -30,9 +30,9 @@ class PresetUse(BaseModel):
         """The preset's part of a prediction, one line each (tables and notes)."""
         out = [f"framework {self.preset} ({self.label}; modelled as {self.engine.value})"]
         if self.taken:
-            out.append("defaults taken from it: " + ", ".join(f"{k} {_shown(v)}" for k, v in self.taken.items()))
+            out.append("defaults taken from it: " + ", ".join(f"{k} {shown(v)}" for k, v in self.taken.items()))
         for key, (mine, theirs) in self.overridden.items():
-            out.append(f"{key} {_shown(mine)}: your value, used ({self.preset} would set {_shown(theirs)})")
+            out.append(f"{key} {shown(mine)}: your value, used ({self.preset} would set {shown(theirs)})")
         if self.recorded:
             out.append("recorded, not yet modelled: " + ", ".join(f"{k} {v}" for k, v in self.recorded.items()))
         return out
@@ -47,5 +47,5 @@ class PresetUse(BaseModel):
         }
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
