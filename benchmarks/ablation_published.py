@@ -20,7 +20,7 @@ from typing import Any
 
 import paraplan.costmodel.roofline as roofline
 import paraplan.inventory.shapes as shapes
-import paraplan.prediction.stages as stages
+import paraplan.schedule.overlap as overlap
 from paraplan.catalog import load_catalog_entry, load_gpu, resolve_job
 from paraplan.prediction import predict
 from paraplan.schedule import overlapped_s
@@ -56,6 +56,12 @@ def _generic_curves(mapping: Mapping) -> Mapping:
 
 def _no_contention(mapping: Mapping) -> Mapping:
     return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).update(overlap_slowdown=0.0))
+
+
+def _burst_clocks(mapping: Mapping) -> Mapping:
+    """Before issue 27: GEMMs at the burst rate the curves were calibrated on, not the clock a
+    board holds at its power limit (``efficiency.sustained`` removed)."""
+    return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).pop("sustained", None))
 
 
 def _parallel(**values: Any) -> Callable[[Mapping], Mapping]:
@@ -134,12 +140,12 @@ def _fp8_everywhere() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _no_exposed_units() -> Iterator[None]:
-    sharded = stages.sharded_pass_s
-    stages.sharded_pass_s = lambda compute, comm, units, slowdown: overlapped_s(compute, comm, slowdown)
+    sharded = overlap.sharded_pass_s  # the stages call it through schedule.overlap.with_sharded_traffic
+    overlap.sharded_pass_s = lambda compute, comm, units, slowdown: overlapped_s(compute, comm, slowdown)
     try:
         yield
     finally:
-        stages.sharded_pass_s = sharded
+        overlap.sharded_pass_s = sharded
 
 
 def _same(mapping: Mapping) -> Mapping:
@@ -153,6 +159,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "FP8 as it runs (every kernel at the FP8 peak, no casts)": (_same, _fp8_everywhere),
     "measured NCCL efficiencies of DGX A100 / H100 (generic 0.8 instead)": (_generic_links, contextlib.nullcontext),
     "contention under overlap (overlap_slowdown 0)": (_no_contention, contextlib.nullcontext),
+    "sustained-clock GEMMs at the power limit (burst-calibrated rate instead)": (_burst_clocks,
+                                                                                 contextlib.nullcontext),
     "FSDP/ZeRO-3 first gather and last reduce-scatter exposed": (_same, _no_exposed_units),
     "torchtitan / fms-fsdp layer and op recompute (none instead)": (_no_layer_or_op_recompute, contextlib.nullcontext),
     "TP communication overlap (MLPerf)": (_parallel(tp_comm_overlap=None), contextlib.nullcontext),

@@ -23,6 +23,7 @@ __all__ = [
     "parse_flops",
     "parse_seconds",
     "parse_usd",
+    "parse_watts",
 ]
 
 
@@ -169,6 +170,18 @@ def parse_usd(text: object) -> float:
     if unit == "":
         return value
     for suffix in ("USD", "usd", "$"):
+        if unit.endswith(suffix):
+            return value * _prefix(unit[: -len(suffix)], text, what)
+    raise UnitError(f"cannot read {_shown(text)} as {what}")
+
+
+def parse_watts(text: object) -> float:
+    """'700 W', '0.7 kW' -> watts; a plain number is watts (a GPU's power cap or TDP)."""
+    what = "a power such as '700 W'"
+    value, unit = _split(text, what)
+    if unit == "":
+        return value
+    for suffix in ("W", "w"):
         if unit.endswith(suffix):
             return value * _prefix(unit[: -len(suffix)], text, what)
     raise UnitError(f"cannot read {_shown(text)} as {what}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision
+from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision, sustained_gemm_factor
 from paraplan.inventory import Op
 from paraplan.specs import ClusterSpec, GpuSpec, Job, Precision
 
@@ -59,6 +59,37 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
             f"its {peak} is used"
         )
     return tuple(gaps.values())
+
+
+def power_gaps(cluster: ClusterSpec) -> tuple[str, ...]:
+    """What the sustained-clock GEMM effect (``roofline.sustained_gemm_factor``) takes without
+    a measurement: no sustained/burst ratio for the GPU (its GEMMs keep the calibration data's
+    burst rate), a ratio measured on another GPU, a power cap below the TDP scaled by the
+    unmeasured dynamic-power rule, or a cap on a GPU with no TDP in the catalog (ignored)."""
+    gpu, notes = cluster.gpu, []
+    sustained = gpu.efficiency.sustained
+    if sustained is None:
+        notes.append(
+            f"{gpu.name}: no sustained-clock GEMM measurement; GEMMs at the burst rate of its "
+            "calibration data (a training step's power-limited clock may be slower)"
+        )
+    elif sustained.transferred_from is not None:
+        notes.append(
+            f"{gpu.name}: sustained-clock GEMM factor {sustained.gemm_fraction:.3f} measured on "
+            f"{sustained.transferred_from}"
+        )
+    cap, tdp = cluster.power_cap_w, gpu.tdp_w
+    if cap is not None and tdp is None:
+        notes.append(f"{cluster.name}: power cap {cap:.0f} W ignored: no TDP for {gpu.name} in the catalog")
+    elif cap is not None and cap < tdp and (sustained is None or sustained.cap_source is None):
+        base = 1.0 if sustained is None else sustained.gemm_fraction
+        exponent = 1.0 / 3.0 if sustained is None else sustained.cap_exponent
+        notes.append(
+            f"{cluster.name}: GPUs capped at {cap:.0f} W below {gpu.name}'s {tdp:.0f} W TDP: GEMMs "
+            f"at {sustained_gemm_factor(cluster) / base:.1%} of the uncapped rate by the dynamic-power "
+            f"rule clock ~ power^{exponent:.3g} (no measured cap sweep; an upper bound on throughput)"
+        )
+    return tuple(notes)
 
 
 def link_gaps(cluster: ClusterSpec) -> tuple[str, ...]:

@@ -90,7 +90,7 @@ def _op_tasks(samples, progress: Callable[[int], None], hardware: Hardware) -> l
         variant = wanted if wanted in variants else ("" if "" in variants else sorted(variants)[0])
         group = group[group["variant"] == variant]
         cluster = ClusterSpec(gpu=hardware.gpu(device), gpus_per_node=1)
-        cm = AnalyticalCostModel(cluster, Precision(dtype))
+        cm = AnalyticalCostModel(cluster, Precision(dtype), sustained=False)  # samples are burst timings
         rows, base, names = [], [], None
         for record in group.itertuples(index=False):
             row = {k: getattr(record, k) for k in ("mp", "b", "h", "l", "dim") if not _missing(getattr(record, k))}

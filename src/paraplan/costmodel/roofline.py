@@ -4,6 +4,9 @@ time = max(compute time, memory time) + kernel overhead, where
 compute time = (FLOPs + half_work) / (peak FLOP/s * max_fraction) and
 memory time  = (bytes + half_work) / (HBM bandwidth * max_fraction)
 (see ``EfficiencyCurve``: achieved rate rises with the size of the work and saturates).
+The cost model divides a GEMM's compute time by its sustained-clock factor
+(``sustained_gemm_factor``): the curves were calibrated on short bursts, a training step runs
+at the clock the board holds at its power limit.
 """
 
 from __future__ import annotations
@@ -13,6 +16,20 @@ from paraplan.inventory import Collective, GroupLayout, Op, OpKind
 from paraplan.specs import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, Phase, Precision
 
 COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "attention"}
+
+
+def sustained_gemm_factor(cluster: ClusterSpec) -> float:
+    """The share of its calibrated (burst) GEMM throughput ``cluster``'s GPUs hold under
+    sustained load: the GPU's measured ``sustained.gemm_fraction`` (1 where unmeasured), times
+    ``(power_cap_w / tdp_w) ** cap_exponent`` when the cluster caps the GPUs below their TDP.
+    Never above 1: a cap at or above the TDP changes nothing."""
+    sustained = cluster.gpu.efficiency.sustained
+    factor = 1.0 if sustained is None else sustained.gemm_fraction
+    cap, tdp = cluster.power_cap_w, cluster.gpu.tdp_w
+    if cap is not None and tdp is not None and cap < tdp:
+        exponent = 1.0 / 3.0 if sustained is None else sustained.cap_exponent
+        factor *= (cap / tdp) ** exponent
+    return factor
 
 
 def _seconds(work: float, rate: float, curve: EfficiencyCurve, launches: int = 1) -> float:
@@ -88,7 +105,9 @@ class AnalyticalCostModel:
 
     name = "analytical"
 
-    def __init__(self, cluster: ClusterSpec, precision: Precision) -> None:
+    def __init__(self, cluster: ClusterSpec, precision: Precision, *, sustained: bool = True) -> None:
+        """``sustained=False`` times GEMMs at the burst rate of the calibration data (the
+        regime operator samples are timed in; fitting against them uses it)."""
         self.cluster = cluster
         self.gpu = cluster.gpu
         self.precision = precision
@@ -96,6 +115,7 @@ class AnalyticalCostModel:
         self._base = compute_precision_of_job(precision)  # what non-FP8 kernels run in
         self.peak_flops = cluster.gpu.flops_for(self._base)
         self._curves = _curve_cache(cluster.gpu.efficiency)
+        self._gemm_factor = sustained_gemm_factor(cluster) if sustained else 1.0
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
         """Same as the module's ``estimate_op_s``, with each operator's curves looked up once."""
@@ -111,6 +131,8 @@ class AnalyticalCostModel:
         n = op.launches
         memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory, n)
         compute_s = 0.0 if compute is None else _seconds(flops, self._peaks[precision], compute, n)
+        if self._gemm_factor != 1.0 and COMPUTE_KINDS.get(op.kind) == "gemm":
+            compute_s /= self._gemm_factor  # only the compute-bound side: memory time is unchanged
         return (compute_s if compute_s > memory_s else memory_s) + n * self.gpu.efficiency.kernel_overhead_s
 
     def estimate_collective_s(self, coll: Collective, layout: GroupLayout) -> float:

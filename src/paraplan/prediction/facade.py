@@ -9,7 +9,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from paraplan.costmodel import AnalyticalCostModel, CostModel, calibration_gaps, expert_gaps, link_gaps
+from paraplan.costmodel import (
+    AnalyticalCostModel,
+    CostModel,
+    calibration_gaps,
+    expert_gaps,
+    link_gaps,
+    power_gaps,
+)
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.offload import offload_notes
@@ -40,6 +47,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layers=layers)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
     gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
+    gaps += power_gaps(job.cluster)
     gaps += expert_gaps(job)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps

@@ -17,6 +17,7 @@ from paraplan.specs.hardware import (
     HostSpec,
     LinkSpec,
     PrecisionCurves,
+    SustainedClock,
 )
 from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
 from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
@@ -48,6 +49,7 @@ __all__ = [
     "Recompute",
     "RuntimeMemorySpec",
     "Schedule",
+    "SustainedClock",
     "format_validation_error",
     "positive_value",
     "short_repr",

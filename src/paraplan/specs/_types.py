@@ -94,6 +94,9 @@ Bandwidth = Annotated[float, _bounded(units.parse_bandwidth, 1e3, 1e16, "a bandw
 FlopRate = Annotated[float, _bounded(units.parse_flops, 1e6, 1e19, "a peak from 1 MFLOPS to 10 EFLOPS")]
 Seconds = Annotated[float, _bounded(units.parse_seconds, 0.0, 1.0, "a latency from 0 to 1 s")]
 Usd = Annotated[float, _bounded(units.parse_usd, 0.0, 1e6, "a price per GPU-hour from 0 to 1M USD")]
+# a GPU's board power: its TDP, or the cap a cluster runs it at (the largest board in the catalog draws 1.4 kW)
+Watts = Annotated[float, _bounded(units.parse_watts, 0.0, 3000.0, "a board power above 0 W and at most 3000 W",
+                                  low_open=True)]
 Count = Annotated[float, _bounded(units.parse_count, 1.0, 1e18, "a count from 1 to 1e18")]
 Fraction = Annotated[float, _bounded(_number, 1e-3, 1.0, "a fraction from 0.001 to 1")]
 # the share of a GPU's memory a plan must leave free (``Job.memory_headroom``)

@@ -6,7 +6,18 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from paraplan.specs._types import Bandwidth, Bytes, Float, FlopRate, Fraction, HalfWork, Int, Seconds, Usd
+from paraplan.specs._types import (
+    Bandwidth,
+    Bytes,
+    Float,
+    FlopRate,
+    Fraction,
+    HalfWork,
+    Int,
+    Seconds,
+    Usd,
+    Watts,
+)
 from paraplan.specs.enums import Precision
 from paraplan.specs.errors import short_repr
 
@@ -42,6 +53,29 @@ class PrecisionCurves(BaseModel):
 _SIXTEEN_BIT = (Precision.BF16, Precision.FP16)
 
 
+class SustainedClock(BaseModel):
+    """GEMM throughput held under sustained load at the GPU's TDP, as a fraction of what the
+    short bursts its curves were calibrated on reach (same random-like data, same shapes).
+
+    Calibration benchmarks time a few kernels between idle gaps, at the boost clock; a
+    training step keeps the tensor cores busy until the board sits at its power limit and
+    the clock settles lower (Bekman's MAMF vs MSMF; He, "Strangely, Matrix Multiplications on
+    GPUs Run Faster When Given 'Predictable' Data", 2024). ``gemm_fraction`` is that ratio,
+    measured at operator level, never fitted to end-to-end runs. Below the TDP the power cap
+    scales the clock by ``(cap / tdp) ** cap_exponent``."""
+
+    model_config = _FROZEN
+    gemm_fraction: Fraction
+    source: str
+    # the GPU the ratio was measured on when this GPU has no measurement of its own
+    transferred_from: str | None = None
+    # sustained clock ~ power ** exponent below the TDP: 1/3 is the dynamic-power rule
+    # P ~ f V^2 with V ~ f, an upper bound on throughput (static power and the voltage floor
+    # make it fall faster); ``cap_source`` None means no measured cap sweep backs it
+    cap_exponent: float = Field(default=1.0 / 3.0, gt=0.0, le=2.0)
+    cap_source: str | None = None
+
+
 class EfficiencySpec(BaseModel):
     """How close to its datasheet peaks a GPU gets, per kind of kernel.
 
@@ -62,6 +96,9 @@ class EfficiencySpec(BaseModel):
     # 2025, arXiv 2507.03114, average over A100, H100, MI250 and MI210 (40 % at most).
     overlap_slowdown: Float = Field(default=0.189, ge=0.0, le=2.0)
     precisions: dict[Precision, PrecisionCurves] = Field(default_factory=dict)
+    # sustained-clock GEMM throughput (None: not measured for this GPU, GEMMs at the
+    # calibration data's burst rate)
+    sustained: SustainedClock | None = None
     source: str = (
         "generic defaults (no calibration for this GPU); see docs/calibration.md for the "
         "calibrated GPUs"
@@ -172,6 +209,8 @@ class GpuSpec(BaseModel):
     host_link: LinkSpec | None = None
     efficiency: EfficiencySpec = EfficiencySpec()
     reference_node: str | None = None  # catalog cluster whose links a job naming only the GPU gets
+    # the board's default power limit (datasheet TDP): a cluster's ``power_cap_w`` below it slows GEMMs
+    tdp_w: Watts | None = None
     sources: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("peak_flops", mode="before")
@@ -211,6 +250,8 @@ class ClusterSpec(BaseModel):
     # offload: each GPU's link to the host (default: the GPU's own) and the node's host side
     host_link: LinkSpec | None = None
     host: HostSpec = HostSpec()
+    # the power limit the nodes run their GPUs at (None: the GPU's TDP); some fleets cap H100s at 500 W
+    power_cap_w: Watts | None = None
 
     @model_validator(mode="after")
     def _intra_link(self) -> ClusterSpec:
