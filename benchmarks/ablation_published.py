@@ -65,12 +65,15 @@ def _burst_clocks(mapping: Mapping) -> Mapping:
 
 
 def _parallel(**values: Any) -> Callable[[Mapping], Mapping]:
+    """Each named plan field switched to the value given, where the job has it on: stated in the
+    record or taken from its framework preset (stated explicitly, so the preset cannot lay its
+    default back under it)."""
     def change(mapping: Mapping) -> Mapping:
         out = copy.deepcopy(mapping)
+        preset = resolve_job(mapping).preset
+        taken = set(preset.taken) if preset is not None else set()
         for key, value in values.items():
-            if value is None:
-                out["parallel"].pop(key, None)
-            elif key in out["parallel"]:
+            if key in out["parallel"] or key in taken:
                 out["parallel"][key] = value
         return out
     return change
@@ -107,7 +110,8 @@ def _fused_swiglu(mapping: Mapping) -> Mapping:
 
 def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
-    if out["parallel"].get("framework") == "fsdp":
+    job = resolve_job(mapping)
+    if job.parallel.framework.value == "fsdp" and job.parallel.fsdp_version != 1:
         out["parallel"]["fsdp_version"] = 1
     return out
 
@@ -163,13 +167,13 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                                  contextlib.nullcontext),
     "FSDP/ZeRO-3 first gather and last reduce-scatter exposed": (_same, _no_exposed_units),
     "torchtitan / fms-fsdp layer and op recompute (none instead)": (_no_layer_or_op_recompute, contextlib.nullcontext),
-    "TP communication overlap (MLPerf)": (_parallel(tp_comm_overlap=None), contextlib.nullcontext),
-    "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=None), contextlib.nullcontext),
+    "TP communication overlap (MLPerf)": (_parallel(tp_comm_overlap=False), contextlib.nullcontext),
+    "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=False), contextlib.nullcontext),
     "eager SwiGLU (torchtitan, fms-fsdp; fused instead)": (_fused_swiglu, contextlib.nullcontext),
     "FSDP2's copy-out / copy-in kernels (torchtitan; FSDP1's views instead)": (_no_fsdp2_copies,
                                                                                contextlib.nullcontext),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
-    "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=None), contextlib.nullcontext),
+    "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=True), contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),
 }
 
