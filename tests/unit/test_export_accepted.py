@@ -221,8 +221,12 @@ def test_every_recipe_states_the_framework_its_prediction_was_made_for():
     for (name, target), text in example_recipes().items():
         if text is None:
             continue
-        framework = load_job(EXAMPLES[0].parent / f"{name}.yaml").parallel.framework.value
-        assert f"predicted for {framework} (" in text, (name, target)
+        job = load_job(EXAMPLES[0].parent / f"{name}.yaml")
+        framework = job.parallel.framework.value
+        said = f"{job.preset.preset} (" if job.preset is not None else f"{framework} ("  # a preset names itself
+        assert f"predicted for {said}" in text, (name, target)
+        if job.preset is not None:
+            assert f") on {framework} (" in text, (name, target)
         runs_on = {"megatron": "megatron", "slurm": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp"}[target]
         assert (f"re-predict with framework: {runs_on}" in text) == (framework != runs_on), (name, target)
         notes = export_notes(target, load_job(EXAMPLES[0].parent / f"{name}.yaml"))
