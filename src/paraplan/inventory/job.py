@@ -476,8 +476,9 @@ def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[
     """The operators a stage runs besides its layers: the embedding on the first stage, the
     LM head and loss on the last, each with its gradient accumulation."""
     out: tuple[Op, ...] = ()
-    for has, ops in ((first, count_embedding_ops(job.model, x)), (last, count_head_ops(job.model, x))):
+    for has, count in ((first, count_embedding_ops), (last, count_head_ops)):
         if has:
+            ops = count(job.model, x)
             out += ops + _grad_accumulation(job, _layer_params(ops))
     return out
 

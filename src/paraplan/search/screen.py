@@ -296,6 +296,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         st, x, plan = inv.stages[0], inv.shape, job.parallel
         comm = CommCosts(inv, cm)
         layer = LayerCost.of(st.blocks[0], cm, comm)
+        # the plan under each policy, one object each: ``recompute_cost`` keeps its answers by identity
+        plans = [plan.model_copy(update={"recompute": policy}) for policy in _RECOMPUTE]
         row = {
             "layer_f": layer.fwd_total,
             "layer_b": layer.bwd_total,
@@ -303,9 +305,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             "comm_f": layer.comm_fwd,
             "comm_b": layer.comm_bwd,
             # one layer's recompute under each policy (inventory.recompute, as the prediction)
-            **{f"rc_{policy.value}": layer.recompute_s(
-                recompute_cost(plan.model_copy(update={"recompute": policy}), st.layer_ops, x, 1))
-               for policy in _RECOMPUTE[1:]},
+            **{f"rc_{policy.value}": layer.recompute_s(recompute_cost(plan_r, st.layer_ops, x, 1))
+               for policy, plan_r in zip(_RECOMPUTE[1:], plans[1:], strict=True)},
         }
         flags = {FIRST: (True, False), MID: (False, False), LAST: (False, True), 3: (True, True)}  # 3: pp = 1
         ends = {c: count_end_ops(job, x, first=f, last=la) for c, (f, la) in flags.items()}
@@ -316,11 +317,12 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,))
             row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
             row[f"endc_b{c}"] = comm.total(colls, BACKWARD)
-        one_layer = {c: dataclasses.replace(st.with_layers(1), end_ops=ops) for c, ops in ends.items()}
+        layer_stage = st.with_layers(1)
+        one_layer = {c: dataclasses.replace(layer_stage, end_ops=ops) for c, ops in ends.items()}
         for c, stage in one_layer.items():
             row[f"saved{c}"] = end_saved_bytes(stage)
-        for r, policy in enumerate(_RECOMPUTE):
-            job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
+        for r, plan_r in enumerate(plans):
+            job_r = job.model_copy(update={"parallel": plan_r})
             inv_r = dataclasses.replace(inv, job=job_r)
             for c, stage in one_layer.items():
                 held, working, logits = microbatch_bytes(inv_r, stage)
@@ -466,7 +468,10 @@ def screen_plans(
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
     layout_key = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
                 _codes(plans["shard"]))  # hybrid sharding: the ZeRO shards and the replicas' all-reduce
-    layout_reps, layout_of = _representatives(layout_key)
+    # a shard shape's representative stands for its layout where it can: counted once for both
+    shard_rep = np.zeros(len(layout_key), dtype=bool)
+    shard_rep[shard_reps] = True
+    layout_reps, layout_of = _representatives(layout_key, prefer=shard_rep)
     layout_invs = [inventory(int(i)) for i in layout_reps]
     layout_comms = [CommCosts(inv, cm) for inv in layout_invs]
     layouts = _layout_table(cm, layout_invs, layout_comms)
