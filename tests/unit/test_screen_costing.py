@@ -3,11 +3,15 @@ layout is inventoried once for both tables, and no plan twice."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+import pytest
 
 import paraplan.search.screen as screen_module
 from paraplan.catalog import load_cluster, load_model
 from paraplan.search import SearchSpace
+from paraplan.search.space import enumerate_plans, iter_unique
 from paraplan.specs import Precision
 
 
@@ -23,3 +27,18 @@ def test_the_screen_inventories_no_plan_twice_and_lets_one_plan_stand_for_both_t
     layouts = set(zip(*(p[k] for k in ("tp", "cp", "pp", "zero", "offload", "shard")), strict=True))
     assert len(set(counted)) == len(counted)
     assert max(len(shards), len(layouts)) <= len(counted) < len(shards) + len(layouts)
+
+
+@pytest.mark.parametrize(("framework", "recompute"), [
+    ("megatron", ("none", "selective", "full")),  # all offered: one verdict serves every policy
+    ("fsdp", ("none", "selective", "full", "op")),  # torchtitan has no selective: judged per policy
+])
+def test_the_screen_excludes_what_the_job_validator_excludes_whether_or_not_the_framework_offers_each_recompute_policy(
+    framework, recompute
+):
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("aws-p4de.24xlarge", num_nodes=2)
+    space = SearchSpace(framework=framework, recompute=recompute, zero_stage=(0, 1, 3), global_batch_sizes=(64, 128))
+    sc = screen_module.screen_plans(model, cluster, 64, Precision.BF16, space)
+    cands = enumerate_plans(model, cluster, 64, Precision.BF16, space)
+    assert sc.excluded == Counter(cands.excluded)
+    assert [sc.job(i).parallel for i in range(len(sc))] == [j.parallel for j in iter_unique(cands.jobs)]

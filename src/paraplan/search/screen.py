@@ -391,9 +391,14 @@ def screen_plans(
     # keys of the axes a space may not vary (a dense model: ep 1, etp = tp; one schedule per vpp)
     experts = (_codes(ep), _codes(etp)) if model.is_moe else ()
 
-    # The Job validator: its verdict depends on these axes only (the batch rules ran above).
+    # The Job validator: its verdict depends on these axes only (the batch rules ran above). It
+    # reads the recompute policy only to refuse one the framework lacks (``framework_refusal``,
+    # ``ParallelPlan``; the recompute settings its other rules read are not screenable extras):
+    # when the framework offers every policy of the space, one verdict serves them all.
+    offered = set(framework_offer(space.framework).recompute)
+    refused = {Recompute(r) for r in space.recompute} - offered
     vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero),
-                _codes(plans["recompute"]),  # a framework refuses some recompute policies
+                *((_codes(plans["recompute"]),) if refused else ()),
                 _codes(plans["sched"]), _codes(ep), _codes(plans["etp"]), _codes(plans["shard"]))
     reps, vinv = _representatives(vkey)
     # Optimizer offload's own rules (ParallelPlan's first validator, so its reason comes first)
