@@ -15,6 +15,10 @@ costed once per distinct value of its axes with the same code the exact path run
   data-parallel collectives (``group_layout``), its optimizer step and its weight, gradient
   and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
 
+A plan that can stand for both a shard shape and a layout does, and is inventoried once; the
+representatives reuse the Jobs the validator built (one per combination of the axes its verdict
+reads). These fixed costs, not the plans, set the time of a small space.
+
 The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
 combined with arrays, following ``prediction.stage_timing`` and ``memory.estimate_stage_memory``
 term by term, through the functions the prediction calls too (``schedule.overlap``'s data-parallel
