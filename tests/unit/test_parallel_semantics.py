@@ -1,5 +1,7 @@
 """How Megatron-LM and DeepSpeed really parallelise, as the inventory and schedule model it."""
 
+import dataclasses
+
 import pytest
 
 from paraplan.catalog import resolve_job
@@ -148,3 +150,23 @@ def test_a_sliced_pipeline_message_is_all_gathered_by_its_receiver():
                                                      [("fwd", 1), ("bwd_input", 1)], [("fwd", 1)]]
     assert _p2p_gathers() == [[], [], [], []]
     assert _p2p_gathers(sequence_parallel=True) == [[], [], [], []]
+
+
+def test_count_job_gives_stages_with_equal_layer_counts_their_own_index_and_the_same_contents():
+    # count_job counts stages alike once: an uneven split repeats counts in the middle and at the end
+    split = (6, 5, 6, 5, 5, 5)
+    stages = count_job(job(nodes=3, pp=6, layers_per_stage=split)).stages
+    assert [s.index for s in stages] == list(range(6))
+    assert tuple(s.num_layers for s in stages) == split
+    assert dataclasses.replace(stages[3], index=1) == stages[1]
+    assert stages[2].params > stages[1].params  # one layer more
+    assert stages[5].params > stages[4].params  # the LM head
+
+
+def test_count_job_tells_stages_of_equal_length_apart_by_their_mixture_of_experts_layers():
+    pattern = [0] * 8 + [0, 1] * 4 + [1] * 16
+    model = {"name": "mixtral-8x7b", "moe_layer_freq": pattern}
+    stages = count_job(job(model=model, pp=4, global_batch_size=64)).stages
+    assert [s.num_layers for s in stages] == [8, 8, 8, 8]
+    assert [sum(b.num_layers for b in s.blocks if b.moe) for s in stages] == [0, 4, 8, 8]
+    assert stages[1].expert_params < stages[2].expert_params

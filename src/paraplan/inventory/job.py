@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -392,16 +393,7 @@ def _count_flops(job: Job, x: LocalShape, kinds: dict[bool, tuple[Op, ...]]) -> 
     (``bwd_flops`` of the attention core) and the forward passes activation recompute repeats.
     So MFU <= HFU <= 1 on every valid job."""
     model, plan = job.model, job.parallel
-    ends = tuple(op for op in count_embedding_ops(model, x) + count_head_ops(model, x))
-    ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
-    per_mb_model = 3.0 * sum(map(_model_flops, ends_mm))
-    per_mb_executed = sum(map(_executed_flops, ends_mm))
-    counts = _layers_of_kind(model)
-    for moe, layer in kinds.items():
-        n = counts[moe]
-        layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
-        per_mb_model += 3.0 * n * sum(map(_model_flops, layer_mm))
-        per_mb_executed += n * sum(map(_executed_flops, layer_mm))
+    per_mb_model, per_mb_executed = _whole_model(model, x)[2:]
     recomputed = 0.0  # per micro-batch, over every stage's layers
     if plan.recompute is not Recompute.NONE:
         split = zip(count_layers_per_stage(model, plan), count_moe_layers_per_stage(model, plan), strict=True)
@@ -416,6 +408,27 @@ def _count_flops(job: Job, x: LocalShape, kinds: dict[bool, tuple[Op, ...]]) -> 
                 )
     micro_batches = plan.global_batch_size // plan.micro_batch_size
     return per_mb_model * micro_batches, (per_mb_executed + recomputed) * micro_batches
+
+
+@functools.lru_cache(maxsize=256)
+def _whole_model(model: ModelSpec, x: LocalShape) -> tuple[float, float, float, float]:
+    """What a job's plan does not change, for the unsharded shape ``x`` (one micro-batch of
+    the whole model): (parameters, active parameters, model FLOPs and executed matrix FLOPs
+    of one micro-batch without recompute). Every job of a plan search with the same model and
+    micro-batch shares it."""
+    kinds = layer_kinds(model, x)
+    ends = tuple(op for op in count_embedding_ops(model, x) + count_head_ops(model, x))
+    ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
+    per_mb_model = 3.0 * sum(map(_model_flops, ends_mm))
+    per_mb_executed = sum(map(_executed_flops, ends_mm))
+    counts = _layers_of_kind(model)
+    for moe, layer in kinds.items():
+        n = counts[moe]
+        layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
+        per_mb_model += 3.0 * n * sum(map(_model_flops, layer_mm))
+        per_mb_executed += n * sum(map(_executed_flops, layer_mm))
+    return (_params(model, x, kinds=kinds), _params(model, x, active=True, kinds=kinds), per_mb_model,
+            per_mb_executed)
 
 
 def layer_kinds(model: ModelSpec, x: LocalShape) -> dict[bool, tuple[Op, ...]]:
@@ -463,8 +476,9 @@ def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[
     """The operators a stage runs besides its layers: the embedding on the first stage, the
     LM head and loss on the last, each with its gradient accumulation."""
     out: tuple[Op, ...] = ()
-    for has, ops in ((first, count_embedding_ops(job.model, x)), (last, count_head_ops(job.model, x))):
+    for has, count in ((first, count_embedding_ops), (last, count_head_ops)):
         if has:
+            ops = count(job.model, x)
             out += ops + _grad_accumulation(job, _layer_params(ops))
     return out
 
@@ -486,7 +500,15 @@ def count_job(job: Job) -> JobInventory:
     moe_split = count_moe_layers_per_stage(model, plan)
     last = plan.pp - 1
     stages = []
+    # a stage is fixed by its layers of each kind and whether it holds an end: the stages
+    # alike (most of a deep pipeline's middle) are counted once
+    alike: dict[tuple[int, int, bool, bool], StageInventory] = {}
     for i, n_layers in enumerate(split):
+        seen = alike.get((n_layers, moe_split[i], i == 0, i == last))
+        if seen is not None:
+            stages.append(StageInventory(i, seen.blocks, seen.end_ops, seen.end_collectives, seen.params,
+                                         seen.grad_sync, seen.per_microbatch_dp, seen.optimizer, seen.expert_params))
+            continue
         counts = {False: n_layers - moe_split[i], True: moe_split[i]}
         blocks = tuple(
             LayerBlock(counts[moe], ops, coll, moe) for moe, (ops, coll, _, _) in kinds.items() if counts[moe]
@@ -522,6 +544,7 @@ def count_job(job: Job) -> JobInventory:
                 expert_params=expert_params,
             )
         )
+        alike[n_layers, moe_split[i], i == 0, i == last] = stages[-1]
     p2p = mask = None
     if plan.pp > 1:
         # The [s/cp, b, h] activation, or one 1/tp slice of it that the receiving stage
@@ -533,16 +556,17 @@ def count_job(job: Job) -> JobInventory:
             mask_bytes = 2.0 * job.model.seq_length**2
             mask = Collective("pp_p2p_mask", CollectiveKind.SEND_RECV, ParallelDim.PP, mask_bytes, Phase.FWD)
     full = _unsharded(job)
-    full_kinds = layer_kinds(model, full)
+    full_kinds = layer_kinds(model, full) if plan.recompute is not Recompute.NONE else {}
     model_flops, hardware_flops = _count_flops(job, full, full_kinds)
+    params_total, params_active = _whole_model(model, full)[:2]
     return JobInventory(
         job=job,
         shape=x,
         stages=tuple(stages),
         p2p=p2p,
         p2p_mask=mask,
-        params_total=_params(model, full, kinds=full_kinds),
-        params_active=_params(model, full, active=True, kinds=full_kinds),
+        params_total=params_total,
+        params_active=params_active,
         model_flops_per_iteration=model_flops,
         hardware_flops_per_iteration=hardware_flops,
     )

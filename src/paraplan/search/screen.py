@@ -15,6 +15,10 @@ costed once per distinct value of its axes with the same code the exact path run
   data-parallel collectives (``group_layout``), its optimizer step and its weight, gradient
   and optimizer-state bytes: one representative Job, ``count_job`` and ``estimate_memory``.
 
+A plan that can stand for both a shard shape and a layout does, and is inventoried once; the
+representatives reuse the Jobs the validator built (one per combination of the axes its verdict
+reads). These fixed costs, not the plans, set the time of a small space.
+
 The remaining axes (pp, dp, ZeRO, schedule, vpp, recompute, global batch, number of micro-batches) are
 combined with arrays by the prediction's own stage arithmetic: each stage class's cost terms, read
 from the tables, go through the functions ``prediction.stage_timing`` and
@@ -297,6 +301,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         st, x, plan = inv.stages[0], inv.shape, job.parallel
         comm = CommCosts(inv, cm)
         layer = LayerCost.of(st.blocks[0], cm, comm)
+        # the plan under each policy, one object each: ``recompute_cost`` keeps its answers by identity
+        plans = [plan.model_copy(update={"recompute": policy}) for policy in _RECOMPUTE]
         row = {
             "layer_f": layer.fwd_total,
             "layer_b": layer.bwd_total,
@@ -304,9 +310,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             "comm_f": layer.comm_fwd,
             "comm_b": layer.comm_bwd,
             # one layer's recompute under each policy (inventory.recompute, as the prediction)
-            **{f"rc_{policy.value}": layer.recompute_s(
-                recompute_cost(plan.model_copy(update={"recompute": policy}), st.layer_ops, x, 1))
-               for policy in _RECOMPUTE[1:]},
+            **{f"rc_{policy.value}": layer.recompute_s(recompute_cost(plan_r, st.layer_ops, x, 1))
+               for policy, plan_r in zip(_RECOMPUTE[1:], plans[1:], strict=True)},
         }
         flags = {FIRST: (True, False), MID: (False, False), LAST: (False, True), 3: (True, True)}  # 3: pp = 1
         ends = {c: count_end_ops(job, x, first=f, last=la) for c, (f, la) in flags.items()}
@@ -317,11 +322,12 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,))
             row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
             row[f"endc_b{c}"] = comm.total(colls, BACKWARD)
-        one_layer = {c: dataclasses.replace(st.with_layers(1), end_ops=ops) for c, ops in ends.items()}
+        layer_stage = st.with_layers(1)
+        one_layer = {c: dataclasses.replace(layer_stage, end_ops=ops) for c, ops in ends.items()}
         for c, stage in one_layer.items():
             row[f"saved{c}"] = end_saved_bytes(stage)
-        for r, policy in enumerate(_RECOMPUTE):
-            job_r = job.model_copy(update={"parallel": plan.model_copy(update={"recompute": policy})})
+        for r, plan_r in enumerate(plans):
+            job_r = job.model_copy(update={"parallel": plan_r})
             inv_r = dataclasses.replace(inv, job=job_r)
             for c, stage in one_layer.items():
                 held, working, logits = microbatch_bytes(inv_r, stage)
@@ -332,31 +338,36 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
     return {k: np.array([r[k] for r in rows]) for k in rows[0]}
 
 
-def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
+def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list[CommCosts]) -> dict[str, np.ndarray]:
     """Per layout and stage class: layers, DP communication, optimizer step, and the memory
     that does not depend on the micro-batch: persistent (weights, gradients, optimizer
-    states), transient (gathered weights, communication buffers) and outside the allocator."""
+    states), transient (gathered weights, communication buffers) and outside the allocator
+    (``comms``: each layout's ``CommCosts``)."""
     keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "gathered", "buffers", "runtime",
             "grad_copy")
-    out = {k: np.zeros((len(invs), 3)) for k in keys}
-    for j, inv in enumerate(invs):
-        comm = CommCosts(inv, cm)
+    out = np.zeros((len(keys), len(invs), 3))
+    for j, (inv, comm) in enumerate(zip(invs, comms, strict=True)):
         pp = len(inv.stages)
+        rows: dict[int, tuple[float, ...]] = {}  # by stage: one stage is of several classes when pp < 3
         for c, s in ((FIRST, 0), (MID, min(1, pp - 1)), (LAST, pp - 1)):
-            st = inv.stages[s]
-            mem = estimate_stage_memory(inv, st)
-            out["layers"][j, c] = st.num_layers
-            out["reduce"][j, c] = comm.total(st.grad_sync, (Phase.BWD_WEIGHT,))
-            out["gather"][j, c] = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
-            out["dp_f"][j, c] = comm.total(st.per_microbatch_dp, (Phase.FWD,))
-            out["dp_b"][j, c] = comm.total(st.per_microbatch_dp, BACKWARD)
-            out["optimizer"][j, c] = stage_optimizer_s(inv, st, cm)  # offload: the CPU step replaces the GPU's
-            out["grad_copy"][j, c] = gradient_copy_s(inv, st)
-            out["static"][j, c] = mem.persistent
-            out["gathered"][j, c] = mem.gathered_params
-            out["buffers"][j, c] = mem.buffers
-            out["runtime"][j, c] = mem.runtime
-    return out
+            if s not in rows:
+                st = inv.stages[s]
+                mem = estimate_stage_memory(inv, st)
+                rows[s] = (
+                    st.num_layers,
+                    comm.total(st.grad_sync, (Phase.BWD_WEIGHT,)),  # reduce
+                    comm.total(st.grad_sync, (Phase.OPTIMIZER,)),  # gather
+                    comm.total(st.per_microbatch_dp, (Phase.FWD,)),
+                    comm.total(st.per_microbatch_dp, BACKWARD),
+                    stage_optimizer_s(inv, st, cm),  # offload: the CPU step replaces the GPU's
+                    mem.persistent,  # static
+                    mem.gathered_params,
+                    mem.buffers,
+                    mem.runtime,
+                    gradient_copy_s(inv, st),
+                )
+            out[:, j, c] = rows[s]
+    return dict(zip(keys, out, strict=True))
 
 
 def screen_plans(
@@ -385,9 +396,14 @@ def screen_plans(
     # keys of the axes a space may not vary (a dense model: ep 1, etp = tp; one schedule per vpp)
     experts = (_codes(ep), _codes(etp)) if model.is_moe else ()
 
-    # The Job validator: its verdict depends on these axes only (the batch rules ran above).
+    # The Job validator: its verdict depends on these axes only (the batch rules ran above). It
+    # reads the recompute policy only to refuse one the framework lacks (``framework_refusal``,
+    # ``ParallelPlan``; the recompute settings its other rules read are not screenable extras):
+    # when the framework offers every policy of the space, one verdict serves them all.
+    offered = set(framework_offer(space.framework).recompute)
+    refused = {Recompute(r) for r in space.recompute} - offered
     vkey = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(pp), _codes(np.maximum(vpp, 1)), _codes(zero),
-                _codes(plans["recompute"]),  # a framework refuses some recompute policies
+                *((_codes(plans["recompute"]),) if refused else ()),
                 _codes(plans["sched"]), _codes(ep), _codes(plans["etp"]), _codes(plans["shard"]))
     reps, vinv = _representatives(vkey)
     # Optimizer offload's own rules (ParallelPlan's first validator, so its reason comes first)
@@ -402,6 +418,7 @@ def screen_plans(
     reasons = sorted(set(offload_reason[~offload_ok].tolist()))
     for code in reasons:
         excluded[_OFFLOAD_REASONS[code]] += int((offload_reason == code).sum())
+    built: dict[int, Job] = {}  # grid index -> its Job, where the validator built that very Job
     for j, i in enumerate(reps):
         try:
             job = _job_at(*args, plans, int(i), offload="none")
@@ -409,6 +426,8 @@ def screen_plans(
             if per_key[j]:
                 excluded[rejection_reason(err)] += int(per_key[j])
             continue
+        if plans["offload"][i] == 0:
+            built[int(i)] = job
         ok[j] = True
         schedule[j] = SCHEDULES.index(job.parallel.schedule)
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
@@ -446,26 +465,35 @@ def screen_plans(
         # FSDP2 copies gathered weights and gradients in every layer when ZeRO-3 shards them
         shard_key = _mix(shard_key, ((zero >= 3) & (plans["dp"] * cp > 1)).astype(np.int64))
     shard_reps, shard_of = _representatives(shard_key, prefer=pp > 1)
-    shard_invs = [count_job(_job_at(*args, plans, int(i))) for i in shard_reps]
+    counted: dict[int, JobInventory] = {}  # kept plan -> its inventory (a plan may represent both tables)
+
+    def inventory(i: int) -> JobInventory:  # the validator's Job where it built this very one
+        inv = counted.get(i)
+        if inv is None:
+            inv = counted[i] = count_job(built.get(int(keep[i])) or _job_at(*args, plans, i))
+        return inv
+
+    shard_invs = [inventory(int(i)) for i in shard_reps]
     shards = _shard_table(model, cm, shard_invs)
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
     layout_key = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
                 _codes(plans["shard"]))  # hybrid sharding: the ZeRO shards and the replicas' all-reduce
-    layout_reps, layout_of = _representatives(layout_key)
-    layout_invs = [count_job(_job_at(*args, plans, int(i))) for i in layout_reps]
-    layouts = _layout_table(cm, layout_invs)
+    # a shard shape's representative stands for its layout where it can: counted once for both
+    shard_rep = np.zeros(len(layout_key), dtype=bool)
+    shard_rep[shard_reps] = True
+    layout_reps, layout_of = _representatives(layout_key, prefer=shard_rep)
+    layout_invs = [inventory(int(i)) for i in layout_reps]
+    layout_comms = [CommCosts(inv, cm) for inv in layout_invs]
+    layouts = _layout_table(cm, layout_invs, layout_comms)
     # The pipeline message of a shard shape between neighbouring stages of a layout (its
     # time depends on where the pair of stages lies, hence on pp).
     pairs, pair_of = np.unique(shard_of * len(layout_reps) + layout_of, return_inverse=True)
     p2p_pair, mask_pair = np.zeros(len(pairs)), np.zeros(len(pairs))
-    comms: dict[int, CommCosts] = {}
     for j, key in enumerate(pairs):
         si, li = divmod(int(key), len(layout_reps))
         message, mask = shard_invs[si].p2p, shard_invs[si].p2p_mask
         if layout_invs[li].job.parallel.pp > 1 and message is not None:
-            comm = comms.get(li)
-            if comm is None:
-                comm = comms[li] = CommCosts(layout_invs[li], cm)
+            comm = layout_comms[li]
             p2p_pair[j] = comm.seconds(message)
             mask_pair[j] = comm.seconds(mask) if mask is not None else 0.0
     p2p, p2p_mask = p2p_pair[pair_of], mask_pair[pair_of]
