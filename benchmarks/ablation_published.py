@@ -175,6 +175,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
     "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=True), contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),
+    "attention kernel of the framework preset (the GPU's one attention curve instead)": (
+        _parallel(attention_kernel=None), contextlib.nullcontext),
 }
 
 

@@ -53,7 +53,8 @@ def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_p
     # parallelism it pins ("with tp > 1"), so megatron-core's default (off) replaces it
     assert space.zero_stage == (0, 1) and len(space.recompute) == 3 and space.sequence_parallel == "off"
     assert SearchSpace(framework="nemo-24.07").sequence_parallel == "with_tp"
-    assert SearchSpace(framework="torchtitan").preset_fields == ("grad_reduce_in_fp32", "fsdp_version", "recompute_every")
+    assert SearchSpace(framework="torchtitan").preset_fields == ("grad_reduce_in_fp32", "fsdp_version", "recompute_every",
+                                                                 "attention_kernel")
 
 
 def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():
@@ -64,7 +65,8 @@ def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():
     assert {j.parallel.sequence_parallel for j in jobs if j.parallel.tp > 1} == {True, False}
     zero0 = next(j for j in jobs if j.parallel.zero_stage == 0)
     assert zero0.preset.overridden["zero_stage"] == (0, 1) and "zero_stage" not in zero0.preset.taken
-    assert zero0.preset.taken == {"grad_reduce_in_fp32": True}  # what the search does not vary is the preset's
+    # what the search does not vary is the preset's
+    assert zero0.preset.taken == {"grad_reduce_in_fp32": True, "attention_kernel": "cudnn"}
 
 
 def test_a_plain_engine_search_takes_no_preset():

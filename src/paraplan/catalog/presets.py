@@ -5,7 +5,9 @@ A preset is named ``name-version`` (``nemo-24.07``); its name alone (``nemo``) i
 version in the catalog. It runs on one of paraplan's engines (megatron, deepspeed, fsdp) and
 sets only fields the user left out: a stated field always wins, and where it differs from the
 preset's default the prediction says the user's value was used. What a preset records that the
-plan has no field for yet (attention kernel, FP8 recipe) is listed as recorded, not modelled.
+plan has no field for yet (FP8 recipe; an attention kernel the plan has no choice for, such as
+Megatron-LM 2022's unfused softmax, which the model's ``attention`` carries) is listed as
+recorded, not modelled.
 The published-runs reader finds a record's preset by the ``keywords`` of these files.
 """
 
@@ -33,7 +35,8 @@ _WHEN = {
 }
 # the order defaults are applied in (a later one may depend on an earlier one)
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p",
-          "grad_reduce_in_fp32", "fsdp_version", "recompute", "recompute_every", "data_parallel_shard_degree")
+          "grad_reduce_in_fp32", "fsdp_version", "recompute", "recompute_every", "data_parallel_shard_degree",
+          "attention_kernel")
 _RECORDED = ("attention_kernel", "fp8_recipe")
 
 

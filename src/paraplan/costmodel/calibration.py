@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision, sustained_gemm_factor
 from paraplan.inventory import Op
-from paraplan.specs import ClusterSpec, GpuSpec, Job, Precision
+from paraplan.specs import ClusterSpec, GpuSpec, HeteroJob, Job, Precision
 
 _GAPS: dict[tuple, tuple] = {}  # (GPU, its efficiency spec, precision, ops) -> (spec, notes)
 
@@ -59,6 +59,29 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
             f"its {peak} is used"
         )
     return tuple(gaps.values())
+
+
+_KERNEL_NAMES = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention",
+                 "triton": "Triton flash attention", "sdpa": "PyTorch SDPA flash (FlashAttention-2)"}
+
+
+def attention_kernel_gaps(job: Job | HeteroJob) -> tuple[str, ...]:
+    """What the job's ``parallel.attention_kernel`` takes without a measurement: each GPU's own
+    attention curve where the catalog has no curve of that kernel on it (never silently), and
+    the kernel ignored where the model's attention is unfused (no fused kernel runs)."""
+    kernel = job.parallel.attention_kernel
+    if kernel is None:
+        return ()
+    name = _KERNEL_NAMES[kernel.value]
+    if job.model.attention != "flash":
+        return (f"parallel.attention_kernel {kernel.value} ignored: the model's attention is unfused",)
+    groups = getattr(job.cluster, "node_groups", None)
+    gpus = [g.gpu for g in groups] if groups else [job.cluster.gpu]
+    return tuple(
+        f"{gpu.name}: uncalibrated {name} (parallel.attention_kernel {kernel.value}): no operator-level "
+        f"measurements of it on this GPU; its attention curve ({gpu.efficiency.attention.max_fraction:.0%} "
+        "of peak at most) is used"
+        for gpu in {g.name: g for g in gpus}.values() if gpu.efficiency.attention_kernel_curve(kernel) is None)
 
 
 def power_gaps(cluster: ClusterSpec) -> tuple[str, ...]:

@@ -13,9 +13,41 @@ from __future__ import annotations
 
 from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
 from paraplan.inventory import Collective, GroupLayout, Op, OpKind
-from paraplan.specs import ClusterSpec, EfficiencyCurve, EfficiencySpec, GpuSpec, Phase, Precision
+from paraplan.specs import (
+    AttentionKernel,
+    ClusterSpec,
+    EfficiencyCurve,
+    EfficiencySpec,
+    GpuSpec,
+    Phase,
+    Precision,
+)
 
 COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "attention"}
+
+
+_KERNEL_GPUS: dict[tuple[int, AttentionKernel], tuple[GpuSpec, GpuSpec]] = {}
+
+
+def with_attention_kernel(gpu: GpuSpec, kernel: AttentionKernel | None) -> GpuSpec:
+    """``gpu`` with its attention curve replaced by ``kernel``'s measured one (the job's
+    ``parallel.attention_kernel``); ``gpu`` itself for no kernel or a kernel the catalog has no
+    curve of on it (``calibration.attention_kernel_gaps`` says so). The same object for the same
+    (GPU, kernel), so that the curve caches keyed by its efficiency spec keep hitting."""
+    if kernel is None:
+        return gpu
+    hit = _KERNEL_GPUS.get((id(gpu), kernel))
+    if hit is not None and hit[0] is gpu:
+        return hit[1]
+    eff = gpu.efficiency
+    curve = eff.attention_kernel_curve(kernel)
+    out = gpu
+    if curve is not None:
+        out = gpu.model_copy(update={"efficiency": eff.model_copy(update={"attention": curve})})
+    if len(_KERNEL_GPUS) > 64:
+        _KERNEL_GPUS.clear()
+    _KERNEL_GPUS[(id(gpu), kernel)] = (gpu, out)
+    return out
 
 
 def sustained_gemm_factor(cluster: ClusterSpec) -> float:
@@ -105,16 +137,18 @@ class AnalyticalCostModel:
 
     name = "analytical"
 
-    def __init__(self, cluster: ClusterSpec, precision: Precision, *, sustained: bool = True) -> None:
+    def __init__(self, cluster: ClusterSpec, precision: Precision, *, sustained: bool = True,
+                 attention_kernel: AttentionKernel | None = None) -> None:
         """``sustained=False`` times GEMMs at the burst rate of the calibration data (the
-        regime operator samples are timed in; fitting against them uses it)."""
+        regime operator samples are timed in; fitting against them uses it). ``attention_kernel``
+        (the plan's) times fused attention on that kernel's curve where the GPU has one."""
         self.cluster = cluster
-        self.gpu = cluster.gpu
+        self.gpu = with_attention_kernel(cluster.gpu, attention_kernel)
         self.precision = precision
         self._peaks = {p: cluster.gpu.peak_flops[p] for p in cluster.gpu.peak_flops}
         self._base = compute_precision_of_job(precision)  # what non-FP8 kernels run in
         self.peak_flops = cluster.gpu.flops_for(self._base)
-        self._curves = _curve_cache(cluster.gpu.efficiency)
+        self._curves = _curve_cache(self.gpu.efficiency)
         self._gemm_factor = sustained_gemm_factor(cluster) if sustained else 1.0
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from paraplan.costmodel import (
     AnalyticalCostModel,
     CostModel,
+    attention_kernel_gaps,
     calibration_gaps,
     expert_gaps,
     link_gaps,
@@ -37,7 +38,8 @@ from paraplan.specs import Job
 def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
     """Predict one training iteration of ``job`` (analytical backend unless one is given)."""
     inv = count_job(job)
-    cm = cost_model if cost_model is not None else AnalyticalCostModel(job.cluster, job.precision)
+    cm = cost_model if cost_model is not None else AnalyticalCostModel(
+        job.cluster, job.precision, attention_kernel=job.parallel.attention_kernel)
     prepare = getattr(cm, "prepare", None)
     if prepare is not None:  # batched backends estimate the whole job's operators at once
         prepare(inv)
@@ -49,6 +51,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
     gaps += power_gaps(job.cluster)
     gaps += expert_gaps(job)
+    gaps += attention_kernel_gaps(job)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from paraplan.costmodel import AnalyticalCostModel, calibration_gaps, link_gaps
+from paraplan.costmodel import AnalyticalCostModel, attention_kernel_gaps, calibration_gaps, link_gaps
 from paraplan.inventory import count_job
 from paraplan.prediction.facade import all_ops, assemble_prediction
 from paraplan.prediction.result import Placement, Prediction
@@ -53,7 +53,8 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
     def cost(g: int, crossing: bool) -> dict:
         key = (g, crossing)
         if key not in costs:
-            cm = AnalyticalCostModel(job.cluster.view(g, crossing), job.precision)
+            cm = AnalyticalCostModel(job.cluster.view(g, crossing), job.precision,
+                                     attention_kernel=job.parallel.attention_kernel)
             comm = CommCosts(inv, cm)
             costs[key] = {"cm": cm, "comm": comm, "layers": layer_costs(inv, cm, comm)}
         return costs[key]
@@ -80,6 +81,7 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
     gaps = tuple(dict.fromkeys(
         [n for g in job.cluster.node_groups for n in calibration_gaps(g.gpu, job.precision, ops)]
         + [n for g in groups for n in link_gaps(job.cluster.view(g, len(groups) > 1))]
+        + list(attention_kernel_gaps(job))
     ))
     return assemble_prediction(
         job.view_job(stage_groups[0][0]), inv, tuple(timings), "analytical", peak,

@@ -108,7 +108,7 @@ from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
 #: exact path (e.g. ``layers_per_stage``: uneven stages).
 SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule", "expert_load_imbalance",
-                              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm"})
+                              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "attention_kernel"})
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
 # full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)
@@ -454,7 +454,7 @@ def screen_plans(
     if len(keep) == 0:
         empty = np.zeros(0)
         return Screen(*args, plans, empty, empty, excluded, considered)
-    cm = AnalyticalCostModel(cluster, precision)
+    cm = AnalyticalCostModel(cluster, precision, attention_kernel=space.attention_kernel)
     # a MoE layer's dispatch, experts and their activations follow ep and etp too
     shard_key = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), *experts)
     if not fused or precision is Precision.FP8:

@@ -23,6 +23,7 @@ from paraplan.inventory.partition import split_layers
 from paraplan.specs import (
     DEFAULT_MEMORY_HEADROOM,
     PLAN_ALIASES,
+    AttentionKernel,
     ClusterSpec,
     ConfigError,
     Framework,
@@ -187,6 +188,15 @@ class SearchSpace:
             elif d.field == "data_parallel_shard_degree":  # the preset's rule decides per plan
                 object.__setattr__(self, "shard_nodes", (None,))
 
+    @property
+    def attention_kernel(self) -> AttentionKernel | None:
+        """The attention kernel every plan of the space runs: ``extra``'s or the job file's,
+        else its preset's default (None: the GPU's attention curve)."""
+        value = self.extra.get("attention_kernel", self.preset_stated.get("attention_kernel"))
+        if value is None and "attention_kernel" in (self.preset_fields or ()):
+            value = next(d.value for d in find_space_preset(self.preset).defaults if d.field == "attention_kernel")
+        return None if value is None else AttentionKernel(value)
+
     def plan_fields(self) -> frozenset[str]:
         """The plan fields (``ParallelPlan``'s long names) this space varies or keeps: those its
         axes cover, those derived from them, and ``extra``'s; a job file's other plan fields
@@ -260,7 +270,8 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
 #: Fields a framework preset sets that no axis of the space varies and the screen times through
 #: its representative Jobs, so that a job file's own value is kept (``SearchSpace.preset_stated``);
 #: recompute_every is not among them (the screen takes it linear in the layers).
-PRESET_STATED = ("tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p", "grad_reduce_in_fp32", "fsdp_version")
+PRESET_STATED = ("tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p", "grad_reduce_in_fp32", "fsdp_version",
+                 "attention_kernel")
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices

@@ -1,6 +1,6 @@
 """Validated, frozen configuration types: what a job is made of."""
 
-from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
+from paraplan.specs.enums import AttentionKernel, Framework, Phase, Precision, Recompute, Schedule
 from paraplan.specs.errors import (
     ConfigError,
     InternalError,
@@ -15,6 +15,7 @@ from paraplan.specs.hardware import (
     EfficiencySpec,
     GpuSpec,
     HostSpec,
+    KernelCurve,
     LinkSpec,
     PrecisionCurves,
     SustainedClock,
@@ -28,6 +29,7 @@ from paraplan.specs.runtime import RuntimeMemorySpec
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM",
     "PLAN_ALIASES",
+    "AttentionKernel",
     "ClusterSpec",
     "CollectiveCurve",
     "ConfigError",
@@ -40,6 +42,7 @@ __all__ = [
     "HostSpec",
     "InternalError",
     "Job",
+    "KernelCurve",
     "LinkSpec",
     "ModelSpec",
     "ParallelPlan",

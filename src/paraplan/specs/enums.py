@@ -43,6 +43,25 @@ class Recompute(str, Enum):
     OP = "op"  # torchtitan's per-op policy: keep matmul (every second) and attention outputs
 
 
+class AttentionKernel(str, Enum):
+    """The fused attention kernel a framework runs (``parallel.attention_kernel``): each has its
+    own efficiency curve per GPU where operator-level data exists (``efficiency.attention_kernels``
+    in the GPU's catalog file); unset, the GPU's one ``attention`` curve is used."""
+
+    FA2 = "fa2"  # FlashAttention-2 (Dao 2023)
+    FA3 = "fa3"  # FlashAttention-3 (Shah et al. 2024; Hopper)
+    CUDNN = "cudnn"  # cuDNN fused attention (Transformer Engine's FusedAttention)
+    TRITON = "triton"  # Triton's fused attention tutorial kernel
+    SDPA = "sdpa"  # PyTorch scaled_dot_product_attention, its flash backend
+
+    @property
+    def curve_key(self) -> AttentionKernel:
+        """The kernel whose measured curve times this one: PyTorch's SDPA flash backend is
+        FlashAttention-2 (PyTorch 2.2 release notes: "scaled_dot_product_attention (SDPA) now
+        supports FlashAttention-2, yielding around 2x speedups compared to previous versions")."""
+        return AttentionKernel.FA2 if self is AttentionKernel.SDPA else self
+
+
 class Schedule(str, Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"

@@ -18,7 +18,7 @@ from paraplan.specs._types import (
     Usd,
     Watts,
 )
-from paraplan.specs.enums import Precision
+from paraplan.specs.enums import AttentionKernel, Precision
 from paraplan.specs.errors import short_repr
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -38,6 +38,17 @@ class EfficiencyCurve(BaseModel):
     source: str | None = None  # where this curve's numbers come from, when not the spec's source
     # the GPU whose measurements the curve was taken from when this GPU has none of its own
     transferred_from: str | None = None
+
+
+class KernelCurve(EfficiencyCurve):
+    """One attention kernel's curve on one GPU, fitted with ``paraplan calibrate attention`` to
+    operator-level points (``source`` names them): how many points were fitted and held out, and
+    the held-out median |error| of the kernels' time."""
+
+    source: str
+    fitted: int | None = Field(default=None, ge=1)
+    held_out: int | None = Field(default=None, ge=0)
+    held_out_median_err: Fraction | None = None
 
 
 class PrecisionCurves(BaseModel):
@@ -87,6 +98,9 @@ class EfficiencySpec(BaseModel):
     gemm: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=4.0e9)
     attention: EfficiencyCurve = EfficiencyCurve(max_fraction=0.60, half_work=4.0e9)
     memory: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=2.0e6)
+    # one BF16 curve per attention kernel measured on this GPU (``parallel.attention_kernel``
+    # picks one; without it, or for a kernel not here, ``attention`` is used)
+    attention_kernels: dict[AttentionKernel, KernelCurve] = Field(default_factory=dict)
     # Per-operator curves that replace the kind's curve for one operator ("RMSlayernorm") or
     # one operator in one direction ("RMSlayernorm:bwd"): operators whose implementation runs
     # several kernels (an unfused norm) reach a different share of the peaks than one kernel.
@@ -110,6 +124,11 @@ class EfficiencySpec(BaseModel):
         own = self.precisions.get(precision)
         curve = getattr(own, kind) if own is not None else None
         return curve if curve is not None else getattr(self, kind)
+
+    def attention_kernel_curve(self, kernel: AttentionKernel) -> KernelCurve | None:
+        """``kernel``'s own measured curve on this GPU (SDPA's flash backend: FlashAttention-2's),
+        or None where the catalog has no data for it."""
+        return self.attention_kernels.get(kernel.curve_key)
 
     def measured(self, kind: str, precision: Precision) -> bool:
         """Whether the curve ``compute_curve`` (or, for ``memory``, the memory curve) gives

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from paraplan.specs._types import Bool, Float, Int
-from paraplan.specs.enums import Framework, Recompute, Schedule
+from paraplan.specs.enums import AttentionKernel, Framework, Recompute, Schedule
 from paraplan.specs.errors import short_repr
 
 # The recompute policies each framework offers (its own names in ``inventory.recompute``).
@@ -120,6 +120,10 @@ class ParallelPlan(BaseModel):
     # each gathered unit out of the all-gather buffer and its gradients into the reduce-scatter
     # buffer; FSDP1's flat parameters (fms-fsdp, MosaicML) are views of those buffers
     fsdp_version: Int | None = Field(default=None, ge=1, le=2)
+    # the fused attention kernel (FlashAttention-2/-3, cuDNN, Triton, PyTorch SDPA's flash
+    # backend): its own curve on the GPU where the catalog has one; unset, the GPU's attention
+    # curve (FlashAttention-2 where calibrated). Framework presets set it.
+    attention_kernel: AttentionKernel | None = None
     # Hybrid sharding (FSDP HYBRID_SHARD, torchtitan's data_parallel_shard_degree, Megatron's
     # --num-distributed-optimizer-instances): ZeRO shards over groups of this many data-
     # parallel ranks, and the shards' replicas all-reduce their gradients
