@@ -274,6 +274,7 @@ class Prediction:
             "schedule": plan.schedule.value,
             "framework": plan.framework.value,
             "layers_per_stage": [s.num_layers for s in self.stages],
+            **({"attention_kernel": plan.attention_kernel.value} if plan.attention_kernel is not None else {}),
             **({"node_order": list(self.placement.node_order)} if self.placement is not None else {}),
             **({"offload_optimizer": plan.offload_optimizer, "offload_param": plan.offload_param,
                 "cpu_offloading_num_layers": plan.cpu_offloading_num_layers if plan.cpu_offloading else 0}
