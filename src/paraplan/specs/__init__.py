@@ -1,6 +1,6 @@
 """Validated, frozen configuration types: what a job is made of."""
 
-from paraplan.specs.enums import Framework, Phase, Precision, Recompute, Schedule
+from paraplan.specs.enums import FP8Recipe, Framework, Phase, Precision, Recompute, Schedule
 from paraplan.specs.errors import (
     ConfigError,
     InternalError,
@@ -33,6 +33,7 @@ __all__ = [
     "ConfigError",
     "EfficiencyCurve",
     "EfficiencySpec",
+    "FP8Recipe",
     "Framework",
     "GpuSpec",
     "HeteroClusterSpec",
