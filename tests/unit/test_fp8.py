@@ -10,6 +10,7 @@ import pytest
 from paraplan.catalog import resolve_job
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import OpKind, count_job
+from paraplan.inventory.fp8 import amax_history_bytes
 from paraplan.prediction import predict
 from paraplan.specs import ConfigError, Phase, Precision
 
@@ -79,12 +80,15 @@ def test_an_fp8_iteration_is_faster_than_bf16_but_not_twice_as_fast():
     assert bf16.iteration_s / 2 < fp8.iteration_s < bf16.iteration_s
 
 
-def test_fp8_weight_copies_add_two_bytes_per_fp8_parameter():
+def test_fp8_weight_copies_add_two_bytes_per_fp8_parameter_besides_the_amax_histories():
     fp8, bf16 = predict(job()), predict(job("bf16"))
     inv = count_job(job())
     per_layer = sum(op.params for op in inv.stages[0].layer_ops if op.fp8)
+    gemms = sum(op.fp8 for op in inv.stages[0].layer_ops)
+    histories = inv.stages[0].num_layers * amax_history_bytes(gemms, None)
     extra = fp8.memory[0].weights - bf16.memory[0].weights
-    assert extra == pytest.approx(2 * per_layer * inv.stages[0].num_layers)
+    assert extra - histories == pytest.approx(2 * per_layer * inv.stages[0].num_layers)
+    assert 0 < histories < 1e-3 * extra
 
 
 def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_an_error_naming_the_field():

@@ -211,7 +211,8 @@ def _apply_preset(data: dict[str, Any]) -> None:
     else:
         nodes, num_gpus = cluster.gpus_per_node, cluster.num_gpus
     data["parallel"], data["preset"] = apply_preset(
-        data["parallel"], preset, num_gpus=num_gpus, gpus_per_node=nodes, model=data["model"])
+        data["parallel"], preset, num_gpus=num_gpus, gpus_per_node=nodes, model=data["model"],
+        precision=data.get("precision"))
 
 
 def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:

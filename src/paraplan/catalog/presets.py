@@ -5,9 +5,9 @@ A preset is named ``name-version`` (``nemo-24.07``); its name alone (``nemo``) i
 version in the catalog. It runs on one of paraplan's engines (megatron, deepspeed, fsdp) and
 sets only fields the user left out: a stated field always wins, and where it differs from the
 preset's default the prediction says the user's value was used. What a preset records that the
-plan has no field for yet (FP8 recipe; an attention kernel the plan has no choice for, such as
-Megatron-LM 2022's unfused softmax, which the model's ``attention`` carries) is listed as
-recorded, not modelled.
+plan has no field for yet (an attention kernel the plan has no choice for, such as Megatron-LM
+2022's unfused softmax, which the model's ``attention`` carries) is listed as recorded, not
+modelled.
 The published-runs reader finds a record's preset by the ``keywords`` of these files.
 """
 
@@ -32,11 +32,12 @@ _WHEN = {
     "interleaved": "with the interleaved schedule (vpp > 1)",
     "sharded_over_nodes": "when ZeRO shards over whole nodes",
     "layer_recompute": "with recompute 'layer'",
+    "fp8": "with precision fp8",
 }
 # the order defaults are applied in (a later one may depend on an earlier one)
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p",
           "grad_reduce_in_fp32", "fsdp_version", "recompute", "recompute_every", "data_parallel_shard_degree",
-          "attention_kernel")
+          "attention_kernel", "fp8_recipe")
 _RECORDED = ("attention_kernel", "fp8_recipe")
 
 
@@ -132,15 +133,18 @@ def preset_for_words(text: str) -> Preset | None:
 
 def apply_preset(parallel: dict[str, Any], preset: Preset, *, num_gpus: int, gpus_per_node: int,
                  model: ModelSpec | dict[str, Any] | None = None,
-                 params_billion: float | None = None) -> tuple[dict[str, Any], PresetUse]:
+                 params_billion: float | None = None, precision: Any = None) -> tuple[dict[str, Any], PresetUse]:
     """``parallel`` (a job's plan mapping) with the preset's defaults laid under it, its
-    framework the preset's engine, and what was taken, kept and recorded."""
+    framework the preset's engine, and what was taken, kept and recorded. ``precision`` (the
+    job's) decides the defaults that apply only to FP8 training (``fp8_recipe``)."""
     plan = {PLAN_ALIASES.get(k, k): v for k, v in parallel.items()}
     stated = set(plan) - {"framework"}
     plan["framework"] = preset.engine.value
     taken: dict[str, Any] = {}
     overridden: dict[str, tuple[Any, Any]] = {}
     for default in preset.defaults:
+        if default.when == "fp8" and str(getattr(precision, "value", precision)).lower() != "fp8":
+            continue
         if not _applies(default, plan, num_gpus, gpus_per_node, model, params_billion):
             continue
         value = gpus_per_node if default.value == "node" else default.value

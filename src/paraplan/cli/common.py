@@ -20,6 +20,7 @@ from rich.markup import escape
 from paraplan.specs import (
     PLAN_ALIASES,
     ConfigError,
+    FP8Recipe,
     Framework,
     InternalError,
     Precision,
@@ -169,6 +170,7 @@ JOB_FLAGS = (
     plan_flag("schedule", str, help=choices(Schedule)),
     plan_flag("framework", str, help=choices(Framework)),
     cli_flag("precision", str | None, help=choices(Precision)),
+    plan_flag("fp8_recipe", str, help=f"With precision fp8: {choices(FP8Recipe)} (default delayed)."),
     cli_flag("train_tokens", str | None, help="Tokens to train, e.g. 2T, for time and cost to train."),
     cli_flag("memory_headroom", float | None, help="Share of each GPU's memory to leave free, e.g. 0.05.",
              show_default="0.05, or the job file's"),

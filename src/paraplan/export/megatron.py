@@ -30,7 +30,8 @@ as first read in ``megatron/training/arguments.py`` (2025, commit 000c4ac):
   exists but only steers the legacy models; Megatron-Core picks its kernel with
   --attention-backend, which is what is emitted.
 - ``_add_mixed_precision_args``: --fp16, --bf16; ``_add_transformer_engine_args``:
-  --fp8-format (e4m3 | hybrid) on top of --bf16.
+  --fp8-format (e4m3 | hybrid) on top of --bf16, --fp8-recipe (tensorwise | delayed | mxfp8 |
+  blockwise; paraplan's current is tensorwise; rowwise is refused naming parallel.fp8_recipe).
 - ``_add_distributed_args``: --tensor-model-parallel-size, --pipeline-model-parallel-size,
   --context-parallel-size, --num-layers-per-virtual-pipeline-stage,
   --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers,
@@ -82,7 +83,7 @@ from paraplan.export._common import (
     refuse_zero_bubble,
     train_iterations,
 )
-from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
+from paraplan.specs import ConfigError, FP8Recipe, Framework, Job, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -140,6 +141,27 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append("parallel.layers_per_stage: expressed with --pipeline-model-parallel-layout, "
                    "which needs a 2025 or newer Megatron-LM")
     return out
+
+
+# Megatron-LM's --fp8-recipe for each recipe paraplan models (megatron/training/arguments.py:
+# choices tensorwise | delayed | mxfp8 | blockwise) and its --fp8-format: hybrid (E4M3 forward,
+# E5M2 gradients) for the per-tensor recipes, e4m3 for MXFP8 (Transformer Engine's MXFP8
+# default: the block scales give the gradients their range)
+_MEGATRON_FP8 = {FP8Recipe.DELAYED: ("delayed", "hybrid"), FP8Recipe.CURRENT: ("tensorwise", "hybrid"),
+                 FP8Recipe.MXFP8: ("mxfp8", "e4m3")}
+
+
+def _fp8_flags(recipe: FP8Recipe | None) -> list[list[str]]:
+    """--fp8-format and --fp8-recipe for ``recipe`` (None: the format alone, Megatron-LM's
+    default recipe delayed); a ConfigError for a recipe Megatron-LM does not run."""
+    if recipe is None:
+        return [["--fp8-format", "hybrid"]]
+    if recipe not in _MEGATRON_FP8:
+        raise ConfigError(f"parallel.fp8_recipe: Megatron-LM has no {recipe.value} recipe (--fp8-recipe "
+                          "tensorwise | delayed | mxfp8 | blockwise); re-predict with fp8_recipe delayed | current "
+                          "| mxfp8, or export to torchtitan")
+    name, fmt = _MEGATRON_FP8[recipe]
+    return [["--fp8-format", fmt], ["--fp8-recipe", name]]
 
 
 def render_megatron(job: Job, prediction: Prediction | None = None) -> str:
@@ -277,7 +299,7 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     elif job.precision is Precision.FP16:
         memory.append(["--fp16"])
     elif job.precision is Precision.FP8:
-        memory += [["--bf16"], ["--fp8-format", "hybrid"]]
+        memory += [["--bf16"], *_fp8_flags(p.fp8_recipe)]
 
     length: list[list[str]] = []
     iterations = train_iterations(job)

@@ -76,7 +76,7 @@ from paraplan.export._common import (
     layers_per_virtual_stage,
     train_iterations,
 )
-from paraplan.specs import ConfigError, Framework, Job, Precision, Recompute, Schedule
+from paraplan.specs import ConfigError, FP8Recipe, Framework, Job, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -180,6 +180,12 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
     if job.precision is Precision.FP16:
         raise ConfigError("precision: torchtitan trains in bfloat16 or float32 "
                           "(training.mixed_precision_param) and has no fp16 loss scaling")
+    recipe = p.fp8_recipe if job.precision is Precision.FP8 else None
+    if recipe not in (None, FP8Recipe.ROWWISE):
+        # torchtitan Float8LinearConverter.Config.recipe_name: Literal["rowwise", "rowwise_with_gw_hp"]
+        raise ConfigError(f"parallel.fp8_recipe: torchtitan's Float8LinearConverter runs rowwise scaling "
+                          f"(recipe_name rowwise | rowwise_with_gw_hp), not {recipe.value}; re-predict with "
+                          "fp8_recipe rowwise, or export to megatron")
     # with pipelining one step pushes all of a DP rank's micro-batches through the pipeline;
     # without it torchtitan accumulates gradients over global / (local * dp) steps
     local = p.micro_batch_size * p.num_microbatches if p.pp > 1 else p.micro_batch_size
@@ -228,7 +234,8 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
         parallelism["expert_parallel_degree"] = p.ep
     family, flavor = _flavor(job) or (None, None)
     return {
-        "model": {"family": family, "flavor": flavor, "float8": job.precision is Precision.FP8},
+        "model": {"family": family, "flavor": flavor, "float8": job.precision is Precision.FP8,
+                  **({"float8_recipe": recipe.value} if recipe is not None else {})},
         "training": training,
         "parallelism": parallelism,
         "activation_checkpoint": {"class": _AC[p.recompute]},
@@ -288,7 +295,8 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         spec_body = [
             f"    # torchtitan's {family} {flavor}; FP8 matmuls through torchao's float8 (compiled: see compile=)",
             f'    return model_registry("{flavor}", converters=[Float8LinearConverter.Config('
-            "model_compile_enabled=True)])",
+            + (f'recipe_name="{config["model"]["float8_recipe"]}", ' if "float8_recipe" in config["model"] else "")
+            + "model_compile_enabled=True)])",
         ]
     else:
         spec_body = [f"    # torchtitan's {family} {flavor}", f'    return model_registry("{flavor}")']

@@ -8,13 +8,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
+from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.layer import DUPLICATED_ACROSS_TP, count_layer_collectives, count_layer_ops
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.partition import count_layers_per_stage, count_moe_layers_per_stage
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
-from paraplan.specs import Framework, Job, ModelSpec, Phase, Precision, Recompute
+from paraplan.specs import FP8Recipe, Framework, Job, ModelSpec, Phase, Precision, Recompute
 
 
 def adam_state_bytes(precision: Precision) -> float:
@@ -304,14 +305,23 @@ def fp8_weight_params(layer_ops: tuple[Op, ...]) -> float:
 
 
 def _fp8_weight_casts(job: Job, layer_ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """Casting the FP8 layers' weights to FP8 and transposing them (read e bytes, write
-    1 + 1) once per iteration: Transformer Engine keeps the FP8 weights for the iteration's
-    later micro-batches (``is_first_microbatch``), so each micro-batch carries 1/m of it."""
+    """Casting the FP8 layers' weights to FP8 and transposing them once per iteration (delayed
+    scaling: read e bytes, write 1 + 1; the other recipes' kernels in ``inventory.fp8``):
+    Transformer Engine keeps the FP8 weights for the iteration's later micro-batches
+    (``is_first_microbatch``), so each micro-batch carries 1/m of it."""
     params = fp8_weight_params(layer_ops)
     if params <= 0 or job.parallel.global_batch_size is None:
         return ()
     e = param_bytes(job.precision)
-    traffic = (e + 2.0) * params / job.parallel.num_microbatches
+    recipe = job.parallel.fp8_recipe
+    if recipe is None or recipe is FP8Recipe.DELAYED:
+        per_param = e + 2.0  # today's arithmetic, to the last bit
+    else:
+        costs = recipe_costs(recipe)
+        per_param = costs.weight_reads * e + costs.weight_writes
+        if not costs.weights_cached:  # cast again by every micro-batch
+            per_param *= job.parallel.num_microbatches
+    traffic = per_param * params / job.parallel.num_microbatches
     role = "FP8 copies of the weights and their transposes, once per iteration"
     return (_copy_traffic("fp8_weight_cast", role, params, traffic, 0.0),)
 

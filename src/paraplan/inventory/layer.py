@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import ModelSpec, ParallelPlan, Phase
+from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Phase
 
 
 def gemm(
@@ -67,30 +68,69 @@ def _eager_swiglu(fused: Op, elements: float, e: int) -> Op:
     )
 
 
-def fp8_casts(gemms: list[Op], e: int) -> Op:
-    """Transformer Engine's casts around a layer's FP8 GEMMs, from the bytes they move.
+def fp8_casts(gemms: list[Op], e: int, recipe: FP8Recipe | None = None) -> Op:
+    """The casts around a layer's FP8 GEMMs under ``recipe`` (None: delayed), from the bytes
+    they move (``inventory.fp8`` gives each recipe's kernels and their sources).
 
-    Forward, every GEMM input is cast to FP8 and transposed for the weight gradient
-    (``cast_transpose``: read e bytes, write 1 + 1), except where a fused norm writes the
-    FP8 input itself (read 1, write 1 for the transpose). Backward, every output gradient is
-    cast and transposed (read e, write 1 + 1) for the data- and weight-gradient GEMMs. The
-    amax of each tensor is reduced inside these kernels; the per-iteration scale update
-    and the weights' casts are counted per job (``inventory.job``)."""
+    Delayed scaling (Transformer Engine): forward, every GEMM input is cast to FP8 and
+    transposed for the weight gradient (``cast_transpose``: read e bytes, write 1 + 1), except
+    where a fused norm writes the FP8 input itself (read 1, write 1 for the transpose).
+    Backward, every output gradient is cast and transposed (read e, write 1 + 1) for the data-
+    and weight-gradient GEMMs. The amax of each tensor is reduced inside these kernels. Current
+    scaling adds a pass that reads each tensor for its amax; rowwise scaling casts rows and
+    columns from a 16-bit transpose; MXFP8 writes a scale per 32 elements of each copy. The
+    weights' casts are counted per job (``inventory.job``)."""
+    costs = recipe_costs(recipe)
+    per = costs.act_reads * e + costs.act_writes
+    fed = costs.norm_fed if costs.norm_fed is not None else per
+    fwd = bwd = elements = grads = 0.0
+    for op in gemms:
+        dims = dict(op.dims)
+        fwd += dims["m"] * dims["k"] * (fed if op.name in _NORM_FED else per)
+        elements += dims["m"] * dims["k"]
+        grads += dims["m"] * dims["n"]
+    bwd = grads * per
+    if recipe is None:  # today's arithmetic, to the last bit
+        fwd, bwd = _delayed_bytes(gemms, e)
+        elements, grads = fwd / (e + 2.0), bwd / (e + 2.0)
+    name = (recipe or FP8Recipe.DELAYED).value
+    return Op(
+        name="fp8_cast",
+        kind=OpKind.ELEMENTWISE,
+        role=f"FP8 casts, amaxes and transposes of the GEMMs' inputs and gradients ({name} scaling)",
+        flops=elements * costs.act_reads,
+        bytes=fwd,
+        bwd_flops=grads * costs.act_reads,
+        bwd_bytes=bwd,
+        dims=(("gemms", len(gemms)),),
+    )
+
+
+def _delayed_bytes(gemms: list[Op], e: int) -> tuple[float, float]:
     fwd = bwd = 0.0
     for op in gemms:
         dims = dict(op.dims)
         fwd += dims["m"] * dims["k"] * (2.0 if op.name in _NORM_FED else e + 2.0)
         bwd += dims["m"] * dims["n"] * (e + 2.0)
-    elements = fwd / (e + 2.0)
-    return Op(
-        name="fp8_cast",
-        kind=OpKind.ELEMENTWISE,
-        role="FP8 casts and transposes of the GEMMs' inputs and gradients (Transformer Engine)",
-        flops=elements,
-        bytes=fwd,
-        bwd_flops=bwd / (e + 2.0),
-        bwd_bytes=bwd,
-        dims=(("gemms", len(gemms)),),
+    return fwd, bwd
+
+
+def recipe_gemm(op: Op, recipe: FP8Recipe | None, e: int) -> Op:
+    """An FP8 GEMM as ``recipe`` runs it: MXFP8 reads a scale byte per 32 operand elements;
+    rowwise keeps its input for the weight gradient in 16 bits (torchao saves the high-
+    precision input). Delayed and current scaling: the GEMM as ``gemm`` counts it."""
+    costs = recipe_costs(recipe)
+    if not op.fp8 or recipe is None:
+        return op
+    dims = dict(op.dims)
+    m, k, n, w = dims["m"], dims["k"], dims["n"], op.params
+    extra = costs.operand_bytes - 1.0
+    return dataclasses.replace(
+        op,
+        bytes=op.bytes + extra * (m * k + w),
+        bwd_bytes=op.bwd_bytes + extra * ((m * n + w) + (m * k + m * n)),
+        bwd_weight_bytes=op.bwd_weight_bytes + extra * (m * k + m * n),
+        saved_bytes=op.saved_bytes if costs.saves_fp8_input else op.saved_bytes * e,
     )
 
 
@@ -285,8 +325,12 @@ def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
 
 
 def with_fp8_casts(ops: tuple[Op, ...], x: LocalShape) -> tuple[Op, ...]:
-    """A layer's operators, followed in FP8 training by the casts of its FP8 GEMMs."""
-    return (*ops, fp8_casts([op for op in ops if op.fp8], x.e)) if x.fp8_linears else ops
+    """A layer's operators, followed in FP8 training by the casts of its FP8 GEMMs (its GEMMs as
+    the shape's FP8 recipe runs them)."""
+    if not x.fp8_linears:
+        return ops
+    ops = tuple(recipe_gemm(op, x.fp8_recipe, x.e) for op in ops)
+    return (*ops, fp8_casts([op for op in ops if op.fp8], x.e, x.fp8_recipe))
 
 
 def _qk_norm(x: LocalShape, heads: int, groups: int, d: int) -> Op:

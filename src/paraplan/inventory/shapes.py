@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraplan.specs import ModelSpec, ParallelPlan, Precision
+from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Precision
 
 # Bytes of one activation element. FP8 training keeps activations in 16-bit between GEMMs.
 _ACTIVATION_BYTES = {Precision.FP32: 4, Precision.TF32: 4, Precision.FP16: 2, Precision.BF16: 2, Precision.FP8: 2}
@@ -33,6 +33,8 @@ class LocalShape:
     tp: int
     e: int
     fp8_linears: bool = False
+    # how the FP8 linears scale their tensors (``inventory.fp8``); None: delayed, today's default
+    fp8_recipe: FP8Recipe | None = None
     # mixture of experts on this rank: ``experts`` local experts of ``moe_ffn`` width each
     # (1/etp of it), ``routed`` token copies they process (the busiest rank's), ``shared_ffn``
     # the shared experts' width (1/tp of it), ``topk`` experts per token, ``num_experts`` all
@@ -51,13 +53,13 @@ class LocalShape:
 def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> LocalShape:
     return shard_shape(
         model, plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, precision,
-        ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance,
+        ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance, fp8_recipe=plan.fp8_recipe,
     )
 
 
 def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
-    *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0,
+    *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,
 ) -> LocalShape:
     """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
 
@@ -96,5 +98,7 @@ def shard_shape(
         tp=tp,
         e=_ACTIVATION_BYTES[precision],
         fp8_linears=precision is Precision.FP8,
+        # the default recipe stays None so that its shapes (and cached inventories) are today's
+        fp8_recipe=fp8_recipe if precision is Precision.FP8 and fp8_recipe is not FP8Recipe.DELAYED else None,
         **moe,
     )

@@ -40,13 +40,14 @@ import numpy as np
 
 from paraplan.catalog import load_runtime_memory
 from paraplan.inventory import JobInventory, StageInventory
+from paraplan.inventory.fp8 import amax_history_bytes, recipe_costs
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params, param_bytes, split_params
 from paraplan.inventory.ops import OpKind
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.offload import count_offload, offloaded_layers
 from paraplan.schedule.closed_form import stage_in_flight
-from paraplan.specs import Framework, Job, ParallelPlan, Recompute
+from paraplan.specs import FP8Recipe, Framework, Job, ParallelPlan, Recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,10 +310,17 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     # FP8 layers keep an FP8 copy of their weights and its transpose (one byte each): of the
     # rank's shard under ZeRO-3 (FSDP's float8 all-gathers FP8 shards), plus the layer being
     # gathered and used
+    # (``inventory.fp8``: the recipe's copy bytes per parameter, and delayed scaling's amax
+    # histories, which every rank keeps whole)
     fp8_copies = 0.0
+    recipe = plan.fp8_recipe
     for block in st.blocks:
-        per_layer = 2.0 * fp8_weight_params(block.ops)
+        if recipe is None or recipe is FP8Recipe.DELAYED:
+            per_layer = 2.0 * fp8_weight_params(block.ops)  # today's arithmetic, to the last bit
+        else:
+            per_layer = recipe_costs(recipe).copy_bytes * fp8_weight_params(block.ops)
         fp8_copies += per_layer * (block.num_layers / dp + 1 if zero >= 3 else block.num_layers)
+        fp8_copies += block.num_layers * amax_history_bytes(sum(op.fp8 for op in block.ops), recipe)
 
     def sharded(bytes_per_param: float, from_stage: int) -> float:
         """The stage's weights at ``bytes_per_param``, sharded over the data-parallel ranks

@@ -1,6 +1,6 @@
 """Validated, frozen configuration types: what a job is made of."""
 
-from paraplan.specs.enums import AttentionKernel, Framework, Phase, Precision, Recompute, Schedule
+from paraplan.specs.enums import AttentionKernel, FP8Recipe, Framework, Phase, Precision, Recompute, Schedule
 from paraplan.specs.errors import (
     ConfigError,
     InternalError,
@@ -35,6 +35,7 @@ __all__ = [
     "ConfigError",
     "EfficiencyCurve",
     "EfficiencySpec",
+    "FP8Recipe",
     "Framework",
     "GpuSpec",
     "HeteroClusterSpec",

@@ -33,6 +33,37 @@ class Precision(str, Enum):
         return self in (Precision.FP32, Precision.TF32)
 
 
+class FP8Recipe(str, Enum):
+    """How an FP8 job scales its tensors to FP8 (``parallel.fp8_recipe``); the recipes differ in
+    the casts, amax reductions and scale copies they run around each FP8 GEMM
+    (``inventory.fp8`` counts them). Megatron-LM's ``--fp8-recipe`` and torchtitan's
+    ``float8.recipe_name`` name them; ``tensorwise`` is read as ``current``."""
+
+    # Transformer Engine's DelayedScaling: the scale comes from an amax history of past
+    # iterations, so each cast computes its tensor's amax on the way (no extra pass)
+    DELAYED = "delayed"
+    # per-tensor current scaling (TE Float8CurrentScaling, Megatron --fp8-recipe tensorwise,
+    # torchao's "tensorwise"): the tensor's own amax, reduced before it is cast
+    CURRENT = "current"
+    # torchao's "rowwise": one scale per row (per column for the weight-gradient operands)
+    ROWWISE = "rowwise"
+    # OCP MX block scaling (TE MXFP8BlockScaling): one E8M0 scale per 32 elements, on
+    # tensor cores that read block scales (Blackwell)
+    MXFP8 = "mxfp8"
+    # NVIDIA's NVFP4 (TE NVFP4BlockScaling): FP4 E2M1 with an E4M3 scale per 16 elements
+    NVFP4 = "nvfp4"
+
+    @classmethod
+    def _missing_(cls, value: object) -> FP8Recipe | None:
+        if isinstance(value, str):
+            key = value.strip().lower()
+            if key == "tensorwise":
+                return cls.CURRENT
+            if key in cls._value2member_map_:
+                return cls(key)
+        return None
+
+
 class Recompute(str, Enum):
     """Activation recompute policies (``inventory.recompute`` says what each re-runs)."""
 

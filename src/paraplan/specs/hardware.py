@@ -230,6 +230,10 @@ class GpuSpec(BaseModel):
     reference_node: str | None = None  # catalog cluster whose links a job naming only the GPU gets
     # the board's default power limit (datasheet TDP): a cluster's ``power_cap_w`` below it slows GEMMs
     tdp_w: Watts | None = None
+    # tensor cores that read per-block scales with their operands (OCP MX formats: MXFP8's one
+    # E8M0 scale per 32 elements, NVFP4's E4M3 per 16; NVIDIA Blackwell's 5th-generation tensor
+    # cores): the block-scaled FP8 recipes (``parallel.fp8_recipe: mxfp8``) need them
+    block_scaled_tensor_cores: bool = False
     sources: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("peak_flops", mode="before")

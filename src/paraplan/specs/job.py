@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from paraplan.specs._types import Count, Headroom
-from paraplan.specs.enums import Precision, Schedule
-from paraplan.specs.hardware import ClusterSpec
+from paraplan.specs.enums import FP8Recipe, Precision, Schedule
+from paraplan.specs.hardware import ClusterSpec, GpuSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan, pp_layers_problem
 from paraplan.specs.preset import PresetUse
@@ -114,6 +114,7 @@ class Job(BaseModel):
             raise ValueError(
                 f"precision: GPU {c.gpu.name} has no {self.precision.value} peak (it has: {have})"
             )
+        _check_fp8_recipe(p.fp8_recipe, self.precision, c.gpu)
         if p is not self.parallel:
             object.__setattr__(self, "parallel", p)
         return self
@@ -121,6 +122,22 @@ class Job(BaseModel):
     @property
     def tokens_per_iteration(self) -> int:
         return self.parallel.global_batch_size * self.model.seq_length
+
+
+def _check_fp8_recipe(recipe: FP8Recipe | None, precision: Precision, gpu: GpuSpec) -> None:
+    """An FP8 recipe belongs to an FP8 job, and a block-scaled one to a GPU whose tensor cores
+    read block scales (``GpuSpec.block_scaled_tensor_cores``: Blackwell)."""
+    if recipe is None:
+        return
+    if precision is not Precision.FP8:
+        raise ValueError(f"parallel.fp8_recipe: {recipe.value} is an FP8 recipe, but the job's precision is "
+                         f"{precision.value} (set precision: fp8, or leave fp8_recipe out)")
+    if recipe is FP8Recipe.NVFP4:
+        raise ValueError("parallel.fp8_recipe: nvfp4 is not modelled yet (the catalog has no FP4 GEMM peak "
+                         "or curve); choose delayed | current | rowwise | mxfp8")
+    if recipe is FP8Recipe.MXFP8 and not gpu.block_scaled_tensor_cores:
+        raise ValueError(f"parallel.fp8_recipe: mxfp8 needs tensor cores that read block scales (Blackwell: "
+                         f"B200, B300, GB200, GB300); GPU {gpu.name} runs delayed | current | rowwise")
 
 
 def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:

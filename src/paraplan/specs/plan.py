@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from paraplan.specs._types import Bool, Float, Int
-from paraplan.specs.enums import AttentionKernel, Framework, Recompute, Schedule
+from paraplan.specs.enums import AttentionKernel, FP8Recipe, Framework, Recompute, Schedule
 from paraplan.specs.errors import short_repr
 
 # The recompute policies each framework offers (its own names in ``inventory.recompute``).
@@ -113,6 +113,10 @@ class ParallelPlan(BaseModel):
     # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
     # and fsdp (torchtitan) yes for bf16 and fp8 training, deepspeed no
     grad_reduce_in_fp32: Bool | None = None
+    # how an FP8 job scales its tensors (Megatron-LM --fp8-recipe, torchtitan float8.recipe_name):
+    # delayed | current (tensorwise) | rowwise | mxfp8 | nvfp4; None: delayed (Transformer
+    # Engine's DelayedScaling, Megatron-LM's default); only with precision fp8
+    fp8_recipe: FP8Recipe | None = None
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: Bool = False

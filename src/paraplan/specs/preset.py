@@ -23,7 +23,8 @@ class PresetUse(BaseModel):
     taken: dict[str, Any] = {}
     # field -> (the user's value, which was used; the preset's)
     overridden: dict[str, tuple[Any, Any]] = {}
-    # what the preset records that the plan has no field for yet (attention kernel, FP8 recipe)
+    # what the preset records that the plan has no field for yet (attention kernel; an FP8 recipe
+    # a preset names no single default for)
     recorded: dict[str, str] = {}
 
     def lines(self) -> list[str]:

@@ -257,7 +257,8 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
     if preset is not None:
         # what the preset fills in, said as the reader's assumptions
         _, use = apply_preset(parallel, preset, num_gpus=int(run["num_gpus"]), gpus_per_node=node,
-                              params_billion=run["model"].get("params_billion"))
+                              params_billion=run["model"].get("params_billion"),
+                              precision=_precision(str(run["precision"])))
         assumed.extend(f"{k} {_shown(v)} ({preset.id}'s default)" for k, v in use.taken.items())
     return parallel
 

@@ -1,0 +1,106 @@
+"""What each FP8 recipe (``parallel.fp8_recipe``) costs around an FP8 GEMM, from the bytes its
+cast, amax and transpose kernels move: one table, read by the layer's casts
+(``inventory.layer.fp8_casts``), the weights' casts (``inventory.job``), the GEMMs' operands and
+the memory's FP8 copies (``prediction.memory``).
+
+Per element of a GEMM input or output gradient (``e`` bytes in 16 bits), after the kernels of
+each recipe as its implementation runs them:
+
+- ``delayed`` (Transformer Engine ``DelayedScaling``): the scale comes from an amax history of
+  past iterations, so one ``cast_transpose`` reads the tensor and writes its FP8 copy and the
+  transposed FP8 copy the weight gradient reads, taking the amax on the way (e + 2). A norm
+  that feeds the GEMM writes the FP8 input itself (TE's LayerNormLinear), leaving the transpose
+  (1 + 1). Each FP8 tensor keeps an amax history of ``amax_history_len`` = 1024 fp32 values
+  (TE's default; NeMo's ``fp8_amax_history_len`` 1024); the history update after each step is
+  one multi-tensor kernel over these KiB (``nvte_delayed_scaling_recipe_amax_and_scale_update_
+  after_reduction``) and is not timed.
+- ``current`` (TE ``Float8CurrentScaling``, Megatron-LM ``--fp8-recipe tensorwise``, torchao's
+  ``tensorwise``): the tensor's own amax is reduced before the cast can scale it, a read of its
+  own (torchao ``roofline_utils``, tensorwise: kernel 1 reads the tensor for max_abs, kernel 3
+  reads it again and writes it twice in FP8), so 2e + 2, and no norm writes the FP8 input for
+  it (the amax is not known until the norm's output is complete).
+- ``rowwise`` (torchao ``rowwise``): one scale per row for the forward operand and per column
+  for the weight gradient's, which a transposed FP8 copy cannot give: kernel 1 reads the tensor
+  and writes its row-scaled FP8 copy and a 16-bit transpose, kernel 2 reads the transpose and
+  writes the column-scaled FP8 copy (3e + 2, torchao ``roofline_utils``). torchao keeps the
+  16-bit input for the backward.
+- ``mxfp8`` (TE ``MXFP8BlockScaling``; TE user guide, MXFP8: one E8M0 scale per 32 consecutive
+  values, rowwise and columnwise blocks): one kernel reads the tensor and writes both block-
+  scaled copies with their scales (e + 2 + 2/32; torchao ``roofline_utils``' mxfp8 input
+  kernel), the amax of each block taken in the same kernel; the GEMM reads one scale byte per
+  32 operand elements besides them (torchao ``get_individual_gemm_time_sympy``: ``num_reads +
+  num_reads // block_size``).
+
+The weights are cast once per iteration (TE keeps them for the later micro-batches,
+``is_first_microbatch``; torchao's rowwise casts them again in every micro-batch): delayed e + 2 per parameter, current 2e + 2 (the amax, then the cast
+and transpose), rowwise 4e + 2 (torchao's weight: cast rows e + 1, transpose 2e, cast columns
+e + 1), mxfp8 e + 2 + 2/32. The FP8 copies kept for the iteration take 2 bytes per parameter
+(copy and transpose), mxfp8 2 + 2/32 with the scales; torchao's rowwise casts the weight per use
+and keeps none.
+
+Sources: Transformer Engine user guide (API ``transformer_engine.common.recipe``: DelayedScaling
+amax_history_len=1024, Float8CurrentScaling, MXFP8BlockScaling; low-precision training: MXFP8),
+pytorch/ao ``torchao/testing/float8/roofline_utils.py`` (``get_tensor_memory_traffic_ovhd_s``:
+the kernels of tensorwise, rowwise and mxfp8 casts, per tensor role). GEMM throughput: every
+recipe's GEMMs take the GPU's FP8 curve; no public table times rowwise- or block-scaled GEMMs
+(XLA's sm_100 table has per-tensor FP8 rows only), so their kernels are assumed as fast as the
+per-tensor ones at the same FP8 datasheet peak, uncalibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.specs import FP8Recipe
+
+# one E8M0 scale byte per block of 32 elements (MXFP8), per copy
+_MX_SCALE = 1.0 / 32.0
+AMAX_HISTORY_LEN = 1024  # Transformer Engine DelayedScaling's default amax_history_len
+# amax histories per FP8 GEMM: TE's forward meta keeps input, weight and output, the backward's
+# grad_output and grad_input (fp8_meta["scaling_fwd"] 3 per GEMM, ["scaling_bwd"] 2)
+_HISTORIES_PER_GEMM = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeCosts:
+    """Per element, in units of ``e`` (16-bit bytes read) plus bytes written: a cast of a GEMM
+    input or output gradient moves ``act_reads * e + act_writes``; a norm-fed input moves
+    ``norm_fed`` bytes (None: as any other input); a weight moves ``weight_reads * e +
+    weight_writes`` once per iteration."""
+
+    act_reads: float
+    act_writes: float
+    norm_fed: float | None
+    weight_reads: float
+    weight_writes: float
+    operand_bytes: float  # bytes a GEMM reads per FP8 operand element (with its block scales)
+    copy_bytes: float  # bytes per parameter of the FP8 weight copies kept through the iteration
+    saves_fp8_input: bool  # the weight gradient's input is kept in FP8 (else in 16 bits)
+    amax_history: int  # fp32 amax values kept per FP8 tensor
+    weights_cached: bool = True  # the weights are cast once per iteration (else by every micro-batch)
+
+
+RECIPES: dict[FP8Recipe, RecipeCosts] = {
+    FP8Recipe.DELAYED: RecipeCosts(1.0, 2.0, 2.0, 1.0, 2.0, 1.0, 2.0, True, AMAX_HISTORY_LEN),
+    FP8Recipe.CURRENT: RecipeCosts(2.0, 2.0, None, 2.0, 2.0, 1.0, 2.0, True, 0),
+    FP8Recipe.ROWWISE: RecipeCosts(3.0, 2.0, None, 4.0, 2.0, 1.0, 0.0, False, 0, weights_cached=False),
+    FP8Recipe.MXFP8: RecipeCosts(1.0, 2.0 + 2 * _MX_SCALE, None, 1.0, 2.0 + 2 * _MX_SCALE, 1.0 + _MX_SCALE,
+                                 2.0 + 2 * _MX_SCALE, True, 0),
+}
+
+
+def recipe_costs(recipe: FP8Recipe | None) -> RecipeCosts:
+    """The costs of ``recipe`` (None: delayed, the default); a ValueError for one not modelled."""
+    key = recipe or FP8Recipe.DELAYED
+    try:
+        return RECIPES[key]
+    except KeyError:
+        raise ValueError(f"parallel.fp8_recipe: {key.value} is not modelled yet") from None
+
+
+def amax_history_bytes(fp8_gemms: int, recipe: FP8Recipe | None) -> float:
+    """Bytes of the amax histories of ``fp8_gemms`` FP8 GEMMs (delayed scaling only)."""
+    return 4.0 * recipe_costs(recipe).amax_history * _HISTORIES_PER_GEMM * fp8_gemms
+
+
+__all__ = ["AMAX_HISTORY_LEN", "RECIPES", "RecipeCosts", "amax_history_bytes", "recipe_costs"]
