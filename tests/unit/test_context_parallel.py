@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from paraplan.catalog import resolve_job
 from paraplan.cli.app import app
+from paraplan.export.megatron import megatron_args
 from paraplan.inventory import ParallelDim, count_job
 from paraplan.prediction import predict
 from paraplan.prediction.components import COMPONENTS
@@ -120,3 +121,11 @@ def test_the_command_line_takes_the_exchange_and_refuses_ulysses_on_too_few_head
                      env={"COLUMNS": "80"})
     assert bad.exit_code == 2
     assert bad.stderr.strip().count("\n") == 0 and "parallel.cp_comm_type" in bad.stderr
+
+
+def test_a_megatron_recipe_names_the_exchange_it_was_predicted_with():
+    assert "--cp-comm-type" not in megatron_args(_job(cp=2))  # p2p: Megatron-LM's default
+    args = megatron_args(_job(cp=2, kind="a2a"))
+    assert args[args.index("--cp-comm-type") + 1] == "a2a"
+    args = megatron_args(_job(cp=2, kind="allgather"))
+    assert args[args.index("--cp-comm-type") + 1] == "all_gather"  # Transformer Engine's name
