@@ -117,6 +117,9 @@ def test_the_command_line_takes_the_exchange_and_refuses_ulysses_on_too_few_head
     ok = run.invoke(app, ["predict", "--model", "llama-3-8b", "--cp", "4", "--cp-comm-type", "a2a", "-f", "json"],
                     env={"COLUMNS": "80"})
     assert ok.exit_code == 0 and json.loads(ok.stdout)["parallel"]["cp_comm_type"] == "a2a"
+    table = run.invoke(app, ["predict", "--model", "llama-3-8b", "--cp", "4", "--cp-comm-type", "a2a"],
+                       env={"COLUMNS": "80"})
+    assert table.exit_code == 0 and "cp=4 (a2a)" in table.stdout and "CP communication" in table.stdout
     bad = run.invoke(app, ["predict", "--model", "llama-3-70b", "--tp", "8", "--cp", "2", "--cp-comm-type", "a2a"],
                      env={"COLUMNS": "80"})
     assert bad.exit_code == 2
