@@ -111,7 +111,7 @@ def draw_case(choose: Callable[[Sequence], object], long_runs: bool = False):
     offload = choose((("none",), ("none", "cpu"), ("none", "cpu", "nvme")))  # ZeRO-Offload, ZeRO-Infinity
     if "nvme" in offload:  # no catalog node states its NVMe bandwidth: a made-up one (an error without)
         cluster = cluster.model_copy(update={"host": cluster.host.model_copy(update={"nvme_bandwidth_bytes_per_s": 6e9})})
-    space = SearchSpace(
+    axes = dict(
         pp=choose((None, (1,), (1, 2), (2, 4))),
         cp=choose(((1,), (1, 2))),
         micro_batch_size=choose(((1,), (1, 4), (2,))),
@@ -126,8 +126,12 @@ def draw_case(choose: Callable[[Sequence], object], long_runs: bool = False):
         shard_nodes=choose(((None,), (None, 1), (1,))),  # hybrid sharding within a node
         ep=choose((None, (1, 2), (4, 8))) if moe else None,
         etp=choose((None, (None, 1))) if moe else None,
-        extra=extra,
     )
+    if choose((False, True)):  # context parallelism's exchange, as the framework names it (drawn last:
+        # the draws before it walk the spaces they walked without it)
+        fsdp = axes["framework"] == "fsdp"
+        extra["cp_comm_type"] = choose(("allgather", "alltoall") if fsdp else ("p2p", "a2a", "allgather"))
+    space = SearchSpace(**axes, extra=extra)
     return model, cluster, precision, gbs, space
 
 
@@ -214,6 +218,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
                               STEADY_STATE_TOLERANCE: "steady"}[time_tolerance(job)],
                 "deepspeed 1f1b": q.pp > 1 and q.runs_deepspeed_train_schedule,
                 **{key: space.extra.get(key) for key in ("overlap_grad_reduce", "scatter_gather_p2p")},
+                "cp_comm": q.cp_comm if q.cp > 1 else "cp1",
                 **{key: space.extra.get(key) for key in ("moe_shared_expert_overlap", "expert_load_imbalance",
                                                          "overlap_moe_expert_parallel_comm") if model.is_moe},
             }
@@ -228,6 +233,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
         "hybrid shard": {False, True}, "tolerance": {"exact", "1f1b", "interleaved", "steady"},
         "deepspeed 1f1b": {False, True},
         "overlap_grad_reduce": {None, False, True}, "scatter_gather_p2p": {None, False, True},
+        "cp_comm": {"cp1", "p2p", "a2a", "allgather"},
         "moe_shared_expert_overlap": {None, False, True}, "overlap_moe_expert_parallel_comm": {None, False, True},
         "expert_load_imbalance": {None, 1.0, 1.25},
     }

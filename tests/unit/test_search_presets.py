@@ -54,7 +54,7 @@ def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_p
     assert space.zero_stage == (0, 1) and len(space.recompute) == 3 and space.sequence_parallel == "off"
     assert SearchSpace(framework="nemo-24.07").sequence_parallel == "with_tp"
     assert SearchSpace(framework="torchtitan").preset_fields == ("grad_reduce_in_fp32", "fsdp_version", "recompute_every",
-                                                                 "attention_kernel", "fp8_recipe")
+                                                                 "cp_comm_type", "attention_kernel", "fp8_recipe")
 
 
 def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():

@@ -33,11 +33,12 @@ _WHEN = {
     "sharded_over_nodes": "when ZeRO shards over whole nodes",
     "layer_recompute": "with recompute 'layer'",
     "fp8": "with precision fp8",
+    "context_parallel": "with context parallelism (cp > 1)",
 }
 # the order defaults are applied in (a later one may depend on an earlier one)
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p",
           "grad_reduce_in_fp32", "fsdp_version", "recompute", "recompute_every", "data_parallel_shard_degree",
-          "attention_kernel", "fp8_recipe")
+          "cp_comm_type", "attention_kernel", "fp8_recipe")
 _RECORDED = ("attention_kernel", "fp8_recipe")
 
 
@@ -166,6 +167,8 @@ def _applies(default: Default, plan: dict[str, Any], num_gpus: int, node: int,
         return tp > 1
     if default.when == "sequence_parallel":
         return tp > 1 and bool(plan.get("sequence_parallel"))
+    if default.when == "context_parallel":
+        return int(plan.get("context_parallel_size") or 1) > 1
     if default.when == "layer_recompute":
         return plan.get("recompute") == "layer"
     if default.when == "interleaved":

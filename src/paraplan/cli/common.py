@@ -158,6 +158,8 @@ JOB_FLAGS = (
     plan_flag("pipeline_model_parallel_size", int, help="Pipeline-parallel size."),
     plan_flag("data_parallel_size", int, help="Data-parallel size (derived when omitted)."),
     plan_flag("context_parallel_size", int, help="Context-parallel size."),
+    cli_flag("cp_comm_type", str | None, "--cp-comm-type", help="Context parallelism's K/V exchange: p2p | a2a | "
+             "allgather (Megatron-Core), allgather | alltoall (torchtitan); default: the framework's."),
     plan_flag("virtual_pipeline_model_parallel_size", int, help="Interleaved stages per GPU."),
     plan_flag("sequence_parallel", bool),
     plan_flag("expert_model_parallel_size", int, help="Expert-parallel size (MoE models)."),

@@ -249,6 +249,9 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
     par: list[list[str]] = [[flag, str(degree)] for flag, degree in (
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
         ("--context-parallel-size", p.cp)) if degree > 1]
+    if p.cp > 1 and p.cp_comm != "p2p":  # --cp-comm-type defaults to p2p; Transformer Engine takes
+        # p2p | all_gather | a2a (its AttnFuncWithCPAndKVAllGather is "all_gather")
+        par.append(["--cp-comm-type", "all_gather" if p.cp_comm == "allgather" else p.cp_comm])
     if p.sequence_parallel and p.tp > 1:
         par.append(["--sequence-parallel"])
     if p.vpp > 1:

@@ -13,7 +13,7 @@ import functools
 from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Phase
+from paraplan.specs import FP8Recipe, Framework, ModelSpec, ParallelPlan, Phase
 
 
 def gemm(
@@ -646,12 +646,51 @@ def count_layer_collectives(
             )
         )
     if plan.cp > 1:
-        kv = 2.0 * x.e * x.b * x.s * x.groups * x.d  # this rank's K and V chunk
-        out += [
-            Collective("cp_p2p", CollectiveKind.SEND_RECV, ParallelDim.CP, kv, Phase.FWD, plan.cp - 1),
-            # backward passes K, V and their gradients around the ring
-            Collective(
-                "cp_p2p", CollectiveKind.SEND_RECV, ParallelDim.CP, 2 * kv, Phase.BWD_INPUT, plan.cp - 1
-            ),
-        ]
+        out += context_parallel_collectives(plan, x)
     return tuple(out)
+
+
+def context_parallel_collectives(plan: ParallelPlan, x: LocalShape) -> list[Collective]:
+    """What context parallelism moves per layer, as ``plan.cp_comm`` runs it (the prediction's
+    ``stages.context_comm`` says which of it overlaps attention):
+
+    - p2p (Transformer Engine's ring, torchtitan's alltoall rotation): cp - 1 sends of this
+      rank's K/V chunk forward; backward cp - 1 sends of K/V with the previous step's dK/dV, and
+      the last dK/dV hop back to its owner (TE's AttnFuncWithCPAndKVP2P, PyTorch's
+      _templated_ring_attention_backward);
+    - allgather: K/V gathered whole forward and again backward; Transformer Engine
+      reduce-scatters dK/dV (AttnFuncWithCPAndKVAllGather), PyTorch rotates them around the
+      ring (its dkv rotater is an all-to-all shift, cp hops);
+    - a2a (DeepSpeed-Ulysses, TE's AttnFuncWithCPAndQKVOA2A): Q, K, V all-to-all to whole
+      sequences of heads / cp, the output back; backward the output gradient in, dQ/dK/dV back.
+    """
+    cp = plan.cp
+    kv = 2.0 * x.e * x.b * x.s * x.groups * x.d  # this rank's K and V chunk
+    dim = ParallelDim.CP
+    kind = plan.cp_comm
+    if kind == "a2a":
+        qkv = x.e * x.b * x.s * (x.heads + 2 * x.groups) * x.d  # one rank's whole send buffer
+        o = x.e * x.b * x.s * x.heads * x.d
+        return [
+            Collective("cp_a2a_qkv", CollectiveKind.ALL_TO_ALL, dim, qkv, Phase.FWD),
+            Collective("cp_a2a_out", CollectiveKind.ALL_TO_ALL, dim, o, Phase.FWD),
+            Collective("cp_a2a_dout", CollectiveKind.ALL_TO_ALL, dim, o, Phase.BWD_INPUT),
+            Collective("cp_a2a_dqkv", CollectiveKind.ALL_TO_ALL, dim, qkv, Phase.BWD_INPUT),
+        ]
+    if kind == "allgather":
+        gathered = cp * kv  # nccl-tests' all-gather size: the whole output
+        out = [
+            Collective("cp_allgather", CollectiveKind.ALL_GATHER, dim, gathered, Phase.FWD),
+            Collective("cp_allgather", CollectiveKind.ALL_GATHER, dim, gathered, Phase.BWD_INPUT),
+        ]
+        if plan.framework is Framework.FSDP:
+            out.append(Collective("cp_dkv_ring", CollectiveKind.SEND_RECV, dim, kv, Phase.BWD_INPUT, cp))
+        else:
+            out.append(Collective("cp_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, gathered, Phase.BWD_INPUT))
+        return out
+    return [
+        Collective("cp_p2p", CollectiveKind.SEND_RECV, dim, kv, Phase.FWD, cp - 1),
+        # backward passes K, V and their gradients around the ring
+        Collective("cp_p2p", CollectiveKind.SEND_RECV, dim, 2 * kv, Phase.BWD_INPUT, cp - 1),
+        Collective("cp_p2p_dkv_last", CollectiveKind.SEND_RECV, dim, kv, Phase.BWD_INPUT),
+    ]

@@ -273,6 +273,7 @@ class Prediction:
             "recompute": plan.recompute.value,
             "schedule": plan.schedule.value,
             "framework": plan.framework.value,
+            **({"cp_comm_type": plan.cp_comm} if plan.cp > 1 else {}),
             "layers_per_stage": [s.num_layers for s in self.stages],
             **({"attention_kernel": plan.attention_kernel.value} if plan.attention_kernel is not None else {}),
             **({"node_order": list(self.placement.node_order)} if self.placement is not None else {}),

@@ -27,7 +27,7 @@ from paraplan.prediction.offload import offload_costs, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
 from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
 from paraplan.schedule import overlapped_s
-from paraplan.specs import Phase
+from paraplan.specs import Framework, Phase
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 _ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
@@ -98,13 +98,9 @@ class LayerCost:
         tp = tuple(c for c in block.collectives if c.dim is ParallelDim.TP)
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
-        # Context parallelism passes K/V chunks around a ring while attention runs on the
-        # chunk already there (TransformerEngine overlaps them): the excess is exposed, and
-        # attention slows while the transfers run.
         attn_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind in _ATTENTION_KINDS)
         attn_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind in _ATTENTION_KINDS)
-        cp_f = exposed_beside(attn_f, comm.total(cp, (Phase.FWD,)), 0.0, comm.slowdown)
-        cp_b = exposed_beside(attn_b, comm.total(cp, BACKWARD), 0.0, comm.slowdown)
+        cp_f, cp_b = context_comm(attn_f, attn_b, cp, comm)
         tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
         if comm.plan.tp_comm_overlap:
             # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-
@@ -117,6 +113,49 @@ class LayerCost:
             tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
         ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
         return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight))
+
+
+def context_comm(attn_f: float, attn_b: float, colls: tuple[Collective, ...], comm: CommCosts) -> tuple[float, float]:
+    """Exposed seconds of one layer's context-parallel communication (forward, backward), as
+    ``plan.cp_comm`` runs it (``inventory.layer.context_parallel_collectives`` lists it).
+
+    The attention of a rank's queries against the whole sequence runs in cp steps, one K/V chunk
+    each; causal load balancing (each rank holds chunks i and 2cp-1-i) gives every step the
+    same work, 1/cp of the attention (step 0 the local causal half-square, the others a full
+    half-square). What a step's transfer does not hide is exposed, attention slowing while it
+    runs (``exposed_beside``):
+
+    - p2p: step i's attention runs beside the send of step i+1's chunk (cp - 1 of them; the last
+      step has nothing to send); backward alike, and the last dK/dV hop back to its owner has no
+      step after it;
+    - allgather, Transformer Engine: the gathers and the dK/dV reduce-scatter are exposed
+      ("KV all-gather between CP ranks is exposed", Llama 3 section 3.3.2); PyTorch's ring
+      (torchtitan) issues the gather before step 0 and waits for it at step 1, and rotates
+      dK/dV hop by hop beside the next step, the last hop exposed;
+    - a2a: the all-to-alls come before and after the attention, exposed.
+    """
+    if not colls:
+        return 0.0, 0.0
+    plan, slow = comm.plan, comm.slowdown
+    steps = plan.cp
+    step_f, step_b = attn_f / steps, attn_b / steps
+
+    def each(name: str, phases: tuple[Phase, ...]) -> float:  # seconds of one call
+        return sum(comm.seconds(c) / c.count for c in colls if c.name == name and c.phase in phases)
+
+    kind = plan.cp_comm
+    if kind == "p2p":
+        fwd = (steps - 1) * exposed_beside(step_f, each("cp_p2p", (Phase.FWD,)), 0.0, slow)
+        bwd = ((steps - 1) * exposed_beside(step_b, each("cp_p2p", BACKWARD), 0.0, slow)
+               + each("cp_p2p_dkv_last", BACKWARD))
+        return fwd, bwd
+    if kind == "allgather" and plan.framework is Framework.FSDP:
+        hop = each("cp_dkv_ring", BACKWARD)
+        fwd = exposed_beside(step_f, each("cp_allgather", (Phase.FWD,)), 0.0, slow)
+        bwd = (exposed_beside(step_b, each("cp_allgather", BACKWARD), 0.0, slow)
+               + (steps - 1) * exposed_beside(step_b, hop, 0.0, slow) + hop)
+        return fwd, bwd
+    return comm.total(colls, (Phase.FWD,)), comm.total(colls, BACKWARD)
 
 
 def _expert_comm(

@@ -39,6 +39,7 @@ def render_prediction(pred: Prediction) -> Group:
         (f"{job.model.name}", "bold"),
         f" on {_gpus(pred)}, ",
         f"tp={plan.tp} pp={plan.pp} dp={plan.dp} cp={plan.cp}"
+        + (f" ({plan.cp_comm})" if plan.cp > 1 else "")
         + (f" vpp={plan.vpp}" if plan.vpp > 1 else "")
         + f", micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size}"
         + f" ({plan.num_microbatches} micro-batches), {job.precision.value}, recompute {plan.recompute.value},"

@@ -108,7 +108,8 @@ from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
 #: Keys of ``SearchSpace.extra`` the screen models; any other key sends the search down the
 #: exact path (e.g. ``layers_per_stage``: uneven stages).
 SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule", "expert_load_imbalance",
-                              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "attention_kernel"})
+                              "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "attention_kernel",
+                              "cp_comm_type"})  # a layer's CP exchange: LayerCost per shard shape
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
 # full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)

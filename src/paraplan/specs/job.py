@@ -75,6 +75,8 @@ class Job(BaseModel):
         _check_divisible("parallel.tp", "num_query_groups", m.num_query_groups, p.tp)
         _check_divisible("parallel.tp", "ffn_hidden_size", m.ffn_hidden_size, p.tp)
         _check_divisible("parallel.cp", "seq_length", m.seq_length, p.cp)
+        if p.cp > 1 and p.cp_comm == "a2a":
+            _check_heads_a2a(m, p.tp, p.cp)
         if m.padded_vocab_size is not None:
             _check_divisible("parallel.tp", "padded_vocab_size", m.padded_vocab_size, p.tp)
         _check_experts(m, p)
@@ -174,6 +176,16 @@ def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:
             "parallel.moe_shared_expert_overlap: the model has no shared experts "
             "(moe_shared_expert_intermediate_size)"
         )
+
+
+def _check_heads_a2a(m: ModelSpec, tp: int, cp: int) -> None:
+    """Transformer Engine's all-to-all context parallelism splits each rank's query and K/V
+    heads over the cp ranks ("The number of attention heads needs to be divisible by CP size")."""
+    groups = m.num_query_groups or m.num_attention_heads
+    for name, heads in (("num_attention_heads", m.num_attention_heads), ("num_query_groups", groups)):
+        if (heads // tp) % cp:
+            raise ValueError(f"parallel.cp_comm_type: a2a splits the heads over cp ranks, but {name} / tp = "
+                             f"{heads // tp} is not divisible by cp = {cp}")
 
 
 def _check_divisible(field: str, what: str, value: int, by: int) -> None:

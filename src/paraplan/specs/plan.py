@@ -138,6 +138,13 @@ class ParallelPlan(BaseModel):
     # --no-overlap-p2p-communication; NeMo overlap_p2p_comm): pipeline sends run
     # asynchronously beside the next task instead of holding the sending stage
     overlap_p2p_comm: Bool = False
+    # How context parallelism (cp > 1) moves K and V: Megatron-Core's --cp-comm-type (Transformer
+    # Engine's cp_comm_type) p2p (a ring: each step's attention runs beside the next chunk's
+    # send), a2a (DeepSpeed-Ulysses all-to-alls of heads) or allgather (K and V gathered whole);
+    # all_gather is TE's spelling of allgather;
+    # torchtitan's context_parallel_rotate_method allgather or alltoall (its alltoall shifts the
+    # ring one rank per step, a p2p ring). Unset: the engine's default (``cp_comm``).
+    cp_comm_type: Literal["p2p", "a2a", "allgather", "all_gather", "alltoall", "a2a+p2p"] | None = None
     # Mixture of experts (Megatron-Core's names): experts split over expert_model_parallel_size
     # ranks, each expert's weights over expert_tensor_parallel_size ranks (default: tp); the
     # expert groups fold into the tp x cp x dp ranks of a pipeline stage (MoE parallel folding)
@@ -226,6 +233,7 @@ class ParallelPlan(BaseModel):
                 "parallel.overlap_p2p_comm: DeepSpeed's pipeline engine sends in lock-step; "
                 "asynchronous sends are Megatron-LM's overlap_p2p_comm (its interleaved schedule's default)"
             )
+        _check_cp_comm(self)
         if self.data_parallel_shard_degree is not None and self.zero_stage < 1:
             raise ValueError(
                 "parallel.data_parallel_shard_degree: hybrid sharding shards ZeRO state, so it needs "
@@ -287,6 +295,20 @@ class ParallelPlan(BaseModel):
     @property
     def cp(self) -> int:
         return self.context_parallel_size
+
+    @property
+    def cp_comm(self) -> str:
+        """How context parallelism communicates: 'p2p' (a ring of K/V chunks), 'a2a' (Ulysses) or
+        'allgather'. Unset, the engine's default: Megatron-Core's --cp-comm-type defaults to p2p
+        (megatron/training/arguments.py), torchtitan's context_parallel_rotate_method to
+        allgather (torchtitan/config/job_config.py); torchtitan's alltoall is a ring shift."""
+        if self.cp_comm_type == "alltoall":
+            return "p2p"
+        if self.cp_comm_type == "all_gather":  # Transformer Engine's spelling
+            return "allgather"
+        if self.cp_comm_type is not None:
+            return self.cp_comm_type
+        return "allgather" if self.framework is Framework.FSDP else "p2p"
 
     @property
     def vpp(self) -> int:
@@ -397,6 +419,25 @@ class ParallelPlan(BaseModel):
         if self.zero_stage == 3:
             return self.overlap_grad_reduce is not False
         return self.overlaps_grad_reduce and self.pp == 1
+
+
+def _check_cp_comm(plan: ParallelPlan) -> None:
+    """The context-parallel communication each framework runs: Megatron-Core p2p | a2a |
+    allgather (a2a+p2p, hierarchical, is not modelled); torchtitan (PyTorch's
+    context_parallel) rotates by allgather | alltoall (a ring, which p2p also names) and has no
+    Ulysses all-to-all."""
+    kind = plan.cp_comm_type
+    if kind is None:
+        return
+    if kind == "a2a+p2p":
+        raise ValueError("parallel.cp_comm_type: 'a2a+p2p' (hierarchical context parallelism) is not modelled; "
+                         "use p2p, a2a or allgather")
+    if plan.framework is Framework.FSDP and kind == "a2a":
+        raise ValueError("parallel.cp_comm_type: torchtitan rotates K/V by 'allgather' or 'alltoall' "
+                         "(context_parallel_rotate_method); the Ulysses all-to-all 'a2a' is Megatron-Core's")
+    if plan.framework is not Framework.FSDP and kind == "alltoall":
+        raise ValueError("parallel.cp_comm_type: 'alltoall' is torchtitan's ring rotation; Megatron-Core's "
+                         "names are p2p, a2a (Ulysses all-to-all) and allgather")
 
 
 def check_offload(plan: ParallelPlan) -> None:
