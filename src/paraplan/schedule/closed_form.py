@@ -7,7 +7,10 @@ backward ``b`` and (zero-bubble schedules) weight-gradient ``w`` seconds per mic
 dicts from class to arrays over plans, and its send times. The simulators beside this module
 (``schedule.pipeline``, ``schedule.deepspeed``) are the exact reference:
 
-- 1F1B, interleaved 1F1B and GPipe take closed forms that are exact for equal stages without
+- Megatron-LM's 1F1B takes its task graph (``one_f_one_b_finish``): short runs for all plans of
+  a pipeline depth at once, exact where the whole steady band is periodic, else within 0.1 %
+  (``DRIFT_BOUND``), so it equals ``predict``; its closed form below stays for pp = 1;
+- interleaved 1F1B and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the
   blocking sends by summing every stage once and repeating the slowest
@@ -25,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.schedule.deepspeed import deepspeed_finish
-from paraplan.schedule.pipeline import pipeline_finish, task_durations
+from paraplan.schedule.pipeline import one_f_one_b_finish, pipeline_finish, task_durations
 from paraplan.specs import Schedule
 
 #: A plan's schedule as an integer code (its index here) in the screen's plan arrays.
@@ -94,9 +97,33 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
     zero_bubble = runs_where(sched, "splits_backward") & (pp > 1)
     if zero_bubble.any():
         _zero_bubble_finish(finish, f, b, w, x, xf, pp, m, sched, zero_bubble)
+    one_f_one_b = runs(sched, Schedule.ONE_F_ONE_B) & (pp > 1)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
-        _lockstep_finish(finish, f, b, x, xf, pp, m, runs(sched, Schedule.ONE_F_ONE_B) & (pp > 1))
+        _lockstep_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
+    elif one_f_one_b.any():  # Megatron-LM's 1F1B: its task graph, periodic past a short run
+        _one_f_one_b_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
     return finish
+
+
+def _one_f_one_b_finish(finish, f, b, x, xf, pp, m, which) -> None:
+    """Replace ``finish`` of the Megatron-LM 1F1B plans in ``which`` with their task graph
+    (``schedule.one_f_one_b_finish``), evaluated for all plans of a pipeline depth at once
+    whatever their micro-batches, each stage costed as its class (stage 0, middle, last):
+    equal to ``predict``'s simulation to rounding."""
+    idx = np.flatnonzero(which)
+    for p in np.unique(pp[idx]).tolist():
+        sel = idx[pp[idx] == p]
+        stages = [FIRST if i == 0 else LAST if i == p - 1 else MID for i in range(p)]
+        none = np.zeros(len(sel))
+        dur = task_durations(Schedule.ONE_F_ONE_B, p, 1, [f[c][sel] for c in stages], [b[c][sel] for c in stages],
+                             [none] * p, x[sel], xf[sel])
+        done = one_f_one_b_finish(p, m[sel].astype(np.int64), np.asarray(dur, dtype=np.float64))
+        known = ~np.isnan(done[0])
+        sel, done = sel[known], done[:, known]
+        finish[FIRST][sel] = done[0]
+        finish[LAST][sel] = done[p - 1]
+        if p > 2:
+            finish[MID][sel] = done[1:p - 1].max(axis=0)
 
 
 def _lockstep_finish(finish, f, b, x, xf, pp, m, which) -> None:

@@ -306,3 +306,100 @@ def _each(schedule: Schedule, p: int, m: int, v: int, dur, overlap: bool):
         steady = extrapolate(run, m, p)
         columns.append(steady if steady is not None else run(m)[0])
     return np.asarray(columns).T
+
+
+#: The largest relative error ``one_f_one_b_finish`` allows where its stages drift (below
+#: the search's 0.1 % between the screen and ``predict``).
+DRIFT_BOUND = 1e-3
+
+
+def periodic_short(p: int) -> int:
+    """Micro-batches of ``one_f_one_b_finish``'s first short run for ``p`` stages: the
+    warm-up (p), a band of p + 2 micro-batches checked for periodicity, and the p + 2 before
+    the cool-down whose tasks a shorter run would time differently."""
+    return 3 * p + 4
+
+
+@functools.lru_cache(maxsize=64)
+def _task_index(schedule: Schedule, p: int, m: int):
+    """Node id of each (stage, forward 0 / backward 1, micro-batch) task of a one-chunk
+    schedule's ``_structure``, as an array (p, 2, m)."""
+    import numpy as np
+
+    idx = np.zeros((p, 2, m), dtype=np.int64)
+    for k, (i, _, kind, j, _, _) in enumerate(_structure(schedule, p, m, 1)):
+        idx[i, kind, j] = k
+    return idx
+
+
+def one_f_one_b_finish(p: int, m, dur):
+    """Each stage's finish time under Megatron-LM's 1F1B for many plans of ``p`` stages at
+    once, each with its own micro-batch count (``m``, an integer array): ``dur`` is an array
+    (3 p, plans) indexed as ``task_durations`` (blocking sends included). Returns (p, plans),
+    equal to ``simulate_pipeline``'s finish times to rounding, or within ``DRIFT_BOUND``.
+
+    A plan with more micro-batches than a short run of k (``periodic_short``) is timed from
+    that run: when every task of a band of p + 1 micro-batches in its steady phase ends
+    exactly one period later than the same task of the micro-batch before (the whole state,
+    not one stage's marks), every later task does too, by induction over the graph (1F1B's
+    steady tasks wait on tasks at most p micro-batches earlier, and the band lies before the
+    tasks the cool-down changes), so a run of m micro-batches finishes (m - k) periods later:
+    exact. A plan whose band is not yet periodic tries a run 4 times longer. Still not
+    periodic, its stages are drifting: a stage slower than those after it sets the pace only
+    once their warm-up lead is used up, so the finish as a function of m is the larger of
+    lines, convex, its slope at most the slowest stage's forward plus backward. Between the
+    slope over the two runs and that pace lies the finish at m: the middle of the bracket is
+    taken where its half-width is within ``DRIFT_BOUND``; the rest, and short plans, are
+    evaluated whole. The runs are evaluated once per distinct column of durations, for every m
+    at once."""
+    import numpy as np
+
+    schedule = Schedule.ONE_F_ONE_B
+    m = np.asarray(m, dtype=np.int64)
+    n = dur.shape[1]
+    out = np.empty((p, n))
+    todo = np.ones(n, dtype=bool)
+    pace = (dur[0::3] + dur[1::3]).max(axis=0)  # the slowest stage's forward and backward
+    first = np.full((p, n), np.nan)  # the finish of the first run, where it was not periodic
+    k1 = periodic_short(p)
+    before = k1
+    for k in (k1, 2 * k1, 8 * k1):
+        cols = np.flatnonzero(todo & (m > k1))
+        if len(cols) == 0:
+            continue
+        columns, inv = np.unique(dur[:, cols], axis=1, return_inverse=True)
+        inv = inv.reshape(-1)
+        levels, nodes = _levels(schedule, p, k, 1)
+        end = graph_ends(levels, nodes, columns)
+        idx = _task_index(schedule, p, k)
+        j0 = k - 2 * p - 3
+        band = end[idx[:, :, j0:j0 + p + 2]]  # (p, 2, p + 2, columns)
+        steps = band[:, :, 1:] - band[:, :, :-1]
+        period = steps[0, 0, 0]
+        periodic = np.all(np.abs(steps - period) <= 1e-9 * period, axis=(0, 1, 2))[inv]
+        finish = end[list(_last_task(schedule, p, k, 1))][:, inv]
+        periodic &= m[cols] >= k
+        done = cols[periodic]
+        out[:, done] = finish[:, periodic] + (m[done] - k) * period[inv[periodic]]
+        todo[done] = False
+        if k == k1:
+            first[:, cols] = finish
+            continue
+        earlier, first[:, cols] = first[:, cols], finish
+        # drifting: between the two runs the finish is below the chord and above the pace's
+        # line, past them above the chord's line and below the pace's
+        moving = ~periodic & (m[cols] > before)  # (a plan between runs is bracketed once)
+        drift = cols[moving]
+        top, mb = finish[:, moving], m[drift]
+        slope = (top - earlier[:, moving]) / (k - before)
+        ahead = mb >= k
+        low = np.where(ahead, top + (mb - k) * slope, top - (k - mb) * pace[drift])
+        high = np.where(ahead, top + (mb - k) * pace[drift], top - (k - mb) * slope)
+        narrow = np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
+        out[:, drift[narrow]] = ((low + high) / 2)[:, narrow]
+        todo[drift[narrow]] = False
+        before = k
+    for mb in np.unique(m[todo]).tolist():  # short runs, and drifts too wide to bracket
+        sel = todo & (m == mb)
+        out[:, sel] = _full(schedule, p, mb, 1, dur[:, sel], False)
+    return out
