@@ -131,7 +131,7 @@ def test_megatron_1f1b_for_many_plans_equals_its_simulation_within_the_drift_bou
     a last stage as the screen costs them, against the task-by-task simulation: equal to
     rounding where the short run's steady band is periodic or the run is whole, within
     ``DRIFT_BOUND`` where the stages drift."""
-    from paraplan.schedule.pipeline import DRIFT_BOUND, one_f_one_b_finish
+    from paraplan.schedule.one_f_one_b import DRIFT_BOUND, one_f_one_b_finish
 
     fc = data.draw(st.lists(times, min_size=3, max_size=3))
     bc = data.draw(st.lists(times, min_size=3, max_size=3))
@@ -145,7 +145,7 @@ def test_megatron_1f1b_for_many_plans_equals_its_simulation_within_the_drift_bou
 
 
 def test_megatron_1f1b_with_a_periodic_steady_state_is_exact_past_the_short_run():
-    from paraplan.schedule.pipeline import one_f_one_b_finish, periodic_short
+    from paraplan.schedule.one_f_one_b import one_f_one_b_finish, periodic_short
 
     p, m = 6, 5 * periodic_short(6)
     fwd, bwd = [1.0, 1.1, 1.1, 1.1, 1.1, 1.6], [2.0, 2.2, 2.2, 2.2, 2.2, 3.0]  # the last stage sets the pace

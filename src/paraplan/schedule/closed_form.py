@@ -28,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.schedule.deepspeed import deepspeed_finish
-from paraplan.schedule.pipeline import one_f_one_b_finish, pipeline_finish, task_durations
+from paraplan.schedule.one_f_one_b import distinct_columns, one_f_one_b_finish
+from paraplan.schedule.pipeline import pipeline_finish, task_durations
 from paraplan.specs import Schedule
 
 #: A plan's schedule as an integer code (its index here) in the screen's plan arrays.
@@ -107,19 +108,20 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
 
 def _one_f_one_b_finish(finish, f, b, x, xf, pp, m, which) -> None:
     """Replace ``finish`` of the Megatron-LM 1F1B plans in ``which`` with their task graph
-    (``schedule.one_f_one_b_finish``), evaluated for all plans of a pipeline depth at once
-    whatever their micro-batches, each stage costed as its class (stage 0, middle, last):
-    equal to ``predict``'s simulation to rounding."""
+    (``schedule.one_f_one_b.one_f_one_b_finish``), evaluated for all plans of a pipeline depth
+    at once whatever their micro-batches, each stage costed as its class (stage 0, middle,
+    last): plans with the same class times and sends share a column of durations."""
     idx = np.flatnonzero(which)
     for p in np.unique(pp[idx]).tolist():
         sel = idx[pp[idx] == p]
+        key = np.stack([f[FIRST][sel], f[MID][sel], f[LAST][sel], b[FIRST][sel], b[MID][sel], b[LAST][sel],
+                        x[sel], xf[sel]])
+        kept, column = distinct_columns(key)
+        key = key[:, kept]
         stages = [FIRST if i == 0 else LAST if i == p - 1 else MID for i in range(p)]
-        none = np.zeros(len(sel))
-        dur = task_durations(Schedule.ONE_F_ONE_B, p, 1, [f[c][sel] for c in stages], [b[c][sel] for c in stages],
-                             [none] * p, x[sel], xf[sel])
-        done = one_f_one_b_finish(p, m[sel].astype(np.int64), np.asarray(dur, dtype=np.float64))
-        known = ~np.isnan(done[0])
-        sel, done = sel[known], done[:, known]
+        dur = task_durations(Schedule.ONE_F_ONE_B, p, 1, [key[c] for c in stages], [key[3 + c] for c in stages],
+                             [np.zeros(len(kept))] * p, key[6], key[7])
+        done = one_f_one_b_finish(p, m[sel].astype(np.int64), np.asarray(dur, dtype=np.float64), column)
         finish[FIRST][sel] = done[0]
         finish[LAST][sel] = done[p - 1]
         if p > 2:
