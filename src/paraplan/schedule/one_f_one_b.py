@@ -19,9 +19,8 @@ order whatever the formula, and a test compares the graph with ``_structure``'s)
 from __future__ import annotations
 
 import functools
-import itertools
 
-from paraplan.schedule.graph import graph_ends
+from paraplan.schedule.graph import in_level_order, level_ends
 from paraplan.schedule.pipeline import _full
 from paraplan.schedule.steady import LONG
 from paraplan.specs import Schedule
@@ -71,31 +70,35 @@ def graph_arrays(p: int, m: int):
 
 @functools.lru_cache(maxsize=128)
 def _graph(p: int, m: int):
-    """``graph_arrays`` in ``schedule.graph``'s levels: (levels, node count)."""
+    """``graph_arrays`` in levels, in level order (``schedule.graph.in_level_order``): (its
+    levels, each node's row of the ends as an array (2 p, m))."""
     import numpy as np
 
     kinds, prev, dep, level = graph_arrays(p, m)
-    n = len(kinds)
     for before in (prev, dep):
         if np.any((before >= 0) & (level <= level[np.maximum(before, 0)])):
             raise RuntimeError("one_f_one_b: a task's level does not follow its predecessor's (this is a bug)")
-    order = np.argsort(level, kind="stable")
-    bounds = np.searchsorted(level[order], np.arange(1, int(level.max()) + 2))
-    fa, fb = np.where(prev >= 0, prev, n), np.where(dep >= 0, dep, n)
-    levels = tuple((ids, fa[ids], fb[ids], kinds[ids]) for ids in
-                   (order[lo:hi] for lo, hi in itertools.pairwise(bounds.tolist())))
-    return levels, n
+    levels, row = in_level_order(kinds, prev, dep, level)
+    return levels, row.reshape(2 * p, m)
 
 
-def _ends(p: int, m: int, dur):
-    """Every task's end (nodes + 1, columns) for the duration columns ``dur`` (3 p, columns)."""
-    levels, n = _graph(p, m)
-    return graph_ends(levels, n, dur)
+def _ends(p: int, m: int, dur, upto: int | None = None, end=None):
+    """The tasks' ends (rows as ``_graph``'s, columns) for the duration columns ``dur`` (3 p,
+    columns): every level, or the first ``upto``; with ``end``, a run of these columns
+    evaluated up to some level, continued."""
+    return level_ends(_graph(p, m)[0], dur, upto, end)
 
 
-def _last(p: int, m: int) -> list[int]:
-    """Each stage's last task: its backward of the last micro-batch."""
-    return [(2 * i + 1) * m + m - 1 for i in range(p)]
+def _steady_levels(p: int, k: int) -> int:
+    """How many levels hold every task of a run of ``k`` >= p micro-batches before its
+    cool-down (forward j of stage i ends at level i + 2 j + 1, steady backward j at
+    2 p - i + 2 j): whatever the graph's length, the same tasks."""
+    return 2 * k + p - 1
+
+
+def _last(rows, m: int):
+    """Each stage's last task's row: its backward of the last micro-batch."""
+    return rows[1::2, m - 1]
 
 
 def _whole(p: int, m: int, dur):
@@ -103,7 +106,7 @@ def _whole(p: int, m: int, dur):
     ``LONG`` extrapolated plan by plan as ``simulate_pipeline`` does."""
     if m > LONG:
         return _full(Schedule.ONE_F_ONE_B, p, m, 1, dur, False)
-    return _ends(p, m, dur)[_last(p, m)]
+    return _ends(p, m, dur)[_last(_graph(p, m)[1], m)]
 
 
 def _paced_by_last(p: int, dur):
@@ -133,10 +136,10 @@ def _paced_finish(p: int, dur):
     return dur[0::3].sum(axis=0) + back
 
 
-def _cool_down(p: int, k: int, end, m, column, b_dur):
-    """Each stage's finish (p, plans) for plans of ``m`` <= ``k`` micro-batches, from a run of
-    ``k``: ``end`` its task ends (nodes + 1, columns), ``column`` each plan's column of it and
-    ``b_dur`` each stage's backward (p, columns).
+def _cool_down(p: int, rows, end, m, column, b_dur):
+    """Each stage's finish (p, plans) for plans of ``m`` micro-batches, from a longer run:
+    ``end`` its task ends, ``rows`` their rows (``_graph``), ``column`` each plan's column of
+    it and ``b_dur`` each stage's backward (p, columns).
 
     A run of m micro-batches holds the same tasks as one of k up to its cool-down: every
     forward, and each stage's steady backwards (same predecessors, same durations), so only
@@ -151,7 +154,7 @@ def _cool_down(p: int, k: int, end, m, column, b_dur):
     n = len(m)
     stage = np.arange(p)[:, None]
     c = np.minimum(p - 1 - stage, m[None, :])  # (p, plans)
-    before = np.where(c < m, (2 * stage + 1) * k + (m - 1 - c), 2 * stage * k + m - 1)
+    before = np.where(c < m, rows[2 * stage + 1, np.maximum(m - 1 - c, 0)], rows[2 * stage, m - 1])
     outside = end[before, column[None, :]]  # the run's task at u = c of each stage
     back = b_dur[:, column]
     out = np.empty((p, n))
@@ -181,25 +184,14 @@ def distinct_columns(dur):
     return order[new], inverse
 
 
-def _run(p: int, k: int, dur, column):
-    """A run of ``k`` micro-batches for the columns of ``dur`` that ``column`` names: (its task
-    ends, the columns it ran, each plan's index among them, each plan's finish (p, plans))."""
-    import numpy as np
-
-    used, inv = np.unique(column, return_inverse=True)
-    inv = inv.reshape(-1)
-    end = _ends(p, k, dur[:, used])
-    return end, used, inv, end[_last(p, k)][:, inv]
-
-
-def _periodic(p: int, k: int, end):
-    """Whether each column of a run of ``k`` repeats itself in the band of p + 2 micro-batches
-    before the last p + 1 (every task one period after the same task of the micro-batch
-    before), and that period."""
+def _periodic(p: int, k: int, rows, end):
+    """Whether each column of a run repeats itself in the band of p + 2 micro-batches before
+    the last p + 1 of its first ``k`` (every task one period after the same task of the
+    micro-batch before), and that period."""
     import numpy as np
 
     j0 = k - 2 * p - 3
-    band = end[(np.arange(2 * p) * k)[:, None] + np.arange(j0, j0 + p + 2)]  # (2 p, p + 2, columns)
+    band = end[rows[:, j0:j0 + p + 2]]  # (2 p, p + 2, columns)
     steps = band[:, 1:] - band[:, :-1]
     period = steps[0, 0]
     return np.all(np.abs(steps - period) <= 1e-9 * period, axis=(0, 1)), period
@@ -239,53 +231,52 @@ def one_f_one_b_finish(p: int, m, dur, column=None):
                      + (m[paced] - 1) * (dur[-3] + dur[-2])[column[paced]])
     todo = ~paced
     pace = (dur[0::3] + dur[1::3]).max(axis=0)[column]  # the slowest stage's forward and backward
-    first = np.full((p, n), np.nan)  # the finish of the first run, where it was not periodic
     b_dur = dur[1::3]
     k1 = periodic_short(p)
-    long = np.zeros(dur.shape[1], dtype=bool)
+    long = np.zeros(dur.shape[1], dtype=bool)  # columns with a plan of more than k1
     long[column[todo & (m > k1)]] = True
     few = todo & ~long[column]  # plans only a short run's cool-down times: one run of their most
     if few.any():
         used, inv = np.unique(column[few], return_inverse=True)
         k = int(m[few].max())
-        out[:, few] = _cool_down(p, k, _ends(p, k, dur[:, used]), m[few], inv.reshape(-1), b_dur[:, used])
+        out[:, few] = _cool_down(p, _graph(p, k)[1], _ends(p, k, dur[:, used]), m[few], inv.reshape(-1),
+                                 b_dur[:, used])
         todo &= ~few
+    # the rest: one run of 8 k1 for their columns, evaluated level by level up to where a run
+    # of k1, 2 k1, 4 k1 would begin its cool-down, dropping the columns done at each of them
     cols = np.flatnonzero(todo)
-    if len(cols):  # the first short run: every plan of at most k1, and the periodic ones
-        end, used, inv, finish = _run(p, k1, dur, column[cols])
-        short = m[cols] <= k1
-        out[:, cols[short]] = _cool_down(p, k1, end, m[cols[short]], inv[short], b_dur[:, used])
-        periodic, period = _periodic(p, k1, end)
+    if len(cols) == 0:
+        return out
+    longest = 8 * k1
+    rows = _graph(p, longest)[1]
+    used, inv = np.unique(column[cols], return_inverse=True)
+    inv = inv.reshape(-1)
+    end, earlier, before = None, None, k1
+    for k in (k1, 2 * k1, 4 * k1, longest):
+        end = _ends(p, longest, dur[:, used], _steady_levels(p, k), end)
+        ends = _cool_down(p, rows, end, np.full(len(used), k), np.arange(len(used)), b_dur[:, used])
+        short = m[cols] <= k  # exact: the run's tasks and the plan's own cool-down
+        out[:, cols[short]] = _cool_down(p, rows, end, m[cols[short]], inv[short], b_dur[:, used])
+        periodic, period = _periodic(p, k, rows, end)
         done = ~short & periodic[inv]
-        out[:, cols[done]] = finish[:, done] + (m[cols[done]] - k1) * period[inv[done]]
-        first[:, cols] = finish
-        todo[cols[short | done]] = False
-    cols = np.flatnonzero(todo)
-    if len(cols):  # drifting: one longer run per column, as long as its plans need (up to 8 k1)
-        most = np.zeros(dur.shape[1], dtype=np.int64)
-        np.maximum.at(most, column[cols], m[cols])
-        for k in (2 * k1, 4 * k1, 8 * k1):
-            sel = cols[(most[column[cols]] <= k) | (k == 8 * k1)]
-            cols = np.setdiff1d(cols, sel)
-            if len(sel) == 0:
-                continue
-            end, used, inv, finish = _run(p, k, dur, column[sel])
-            short = m[sel] <= k
-            out[:, sel[short]] = _cool_down(p, k, end, m[sel[short]], inv[short], b_dur[:, used])
-            todo[sel[short]] = False
-            periodic, period = _periodic(p, k, end)
-            done = ~short & periodic[inv]
-            out[:, sel[done]] = finish[:, done] + (m[sel[done]] - k) * period[inv[done]]
-            todo[sel[done]] = False
-            # still drifting past the longest run: the finish is above the chord's line and
-            # below the pace's
-            drift = ~short & ~done
-            top, mb = finish[:, drift], m[sel[drift]]
-            slope = (top - first[:, sel[drift]]) / (k - k1)
-            low, high = top + (mb - k) * slope, top + (mb - k) * pace[sel[drift]]
+        out[:, cols[done]] = ends[:, inv[done]] + (m[cols[done]] - k) * period[inv[done]]
+        finished = short | done
+        if k == longest and earlier is not None:
+            # still drifting: past the run the finish is above the chord's line and below the pace's
+            drift = np.flatnonzero(~finished)
+            top, mb = ends[:, inv[drift]], m[cols[drift]]
+            slope = (top - earlier[:, inv[drift]]) / (k - before)
+            low, high = top + (mb - k) * slope, top + (mb - k) * pace[cols[drift]]
             narrow = np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
-            out[:, sel[drift][narrow]] = ((low + high) / 2)[:, narrow]
-            todo[sel[drift][narrow]] = False
+            out[:, cols[drift[narrow]]] = ((low + high) / 2)[:, narrow]
+            finished[drift[narrow]] = True
+        todo[cols[finished]] = False
+        cols, inv = cols[~finished], inv[~finished]
+        if len(cols) == 0:
+            return out
+        keep, inv = np.unique(inv, return_inverse=True)
+        inv = inv.reshape(-1)
+        used, end, earlier, before = used[keep], end[:, keep], ends[:, keep], k
     for mb in np.unique(m[todo]).tolist():  # drifts too wide to bracket
         sel = np.flatnonzero(todo & (m == mb))
         used, inv = np.unique(column[sel], return_inverse=True)
