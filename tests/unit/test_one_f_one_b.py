@@ -45,3 +45,38 @@ def test_every_micro_batch_count_up_to_the_short_run_is_timed_to_rounding_from_t
     for q, m in enumerate(ms.tolist()):
         sim = simulate_pipeline(fwd, bwd, send, m, Schedule.ONE_F_ONE_B, fwd_extra_s=0.01, keep_tasks=True)
         assert got[:, q] == pytest.approx(sim.finish, rel=1e-12, abs=0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 9), data=st.data(), send=st.sampled_from([0.0, 0.02, 0.3]), extra=st.integers(0, 40))
+def test_where_the_last_stage_paces_the_pipeline_its_closed_form_is_the_simulation(p, data, send, extra):
+    """Per-stage times (not only three classes) with a heavier last stage, so that the
+    condition often holds; where it does, the closed form equals the simulation to rounding."""
+    from paraplan.schedule.one_f_one_b import _paced_by_last, _paced_finish
+
+    fwd = data.draw(st.lists(times, min_size=p, max_size=p))
+    bwd = data.draw(st.lists(times, min_size=p, max_size=p))
+    bwd[-1] += data.draw(st.floats(0.0, 3.0))
+    dur = np.asarray(task_durations(Schedule.ONE_F_ONE_B, p, 1, fwd, bwd, [0.0] * p, send, send + 0.01)).reshape(-1, 1)
+    if not _paced_by_last(p, dur)[0]:
+        return
+    m = p + extra
+    sim = simulate_pipeline(fwd, bwd, send, m, Schedule.ONE_F_ONE_B, fwd_extra_s=0.01, keep_tasks=True)
+    paced = _paced_finish(p, dur)[:, 0] + (m - 1) * (dur[-3, 0] + dur[-2, 0])
+    assert paced == pytest.approx(sim.finish, rel=1e-12)
+    assert one_f_one_b_finish(p, np.array([m]), dur)[:, 0] == pytest.approx(sim.finish, rel=1e-12)
+
+
+def test_the_closed_form_is_refused_where_a_stage_is_slower_than_the_last():
+    """Stage 0 takes 1.1 s a micro-batch, the last stage 1.0 s: the last stage's pace would be
+    2.6 % fast; the plan is timed from its task graph instead."""
+    from paraplan.schedule.one_f_one_b import _paced_by_last, _paced_finish
+
+    p, m = 4, 12
+    fwd, bwd = [0.5, 0.3, 0.3, 0.4], [0.6, 0.5, 0.5, 0.6]
+    dur = np.asarray(task_durations(Schedule.ONE_F_ONE_B, p, 1, fwd, bwd, [0.0] * p, 0.0, 0.0)).reshape(-1, 1)
+    sim = simulate_pipeline(fwd, bwd, 0.0, m, Schedule.ONE_F_ONE_B, keep_tasks=True)
+    paced = _paced_finish(p, dur)[:, 0] + (m - 1) * 1.0
+    assert not _paced_by_last(p, dur)[0]
+    assert paced[0] == pytest.approx(14.7) and sim.finish[0] == pytest.approx(15.1)
+    assert one_f_one_b_finish(p, np.array([m]), dur)[:, 0] == pytest.approx(sim.finish, rel=1e-12)

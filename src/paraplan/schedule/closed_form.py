@@ -7,9 +7,10 @@ backward ``b`` and (zero-bubble schedules) weight-gradient ``w`` seconds per mic
 dicts from class to arrays over plans, and its send times. The simulators beside this module
 (``schedule.pipeline``, ``schedule.deepspeed``) are the exact reference:
 
-- Megatron-LM's 1F1B takes its task graph (``one_f_one_b_finish``): short runs for all plans of
-  a pipeline depth at once, exact where the whole steady band is periodic, else within 0.1 %
-  (``DRIFT_BOUND``), so it equals ``predict``; its closed form below stays for pp = 1;
+- Megatron-LM's 1F1B takes ``schedule.one_f_one_b``: a proven closed form where the last stage
+  paces the pipeline, else runs of its task graph shared by every m: equal to ``predict`` up to
+  8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
+  within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
 - interleaved 1F1B and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the

@@ -12,8 +12,11 @@ forward at ``p``, later forwards at ``i + 2 j + 1`` and backward ``j`` at ``2 p 
 (the longest chain into each task; every edge is checked to climb, so the levels are a valid
 order whatever the formula, and a test compares the graph with ``_structure``'s).
 
-``one_f_one_b_finish`` then times every plan from one short run per distinct duration column
-(``periodic_short``), exact where the run's steady band repeats, else within ``DRIFT_BOUND``.
+``one_f_one_b_finish`` then times every plan: by a closed form where the last stage paces the
+pipeline from the start (proven, ``_paced_by_last``), else from runs shared by every m: a run of
+k micro-batches holds every task of a run of m <= k before that one's cool-down, so one run per
+distinct column of durations times all of its plans up to k exactly (``_cool_down``), and past
+k exactly where the run's steady band repeats, else within ``DRIFT_BOUND``.
 """
 
 from __future__ import annotations
@@ -207,19 +210,21 @@ def one_f_one_b_finish(p: int, m, dur, column=None):
     Where the last stage sets the pace from the start (``_paced_by_last``: in a whole-space
     screen of GPT-3 175B, 76-86 % of the plans of each depth), a closed form is exact.
 
-    A plan with more micro-batches than a short run of k (``periodic_short``) is timed from
-    that run: when every task of a band of p + 1 micro-batches in its steady phase ends
-    exactly one period later than the same task of the micro-batch before (the whole state,
-    not one stage's marks), every later task does too, by induction over the graph (1F1B's
-    steady tasks wait on tasks at most p micro-batches earlier, and the band lies before the
-    tasks the cool-down changes), so a run of m micro-batches finishes (m - k) periods later:
-    exact. A plan whose band is not yet periodic tries a run 2 times longer, then 8 times.
-    Still not periodic, its stages are drifting: a stage slower than those after it sets the
-    pace only once their warm-up lead is used up, so the finish as a function of m is the
-    larger of lines, convex, its slope at most the slowest stage's forward plus backward.
-    Between the slope over the two runs and that pace lies the finish at m: the middle of the
-    bracket is taken where its half-width is within ``DRIFT_BOUND``; the rest, and short
-    plans, are evaluated whole. Each run is evaluated once per column, for every m at once."""
+    The other plans are timed from runs of k micro-batches, one per distinct column: a plan
+    of m <= k exactly from the run's tasks and its own cool-down (``_cool_down``), so the
+    columns whose plans all have at most k1 = ``periodic_short(p)`` take one run of their
+    largest m. A plan with more is timed from a run of k1: when every task of a band of p + 1
+    micro-batches in its steady phase ends exactly one period later than the same task of the
+    micro-batch before (the whole state, not one stage's marks), every later task does too,
+    by induction over the graph (1F1B's steady tasks wait on tasks at most p micro-batches
+    earlier), so a run of m micro-batches finishes (m - k) periods later: exact. A column not
+    yet periodic continues its run, level by level, to 2 k1, 4 k1 and 8 k1, checked again at
+    each (so every plan of up to 8 k1 micro-batches is exact). Still not periodic, its stages
+    are drifting: a stage slower than those after it sets the pace only once their warm-up
+    lead is used up, so the finish as a function of m is the larger of lines, convex, its
+    slope at most the slowest stage's forward plus backward. Between the slope over the last
+    two checks and that pace lies the finish at m: the middle of the bracket is taken where
+    its half-width is within ``DRIFT_BOUND``, the rest is evaluated whole."""
     import numpy as np
 
     m = np.asarray(m, dtype=np.int64)

@@ -24,8 +24,8 @@ overlap, ``schedule.closed_form.stage_in_flight``, ``offload.exposed_gradient_co
 rounding for one stage, for GPipe (two flow shops, exact), for DeepSpeed's 1F1B and for the
 zero-bubble schedules (their task graphs, evaluated per shape for all plans at once; past
 ``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
-1 %). Megatron-LM's 1F1B with pp > 1 takes its task graph too
-(``schedule.one_f_one_b_finish``: exact where a short run's steady band is periodic, else
+1 %). Megatron-LM's 1F1B with pp > 1 takes its task graph too (``schedule.one_f_one_b``:
+exact up to 8 short runs of micro-batches, and past them where the steady state repeats, else
 within 0.1 %). It differs only in the pipeline of interleaved plans with pp > 1, whose event
 simulation is replaced by a closed form (``schedule.closed_form``: exact for equal stages
 without sends, an estimate with unequal ends and sends: 1.5 % on GPT-3 175B's 32 stages of 3
