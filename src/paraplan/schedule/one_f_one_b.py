@@ -154,6 +154,10 @@ def _cool_down(p: int, rows, end, m, column, b_dur):
     stage is warm-up and cool-down) down to stage i's last backward, its finish."""
     import numpy as np
 
+    if len(m) == 0:
+        return np.empty((p, 0))
+    pairs, plan = np.unique(column * (int(m.max()) + 1) + m, return_inverse=True)  # plans alike: once
+    column, m = pairs // (int(m.max()) + 1), pairs % (int(m.max()) + 1)
     n = len(m)
     stage = np.arange(p)[:, None]
     c = np.minimum(p - 1 - stage, m[None, :])  # (p, plans)
@@ -169,7 +173,7 @@ def _cool_down(p: int, rows, end, m, column, b_dur):
         cs = c[:s + 1]
         diagonal = np.where(u < cs, step, np.where(u == cs, outside[:s + 1], -np.inf))
         out[s] = diagonal[s]
-    return out
+    return out[:, plan.reshape(-1)]
 
 
 def distinct_columns(dur):
