@@ -122,3 +122,33 @@ def test_two_million_micro_batches_take_no_longer_than_two_thousand():
     # the steady state adds the same seconds per micro-batch
     per_mb = (many.makespan - few.makespan) / (2_000_000 - 2000)
     assert per_mb == pytest.approx(max(f + b for f, b in zip(fwd, bwd, strict=True)), rel=0.02)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(2, 9), m=st.integers(1, 400), data=st.data(), send=st.sampled_from([0.0, 0.02, 0.3]))
+def test_megatron_1f1b_for_many_plans_equals_its_simulation_within_the_drift_bound(p, m, data, send):
+    """``one_f_one_b_finish`` (the screen's Megatron-LM 1F1B): stage 0, equal middle stages and
+    a last stage as the screen costs them, against the task-by-task simulation: equal to
+    rounding where the short run's steady band is periodic or the run is whole, within
+    ``DRIFT_BOUND`` where the stages drift."""
+    from paraplan.schedule.one_f_one_b import DRIFT_BOUND, one_f_one_b_finish
+
+    fc = data.draw(st.lists(times, min_size=3, max_size=3))
+    bc = data.draw(st.lists(times, min_size=3, max_size=3))
+    cls = [0] + [1] * (p - 2) + [2]
+    fwd, bwd = [fc[c] for c in cls], [bc[c] for c in cls]
+    sim = simulate_pipeline(fwd, bwd, send, m, Schedule.ONE_F_ONE_B, fwd_extra_s=0.01, keep_tasks=True)
+    dur = np.asarray(task_durations(Schedule.ONE_F_ONE_B, p, 1, fwd, bwd, [0.0] * p, send, send + 0.01)).reshape(-1, 1)
+    got = one_f_one_b_finish(p, np.array([m, m]), np.hstack([dur, dur]))
+    assert got[:, 0] == pytest.approx(sim.finish, rel=DRIFT_BOUND)
+    assert got[:, 1] == pytest.approx(got[:, 0], rel=1e-12)
+
+
+def test_megatron_1f1b_with_a_periodic_steady_state_is_exact_past_the_short_run():
+    from paraplan.schedule.one_f_one_b import one_f_one_b_finish, periodic_short
+
+    p, m = 6, 5 * periodic_short(6)
+    fwd, bwd = [1.0, 1.1, 1.1, 1.1, 1.1, 1.6], [2.0, 2.2, 2.2, 2.2, 2.2, 3.0]  # the last stage sets the pace
+    sim = simulate_pipeline(fwd, bwd, 0.05, m, Schedule.ONE_F_ONE_B, keep_tasks=True)
+    dur = np.asarray(task_durations(Schedule.ONE_F_ONE_B, p, 1, fwd, bwd, [0.0] * p, 0.05, 0.05)).reshape(-1, 1)
+    assert one_f_one_b_finish(p, np.array([m]), dur)[:, 0] == pytest.approx(sim.finish, rel=1e-12)

@@ -7,7 +7,11 @@ backward ``b`` and (zero-bubble schedules) weight-gradient ``w`` seconds per mic
 dicts from class to arrays over plans, and its send times. The simulators beside this module
 (``schedule.pipeline``, ``schedule.deepspeed``) are the exact reference:
 
-- 1F1B, interleaved 1F1B and GPipe take closed forms that are exact for equal stages without
+- Megatron-LM's 1F1B takes ``schedule.one_f_one_b``: a proven closed form where the last stage
+  paces the pipeline, else runs of its task graph shared by every m: equal to ``predict`` up to
+  8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
+  within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
+- interleaved 1F1B and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the
   blocking sends by summing every stage once and repeating the slowest
@@ -25,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.schedule.deepspeed import deepspeed_finish
+from paraplan.schedule.one_f_one_b import distinct_columns, one_f_one_b_finish
 from paraplan.schedule.pipeline import pipeline_finish, task_durations
 from paraplan.specs import Schedule
 
@@ -94,9 +99,34 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
     zero_bubble = runs_where(sched, "splits_backward") & (pp > 1)
     if zero_bubble.any():
         _zero_bubble_finish(finish, f, b, w, x, xf, pp, m, sched, zero_bubble)
+    one_f_one_b = runs(sched, Schedule.ONE_F_ONE_B) & (pp > 1)
     if lockstep:  # DeepSpeed's 1F1B: its step graph, evaluated exactly for each shape
-        _lockstep_finish(finish, f, b, x, xf, pp, m, runs(sched, Schedule.ONE_F_ONE_B) & (pp > 1))
+        _lockstep_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
+    elif one_f_one_b.any():  # Megatron-LM's 1F1B: its task graph, periodic past a short run
+        _one_f_one_b_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
     return finish
+
+
+def _one_f_one_b_finish(finish, f, b, x, xf, pp, m, which) -> None:
+    """Replace ``finish`` of the Megatron-LM 1F1B plans in ``which`` with their task graph
+    (``schedule.one_f_one_b.one_f_one_b_finish``), evaluated for all plans of a pipeline depth
+    at once whatever their micro-batches, each stage costed as its class (stage 0, middle,
+    last): plans with the same class times and sends share a column of durations."""
+    idx = np.flatnonzero(which)
+    for p in np.unique(pp[idx]).tolist():
+        sel = idx[pp[idx] == p]
+        key = np.stack([f[FIRST][sel], f[MID][sel], f[LAST][sel], b[FIRST][sel], b[MID][sel], b[LAST][sel],
+                        x[sel], xf[sel]])
+        kept, column = distinct_columns(key)
+        key = key[:, kept]
+        stages = [FIRST if i == 0 else LAST if i == p - 1 else MID for i in range(p)]
+        dur = task_durations(Schedule.ONE_F_ONE_B, p, 1, [key[c] for c in stages], [key[3 + c] for c in stages],
+                             [np.zeros(len(kept))] * p, key[6], key[7])
+        done = one_f_one_b_finish(p, m[sel].astype(np.int64), np.asarray(dur, dtype=np.float64), column)
+        finish[FIRST][sel] = done[0]
+        finish[LAST][sel] = done[p - 1]
+        if p > 2:
+            finish[MID][sel] = done[1:p - 1].max(axis=0)
 
 
 def _lockstep_finish(finish, f, b, x, xf, pp, m, which) -> None:

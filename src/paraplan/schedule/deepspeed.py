@@ -213,8 +213,8 @@ def simulate_deepspeed_pipeline(
 def _levels(p: int, m: int):
     """_graph in levels (``schedule.graph``) and each stage's last node."""
     kinds, first, second, last = _flat(p, m)
-    levels, n = graph_levels(kinds, first, second)
-    return levels, last, n
+    levels, rows = graph_levels(kinds, first, second)
+    return levels, last, rows
 
 
 def deepspeed_finish(p: int, m: int, dur):
@@ -227,5 +227,5 @@ def deepspeed_finish(p: int, m: int, dur):
     if m > LONG:  # each plan on its own, extrapolated from its steady state
         columns = [_finish_of(p, m, dur[:, j]) for j in range(dur.shape[1])]
         return np.asarray(columns).T
-    levels, last, n = _levels(p, m)
-    return graph_ends(levels, n, dur)[list(last)]
+    levels, last, rows = _levels(p, m)
+    return graph_ends(levels, rows, dur, list(last))

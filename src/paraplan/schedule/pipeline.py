@@ -256,9 +256,10 @@ def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur, arrival=Non
         return _full(schedule, p, m, v, dur, overlap)
 
     def run(k: int, sel):
-        levels, n = _levels(schedule, p, k, v, overlap)
-        end = graph_ends(levels, n, dur[:, sel])
-        return end[list(_last_task(schedule, p, k, v))], end[list(_stage0_done(schedule, p, k, v))]
+        levels, rows = _levels(schedule, p, k, v, overlap)
+        last, done = list(_last_task(schedule, p, k, v)), list(_stage0_done(schedule, p, k, v))
+        end = graph_ends(levels, rows, dur[:, sel], last + done)
+        return end[:p], end[p:]
 
     out, rest = extrapolate_many(run, m, p, short, dur.shape[1])
     if rest.any():
@@ -283,8 +284,8 @@ def _full(schedule: Schedule, p: int, m: int, v: int, dur, overlap: bool):
     when ``overlap``."""
     if m > LONG:
         return _each(schedule, p, m, v, dur, overlap)
-    levels, n = _levels(schedule, p, m, v, overlap)
-    return graph_ends(levels, n, dur)[list(_last_task(schedule, p, m, v))]
+    levels, rows = _levels(schedule, p, m, v, overlap)
+    return graph_ends(levels, rows, dur, list(_last_task(schedule, p, m, v)))
 
 
 def _each(schedule: Schedule, p: int, m: int, v: int, dur, overlap: bool):

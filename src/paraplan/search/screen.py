@@ -31,11 +31,12 @@ micro-batches in flight of ``schedule.closed_form`` and the optimizer step of
 rounding for one stage, for GPipe (two flow shops, exact), for DeepSpeed's 1F1B and for the
 zero-bubble schedules (their task graphs, evaluated per shape for all plans at once; past
 ``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
-1 %). It differs only in the pipeline of Megatron-LM's 1F1B and interleaved plans with pp > 1,
-whose event simulation is replaced by closed forms (``schedule.closed_form``: exact for equal
-stages without sends, an estimate with unequal ends and sends: within 0.1 % for 1F1B on most
-plans, 2.6 % on GPT-3 175B's 32 stages of 3 layers, a few per cent interleaved; their task
-graph would be exact but cost the whole-space screen 2.7 x and 11 x). tests/unit/test_screen.py checks each class on plans that walk every
+1 %). Megatron-LM's 1F1B with pp > 1 takes its task graph too (``schedule.one_f_one_b``:
+exact up to 8 short runs of micro-batches, and past them where the steady state repeats, else
+within 0.1 %). It differs only in the pipeline of interleaved plans with pp > 1, whose event
+simulation is replaced by a closed form (``schedule.closed_form``: exact for equal stages
+without sends, an estimate with unequal ends and sends: 1.5 % on GPT-3 175B's 32 stages of 3
+layers, a few per cent at worst; their task graph would cost the whole-space screen 11 x). tests/unit/test_screen.py checks each class on plans that walk every
 axis. The search times the screen's shortlist exactly.
 """
 
