@@ -64,6 +64,14 @@ def _burst_clocks(mapping: Mapping) -> Mapping:
     return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).pop("sustained", None))
 
 
+def _ideal_tp_overlap(mapping: Mapping) -> Mapping:
+    """Before issue 27: --tp-comm-overlap hid all but one of tp chunks, the GEMMs slowed by
+    ``overlap_slowdown`` (the GPU's measured ``efficiency.tp_overlap`` removed)."""
+    if not resolve_job(mapping).parallel.tp_comm_overlap:
+        return mapping
+    return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).pop("tp_overlap", None))
+
+
 def _parallel(**values: Any) -> Callable[[Mapping], Mapping]:
     """Each named plan field switched to the value given, where the job has it on: stated in the
     record or taken from its framework preset (stated explicitly, so the preset cannot lay its
@@ -168,6 +176,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "FSDP/ZeRO-3 first gather and last reduce-scatter exposed": (_same, _no_exposed_units),
     "torchtitan / fms-fsdp layer and op recompute (none instead)": (_no_layer_or_op_recompute, contextlib.nullcontext),
     "TP communication overlap (MLPerf)": (_parallel(tp_comm_overlap=False), contextlib.nullcontext),
+    "TP overlap floor measured on Flux kernels (one chunk exposed + contention alone instead)": (_ideal_tp_overlap,
+                                                                                           contextlib.nullcontext),
     "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=False), contextlib.nullcontext),
     "eager SwiGLU (torchtitan, fms-fsdp; fused instead)": (_fused_swiglu, contextlib.nullcontext),
     "FSDP2's copy-out / copy-in kernels (torchtitan; FSDP1's views instead)": (_no_fsdp2_copies,

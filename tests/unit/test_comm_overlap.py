@@ -62,3 +62,69 @@ def test_overlapped_sends_are_not_counted_as_stage_time():
 def test_deepspeed_has_no_asynchronous_sends():
     with pytest.raises(ConfigError, match="overlap_p2p_comm"):
         job(framework="deepspeed", tp=1, sequence_parallel=False, overlap_p2p_comm=True)
+
+
+# --tp-comm-overlap's floor: the least share of a TP collective an overlapped GEMM leaves
+# exposed, measured at operator level (Flux, arXiv 2406.06858) and held in the GPU's catalog entry.
+
+def _with_floor(exposed_fraction, **parallel):
+    """``job`` on an inline H100 whose ``efficiency.tp_overlap`` is ``exposed_fraction`` (None:
+    the block removed)."""
+    import copy
+
+    from paraplan.catalog import load_catalog_entry
+
+    raw = copy.deepcopy(load_catalog_entry("gpus", "H100-SXM5-80GB"))
+    raw.pop("aliases", None)
+    if exposed_fraction is None:
+        raw["efficiency"].pop("tp_overlap")
+    else:
+        raw["efficiency"]["tp_overlap"] = {"exposed_fraction": exposed_fraction, "source": "test"}
+    plan = {"tp": 8, "pp": 4, "sequence_parallel": True, "micro_batch_size": 1, "global_batch_size": 64,
+            "tp_comm_overlap": True, **parallel}
+    return resolve_job({"model": {"name": "llama-3-70b", "seq_length": 4096},
+                        "cluster": {"name": "dgx-h100", "num_nodes": 4, "gpu": raw}, "parallel": plan})
+
+
+def test_the_tp_overlap_floor_comes_from_the_catalog_with_its_source():
+    from paraplan.catalog import load_gpu
+
+    h800, h100 = load_gpu("H800").efficiency.tp_overlap, load_gpu("H100").efficiency.tp_overlap
+    assert h800.exposed_fraction == pytest.approx(0.19) and h800.transferred_from is None
+    assert "flux" in h800.source.lower() and "0.583" in h800.source
+    assert h100.exposed_fraction == h800.exposed_fraction and h100.transferred_from == "H800"
+    assert load_gpu("A100-SXM4-80GB").efficiency.tp_overlap.exposed_fraction == pytest.approx(0.066)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.sampled_from([2, 4, 8]), st.floats(0.0, 0.5),
+       st.one_of(st.none(), st.floats(0.001, 1.0)))
+def test_overlapped_tp_time_lies_between_the_measured_floor_and_the_collective_itself(gemm, tp_s, tp, slowdown, floor):
+    from types import SimpleNamespace
+
+    from paraplan.prediction.stages import tp_overlapped
+    from paraplan.specs import TpOverlap
+
+    measured = None if floor is None else TpOverlap(exposed_fraction=floor, source="test")
+    comm = SimpleNamespace(plan=SimpleNamespace(tp=tp), slowdown=slowdown, tp_overlap=measured)
+    exposed = tp_overlapped(gemm, tp_s, comm)
+    assert exposed <= tp_s + 1e-12
+    assert exposed >= (floor or 0.0) * tp_s - 1e-12
+    assert exposed >= tp_s - gemm - 1e-12  # a collective longer than its GEMMs is the critical path
+
+
+def test_a_floor_below_the_chunked_overlap_leaves_the_prediction_exactly_as_without_it():
+    # H100's 0.19 is below what one of 8 chunks plus contention exposes: no number moves
+    with_floor, without = predict(_with_floor(0.19)), predict(_with_floor(None))
+    assert with_floor.iteration_s == without.iteration_s
+    assert with_floor.stages[0].tp_fwd_mb_s == without.stages[0].tp_fwd_mb_s
+
+
+def test_a_binding_floor_shows_under_tp_communication_never_compute():
+    loose, tight = predict(_with_floor(None)), predict(_with_floor(0.9))
+    plain = predict(_with_floor(None, tp_comm_overlap=False))
+    assert tight.stages[0].tp_fwd_mb_s >= 0.9 * plain.stages[0].tp_fwd_mb_s
+    assert tight.breakdown.tp_communication_s > loose.breakdown.tp_communication_s
+    assert tight.breakdown.forward_compute_s == loose.breakdown.forward_compute_s
+    assert tight.breakdown.backward_compute_s == loose.breakdown.backward_compute_s
+    assert loose.iteration_s < tight.iteration_s <= plain.iteration_s

@@ -103,14 +103,9 @@ class LayerCost:
         cp_f, cp_b = context_comm(attn_f, attn_b, cp, comm)
         tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
         if comm.plan.tp_comm_overlap:
-            # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers): the sequence-
-            # parallel all-gathers and reduce-scatters are split into tp chunks pipelined with
-            # the GEMMs they feed or drain; one chunk stays exposed, the GEMMs slow down.
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
-            share = 1.0 / comm.plan.tp
-            tp_f = exposed_beside(gemm_f, tp_f, share, comm.slowdown)
-            tp_b = exposed_beside(gemm_b, tp_b, share, comm.slowdown)
+            tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)
         ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
         return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight))
 
@@ -191,6 +186,34 @@ def layer_costs(inv: JobInventory, cm: CostModel, comm: CommCosts) -> dict[bool,
     return out
 
 
+def tp_overlapped(gemm_s: float, tp_s: float, comm: CommCosts) -> float:
+    """What one pass's tensor-parallel collectives ``tp_s`` add to its GEMMs ``gemm_s`` under
+    Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers): the sequence-parallel
+    all-gathers and reduce-scatters are split into tp chunks pipelined with the GEMMs they feed
+    or drain; one chunk stays exposed, the GEMMs slow by ``overlap_slowdown`` while the rest
+    runs beside them.
+
+    Where the GPU has an operator-level measurement (``efficiency.tp_overlap``), no overlap
+    leaves less exposed than it: its ``exposed_fraction`` comes from the best fused kernel
+    measured (Flux), which hides more than userbuffers' chunks, so it is a floor, and a
+    collective longer than its GEMMs stays the critical path. The result lies between
+    ``exposed_fraction * tp_s`` and ``tp_s``."""
+    chunked = exposed_beside(gemm_s, tp_s, 1.0 / comm.plan.tp, comm.slowdown)
+    measured = comm.tp_overlap
+    if measured is None:
+        return chunked
+    return max(chunked, exposed_measured(gemm_s, tp_s, measured.exposed_fraction))
+
+
+def exposed_measured(compute_s: float, comm_s: float, exposed_fraction: float) -> float:
+    """What ``comm_s`` adds to ``compute_s`` when an operator-level measurement says
+    ``exposed_fraction`` of it stays exposed beside the computation (contention included),
+    and the computation cannot hide more than itself."""
+    if comm_s <= 0.0:
+        return 0.0
+    return min(comm_s, max(exposed_fraction * comm_s, comm_s - compute_s))
+
+
 def exposed_beside(compute_s: float, comm_s: float, exposed_share: float, slowdown: float) -> float:
     """What ``comm_s`` adds to ``compute_s`` when all but ``exposed_share`` of it overlaps
     the computation (which slows while it runs: ``schedule.overlapped_s``)."""
@@ -208,6 +231,7 @@ class CommCosts:
         self.cm = cm
         self.plan = plan
         self.slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
+        self.tp_overlap = cm.cluster.gpu.efficiency.tp_overlap
         self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
         self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
 

@@ -19,6 +19,7 @@ from paraplan.specs.hardware import (
     LinkSpec,
     PrecisionCurves,
     SustainedClock,
+    TpOverlap,
 )
 from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
 from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
@@ -54,6 +55,7 @@ __all__ = [
     "RuntimeMemorySpec",
     "Schedule",
     "SustainedClock",
+    "TpOverlap",
     "format_validation_error",
     "positive_value",
     "short_repr",

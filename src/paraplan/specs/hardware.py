@@ -87,6 +87,26 @@ class SustainedClock(BaseModel):
     cap_source: str | None = None
 
 
+class TpOverlap(BaseModel):
+    """What a GEMM with its sequence-parallel collective pipelined beside it (Megatron-LM's
+    --tp-comm-overlap, Transformer Engine userbuffers; fused all-gather + GEMM and GEMM +
+    reduce-scatter kernels) leaves exposed, measured at operator level on this GPU's node.
+
+    ``exposed_fraction`` is Flux's effective communication time over the collective's own time:
+    (overlapped GEMM+collective time - the GEMM alone) / the collective alone (Chang et al.
+    2024, "FLUX: Fast Software-based Communication Overlap On GPUs Through Kernel Fusion",
+    arXiv 2406.06858, Eq. 1-2: overlap efficiency = 1 - exposed_fraction), the GEMM's slowdown
+    from the SMs the communication takes included. Measured on the best fused kernel, it is a
+    floor: ``prediction.stages.tp_overlapped`` never leaves less exposed. Never fitted to
+    end-to-end runs."""
+
+    model_config = _FROZEN
+    exposed_fraction: Fraction
+    source: str
+    # the GPU the ratio was measured on when this GPU has no measurement of its own
+    transferred_from: str | None = None
+
+
 class EfficiencySpec(BaseModel):
     """How close to its datasheet peaks a GPU gets, per kind of kernel.
 
@@ -109,6 +129,10 @@ class EfficiencySpec(BaseModel):
     # Compute slowdown while NCCL kernels run beside it (their SMs and HBM traffic): Lee et al.
     # 2025, arXiv 2507.03114, average over A100, H100, MI250 and MI210 (40 % at most).
     overlap_slowdown: Float = Field(default=0.189, ge=0.0, le=2.0)
+    # the least share of a tensor-parallel collective an overlapped GEMM leaves exposed,
+    # measured at operator level (None: not measured for this GPU; --tp-comm-overlap then
+    # exposes one of tp chunks, the GEMMs slowed by ``overlap_slowdown``, with no floor)
+    tp_overlap: TpOverlap | None = None
     precisions: dict[Precision, PrecisionCurves] = Field(default_factory=dict)
     # sustained-clock GEMM throughput (None: not measured for this GPU, GEMMs at the
     # calibration data's burst rate)
