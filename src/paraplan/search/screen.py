@@ -413,6 +413,7 @@ def screen_plans(
     offload_reason = _offload_reasons(zero, plans["offload"], space.framework)
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
+    asynchronous = np.zeros(len(reps), dtype=bool)  # overlap_p2p_comm: a preset's, by schedule
     overlap = fused = True
     lockstep = False  # DeepSpeed's TrainSchedule (a framework setting: the same for the whole space)
     offload_ok = offload_reason < 0
@@ -432,11 +433,12 @@ def screen_plans(
             built[int(i)] = job
         ok[j] = True
         schedule[j] = SCHEDULES.index(job.parallel.schedule)
+        asynchronous[j] = job.parallel.overlap_p2p_comm
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
         fused = job.parallel.fuses_gradient_accumulation
         lockstep = lockstep or job.parallel.runs_deepspeed_train_schedule
     valid = ok[vinv] & offload_ok
-    sched = schedule[vinv]
+    sched, sends_async = schedule[vinv], asynchronous[vinv]
     # Distinct runs, the first valid one kept: sequence parallelism "both" repeats the tp = 1
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
     edp = tp * cp * plans["dp"] // np.maximum(ep * etp, 1) if model.is_moe else 1
@@ -447,7 +449,7 @@ def screen_plans(
     candidates = np.flatnonzero(valid)
     keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
     plans = {k: v[keep] for k, v in plans.items()}
-    sp_on, sched = sp_on[keep], sched[keep]
+    sp_on, sched, sends_async = sp_on[keep], sched[keep], sends_async[keep]
     experts = tuple(c[keep] for c in experts)
     considered = len(keep) + sum(excluded.values())
     clock["validate"] = time.perf_counter()
@@ -503,15 +505,17 @@ def screen_plans(
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
     iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
-                                 lockstep)
+                                 lockstep, sends_async)
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
     return Screen(*args, plans, iteration, memory, excluded, considered, timings)
 
 
-def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False):
-    """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
+def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False,
+             sends_async=None):
+    """Per plan: iteration seconds and worst-stage memory, from the per-key tables
+    (``sends_async``: the plans whose pipeline sends are asynchronous, overlap_p2p_comm)."""
     rc, zero = plans["recompute"], plans["zero"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
     m = (gbs // (mbs * dp)).astype(np.float64)
@@ -560,7 +564,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
                                              in_flight(c, p, m, v, sched))
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
                                   layout("buffers", c), layout("runtime", c), frag)
-    finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep)
+    finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
     step = np.max([np.where(exists[c], opt[c], neg) for c in classes], axis=0)
