@@ -11,7 +11,10 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   paces the pipeline, else runs of its task graph shared by every m: equal to ``predict`` up to
   8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
   within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
-- interleaved 1F1B and GPipe take closed forms that are exact for equal stages without
+- interleaved 1F1B with asynchronous sends (overlap_p2p_comm) takes its task graph
+  (``schedule.interleaved`` through ``pipeline_finish``, each send an arrival delay): equal to
+  ``predict`` up to ``batched_short(p) + 2 p`` micro-batches, past them its steady state;
+- interleaved 1F1B with blocking sends and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the
   blocking sends by summing every stage once and repeating the slowest
