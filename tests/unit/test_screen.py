@@ -36,7 +36,8 @@ EXACT = 1e-12
 #: past that where the steady state repeats; else the middle of a bracket at most ``DRIFT_BOUND``
 #: wide on either side (0.1 %, the issue's bound).
 ONE_F_ONE_B_TOLERANCE = DRIFT_BOUND
-#: Interleaved 1F1B: a coarser closed form, ~0.8 % in the benchmarks and 3.7 % on a case
+#: Interleaved 1F1B with blocking sends (with overlap_p2p_comm it is its task graph, exact as the
+#: zero-bubble schedules): a coarser closed form, ~0.8 % in the benchmarks and 3.7 % on a case
 #: hypothesis found (gpt3-125m, tp4 pp2 vpp2 on two p3dn nodes, whose sends cross a 1.56 GB/s
 #: network); ``FRONT_SLACK`` (4 %) is what the search predicts exactly around its front.
 INTERLEAVED_TOLERANCE = 0.05
@@ -51,7 +52,7 @@ def time_tolerance(job: Job) -> float:
     plan = job.parallel
     if plan.pp == 1 or plan.schedule is Schedule.GPIPE or plan.runs_deepspeed_train_schedule:
         return EXACT
-    if plan.schedule.splits_backward:
+    if plan.schedule.splits_backward or plan.overlap_p2p_comm:  # task graphs (sends as arrival delays)
         return EXACT if plan.num_microbatches <= batched_short(plan.pp) + 2 * plan.pp else STEADY_STATE_TOLERANCE
     if plan.schedule is Schedule.INTERLEAVED:
         return INTERLEAVED_TOLERANCE

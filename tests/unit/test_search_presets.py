@@ -209,9 +209,6 @@ def test_a_torchtitan_export_of_an_fsdp1_preset_job_names_the_preset_and_says_to
     assert "NOTE(paraplan): parallel.fsdp_version: the prediction followed FSDP1" in out
 
 
-@pytest.mark.xfail(strict=True, reason="the screen's closed forms hold the stage for every pipeline send; "
-                   "overlap_p2p_comm (megatron-core's default with interleaving) sends asynchronously in predict: "
-                   "screened up to +17 % slow on llama-3-70b over 512 H100 (median +3 %)")
 def test_the_screen_matches_the_exact_prediction_on_interleaved_plans_that_overlap_their_sends():
     space = SearchSpace(framework="megatron-core-0.12", vpp=(1, 2), micro_batch_size=(1, 2))
     screen_matches_the_exact_prediction(

@@ -11,7 +11,10 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   paces the pipeline, else runs of its task graph shared by every m: equal to ``predict`` up to
   8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
   within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
-- interleaved 1F1B and GPipe take closed forms that are exact for equal stages without
+- interleaved 1F1B with asynchronous sends (overlap_p2p_comm) takes its task graph
+  (``schedule.interleaved`` through ``pipeline_finish``, each send an arrival delay): equal to
+  ``predict`` up to ``batched_short(p) + 2 p`` micro-batches, past them its steady state;
+- interleaved 1F1B with blocking sends and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the
   blocking sends by summing every stage once and repeating the slowest
@@ -88,12 +91,14 @@ def in_flight(c: int, p, m, v, sched):
     return flight
 
 
-def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
+def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False, overlap_p2p=None):
     """When stage 0, the middle stages (the latest of them) and the last stage finish their
     last task, per plan: ``f``, ``b`` and ``w`` dicts from class to arrays (``w`` is read for
     the zero-bubble plans only), ``x`` a backward send, ``xf`` a forward send (with
     DeepSpeed's attention mask), ``pp``, ``m`` and ``v`` (``chunks_per_stage``) arrays and
-    ``sched`` the schedule codes; ``lockstep``: the 1F1B plans run DeepSpeed's TrainSchedule."""
+    ``sched`` the schedule codes; ``lockstep``: the 1F1B plans run DeepSpeed's TrainSchedule;
+    ``overlap_p2p`` (a boolean array, or None: none): the plans whose sends are asynchronous
+    (Megatron-LM's overlap_p2p_comm), timed by their task graph with each send an arrival delay."""
     p = pp.astype(np.float64)
     finish = _closed_form_finish(f, b, x, m, p, v, runs_where(sched, "forwards_all_first"), xf)
     zero_bubble = runs_where(sched, "splits_backward") & (pp > 1)
@@ -104,7 +109,36 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False):
         _lockstep_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
     elif one_f_one_b.any():  # Megatron-LM's 1F1B: its task graph, periodic past a short run
         _one_f_one_b_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
+    if overlap_p2p is not None and (asynchronous := overlap_p2p & (pp > 1)).any():
+        _asynchronous_finish(finish, f, b, x, xf, pp, m, v, sched, asynchronous)
     return finish
+
+
+def _asynchronous_finish(finish, f, b, x, xf, pp, m, v, sched, which) -> None:
+    """Replace ``finish`` of the plans in ``which``, whose pipeline sends are asynchronous
+    (Megatron-LM's overlap_p2p_comm, interleaved 1F1B only), with their task graph
+    (``schedule.pipeline_finish`` with ``arrival``): a send holds no stage, the task waiting
+    for it starts one transfer after its input's task ends, as ``simulate_pipeline`` with
+    ``overlap_p2p`` times it. Evaluated per (schedule, pp, chunks, micro-batches) shape for
+    the distinct columns of class times and sends."""
+    idx = np.flatnonzero(which)
+    shapes = np.stack([sched[idx], pp[idx], v[idx].astype(np.int64), m[idx].astype(np.int64)])
+    for code, p, chunks, mb in np.unique(shapes, axis=1).T.tolist():
+        sel = idx[np.all(shapes == np.array([[code], [p], [chunks], [mb]]), axis=0)]
+        key = np.stack([f[FIRST][sel], f[MID][sel], f[LAST][sel], b[FIRST][sel], b[MID][sel], b[LAST][sel],
+                        x[sel], xf[sel]])
+        kept, column = distinct_columns(key)
+        key = key[:, kept]
+        stages = [FIRST if i == 0 else LAST if i == p - 1 else MID for i in range(p)]
+        none = np.zeros(len(kept))
+        dur = task_durations(SCHEDULES[code], p, chunks, [key[c] for c in stages], [key[3 + c] for c in stages],
+                             [none] * p, 0.0, 0.0)
+        dur = np.asarray([np.broadcast_to(d, none.shape) for d in dur], dtype=np.float64)
+        done = pipeline_finish(SCHEDULES[code], p, mb, chunks, dur, arrival=key[[7, 6]])[:, column]
+        finish[FIRST][sel] = done[0]
+        finish[LAST][sel] = done[p - 1]
+        if p > 2:
+            finish[MID][sel] = done[1:p - 1].max(axis=0)
 
 
 def _one_f_one_b_finish(finish, f, b, x, xf, pp, m, which) -> None:

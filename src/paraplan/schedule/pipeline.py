@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from paraplan.schedule import interleaved
 from paraplan.schedule.graph import graph_ends, graph_levels
 from paraplan.schedule.orders import B, F, W, placement, stage_order
 from paraplan.schedule.steady import LONG, extrapolate, extrapolate_many
@@ -224,6 +225,8 @@ def _levels(schedule: Schedule, p: int, m: int, v: int, overlap_p2p: bool = Fals
     """_structure in levels (``schedule.graph``); with ``overlap_p2p`` each task waits for an
     input from another stage one transfer longer (``_task_ends``): its delay is the duration
     row 3 p v + 1 (a forward's input) or 3 p v + 2 (a backward's), 3 p v (zero) otherwise."""
+    if schedule is Schedule.INTERLEAVED:  # built in closed form (its nodes numbered its own way)
+        return interleaved.levels(p, m, v, overlap_p2p)
     kinds, prevs, deps = _flat_structure(schedule, p, m, v)
     if not overlap_p2p:
         return graph_levels(kinds, prevs, deps)
@@ -231,6 +234,14 @@ def _levels(schedule: Schedule, p: int, m: int, v: int, overlap_p2p: bool = Fals
     delays = [base + 1 + kind % 3 if dep >= 0 and kind % 3 != W and kinds[dep] // stage_of != kind // stage_of
               else base for kind, dep in zip(kinds, deps, strict=True)]
     return graph_levels(kinds, prevs, deps, delays)
+
+
+def _graph_nodes(schedule: Schedule, p: int, m: int, v: int) -> tuple[list[int], list[int]]:
+    """In ``_levels``' numbering: each stage's last task and the tasks that finish each
+    micro-batch on the model's first chunk (``_last_task``, ``_stage0_done``)."""
+    if schedule is Schedule.INTERLEAVED:
+        return interleaved.last_tasks(p, m, v), interleaved.stage0_done(p, m, v)
+    return list(_last_task(schedule, p, m, v)), list(_stage0_done(schedule, p, m, v))
 
 
 def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur, arrival=None):
@@ -257,7 +268,7 @@ def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur, arrival=Non
 
     def run(k: int, sel):
         levels, rows = _levels(schedule, p, k, v, overlap)
-        last, done = list(_last_task(schedule, p, k, v)), list(_stage0_done(schedule, p, k, v))
+        last, done = _graph_nodes(schedule, p, k, v)
         end = graph_ends(levels, rows, dur[:, sel], last + done)
         return end[:p], end[p:]
 
@@ -285,7 +296,7 @@ def _full(schedule: Schedule, p: int, m: int, v: int, dur, overlap: bool):
     if m > LONG:
         return _each(schedule, p, m, v, dur, overlap)
     levels, rows = _levels(schedule, p, m, v, overlap)
-    return graph_ends(levels, rows, dur, list(_last_task(schedule, p, m, v)))
+    return graph_ends(levels, rows, dur, _graph_nodes(schedule, p, m, v)[0])
 
 
 def _each(schedule: Schedule, p: int, m: int, v: int, dur, overlap: bool):

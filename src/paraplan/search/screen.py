@@ -33,10 +33,13 @@ zero-bubble schedules (their task graphs, evaluated per shape for all plans at o
 ``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
 1 %). Megatron-LM's 1F1B with pp > 1 takes its task graph too (``schedule.one_f_one_b``:
 exact up to 8 short runs of micro-batches, and past them where the steady state repeats, else
-within 0.1 %). It differs only in the pipeline of interleaved plans with pp > 1, whose event
-simulation is replaced by a closed form (``schedule.closed_form``: exact for equal stages
-without sends, an estimate with unequal ends and sends: 1.5 % on GPT-3 175B's 32 stages of 3
-layers, a few per cent at worst; their task graph would cost the whole-space screen 11 x). tests/unit/test_screen.py checks each class on plans that walk every
+within 0.1 %). Interleaved plans with asynchronous sends (overlap_p2p_comm, which the
+megatron-core and NeMo MLPerf presets set) take their task graph too (``schedule.interleaved``,
+each send an arrival delay, as ``predict`` simulates them). It differs only in the pipeline of
+interleaved plans with pp > 1 and blocking sends, whose event simulation is replaced by a
+closed form (``schedule.closed_form``: exact for equal stages without sends, an estimate with
+unequal ends and sends: 1.5 % on GPT-3 175B's 32 stages of 3 layers, a few per cent at worst;
+their task graph would cost the whole-space screen about 11 x). tests/unit/test_screen.py checks each class on plans that walk every
 axis. The search times the screen's shortlist exactly.
 """
 
@@ -413,6 +416,7 @@ def screen_plans(
     offload_reason = _offload_reasons(zero, plans["offload"], space.framework)
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
+    asynchronous = np.zeros(len(reps), dtype=bool)  # overlap_p2p_comm: a preset's, by schedule
     overlap = fused = True
     lockstep = False  # DeepSpeed's TrainSchedule (a framework setting: the same for the whole space)
     offload_ok = offload_reason < 0
@@ -432,11 +436,12 @@ def screen_plans(
             built[int(i)] = job
         ok[j] = True
         schedule[j] = SCHEDULES.index(job.parallel.schedule)
+        asynchronous[j] = job.parallel.overlap_p2p_comm
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
         fused = job.parallel.fuses_gradient_accumulation
         lockstep = lockstep or job.parallel.runs_deepspeed_train_schedule
     valid = ok[vinv] & offload_ok
-    sched = schedule[vinv]
+    sched, sends_async = schedule[vinv], asynchronous[vinv]
     # Distinct runs, the first valid one kept: sequence parallelism "both" repeats the tp = 1
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
     edp = tp * cp * plans["dp"] // np.maximum(ep * etp, 1) if model.is_moe else 1
@@ -447,7 +452,7 @@ def screen_plans(
     candidates = np.flatnonzero(valid)
     keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
     plans = {k: v[keep] for k, v in plans.items()}
-    sp_on, sched = sp_on[keep], sched[keep]
+    sp_on, sched, sends_async = sp_on[keep], sched[keep], sends_async[keep]
     experts = tuple(c[keep] for c in experts)
     considered = len(keep) + sum(excluded.values())
     clock["validate"] = time.perf_counter()
@@ -503,15 +508,17 @@ def screen_plans(
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
     iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
-                                 lockstep)
+                                 lockstep, sends_async)
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
     return Screen(*args, plans, iteration, memory, excluded, considered, timings)
 
 
-def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False):
-    """Per plan: iteration seconds and worst-stage memory, from the per-key tables."""
+def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False,
+             sends_async=None):
+    """Per plan: iteration seconds and worst-stage memory, from the per-key tables
+    (``sends_async``: the plans whose pipeline sends are asynchronous, overlap_p2p_comm)."""
     rc, zero = plans["recompute"], plans["zero"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
     m = (gbs // (mbs * dp)).astype(np.float64)
@@ -560,7 +567,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
                                              in_flight(c, p, m, v, sched))
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
                                   layout("buffers", c), layout("runtime", c), frag)
-    finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep)
+    finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
     step = np.max([np.where(exists[c], opt[c], neg) for c in classes], axis=0)

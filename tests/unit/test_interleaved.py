@@ -1,0 +1,57 @@
+"""Megatron-LM's interleaved 1F1B task graph built in closed form (``schedule.interleaved``) is the
+general builder's, its levels the longest chains, and ``pipeline_finish`` through it times every
+plan as the simulation does, with blocking or asynchronous sends."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan.schedule import interleaved
+from paraplan.schedule.graph import graph_levels
+from paraplan.schedule.pipeline import (
+    _flat_structure,
+    _last_task,
+    _stage0_done,
+    _structure,
+    pipeline_finish,
+    simulate_pipeline,
+    task_durations,
+)
+from paraplan.specs import Schedule
+
+IL = Schedule.INTERLEAVED
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 12, 3), (3, 6, 4), (8, 16, 2), (5, 10, 2)])
+def test_the_closed_form_graph_is_the_general_builders_graph_with_its_longest_chains_as_levels(p, m, v):
+    kinds, prev, dep, _ = interleaved.graph_arrays(p, m, v)
+    structure = _structure(IL, p, m, v)
+    seen = [0] * p
+    node = []  # general id -> ours: the stage's position in its order
+    for i, *_ in structure:
+        node.append(i * 2 * m * v + seen[i])
+        seen[i] += 1
+    node = np.array(node)
+    assert np.array_equal(kinds[node], [(i * v + c) * 3 + kind for i, c, kind, _, _, _ in structure])
+    assert np.array_equal(prev[node], [node[t[4]] if t[4] >= 0 else -1 for t in structure])
+    assert np.array_equal(dep[node], [node[t[5]] if t[5] >= 0 else -1 for t in structure])
+    assert np.array_equal(node[list(_last_task(IL, p, m, v))], interleaved.last_tasks(p, m, v))
+    assert np.array_equal(node[list(_stage0_done(IL, p, m, v))], interleaved.stage0_done(p, m, v))
+    levels, _ = interleaved.levels(p, m, v)
+    assert len(levels) == len(graph_levels(*_flat_structure(IL, p, m, v))[0])  # as few levels
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(2, 6), v=st.integers(2, 4), runs=st.integers(1, 12), overlap=st.booleans(), data=st.data(),
+       send=st.sampled_from([0.0, 0.02, 0.3]))
+def test_pipeline_finish_times_interleaved_plans_as_the_simulation_does(p, v, runs, overlap, data, send):
+    """Unequal stages (a heavier last one, as with an LM head), sends held or asynchronous."""
+    m = p * runs
+    fwd = data.draw(st.lists(st.floats(0.1, 3.0), min_size=p, max_size=p))
+    bwd = data.draw(st.lists(st.floats(0.1, 3.0), min_size=p, max_size=p))
+    held = 0.0 if overlap else 1.0
+    dur = np.asarray(task_durations(IL, p, v, fwd, bwd, [0.0] * p, held * send, held * (send + 0.01)))
+    arrival = np.array([[send + 0.01], [send]]) if overlap else None
+    got = pipeline_finish(IL, p, m, v, dur.reshape(-1, 1), arrival)[:, 0]
+    sim = simulate_pipeline(fwd, bwd, send, m, IL, v, fwd_extra_s=0.01, overlap_p2p=overlap)
+    assert got == pytest.approx(sim.finish, rel=1e-12, abs=0.0)
