@@ -105,12 +105,10 @@ def test_mxfp8_is_refused_on_h100_naming_the_field_and_accepted_on_b200():
     assert predict(job("mxfp8", cluster="dgx-b200")).iteration_s > 0
 
 
-def test_a_recipe_without_fp8_precision_and_nvfp4_are_refused_in_one_line():
+def test_a_recipe_without_fp8_precision_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^parallel\.fp8_recipe: current is an FP8 recipe.*bf16") as err:
         job("current", precision="bf16")
     assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match=r"^parallel\.fp8_recipe: nvfp4 is not modelled"):
-        job("nvfp4", cluster="dgx-b200")
 
 
 def test_tensorwise_is_read_as_current_scaling():
@@ -149,3 +147,85 @@ def test_torchtitan_exports_pass_rowwise_and_refuse_per_tensor_scaling():
     assert 'recipe_name="rowwise"' in render("torchtitan", job("rowwise", **fsdp))
     with pytest.raises(ConfigError, match=r"^parallel\.fp8_recipe: torchtitan's Float8LinearConverter"):
         render("torchtitan", job("delayed", **fsdp))
+
+
+# NVFP4 (TE NVFP4BlockScaling; arXiv 2509.25149): 0.5 byte per E2M1 value and one E4M3 scale per 16
+NVFP4 = 0.5 + 1 / 16
+
+
+def test_nvfp4_is_accepted_on_b200_and_gb200_and_refused_on_h100_in_one_line_naming_the_field():
+    assert job("nvfp4", cluster="dgx-b200").parallel.fp8_recipe is FP8Recipe.NVFP4
+    assert job("nvfp4", cluster="gb200-nvl72").parallel.fp8_recipe is FP8Recipe.NVFP4
+    with pytest.raises(ConfigError, match=r"^parallel\.fp8_recipe: nvfp4 needs FP4 tensor cores.*H100") as err:
+        job("nvfp4")
+    assert "\n" not in str(err.value)
+
+
+def test_precision_fp4_and_nvfp4_read_as_fp8_with_the_nvfp4_recipe_and_a_contradicting_recipe_is_refused():
+    for spelling in ("fp4", "nvfp4"):
+        spelled = job(precision=spelling, cluster="dgx-b200")
+        assert spelled.precision.value == "fp8"
+        assert spelled.parallel.fp8_recipe is FP8Recipe.NVFP4
+    assert predict(job(precision="fp4", cluster="dgx-b200")).iteration_s == predict(
+        job("nvfp4", cluster="dgx-b200")).iteration_s
+    with pytest.raises(ConfigError, match=r"^parallel\.fp8_recipe: mxfp8 contradicts precision: fp4"):
+        job("mxfp8", precision="fp4", cluster="dgx-b200")
+
+
+def test_nvfp4_casts_read_each_tensor_three_times_and_write_two_nvfp4_copies_with_their_scales():
+    ops = layer(job("nvfp4", cluster="dgx-b200"))
+    plain, fed, grads = gemm_elements(ops)
+    e = 2
+    # amax pass (with the Hadamard-transformed amax), rowwise cast, columnwise RHT cast;
+    # no norm writes the NVFP4 input (its amax comes first)
+    per = 3 * e + 2 * NVFP4
+    cast = ops["fp8_cast"]
+    assert cast.bytes == pytest.approx((plain + fed) * per)
+    assert cast.bwd_bytes == pytest.approx(grads * per)
+    # the 16x16 Hadamard transform of the weight gradient's operands: 32 FLOPs per element
+    assert cast.flops == pytest.approx((plain + fed) * (3 + 32))
+    weights, m = ops["fp8_weight_cast"], job("nvfp4", cluster="dgx-b200").parallel.num_microbatches
+    assert weights.bytes == pytest.approx((2 * e + 2 * NVFP4) * dict(weights.dims)["params"] / m, rel=1e-6)
+    assert recipe_costs(FP8Recipe.NVFP4).copy_bytes == pytest.approx(2 * NVFP4)
+
+
+def test_nvfp4_gemms_run_on_the_fp4_tensor_cores_reading_nvfp4_operands_and_saving_an_nvfp4_input():
+    nv, delayed = layer(job("nvfp4", cluster="dgx-b200")), layer(job("delayed", cluster="dgx-b200"))
+    fc, fd = nv["linear3"], delayed["linear3"]
+    m, k = dict(fc.dims)["m"], dict(fc.dims)["k"]
+    assert fc.fp4 and fc.fp8 and not fd.fp4
+    # forward: input and weight at 0.5625 bytes per element instead of FP8's 1
+    assert fd.bytes - fc.bytes == pytest.approx((1 - NVFP4) * (m * k + fc.params))
+    assert fc.saved_bytes == pytest.approx(NVFP4 * fd.saved_bytes)
+
+
+def test_an_nvfp4_job_is_timed_at_the_fp4_peak_and_says_its_fp4_curve_is_transferred_uncalibrated():
+    from paraplan.costmodel.roofline import AnalyticalCostModel
+    from paraplan.specs import Phase, Precision
+
+    nv = job("nvfp4", cluster="dgx-b200")
+    fc = layer(nv)["linear3"]
+    model = AnalyticalCostModel(nv.cluster, nv.precision, sustained=False)
+    fp8_twin = layer(job("delayed", cluster="dgx-b200"))["linear3"]
+    # the same curve fraction at twice the peak (B200: 9 PFLOPS FP4, 4.5 FP8): a large GEMM half as long
+    assert nv.cluster.gpu.flops_for(Precision.FP4) == 2 * nv.cluster.gpu.flops_for(Precision.FP8)
+    ratio = model.estimate_op_s(fc, Phase.FWD) / model.estimate_op_s(fp8_twin, Phase.FWD)
+    assert 0.45 < ratio < 0.75
+    notes = predict(nv).uncalibrated
+    assert any("fp4 gemm kernels" in n and "uncalibrated" in n for n in notes)
+    assert not any("fp4" in n for n in predict(job("delayed", cluster="dgx-b200")).uncalibrated)
+
+
+def test_nvfp4_is_faster_than_mxfp8_and_delayed_and_bf16_on_b200():
+    times = {r: predict(job(r, cluster="dgx-b200")).iteration_s for r in ("nvfp4", "mxfp8", "delayed")}
+    bf16 = predict(job(precision="bf16", cluster="dgx-b200")).iteration_s
+    assert times["nvfp4"] < min(times["mxfp8"], times["delayed"]) < bf16
+
+
+def test_nvfp4_exports_megatron_s_fp4_flags_and_torchtitan_refuses_it():
+    nv = " ".join(render("megatron", job("nvfp4", cluster="dgx-b200")).split())
+    assert "--bf16 --fp4-format e2m1 --fp4-recipe nvfp4" in nv
+    assert "--fp8-format" not in nv
+    fsdp = {"framework": "fsdp", "tp": 1, "sequence_parallel": False, "zero_stage": 3}
+    with pytest.raises(ConfigError, match=r"^parallel\.fp8_recipe: nvfp4 is not exported to torchtitan"):
+        render("torchtitan", job("nvfp4", cluster="dgx-b200", **fsdp))

@@ -17,7 +17,7 @@ def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> t
     ``gpu``: the generic fraction of peak used instead, or the GPU the curve was measured on."""
     ops = tuple(ops)
     # what decides the notes: each operator's curve group, precision and whether it works
-    signature = frozenset((op.name, op.kind, op.fp8, _works(op)) for op in ops)
+    signature = frozenset((op.name, op.kind, op.fp8, op.fp4, _works(op)) for op in ops)
     key = (gpu.name, id(gpu.efficiency), precision, signature)
     hit = _GAPS.get(key)
     if hit is not None and hit[0] is gpu.efficiency:

@@ -72,14 +72,16 @@ def _seconds(work: float, rate: float, curve: EfficiencyCurve, launches: int = 1
 
 
 def compute_precision(op: Op, job_precision: Precision) -> Precision:
-    """The precision ``op``'s kernels run in: FP8 GEMMs at FP8, everything else of an FP8
-    job in BF16, of any other job in its own precision."""
-    return Precision.FP8 if op.fp8 else compute_precision_of_job(job_precision)
+    """The precision ``op``'s kernels run in: FP8 GEMMs at FP8 (NVFP4 ones at FP4), everything
+    else of an FP8 job in BF16, of any other job in its own precision."""
+    if op.fp8:
+        return Precision.FP4 if op.fp4 else Precision.FP8
+    return compute_precision_of_job(job_precision)
 
 
 def compute_precision_of_job(precision: Precision) -> Precision:
     """The precision of a job's non-FP8 kernels (an FP8 job runs them in BF16)."""
-    return Precision.BF16 if precision is Precision.FP8 else precision
+    return Precision.BF16 if precision in (Precision.FP8, Precision.FP4) else precision
 
 
 def op_curves(
@@ -156,7 +158,7 @@ class AnalyticalCostModel:
         flops, traffic = op.work(phase)
         if flops <= 0.0 and traffic <= 0.0:
             return 0.0
-        precision = Precision.FP8 if op.fp8 else self._base
+        precision = (Precision.FP4 if op.fp4 else Precision.FP8) if op.fp8 else self._base
         key = (op.name, op.kind, phase, precision)
         curves = self._curves.get(key)
         if curves is None:
@@ -176,4 +178,4 @@ class AnalyticalCostModel:
         precision = compute_precision(op, self.precision)
         special = op_curves(op, phase, self.gpu.efficiency, precision)[2]
         where = f"roofline ({op.name} curve)" if special else "roofline"
-        return f"{where}, fp8" if op.fp8 else where
+        return f"{where}, {precision.value}" if op.fp8 else where

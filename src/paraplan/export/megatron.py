@@ -31,7 +31,9 @@ as first read in ``megatron/training/arguments.py`` (2025, commit 000c4ac):
   --attention-backend, which is what is emitted.
 - ``_add_mixed_precision_args``: --fp16, --bf16; ``_add_transformer_engine_args``:
   --fp8-format (e4m3 | hybrid) on top of --bf16, --fp8-recipe (tensorwise | delayed | mxfp8 |
-  blockwise; paraplan's current is tensorwise; rowwise is refused naming parallel.fp8_recipe).
+  blockwise; paraplan's current is tensorwise; rowwise is refused naming parallel.fp8_recipe);
+  nvfp4 as --fp4-format e2m1 --fp4-recipe nvfp4 (Megatron Core low-precision training guide) on
+  top of --bf16, without the FP8 flags.
 - ``_add_distributed_args``: --tensor-model-parallel-size, --pipeline-model-parallel-size,
   --context-parallel-size, --num-layers-per-virtual-pipeline-stage,
   --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers,
@@ -156,10 +158,14 @@ def _fp8_flags(recipe: FP8Recipe | None) -> list[list[str]]:
     default recipe delayed); a ConfigError for a recipe Megatron-LM does not run."""
     if recipe is None:
         return [["--fp8-format", "hybrid"]]
+    if recipe is FP8Recipe.NVFP4:
+        # Megatron-Core's FP4 flags (low-precision training guide: "--fp8-recipe / --fp4-recipe",
+        # NVFP4 with --fp4-format e2m1 on Blackwell), in place of the FP8 ones
+        return [["--fp4-format", "e2m1"], ["--fp4-recipe", "nvfp4"]]
     if recipe not in _MEGATRON_FP8:
         raise ConfigError(f"parallel.fp8_recipe: Megatron-LM has no {recipe.value} recipe (--fp8-recipe "
-                          "tensorwise | delayed | mxfp8 | blockwise); re-predict with fp8_recipe delayed | current "
-                          "| mxfp8, or export to torchtitan")
+                          "tensorwise | delayed | mxfp8 | blockwise, --fp4-recipe nvfp4); re-predict with fp8_recipe delayed "
+                          "| current | mxfp8 | nvfp4, or export to torchtitan")
     name, fmt = _MEGATRON_FP8[recipe]
     return [["--fp8-format", fmt], ["--fp8-recipe", name]]
 

@@ -181,6 +181,11 @@ def torchtitan_config(job: Job, prediction: Prediction | None = None) -> dict[st
         raise ConfigError("precision: torchtitan trains in bfloat16 or float32 "
                           "(training.mixed_precision_param) and has no fp16 loss scaling")
     recipe = p.fp8_recipe if job.precision is Precision.FP8 else None
+    if recipe is FP8Recipe.NVFP4:
+        # torchtitan's NVFP4 converter (pytorch/torchtitan#3914, torchao's NVFP4Linear) is configured
+        # through the model registry's converters, not the float8 section this recipe writes
+        raise ConfigError("parallel.fp8_recipe: nvfp4 is not exported to torchtitan (its NVFP4 converter is "
+                          "set through the model registry, not [float8]); export to megatron")
     if recipe not in (None, FP8Recipe.ROWWISE):
         # torchtitan Float8LinearConverter.Config.recipe_name: Literal["rowwise", "rowwise_with_gw_hp"]
         raise ConfigError(f"parallel.fp8_recipe: torchtitan's Float8LinearConverter runs rowwise scaling "

@@ -31,11 +31,36 @@ each recipe as its implementation runs them:
   32 operand elements besides them (torchao ``get_individual_gemm_time_sympy``: ``num_reads +
   num_reads // block_size``).
 
+- ``nvfp4`` (TE ``NVFP4BlockScaling``, TE 2.8+; NVIDIA, "Pretraining Large Language Models with
+  NVFP4", arXiv 2509.25149): E2M1 values (half a byte) with one E4M3 scale byte per 16 values
+  and one FP32 scale per tensor, so each copy is 0.5 + 1/16 bytes per value. All three GEMMs
+  (fprop, dgrad, wgrad) read NVFP4 operands (the paper's Figure 5: Fprop, Dgrad and Wgrad
+  "consume FP4 tensors as inputs") on the FP4 tensor cores (``Op.fp4``). TE's
+  ``NVFP4Quantizer::quantize`` runs three kernels on an activation or output gradient: the
+  per-tensor amaxes (``nvte_hadamard_transform_amax``: the tensor's and its Hadamard
+  transform's, one read), the rowwise 1x16 cast (``nvte_quantize_v2``: read e, write 0.5 +
+  1/16) and the columnwise cast of the weight gradient's operand through a random 16x16
+  Hadamard transform (``nvte_hadamard_transform_cast_fusion_columnwise``: read e, write 0.5 +
+  1/16), so 3e + 1.125, no norm writing it (the amax comes first). The transform is applied
+  to the weight-gradient GEMM's inputs only (paper section 4.2; TE ``fp4_quant_fwd_inp`` and
+  ``fp4_quant_bwd_grad`` with ``random_hadamard_transform``), as a 16x16 matrix product per
+  16 values on the tensor cores (TE ``hadamard_transform.cu``, WMMA bf16 fragments): 2 x 16
+  FLOPs per element of those copies, inside the memory-bound cast. Gradients are cast with
+  stochastic rounding (``fp4_quant_bwd_grad`` ``stochastic_rounding``; Philox state per cast),
+  which draws its random bits in the cast kernel and moves no bytes of its own. Weights use
+  2D 16x16 blocks (``fp4_quant_fwd_weight`` ``fp4_2d_quantization``), no transform and no
+  stochastic rounding: an amax read, then one cast writing both copies (2e + 1.125); the GEMM
+  reads its 1x16 scale layout either way. The saved input of the weight gradient is its
+  NVFP4 copy (0.5 + 1/16 bytes per element). The paper keeps some linear layers (about 15 %,
+  mostly the last blocks) in BF16; paraplan's layers are uniform, so every linear layer of an
+  nvfp4 job runs NVFP4 here (the BF16 layers are not modelled).
+
 The weights are cast once per iteration (TE keeps them for the later micro-batches,
 ``is_first_microbatch``; torchao's rowwise casts them again in every micro-batch): delayed e + 2 per parameter, current 2e + 2 (the amax, then the cast
 and transpose), rowwise 4e + 2 (torchao's weight: cast rows e + 1, transpose 2e, cast columns
-e + 1), mxfp8 e + 2 + 2/32. The FP8 copies kept for the iteration take 2 bytes per parameter
-(copy and transpose), mxfp8 2 + 2/32 with the scales; torchao's rowwise casts the weight per use
+e + 1), mxfp8 e + 2 + 2/32, nvfp4 2e + 1.125. The FP8 copies kept for the iteration take 2 bytes per parameter
+(copy and transpose), mxfp8 2 + 2/32 with the scales, nvfp4 1.125 (two NVFP4 copies with their
+E4M3 scales); torchao's rowwise casts the weight per use
 and keeps none.
 
 Sources: Transformer Engine user guide (API ``transformer_engine.common.recipe``: DelayedScaling
@@ -44,7 +69,10 @@ pytorch/ao ``torchao/testing/float8/roofline_utils.py`` (``get_tensor_memory_tra
 the kernels of tensorwise, rowwise and mxfp8 casts, per tensor role). GEMM throughput: every
 recipe's GEMMs take the GPU's FP8 curve; no public table times rowwise- or block-scaled GEMMs
 (XLA's sm_100 table has per-tensor FP8 rows only), so their kernels are assumed as fast as the
-per-tensor ones at the same FP8 datasheet peak, uncalibrated.
+per-tensor ones at the same FP8 datasheet peak, uncalibrated. NVFP4 GEMMs take the GPU's
+``peak_flops.fp4`` and its ``precisions.fp4`` curve: no public table times FP4 GEMMs (XLA's
+matmul table has no FP4 rows), so that curve is the B200's FP8 curve as a fraction of the FP4
+peak, marked transferred (every nvfp4 prediction says so).
 """
 
 from __future__ import annotations
@@ -55,6 +83,10 @@ from paraplan.specs import FP8Recipe
 
 # one E8M0 scale byte per block of 32 elements (MXFP8), per copy
 _MX_SCALE = 1.0 / 32.0
+# one NVFP4 copy: an E2M1 value (half a byte) and one E4M3 scale byte per 16 values
+NVFP4_COPY = 0.5 + 1.0 / 16.0
+# FLOPs per element of a random Hadamard transform on 16-value blocks (a 16x16 matrix product)
+RHT_FLOPS = 2.0 * 16.0
 AMAX_HISTORY_LEN = 1024  # Transformer Engine DelayedScaling's default amax_history_len
 # amax histories per FP8 GEMM: TE's forward meta keeps input, weight and output, the backward's
 # grad_output and grad_input (fp8_meta["scaling_fwd"] 3 per GEMM, ["scaling_bwd"] 2)
@@ -78,6 +110,9 @@ class RecipeCosts:
     saves_fp8_input: bool  # the weight gradient's input is kept in FP8 (else in 16 bits)
     amax_history: int  # fp32 amax values kept per FP8 tensor
     weights_cached: bool = True  # the weights are cast once per iteration (else by every micro-batch)
+    fp4_gemms: bool = False  # the GEMMs read NVFP4 operands on the FP4 tensor cores
+    saved_per_element: float = 1.0  # bytes per element of a saved FP8/FP4 input
+    rht_flops: float = 0.0  # FLOPs per element of the weight gradient's operands (Hadamard transform)
 
 
 RECIPES: dict[FP8Recipe, RecipeCosts] = {
@@ -86,6 +121,8 @@ RECIPES: dict[FP8Recipe, RecipeCosts] = {
     FP8Recipe.ROWWISE: RecipeCosts(3.0, 2.0, None, 4.0, 2.0, 1.0, 0.0, False, 0, weights_cached=False),
     FP8Recipe.MXFP8: RecipeCosts(1.0, 2.0 + 2 * _MX_SCALE, None, 1.0, 2.0 + 2 * _MX_SCALE, 1.0 + _MX_SCALE,
                                  2.0 + 2 * _MX_SCALE, True, 0),
+    FP8Recipe.NVFP4: RecipeCosts(3.0, 2 * NVFP4_COPY, None, 2.0, 2 * NVFP4_COPY, NVFP4_COPY, 2 * NVFP4_COPY, True, 0,
+                                 fp4_gemms=True, saved_per_element=NVFP4_COPY, rht_flops=RHT_FLOPS),
 }
 
 
@@ -103,4 +140,4 @@ def amax_history_bytes(fp8_gemms: int, recipe: FP8Recipe | None) -> float:
     return 4.0 * recipe_costs(recipe).amax_history * _HISTORIES_PER_GEMM * fp8_gemms
 
 
-__all__ = ["AMAX_HISTORY_LEN", "RECIPES", "RecipeCosts", "amax_history_bytes", "recipe_costs"]
+__all__ = ["AMAX_HISTORY_LEN", "NVFP4_COPY", "RECIPES", "RHT_FLOPS", "RecipeCosts", "amax_history_bytes", "recipe_costs"]

@@ -98,9 +98,9 @@ def fp8_casts(gemms: list[Op], e: int, recipe: FP8Recipe | None = None) -> Op:
         name="fp8_cast",
         kind=OpKind.ELEMENTWISE,
         role=f"FP8 casts, amaxes and transposes of the GEMMs' inputs and gradients ({name} scaling)",
-        flops=elements * costs.act_reads,
+        flops=elements * (costs.act_reads + costs.rht_flops),
         bytes=fwd,
-        bwd_flops=grads * costs.act_reads,
+        bwd_flops=grads * (costs.act_reads + costs.rht_flops),
         bwd_bytes=bwd,
         dims=(("gemms", len(gemms)),),
     )
@@ -116,7 +116,9 @@ def _delayed_bytes(gemms: list[Op], e: int) -> tuple[float, float]:
 
 
 def recipe_gemm(op: Op, recipe: FP8Recipe | None, e: int) -> Op:
-    """An FP8 GEMM as ``recipe`` runs it: MXFP8 reads a scale byte per 32 operand elements;
+    """An FP8 GEMM as ``recipe`` runs it: MXFP8 reads a scale byte per 32 operand elements,
+    NVFP4 half a byte and a scale byte per 16 (on the FP4 tensor cores, ``Op.fp4``, saving its
+    input as NVFP4);
     rowwise keeps its input for the weight gradient in 16 bits (torchao saves the high-
     precision input). Delayed and current scaling: the GEMM as ``gemm`` counts it."""
     costs = recipe_costs(recipe)
@@ -125,12 +127,14 @@ def recipe_gemm(op: Op, recipe: FP8Recipe | None, e: int) -> Op:
     dims = dict(op.dims)
     m, k, n, w = dims["m"], dims["k"], dims["n"], op.params
     extra = costs.operand_bytes - 1.0
+    saved = costs.saved_per_element if costs.saves_fp8_input else e
     return dataclasses.replace(
         op,
         bytes=op.bytes + extra * (m * k + w),
         bwd_bytes=op.bwd_bytes + extra * ((m * n + w) + (m * k + m * n)),
         bwd_weight_bytes=op.bwd_weight_bytes + extra * (m * k + m * n),
-        saved_bytes=op.saved_bytes if costs.saves_fp8_input else op.saved_bytes * e,
+        saved_bytes=op.saved_bytes * saved,
+        fp4=costs.fp4_gemms,
     )
 
 

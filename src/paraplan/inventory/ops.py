@@ -50,6 +50,8 @@ class Op:
     exec_fraction: float = 1.0
     dims: tuple[tuple[str, int], ...] = field(default=())
     fp8: bool = False  # runs on the FP8 tensor cores (Transformer Engine's FP8 linear layers)
+    # an FP8 GEMM whose operands are NVFP4 (``fp8_recipe: nvfp4``): runs on the FP4 tensor cores
+    fp4: bool = False
     # False for work a layer carries that recomputing the layer does not redo (gradient
     # accumulation, once-per-iteration FP8 weight casts, FSDP's buffer copies)
     recomputable: bool = True

@@ -25,6 +25,10 @@ class Precision(str, Enum):
     FP16 = "fp16"
     BF16 = "bf16"
     FP8 = "fp8"
+    # the precision NVFP4 GEMMs run in (``parallel.fp8_recipe: nvfp4``): a GPU's ``peak_flops.fp4``
+    # and FP4 curve; a job is never trained "in fp4" on its own: ``precision: fp4`` (or
+    # ``nvfp4``) is read as ``precision: fp8`` with ``fp8_recipe: nvfp4`` (``specs.job``)
+    FP4 = "fp4"
 
     @property
     def full_width(self) -> bool:

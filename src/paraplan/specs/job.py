@@ -39,6 +39,33 @@ class Job(BaseModel):
     # the framework preset the plan's unstated fields came from (parallel.framework: nemo-24.07)
     preset: PresetUse | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fp4_spelling(cls, data: object) -> object:
+        """``precision: fp4`` (or ``nvfp4``, Megatron-LM's ``--fp4-format e2m1 --fp4-recipe
+        nvfp4``) is FP8 training with the NVFP4 recipe: Transformer Engine runs NVFP4 inside
+        its FP8 autocast (``NVFP4BlockScaling``), so it reads as ``precision: fp8`` with
+        ``parallel.fp8_recipe: nvfp4``; a different recipe stated beside it is an error."""
+        if not isinstance(data, dict):
+            return data
+        given = data.get("precision")
+        key = given.value if isinstance(given, Precision) else str(given).strip().lower() if given is not None else None
+        if key not in ("fp4", "nvfp4"):
+            return data
+        plan = data.get("parallel")
+        if isinstance(plan, ParallelPlan):
+            recipe = plan.fp8_recipe
+            plan = plan.model_copy(update={"fp8_recipe": FP8Recipe.NVFP4})
+        else:
+            plan = dict(plan or {})
+            recipe = plan.get("fp8_recipe")
+            recipe = None if recipe is None else FP8Recipe(recipe)
+            plan["fp8_recipe"] = FP8Recipe.NVFP4
+        if recipe not in (None, FP8Recipe.NVFP4):
+            raise ValueError(f"parallel.fp8_recipe: {recipe.value} contradicts precision: {key} "
+                             "(NVFP4 training); leave fp8_recipe out or set nvfp4")
+        return {**data, "precision": Precision.FP8, "parallel": plan}
+
     @model_validator(mode="after")
     def _consistent(self) -> Job:
         p, m, c = self.parallel, self.model, self.cluster
@@ -134,9 +161,10 @@ def _check_fp8_recipe(recipe: FP8Recipe | None, precision: Precision, gpu: GpuSp
     if precision is not Precision.FP8:
         raise ValueError(f"parallel.fp8_recipe: {recipe.value} is an FP8 recipe, but the job's precision is "
                          f"{precision.value} (set precision: fp8, or leave fp8_recipe out)")
-    if recipe is FP8Recipe.NVFP4:
-        raise ValueError("parallel.fp8_recipe: nvfp4 is not modelled yet (the catalog has no FP4 GEMM peak "
-                         "or curve); choose delayed | current | rowwise | mxfp8")
+    if recipe is FP8Recipe.NVFP4 and (not gpu.block_scaled_tensor_cores or Precision.FP4 not in gpu.peak_flops):
+        raise ValueError(f"parallel.fp8_recipe: nvfp4 needs FP4 tensor cores that read block scales (Blackwell: "
+                         f"B200, B300, GB200, GB300); GPU {gpu.name} has no fp4 peak in the catalog, choose "
+                         f"delayed | current | rowwise{' | mxfp8' if gpu.block_scaled_tensor_cores else ''}")
     if recipe is FP8Recipe.MXFP8 and not gpu.block_scaled_tensor_cores:
         raise ValueError(f"parallel.fp8_recipe: mxfp8 needs tensor cores that read block scales (Blackwell: "
                          f"B200, B300, GB200, GB300); GPU {gpu.name} runs delayed | current | rowwise")
