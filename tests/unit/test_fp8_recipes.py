@@ -229,3 +229,15 @@ def test_nvfp4_exports_megatron_s_fp4_flags_and_torchtitan_refuses_it():
     fsdp = {"framework": "fsdp", "tp": 1, "sequence_parallel": False, "zero_stage": 3}
     with pytest.raises(ConfigError, match=r"^parallel\.fp8_recipe: nvfp4 is not exported to torchtitan"):
         render("torchtitan", job("nvfp4", cluster="dgx-b200", **fsdp))
+
+
+
+def test_the_prediction_table_names_the_fp8_recipe_beside_the_precision():
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    result = CliRunner().invoke(app, ["predict", "--model", "llama-3-8b", "--cluster", "dgx-b200", "--precision", "fp4",
+                                      "--tp", "1", "--global-batch-size", "64"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "fp8 (nvfp4), recompute" in result.output

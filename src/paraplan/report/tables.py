@@ -42,7 +42,9 @@ def render_prediction(pred: Prediction) -> Group:
         + (f" ({plan.cp_comm})" if plan.cp > 1 else "")
         + (f" vpp={plan.vpp}" if plan.vpp > 1 else "")
         + f", micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size}"
-        + f" ({plan.num_microbatches} micro-batches), {job.precision.value}, recompute {plan.recompute.value},"
+        + f" ({plan.num_microbatches} micro-batches), {job.precision.value}"
+        + (f" ({plan.fp8_recipe.value})" if plan.fp8_recipe is not None else "")
+        + f", recompute {plan.recompute.value},"
         + f" ZeRO-{plan.zero_stage}, {plan.schedule.value}, {plan.framework.value}"
         + (f", attention {plan.attention_kernel.value}" if plan.attention_kernel is not None else ""),
     )
