@@ -72,6 +72,19 @@ def _ideal_tp_overlap(mapping: Mapping) -> Mapping:
     return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).pop("tp_overlap", None))
 
 
+# H100's FP8 GEMM curve before issue 27: the BF16 curve x 1.91 / 2 (FBGEMM at 500 W, TE on the H200 NVL)
+FP8_RATIO_191 = {"max_fraction": 0.7656, "half_work": 9.34e9}
+
+
+def _fp8_ratio_191(mapping: Mapping) -> Mapping:
+    """Before issue 27: Hopper's FP8 GEMM curve from same-shape ratios taken at 500-600 W (1.91)
+    instead of the FP8/BF16 MAMF ratio measured at the board's own 700 W (H100 SXM 1.765)."""
+    gpu = mapping["cluster"].get("gpu") or load_catalog_entry("clusters", mapping["cluster"]["name"])["gpu"]
+    if load_gpu(gpu).name not in ("H100-SXM5-80GB", "H200-SXM-141GB", "H100-PCIE-80GB", "H800"):
+        return mapping
+    return _inline_gpu(mapping, lambda raw: raw["efficiency"]["precisions"]["fp8"]["gemm"].update(FP8_RATIO_191))
+
+
 def _parallel(**values: Any) -> Callable[[Mapping], Mapping]:
     """Each named plan field switched to the value given, where the job has it on: stated in the
     record or taken from its framework preset (stated explicitly, so the preset cannot lay its
@@ -171,6 +184,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "FP8 as it runs (every kernel at the FP8 peak, no casts)": (_same, _fp8_everywhere),
     "measured NCCL efficiencies of DGX A100 / H100 (generic 0.8 instead)": (_generic_links, contextlib.nullcontext),
     "contention under overlap (overlap_slowdown 0)": (_no_contention, contextlib.nullcontext),
+    "FP8/BF16 GEMM ratio of H100 MAMFs at 700 W (1.765; 1.91 from 500-600 W boards instead)": (
+        _fp8_ratio_191, contextlib.nullcontext),
     "sustained-clock GEMMs at the power limit (burst-calibrated rate instead)": (_burst_clocks,
                                                                                  contextlib.nullcontext),
     "FSDP/ZeRO-3 first gather and last reduce-scatter exposed": (_same, _no_exposed_units),

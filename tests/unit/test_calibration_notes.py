@@ -76,12 +76,14 @@ def test_every_measured_or_transferred_curve_in_the_catalog_names_its_source(nam
 
 def test_h100_fp8_gemms_run_at_the_measured_fp8_to_bf16_ratio_not_the_impossible_xla_rows():
     """sm_90's FP8 rows in the XLA table reach 2,620 TFLOP/s, above H100's 1,979 dense peak;
-    the catalog takes the FP8/BF16 ratio measured by FBGEMM and Transformer Engine (1.88-2.09)."""
+    the catalog takes the FP8/BF16 ratio of the maximum achievable matmul FLOPS measured on
+    H100 SXM at 700 W (1402.6 / 794.5 = 1.765; FBGEMM and Transformer Engine measured 1.88-2.09
+    on 500-600 W boards)."""
     gpu = load_gpu("H100-SXM5-80GB")
     fp8 = gpu.efficiency.precisions[Precision.FP8].gemm
     fp8_rate = fp8.max_fraction * gpu.peak_flops[Precision.FP8]
     bf16_rate = gpu.efficiency.gemm.max_fraction * gpu.peak_flops[Precision.BF16]
-    assert 1.88 <= fp8_rate / bf16_rate <= 2.09
+    assert 1.70 <= fp8_rate / bf16_rate <= 2.09
     assert fp8_rate < 0.8 * gpu.peak_flops[Precision.FP8]
 
 
