@@ -217,6 +217,9 @@ def _deepseek(config: dict[str, Any], path: Path) -> dict[str, Any]:
         fields["q_lora_rank"] = config["q_lora_rank"]
     if config.get("n_shared_experts"):
         fields["moe_shared_expert_intermediate_size"] = config["n_shared_experts"] * moe_ffn
+    if (config.get("n_group") or 1) > 1 and config.get("topk_group"):  # group-limited routing
+        fields["moe_router_num_groups"] = config["n_group"]
+        fields["moe_router_group_topk"] = config["topk_group"]
     return fields
 
 

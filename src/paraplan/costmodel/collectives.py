@@ -12,6 +12,7 @@ its own NIC share, so the bus bandwidth is min(intra-node, k * per-GPU network b
 from __future__ import annotations
 
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout
+from paraplan.inventory.moe import expected_units_touched
 from paraplan.specs import ClusterSpec, LinkSpec
 
 
@@ -45,6 +46,8 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
         if not layout.crosses_nodes and link.topology == "mesh" and cluster.gpus_per_node > 2:
             rate /= cluster.gpus_per_node - 1  # only the direct link to that one peer
         return link.latency_s + coll.bytes / rate
+    if coll.routing is not None and coll.kind is CollectiveKind.ALL_TO_ALL:
+        return _flex_dispatch_s(coll, layout, cluster)
     moved = bus_factor(coll.kind, n) * coll.bytes
     steps = 2 * (n - 1) if coll.kind is CollectiveKind.ALL_REDUCE else n - 1
     curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
@@ -81,3 +84,48 @@ def _all_to_all_across_nodes_s(size: float, layout: GroupLayout, cluster: Cluste
     if k > 1 and intra is not None:
         on_node = size * (k - 1) / n / _intra_bus(intra, k, cluster.gpus_per_node)
     return inter.latency_s + max(off_node, on_node)
+
+
+def dispatch_bytes(coll: Collective, layout: GroupLayout) -> tuple[float, float]:
+    """(bytes through the rank's NIC, bytes over NVLink) of one EP all-to-all call.
+
+    alltoall: every top-k copy goes to its expert's rank, the copies for the n - k ranks on other
+    nodes through the NIC, those for the k - 1 node-mates over NVLink.
+    flex (DeepEP's normal kernels, ``internode_dispatch``; HybridEP alike): a token crosses the
+    network once per destination node, to the GPU of the same local index there, which forwards
+    it over NVLink once to each rank of its node that holds one of the token's experts
+    (``is_token_in_rank``; the combine reduces the other way). So the NIC carries a token's
+    hidden state E[distinct nodes] x (N - 1)/N times (the share off its own node), NVLink
+    E[distinct ranks] x (k - 1)/k times (those not on the forwarding GPU itself), where the
+    hidden state is the copies' buffer over top-k."""
+    n, k = layout.size, layout.per_node
+    routing = coll.routing
+    if routing is None:
+        return coll.bytes * (n - k) / n, coll.bytes * (k - 1) / n
+    token = coll.bytes / routing.topk
+    nodes = layout.nodes
+    off_node = token * expected_units_touched(routing, nodes) * (nodes - 1) / nodes if nodes > 1 else 0.0
+    return off_node, token * expected_units_touched(routing, n) * (k - 1) / k
+
+
+def _flex_dispatch_s(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float:
+    """DeepEP's (or HybridEP's) dispatch or combine: the NIC and NVLink shares of
+    ``dispatch_bytes`` at once, one round of latency. The links' rates are those NCCL reaches,
+    which match what DeepEP's normal kernels measure (docs/legacy.md of deepseek-ai/DeepEP, H800,
+    4096 tokens, hidden 7168, top-8 of 4 groups: 153-158 GB/s over NVLink of ~200 GB/s line rate,
+    0.77-0.79, beside NCCL's 0.82 of H100's; 43-58 GB/s 'bottleneck' RDMA bandwidth per
+    400 Gb/s CX7 NIC, the NIC's rate; DeepEP V2 on B200: 726-740 GB/s of 900, 0.81). Its low-
+    latency kernels (pure RDMA, 77-194 us per dispatch at EP 8-256 for 128 tokens) serve
+    inference decoding; Megatron-Core's flex dispatcher trains with the normal kernels."""
+    intra, inter = cluster.intra_node, cluster.inter_node
+    nic, nvlink = dispatch_bytes(coll, layout)
+    t_nic = 0.0
+    if nic > 0.0:
+        assert inter is not None
+        t_nic = nic / inter.bus_bytes_per_s
+    t_nvl = 0.0
+    if nvlink > 0.0 and intra is not None:
+        t_nvl = nvlink / _intra_bus(intra, layout.per_node, cluster.gpus_per_node)
+    link = inter if layout.crosses_nodes else intra
+    latency = link.latency_s if link is not None else 0.0
+    return latency + max(t_nic, t_nvl)

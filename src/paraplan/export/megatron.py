@@ -57,7 +57,8 @@ expression that ``moe_freq_type`` evaluates), --moe-router-score-function (softm
 --moe-router-load-balancing-type (aux_loss | seq_aux_loss | sinkhorn | none), --moe-aux-loss-coeff,
 --moe-expert-capacity-factor, --moe-grouped-gemm, --moe-token-dispatcher-type (allgather | alltoall |
 flex | alltoall_seq; ``TransformerConfig`` accepts the capacity factor and the shared-expert overlap
-with alltoall only), --expert-model-parallel-size, --expert-tensor-parallel-size,
+with alltoall only), --moe-flex-dispatcher-backend (deepep | hybridep, with flex),
+--moe-router-num-groups / --moe-router-group-topk (group-limited routing), --expert-model-parallel-size, --expert-tensor-parallel-size,
 --moe-shared-expert-overlap, --overlap-moe-expert-parallel-comm with --delay-wgrad-compute (as
 NVIDIA's scripts give them); MLA: --multi-latent-attention, --q-lora-rank, --kv-lora-rank,
 --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim; --qk-layernorm.
@@ -345,6 +346,9 @@ def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
         model.append(["--moe-aux-loss-coeff", f"{m.moe_aux_loss_coeff:g}"])
     else:
         model.append(["--moe-router-load-balancing-type", "none"])
+    if m.moe_router_num_groups and m.moe_router_group_topk:
+        model += [["--moe-router-num-groups", str(m.moe_router_num_groups)],
+                  ["--moe-router-group-topk", str(m.moe_router_group_topk)]]
     if m.moe_expert_capacity_factor is not None:
         model.append(["--moe-expert-capacity-factor", f"{m.moe_expert_capacity_factor:g}"])
     if m.moe_grouped_gemm:
@@ -355,17 +359,22 @@ def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
     if p.etp != p.tp:  # Megatron-Core sets expert_tensor_parallel_size = tp when it is not given
         par.append(["--expert-tensor-parallel-size", str(p.etp)])
     why = []
-    if p.ep > 1:
+    if p.moe_token_dispatcher_type is not None:
+        why.append("as the plan states (parallel.moe_token_dispatcher_type)")
+    elif p.ep > 1:
         why.append(f"ep={p.ep}: the all-to-all dispatch and combine paraplan predicted "
                    "(Megatron-LM's default, allgather, gathers every token on every expert rank)")
     if m.moe_expert_capacity_factor is not None:
         why.append("the capacity factor works with alltoall only")
-    if p.moe_shared_expert_overlap:
+    if p.moe_shared_expert_overlap and p.moe_token_dispatcher_type is None:
         why.append("the shared-expert overlap works with alltoall only")
     if p.overlap_moe_expert_parallel_comm:
         why.append("the expert-parallel overlap hides the all-to-alls")
-    if why:
-        par.append(["--moe-token-dispatcher-type", "alltoall"])
+    dispatcher = p.moe_token_dispatcher_type or "alltoall"
+    if why and dispatcher != "allgather":  # allgather: Megatron-LM's default, not restated
+        par.append(["--moe-token-dispatcher-type", dispatcher])
+    if dispatcher == "flex" and p.dispatcher != "deepep":  # --moe-flex-dispatcher-backend defaults to deepep
+        par.append(["--moe-flex-dispatcher-backend", p.dispatcher])
     if p.moe_shared_expert_overlap:
         par.append(["--moe-shared-expert-overlap"])
     if p.overlap_moe_expert_parallel_comm:  # NVIDIA's DeepSeek-V3 / Qwen3 scripts give both
@@ -373,7 +382,7 @@ def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
     title = (f"experts: ep={p.ep} x etp={p.etp} fold into each stage's tp*cp*dp = {p.tp * p.cp * p.dp} ranks "
              f"(expert data-parallel size {p.edp}; Megatron-LM derives it)")
     if why:
-        title += "; alltoall dispatcher: " + "; ".join(why)
+        title += f"; {dispatcher} dispatcher: " + "; ".join(why)
     return [("mixture of experts", model), (title, par)]
 
 

@@ -370,6 +370,12 @@ def _check_experts(job: Job, shard: int) -> None:
     """torchtitan 0.3.0 folds expert parallelism into the FSDP x CP x TP ranks
     (``ParallelDims``: efsdp = dp_shard * cp * tp / ep) and never splits an expert over TP ranks."""
     p = job.parallel
+    if p.dispatcher != "alltoall":
+        raise ConfigError(
+            f"parallel.moe_token_dispatcher_type: the recipe writes torchtitan {TORCHTITAN_VERSION}'s all-to-all "
+            f"dispatcher (its DeepEPTokenDispatcher is chosen in the model's own config, not a parallelism key); "
+            f"{p.dispatcher!r}: re-predict with alltoall or export it as megatron"
+        )
     if p.etp != 1:
         raise ConfigError(
             f"parallel.etp: torchtitan {TORCHTITAN_VERSION} has no expert_tensor_parallel_degree (its experts "

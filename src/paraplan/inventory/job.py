@@ -465,7 +465,12 @@ def _params(
         if active and experts:
             experts *= model.moe_router_topk / model.num_moe_experts
         total += counts[moe] * (dense + experts)
-    total += _layer_params(count_embedding_ops(model, x)) + _layer_params(count_head_ops(model, x))
+    embedding, head = _layer_params(count_embedding_ops(model, x)), _layer_params(count_head_ops(model, x))
+    if active and model.active_params_count_embedding is False:
+        # the authors count a token's active parameters without the input embedding's table
+        # (gpt-oss: the unembedding only); a tied head's weight is the table, counted once
+        return total + embedding - x.vocab * x.h + head
+    total += embedding + head
     if not model.untie_embeddings_and_output_weights:
         total -= x.vocab * x.h
     return total
@@ -478,7 +483,9 @@ def count_params(job: Job) -> float:
 
 def count_active_params(job: Job) -> float:
     """Parameters one token is computed with: all of a dense model's, a mixture of experts'
-    without the routed experts it is not sent to (Mixtral 8x7B: 12.9B of 46.7B)."""
+    without the routed experts it is not sent to (Mixtral 8x7B: 12.9B of 46.7B), in its authors'
+    convention: with the input embedding (Mistral, Qwen, DeepSeek: the default) or without it
+    (``active_params_count_embedding: false``; gpt-oss-120b's 5.13B)."""
     return _params(job.model, _unsharded(job), active=True)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from paraplan.inventory.layer import (
     _copy,
@@ -28,7 +29,7 @@ from paraplan.inventory.layer import (
     norm,
     with_fp8_casts,
 )
-from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
+from paraplan.inventory.ops import Collective, CollectiveKind, ExpertRouting, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ModelSpec, ParallelPlan, Phase
 
@@ -132,19 +133,90 @@ def count_moe_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     return with_fp8_casts(attention_block_ops(model, x) + moe_block_ops(model, x), x)
 
 
+def expert_routing(model: ModelSpec, plan: ParallelPlan) -> ExpertRouting | None:
+    """The routing a flex dispatcher (DeepEP, HybridEP) sends by; None for alltoall / allgather."""
+    if plan.dispatcher not in ("deepep", "hybridep"):
+        return None
+    return ExpertRouting(model.num_moe_experts or 1, model.moe_router_topk or 1, model.moe_router_num_groups,
+                         model.moe_router_group_topk, plan.dispatcher)
+
+
+def expected_units_touched(routing: ExpertRouting, units: int) -> float:
+    """How many of ``units`` equal contiguous blocks of the experts (the EP group's nodes, or its
+    ranks) one token's top-k experts fall in, on average, when the router picks uniformly: a
+    block is missed with the hypergeometric probability C(E - E_u, k) / C(E, k), so
+    E[blocks] = units (1 - C(E - E_u, k) / C(E, k)) (occupancy without replacement). Group-limited
+    routing (Megatron-Core's group_limited_topk: ``group_topk`` of ``groups`` groups, then the
+    top-k among their experts) picks from M = group_topk x E/groups experts: a block holding whole
+    groups is missed when none of its groups is chosen or none of its experts is picked; a block
+    inside a group when its group is not chosen or none of its experts is picked."""
+    e, k = routing.experts, routing.topk
+    if units <= 1:
+        return float(units)
+    per = max(1, e // units)
+    groups, chosen = routing.groups, routing.group_topk
+    missed = math.comb(e - per, k) / math.comb(e, k)
+    if groups and chosen and chosen < groups:
+        size = e // groups
+        pick = chosen * size
+        if groups % units == 0:  # a block holds groups // units whole groups
+            held = groups // units
+            missed = sum(math.comb(held, j) * math.comb(groups - held, chosen - j) / math.comb(groups, chosen)
+                         * math.comb(pick - j * size, k) / math.comb(pick, k) for j in range(min(held, chosen) + 1))
+        elif units % groups == 0:  # a group spans units // groups blocks
+            p = chosen / groups
+            missed = 1.0 - p + p * math.comb(pick - per, k) / math.comb(pick, k)
+    return units * (1.0 - missed)
+
+
+def most_units_touched(routing: ExpertRouting, units: int) -> int:
+    """The most blocks (nodes, ranks) one token can reach: its top-k, and with group-limited
+    routing the blocks its chosen groups cover (DeepSeek-V3 on 8 nodes: 4)."""
+    most = min(units, routing.topk)
+    groups, chosen = routing.groups, routing.group_topk
+    if groups and chosen and chosen < groups:
+        if groups % units == 0:
+            most = min(most, chosen)
+        elif units % groups == 0:
+            most = min(most, chosen * (units // groups))
+    return most
+
+
 def count_moe_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -> tuple[Collective, ...]:
     """The communication of one MoE layer: the attention's tensor- and context-parallel
-    collectives, the shared experts' (as a dense MLP's), and the expert-parallel ones: the dispatch and combine
-    all-to-alls over the EP group forward, their mirror images backward, and around the experts
-    the all-gather and reduce-scatter over their ETP ranks. An all-to-all's size is one rank's
-    whole send buffer (nccl-tests), taken at the busiest rank's load: it receives the most."""
+    collectives, the shared experts' (as a dense MLP's), and the expert-parallel ones, by the
+    token dispatcher (Megatron-Core's ``token_dispatcher.py``):
+
+    - alltoall (``MoEAlltoAllTokenDispatcher``): the dispatch and combine all-to-alls over the EP
+      group forward, their mirror images backward, and around the experts the all-gather and
+      reduce-scatter over their ETP ranks. An all-to-all's size is one rank's whole send buffer
+      (nccl-tests), taken at the busiest rank's load: it receives the most.
+    - flex (``MoEFlexTokenDispatcher``, DeepEP / HybridEP): the same four calls, marked with the
+      routing, so that the cost model sends a token once to each node and each rank it reaches.
+    - allgather (``MoEAllGatherTokenDispatcher``): every rank gathers the tokens of its
+      ETP x EP group (its ``tp_ep_group``) and keeps its experts' copies; the combine reduce-
+      scatters the outputs back; backward the mirror images."""
     out = list(count_layer_collectives(model, plan, x, dense_mlp=bool(x.shared_ffn)))
+    if plan.dispatcher == "allgather":
+        tokens = x.e * x.b * x.s_norm * x.h  # this rank's hidden states
+        for dim, size in ((ParallelDim.EP, plan.ep), (ParallelDim.ETP, plan.etp)):
+            if size > 1:
+                tokens *= size
+                out += [
+                    Collective(f"{dim.value}_allgather", CollectiveKind.ALL_GATHER, dim, tokens, phase)
+                    for phase in (Phase.FWD, Phase.BWD_INPUT)
+                ] + [
+                    Collective(f"{dim.value}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, tokens, phase)
+                    for phase in (Phase.FWD, Phase.BWD_INPUT)
+                ]
+        return tuple(out)
     load = x.routed / max(1, plan.etp)  # token copies reaching this rank's experts from the EP group
     if plan.ep > 1:
         size = x.e * load * x.h
+        routing = expert_routing(model, plan)
         out += [
-            Collective("ep_alltoall", CollectiveKind.ALL_TO_ALL, ParallelDim.EP, size, Phase.FWD, 2),
-            Collective("ep_alltoall", CollectiveKind.ALL_TO_ALL, ParallelDim.EP, size, Phase.BWD_INPUT, 2),
+            Collective("ep_alltoall", CollectiveKind.ALL_TO_ALL, ParallelDim.EP, size, Phase.FWD, 2, routing),
+            Collective("ep_alltoall", CollectiveKind.ALL_TO_ALL, ParallelDim.EP, size, Phase.BWD_INPUT, 2, routing),
         ]
     if plan.etp > 1:
         size = x.e * x.routed * x.h

@@ -104,6 +104,21 @@ class ParallelDim(str, Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertRouting:
+    """How a MoE dispatch spreads each token's copies, for a dispatcher that sends a token once
+    per destination node and rank (DeepEP's normal kernels, HybridEP): ``experts`` routed experts
+    laid out contiguously over the EP ranks, ``topk`` per token, optionally group-limited
+    (``groups`` equal groups, ``group_topk`` of them chosen per token). ``backend`` names the
+    dispatcher ('deepep' | 'hybridep')."""
+
+    experts: int
+    topk: int
+    groups: int | None = None
+    group_topk: int | None = None
+    backend: str = "deepep"
+
+
+@dataclass(frozen=True, slots=True)
 class Collective:
     """One collective call. ``bytes`` follows nccl-tests' size convention: the buffer for an
     all-reduce or a broadcast, the whole output of an all-gather (input of a reduce-scatter),
@@ -115,3 +130,6 @@ class Collective:
     bytes: float
     phase: Phase
     count: int = 1
+    # an EP all-to-all a flex dispatcher runs: ``bytes`` is still the top-k copies' buffer (the
+    # alltoall dispatcher's), the cost model sends each token once per node and rank from it
+    routing: ExpertRouting | None = None

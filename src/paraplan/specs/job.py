@@ -178,7 +178,8 @@ def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:
         given = {"expert_model_parallel_size": p.ep > 1, "expert_tensor_parallel_size": p.expert_tensor_parallel_size,
                  "expert_load_imbalance": p.expert_load_imbalance != 1.0,
                  "moe_shared_expert_overlap": p.moe_shared_expert_overlap,
-                 "overlap_moe_expert_parallel_comm": p.overlap_moe_expert_parallel_comm}
+                 "overlap_moe_expert_parallel_comm": p.overlap_moe_expert_parallel_comm,
+                 "moe_token_dispatcher_type": p.moe_token_dispatcher_type}
         for name, value in given.items():
             if value:
                 raise ValueError(f"parallel.{name}: the model is dense (it has no num_moe_experts)")
@@ -198,6 +199,11 @@ def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:
         raise ValueError(
             "parallel.sequence_parallel: Megatron-Core's MoE layers need sequence parallelism "
             f"with tensor parallelism (tp={p.tp})"
+        )
+    if m.moe_expert_capacity_factor is not None and p.moe_token_dispatcher_type not in (None, "alltoall"):
+        raise ValueError(
+            "parallel.moe_token_dispatcher_type: Megatron-Core drops tokens by capacity "
+            f"(moe_expert_capacity_factor) with the alltoall dispatcher only, not {p.moe_token_dispatcher_type!r}"
         )
     if p.moe_shared_expert_overlap and not m.moe_shared_expert_intermediate_size:
         raise ValueError(

@@ -91,6 +91,18 @@ class ModelSpec(BaseModel):
     # one grouped GEMM for a rank's experts (--moe-grouped-gemm, on in every Megatron MoE
     # recipe); off: one GEMM per local expert in a loop (SequentialMLP)
     moe_grouped_gemm: Bool | None = None
+    # group-limited routing (Megatron-Core --moe-router-num-groups / --moe-router-group-topk; HF
+    # DeepSeek-V2/V3 n_group / topk_group): the experts split into equal groups, each token picks
+    # its top group_topk groups and its top-k experts among them. With one group per node
+    # (DeepSeek-V3: 8 groups, 4 of them, "each token will be sent to at most 4 nodes", report
+    # section 3.2.2) it bounds the nodes a token's dispatch crosses to.
+    moe_router_num_groups: Int | None = Field(default=None, ge=1)
+    moe_router_group_topk: Int | None = Field(default=None, ge=1)
+    # which parameters the model's authors count as active: with the input embedding (Mistral's
+    # 12.9B of Mixtral 8x7B, Qwen's 3.3B of Qwen3-30B-A3B: total minus the experts a token skips;
+    # the default) or without it (OpenAI's gpt-oss model card: 5.13B of gpt-oss-120b counts the
+    # unembedding but not the embedding, a table lookup)
+    active_params_count_embedding: Bool | None = None
     source: str | None = None
 
     @model_validator(mode="after")
@@ -155,7 +167,8 @@ class ModelSpec(BaseModel):
     def _derive_moe(self, ffn: int) -> dict:
         moe = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                "moe_layer_freq", "moe_first_k_dense", "moe_router_score_function",
-               "moe_expert_capacity_factor", "moe_aux_loss_coeff", "moe_grouped_gemm")
+               "moe_expert_capacity_factor", "moe_aux_loss_coeff", "moe_grouped_gemm",
+               "moe_router_num_groups", "moe_router_group_topk")
         if self.num_moe_experts is None:
             for name in moe:
                 if getattr(self, name) is not None:
@@ -166,6 +179,7 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"moe_router_topk: {topk} is more than num_moe_experts={self.num_moe_experts}"
             )
+        self._check_groups(topk)
         freq = self.moe_layer_freq
         if isinstance(freq, tuple) and len(freq) != self.num_layers:
             raise ValueError(
@@ -186,6 +200,23 @@ class ModelSpec(BaseModel):
             "moe_aux_loss_coeff": 1e-2 if self.moe_aux_loss_coeff is None else self.moe_aux_loss_coeff,
             "moe_grouped_gemm": True if self.moe_grouped_gemm is None else self.moe_grouped_gemm,
         }
+
+    def _check_groups(self, topk: int) -> None:
+        """Megatron-Core's group_limited_topk: equal groups, group_topk of them, enough experts
+        in the chosen groups for the top-k."""
+        groups, chosen, experts = self.moe_router_num_groups, self.moe_router_group_topk, self.num_moe_experts
+        if (groups is None) != (chosen is None):
+            raise ValueError("moe_router_group_topk: group-limited routing needs both moe_router_num_groups "
+                             "and moe_router_group_topk")
+        if groups is None or chosen is None or experts is None:
+            return
+        if experts % groups:
+            raise ValueError(f"moe_router_num_groups: {groups} does not divide num_moe_experts={experts}")
+        if chosen > groups:
+            raise ValueError(f"moe_router_group_topk: {chosen} is more than moe_router_num_groups={groups}")
+        if chosen * (experts // groups) < topk:
+            raise ValueError(f"moe_router_group_topk: {chosen} groups of {experts // groups} experts hold fewer "
+                             f"than moe_router_topk={topk}")
 
     @property
     def is_moe(self) -> bool:

@@ -65,6 +65,22 @@ def _check_zero_bubble(plan: ParallelPlan) -> None:
         raise ValueError(f"parallel.schedule: {name!r} needs framework 'fsdp' (torchtitan); {reason}")
 
 
+def _check_dispatcher(plan: ParallelPlan) -> None:
+    """Megatron-Core's dispatcher rules (TransformerConfig.__post_init__): a flex backend only
+    with the flex dispatcher; the shared-expert overlap not with allgather (alltoall, and flex
+    in recent versions: "only works with alltoall or flex token dispatcher")."""
+    if plan.moe_flex_dispatcher_backend is not None and plan.moe_token_dispatcher_type != "flex":
+        raise ValueError(
+            f"parallel.moe_flex_dispatcher_backend: {plan.moe_flex_dispatcher_backend!r} is a backend of the "
+            f"flex dispatcher; set moe_token_dispatcher_type: flex (not {plan.moe_token_dispatcher_type or 'unset'})"
+        )
+    if plan.moe_shared_expert_overlap and plan.moe_token_dispatcher_type == "allgather":
+        raise ValueError(
+            "parallel.moe_shared_expert_overlap: Megatron-Core overlaps the shared experts with the "
+            "alltoall or flex dispatcher, not 'allgather'"
+        )
+
+
 class ParallelPlan(BaseModel):
     """Megatron-LM argument names, with the short aliases tp, pp, dp, cp and vpp."""
 
@@ -163,6 +179,15 @@ class ParallelPlan(BaseModel):
     # idea): one micro-batch's all-to-all runs beside another's computation
     moe_shared_expert_overlap: Bool = False
     overlap_moe_expert_parallel_comm: Bool = False
+    # --- the token dispatcher (issue 28; Megatron-Core's --moe-token-dispatcher-type and
+    # --moe-flex-dispatcher-backend) ---
+    # alltoall: each top-k copy of a token sent to its expert's rank (NCCL all-to-all); allgather:
+    # every rank gathers the EP group's tokens and keeps its experts' (the combine a reduce-
+    # scatter); flex: DeepEP's normal kernels (deepep) or NVIDIA's HybridEP (hybridep) send a
+    # token once to each node and each rank its experts sit on (NVLink forwarding within the
+    # node). Unset: alltoall, paraplan's default (Megatron-LM's own default is allgather).
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = None
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None = None  # flex only; default deepep
     # --- offload (issue 18) ---
     # DeepSpeed's zero_optimization.offload_optimizer / offload_param device: the optimizer
     # state and its step on the CPU (ZeRO-Offload), parameters on the host (ZeRO-3 only), or
@@ -234,6 +259,7 @@ class ParallelPlan(BaseModel):
                 "asynchronous sends are Megatron-LM's overlap_p2p_comm (its interleaved schedule's default)"
             )
         _check_cp_comm(self)
+        _check_dispatcher(self)
         if self.data_parallel_shard_degree is not None and self.zero_stage < 1:
             raise ValueError(
                 "parallel.data_parallel_shard_degree: hybrid sharding shards ZeRO state, so it needs "
@@ -317,6 +343,14 @@ class ParallelPlan(BaseModel):
     @property
     def ep(self) -> int:
         return self.expert_model_parallel_size
+
+    @property
+    def dispatcher(self) -> str:
+        """How tokens reach their experts: 'alltoall' (also the default), 'allgather', 'deepep' or
+        'hybridep' (the flex dispatcher's backend, deepep when unset as in Megatron-Core)."""
+        if self.moe_token_dispatcher_type == "flex":
+            return self.moe_flex_dispatcher_backend or "deepep"
+        return self.moe_token_dispatcher_type or "alltoall"
 
     @property
     def etp(self) -> int:

@@ -254,6 +254,7 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
         assumed.append("expert load perfectly balanced (the record gives no imbalance)")
     if p.get("moe_a2a_overlap"):
         parallel["overlap_moe_expert_parallel_comm"] = True
+    _dispatcher(p, parallel, assumed)
     if preset is not None:
         # what the preset fills in, said as the reader's assumptions
         _, use = apply_preset(parallel, preset, num_gpus=int(run["num_gpus"]), gpus_per_node=node,
@@ -261,6 +262,25 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
                               precision=_precision(str(run["precision"])))
         assumed.extend(f"{k} {_shown(v)} ({preset.id}'s default)" for k, v in use.taken.items())
     return parallel
+
+
+_DISPATCHER = re.compile(r"^\s*(allgather|alltoall|flex)\b(?:\s*\((deepep|hybridep)\))?", re.IGNORECASE)
+
+
+def _dispatcher(p: dict[str, Any], parallel: dict[str, Any], assumed: list[str]) -> None:
+    """The record's Megatron-Core token dispatcher ('alltoall', 'flex (DeepEP)', 'flex (HybridEP)');
+    a custom one (DeepSeek's own kernels) is read as the nearest, DeepEP's."""
+    given = p.get("moe_token_dispatcher_type")
+    if not given or (p.get("ep") or 1) * (p.get("etp") or 1) <= 1:
+        return
+    match = _DISPATCHER.match(str(given))
+    if match is None:
+        parallel["moe_token_dispatcher_type"] = "flex"
+        assumed.append(f"dispatcher {given!r} read as flex (DeepEP's normal kernels)")
+        return
+    parallel["moe_token_dispatcher_type"] = match.group(1).lower()
+    if match.group(2):
+        parallel["moe_flex_dispatcher_backend"] = match.group(2).lower()
 
 
 def _recompute(run: dict[str, Any], engine: str, words: str, assumed: list[str]) -> str:
