@@ -462,8 +462,8 @@ def trace_model(
                 hf_config, dtype=torch_dtype, trust_remote_code=trust_remote_code,
                 attn_implementation=attention,
             )
-    except ValueError as err:
-        first = str(err).strip().splitlines()[0][:120]
+    except (ValueError, AssertionError, AttributeError, TypeError, KeyError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
         raise ConfigError(
             f"{_WHERE}: model_type {config.get('model_type')!r}: transformers cannot build a causal LM of it "
             f"({first}); describe the model by its fields instead"
@@ -486,7 +486,10 @@ def trace_model(
     setattr(parent, list_name.rpartition(".")[2], kept)
     hf_config.num_hidden_layers = len(reps)
     if getattr(hf_config, "layer_types", None):
-        hf_config.layer_types = [types[i] for i in reps]
+        try:
+            hf_config.layer_types = [types[i] for i in reps]
+        except AttributeError:  # derived from other fields (Mamba-2): the kept layers keep theirs
+            pass
     rec = _Recorder(model, {id(layer): slot for slot, layer in enumerate(kept)})
     rec.module_types = {
         (slot, name): type(module).__name__ for slot, layer in enumerate(kept) for name, module in layer.named_modules()
@@ -497,7 +500,8 @@ def trace_model(
         with rec:
             out = model(input_ids=tokens, labels=tokens, use_cache=False)
             out.loss.backward()
-    except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as err:
+    except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError, AttributeError,
+            AssertionError, KeyError) as err:
         if os.environ.get("PARAPLAN_TRACE_DEBUG"):
             raise
         first = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__

@@ -77,8 +77,11 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
             bwd_flops=sum(o.flops for o in bwd), bwd_bytes=sum(o.bytes for o in bwd),
             params=float(params.get(module, 0)), saved_bytes=max(kept, 0.0),
         )
-        is_gemm = any(o.aten in _MATMULS for o in fwd) and params.get(module, 0) > 0
-        if is_gemm:
+        matmuls = any(o.aten in _MATMULS for o in fwd)
+        # experts: a grouped GEMM (their bytes are eager batched_mm's, which gathers each token's
+        # expert weights); a router: its scoring GEMM
+        linear = any(word in mtype.lower() for word in ("linear", "expert", "router"))
+        if matmuls and linear and params.get(module, 0) > 0:
             weight_grads = [o for o in bwd if o.aten in _MATMULS]
             # the weight gradient is the backward matmul whose output has the weight's size
             w = params.get(module, 0)
@@ -97,7 +100,9 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
             kind = OpKind.NORM
         elif "embedding" in mtype.lower() and "rotary" not in mtype.lower():
             kind = OpKind.EMBEDDING
-        if any(o.aten.split(".")[0] in _UNCALIBRATED for o in ops):
+        if matmuls or any(o.aten.split(".")[0] in _UNCALIBRATED for o in ops):
+            # a scan, a causal convolution or chunked linear attention written in torch (Mamba,
+            # gated DeltaNet): no curve of its own yet, costed as a memory-bound kernel
             role = "uncalibrated: " + role
         out.append(Op(name=module or "layer", kind=kind, role=role, **common))
     if attention:
