@@ -13,6 +13,7 @@ from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, usage_error
 from paraplan.cli.compare import compare_command
 from paraplan.cli.export import export_command
 from paraplan.cli.fit import fit_command
+from paraplan.cli.inventory import inventory_app
 from paraplan.cli.predict import predict_command
 from paraplan.cli.profile import profile_app
 from paraplan.cli.report import report_command
@@ -52,6 +53,8 @@ app.add_typer(calibrate_app, name="calibrate", short_help="Fit efficiency curves
 app.add_typer(validate_app, name="validate", short_help="Predict measured runs or a traced job; print the errors.",
               epilog=EXIT_CODES)
 app.add_typer(profile_app, name="profile", short_help="Time operators and collectives on your hardware into samples.",
+              epilog=EXIT_CODES)
+app.add_typer(inventory_app, name="inventory", short_help="Trace a Hugging Face model's operators from its code.",
               epilog=EXIT_CODES)
 app.add_typer(trace_app, name="trace", short_help="Read PyTorch profiler traces: iterations, components.",
               epilog=EXIT_CODES)

@@ -24,6 +24,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "deepspeed": "frameworks",
     "torchtitan": "frameworks",
     "mkdocs": "docs",
+    "transformers": "hf",
 }
 
 

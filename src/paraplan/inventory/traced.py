@@ -1,0 +1,195 @@
+"""A traced layer (``inventory.hftrace``) as paraplan operators, and its comparison with the
+hand-written inventory (``inventory.layer``).
+
+Each module of the layer that ran operators becomes one ``Op``: a ``Linear`` its GEMM (the
+forward matmul's m, k, n; backward the data- and weight-gradient matmuls), the recorded
+attention core the fused ``flash_atten`` (causal: half the square executed; a sliding window
+of w: the band's share), a norm module a ``NORM``, an embedding an ``EMBEDDING``, and every
+other module's operators (activations, rotary embedding, residual adds, copies) one
+``ELEMENTWISE`` op with the bytes eager PyTorch moves. Saved bytes are what autograd kept in
+that module's forward. Operators the cost model has no curve for (convolutions of causal conv,
+scans of state-space models) keep their role prefixed ``uncalibrated:`` and are costed as
+memory-bound elementwise kernels (the roofline: bytes over HBM bandwidth, Williams et al.
+2009), which says so rather than guessing a compute rate.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from paraplan.inventory.hftrace import TracedLayer, TracedOp
+from paraplan.inventory.ops import Op, OpKind
+
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "grouped_mm"}
+_UNCALIBRATED = {"convolution", "convolution_backward", "_conv_depthwise2d", "cumsum", "logcumsumexp"}
+
+
+def _gemm_dims(ops: list[TracedOp]) -> tuple[tuple[str, int], ...]:
+    for op in ops:
+        if op.phase == "fwd" and op.aten in _MATMULS and len(op.shapes) >= 2:
+            a, b = op.shapes[-2], op.shapes[-1]
+            if op.aten == "addmm" and len(op.shapes) >= 3:
+                a, b = op.shapes[1], op.shapes[2]
+            return (("m", int(a[-2])), ("k", int(a[-1])), ("n", int(b[-1])))
+    return ()
+
+
+def _window_fraction(s: int, s_kv: int, window: int | None, causal: bool) -> float:
+    """The share of the full s x s_kv square a causal kernel executes: half without a window
+    (the inventory's convention), the band of ``window`` keys behind each query with one."""
+    if not causal:
+        return 1.0
+    if not window or window >= s_kv:
+        return 0.5
+    w = int(window)
+    band = w * s - w * (w - 1) / 2.0
+    return band / (s * s_kv)
+
+
+def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
+    """The operators of one traced layer kind, in the order their modules first ran."""
+    groups: dict[str, list[TracedOp]] = defaultdict(list)
+    attention: list[TracedOp] = []
+    for op in layer.ops:
+        if op.aten == "attention":
+            attention.append(op)
+        else:
+            groups[op.module].append(op)
+    params = dict(layer.param_breakdown)
+    saved: dict[str, float] = defaultdict(float)
+    for t in layer.saved:
+        saved[t.module] += t.bytes
+    out: list[Op] = []
+    attention_module = attention[0].module if attention else None
+    for module, ops in groups.items():
+        fwd = [o for o in ops if o.phase == "fwd"]
+        bwd = [o for o in ops if o.phase == "bwd"]
+        mtype = ops[0].module_type
+        atens = sorted({o.aten for o in ops if o.bytes or o.flops})
+        kept = saved.get(module, 0.0)
+        if module == attention_module:
+            kept -= sum(_attention_saved(layer, attention_module))
+        common = dict(
+            flops=sum(o.flops for o in fwd), bytes=sum(o.bytes for o in fwd),
+            bwd_flops=sum(o.flops for o in bwd), bwd_bytes=sum(o.bytes for o in bwd),
+            params=float(params.get(module, 0)), saved_bytes=max(kept, 0.0),
+        )
+        matmuls = any(o.aten in _MATMULS for o in fwd)
+        # experts: a grouped GEMM (their bytes are eager batched_mm's, which gathers each token's
+        # expert weights); a router: its scoring GEMM
+        linear = any(word in mtype.lower() for word in ("linear", "expert", "router"))
+        if matmuls and linear and params.get(module, 0) > 0:
+            weight_grads = [o for o in bwd if o.aten in _MATMULS]
+            # the weight gradient is the backward matmul whose output has the weight's size
+            w = params.get(module, 0)
+            wgrad = [o for o in weight_grads if o.out_shapes and _numel(o.out_shapes[0]) == w]
+            wgrad = wgrad[-1:] if wgrad else weight_grads[-1:]
+            out.append(Op(name=module or "layer", kind=OpKind.GEMM, role=f"traced {mtype} ({', '.join(atens)})",
+                          bwd_weight_flops=sum(o.flops for o in wgrad), bwd_weight_bytes=sum(o.bytes for o in wgrad),
+                          dims=_gemm_dims(fwd), **common))
+            continue
+        if module == attention_module or not (common["flops"] or common["bytes"] or common["bwd_bytes"]):
+            if module != attention_module and not common["params"]:
+                continue
+        kind = OpKind.ELEMENTWISE
+        role = f"traced {mtype or 'layer'} ({', '.join(atens)})"
+        if "norm" in mtype.lower():
+            kind = OpKind.NORM
+        elif "embedding" in mtype.lower() and "rotary" not in mtype.lower():
+            kind = OpKind.EMBEDDING
+        if matmuls or any(o.aten.split(".")[0] in _UNCALIBRATED for o in ops):
+            # a scan, a causal convolution or chunked linear attention written in torch (Mamba,
+            # gated DeltaNet): no curve of its own yet, costed as a memory-bound kernel
+            role = "uncalibrated: " + role
+        out.append(Op(name=module or "layer", kind=kind, role=role, **common))
+    if attention:
+        out.append(_attention_op(layer, attention))
+    return tuple(out)
+
+
+def _attention_saved(layer: TracedLayer, module: str) -> list[float]:
+    """What the recorded core keeps: q, k, v and the float32 logsumexp (the last four saves of
+    the attention module, made by the core itself)."""
+    mine = [t.bytes for t in layer.saved if t.module == module]
+    return mine[-4:]
+
+
+def _attention_op(layer: TracedLayer, ops: list[TracedOp]) -> Op:
+    fwd = [o for o in ops if o.phase == "fwd"]
+    bwd = [o for o in ops if o.phase == "bwd"]
+    first = fwd[0]
+    info = dict(first.extra)
+    q, k = first.shapes[0], first.shapes[1]
+    b, heads, s, d = q
+    s_kv = k[-2]
+    fraction = _window_fraction(s, s_kv, info.get("sliding_window"), bool(info.get("causal", True)))
+    variant = ["flash"]
+    if info.get("sliding_window"):
+        variant.append(f"sliding window {info['sliding_window']}")
+    if info.get("sinks"):
+        variant.append("sinks")
+    if info.get("softcap"):
+        variant.append(f"soft cap {info['softcap']}")
+    kept = sum(_attention_saved(layer, first.module))
+    lse = 4.0 * b * heads * s
+    return Op(
+        name="flash_atten",
+        kind=OpKind.ATTENTION,
+        role=f"traced attention core ({', '.join(variant)}{', causal' if info.get('causal', True) else ''})",
+        flops=sum(o.flops for o in fwd),
+        bytes=sum(o.bytes for o in fwd),
+        bwd_flops=sum(o.flops for o in bwd),
+        bwd_bytes=sum(o.bytes for o in bwd),
+        saved_bytes=kept,
+        selective_recompute=True,
+        selective_kept_bytes=max(kept - lse, 0.0),
+        exec_fraction=fraction,
+        dims=(("b", b), ("h", heads), ("l", s), ("l_kv", s_kv), ("d", d)),
+    )
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """One quantity of one layer, traced against hand-written."""
+
+    quantity: str
+    traced: float
+    hand: float
+
+    @property
+    def relative(self) -> float:
+        """(traced - hand) / hand; 0 when both are 0."""
+        if self.hand == 0:
+            return 0.0 if self.traced == 0 else float("inf")
+        return (self.traced - self.hand) / self.hand
+
+
+def _sum(ops, attr: str, kinds=None) -> float:
+    return float(sum(getattr(o, attr) for o in ops if kinds is None or o.kind in kinds))
+
+
+def compare_layer(traced: tuple[Op, ...], hand: tuple[Op, ...]) -> tuple[Agreement, ...]:
+    """Parameters, FLOPs (forward, backward; GEMMs, attention), HBM bytes and saved
+    activations of one layer, traced beside hand-written."""
+    gemm, attn = {OpKind.GEMM, OpKind.BMM}, {OpKind.ATTENTION}
+    rows = [
+        ("parameters", "params", None),
+        ("forward FLOPs", "flops", None),
+        ("backward FLOPs", "bwd_flops", None),
+        ("GEMM FLOPs (fwd)", "flops", gemm),
+        ("attention FLOPs (fwd)", "flops", attn),
+        ("forward bytes", "bytes", None),
+        ("backward bytes", "bwd_bytes", None),
+        ("saved activations", "saved_bytes", None),
+    ]
+    return tuple(Agreement(name, _sum(traced, attr, kinds), _sum(hand, attr, kinds)) for name, attr, kinds in rows)
