@@ -120,10 +120,10 @@ class Job(BaseModel):
             raise ValueError(
                 f"parallel.pp: pp={p.pp} is larger than num_layers={m.num_layers}"
             )
+        _check_split(m, p)
         problem = pp_layers_problem(m.num_layers, p.pp, p.framework, split_given(p))
         if problem is not None:
             raise ValueError(problem)
-        _check_split(m, p)
         _check_recompute_modules(m, p)
         if p.vpp > 1:
             if p.schedule is Schedule.INTERLEAVED and p.num_microbatches % p.pp:
