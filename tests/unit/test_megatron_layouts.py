@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from paraplan.catalog import load_cluster, load_model
+from paraplan.catalog import load_cluster, load_model, resolve_job
 from paraplan.export.megatron import megatron_args
 from paraplan.inventory.partition import count_layers_per_stage, count_moe_layers_per_stage
 from paraplan.prediction.entry import predict_any
 from paraplan.specs import Job, ParallelPlan
 from paraplan.specs.pipeline_layout import parse_layout, stage_grid
+from paraplan.validate.records import job_from_record
 
 # Qwen3-235B-A22B (Qwen3 technical report: 94 layers, hidden 4096, 64 Q / 4 KV heads, 128
 # experts of 1536, top-8), built from the catalog's Qwen3-30B-A3B
@@ -187,3 +188,22 @@ def test_the_megatron_recipe_writes_uneven_chunks_of_layers_per_stage_as_a_layou
     args = megatron_args(_job(pp=2, account_for_embedding_in_pipeline_split=True,
                               account_for_loss_in_pipeline_split=True))
     assert "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
+
+
+def test_a_published_record_stating_megatrons_layout_and_recompute_modules_is_read_into_the_plan():
+    run = {
+        "id": "qwen3-235b-megatron-bridge", "gpu": "H100-SXM5-80GB", "num_gpus": 256, "gpus_per_node": 8,
+        "interconnect": None, "framework": "Megatron-Core", "precision": "bf16", "recompute": "selective",
+        "model": {"num_layers": 94, "hidden_size": 4096, "num_attention_heads": 64, "num_kv_heads": 4,
+                  "kv_channels": 128, "ffn_hidden_size": 12288, "seq_length": 4096, "vocab_size": 151936,
+                  "activation": "swiglu", "num_experts": 128, "moe_router_topk": 8, "moe_ffn_hidden_size": 1536},
+        "parallel": {"tp": 1, "pp": 16, "cp": 1, "sp": None, "ep": 8, "virtual_pipeline": 2,
+                     "micro_batch_size": 1, "global_batch_size": 512,
+                     "pipeline_model_parallel_layout": "Et*2|(ttt|)*30,ttL",
+                     "recompute_modules": ["moe_act", "layernorm"]},
+        "measured": {"iteration_time_s": 10.0},
+    }
+    job = resolve_job(job_from_record(run).mapping)
+    assert job.parallel.pipeline_model_parallel_layout == "Et*2|(ttt|)*30,ttL"
+    assert job.parallel.recompute_modules == ("moe_act", "layernorm")
+    assert count_layers_per_stage(job.model, job.parallel) == (5,) + (6,) * 14 + (5,)
