@@ -207,3 +207,54 @@ def test_a_published_record_stating_megatrons_layout_and_recompute_modules_is_re
     assert job.parallel.pipeline_model_parallel_layout == "Et*2|(ttt|)*30,ttL"
     assert job.parallel.recompute_modules == ("moe_act", "layernorm")
     assert count_layers_per_stage(job.model, job.parallel) == (5,) + (6,) * 14 + (5,)
+
+
+@pytest.mark.parametrize("parallel", [
+    {"pp": 16, "pipeline_model_parallel_layout": "Et*2|(ttt|)*30,ttL", "recompute": "selective",
+     "recompute_modules": ["moe_act", "layernorm"]},
+    {"pp": 16, "vpp": 2, "decoder_first_pipeline_num_layers": 4, "decoder_last_pipeline_num_layers": 6},
+    {"pp": 2, "account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True},
+])
+def test_megatron_lms_parser_reads_back_the_split_and_the_modules_the_recipe_writes(parallel):
+    from framework_parsers import parse_megatron
+    from paraplan.export import render
+
+    job = _job(**parallel)
+    args = parse_megatron(render("megatron", job))
+    p = job.parallel
+    assert args.pipeline_model_parallel_layout == p.pipeline_model_parallel_layout
+    assert args.decoder_first_pipeline_num_layers == p.decoder_first_pipeline_num_layers
+    assert args.decoder_last_pipeline_num_layers == p.decoder_last_pipeline_num_layers
+    assert args.account_for_embedding_in_pipeline_split == p.account_for_embedding_in_pipeline_split
+    assert args.recompute_modules == (list(p.recompute_modules) if p.recompute_modules else None)
+
+
+def test_the_uneven_search_splits_over_lighter_end_stages_and_exports_megatrons_layout():
+    from paraplan.search import SearchSpace, search_plans
+    from paraplan.specs import Precision
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=1)
+    space = SearchSpace(uneven_layers=True, tp=(2,), pp=(4,), micro_batch_size=(1,), zero_stage=(1,), recompute=("none",))
+    best = search_plans(model, cluster, 64, Precision.BF16, space).ranked[0]
+    split = best.job.parallel.layers_per_stage
+    assert split[-1] < max(split)  # the LM head's stage takes fewer layers
+    args = megatron_args(best.job)
+    layout = args[args.index("--pipeline-model-parallel-layout") + 1] if "--pipeline-model-parallel-layout" in args else None
+    first_last = "--decoder-last-pipeline-num-layers" in args
+    assert layout is not None or first_last
+    if layout is not None:
+        assert count_layers_per_stage(model, ParallelPlan(pp=4, pipeline_model_parallel_layout=layout)) == split
+
+
+def test_a_space_stating_megatrons_split_or_recompute_modules_takes_the_exact_path_and_searches_it():
+    from paraplan.search import SearchSpace, search_plans
+    from paraplan.search.screen import screenable
+    from paraplan.specs import Precision
+
+    assert not screenable(SearchSpace(extra={"decoder_last_pipeline_num_layers": 6}))
+    assert not screenable(SearchSpace(extra={"recompute_modules": ("moe_act",)}))
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=1)
+    space = SearchSpace(tp=(2,), pp=(4,), micro_batch_size=(1,), zero_stage=(1,), recompute=("none",),
+                        extra={"decoder_first_pipeline_num_layers": 9, "decoder_last_pipeline_num_layers": 7})
+    best = search_plans(model, cluster, 64, Precision.BF16, space).ranked[0]
+    assert [s.num_layers for s in best.stages] == [9, 8, 8, 7]

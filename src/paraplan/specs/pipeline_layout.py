@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from paraplan.specs.plan import ParallelPlan
 
 LAYOUT = "parallel.pipeline_model_parallel_layout"
+# the plan fields that state a split in Megatron-LM's terms
+SPLIT_FIELDS = ("pipeline_model_parallel_layout", "decoder_first_pipeline_num_layers",
+                "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split")
 _LAYER_CHARS = frozenset("ELtm")
 # Megatron's own unrolling: a parenthesised group times n, then one character times n
 _GROUP = re.compile(r"\(([^)]+)\)\*(\d+)")
@@ -83,10 +87,7 @@ def stage_grid(num_layers: int, plan: ParallelPlan) -> tuple[tuple[int, ...], ..
 
 def split_given(plan: ParallelPlan) -> bool:
     """Whether the plan states its split (any of the Megatron-LM fields or layers_per_stage)."""
-    return (plan.layers_per_stage is not None or plan.pipeline_model_parallel_layout is not None
-            or plan.decoder_first_pipeline_num_layers is not None
-            or plan.decoder_last_pipeline_num_layers is not None
-            or plan.account_for_embedding_in_pipeline_split or plan.account_for_loss_in_pipeline_split)
+    return plan.layers_per_stage is not None or any(getattr(plan, name) for name in SPLIT_FIELDS)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -9,7 +9,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from paraplan.specs._types import Bool, Float, Int
 from paraplan.specs.enums import AttentionKernel, FP8Recipe, Framework, Recompute, Schedule
 from paraplan.specs.errors import short_repr
-from paraplan.specs.pipeline_layout import check_layout
+from paraplan.specs.pipeline_layout import SPLIT_FIELDS, check_layout
 
 # Megatron-Core's --recompute-modules (TransformerConfig.recompute_modules): core_attn (the
 # default), mlp, moe, shared_experts re-run under normal checkpointing; moe_act, layernorm and
@@ -457,9 +457,7 @@ class ParallelPlan(BaseModel):
 def check_megatron_split(plan: ParallelPlan) -> None:
     """Megatron-LM's pipeline-split fields (one way at a time, Megatron-LM only) and its
     recompute modules (with selective recompute); a layout sets vpp to its stages / pp."""
-    given = [name for name in ("pipeline_model_parallel_layout", "decoder_first_pipeline_num_layers",
-                               "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
-                               "account_for_loss_in_pipeline_split") if getattr(plan, name)]
+    given = [name for name in SPLIT_FIELDS if getattr(plan, name)]
     if plan.recompute_modules is not None:
         if plan.recompute is not Recompute.SELECTIVE:
             raise ValueError("parallel.recompute_modules: Megatron-Core's --recompute-modules go with recompute "

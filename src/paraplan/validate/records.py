@@ -17,6 +17,7 @@ from typing import Any
 from paraplan.catalog import load_catalog_entry, load_gpu
 from paraplan.catalog.presets import Preset, apply_preset, preset_for_words
 from paraplan.specs import ConfigError
+from paraplan.specs.pipeline_layout import SPLIT_FIELDS
 
 # A record's framework words name a framework preset (``catalog/frameworks/*.yaml``: each
 # file's ``keywords``, tried in its ``priority`` order); the preset says what that framework
@@ -55,9 +56,7 @@ _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
 # plan fields a record may state under their Megatron-LM names (in ``parallel`` or at the top):
 # --pipeline-model-parallel-layout, --decoder-first/last-pipeline-num-layers,
 # --account-for-embedding/loss-in-pipeline-split, --recompute-modules (with recompute selective)
-_MEGATRON_SPLIT = ("pipeline_model_parallel_layout", "decoder_first_pipeline_num_layers",
-                   "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
-                   "account_for_loss_in_pipeline_split", "recompute_modules")
+_MEGATRON_SPLIT = (*SPLIT_FIELDS, "recompute_modules")
 _OP_POLICY = re.compile(r"selective\s*\(op\)", re.IGNORECASE)
 _TP_OVERLAP = re.compile(r"tp[ _]comm(unication)?[ _]overlap(\s*(on|true|=\s*true))", re.IGNORECASE)
 _P2P_OVERLAP = re.compile(r"overlap[ _]p2p[ _]comm(unication)?(\s*(on|true|=\s*true|:\s*true))", re.IGNORECASE)
