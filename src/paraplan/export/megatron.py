@@ -87,6 +87,7 @@ from paraplan.export._common import (
     train_iterations,
 )
 from paraplan.specs import ConfigError, FP8Recipe, Framework, Job, Precision, Recompute, Schedule
+from paraplan.specs.pipeline_layout import split_given, stage_grid
 
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
@@ -140,7 +141,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
                    f"pads the tokenizer's vocabulary to {_megatron_padded_vocab(job)} "
                    f"(--make-vocab-size-divisible-by {m.make_vocab_size_divisible_by} x tp)")
     split = layer_split(job)
-    if p.pp > 1 and len(set(split)) > 1 and _first_last(split) is None:
+    if p.pp > 1 and len(set(split)) > 1 and _first_last(split) is None and (p.layers_per_stage or not split_given(p)):
         out.append("parallel.layers_per_stage: expressed with --pipeline-model-parallel-layout, "
                    "which needs a 2025 or newer Megatron-LM")
     return out
@@ -261,9 +262,7 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
         par.append(["--cp-comm-type", "all_gather" if p.cp_comm == "allgather" else p.cp_comm])
     if p.sequence_parallel and p.tp > 1:
         par.append(["--sequence-parallel"])
-    if p.vpp > 1:
-        par.append(["--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(job))])
-    par += _uneven_split(job)
+    par += _pipeline_split(job)
     if p.zero_stage == 1:
         par.append(["--use-distributed-optimizer"])
     elif p.zero_stage >= 2:
@@ -304,6 +303,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
                    ["--recompute-num-layers", str(p.recompute_num_layers or 1)]]
     elif p.recompute is Recompute.SELECTIVE:
         memory.append(["--recompute-granularity", "selective"])
+        if p.recompute_modules is not None and tuple(p.recompute_modules) != ("core_attn",):  # the default
+            memory.append(["--recompute-modules", *p.recompute_modules])
     if job.precision is Precision.BF16:
         memory.append(["--bf16"])
     elif job.precision is Precision.FP16:
@@ -415,6 +416,33 @@ def _runs(pattern: list[int]) -> str:
     """``([0]*3+[1]*58)``: the pattern as runs of equal values."""
     runs = [(v, len(list(group))) for v, group in itertools.groupby(pattern)]
     return "(" + "+".join(f"[{v}]" if k == 1 else f"[{v}]*{k}" for v, k in runs) + ")"
+
+
+def _pipeline_split(job: Job) -> list[list[str]]:
+    """The flags of the plan's pipeline split: the Megatron-LM fields as the plan states them
+    (``specs.pipeline_layout``), or the split paraplan predicted (a layout string where the
+    stages' chunks are not num_layers / (pp x vpp) each)."""
+    p = job.parallel
+    if p.pipeline_model_parallel_layout is not None:  # sets vpp itself: no vpp flag beside it
+        return [["--pipeline-model-parallel-layout", p.pipeline_model_parallel_layout]]
+    flags = [[flag, str(n)] for flag, n in (("--decoder-first-pipeline-num-layers", p.decoder_first_pipeline_num_layers),
+                                           ("--decoder-last-pipeline-num-layers", p.decoder_last_pipeline_num_layers))
+             if n is not None]
+    flags += [[flag] for flag, on in (("--account-for-embedding-in-pipeline-split", p.account_for_embedding_in_pipeline_split),
+                                      ("--account-for-loss-in-pipeline-split", p.account_for_loss_in_pipeline_split)) if on]
+    if flags:
+        if p.vpp > 1:  # chunks of unequal stages: the count of chunks, not their size
+            flags.append(["--num-virtual-stages-per-pipeline-rank", str(p.vpp)])
+        return flags
+    if p.vpp == 1:
+        return _uneven_split(job)
+    grid = stage_grid(job.model.num_layers, p)
+    if len({n for row in grid for n in row}) == 1:
+        return [["--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(job))]]
+    stages = [f"t*{grid[i][c]}" if grid[i][c] else "" for c in range(p.vpp) for i in range(p.pp)]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return [["--pipeline-model-parallel-layout", "|".join(stages)]]
 
 
 def _uneven_split(job: Job) -> list[list[str]]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from paraplan.specs import ModelSpec, ParallelPlan
+from paraplan.specs.pipeline_layout import split_given, stage_grid
 
 
 def count_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
-    """The job's explicit ``layers_per_stage``, or Megatron-LM's even split.
+    """The job's explicit ``layers_per_stage``, Megatron-LM's split the plan states
+    (``specs.pipeline_layout``: a layout string, first/last stage layers, the embedding or loss
+    counted as a layer), or Megatron-LM's even split.
 
     Megatron-LM gives every stage num_layers/pp layers (it requires divisibility unless the split
     is given: ``specs.plan.pp_layers_problem``); when the layers do not divide evenly (as DeepSpeed
@@ -14,6 +17,8 @@ def count_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[int, .
     """
     if plan.layers_per_stage is not None:
         return plan.layers_per_stage
+    if split_given(plan):
+        return tuple(sum(row) for row in stage_grid(model.num_layers, plan))
     return split_layers(model.num_layers, plan.pp)
 
 
@@ -28,15 +33,18 @@ def count_moe_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[in
     """How many of each stage's layers are mixtures of experts (``ModelSpec.moe_layers``).
 
     Stage i holds consecutive layers; with several model chunks per stage (interleaved, ZB-V)
-    it holds the equal chunks the schedule places on it (``Schedule.virtual_stage``)."""
+    it holds the chunks the schedule places on it (``Schedule.virtual_stage``), each of the
+    size the plan's split gives it (``specs.pipeline_layout.stage_grid``)."""
     moe = model.moe_layers
     if not any(moe):
         return (0,) * plan.pp
-    split = count_layers_per_stage(model, plan)
     p, chunks = plan.pp, plan.schedule.chunks(plan.vpp)
-    if chunks > 1 and plan.layers_per_stage is None and model.num_layers % (p * chunks) == 0:
-        size = model.num_layers // (p * chunks)
-        where = [[plan.schedule.virtual_stage(p, i, c) for c in range(chunks)] for i in range(p)]
-        return tuple(sum(sum(moe[v * size:(v + 1) * size]) for v in stage) for stage in where)
-    starts = [sum(split[:i]) for i in range(plan.pp)]
-    return tuple(sum(moe[a:a + n]) for a, n in zip(starts, split, strict=True))
+    if chunks == 1:
+        split = count_layers_per_stage(model, plan)
+        starts = [sum(split[:i]) for i in range(p)]
+        return tuple(sum(moe[a:a + n]) for a, n in zip(starts, split, strict=True))
+    grid = stage_grid(model.num_layers, plan)
+    size = {plan.schedule.virtual_stage(p, i, c): grid[i][c] for i in range(p) for c in range(chunks)}
+    start = {v: sum(size[u] for u in range(v)) for v in size}
+    return tuple(sum(sum(moe[start[v]:start[v] + size[v]]) for v in (plan.schedule.virtual_stage(p, i, c)
+                                                                   for c in range(chunks))) for i in range(p))

@@ -5,6 +5,8 @@ The policies are the frameworks' own:
 - ``none``: every operator keeps what its backward needs.
 - ``selective`` (Megatron-LM ``--recompute-granularity selective``, Korthikanti et al. 2022):
   the attention core (softmax, its dropout, QK^T and PV) is recomputed; Q, K and V are kept.
+  Megatron-Core's ``--recompute-modules`` (``recompute_modules``, default core_attn) choose
+  what is recomputed instead: see :data:`MODULES`.
 - ``full`` (Megatron-LM ``--recompute-granularity full``) with ``recompute_method``:
   ``uniform`` keeps one layer input per group of ``recompute_num_layers`` layers and re-runs
   every layer (one group's activations live while it is recomputed); ``block`` re-runs only
@@ -44,6 +46,9 @@ class RecomputeCost:
     comm_weight: float
     held_bytes: float
     working_bytes: float
+    # the same as ``comm_weight`` for the layer's expert-parallel collectives (None: comm_weight);
+    # Megatron-Core's "moe" recompute module re-runs the dispatch and combine
+    ep_comm_weight: float | None = None
 
 
 def _layer_input(x: LocalShape, plan: ParallelPlan) -> float:
@@ -83,7 +88,7 @@ def _recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, laye
     if all(op.recomputable for op in ops):
         return cost
     weights = tuple(w if op.recomputable else 0.0 for op, w in zip(ops, cost.op_weights, strict=True))
-    return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes)
+    return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes, cost.ep_comm_weight)
 
 
 def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
@@ -93,8 +98,7 @@ def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers:
     if policy is Recompute.NONE:
         return RecomputeCost((0.0,) * len(ops), 0.0, layers * saved, 0.0)
     if policy is Recompute.SELECTIVE:
-        weights = tuple(1.0 if op.selective_recompute else 0.0 for op in ops)
-        return RecomputeCost(weights, 0.0, layers * sum(op.kept_under_selective for op in ops), 0.0)
+        return _modules_cost(plan.recompute_modules or ("core_attn",), ops, layers)
     layer_input = _layer_input(x, plan)
     if policy is Recompute.FULL:
         group = plan.recompute_num_layers or 1
@@ -116,3 +120,70 @@ def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers:
         for op in ops
     )
     return RecomputeCost(weights, 0.0, layers * kept, saved - kept)
+
+
+# Megatron-Core's recompute modules (TransformerConfig.recompute_modules; transformer_layer.py,
+# mlp.py, moe_layer.py, multi_latent_attention.py), each as the layer operators it covers, by
+# the operators' roles and names (``inventory.layer``, ``inventory.moe``):
+# - normal checkpointing (core_attn, mlp, moe, shared_experts): the module keeps its input and
+#   frees every activation inside; the backward pass re-runs its forward (moe: with the token
+#   dispatch and combine all-to-alls);
+# - output-discarding checkpointing (layernorm, moe_act, mla_up_proj): the module's output,
+#   which the next operator saved, is freed and re-computed from the module's input before
+#   that operator's backward (layernorm: the two layer norms' outputs, the QKV and MLP inputs;
+#   moe_act: the routed experts' activation, the experts' down-projection input; mla_up_proj:
+#   MLA's query and key-value up projections and RoPE, the attention core's Q, K and V).
+MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
+_NORM_ROLES = ("input norm", "pre-MLP norm")
+_MOE_NAMES = frozenset({"router", "router_topk", "moe_aux_loss", "moe_permute", "expert_fc1", "expert_fc2",
+                        "moe_unpermute"})
+
+
+def module_ops(module: str, ops: tuple[Op, ...]) -> tuple[int, ...]:
+    """The positions in ``ops`` (one layer) of the operators ``module`` recomputes."""
+    def member(op: Op) -> bool:
+        if module == "core_attn":
+            return op.selective_recompute
+        if module == "mlp":
+            return op.role.startswith("MLP ")
+        if module == "moe":
+            return op.name in _MOE_NAMES or op.role.startswith(("experts'", "shared experts"))
+        if module == "shared_experts":
+            return op.role.startswith("shared experts")
+        if module == "moe_act":
+            return op.role.startswith("experts' activation")
+        if module == "layernorm":
+            return op.role in _NORM_ROLES
+        if module == "mla_up_proj":
+            return op.name in ("q_up", "kv_up") or (op.name == "RoPE" and "(MLA)" in op.role)
+        raise ValueError(f"parallel.recompute_modules: {module!r} is not one of {', '.join(MODULES)}")
+    return tuple(i for i, op in enumerate(ops) if member(op) and op.recomputable)
+
+
+def _modules_cost(modules: tuple[str, ...], ops: tuple[Op, ...], layers: int) -> RecomputeCost:
+    """Selective recompute of Megatron-Core's ``modules`` (see :data:`MODULES`)."""
+    weights = [0.0] * len(ops)
+    kept = [op.saved_bytes for op in ops]
+    working = 0.0
+    where = {m: module_ops(m, ops) for m in MODULES if m in modules}
+    for i in where.get("core_attn", ()):
+        weights[i], kept[i] = 1.0, ops[i].selective_kept_bytes
+    for m in ("mlp", "moe", "shared_experts"):  # normal checkpointing: the first operator's input kept
+        inside = where.get(m, ())
+        for i in inside:
+            weights[i] = 1.0
+        freed = sum(kept[i] for i in inside[1:])
+        for i in inside[1:]:
+            kept[i] = 0.0
+        working = max(working, freed)
+    for m in ("layernorm", "moe_act", "mla_up_proj"):  # output-discarding: the consumers' saved input freed
+        for i in where.get(m, ()):
+            weights[i] = 1.0
+            if m != "mla_up_proj" and i + 1 < len(ops):
+                kept[i + 1] = 0.0
+        if m == "mla_up_proj" and where.get(m):
+            for i, op in enumerate(ops):
+                if op.selective_recompute:  # the attention core's Q, K and V come from the up projections
+                    kept[i] = max(0.0, kept[i] - op.selective_kept_bytes)
+    ep = 1.0 if where.get("moe") else None
+    return RecomputeCost(tuple(weights), 0.0, layers * sum(kept), working, ep)

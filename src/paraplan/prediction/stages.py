@@ -48,6 +48,12 @@ def ops_passes(cm: CostModel, ops: tuple[Op, ...]) -> tuple[float, float, float]
             sum(w for _, _, w in costs))
 
 
+def _ep_weight(rc: RecomputeCost) -> float:
+    """How often a recompute re-runs the layer's expert-parallel collectives (the "moe" module's
+    dispatch and combine; otherwise as the layer's other collectives)."""
+    return rc.comm_weight if rc.ep_comm_weight is None else rc.ep_comm_weight
+
+
 @dataclass(frozen=True, slots=True)
 class LayerCost:
     """Seconds of each operator of one layer (the same on every stage), costed once, and what
@@ -77,7 +83,8 @@ class LayerCost:
     def recompute_s(self, rc: RecomputeCost) -> float:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
         collectives' forward, each as often as the policy re-runs it)."""
-        return self.recompute_kernels_s(rc) + rc.comm_weight * self.comm_fwd
+        return (self.recompute_kernels_s(rc) + rc.comm_weight * (self.tp_fwd + self.cp_fwd)
+                + _ep_weight(rc) * self.ep_fwd)
 
     def work(self, rc: RecomputeCost) -> PassWork:
         """The layer's seconds per micro-batch as ``stage_work`` sums them, recomputing under ``rc``."""
@@ -280,7 +287,7 @@ def stage_timing(
         cp_f += k * layer.cp_fwd
         cp_b += k * (layer.cp_bwd + again * layer.cp_fwd)
         ep_f += k * layer.ep_fwd
-        ep_b += k * (layer.ep_bwd + again * layer.ep_fwd)
+        ep_b += k * (layer.ep_bwd + _ep_weight(rc) * layer.ep_fwd)
     work = stage_work(ends, blocks)
     offload = None
     if plan.offloads:  # host copies the computation does not hide

@@ -44,8 +44,10 @@ def render_prediction(pred: Prediction) -> Group:
         + f", micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size}"
         + f" ({plan.num_microbatches} micro-batches), {job.precision.value}"
         + (f" ({plan.fp8_recipe.value})" if plan.fp8_recipe is not None else "")
-        + f", recompute {plan.recompute.value},"
-        + f" ZeRO-{plan.zero_stage}, {plan.schedule.value}, {plan.framework.value}"
+        + f", recompute {plan.recompute.value}"
+        + (f" ({' '.join(plan.recompute_modules)})" if plan.recompute_modules else "")
+        + (f", layout {plan.pipeline_model_parallel_layout}" if plan.pipeline_model_parallel_layout else "")
+        + f", ZeRO-{plan.zero_stage}, {plan.schedule.value}, {plan.framework.value}"
         + (f", attention {plan.attention_kernel.value}" if plan.attention_kernel is not None else ""),
     )
     summary = Table(title="Prediction", show_header=False, title_justify="left")

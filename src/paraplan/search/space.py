@@ -35,6 +35,7 @@ from paraplan.specs import (
     Schedule,
 )
 from paraplan.specs.frameworks import framework_offer, framework_refusal
+from paraplan.specs.pipeline_layout import SPLIT_FIELDS
 from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
 
 # pp not dividing the layers, under a framework that splits them unevenly itself: a valid plan the
@@ -495,6 +496,8 @@ def enumerate_plans(
     excluded: Counter = Counter()
     jobs: list[Job] = []
     hybrid_zero = framework_offer(space.framework).hybrid_zero
+    # a split the space states in Megatron-LM's terms (``specs.pipeline_layout``): the Job validator judges it
+    stated = any(space.extra.get(key) for key in SPLIT_FIELDS)
     for gbs, tp, pp, cp, ep, etp, (schedule, vpp), mbs, nodes, zero, recompute, sp, offload in itertools.product(
         space.batch_sizes(global_batch_size), tps, pps, space.cp, eps, etps, pipe_axis(space),
         space.micro_batch_size, space.shard_nodes, space.zero_stage, space.recompute, sps, space.offload_optimizer,
@@ -509,16 +512,16 @@ def enumerate_plans(
         if gbs % (mbs * dp):
             excluded["global batch is not a multiple of micro-batch x dp"] += 1
             continue
-        if vpp > 1 and (pp < 2 or model.num_layers % (pp * vpp) or (gbs // (mbs * dp)) % pp):
+        if vpp > 1 and (pp < 2 or (model.num_layers % (pp * vpp) and not stated) or (gbs // (mbs * dp)) % pp):
             excluded["interleaving needs layers divisible by pp*vpp and micro-batches by pp"] += 1
             continue
         # a model mixing dense and MoE layers takes uneven_layers as the split with the first
         # stages one layer longer, stated in the plan (Megatron-LM: --pipeline-model-parallel-layout)
         split = split_layers(model.num_layers, pp) if space.uneven_layers and len(set(model.moe_layers)) > 1 else None
-        if pp_layers_problem(model.num_layers, pp, Framework(space.framework), split is not None):
+        if pp_layers_problem(model.num_layers, pp, Framework(space.framework), split is not None or stated):
             excluded[PP_LAYERS_REASON] += 1
             continue
-        if model.num_layers % pp and split is None:
+        if model.num_layers % pp and split is None and not stated:
             excluded[UNEVEN_NOT_SCREENED] += 1
             continue
         if ep > 1 and model.num_moe_experts % ep:

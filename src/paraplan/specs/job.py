@@ -8,6 +8,7 @@ from paraplan.specs._types import Count, Headroom
 from paraplan.specs.enums import FP8Recipe, Precision, Schedule
 from paraplan.specs.hardware import ClusterSpec, GpuSpec
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.pipeline_layout import split_given, stage_grid
 from paraplan.specs.plan import ParallelPlan, pp_layers_problem
 from paraplan.specs.preset import PresetUse
 
@@ -119,15 +120,12 @@ class Job(BaseModel):
             raise ValueError(
                 f"parallel.pp: pp={p.pp} is larger than num_layers={m.num_layers}"
             )
-        problem = pp_layers_problem(m.num_layers, p.pp, p.framework, p.layers_per_stage is not None)
+        _check_split(m, p)
+        problem = pp_layers_problem(m.num_layers, p.pp, p.framework, split_given(p))
         if problem is not None:
             raise ValueError(problem)
+        _check_recompute_modules(m, p)
         if p.vpp > 1:
-            chunks = p.pp * p.vpp
-            if p.layers_per_stage is not None or m.num_layers % chunks:
-                raise ValueError(
-                    f"parallel.vpp: num_layers={m.num_layers} is not divisible by pp*vpp = {chunks}"
-                )
             if p.schedule is Schedule.INTERLEAVED and p.num_microbatches % p.pp:
                 raise ValueError(
                     f"parallel.vpp: the interleaved schedule needs the number of micro-batches "
@@ -220,6 +218,29 @@ def _check_heads_a2a(m: ModelSpec, tp: int, cp: int) -> None:
         if (heads // tp) % cp:
             raise ValueError(f"parallel.cp_comm_type: a2a splits the heads over cp ranks, but {name} / tp = "
                              f"{heads // tp} is not divisible by cp = {cp}")
+
+
+def _check_split(m: ModelSpec, p: ParallelPlan) -> None:
+    """The decoder layers of every (virtual) stage (``specs.pipeline_layout``): each way of
+    stating the split checked as Megatron-LM checks it, and every pipeline rank holding a layer."""
+    grid = stage_grid(m.num_layers, p)
+    empty = [i for i, row in enumerate(grid) if sum(row) < 1]
+    if empty and split_given(p):
+        field = "pipeline_model_parallel_layout" if p.pipeline_model_parallel_layout else "layers_per_stage"
+        raise ValueError(f"parallel.{field}: pipeline rank {empty[0]} holds no decoder layer (paraplan needs "
+                         "at least one per rank)")
+
+
+def _check_recompute_modules(m: ModelSpec, p: ParallelPlan) -> None:
+    """A recompute module the model has nothing of is refused (a typo or a model mix-up)."""
+    needs = {"mla_up_proj": (m.multi_latent_attention, "no multi-latent attention"),
+             "moe": (m.is_moe, "no mixture-of-experts layers"), "moe_act": (m.is_moe, "no mixture-of-experts layers"),
+             "shared_experts": (bool(m.moe_shared_expert_intermediate_size), "no shared experts"),
+             "mlp": (not all(m.moe_layers), "no dense MLP (every layer is a mixture of experts)")}
+    for module in p.recompute_modules or ():
+        has, what = needs.get(module, (True, ""))
+        if not has:
+            raise ValueError(f"parallel.recompute_modules: {module!r} recomputes nothing in {m.name} (it has {what})")
 
 
 def _check_divisible(field: str, what: str, value: int, by: int) -> None:

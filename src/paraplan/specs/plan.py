@@ -9,6 +9,12 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from paraplan.specs._types import Bool, Float, Int
 from paraplan.specs.enums import AttentionKernel, FP8Recipe, Framework, Recompute, Schedule
 from paraplan.specs.errors import short_repr
+from paraplan.specs.pipeline_layout import SPLIT_FIELDS, check_layout
+
+# Megatron-Core's --recompute-modules (TransformerConfig.recompute_modules): core_attn (the
+# default), mlp, moe, shared_experts re-run under normal checkpointing; moe_act, layernorm and
+# mla_up_proj discard their outputs and re-run them in the backward pass
+RecomputeModule = Literal["core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts"]
 
 # The recompute policies each framework offers (its own names in ``inventory.recompute``).
 RECOMPUTE_CHOICES = {
@@ -199,6 +205,33 @@ class ParallelPlan(BaseModel):
     # come back for the backward pass
     cpu_offloading: Bool = False
     cpu_offloading_num_layers: Int | None = Field(default=None, ge=1)
+    # --- Megatron-LM's pipeline layouts and recompute modules (issue 28; ``specs.pipeline_layout``) ---
+    # --pipeline-model-parallel-layout: each virtual stage's layers ("Et*3|(tt|)*29,m|L"); it
+    # sets vpp (its stages / pp)
+    pipeline_model_parallel_layout: str | None = Field(
+        default=None, validation_alias=AliasChoices("pipeline_model_parallel_layout", "pp_layout")
+    )
+    # --decoder-first/last-pipeline-num-layers (TransformerConfig num_layers_in_first/last_
+    # pipeline_stage): the first / last rank's decoder layers, the others even
+    decoder_first_pipeline_num_layers: Int | None = Field(
+        default=None, ge=1,
+        validation_alias=AliasChoices("decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"),
+    )
+    decoder_last_pipeline_num_layers: Int | None = Field(
+        default=None, ge=1,
+        validation_alias=AliasChoices("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage"),
+    )
+    # --account-for-embedding/loss-in-pipeline-split: the embedding / loss counts as a layer
+    account_for_embedding_in_pipeline_split: Bool = False
+    account_for_loss_in_pipeline_split: Bool = False
+    # --recompute-modules with recompute selective (Megatron-Core TransformerConfig.recompute_
+    # modules; unset: core_attn): ``inventory.recompute`` says what each re-runs and frees
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
+
+    @model_validator(mode="after")
+    def _megatron_split(self) -> ParallelPlan:
+        check_megatron_split(self)
+        return self
 
     @model_validator(mode="after")
     def _offload_supported(self) -> ParallelPlan:
@@ -453,6 +486,45 @@ class ParallelPlan(BaseModel):
         if self.zero_stage == 3:
             return self.overlap_grad_reduce is not False
         return self.overlaps_grad_reduce and self.pp == 1
+
+
+def check_megatron_split(plan: ParallelPlan) -> None:
+    """Megatron-LM's pipeline-split fields (one way at a time, Megatron-LM only) and its
+    recompute modules (with selective recompute); a layout sets vpp to its stages / pp."""
+    given = [name for name in SPLIT_FIELDS if getattr(plan, name)]
+    if plan.recompute_modules is not None:
+        if plan.recompute is not Recompute.SELECTIVE:
+            raise ValueError("parallel.recompute_modules: Megatron-Core's --recompute-modules go with recompute "
+                             f"'selective', not {plan.recompute.value!r}")
+        if plan.framework is not Framework.MEGATRON:
+            given.append("recompute_modules")
+        if len(set(plan.recompute_modules)) != len(plan.recompute_modules):
+            raise ValueError("parallel.recompute_modules: a module is named twice "
+                             f"({', '.join(plan.recompute_modules)})")
+    if not given:
+        return
+    if plan.framework is not Framework.MEGATRON:
+        raise ValueError(f"parallel.{given[0]}: a Megatron-LM setting; {plan.framework.value} has none "
+                         "(its uneven split is parallel.layers_per_stage)")
+    if plan.layers_per_stage is not None and given[0] != "recompute_modules":
+        raise ValueError(f"parallel.{given[0]}: give the split one way, not with layers_per_stage too")
+    first_last = plan.decoder_first_pipeline_num_layers or plan.decoder_last_pipeline_num_layers
+    accounted = plan.account_for_embedding_in_pipeline_split or plan.account_for_loss_in_pipeline_split
+    layout = plan.pipeline_model_parallel_layout
+    if layout is not None and (first_last or accounted):
+        raise ValueError("parallel.pipeline_model_parallel_layout: Megatron-LM takes a layout alone, without "
+                         "decoder_first/last_pipeline_num_layers or account_for_embedding/loss_in_pipeline_split")
+    if first_last and accounted:
+        raise ValueError(f"parallel.{given[-1]}: Megatron-LM does not combine it with "
+                         "decoder_first/last_pipeline_num_layers")
+    if layout is None:
+        return
+    vpp = check_layout(layout, plan.pp)
+    if plan.virtual_pipeline_model_parallel_size is not None and plan.virtual_pipeline_model_parallel_size != vpp:
+        raise ValueError(f"parallel.pipeline_model_parallel_layout: has {vpp * plan.pp} virtual stages = pp "
+                         f"{plan.pp} x vpp {vpp}, but vpp={plan.virtual_pipeline_model_parallel_size}; leave vpp out")
+    if vpp > 1 and plan.virtual_pipeline_model_parallel_size is None:
+        object.__setattr__(plan, "virtual_pipeline_model_parallel_size", vpp)
 
 
 def _check_cp_comm(plan: ParallelPlan) -> None:

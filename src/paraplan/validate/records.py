@@ -17,6 +17,7 @@ from typing import Any
 from paraplan.catalog import load_catalog_entry, load_gpu
 from paraplan.catalog.presets import Preset, apply_preset, preset_for_words
 from paraplan.specs import ConfigError
+from paraplan.specs.pipeline_layout import SPLIT_FIELDS
 
 # A record's framework words name a framework preset (``catalog/frameworks/*.yaml``: each
 # file's ``keywords``, tried in its ``priority`` order); the preset says what that framework
@@ -52,6 +53,10 @@ _VOCAB_BY_NAME = (
 _FALLBACK_VOCAB = 32000
 
 _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
+# plan fields a record may state under their Megatron-LM names (in ``parallel`` or at the top):
+# --pipeline-model-parallel-layout, --decoder-first/last-pipeline-num-layers,
+# --account-for-embedding/loss-in-pipeline-split, --recompute-modules (with recompute selective)
+_MEGATRON_SPLIT = (*SPLIT_FIELDS, "recompute_modules")
 _OP_POLICY = re.compile(r"selective\s*\(op\)", re.IGNORECASE)
 _TP_OVERLAP = re.compile(r"tp[ _]comm(unication)?[ _]overlap(\s*(on|true|=\s*true))", re.IGNORECASE)
 _P2P_OVERLAP = re.compile(r"overlap[ _]p2p[ _]comm(unication)?(\s*(on|true|=\s*true|:\s*true))", re.IGNORECASE)
@@ -255,6 +260,10 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
     if p.get("moe_a2a_overlap"):
         parallel["overlap_moe_expert_parallel_comm"] = True
     _dispatcher(p, parallel, assumed)
+    for key in _MEGATRON_SPLIT:  # Megatron-LM's pipeline split and recompute modules, where stated
+        value = p.get(key, run.get(key))
+        if value not in (None, False):
+            parallel[key] = value
     if preset is not None:
         # what the preset fills in, said as the reader's assumptions
         _, use = apply_preset(parallel, preset, num_gpus=int(run["num_gpus"]), gpus_per_node=node,
