@@ -126,3 +126,12 @@ def test_a_traced_inventory_without_an_hf_config_is_refused_naming_it():
     with pytest.raises(ValueError, match="hf_config"):
         ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=100,
                   inventory="traced")
+
+
+def test_a_search_over_a_traced_model_takes_the_exact_path_not_the_screens_closed_forms():
+    from paraplan.search.screen import screenable
+    from paraplan.search.space import SearchSpace
+
+    model = _job("hand", 1).model.model_copy(update={"inventory": "traced", "hf_config": str(HF)})
+    assert screenable(SearchSpace(), _job("hand", 1).model)
+    assert not screenable(SearchSpace(), model)
