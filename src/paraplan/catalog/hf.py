@@ -270,4 +270,7 @@ def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any
     fields["name"] = str(config.get("_name_or_path") or own or "hf-model")
     fields["source"] = f"Hugging Face config.json ({model_type}): {path}"
     fields.update({k: v for k, v in overrides.items() if k != "hf_config"})
+    if fields.get("inventory") == "traced":
+        # the traced inventory builds the model from this file (paraplan.inventory.tp_plan)
+        fields["hf_config"] = str(path.resolve())
     return fields

@@ -17,11 +17,14 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
 from paraplan.inventory.hftrace import TracedLayer, TracedOp
-from paraplan.inventory.ops import Op, OpKind
+from paraplan.inventory.ops import Collective, Op, OpKind
+from paraplan.inventory.shapes import LocalShape
+from paraplan.specs import ConfigError, ModelSpec
 
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "grouped_mm"}
 _UNCALIBRATED = {"convolution", "convolution_backward", "_conv_depthwise2d", "cumsum", "logcumsumexp"}
@@ -193,3 +196,31 @@ def compare_layer(traced: tuple[Op, ...], hand: tuple[Op, ...]) -> tuple[Agreeme
         ("saved activations", "saved_bytes", None),
     ]
     return tuple(Agreement(name, _sum(traced, attr, kinds), _sum(hand, attr, kinds)) for name, attr, kinds in rows)
+
+
+_DTYPES = {2: "bfloat16", 4: "float32"}
+
+
+@functools.lru_cache(maxsize=64)
+def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
+    """The operators of one layer of ``model`` (``inventory: traced``) on one rank at shape
+    ``x``, traced from its ``hf_config`` at the micro-batch and sequence length and split over
+    ``x.tp`` ranks by the model's ``base_model_tp_plan`` (``inventory.tp_plan``), with the
+    tensor-parallel collectives that plan implies."""
+    from paraplan.inventory.hftrace import trace_layer_ops
+    from paraplan.inventory.tp_plan import config_of, layer_plan, shard_layer
+
+    config = config_of(str(model.hf_config))
+    trace = trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
+    if len(trace.layers) != 1:
+        kinds = ", ".join(f"{layer.kind} x{layer.count}" for layer in trace.layers)
+        raise ConfigError(
+            f"model.inventory: traced predicts models whose layers are all of one kind so far; "
+            f"{model.name} has {len(trace.layers)} ({kinds}); use model.inventory: hand"
+        )
+    ops = layer_ops_from_trace(trace.layers[0])
+    attention = next((o.module for o in trace.layers[0].ops if o.aten == "attention"), "")
+    modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name) for op in ops)
+    sp = x.tp > 1 and x.s_norm != x.s
+    plan = layer_plan(config) if x.tp > 1 else None
+    return shard_layer(ops, modules, plan, x.tp, sp, x.e)

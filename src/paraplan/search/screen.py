@@ -128,6 +128,8 @@ def screenable(space: SearchSpace, model: ModelSpec | None = None) -> bool:
     DeepSeek-V3, take the exact path)."""
     if model is not None and len(set(model.moe_layers)) > 1:
         return False
+    if model is not None and model.inventory == "traced":
+        return False  # the screen's closed forms are the hand-written inventory's
     return set(space.extra) <= SCREENABLE_EXTRA and set(space.recompute) <= set(_RECOMPUTE)
 
 

@@ -103,10 +103,19 @@ class ModelSpec(BaseModel):
     # the default) or without it (OpenAI's gpt-oss model card: 5.13B of gpt-oss-120b counts the
     # unembedding but not the embedding, a table lookup)
     active_params_count_embedding: Bool | None = None
+    # where each layer's operators come from: the hand-written inventory (``hand``), or traced
+    # from the model's own code (``traced``; needs ``hf_config`` and the 'hf' extra), its
+    # tensor parallelism from the model's ``base_model_tp_plan``
+    inventory: Literal["hand", "traced"] = "hand"
+    # the Hugging Face config.json a traced inventory builds the model from (set by the reader
+    # of ``model: {hf_config: ...}`` when ``inventory: traced``)
+    hf_config: str | None = None
     source: str | None = None
 
     @model_validator(mode="after")
     def _derive(self) -> ModelSpec:
+        if self.inventory == "traced" and not self.hf_config:
+            raise ValueError("inventory: traced needs the model's hf_config (a config.json to trace)")
         fields = {}
         if self.vocab_size is None:
             if self.padded_vocab_size is None:
