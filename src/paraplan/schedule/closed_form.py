@@ -12,8 +12,9 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
   within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
 - interleaved 1F1B with asynchronous sends (overlap_p2p_comm) takes its task graph
-  (``schedule.interleaved`` through ``pipeline_finish``, each send an arrival delay): equal to
-  ``predict`` up to ``batched_short(p) + 2 p`` micro-batches, past them its steady state;
+  (``schedule.interleaved.interleaved_finish``, each send an arrival delay): one run per
+  (p, v) and duration column serves every m, past it the run's repeat where proven, else a
+  longer run: equal to ``predict``;
 - interleaved 1F1B with blocking sends and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the
@@ -118,10 +119,9 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False, ove
 def _asynchronous_finish(finish, f, b, x, xf, pp, m, v, sched, which) -> None:
     """Replace ``finish`` of the plans in ``which``, whose pipeline sends are asynchronous
     (Megatron-LM's overlap_p2p_comm, interleaved 1F1B only), with their task graph
-    (``schedule.pipeline_finish`` with ``arrival``): a send holds no stage, the task waiting
+    (``schedule.interleaved.interleaved_finish`` with ``arrival``): a send holds no stage, the task waiting
     for it starts one transfer after its input's task ends, as ``simulate_pipeline`` with
-    ``overlap_p2p`` times it. Evaluated per (schedule, pp, chunks, micro-batches) shape for
-    the distinct columns of class times and sends."""
+    ``overlap_p2p`` times it."""
     _interleaved_finish(finish, f, b, x, xf, pp, m, v, which, asynchronous=True)
 
 
