@@ -52,6 +52,8 @@ def time_tolerance(job: Job) -> float:
     plan = job.parallel
     if plan.pp == 1 or plan.schedule is Schedule.GPIPE or plan.runs_deepspeed_train_schedule:
         return EXACT
+    if plan.schedule is Schedule.INTERLEAVED and plan.overlap_p2p_comm:  # its task graph, one run for every m
+        return EXACT
     if plan.schedule.splits_backward or plan.overlap_p2p_comm:  # task graphs (sends as arrival delays)
         return EXACT if plan.num_microbatches <= batched_short(plan.pp) + 2 * plan.pp else STEADY_STATE_TOLERANCE
     if plan.schedule is Schedule.INTERLEAVED:
