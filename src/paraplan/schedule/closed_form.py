@@ -13,8 +13,8 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
 - interleaved 1F1B with asynchronous sends (overlap_p2p_comm) takes its task graph
   (``schedule.interleaved.interleaved_finish``, each send an arrival delay): one run per
-  (p, v) and duration column serves every m, past it the run's repeat where proven, else a
-  longer run: equal to ``predict``;
+  (p, v) and duration column serves every m, past it the run's repeat where proven (equal to
+  ``predict``), else the middle of a drift bracket within ``DRIFT_BOUND``, else a longer run;
 - interleaved 1F1B with blocking sends and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the

@@ -314,7 +314,9 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
     of levels as deep as its longest edge (every task one period later than the task p
     micro-batches before: by induction over the levels every later task does too), the tail of
     a run of m0 <= k whose inputs lie past the band's start, shifted by (m - m0) / p periods.
-    The columns that do not repeat yet take a run twice as long, up to their largest m."""
+    The columns that do not repeat yet (stages still drifting) take the middle of a bracket
+    where it is within ``DRIFT_BOUND`` (``_drift_bracket``), else a run twice as long, up to
+    their largest m."""
     import numpy as np
 
     m = np.asarray(m, dtype=np.int64)
@@ -354,20 +356,52 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
             break
         tail = _tail(p, k, v, k)
         periodic = _periodic(p, k, v, end, run, int(run[2][tail[4]].min()))
-        m0 = k
-        if periodic is None:
-            tail = None
-        if tail is not None:
+        if periodic is not None:
             fine, period, _ = periodic
             sel = beyond & fine[inv]
             if sel.any():
                 cu, ci = np.unique(inv[sel], return_inverse=True)
                 ci = ci.reshape(-1)
                 base = _evaluate_tail(tail, end, cu, full[:, used])
-                out[:, rest[idx[sel]]] = base[:, ci] + ((ms[sel] - m0) // p) * period[cu][ci]
+                out[:, rest[idx[sel]]] = base[:, ci] + ((ms[sel] - k) // p) * period[cu][ci]
                 pending[idx[sel]] = False
+            beyond &= ~sel
+        if beyond.any():  # still drifting: the middle of a bracket where it is narrow enough
+            finish, narrow = _drift_bracket(p, v, k, end, tail, full[:, used], inv[beyond], ms[beyond])
+            out[:, rest[idx[beyond][narrow]]] = finish[:, narrow]
+            pending[idx[beyond][narrow]] = False
         k *= 2
     return out
+
+
+def _drift_bracket(p: int, v: int, k: int, end, tail, dur, inv, m):
+    """Each stage's finish (p, plans) of plans of ``m`` > k micro-batches whose columns (``inv``
+    of ``dur``'s) do not repeat within the run of ``k`` (``end`` its ends, ``tail`` its own
+    ``_tail``), and which of them to keep: (finish, mask).
+
+    Their stages are still drifting: a slower stage takes over the pace as the lead the
+    warm-up gave the others is used up, so each period of p micro-batches takes longer than
+    the last (as 1F1B's, ``one_f_one_b_finish``). Past the run the finish lies between the
+    run's last period repeated (the chord) and the slowest stage's busy time per period (its
+    forwards and backwards, held sends included, of p micro-batches on every chunk); the
+    middle of that bracket is taken where its half-width is within ``DRIFT_BOUND`` (0.1 %) and
+    the chord does not exceed the pace, the rest take a longer run. Not proven as the repeat
+    is: checked against ``simulate_pipeline`` by a test."""
+    import numpy as np
+
+    from paraplan.schedule.one_f_one_b import DRIFT_BOUND
+
+    cu, ci = np.unique(inv, return_inverse=True)
+    ci = ci.reshape(-1)
+    top = _evaluate_tail(tail, end, cu, dur)
+    chord = top - _evaluate_tail(_tail(p, k - p, v, k), end, cu, dur)
+    work = dur[:3 * p * v][:, cu].reshape(p, v, 3, len(cu))[:, :, :2].sum(axis=(1, 2))
+    pace = p * work.max(axis=0)
+    periods = (m - k) // p
+    low = top[:, ci] + periods * chord[:, ci]
+    high = top[:, ci] + periods * pace[ci]
+    narrow = np.all(chord <= pace * (1 + 1e-12), axis=0)[ci] & np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
+    return (low + high) / 2, narrow
 
 
 def long_run(p: int, v: int) -> int:
