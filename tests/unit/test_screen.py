@@ -18,6 +18,7 @@ from paraplan.catalog import load_cluster, load_model
 from paraplan.inventory import count_job
 from paraplan.prediction import predict
 from paraplan.prediction.memory import estimate_memory
+from paraplan.schedule.interleaved import long_run
 from paraplan.schedule.one_f_one_b import DRIFT_BOUND, periodic_short
 from paraplan.schedule.pipeline import batched_short
 from paraplan.search import SearchSpace, search_plans
@@ -52,6 +53,9 @@ def time_tolerance(job: Job) -> float:
     plan = job.parallel
     if plan.pp == 1 or plan.schedule is Schedule.GPIPE or plan.runs_deepspeed_train_schedule:
         return EXACT
+    if plan.schedule is Schedule.INTERLEAVED and plan.overlap_p2p_comm:  # its task graph, one run for every m
+        # past the shared run: its repeat (exact) or, where the stages drift, a bracket
+        return EXACT if plan.num_microbatches <= long_run(plan.pp, plan.vpp) else ONE_F_ONE_B_TOLERANCE
     if plan.schedule.splits_backward or plan.overlap_p2p_comm:  # task graphs (sends as arrival delays)
         return EXACT if plan.num_microbatches <= batched_short(plan.pp) + 2 * plan.pp else STEADY_STATE_TOLERANCE
     if plan.schedule is Schedule.INTERLEAVED:

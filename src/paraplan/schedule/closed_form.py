@@ -12,8 +12,9 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
   within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
 - interleaved 1F1B with asynchronous sends (overlap_p2p_comm) takes its task graph
-  (``schedule.interleaved`` through ``pipeline_finish``, each send an arrival delay): equal to
-  ``predict`` up to ``batched_short(p) + 2 p`` micro-batches, past them its steady state;
+  (``schedule.interleaved.interleaved_finish``, each send an arrival delay): one run per
+  (p, v) and duration column serves every m, past it the run's repeat where proven (equal to
+  ``predict``), else the middle of a drift bracket within ``DRIFT_BOUND``, else a longer run;
 - interleaved 1F1B with blocking sends and GPipe take closed forms that are exact for equal stages without
   sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
   the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the
@@ -32,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.schedule.deepspeed import deepspeed_finish
+from paraplan.schedule.interleaved import interleaved_finish
 from paraplan.schedule.one_f_one_b import distinct_columns, one_f_one_b_finish
 from paraplan.schedule.pipeline import pipeline_finish, task_durations
 from paraplan.specs import Schedule
@@ -117,24 +119,33 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False, ove
 def _asynchronous_finish(finish, f, b, x, xf, pp, m, v, sched, which) -> None:
     """Replace ``finish`` of the plans in ``which``, whose pipeline sends are asynchronous
     (Megatron-LM's overlap_p2p_comm, interleaved 1F1B only), with their task graph
-    (``schedule.pipeline_finish`` with ``arrival``): a send holds no stage, the task waiting
+    (``schedule.interleaved.interleaved_finish`` with ``arrival``): a send holds no stage, the task waiting
     for it starts one transfer after its input's task ends, as ``simulate_pipeline`` with
-    ``overlap_p2p`` times it. Evaluated per (schedule, pp, chunks, micro-batches) shape for
-    the distinct columns of class times and sends."""
+    ``overlap_p2p`` times it."""
+    _interleaved_finish(finish, f, b, x, xf, pp, m, v, which, asynchronous=True)
+
+
+def _interleaved_finish(finish, f, b, x, xf, pp, m, v, which, asynchronous: bool) -> None:
+    """Replace ``finish`` of the interleaved plans in ``which`` with their task graph
+    (``schedule.interleaved.interleaved_finish``), evaluated for all plans of a (pp, chunks)
+    shape at once whatever their micro-batches, for the distinct columns of class times and
+    sends; ``asynchronous``: the sends are arrival delays (overlap_p2p_comm), else held."""
     idx = np.flatnonzero(which)
-    shapes = np.stack([sched[idx], pp[idx], v[idx].astype(np.int64), m[idx].astype(np.int64)])
-    for code, p, chunks, mb in np.unique(shapes, axis=1).T.tolist():
-        sel = idx[np.all(shapes == np.array([[code], [p], [chunks], [mb]]), axis=0)]
+    shapes = np.stack([pp[idx], v[idx].astype(np.int64)])
+    for p, chunks in np.unique(shapes, axis=1).T.tolist():
+        sel = idx[(shapes[0] == p) & (shapes[1] == chunks)]
         key = np.stack([f[FIRST][sel], f[MID][sel], f[LAST][sel], b[FIRST][sel], b[MID][sel], b[LAST][sel],
                         x[sel], xf[sel]])
         kept, column = distinct_columns(key)
         key = key[:, kept]
         stages = [FIRST if i == 0 else LAST if i == p - 1 else MID for i in range(p)]
         none = np.zeros(len(kept))
-        dur = task_durations(SCHEDULES[code], p, chunks, [key[c] for c in stages], [key[3 + c] for c in stages],
-                             [none] * p, 0.0, 0.0)
+        held = 0.0 if asynchronous else 1.0
+        dur = task_durations(Schedule.INTERLEAVED, p, chunks, [key[c] for c in stages],
+                             [key[3 + c] for c in stages], [none] * p, held * key[6], held * key[7])
         dur = np.asarray([np.broadcast_to(d, none.shape) for d in dur], dtype=np.float64)
-        done = pipeline_finish(SCHEDULES[code], p, mb, chunks, dur, arrival=key[[7, 6]])[:, column]
+        done = interleaved_finish(p, chunks, m[sel].astype(np.int64), dur, column,
+                                  key[[7, 6]] if asynchronous else None)
         finish[FIRST][sel] = done[0]
         finish[LAST][sel] = done[p - 1]
         if p > 2:
