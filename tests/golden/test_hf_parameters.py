@@ -123,3 +123,22 @@ def test_traced_experts_are_one_grouped_gemm_reading_each_experts_weights_once(t
     gemm_op = next(op for op in layer_ops_from_trace(layer) if op.name == "mlp.experts")
     assert gemm_op.bwd_weight_flops == gemm
     assert gemm_op.params == experts * 3 * h * inter
+
+
+def test_experts_written_to_run_every_token_through_every_expert_are_costed_for_the_routed_rows(
+        tmp_path, monkeypatch):
+    # Llama 4's reference code repeats the tokens once per expert (the router's zero scores mask
+    # the rest): 16x the FLOPs Scout runs with one expert a token
+    monkeypatch.setenv("PARAPLAN_CACHE_DIR", str(tmp_path))
+    from paraplan.inventory.hftrace import trace_model
+
+    h, inter, tokens = 128, 256, 2 * 64
+    config = {
+        "model_type": "llama4_text", "hidden_size": h, "intermediate_size": inter, "intermediate_size_mlp": 512,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "num_local_experts": 4, "num_experts_per_tok": 1, "vocab_size": 500, "tie_word_embeddings": False,
+    }
+    layer = trace_model(config, 2, 64).layers[0]
+    fwd = [o for o in layer.ops if o.module == "feed_forward.experts" and o.phase == "fwd" and o.flops]
+    assert [o.aten for o in fwd] == ["grouped_mm"]
+    assert fwd[0].flops == 2 * tokens * 3 * h * inter + tokens * inter

@@ -417,9 +417,10 @@ def _experts_function(recorder_box: list):
         def forward(ctx, hidden, weights, info, *params):
             rec = recorder_box[0]
             ctx.info = info
-            ctx.save_for_backward(hidden, weights)
             if rec is not None:
                 rec._in_attention = True  # the allocations below are no operators of the model
+            # a grouped kernel keeps the permuted rows (packed below), not the block's input
+            ctx.like = (hidden.new_empty(hidden.shape), weights.new_empty(weights.shape))
             out = hidden.new_empty(hidden.shape)
             if rec is not None:
                 s, h = info["rows"], hidden.shape[-1]
@@ -433,16 +434,20 @@ def _experts_function(recorder_box: list):
                 act_out = hidden.new_empty((s, inter))
                 for t in (rows_in, fc1, act_out):
                     rec._pack(t)
+                # read: the rows (up), the gate's input, the down GEMM's input, the rows to
+                # combine, each expert's weights once; written: the up output, the gate's
+                # output, the down output and the combined tokens
+                tokens = s / info["top_k"]
                 rec._record("grouped_mm", (hidden, weights, *params), (out,), gemm + act,
-                            2.0 * s * h * item + wbytes + 2.0 * act * item * (1 + info["gate"]),
-                            2.0 * s * h * item + act * item * (1 + info["gate"]),
+                            2.0 * s * h * item + wbytes + act * item * (1 + info["gate"]),
+                            (s + tokens) * h * item + act * item * (1 + info["gate"]),
                             (("experts", e), ("top_k", info["top_k"]), ("rows", s)))
                 rec._in_attention = False
             return out
 
         @staticmethod
         def backward(ctx, grad):
-            hidden, weights = ctx.saved_tensors
+            hidden, weights = ctx.like
             info = ctx.info
             rec = recorder_box[0]
             if rec is not None:
@@ -467,24 +472,61 @@ def _experts_function(recorder_box: list):
                 rec._in_attention = False
             return (d_hidden, d_weights, None, *grads)
 
-    def experts(module, hidden_states, top_k_index, top_k_weights):
-        gate = bool(getattr(module, "has_gate", True))
+    def grouped(module, hidden, weights, tokens: int, top_k: int):
+        gate = bool(getattr(module, "has_gate", True)) and hasattr(module, "gate_up_proj")
         up_w = module.gate_up_proj if gate else module.up_proj
         params = [p for p in module.parameters(recurse=True) if p.requires_grad]
         e = int(getattr(module, "num_experts", up_w.shape[0]))
         up = up_w.numel()
         down = module.down_proj.numel()
-        out_dim = up // e // hidden_states.shape[-1]  # per expert: 2 x intermediate with a gate
+        out_dim = up // e // hidden.shape[-1]  # per expert: 2 x intermediate with a gate
         inter = out_dim // 2 if gate else out_dim
-        top_k = int(top_k_index.shape[-1])
-        info = {"rows": int(hidden_states.shape[0]) * top_k, "experts": e, "up": up, "down": down,
+        info = {"rows": tokens * top_k, "experts": e, "up": up, "down": down,
                 "inter": inter, "gate": 2 if gate else 1, "top_k": top_k, "params": params}
-        return Grouped.apply(hidden_states, top_k_weights, info, *params)
+        return Grouped.apply(hidden, weights, info, *params)
 
+    def experts(module, hidden_states, top_k_index, top_k_weights):
+        top_k = int(top_k_index.shape[-1])
+        return grouped(module, hidden_states, top_k_weights, int(hidden_states.shape[0]), top_k)
+
+    def every_expert(module, top_k: int):
+        """A forward for experts written to run every token through every expert (Llama 4's
+        reference code: the input is the tokens repeated per expert, scaled by the router's
+        scores, zero where not routed): recorded as the grouped GEMM of the top-k rows."""
+
+        def forward(hidden_states):
+            e = int(getattr(module, "num_experts", module.down_proj.shape[0]))
+            weights = hidden_states.new_empty((1,))
+            return grouped(module, hidden_states, weights, int(hidden_states.shape[0]) // e, top_k)
+
+        return forward
+
+    experts.every_expert = every_expert
     return experts
 
 
 _BOX: list = [None]
+
+
+def _group_every_expert(hf_config, layers) -> None:
+    """Experts whose own code runs every token through every expert (a 3-D ``gate_up_proj``, no
+    ``ExpertsInterface``, ``forward(hidden_states)`` over experts x tokens rows) run as the
+    recorded grouped GEMM of the rows the router sends them."""
+    import inspect
+
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    top_k = int(getattr(text, "num_experts_per_tok", 0) or 0)
+    if _register_experts() is None or top_k <= 0:
+        return
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    every_expert = ALL_EXPERTS_FUNCTIONS["paraplan_trace"].every_expert
+    for module in layers.modules():
+        stacked = getattr(module, "gate_up_proj", None)
+        if stacked is None or getattr(stacked, "ndim", 0) != 3 or hasattr(module, "has_gate"):
+            continue
+        if list(inspect.signature(type(module).forward).parameters) == ["self", "hidden_states"]:
+            module.forward = every_expert(module, top_k)
 
 
 @functools.cache
@@ -588,6 +630,7 @@ def trace_model(
     rec.module_types = {
         (slot, name): type(module).__name__ for slot, layer in enumerate(kept) for name, module in layer.named_modules()
     }
+    _group_every_expert(hf_config, kept)
     tokens = torch.zeros((micro_batch, seq_length), dtype=torch.long, device="meta")
     _BOX[0] = rec
     try:
