@@ -33,7 +33,7 @@ from typing import Any
 from paraplan.specs import ConfigError
 
 _WHERE = "model.hf_config"
-TRACE_VERSION = 1  # bump when the recorded fields change: old cache entries are ignored
+TRACE_VERSION = 2  # bump when the recorded fields change: old cache entries are ignored
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,7 +398,148 @@ def _attention_function(recorder_box: list):
     return attention
 
 
+def _experts_function(recorder_box: list):
+    """The routed experts of a MoE block as one grouped GEMM, forward and backward.
+
+    ``transformers``' eager ``batched_mm`` gathers each routed token's expert weights
+    (``gate_up_proj[expert_ids]``), which reads S = tokens x top-k copies of the weights; a
+    grouped GEMM (Megatron's TEGroupedMLP, ``grouped_mm``) reads each expert's weights once.
+    Recorded here as a training kernel runs it: forward the up (gate+up) and down GEMMs over
+    the S routed rows plus the gate's elementwise work; backward the data gradient (``grouped_mm``)
+    and the weight gradient (``grouped_mm`` marked ``weight_grad``, its output the experts' weights,
+    flattened),
+    each the forward's GEMM FLOPs. Saved for backward: the permuted input, the up projection's
+    output and the activation's output."""
+    import torch
+
+    class Grouped(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weights, info, *params):
+            rec = recorder_box[0]
+            ctx.info = info
+            if rec is not None:
+                rec._in_attention = True  # the allocations below are no operators of the model
+            # a grouped kernel keeps the permuted rows (packed below), not the block's input
+            ctx.like = (hidden.new_empty(hidden.shape), weights.new_empty(weights.shape))
+            out = hidden.new_empty(hidden.shape)
+            if rec is not None:
+                s, h = info["rows"], hidden.shape[-1]
+                e, up, down, inter = info["experts"], info["up"], info["down"], info["inter"]
+                item = hidden.element_size()
+                gemm = 2.0 * s * (up + down) / e  # each row meets one expert's weights
+                wbytes = float(sum(p.numel() * p.element_size() for p in params))
+                act = float(s * inter)
+                rows_in = hidden.new_empty((s, h))
+                fc1 = hidden.new_empty((s, inter * info["gate"]))
+                act_out = hidden.new_empty((s, inter))
+                for t in (rows_in, fc1, act_out):
+                    rec._pack(t)
+                # read: the rows (up), the gate's input, the down GEMM's input, the rows to
+                # combine, each expert's weights once; written: the up output, the gate's
+                # output, the down output and the combined tokens
+                tokens = s / info["top_k"]
+                rec._record("grouped_mm", (hidden, weights, *params), (out,), gemm + act,
+                            2.0 * s * h * item + wbytes + act * item * (1 + info["gate"]),
+                            (s + tokens) * h * item + act * item * (1 + info["gate"]),
+                            (("experts", e), ("top_k", info["top_k"]), ("rows", s)))
+                rec._in_attention = False
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            hidden, weights = ctx.like
+            info = ctx.info
+            rec = recorder_box[0]
+            if rec is not None:
+                rec._in_attention = True
+            grads = [torch.empty_like(p) for p in info["params"]]
+            d_hidden, d_weights = torch.empty_like(hidden), torch.empty_like(weights)
+            if rec is not None:
+                s, h = info["rows"], hidden.shape[-1]
+                e, up, down, inter = info["experts"], info["up"], info["down"], info["inter"]
+                item = hidden.element_size()
+                gemm = 2.0 * s * (up + down) / e
+                wbytes = float(sum(p.numel() * p.element_size() for p in info["params"]))
+                act = float(s * inter)
+                w = sum(p.numel() for p in info["params"])
+                rec._record("grouped_mm", (grad, *info["params"]), (hidden,), gemm + 2.0 * act,
+                            2.0 * s * h * item + wbytes + 3.0 * act * item * (1 + info["gate"]),
+                            2.0 * s * h * item + act * item * (1 + info["gate"]),
+                            (("experts", e), ("rows", s)))
+                rec._record("grouped_mm", (grad, hidden), (hidden.new_empty((w,)),), gemm,
+                            2.0 * s * h * item + act * item * (1 + info["gate"]), wbytes,
+                            (("experts", e), ("rows", s), ("weight_grad", True)))
+                rec._in_attention = False
+            return (d_hidden, d_weights, None, *grads)
+
+    def grouped(module, hidden, weights, tokens: int, top_k: int):
+        gate = bool(getattr(module, "has_gate", True)) and hasattr(module, "gate_up_proj")
+        up_w = module.gate_up_proj if gate else module.up_proj
+        params = [p for p in module.parameters(recurse=True) if p.requires_grad]
+        e = int(getattr(module, "num_experts", up_w.shape[0]))
+        up = up_w.numel()
+        down = module.down_proj.numel()
+        out_dim = up // e // hidden.shape[-1]  # per expert: 2 x intermediate with a gate
+        inter = out_dim // 2 if gate else out_dim
+        info = {"rows": tokens * top_k, "experts": e, "up": up, "down": down,
+                "inter": inter, "gate": 2 if gate else 1, "top_k": top_k, "params": params}
+        return Grouped.apply(hidden, weights, info, *params)
+
+    def experts(module, hidden_states, top_k_index, top_k_weights):
+        top_k = int(top_k_index.shape[-1])
+        return grouped(module, hidden_states, top_k_weights, int(hidden_states.shape[0]), top_k)
+
+    def every_expert(module, top_k: int):
+        """A forward for experts written to run every token through every expert (Llama 4's
+        reference code: the input is the tokens repeated per expert, scaled by the router's
+        scores, zero where not routed): recorded as the grouped GEMM of the top-k rows."""
+
+        def forward(hidden_states):
+            e = int(getattr(module, "num_experts", module.down_proj.shape[0]))
+            weights = hidden_states.new_empty((1,))
+            return grouped(module, hidden_states, weights, int(hidden_states.shape[0]) // e, top_k)
+
+        return forward
+
+    experts.every_expert = every_expert
+    return experts
+
+
 _BOX: list = [None]
+
+
+def _group_every_expert(hf_config, layers) -> None:
+    """Experts whose own code runs every token through every expert (a 3-D ``gate_up_proj``, no
+    ``ExpertsInterface``, ``forward(hidden_states)`` over experts x tokens rows) run as the
+    recorded grouped GEMM of the rows the router sends them."""
+    import inspect
+
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    top_k = int(getattr(text, "num_experts_per_tok", 0) or 0)
+    if _register_experts() is None or top_k <= 0:
+        return
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    every_expert = ALL_EXPERTS_FUNCTIONS["paraplan_trace"].every_expert
+    for module in layers.modules():
+        stacked = getattr(module, "gate_up_proj", None)
+        if stacked is None or getattr(stacked, "ndim", 0) != 3 or hasattr(module, "has_gate"):
+            continue
+        if list(inspect.signature(type(module).forward).parameters) == ["self", "hidden_states"]:
+            module.forward = every_expert(module, top_k)
+
+
+@functools.cache
+def _register_experts() -> str | None:
+    """The recorded grouped GEMM under ``transformers``' ``ExpertsInterface`` (None without one)."""
+    _need("transformers")
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError:  # an older transformers: experts run as they are written
+        return None
+    name = "paraplan_trace"
+    ExpertsInterface.register(name, _experts_function(_BOX))
+    return name
 
 
 @functools.cache
@@ -442,38 +583,33 @@ def _kind_label(layer, layer_type: str | None, index: int) -> str:
     return "-".join(parts) + f"@{index}"
 
 
+def _embedding_and_head(model) -> tuple[int, int]:
+    """The input embedding's parameters, and the output head's when it is not tied to it."""
+    embeddings = model.get_input_embeddings()
+    embedding = sum(p.numel() for p in embeddings.parameters()) if embeddings is not None else 0
+    head = model.get_output_embeddings()
+    tied = head is not None and embeddings is not None and head.weight is embeddings.weight
+    return int(embedding), 0 if head is None or tied else int(sum(p.numel() for p in head.parameters()))
+
+
 def trace_model(
     config: dict[str, Any], micro_batch: int, seq_length: int, *, dtype: str = "bfloat16",
     trust_remote_code: bool = False,
 ) -> TracedModel:
     """Trace ``config`` (a config.json mapping) at ``micro_batch`` x ``seq_length`` tokens."""
     torch = _need("torch")
-    transformers = _need("transformers")
     hf_config = build_config(config, trust_remote_code=trust_remote_code)
     attention = _register_attention()
     num_layers = int(getattr(hf_config, "num_hidden_layers", 0) or getattr(hf_config, "n_layer", 0) or 0)
     torch_dtype = getattr(torch, dtype)
     hf_config._attn_implementation = attention
+    experts = _register_experts() or "batched_mm"
     if hasattr(hf_config, "_experts_implementation"):
-        hf_config._experts_implementation = "batched_mm"
-    try:
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(
-                hf_config, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-                attn_implementation=attention,
-            )
-    except (ValueError, AssertionError, AttributeError, TypeError, KeyError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
-        raise ConfigError(
-            f"{_WHERE}: model_type {config.get('model_type')!r}: transformers cannot build a causal LM of it "
-            f"({first}); describe the model by its fields instead"
-        ) from None
+        hf_config._experts_implementation = experts
+    _, model = _build(config, trust_remote_code, hf_config, dtype=torch_dtype, attn_implementation=attention,
+                      experts_implementation=experts)
     total = sum(p.numel() for p in model.parameters())
-    embeddings = model.get_input_embeddings()
-    embedding_params = sum(p.numel() for p in embeddings.parameters()) if embeddings is not None else 0
-    head = model.get_output_embeddings()
-    tied = head is not None and embeddings is not None and head.weight is embeddings.weight
-    head_params = 0 if head is None or tied else sum(p.numel() for p in head.parameters())
+    embedding_params, head_params = _embedding_and_head(model)
     list_name, layers = _decoder_layers(model, num_layers)
     num_layers = len(layers)
     types = list(getattr(hf_config, "layer_types", None) or [None] * num_layers)
@@ -494,6 +630,7 @@ def trace_model(
     rec.module_types = {
         (slot, name): type(module).__name__ for slot, layer in enumerate(kept) for name, module in layer.named_modules()
     }
+    _group_every_expert(hf_config, kept)
     tokens = torch.zeros((micro_batch, seq_length), dtype=torch.long, device="meta")
     _BOX[0] = rec
     try:
@@ -534,6 +671,72 @@ def trace_model(
         total_params=int(total), embedding_params=int(embedding_params), head_params=int(head_params),
         num_layers=num_layers, layers=tuple(traced), ends=tuple(op for s, op in rec.ops if s is None),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterCount:
+    """A config's parameters from its module tree (tied weights once)."""
+
+    total: int
+    embedding: int  # the input embedding(s)
+    head: int  # the output projection when it is not tied to the embedding (0 when tied)
+    routed: int  # the routed experts' weights (0 for a dense model)
+    routed_active: int  # the part of ``routed`` one token runs through (top-k of each block)
+
+    @property
+    def active(self) -> int:
+        """Parameters one token uses: everything but the routed experts it is not sent to."""
+        return self.total - self.routed + self.routed_active
+
+
+def _build(config: dict[str, Any], trust_remote_code: bool = False, hf_config=None, **kwargs):
+    """(config object, the causal LM built from it on the meta device); one line when it cannot be."""
+    torch = _need("torch")
+    transformers = _need("transformers")
+    if hf_config is None:
+        hf_config = build_config(config, trust_remote_code=trust_remote_code)
+    kwargs.setdefault("dtype", torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            return hf_config, transformers.AutoModelForCausalLM.from_config(
+                hf_config, trust_remote_code=trust_remote_code, **kwargs)
+    except (ValueError, AssertionError, AttributeError, TypeError, KeyError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+        raise ConfigError(
+            f"{_WHERE}: model_type {config.get('model_type')!r}: transformers cannot build a causal LM of it "
+            f"({first}); describe the model by its fields instead"
+        ) from None
+
+
+def count_parameters(config: dict[str, Any], *, trust_remote_code: bool = False) -> ParameterCount:
+    """Every parameter of ``config``'s model built on the meta device, and the active share.
+
+    Routed experts are the modules ``transformers`` stores as one tensor per projection with
+    the experts first (``gate_up_proj``/``up_proj``/``down_proj``, 3-D), or a ``ModuleList``
+    named ``experts``; a token runs ``num_experts_per_tok`` of them. Shared experts, routers,
+    attention, norms, embeddings and the head are always active."""
+    hf_config, model = _build(config, trust_remote_code)
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    top_k = int(getattr(text, "num_experts_per_tok", 0) or getattr(text, "experts_per_token", 0) or 0)
+    total = sum(p.numel() for p in model.parameters())
+    embedding, head_params = _embedding_and_head(model)
+    routed = active = 0
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        if id(module) in seen:
+            continue
+        stacked = [p for n, p in module.named_parameters(recurse=False)
+                   if p.dim() == 3 and n.split("_")[0] in ("gate", "up", "down", "w1", "w2", "w3")]
+        listed = name.rsplit(".", 1)[-1] == "experts" and len(module) > 1 if hasattr(module, "__len__") else False
+        if stacked or listed:
+            own = list(module.parameters())
+            experts = int(getattr(module, "num_experts", 0) or (len(module) if listed else stacked[0].shape[0]))
+            n = sum(p.numel() for p in own)
+            routed += n
+            active += n * min(top_k, experts) // experts if experts else n
+            seen.update(id(m) for m in module.modules())
+    return ParameterCount(total=int(total), embedding=int(embedding), head=int(head_params),
+                          routed=int(routed), routed_active=int(active))
 
 
 # ---------------------------------------------------------------- the cache
