@@ -63,9 +63,7 @@ def test_gpt2_traced_and_hand_written_layers_have_the_same_parameters_and_flops(
     _agree(_rows("gpt2"), gemm=False)
 
 
-@pytest.mark.xfail(strict=True, reason="inventory.traced maps a module to a GEMM by 'linear' in its class "
-                   "name: GPT-2's Conv1D (addmm) is costed as an elementwise op")
-def test_gpt2_traced_projections_are_gemms():
+def test_gpt2_traced_conv1d_projections_are_gemms():
     _agree(_rows("gpt2"))
 
 

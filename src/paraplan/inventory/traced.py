@@ -81,9 +81,9 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
             params=float(params.get(module, 0)), saved_bytes=max(kept, 0.0),
         )
         matmuls = any(o.aten in _MATMULS for o in fwd)
-        # experts: a grouped GEMM (their bytes are eager batched_mm's, which gathers each token's
-        # expert weights); a router: its scoring GEMM
-        linear = any(word in mtype.lower() for word in ("linear", "expert", "router"))
+        # experts: one grouped GEMM (the tracer's registered experts function records it); a
+        # router: its scoring GEMM; GPT-2's Conv1D: a Linear with its weight transposed (addmm)
+        linear = any(word in mtype.lower() for word in ("linear", "conv1d", "expert", "router"))
         if matmuls and linear and params.get(module, 0) > 0:
             weight_grads = [o for o in bwd if o.aten in _MATMULS]
             # the weight gradient is the backward matmul whose output has the weight's size
