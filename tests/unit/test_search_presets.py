@@ -47,6 +47,16 @@ def test_every_plan_of_a_preset_search_takes_the_preset_s_defaults_on_its_engine
         assert ("sequence_parallel" in use.taken) == ("tp_comm_overlap" in use.taken) == (plan.tp > 1)
 
 
+def test_a_preset_search_of_an_fp8_job_takes_the_preset_s_fp8_recipe_and_a_bf16_one_none():
+    model, cluster = _small()
+    space = SearchSpace(framework="torchtitan-0.1", micro_batch_size=(1,))
+    fp8 = search_plans(model, cluster, 64, Precision.FP8, space)
+    assert fp8.ranked and all(p.job.parallel.fp8_recipe.value == "current" for p in fp8.ranked)
+    assert all(p.job.preset.taken.get("fp8_recipe") == "current" for p in fp8.ranked)
+    bf16 = search_plans(model, cluster, 64, Precision.BF16, space)
+    assert bf16.ranked and all(p.job.parallel.fp8_recipe is None for p in bf16.ranked)
+
+
 def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_preset_s_value():
     space = SearchSpace(framework="megatron-core-0.12")
     # ZeRO 0-1 and the recompute policies are what the engine's space searches; sequence

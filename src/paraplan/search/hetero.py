@@ -252,7 +252,7 @@ def enumerate_hetero(
             "zero_stage": zero, "recompute": recompute, "framework": space.framework,
             "sequence_parallel": (tp > 1) if sp is None else (sp and tp > 1), **space.extra,
         }
-        plan, preset = with_preset(plan, model, cluster, space)
+        plan, preset = with_preset(plan, model, cluster, space, precision)
         if model.num_layers % pp and "layers_per_stage" not in plan:  # this search states every split it runs
             plan["layers_per_stage"] = split_layers(model.num_layers, pp)
         run = (gbs, tp, pp, cp, mbs, runs_as_zero(zero, dp * cp, precision), recompute,

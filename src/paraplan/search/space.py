@@ -249,9 +249,11 @@ def find_space_preset(name: Any) -> Any:
         raise ConfigError(str(err).removeprefix("parallel.")) from None
 
 
-def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: SearchSpace) -> tuple[dict[str, Any], Any]:
+def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: SearchSpace,
+                precision: Any = None) -> tuple[dict[str, Any], Any]:
     """One plan of ``space`` (a job's plan mapping) with its preset's defaults for the fields the
-    space leaves to it, and what the preset did (``PresetUse``; None without a preset)."""
+    space leaves to it, and what the preset did (``PresetUse``; None without a preset). The job's
+    ``precision`` decides the defaults that hold for one precision only (an FP8 recipe)."""
     if space.preset is None:
         return plan, None
     from paraplan.catalog.presets import apply_preset
@@ -264,7 +266,7 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
         if d.field not in left and d.field not in named:
             stated[d.field] = ParallelPlan.model_fields[d.field].default
     _, use = apply_preset(stated, preset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
-                          model=model)
+                          model=model, precision=precision)
     return {**stated, **use.taken}, use  # the plan's own names kept (tp, pp, ...)
 
 
@@ -457,7 +459,7 @@ def plan_job(
         **({"layers_per_stage": layers_per_stage} if layers_per_stage is not None else {}),
         **space.extra,
     }
-    plan, preset = with_preset(plan, model, cluster, space)
+    plan, preset = with_preset(plan, model, cluster, space, precision)
     name = f"tp{tp}-pp{pp}-dp{dp}" + (f"-cp{cp}" if cp > 1 else "") + (f"-vpp{vpp}" if vpp > 1 else "")
     name += (f"-ep{ep}" if ep > 1 else "") + (f"-etp{etp}" if etp is not None else "")
     name += f"-{schedule.value}" if schedule is not None else ""
