@@ -35,6 +35,15 @@ def catalog_key(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", name.lower())
 
 
+#: The package's own catalog files are trusted: libyaml's safe loader when installed, PyYAML's otherwise.
+_CATALOG_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_catalog_yaml(text: str) -> Any:
+    """The data of one of the package's catalog YAML files (GPUs, models, clusters, presets)."""
+    return yaml.load(text, Loader=_CATALOG_LOADER)
+
+
 @functools.cache
 def _index(kind: Kind) -> dict[str, tuple[str, dict[str, Any]]]:
     """normalised name or alias -> (canonical name, raw mapping)."""
@@ -43,7 +52,7 @@ def _index(kind: Kind) -> dict[str, tuple[str, dict[str, Any]]]:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith((".yaml", ".yml")):
             continue
-        raw = yaml.load(entry.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
+        raw = read_catalog_yaml(entry.read_text(encoding="utf-8"))
         name = raw["name"]
         for alias in [name, *raw.get("aliases", ())]:
             index.setdefault(catalog_key(str(alias)), (name, raw))
@@ -143,7 +152,7 @@ def load_runtime_memory() -> RuntimeMemorySpec:
     """What a training process holds on a GPU besides its tensors, with sources
     (``catalog/runtime/memory.yaml``)."""
     text = (resources.files("paraplan.catalog") / "runtime" / "memory.yaml").read_text(encoding="utf-8")
-    return _validated(RuntimeMemorySpec, yaml.load(text, Loader=yaml.CSafeLoader), "catalog runtime/memory.yaml")
+    return _validated(RuntimeMemorySpec, read_catalog_yaml(text), "catalog runtime/memory.yaml")
 
 
 @functools.cache

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import yaml
-
+from paraplan.catalog.loader import read_catalog_yaml
 from paraplan.specs import PLAN_ALIASES, ConfigError, Framework, ModelSpec
 from paraplan.specs.preset import PresetUse
 
@@ -74,7 +73,7 @@ def presets() -> dict[str, Preset]:
     folder = resources.files("paraplan.catalog") / "frameworks"
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith((".yaml", ".yml")):
-            preset = _preset(yaml.safe_load(entry.read_text(encoding="utf-8")), entry.name)
+            preset = _preset(read_catalog_yaml(entry.read_text(encoding="utf-8")), entry.name)
             out[preset.id] = preset
     return out
 
