@@ -1,0 +1,80 @@
+"""The disk cache of traces (``inventory.hftrace``): one JSON file per (config, micro-batch,
+sequence, dtype, torch and transformers versions, ``TRACE_VERSION``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from paraplan.inventory.hfrecords import SavedTensor, TracedLayer, TracedModel, TracedOp
+
+TRACE_VERSION = 2  # bump when the recorded fields change: old cache entries are ignored
+
+
+def cache_dir() -> Path:
+    """Where traces are kept: $PARAPLAN_CACHE_DIR, else $XDG_CACHE_HOME/paraplan, else ~/.cache."""
+    base = os.environ.get("PARAPLAN_CACHE_DIR")
+    if base:
+        return Path(base) / "hftrace"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "paraplan" / "hftrace"
+
+
+def _key(config: dict[str, Any], micro_batch: int, seq_length: int, dtype: str) -> str:
+    import importlib.metadata as md
+
+    versions = []
+    for dist in ("torch", "transformers"):
+        try:
+            versions.append(md.version(dist))
+        except md.PackageNotFoundError:
+            versions.append("-")
+    blob = json.dumps([TRACE_VERSION, versions, config, micro_batch, seq_length, dtype], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _to_json(trace: TracedModel) -> dict[str, Any]:
+    return dataclasses.asdict(trace)
+
+
+def _from_json(data: dict[str, Any]) -> TracedModel:
+    def op(d):
+        return TracedOp(**{**d, "shapes": tuple(map(tuple, d["shapes"])), "out_shapes": tuple(map(tuple, d["out_shapes"])),
+                           "extra": tuple(tuple(x) for x in d["extra"])})
+
+    layers = tuple(
+        TracedLayer(
+            kind=ld["kind"], indices=tuple(ld["indices"]), layer_type=ld["layer_type"], params=ld["params"],
+            param_breakdown=tuple(tuple(x) for x in ld["param_breakdown"]),
+            ops=tuple(op(o) for o in ld["ops"]),
+            saved=tuple(SavedTensor(**{**s, "shape": tuple(s["shape"])}) for s in ld["saved"]),
+        )
+        for ld in data["layers"]
+    )
+    fields = {k: v for k, v in data.items() if k not in ("layers", "ends")}
+    return TracedModel(**fields, layers=layers, ends=tuple(op(o) for o in data["ends"]))
+
+
+def load(path: Path) -> TracedModel | None:
+    """The trace kept at ``path``; None when there is none or it cannot be read."""
+    try:
+        return _from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(path: Path, trace: TracedModel) -> None:
+    """Keep ``trace`` at ``path`` (atomically); a read-only cache directory keeps nothing."""
+    try:
+        from paraplan.files.atomic import temp_path
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(path)
+        tmp.write_text(json.dumps(_to_json(trace)))
+        os.replace(tmp, path)
+    except OSError:
+        pass
