@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from paraplan.inventory.hfrecords import SavedTensor, TracedLayer, TracedModel, TracedOp
+from paraplan.inventory.hfrecords import ModuleCall, SavedTensor, TracedLayer, TracedModel, TracedOp
 
-TRACE_VERSION = 2  # bump when the recorded fields change: old cache entries are ignored
+TRACE_VERSION = 3  # bump when the recorded fields change: old cache entries are ignored
 
 
 def cache_dir() -> Path:
@@ -46,12 +46,20 @@ def _from_json(data: dict[str, Any]) -> TracedModel:
         return TracedOp(**{**d, "shapes": tuple(map(tuple, d["shapes"])), "out_shapes": tuple(map(tuple, d["out_shapes"])),
                            "extra": tuple(tuple(x) for x in d["extra"])})
 
+    def call(d):
+        def ends(xs):
+            return tuple((int(k), tuple(shape), float(n)) for k, shape, n in xs)
+
+        return ModuleCall(module=d["module"], module_type=d["module_type"], inputs=ends(d["inputs"]),
+                          outputs=ends(d["outputs"]))
+
     layers = tuple(
         TracedLayer(
             kind=ld["kind"], indices=tuple(ld["indices"]), layer_type=ld["layer_type"], params=ld["params"],
             param_breakdown=tuple(tuple(x) for x in ld["param_breakdown"]),
             ops=tuple(op(o) for o in ld["ops"]),
             saved=tuple(SavedTensor(**{**s, "shape": tuple(s["shape"])}) for s in ld["saved"]),
+            calls=tuple(call(c) for c in ld["calls"]),
         )
         for ld in data["layers"]
     )

@@ -72,7 +72,8 @@ def _experts_function(recorder_box: list):
     and the weight gradient (``grouped_mm`` marked ``weight_grad``, its output the experts' weights,
     flattened),
     each the forward's GEMM FLOPs. Saved for backward: the permuted input, the up projection's
-    output and the activation's output."""
+    output, the activation's output and the down projection's output (for the gradient of the
+    router's probabilities, which weight it in the combine)."""
     import torch
 
     class Grouped(torch.autograd.Function):
@@ -95,7 +96,10 @@ def _experts_function(recorder_box: list):
                 rows_in = hidden.new_empty((s, h))
                 fc1 = hidden.new_empty((s, inter * info["gate"]))
                 act_out = hidden.new_empty((s, inter))
-                for t in (rows_in, fc1, act_out):
+                # the down projection's rows, which the combine weights by the router's
+                # probabilities: their gradient needs them (Megatron's moe_unpermute keeps them)
+                rows_out = hidden.new_empty((s, h))
+                for t in (rows_in, fc1, act_out, rows_out):
                     rec._pack(t)
                 # read: the rows (up), the gate's input, the down GEMM's input, the rows to
                 # combine, each expert's weights once; written: the up output, the gate's
@@ -213,3 +217,32 @@ def _register_attention() -> str:
     # recorded core reads causality and the window itself) and never look at position values
     transformers.AttentionInterface.register(name, _attention_function(_BOX))
     return name
+
+
+# functions of a model's code whose operators form one kernel in training frameworks (Megatron's
+# and Transformer Engine's fused RoPE): traced as a region of their own
+REGION_FUNCTIONS = ("apply_rotary_pos_emb", "apply_rotary_emb")
+
+
+def wrap_functions(recorder, layers) -> list[tuple[object, str, object]]:
+    """Replace the recognised functions (``REGION_FUNCTIONS``, by name prefix) of the modules
+    that define ``layers``' classes with recording regions; returns what to put back."""
+    import inspect
+    import sys
+
+    undo = []
+    homes = {type(m).__module__ for m in layers.modules()}
+    for home in sorted(homes):
+        module = sys.modules.get(home)
+        if module is None:
+            continue
+        for name, fn in list(vars(module).items()):
+            if inspect.isfunction(fn) and name.startswith(REGION_FUNCTIONS):
+                undo.append((module, name, fn))
+                setattr(module, name, recorder.function(name, fn))
+    return undo
+
+
+def unwrap_functions(undo) -> None:
+    for module, name, fn in undo:
+        setattr(module, name, fn)

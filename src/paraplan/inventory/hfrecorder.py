@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paraplan.inventory.hfrecords import SavedTensor, TracedOp
+from paraplan.inventory.hfrecords import ModuleCall, SavedTensor, TracedOp
 
 
 def _numel(shape) -> int:
@@ -50,6 +50,13 @@ def _attention_flops(q, k, v) -> float:
     return 2.0 * b * h * s * s_kv * (d_qk + d_v)
 
 
+def _allocations() -> frozenset:
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.empty, aten.empty_like, aten.new_empty, aten.empty_strided, aten.new_empty_strided})
+
+
 class _Recorder:
     """Records aten operators (a TorchDispatchMode) and saved tensors (saved_tensors_hooks).
 
@@ -76,7 +83,14 @@ class _Recorder:
         self._in_attention = False
         self._boundaries: dict[int, list] = {}
         self.module_types: dict[tuple[int | None, str], str] = {}
+        # each module (and recognised function) call's boundary: what it read and returned
+        self.calls: list[tuple[int | None, ModuleCall]] = []
+        self._inputs: dict[int, list] = {}
+        self._ids: dict[int, int] = {}  # tensor storage -> a small number, stable in one trace
+        self._held: list[Any] = []  # call inputs stay alive, so their storages are never reused
+        self.regions: list[tuple[Any, str]] = []  # (the module running, the function) being run
         recorder = self
+        _ALLOCATIONS = _allocations()
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -86,6 +100,8 @@ class _Recorder:
                     return out
                 schema = func._schema
                 is_view = bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
+                # an allocation moves no bytes (what is written into it is counted where it is)
+                is_view = is_view or func._overloadpacket in _ALLOCATIONS
                 packet = func._overloadpacket
                 outs = out if isinstance(out, (tuple, list)) else (out,)
                 flops = 0.0
@@ -123,19 +139,25 @@ class _Recorder:
     def _pre(self, module, args):
         self.stack.append(module)
         self._boundaries[id(module)] = [t.grad_fn for t in _tensors(args) if t.grad_fn is not None]
+        self._inputs[id(module)] = list(_tensors(args))
 
     def _post(self, module, args, output):
         if self.stack and self.stack[-1] is module:
             self.stack.pop()
+        label = self._label(module)
+        outs = list(_tensors(output if isinstance(output, (tuple, list)) else (output,)))
+        if isinstance(output, dict):  # a ModelOutput
+            outs += list(_tensors(list(output.values())))
+        self._call(label, self._inputs.pop(id(module), []), outs)
+        self._mark(label, self._boundaries.pop(id(module), []), outs)
+
+    def _mark(self, label, boundary, outs) -> None:
+        """Label the autograd nodes made between ``boundary`` (the inputs' nodes) and ``outs``
+        with ``label``, unless an inner module or function labelled them first."""
         # the node objects stay referenced during the walk, so their ids are not reused
-        boundary = self._boundaries.pop(id(module), [])
         stop = {id(n) for n in boundary}
         held: list[Any] = []
-        label = self._label(module)
-        todo = [t.grad_fn for t in _tensors(output if isinstance(output, (tuple, list)) else (output,))
-                if t.grad_fn is not None]
-        if isinstance(output, dict):  # a ModelOutput
-            todo += [t.grad_fn for t in _tensors(list(output.values())) if t.grad_fn is not None]
+        todo = [t.grad_fn for t in outs if t.grad_fn is not None]
         seen: set[int] = set()
         while todo:
             node = todo.pop()
@@ -146,6 +168,47 @@ class _Recorder:
             if "paraplan" not in node.metadata:
                 node.metadata["paraplan"] = label
             todo.extend(n for n, _ in node.next_functions if n is not None)
+
+    def _key(self, tensor) -> int:
+        storage = tensor.untyped_storage()._cdata
+        return self._ids.setdefault(storage, len(self._ids))
+
+    def _call(self, label, inputs, outs) -> None:
+        slot, path = label
+        if slot is None:
+            return
+        self._held.extend(inputs)
+        self.calls.append((slot, ModuleCall(
+            module=path, module_type=self.module_types.get(label, ""),
+            inputs=tuple((self._key(t), tuple(int(d) for d in t.shape), float(t.numel() * t.element_size()))
+                         for t in inputs),
+            outputs=tuple((self._key(t), tuple(int(d) for d in t.shape), float(t.numel() * t.element_size()))
+                          for t in outs),
+        )))
+
+    def function(self, name: str, fn):
+        """``fn`` (a function of the model's code, e.g. ``apply_rotary_pos_emb``) run as a region
+        of its own: its operators and saves are labelled ``<module>.<name>``."""
+        recorder = self
+
+        def run(*args, **kwargs):
+            if not recorder.stack:
+                return fn(*args, **kwargs)
+            inputs = list(_tensors((*args, *kwargs.values())))
+            boundary = [t.grad_fn for t in inputs if t.grad_fn is not None]
+            recorder.regions.append((recorder.stack[-1], name))
+            label = recorder.where()
+            recorder.module_types.setdefault(label, name)
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                recorder.regions.pop()
+            outs = list(_tensors(out if isinstance(out, (tuple, list)) else (out,)))
+            recorder._call(label, inputs, outs)
+            recorder._mark(label, boundary, outs)
+            return out
+
+        return run
 
     def _label(self, module) -> tuple[int | None, str]:
         """(layer slot, path inside the layer) of ``module``; (None, its path) outside the layers."""
@@ -166,7 +229,10 @@ class _Recorder:
             return node.metadata.get("paraplan", (None, ""))
         if not self.stack:
             return None, ""
-        return self._label(self.stack[-1])
+        slot, path = self._label(self.stack[-1])
+        if self.regions and self.regions[-1][0] is self.stack[-1]:
+            path = f"{path}.{self.regions[-1][1]}" if path else self.regions[-1][1]
+        return slot, path
 
     def _record(self, name, inputs, outs, flops, read, written, extra=()):
         import torch

@@ -41,6 +41,19 @@ class SavedTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class ModuleCall:
+    """One forward call of a module (or of a recognised function, ``self_attn.apply_rotary_pos_emb``)
+    of one layer: the tensors it was given and returned, each as (a number naming its storage
+    within the trace, shape, bytes). Two calls given the same storage read the same tensor (q, k
+    and v projections of one input); the boundary is what a fused kernel of the call moves."""
+
+    module: str
+    module_type: str
+    inputs: tuple[tuple[int, tuple[int, ...], float], ...]
+    outputs: tuple[tuple[int, tuple[int, ...], float], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TracedLayer:
     """One layer kind: the layers it stands for, its exact parameters, operators and saves."""
 
@@ -51,6 +64,7 @@ class TracedLayer:
     param_breakdown: tuple[tuple[str, int], ...]  # per module holding parameters of its own
     ops: tuple[TracedOp, ...]
     saved: tuple[SavedTensor, ...]
+    calls: tuple[ModuleCall, ...] = ()  # each module call's boundary, in the order they ended
 
     @property
     def count(self) -> int:

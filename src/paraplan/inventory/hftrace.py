@@ -44,7 +44,14 @@ from paraplan.inventory.hfbuild import (
     read_config,
 )
 from paraplan.inventory.hfcache import TRACE_VERSION, _key, cache_dir, load, store
-from paraplan.inventory.hfhooks import _BOX, _group_every_expert, _register_attention, _register_experts
+from paraplan.inventory.hfhooks import (
+    _BOX,
+    _group_every_expert,
+    _register_attention,
+    _register_experts,
+    unwrap_functions,
+    wrap_functions,
+)
 from paraplan.inventory.hfrecorder import _Recorder
 from paraplan.inventory.hfrecords import SavedTensor, TracedLayer, TracedModel, TracedOp
 from paraplan.specs import ConfigError
@@ -106,6 +113,7 @@ def trace_model(
     _group_every_expert(hf_config, kept)
     tokens = torch.zeros((micro_batch, seq_length), dtype=torch.long, device="meta")
     _BOX[0] = rec
+    undo = wrap_functions(rec, kept)
     try:
         with rec:
             out = model(input_ids=tokens, labels=tokens, use_cache=False)
@@ -121,6 +129,7 @@ def trace_model(
         ) from None
     finally:
         _BOX[0] = None
+        unwrap_functions(undo)
     traced: list[TracedLayer] = []
     for slot, (_sig, indices) in enumerate(kinds.items()):
         layer = kept[slot]
@@ -138,6 +147,7 @@ def trace_model(
             param_breakdown=breakdown,
             ops=ops,
             saved=saved,
+            calls=tuple(c for s, c in rec.calls if s == slot),
         ))
     return TracedModel(
         model_type=str(config.get("model_type")), micro_batch=micro_batch, seq_length=seq_length, dtype=dtype,

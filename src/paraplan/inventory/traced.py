@@ -218,9 +218,15 @@ def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple
             f"model.inventory: traced predicts models whose layers are all of one kind so far; "
             f"{model.name} has {len(trace.layers)} ({kinds}); use model.inventory: hand"
         )
-    ops = layer_ops_from_trace(trace.layers[0])
-    attention = next((o.module for o in trace.layers[0].ops if o.aten == "attention"), "")
-    modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name) for op in ops)
+    if model.kernels == "fused":
+        from paraplan.inventory.fused import fused_layer_ops
+
+        ops, modules = fused_layer_ops(trace.layers[0])
+    else:
+        ops = layer_ops_from_trace(trace.layers[0])
+        attention = next((o.module for o in trace.layers[0].ops if o.aten == "attention"), "")
+        modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name)
+                        for op in ops)
     sp = x.tp > 1 and x.s_norm != x.s
     plan = layer_plan(config) if x.tp > 1 else None
     return shard_layer(ops, modules, plan, x.tp, sp, x.e)

@@ -107,6 +107,11 @@ class ModelSpec(BaseModel):
     # from the model's own code (``traced``; needs ``hf_config`` and the 'hf' extra), its
     # tensor parallelism from the model's ``base_model_tp_plan``
     inventory: Literal["hand", "traced"] = "hand"
+    # how a traced inventory is costed: ``fused`` (the default) as training frameworks run the
+    # model (one kernel per norm, rotary embedding, gated activation and residual add, q/k/v
+    # and gate/up as one GEMM each, timed on the hand-written operators' curves), or ``eager``
+    # as Hugging Face's eager code runs it (each aten operator, by the roofline)
+    kernels: Literal["fused", "eager"] = "fused"
     # the Hugging Face config.json a traced inventory builds the model from (set by the reader
     # of ``model: {hf_config: ...}`` when ``inventory: traced``)
     hf_config: str | None = None
