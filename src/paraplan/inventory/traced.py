@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from paraplan.inventory.hftrace import TracedLayer, TracedOp
 from paraplan.inventory.ops import Collective, Op, OpKind
+from paraplan.inventory.scan_kinds import scan_ops
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ConfigError, ModelSpec
 
@@ -67,7 +68,12 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
         saved[t.module] += t.bytes
     out: list[Op] = []
     attention_module = attention[0].module if attention else None
+    _hand_down_params(params, groups)
     for module, ops in groups.items():
+        kernels = scan_ops(module, ops[0].module_type, ops, float(params.get(module, 0)), _item(layer))
+        if kernels is not None:  # a state-space or linear-attention module: its fused kernels
+            out.extend(kernels)
+            continue
         fwd = [o for o in ops if o.phase == "fwd"]
         bwd = [o for o in ops if o.phase == "bwd"]
         mtype = ops[0].module_type
@@ -111,6 +117,27 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
     if attention:
         out.append(_attention_op(layer, attention))
     return tuple(out)
+
+
+def _hand_down_params(params: dict[str, int], groups: dict[str, list[TracedOp]]) -> None:
+    """Parameters of modules that ran no operator of their own (a ``Conv1d`` whose weights the
+    mixer's code convolves with functionally) go to the closest enclosing module that did."""
+    for name in [n for n in params if n not in groups and n]:
+        parent = name
+        while parent:
+            parent = parent.rpartition(".")[0]
+            if parent in groups:
+                params[parent] = params.get(parent, 0) + params.pop(name)
+                break
+
+
+def _item(layer: TracedLayer) -> int:
+    """Bytes per activation element of the trace (its first forward operator's dtype)."""
+    first = next((o.dtype for o in layer.ops if o.phase == "fwd" and o.dtype), "bfloat16")
+    return _ITEM.get(first, 2)
+
+
+_ITEM = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _attention_saved(layer: TracedLayer, module: str) -> list[float]:
@@ -202,25 +229,50 @@ _DTYPES = {2: "bfloat16", 4: "float32"}
 
 
 @functools.lru_cache(maxsize=64)
-def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
-    """The operators of one layer of ``model`` (``inventory: traced``) on one rank at shape
-    ``x``, traced from its ``hf_config`` at the micro-batch and sequence length and split over
-    ``x.tp`` ranks by the model's ``base_model_tp_plan`` (``inventory.tp_plan``), with the
-    tensor-parallel collectives that plan implies."""
-    from paraplan.inventory.hftrace import trace_layer_ops
+def traced_layers(model: ModelSpec, x: LocalShape) -> dict[str, tuple[tuple[Op, ...], tuple[Collective, ...]]]:
+    """The operators of each layer kind of ``model`` (``inventory: traced``) on one rank at
+    shape ``x``, keyed by the traced kind (``TracedLayer.kind``: "full_attention-dense@0",
+    "sliding_attention-dense@0", ...), traced from its ``hf_config`` at the micro-batch and
+    sequence length and split over ``x.tp`` ranks by the model's ``base_model_tp_plan``
+    (``inventory.tp_plan``), with the tensor-parallel collectives that plan implies. A mixture of
+    experts is refused in one line (expert parallelism is not applied to a traced layer yet)."""
     from paraplan.inventory.tp_plan import config_of, layer_plan, shard_layer
 
     config = config_of(str(model.hf_config))
-    trace = trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
-    if len(trace.layers) != 1:
-        kinds = ", ".join(f"{layer.kind} x{layer.count}" for layer in trace.layers)
+    trace = _trace(model, x)
+    moe = [layer.kind for layer in trace.layers if "-moe@" in layer.kind]
+    if moe:
         raise ConfigError(
-            f"model.inventory: traced predicts models whose layers are all of one kind so far; "
-            f"{model.name} has {len(trace.layers)} ({kinds}); use model.inventory: hand"
+            f"model.inventory: traced predicts dense models only so far; {model.name} has mixture-of-experts "
+            f"layers ({', '.join(moe)}); use model.inventory: hand"
         )
-    ops = layer_ops_from_trace(trace.layers[0])
-    attention = next((o.module for o in trace.layers[0].ops if o.aten == "attention"), "")
-    modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name) for op in ops)
     sp = x.tp > 1 and x.s_norm != x.s
     plan = layer_plan(config) if x.tp > 1 else None
-    return shard_layer(ops, modules, plan, x.tp, sp, x.e)
+    out = {}
+    for layer in trace.layers:
+        ops = layer_ops_from_trace(layer)
+        attention = next((o.module for o in layer.ops if o.aten == "attention"), "")
+        modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name) for op in ops)
+        out[layer.kind] = shard_layer(ops, modules, plan, x.tp, sp, x.e)
+    return out
+
+
+def _trace(model: ModelSpec, x: LocalShape):
+    from paraplan.inventory.hftrace import trace_layer_ops
+    from paraplan.inventory.tp_plan import config_of
+
+    config = config_of(str(model.hf_config))
+    return trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
+
+
+def traced_layer_indices(model: ModelSpec, x: LocalShape) -> dict[str, tuple[int, ...]]:
+    """Which of the model's layers each traced kind stands for (layer indices from 0)."""
+    return {layer.kind: layer.indices for layer in _trace(model, x).layers}
+
+
+def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
+    """The one layer kind of a model whose layers are all alike (``traced_layers``)."""
+    kinds = traced_layers(model, x)
+    if len(kinds) != 1:
+        raise ConfigError(f"model.inventory: {model.name} has {len(kinds)} layer kinds ({', '.join(kinds)})")
+    return next(iter(kinds.values()))
