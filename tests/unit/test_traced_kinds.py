@@ -234,3 +234,41 @@ def _time_of(config: dict, predict_any) -> float:
                            "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 1},
                            "parallel": {"micro_batch_size": 1, "global_batch_size": 16}, "precision": "bf16"})
         return predict_any(job).iteration_s
+
+
+# ---------------------------------------------------------------- attention variants
+
+
+def test_chunked_attention_executes_a_causal_triangle_per_chunk():
+    from paraplan.inventory.traced import _chunk_fraction
+
+    assert _chunk_fraction(8192, 8192, 8192) == 0.5  # one chunk: the causal half
+    assert _chunk_fraction(8192, 8192, 2048) == pytest.approx(4 * 2048**2 / (2 * 8192**2))  # an eighth
+    assert _chunk_fraction(5000, 5000, 2048) == pytest.approx((2 * 2048**2 + 904**2) / (2 * 5000**2))
+
+
+def test_soft_capped_and_sink_attention_say_they_are_timed_as_plain_flash_attention():
+    from paraplan.costmodel.scan_rooflines import attention_variant_gaps
+
+    def core(role: str) -> Op:
+        return Op(name="flash_atten", kind=OpKind.ATTENTION, role=role, flops=1e9, bytes=1e6, bwd_flops=0.0,
+                  bwd_bytes=0.0)
+
+    notes = attention_variant_gaps(_gpu(), [core("traced attention core (flash, soft cap 50.0, causal)"),
+                                            core("traced attention core (flash, sinks, causal)")])
+    assert len(notes) == 2 and all("timed as plain flash attention" in n for n in notes)
+    assert attention_variant_gaps(_gpu(), [core("traced attention core (flash, sliding window 4096, causal)")]) == ()
+
+
+def test_gemma_2s_sliding_layers_execute_only_their_window_and_the_prediction_names_the_soft_cap():
+    pytest.importorskip("transformers")
+    from paraplan.inventory import count_job
+    from paraplan.prediction.entry import predict_any
+
+    job = _job("gemma-2-2b.json", seq_length=8192)
+    cores = {b.kind: next(op for op in b.ops if op.kind is OpKind.ATTENTION) for b in count_job(job).stages[0].blocks}
+    sliding, full = cores["sliding_attention-dense@0"], cores["full_attention-dense@1"]
+    # a window of 4,096 keys over 8,192 queries: 3/8 of the square, against the causal half
+    assert sliding.exec_fraction == pytest.approx((4096 * 8192 - 4096 * 4095 / 2) / 8192**2)
+    assert full.exec_fraction == 0.5
+    assert any("soft-capping" in n for n in predict_any(job).uncalibrated)

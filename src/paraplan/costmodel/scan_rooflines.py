@@ -78,3 +78,18 @@ def scan_gaps(gpu: GpuSpec, ops: Iterable[Op]) -> tuple[str, ...]:
         notes.append(f"{gpu.name}: no measured kernel for {what}; their work is the cited formula's, "
                      f"timed by the roofline at {side}")
     return tuple(notes)
+
+
+# attention variants the flash kernel runs with extra work per score the measured curves never saw
+_VARIANTS = {"soft cap": "logit soft-capping (Gemma 2: a tanh per score)",
+             "sinks": "attention sinks (gpt-oss: one more logit per head in the softmax)"}
+
+
+def attention_variant_gaps(gpu: GpuSpec, ops: Iterable[Op]) -> tuple[str, ...]:
+    """One note per attention variant the ops run that the GPU's attention curve was not measured
+    with: they are timed as plain flash attention of the same FLOPs (the sliding window and the
+    chunks are not variants: they only shrink the square the kernel executes)."""
+    roles = {op.role for op in ops if op.kind is OpKind.ATTENTION}
+    return tuple(f"{gpu.name}: attention with {what} timed as plain flash attention (no measurement of it)"
+                 for word, what in _VARIANTS.items() if any(word in r for r in roles))
+

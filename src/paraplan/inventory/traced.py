@@ -53,8 +53,21 @@ def _window_fraction(s: int, s_kv: int, window: int | None, causal: bool) -> flo
     return band / (s * s_kv)
 
 
-def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
-    """The operators of one traced layer kind, in the order their modules first ran."""
+def _chunk_fraction(s: int, s_kv: int, chunk: int) -> float:
+    """The share of the s x s_kv square a causal kernel executes when each query sees only the
+    keys of its own chunk of ``chunk`` tokens (Llama 4's chunked attention): a causal triangle per
+    chunk, half of each chunk's square in the inventory's convention; half the square when one
+    chunk holds the whole sequence."""
+    if chunk >= s_kv:
+        return 0.5
+    full, rest = divmod(s, chunk)
+    return (full * chunk * chunk + rest * rest) / (2.0 * s * s_kv)
+
+
+def layer_ops_from_trace(layer: TracedLayer, *, attention_chunk: int | None = None) -> tuple[Op, ...]:
+    """The operators of one traced layer kind, in the order their modules first ran.
+    ``attention_chunk``: the chunk of a chunked-attention layer (the config's
+    ``attention_chunk_size`` for the layers it names ``chunked_attention``)."""
     groups: dict[str, list[TracedOp]] = defaultdict(list)
     attention: list[TracedOp] = []
     for op in layer.ops:
@@ -115,7 +128,7 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
             role = "uncalibrated: " + role
         out.append(Op(name=module or "layer", kind=kind, role=role, **common))
     if attention:
-        out.append(_attention_op(layer, attention))
+        out.append(_attention_op(layer, attention, attention_chunk))
     return tuple(out)
 
 
@@ -147,7 +160,7 @@ def _attention_saved(layer: TracedLayer, module: str) -> list[float]:
     return mine[-4:]
 
 
-def _attention_op(layer: TracedLayer, ops: list[TracedOp]) -> Op:
+def _attention_op(layer: TracedLayer, ops: list[TracedOp], chunk: int | None = None) -> Op:
     fwd = [o for o in ops if o.phase == "fwd"]
     bwd = [o for o in ops if o.phase == "bwd"]
     first = fwd[0]
@@ -159,6 +172,9 @@ def _attention_op(layer: TracedLayer, ops: list[TracedOp]) -> Op:
     variant = ["flash"]
     if info.get("sliding_window"):
         variant.append(f"sliding window {info['sliding_window']}")
+    if chunk and not info.get("sliding_window") and bool(info.get("causal", True)):
+        fraction = _chunk_fraction(s, s_kv, int(chunk))
+        variant.append(f"chunked {chunk}")
     if info.get("sinks"):
         variant.append("sinks")
     if info.get("softcap"):
@@ -250,7 +266,8 @@ def traced_layers(model: ModelSpec, x: LocalShape) -> dict[str, tuple[tuple[Op, 
     plan = layer_plan(config) if x.tp > 1 else None
     out = {}
     for layer in trace.layers:
-        ops = layer_ops_from_trace(layer)
+        chunked = layer.kind.startswith("chunked_attention")
+        ops = layer_ops_from_trace(layer, attention_chunk=config.get("attention_chunk_size") if chunked else None)
         attention = next((o.module for o in layer.ops if o.aten == "attention"), "")
         modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name) for op in ops)
         out[layer.kind] = shard_layer(ops, modules, plan, x.tp, sp, x.e)
