@@ -272,3 +272,13 @@ def test_gemma_2s_sliding_layers_execute_only_their_window_and_the_prediction_na
     assert sliding.exec_fraction == pytest.approx((4096 * 8192 - 4096 * 4095 / 2) / 8192**2)
     assert full.exec_fraction == 0.5
     assert any("soft-capping" in n for n in predict_any(job).uncalibrated)
+
+
+def test_a_stage_holds_the_kinds_of_the_layers_it_holds_not_an_even_share_of_each():
+    pytest.importorskip("transformers")
+    from paraplan.inventory import count_job
+
+    # Gemma 2 9B: 42 layers alternating sliding (even) and full (odd): 21 per stage of two
+    inv = count_job(_job("gemma-2-9b.json", pp=2))
+    assert _blocks(inv) == [{"sliding_attention-dense@0": 11, "full_attention-dense@1": 10},
+                            {"sliding_attention-dense@0": 10, "full_attention-dense@1": 11}]
