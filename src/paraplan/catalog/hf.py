@@ -236,6 +236,38 @@ _READERS = {
 }
 
 
+def _traced_outline(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """What a traced inventory takes from the config of a model type paraplan cannot describe
+    by its fields (Gemma-2, Mamba-2, Nemotron-H, ...): the sizes its embedding, LM head, pipeline
+    messages and layer count read (``inventory.job``), and whether it is a mixture of experts;
+    every layer's operators come from its traced code."""
+    hidden = int(_get(config, path, "hidden_size", "d_model", "n_embd"))
+    heads = int(config.get("num_attention_heads") or config.get("num_heads") or config.get("n_head") or 1)
+    fields: dict[str, Any] = {
+        "num_layers": _get(config, path, "num_hidden_layers", "n_layer", "num_layers"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_query_groups": int(config.get("num_key_value_heads") or heads),
+        "ffn_hidden_size": int(config.get("intermediate_size") or 4 * hidden),
+        "vocab_size": _get(config, path, "vocab_size"),
+        "normalization": "rmsnorm" if any("rms" in k for k in config) or config.get("rms_norm") else "layernorm",
+        "position_embedding": "rotary" if any(k.startswith("rope") for k in config) else "none",
+        # transformers' PretrainedConfig ties the head to the embedding unless told otherwise
+        "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", True),
+        "add_bias_linear": False,
+    }
+    head_dim = config.get("head_dim")
+    if head_dim and int(head_dim) * heads != hidden:
+        fields["kv_channels"] = int(head_dim)
+    elif hidden % heads:
+        fields["num_attention_heads"] = fields["num_query_groups"] = 1
+    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+    if experts:
+        fields["num_moe_experts"] = int(experts)
+        fields["moe_router_topk"] = int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 1)
+    return fields
+
+
 def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """ModelSpec fields derived from a Hugging Face config.json, then ``overrides`` applied.
 
@@ -247,6 +279,8 @@ def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any
     config = _read(path)
     model_type = config.get("model_type")
     reader = _READERS.get(str(model_type))
+    if reader is None and overrides.get("inventory") == "traced":
+        reader = _traced_outline  # the layers come from the model's own code
     if reader is None:
         raise _fail(
             f"model_type {model_type!r} in {path.name} is not supported "

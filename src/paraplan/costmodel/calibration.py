@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision, sustained_gemm_factor
+from paraplan.costmodel.scan_rooflines import SCAN_KINDS, attention_variant_gaps, scan_gaps
 from paraplan.inventory import Op
 from paraplan.specs import ClusterSpec, GpuSpec, HeteroJob, Job, Precision
 
@@ -37,6 +38,8 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
     eff = gpu.efficiency
     gaps: dict[tuple[str, Precision], str] = {}
     for op in ops:
+        if op.kind in SCAN_KINDS:
+            continue  # no curve of their own: ``scan_gaps`` says so
         kind = COMPUTE_KINDS.get(op.kind, "memory")
         run_in = compute_precision(op, precision)
         own = eff.ops.get(op.name) or eff.ops.get(f"{op.name}:fwd")
@@ -58,7 +61,7 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
             f"{gpu.name}: no measured curve for {what}; a generic {curve.max_fraction:.0%} of "
             f"its {peak} is used"
         )
-    return tuple(gaps.values())
+    return tuple(gaps.values()) + scan_gaps(gpu, ops) + attention_variant_gaps(gpu, ops)
 
 
 _KERNEL_NAMES = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention",

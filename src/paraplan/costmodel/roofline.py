@@ -12,6 +12,7 @@ at the clock the board holds at its power limit.
 from __future__ import annotations
 
 from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
+from paraplan.costmodel.scan_rooflines import SCAN_KINDS, scan_op_s, scan_source
 from paraplan.inventory import Collective, GroupLayout, Op, OpKind
 from paraplan.specs import (
     AttentionKernel,
@@ -112,6 +113,8 @@ def estimate_op_s(
     flops, traffic = op.work(phase)
     if flops <= 0.0 and traffic <= 0.0:
         return 0.0
+    if op.kind in SCAN_KINDS:
+        return scan_op_s(op, phase, gpu, peak_flops)
     eff = gpu.efficiency
     compute, memory, _ = op_curves(op, phase, eff, precision)
     n = op.launches
@@ -158,6 +161,8 @@ class AnalyticalCostModel:
         flops, traffic = op.work(phase)
         if flops <= 0.0 and traffic <= 0.0:
             return 0.0
+        if op.kind in SCAN_KINDS:
+            return scan_op_s(op, phase, self.gpu, self.peak_flops)
         precision = (Precision.FP4 if op.fp4 else Precision.FP8) if op.fp8 else self._base
         key = (op.name, op.kind, phase, precision)
         curves = self._curves.get(key)
@@ -175,6 +180,8 @@ class AnalyticalCostModel:
         return _collective_s(coll, layout, self.cluster)
 
     def source_of(self, op: Op, phase: Phase) -> str:
+        if op.kind in SCAN_KINDS:
+            return scan_source(op)
         precision = compute_precision(op, self.precision)
         special = op_curves(op, phase, self.gpu.efficiency, precision)[2]
         where = f"roofline ({op.name} curve)" if special else "roofline"

@@ -43,6 +43,7 @@ _ACTIVATIONS = ("act", "gelu", "silu", "swish", "relu", "tanh", "sigmoid")
 # copies and allocations only: a fused attention kernel reads and writes its own layout
 _LAYOUT = frozenset({"clone", "copy_", "_to_copy", "contiguous", "_unsafe_view", "view", "transpose", "cat",
                      "new_empty", "empty_like", "empty", "new_empty_strided", "empty_strided"})
+_SCAN_KINDS = frozenset({OpKind.SSM_SCAN, OpKind.SELECTIVE_SCAN, OpKind.CAUSAL_CONV1D, OpKind.LINEAR_ATTENTION})
 _ITEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
@@ -100,12 +101,14 @@ def _merge_gemms(members: list[Op], e: int) -> Op:
     return _ideal_gemm(merged, e, module=f"{short} (horizontally fused)")
 
 
-def fused_layer_ops(layer: TracedLayer) -> tuple[tuple[Op, ...], tuple[str, ...]]:
+def fused_layer_ops(layer: TracedLayer, *, attention_chunk: int | None = None) -> tuple[tuple[Op, ...], tuple[str, ...]]:
     """The operators of one traced layer kind as fused kernels run them, and for each the path
-    of the module it stands for inside the layer (what ``tp_plan.shard_layer`` splits by)."""
+    of the module it stands for inside the layer (what ``tp_plan.shard_layer`` splits by).
+    State-space and linear-attention modules are already their fused kernels' work
+    (``scan_kinds``) and are kept as ``layer_ops_from_trace`` gives them."""
     from paraplan.inventory.traced import layer_ops_from_trace
 
-    eager = layer_ops_from_trace(layer)
+    eager = layer_ops_from_trace(layer, attention_chunk=attention_chunk)
     attention_module = next((o.module for o in layer.ops if o.aten == "attention"), None)
     by_module: dict[str, list[TracedOp]] = defaultdict(list)
     for op in layer.ops:
@@ -157,6 +160,12 @@ def fused_layer_ops(layer: TracedLayer) -> tuple[tuple[Op, ...], tuple[str, ...]
         if op.kind is OpKind.GEMM and op.name not in done:
             out.append((order.get(op.name, 0), op, op.name))
             done.add(op.name)
+
+    for op in eager:  # SSM scans, causal convolutions, linear attention: their kernels' work
+        if op.kind in _SCAN_KINDS:
+            module = op.name.rsplit(".", 1)[0]
+            out.append((order.get(module, 0), op, module))
+            done.add(module)
 
     qk_norms: list[tuple[list[TracedOp], ModuleCall, str]] = []
     for module, ops in by_module.items():

@@ -12,10 +12,14 @@ from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.layer import DUPLICATED_ACROSS_TP, count_layer_collectives, count_layer_ops
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
-from paraplan.inventory.partition import count_layers_per_stage, count_moe_layers_per_stage
+from paraplan.inventory.partition import (
+    count_layers_per_stage,
+    count_marked_layers_per_stage,
+    count_moe_layers_per_stage,
+)
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
-from paraplan.specs import FP8Recipe, Framework, Job, ModelSpec, Phase, Precision, Recompute
+from paraplan.specs import FP8Recipe, Framework, Job, ModelSpec, ParallelPlan, Phase, Precision, Recompute
 
 
 def adam_state_bytes(precision: Precision) -> float:
@@ -50,6 +54,13 @@ class LayerBlock:
     ops: tuple[Op, ...]
     collectives: tuple[Collective, ...]
     moe: bool = False
+    # a traced model's layer kind ("sliding_attention-dense@0"); "" for the hand-written kinds
+    kind: str = ""
+
+    @property
+    def key(self) -> tuple[bool, str]:
+        """What tells this block's kind of layer from a stage's other blocks'."""
+        return self.moe, self.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +184,31 @@ def params_updated(job: Job, params: float, expert_params: float) -> float:
     return params + expert_params
 
 
-def _layers_of_kind(model: ModelSpec) -> dict[bool, int]:
-    """How many of the model's layers are dense (False) and mixtures of experts (True)."""
+def _layers_of_kind(model: ModelSpec, x: LocalShape | None = None) -> dict[bool | str, int]:
+    """How many of the model's layers are dense (False) and mixtures of experts (True); for a
+    traced model, how many are of each traced kind."""
+    if model.inventory == "traced" and x is not None:
+        from paraplan.inventory.traced import traced_layer_indices
+
+        return {kind: len(indices) for kind, indices in traced_layer_indices(model, x).items()}
     moe = sum(model.moe_layers)
     return {False: model.num_layers - moe, True: moe}
+
+
+def kinds_per_stage(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -> tuple[dict[bool | str, int], ...]:
+    """Each stage's layers of each kind (``layer_kinds``' keys): dense and mixture-of-experts
+    layers, or a traced model's kinds (Gemma-2's sliding and full attention, Nemotron-H's Mamba,
+    attention and MLP layers), by the layers the stage holds."""
+    split = count_layers_per_stage(model, plan)
+    if model.inventory == "traced":
+        from paraplan.inventory.traced import traced_layer_indices
+
+        indices = traced_layer_indices(model, x)
+        per_kind = {kind: count_marked_layers_per_stage(model, plan, [i in set(ix) for i in range(model.num_layers)])
+                    for kind, ix in indices.items()}
+        return tuple({kind: per_kind[kind][i] for kind in indices} for i in range(len(split)))
+    moe = count_moe_layers_per_stage(model, plan)
+    return tuple({False: n - m, True: m} for n, m in zip(split, moe, strict=True))
 
 
 def _grad_sync(
@@ -406,10 +438,10 @@ def _count_flops(job: Job, x: LocalShape, kinds: dict[bool, tuple[Op, ...]]) -> 
     per_mb_model, per_mb_executed = _whole_model(model, x)[2:]
     recomputed = 0.0  # per micro-batch, over every stage's layers
     if plan.recompute is not Recompute.NONE:
-        split = zip(count_layers_per_stage(model, plan), count_moe_layers_per_stage(model, plan), strict=True)
-        for (n, n_moe), stages in Counter(split).items():
+        split = (tuple(sorted(c.items(), key=repr)) for c in kinds_per_stage(model, plan, x))
+        for counts, stages in Counter(split).items():
             for moe, layer in kinds.items():
-                k = n_moe if moe else n - n_moe
+                k = dict(counts).get(moe, 0)
                 if k == 0:
                     continue
                 weights = recompute_cost(plan, layer, x, k).op_weights
@@ -431,7 +463,7 @@ def _whole_model(model: ModelSpec, x: LocalShape) -> tuple[float, float, float, 
     ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
     per_mb_model = 3.0 * sum(map(_model_flops, ends_mm))
     per_mb_executed = sum(map(_executed_flops, ends_mm))
-    counts = _layers_of_kind(model)
+    counts = _layers_of_kind(model, x)
     for moe, layer in kinds.items():
         n = counts[moe]
         layer_mm = tuple(op for op in layer if op.kind in _MATMUL_KINDS)
@@ -445,9 +477,9 @@ def layer_kinds(model: ModelSpec, x: LocalShape) -> dict[bool, tuple[Op, ...]]:
     """The operators of each kind of layer the model has, keyed by whether it is a mixture
     of experts (a dense model: one kind; DeepSeek-V3, first dense layers then MoE: two)."""
     if model.inventory == "traced":
-        from paraplan.inventory.traced import traced_layer
+        from paraplan.inventory.traced import traced_layers
 
-        return {False: traced_layer(model, x)[0]}
+        return {kind: ops for kind, (ops, _) in traced_layers(model, x).items()}
     moe = model.moe_layers
     kinds = {}
     if not all(moe):
@@ -462,7 +494,7 @@ def _params(
 ) -> float:
     """Parameters of the whole model held at shape ``x`` (tied embedding counted once);
     ``active``: those one token passes through (of the routed experts, its top-k)."""
-    counts = _layers_of_kind(model)
+    counts = _layers_of_kind(model, x)
     total = 0.0
     for moe, layer in (kinds or layer_kinds(model, x)).items():
         dense, experts = split_params(layer)
@@ -510,11 +542,11 @@ def count_job(job: Job) -> JobInventory:
     x = local_shape(model, plan, job.precision)
     kinds: dict[bool, tuple[tuple[Op, ...], tuple[Collective, ...], float, float]] = {}
     for moe, ops in layer_kinds(model, x).items():
-        coll = count_moe_collectives(model, plan, x) if moe else count_layer_collectives(model, plan, x)
+        coll = count_moe_collectives(model, plan, x) if moe is True else count_layer_collectives(model, plan, x)
         if model.inventory == "traced":
-            from paraplan.inventory.traced import traced_layer
+            from paraplan.inventory.traced import traced_layers
 
-            coll = traced_layer(model, x)[1] + tuple(
+            coll = traced_layers(model, x)[moe][1] + tuple(
                 c for c in coll if c.dim is not ParallelDim.TP or c.name == "tp_allgather_checkpoint")
         dense_p, expert_p = split_params(ops)
         ops += _grad_accumulation(job, dense_p + expert_p) + _fp8_weight_casts(job, ops)
@@ -523,24 +555,26 @@ def count_job(job: Job) -> JobInventory:
     emb_ops, head_ops = count_embedding_ops(model, x), count_head_ops(model, x)
     param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     split = count_layers_per_stage(model, plan)
-    moe_split = count_moe_layers_per_stage(model, plan)
+    per_stage = kinds_per_stage(model, plan, x)
     last = plan.pp - 1
     stages = []
     # a stage is fixed by its layers of each kind and whether it holds an end: the stages
     # alike (most of a deep pipeline's middle) are counted once
-    alike: dict[tuple[int, int, bool, bool], StageInventory] = {}
-    for i, n_layers in enumerate(split):
-        seen = alike.get((n_layers, moe_split[i], i == 0, i == last))
+    alike: dict[tuple, StageInventory] = {}
+    for i, _n_layers in enumerate(split):
+        counts = per_stage[i]
+        same = (tuple(sorted(counts.items(), key=repr)), i == 0, i == last)
+        seen = alike.get(same)
         if seen is not None:
             stages.append(StageInventory(i, seen.blocks, seen.end_ops, seen.end_collectives, seen.params,
                                          seen.grad_sync, seen.per_microbatch_dp, seen.optimizer, seen.expert_params))
             continue
-        counts = {False: n_layers - moe_split[i], True: moe_split[i]}
         blocks = tuple(
-            LayerBlock(counts[moe], ops, coll, moe) for moe, (ops, coll, _, _) in kinds.items() if counts[moe]
+            LayerBlock(counts.get(moe, 0), ops, coll, moe is True, moe if isinstance(moe, str) else "")
+            for moe, (ops, coll, _, _) in kinds.items() if counts.get(moe, 0)
         )
-        params = sum(counts[moe] * k[2] for moe, k in kinds.items())
-        expert_params = sum(counts[moe] * k[3] for moe, k in kinds.items())
+        params = sum(counts.get(moe, 0) * k[2] for moe, k in kinds.items())
+        expert_params = sum(counts.get(moe, 0) * k[3] for moe, k in kinds.items())
         end_ops = count_end_ops(job, x, first=i == 0, last=i == last)
         if i == 0:
             params += _layer_params(emb_ops)
@@ -570,7 +604,7 @@ def count_job(job: Job) -> JobInventory:
                 expert_params=expert_params,
             )
         )
-        alike[n_layers, moe_split[i], i == 0, i == last] = stages[-1]
+        alike[same] = stages[-1]
     p2p = mask = None
     if plan.pp > 1:
         # The [s/cp, b, h] activation, or one 1/tp slice of it that the receiving stage

@@ -20,6 +20,12 @@ class OpKind(str, Enum):
     EMBEDDING = "embedding"
     LOSS = "loss"
     OPTIMIZER = "optimizer"
+    # kinds with no measured curve (``inventory.scan_kinds``: their work from the cited
+    # formulas; ``costmodel.scan_rooflines``: their roofline, marked uncalibrated)
+    SSM_SCAN = "ssm_scan"  # Mamba-2's SSD chunked scan (tensor-core matmuls)
+    SELECTIVE_SCAN = "selective_scan"  # Mamba-1's selective scan (a recurrence on CUDA cores)
+    CAUSAL_CONV1D = "causal_conv1d"  # the depthwise causal convolution before a scan
+    LINEAR_ATTENTION = "linear_attention"  # chunked linear attention (gated DeltaNet)
 
 
 @dataclass(frozen=True, slots=True)

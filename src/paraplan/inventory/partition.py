@@ -35,7 +35,13 @@ def count_moe_layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> tuple[in
     Stage i holds consecutive layers; with several model chunks per stage (interleaved, ZB-V)
     it holds the chunks the schedule places on it (``Schedule.virtual_stage``), each of the
     size the plan's split gives it (``specs.pipeline_layout.stage_grid``)."""
-    moe = model.moe_layers
+    return count_marked_layers_per_stage(model, plan, model.moe_layers)
+
+
+def count_marked_layers_per_stage(model: ModelSpec, plan: ParallelPlan, marked) -> tuple[int, ...]:
+    """How many of each stage's layers ``marked`` (one truth value per layer) marks, by the
+    stages' layers as ``count_moe_layers_per_stage`` places them."""
+    moe = tuple(bool(m) for m in marked)
     if not any(moe):
         return (0,) * plan.pp
     p, chunks = plan.pp, plan.schedule.chunks(plan.vpp)

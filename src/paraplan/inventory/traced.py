@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from paraplan.inventory.hftrace import TracedLayer, TracedOp
 from paraplan.inventory.ops import Collective, Op, OpKind
+from paraplan.inventory.scan_kinds import scan_ops
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ConfigError, ModelSpec
 
@@ -52,8 +53,21 @@ def _window_fraction(s: int, s_kv: int, window: int | None, causal: bool) -> flo
     return band / (s * s_kv)
 
 
-def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
-    """The operators of one traced layer kind, in the order their modules first ran."""
+def _chunk_fraction(s: int, s_kv: int, chunk: int) -> float:
+    """The share of the s x s_kv square a causal kernel executes when each query sees only the
+    keys of its own chunk of ``chunk`` tokens (Llama 4's chunked attention): a causal triangle per
+    chunk, half of each chunk's square in the inventory's convention; half the square when one
+    chunk holds the whole sequence."""
+    if chunk >= s_kv:
+        return 0.5
+    full, rest = divmod(s, chunk)
+    return (full * chunk * chunk + rest * rest) / (2.0 * s * s_kv)
+
+
+def layer_ops_from_trace(layer: TracedLayer, *, attention_chunk: int | None = None) -> tuple[Op, ...]:
+    """The operators of one traced layer kind, in the order their modules first ran.
+    ``attention_chunk``: the chunk of a chunked-attention layer (the config's
+    ``attention_chunk_size`` for the layers it names ``chunked_attention``)."""
     groups: dict[str, list[TracedOp]] = defaultdict(list)
     attention: list[TracedOp] = []
     for op in layer.ops:
@@ -67,7 +81,12 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
         saved[t.module] += t.bytes
     out: list[Op] = []
     attention_module = attention[0].module if attention else None
+    _hand_down_params(params, groups)
     for module, ops in groups.items():
+        kernels = scan_ops(module, ops[0].module_type, ops, float(params.get(module, 0)), _item(layer))
+        if kernels is not None:  # a state-space or linear-attention module: its fused kernels
+            out.extend(kernels)
+            continue
         fwd = [o for o in ops if o.phase == "fwd"]
         bwd = [o for o in ops if o.phase == "bwd"]
         mtype = ops[0].module_type
@@ -109,8 +128,29 @@ def layer_ops_from_trace(layer: TracedLayer) -> tuple[Op, ...]:
             role = "uncalibrated: " + role
         out.append(Op(name=module or "layer", kind=kind, role=role, **common))
     if attention:
-        out.append(_attention_op(layer, attention))
+        out.append(_attention_op(layer, attention, attention_chunk))
     return tuple(out)
+
+
+def _hand_down_params(params: dict[str, int], groups: dict[str, list[TracedOp]]) -> None:
+    """Parameters of modules that ran no operator of their own (a ``Conv1d`` whose weights the
+    mixer's code convolves with functionally) go to the closest enclosing module that did."""
+    for name in [n for n in params if n not in groups and n]:
+        parent = name
+        while parent:
+            parent = parent.rpartition(".")[0]
+            if parent in groups:
+                params[parent] = params.get(parent, 0) + params.pop(name)
+                break
+
+
+def _item(layer: TracedLayer) -> int:
+    """Bytes per activation element of the trace (its first forward operator's dtype)."""
+    first = next((o.dtype for o in layer.ops if o.phase == "fwd" and o.dtype), "bfloat16")
+    return _ITEM.get(first, 2)
+
+
+_ITEM = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _attention_saved(layer: TracedLayer, module: str) -> list[float]:
@@ -120,7 +160,7 @@ def _attention_saved(layer: TracedLayer, module: str) -> list[float]:
     return mine[-4:]
 
 
-def _attention_op(layer: TracedLayer, ops: list[TracedOp]) -> Op:
+def _attention_op(layer: TracedLayer, ops: list[TracedOp], chunk: int | None = None) -> Op:
     fwd = [o for o in ops if o.phase == "fwd"]
     bwd = [o for o in ops if o.phase == "bwd"]
     first = fwd[0]
@@ -132,6 +172,9 @@ def _attention_op(layer: TracedLayer, ops: list[TracedOp]) -> Op:
     variant = ["flash"]
     if info.get("sliding_window"):
         variant.append(f"sliding window {info['sliding_window']}")
+    if chunk and not info.get("sliding_window") and bool(info.get("causal", True)):
+        fraction = _chunk_fraction(s, s_kv, int(chunk))
+        variant.append(f"chunked {chunk}")
     if info.get("sinks"):
         variant.append("sinks")
     if info.get("softcap"):
@@ -202,31 +245,58 @@ _DTYPES = {2: "bfloat16", 4: "float32"}
 
 
 @functools.lru_cache(maxsize=64)
-def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
-    """The operators of one layer of ``model`` (``inventory: traced``) on one rank at shape
-    ``x``, traced from its ``hf_config`` at the micro-batch and sequence length and split over
-    ``x.tp`` ranks by the model's ``base_model_tp_plan`` (``inventory.tp_plan``), with the
-    tensor-parallel collectives that plan implies."""
-    from paraplan.inventory.hftrace import trace_layer_ops
+def traced_layers(model: ModelSpec, x: LocalShape) -> dict[str, tuple[tuple[Op, ...], tuple[Collective, ...]]]:
+    """The operators of each layer kind of ``model`` (``inventory: traced``) on one rank at
+    shape ``x``, keyed by the traced kind (``TracedLayer.kind``: "full_attention-dense@0",
+    "sliding_attention-dense@0", ...), traced from its ``hf_config`` at the micro-batch and
+    sequence length and split over ``x.tp`` ranks by the model's ``base_model_tp_plan``
+    (``inventory.tp_plan``), with the tensor-parallel collectives that plan implies. A mixture of
+    experts is refused in one line (expert parallelism is not applied to a traced layer yet)."""
     from paraplan.inventory.tp_plan import config_of, layer_plan, shard_layer
 
     config = config_of(str(model.hf_config))
-    trace = trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
-    if len(trace.layers) != 1:
-        kinds = ", ".join(f"{layer.kind} x{layer.count}" for layer in trace.layers)
+    trace = _trace(model, x)
+    moe = [layer.kind for layer in trace.layers if "-moe@" in layer.kind]
+    if moe:
         raise ConfigError(
-            f"model.inventory: traced predicts models whose layers are all of one kind so far; "
-            f"{model.name} has {len(trace.layers)} ({kinds}); use model.inventory: hand"
+            f"model.inventory: traced predicts dense models only so far; {model.name} has mixture-of-experts "
+            f"layers ({', '.join(moe)}); use model.inventory: hand"
         )
-    if model.kernels == "fused":
-        from paraplan.inventory.fused import fused_layer_ops
-
-        ops, modules = fused_layer_ops(trace.layers[0])
-    else:
-        ops = layer_ops_from_trace(trace.layers[0])
-        attention = next((o.module for o in trace.layers[0].ops if o.aten == "attention"), "")
-        modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name)
-                        for op in ops)
     sp = x.tp > 1 and x.s_norm != x.s
     plan = layer_plan(config) if x.tp > 1 else None
-    return shard_layer(ops, modules, plan, x.tp, sp, x.e)
+    out = {}
+    for layer in trace.layers:
+        chunked = layer.kind.startswith("chunked_attention")
+        chunk = config.get("attention_chunk_size") if chunked else None
+        if model.kernels == "fused":
+            from paraplan.inventory.fused import fused_layer_ops
+
+            ops, modules = fused_layer_ops(layer, attention_chunk=chunk)
+        else:
+            ops = layer_ops_from_trace(layer, attention_chunk=chunk)
+            attention = next((o.module for o in layer.ops if o.aten == "attention"), "")
+            modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name)
+                            for op in ops)
+        out[layer.kind] = shard_layer(ops, modules, plan, x.tp, sp, x.e)
+    return out
+
+
+def _trace(model: ModelSpec, x: LocalShape):
+    from paraplan.inventory.hftrace import trace_layer_ops
+    from paraplan.inventory.tp_plan import config_of
+
+    config = config_of(str(model.hf_config))
+    return trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
+
+
+def traced_layer_indices(model: ModelSpec, x: LocalShape) -> dict[str, tuple[int, ...]]:
+    """Which of the model's layers each traced kind stands for (layer indices from 0)."""
+    return {layer.kind: layer.indices for layer in _trace(model, x).layers}
+
+
+def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
+    """The one layer kind of a model whose layers are all alike (``traced_layers``)."""
+    kinds = traced_layers(model, x)
+    if len(kinds) != 1:
+        raise ConfigError(f"model.inventory: {model.name} has {len(kinds)} layer kinds ({', '.join(kinds)})")
+    return next(iter(kinds.values()))

@@ -183,13 +183,13 @@ def _expert_comm(
     return exposed_beside(beside_f, f, 0.0, comm.slowdown), exposed_beside(beside_b, b, 0.0, comm.slowdown)
 
 
-def layer_costs(inv: JobInventory, cm: CostModel, comm: CommCosts) -> dict[bool, LayerCost]:
+def layer_costs(inv: JobInventory, cm: CostModel, comm: CommCosts) -> dict[tuple[bool, str], LayerCost]:
     """Each kind of layer's cost (dense, mixture of experts), costed once for every stage."""
-    out: dict[bool, LayerCost] = {}
+    out: dict[tuple[bool, str], LayerCost] = {}
     for st in inv.stages:
         for block in st.blocks:
-            if block.moe not in out:
-                out[block.moe] = LayerCost.of(block, cm, comm)
+            if block.key not in out:
+                out[block.key] = LayerCost.of(block, cm, comm)
     return out
 
 
@@ -259,7 +259,7 @@ def stage_optimizer_s(inv: JobInventory, st: StageInventory, cm: CostModel) -> f
 
 
 def stage_timing(
-    inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layers: dict[bool, LayerCost]
+    inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layers: dict[tuple[bool, str], LayerCost]
 ) -> StageTiming:
     """One stage's seconds per micro-batch and once per iteration (the parts the pipeline
     schedule, the DP overlap and the optimizer step are built from), each pass cut into its
@@ -276,7 +276,7 @@ def stage_timing(
     blocks = []
     rc_kernels = cp_f = cp_b = ep_f = ep_b = 0.0
     for block in st.blocks:
-        k, layer = block.num_layers, layers[block.moe]
+        k, layer = block.num_layers, layers[block.key]
         rc = recompute_cost(plan, block.ops, inv.shape, k)
         blocks.append((k, layer.work(rc)))
         rc_kernels += k * layer.recompute_kernels_s(rc)
@@ -335,14 +335,14 @@ def _source(cm: CostModel, op: Op) -> str:
 
 
 def explain_layer(
-    inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layers: dict[bool, LayerCost]
+    inv: JobInventory, st: StageInventory, *, cm: CostModel, comm: CommCosts, layers: dict[tuple[bool, str], LayerCost]
 ):
     """The operators and collectives of one layer of stage ``st`` with their seconds
     (``--explain``): of its mixture-of-experts layers when it has any; then the stage's
     data-parallel collectives (ZeRO-2/3 gathers and reduce-scatters of every micro-batch, over
     the stage's weights, and the gradient reduction once an iteration)."""
     block = st.blocks[-1]
-    layer = layers[block.moe]
+    layer = layers[block.key]
     weights = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers).op_weights
     ops = []
     for op, fwd, bwd, again in zip(block.ops, layer.fwd, layer.bwd, weights, strict=True):
