@@ -11,6 +11,7 @@ from paraplan.cli.common import JOB_FLAGS
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
     from paraplan.specs import HeteroJob, Job
+    from paraplan.uncertainty import Interval
 
 
 def load_flagged_job(job_file: Path | None, flags: dict[str, Any]) -> tuple[Job | HeteroJob, str | None]:
@@ -100,3 +101,19 @@ def predict_flagged(job: Job | HeteroJob, backend: str, models: Path | None,
     notes: list[str] = []
     prediction = predict_any(job, backend=backend, models=models, keep_timeline=keep_timeline, notes=notes)
     return prediction, unrunnable + tuple(notes)
+
+
+def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: str, models: Path | None) -> Interval:
+    """The interval of ``pred`` at ``level``: its regime's split-conformal bounds, widened by the
+    spread of the prediction over the plausible values of each setting ``job`` left unstated
+    (each recomputed with the same cost model; a heterogeneous job is not widened)."""
+    from paraplan.prediction.entry import predict_any
+    from paraplan.specs import Job
+    from paraplan.uncertainty import interval_for
+    from paraplan.uncertainty.guessed import setting_spreads
+
+    spreads = ()
+    if isinstance(job, Job):
+        spreads = setting_spreads(job, pred.iteration_s,
+                                  lambda j: predict_any(j, backend=backend, models=models).iteration_s)
+    return interval_for(pred, level, guessed=spreads)

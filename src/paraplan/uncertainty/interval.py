@@ -69,6 +69,20 @@ class Interval:
         out["guessed_settings"] = [s.to_dict() for s in self.guessed]
         return out
 
+    def to_columns(self, pred: Prediction) -> dict[str, Any]:
+        """The CSV form: each bound its own column (``iteration_s_low``, ``iteration_s_high``)."""
+        out: dict[str, Any] = {}
+        for key, value in self.to_dict(pred).items():
+            if key == "guessed_settings":
+                out[key] = "; ".join(f"{g['field']} {g['log_ratio'][0]:+.4f}/{g['log_ratio'][1]:+.4f}" for g in value)
+            elif isinstance(value, list):
+                out[f"{key}_low"], out[f"{key}_high"] = value
+            elif value is None:
+                out[f"{key}_low"] = out[f"{key}_high"] = None
+            else:
+                out[key] = value
+        return out
+
 
 def conformal_interval(regime: Regime, level: float, table: ResidualTable) -> tuple[float, float, str, bool, int]:
     """(low, high, rule, fallback, runs) for ``regime`` at ``level`` from ``table``.
