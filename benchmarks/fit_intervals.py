@@ -13,15 +13,15 @@ These residuals are validation data used only for the interval: they never move 
 from __future__ import annotations
 
 import datetime
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 from paraplan.uncertainty.conformal import runs_needed
 from paraplan.uncertainty.coverage import Held, coverage_rows, leave_one_source_out
-from paraplan.uncertainty.regimes import FEATURES, Regime, regime_of
+from paraplan.uncertainty.regimes import FEATURES, Regime
 from paraplan.validate import load_runs, validate_runs
+from paraplan.validate.residuals import held_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -37,9 +37,7 @@ def dev_runs() -> list[Held]:
     held = []
     for name in FILES:
         skipped: list[tuple[str, str]] = []
-        for r in validate_runs(load_runs(DATA / name), skipped=skipped):
-            held.append(Held(r.run_id, r.source, regime_of(r.prediction),
-                             math.log(r.measured_iteration_s / r.prediction.iteration_s)))
+        held += held_runs(validate_runs(load_runs(DATA / name), skipped=skipped))
         for run_id, reason in skipped:
             print(f"skipped {name}: {run_id}: {reason}", file=sys.stderr)
     return held
