@@ -110,3 +110,17 @@ def test_the_widening_is_the_recomputed_spread_of_each_unstated_setting(tmp_path
     overlap = next(s for s in interval.guessed if s.field == "tp_comm_overlap")
     on, _ = predict_flagged(load_flagged_job(_job_file(tmp_path, tp_comm_overlap=True), {})[0], "analytical", None)
     assert overlap.low == pytest.approx(math.log(on.iteration_s / pred.iteration_s)) and overlap.low < 0
+
+
+def test_a_runs_file_with_too_few_runs_for_its_regime_warns_naming_the_regime_and_the_fallback(
+        tmp_path, gpumodeling_dir):
+    runs = json.loads((gpumodeling_dir / "runs_perlmutter.json").read_text(encoding="utf-8"))[:2]
+    path = tmp_path / "my_runs.json"
+    path.write_text(json.dumps(runs), encoding="utf-8")
+    result = runner.invoke(app, ["predict", str(_job_file(tmp_path)), "--runs", str(path), "--format", "json"],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: --runs"))
+    assert "too few runs in GPU calibrated, engine, dense (7, 9 needed at 80 %)" in warning
+    assert "the interval's width x1.5" in warning
+    assert json.loads(result.stdout)["interval"]["runs"] == 35 + 2  # the pool, the user's runs in it

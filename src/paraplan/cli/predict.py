@@ -19,7 +19,7 @@ from paraplan.cli.common import (
     user_errors,
     write_text,
 )
-from paraplan.cli.loading import interval_of, load_flagged_job, predict_flagged
+from paraplan.cli.loading import interval_of, load_flagged_job, predict_flagged, runs_table
 
 Opt = typer.Option
 
@@ -43,6 +43,9 @@ def predict_command(
         help="The level of the uncertainty interval on every time, rate and cost figure (0 < LEVEL < 1): "
         "split conformal on the measured errors of runs in the prediction's regime, widened for each "
         "setting the job left unstated.")] = 0.8,
+    runs: Annotated[list[Path] | None, Opt(
+        "--runs", help="Your measured runs (a file as `paraplan validate runs` reads; repeatable): their errors "
+        "join the package's in their regimes for the interval (never the prediction).")] = None,
 ) -> None:
     """Predict one training iteration: time, breakdown, memory per GPU, MFU and cost."""
     from paraplan.report.formats import render_csv, render_json
@@ -54,7 +57,10 @@ def predict_command(
         plots = check_plots(plot or [], plot_kind, overwrite=force)  # before the work, not after
         job, said = load_flagged_job(job_file, flags or {})
         pred, notes = predict_flagged(job, backend, models, keep_timeline=bool(plots))
-        bounds = interval_of(job, pred, interval, backend, models)
+        table, warnings = runs_table(runs, interval) if runs else (None, [])
+        bounds = interval_of(job, pred, interval, backend, models, table)
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for path, kind in plots:
         err.print(f"wrote {kind} picture to {render_plot(pred, kind, path)}", highlight=False)
     for note in ([said] if said else []) + [f"note: {n}" for n in notes]:
