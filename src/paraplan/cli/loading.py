@@ -11,6 +11,7 @@ from paraplan.cli.common import JOB_FLAGS
 if TYPE_CHECKING:
     from paraplan.prediction import Prediction
     from paraplan.specs import HeteroJob, Job
+    from paraplan.uncertainty import Interval, ResidualTable
 
 
 def load_flagged_job(job_file: Path | None, flags: dict[str, Any]) -> tuple[Job | HeteroJob, str | None]:
@@ -100,3 +101,41 @@ def predict_flagged(job: Job | HeteroJob, backend: str, models: Path | None,
     notes: list[str] = []
     prediction = predict_any(job, backend=backend, models=models, keep_timeline=keep_timeline, notes=notes)
     return prediction, unrunnable + tuple(notes)
+
+
+def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: str, models: Path | None,
+                table: ResidualTable | None = None) -> Interval:
+    """The interval of ``pred`` at ``level``: its regime's split-conformal bounds, widened by the
+    spread of the prediction over the plausible values of each setting ``job`` left unstated
+    (each recomputed with the same cost model; a heterogeneous job is not widened)."""
+    from paraplan.prediction.entry import predict_any
+    from paraplan.specs import Job
+    from paraplan.uncertainty import interval_for
+    from paraplan.uncertainty.guessed import setting_spreads
+
+    spreads = ()
+    if isinstance(job, Job):
+        spreads = setting_spreads(job, pred.iteration_s,
+                                  lambda j: predict_any(j, backend=backend, models=models).iteration_s)
+    return interval_for(pred, level, table, guessed=spreads)
+
+
+def runs_table(files: list[Path], level: float) -> tuple[ResidualTable, list[str]]:
+    """The package's residuals with those of a user's measured runs (``--runs``: files as
+    ``paraplan validate runs`` reads) added to their regimes, and the warnings to print: each
+    run that could not be read, and each regime of the user's runs that still has too few runs
+    for ``level``, with the fallback rule its intervals take."""
+    from paraplan.uncertainty import load_residuals
+    from paraplan.uncertainty.interval import conformal_interval
+    from paraplan.validate import load_runs, validate_runs
+    from paraplan.validate.residuals import held_runs
+
+    skipped: list[tuple[str, str]] = []
+    held = held_runs(r for f in files for r in validate_runs(load_runs(f), skipped=skipped))
+    table = load_residuals().with_runs((h.regime, h.residual) for h in held)
+    warnings = [f"--runs: skipped {run_id}: {reason}" for run_id, reason in skipped]
+    for regime in sorted({h.regime for h in held}):
+        _, _, rule, fallback, _ = conformal_interval(regime, level, table)
+        if fallback:
+            warnings.append(f"--runs: {rule}")
+    return table, warnings

@@ -113,6 +113,10 @@ def search_command(
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a job file (for predict and export).")] = None,
     force: Annotated[bool, Opt("--force", help="Overwrite --save-best / --pareto files that exist.")] = False,
     output: Annotated[OutputFormat, Opt("--format", "-f", help="table | json | csv")] = OutputFormat.table,
+    risk: Annotated[bool, Opt("--risk", help="Rank the exactly predicted plans by the pessimistic end of their "
+                              "uncertainty interval (slowest tokens/s, or dearest $ per token with --objective cost), "
+                              "and check --budget / --deadline at the interval's far end.")] = False,
+    interval: Annotated[float, Opt("--interval", metavar="LEVEL", help="The level of --risk's interval.")] = 0.8,
 ) -> None:
     """Enumerate tp x pp x dp x cp x ep x schedule x vpp x micro-batch x ZeRO x recompute plans; prune by
     divisibility and memory (saying why), time the rest and rank them. Exit code 0 with
@@ -127,12 +131,19 @@ def search_command(
         _check_outputs(save_best, pareto, force)  # before the work, not after
         if top < 1:
             raise ConfigError(f"--top: expected a positive whole number, got {top}")
+        if risk:
+            from paraplan.uncertainty import check_level
+
+            check_level(interval)
         request = SearchRequest.from_flags(job_file, SearchFlags(**flags))
         for note in request.notes:
             err.print(note, highlight=False, soft_wrap=True)
         with err.status(f"searching plans for {request.model_name} on {request.num_configurations} "
                         "cluster configuration(s)"):
             result = request.run()
+        intervals = None
+        if risk:
+            result, intervals = _by_risk(result, interval)
         front, axis = None, request.pareto_axis
         if pareto is not None and result.ranked:
             from paraplan.report.pareto import pareto_plans, plot_pareto
@@ -146,7 +157,9 @@ def search_command(
         if taken:
             err.print(f"from the demo job: {' '.join(taken)}", highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
-        _print(result, top, output, front, axis, save_best, pareto)
+        _print(result, top, output, front, axis, save_best, pareto, intervals)
+    if intervals is not None and result.ranked:
+        _print_risk(result, intervals, request)
     if not result.ranked:
         from paraplan.report.search import no_plan_message
 
@@ -157,12 +170,46 @@ def search_command(
         raise typer.Exit(code=1)
 
 
-def _print(result, top, output, front, axis, save_best, pareto) -> None:
+def _by_risk(result, level: float):
+    """``result`` with its exactly predicted plans ranked by their interval's pessimistic end,
+    and each plan's interval (in the new order)."""
+    from dataclasses import replace
+
+    from paraplan.uncertainty import interval_for
+    from paraplan.uncertainty.risk import pessimistic_score
+
+    pairs = [(p, interval_for(p, level)) for p in result.ranked]
+    pairs.sort(key=lambda pair: pessimistic_score(*pair, result.objective))
+    return replace(result, ranked=[p for p, _ in pairs]), [iv for _, iv in pairs]
+
+
+def _print_risk(result, intervals, request) -> None:
+    """The ranking's rule, the best plan's interval, and the budget / deadline at its far end."""
+    from paraplan.uncertainty.risk import far_end_checks
+    from paraplan.units import format_seconds
+
+    best, iv = result.ranked[0], intervals[0]
+    low, high = iv.rate(best.tokens_per_s)
+    end = "dearest $ per token" if result.objective == "cost" else "slowest tokens/s"
+    err.print(f"ranked by risk: the {end} of each plan's {iv.label} interval; the best plan: "
+              f"{low:,.0f}-{high:,.0f} tokens/s ({iv.rule})", highlight=False, soft_wrap=True)
+    search = request.searches[0]
+    for bound, far, limit, holds in far_end_checks(best, iv, search.get("budget_usd"), search.get("deadline_s")):
+        shown = (lambda x: format_seconds(x)) if bound == "deadline" else (lambda x: f"${x:,.0f}")
+        verdict = "holds" if holds else "does NOT hold"
+        err.print(f"{bound} {shown(limit)}: {verdict} at the {iv.label} interval's far end ({shown(far)})",
+                  highlight=False, soft_wrap=True)
+
+
+def _print(result, top, output, front, axis, save_best, pareto, intervals=None) -> None:
     from rich.console import Group
 
     from paraplan.report.search import plan_row, preset_summary, render_plans, render_search, search_rows
 
     rows = search_rows(result, top)
+    if intervals is not None:  # --risk: each plan's interval (JSON: nested; CSV: interval.*_low/_high)
+        for row, pred, iv in zip(rows, result.ranked, intervals, strict=False):
+            row["interval"] = iv.to_columns(pred) if output is OutputFormat.csv else iv.to_dict(pred)
     closest = result.closest
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
@@ -13,6 +13,9 @@ from paraplan.prediction.components import components_of
 from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
+
+if TYPE_CHECKING:
+    from paraplan.uncertainty import Interval
 
 
 def _pct(x: float) -> str:
@@ -32,8 +35,51 @@ def _gpus(pred: Prediction) -> str:
     return f"{c.num_gpus} x {c.gpu.name} ({c.name})"
 
 
-def render_prediction(pred: Prediction) -> Group:
-    """The summary, the breakdown, per-GPU memory and (when priced) cost."""
+def _seconds_range(low: float, high: float) -> str:
+    """``5.2-7.4 s``: three significant figures, both bounds in one unit where they share it."""
+    def short(seconds: float) -> tuple[str, str]:
+        number, _, unit = format_seconds(seconds).partition(" ")
+        return _sig(float(number)), unit
+
+    (lo, lo_unit), (hi, hi_unit) = short(low), short(high)
+    return f"{lo}-{hi} {hi_unit}" if lo_unit == hi_unit else f"{lo} {lo_unit}-{hi} {hi_unit}"
+
+
+def _sig(x: float) -> str:
+    """Three significant figures, with thousands separators: 193,000."""
+    return f"{float(f'{x:.3g}'):,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def with_interval(value: str, interval: Interval | None, bounds: tuple[float, float] | float | None,
+                  shown: str) -> str:
+    """``value (80 %: bounds)``, the bounds as ``shown`` says: seconds | count | rate | pct | usd."""
+    if interval is None or not isinstance(bounds, tuple):  # no interval, or no figure to bound
+        return value
+    low, high = bounds
+    text = {
+        "seconds": lambda: _seconds_range(low, high),
+        "count": lambda: f"{_sig(low)}-{_sig(high)}",
+        "rate": lambda: f"{low:.1f}-{high:.1f}",
+        "pct": lambda: f"{100 * low:.1f}-{100 * high:.1f} %",
+        "usd": lambda: "-".join(f"${x:,.2f}" if x < 100 else f"${_sig(x)}" for x in (low, high)),
+    }[shown]()
+    return f"{value} ({interval.label}: {text})"
+
+
+def render_interval(interval: Interval) -> list[Text]:
+    """How the interval was had: its rule, and the unstated settings it was widened for."""
+    lines = [Text.assemble((f"{interval.label} interval: ", "bold"), interval.rule,
+                           style="yellow" if interval.fallback else "")]
+    for s in interval.guessed:
+        tried = ", ".join(str(getattr(v, "value", v)).lower() for v in s.tried)
+        lines.append(Text(f"  widened for unstated {s.field} ({tried}): {100 * s.low:+.1f} / {100 * s.high:+.1f} %"))
+    return lines
+
+
+def render_prediction(pred: Prediction, interval: Interval | None = None) -> Group:
+    """The summary, the breakdown, per-GPU memory and (when priced) cost; with ``interval``,
+    every time, rate and cost figure with its bounds, and the rule that gave them."""
+    iv = interval
     job, plan = pred.job, pred.job.parallel
     head = Text.assemble(
         (f"{job.model.name}", "bold"),
@@ -53,10 +99,13 @@ def render_prediction(pred: Prediction) -> Group:
     summary = Table(title="Prediction", show_header=False, title_justify="left")
     summary.add_column("metric")
     summary.add_column("value", justify="right")
-    summary.add_row("iteration time", format_seconds(pred.iteration_s))
-    summary.add_row("tokens / s", f"{pred.tokens_per_s:,.0f}")
-    summary.add_row("model TFLOP/s per GPU", format_rate(pred.tflops_per_gpu))
-    summary.add_row("MFU", _pct(pred.mfu))
+    summary.add_row("iteration time", with_interval(format_seconds(pred.iteration_s), iv,
+                                                     iv and iv.time(pred.iteration_s), "seconds"))
+    summary.add_row("tokens / s", with_interval(f"{pred.tokens_per_s:,.0f}", iv, iv and iv.rate(pred.tokens_per_s),
+                                                "count"))
+    summary.add_row("model TFLOP/s per GPU", with_interval(format_rate(pred.tflops_per_gpu), iv,
+                                                            iv and iv.rate(pred.tflops_per_gpu), "rate"))
+    summary.add_row("MFU", with_interval(_pct(pred.mfu), iv, iv and iv.rate(pred.mfu), "pct"))
     if plan.recompute.value != "none":
         summary.add_row("HFU (with recompute)", _pct(pred.hfu))
     summary.add_row("pipeline bubble", _pct(pred.bubble_fraction))
@@ -100,11 +149,19 @@ def render_prediction(pred: Prediction) -> Group:
         cost.add_column("metric")
         cost.add_column("value", justify="right")
         cost.add_row("cluster $ / hour", _usd(pred.cost_per_hour_usd))
-        cost.add_row("$ per million tokens", _usd(pred.usd_per_million_tokens))
+        per_million = pred.usd_per_million_tokens
+        cost.add_row("$ per million tokens", with_interval(_usd(per_million), iv,
+                                                           iv and per_million and iv.time(per_million), "usd"))
         if pred.time_to_train_s is not None:
-            cost.add_row(f"time to train {format_tokens(job.train_tokens)} tokens", format_seconds(pred.time_to_train_s))
-            cost.add_row("cost to train", _usd(pred.cost_to_train_usd))
+            cost.add_row(f"time to train {format_tokens(job.train_tokens)} tokens",
+                         with_interval(format_seconds(pred.time_to_train_s), iv, iv and iv.time(pred.time_to_train_s),
+                                       "seconds"))
+            to_train = pred.cost_to_train_usd
+            cost.add_row("cost to train", with_interval(_usd(to_train), iv, iv and to_train and iv.time(to_train),
+                                                        "usd"))
         items.append(cost)
+    if iv is not None:
+        items.extend(render_interval(iv))
     items.extend(render_uncalibrated(pred.uncalibrated))
     return Group(*items)
 

@@ -1,0 +1,98 @@
+"""Widening for what was guessed: for each setting the job did not state (a framework preset
+filled it, or the plan's default stands), the prediction recomputed over that setting's
+plausible values (``catalog/plausible.yaml``), and the spread of the iteration
+time, as log-ratios to the prediction. Recomputed, never assumed."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from paraplan.catalog.loader import read_catalog_yaml
+from paraplan.specs import ConfigError, Job
+
+# When a setting matters, read from the plan (catalog data names one of these)
+_WHEN: dict[str, Callable[[Any], bool]] = {
+    "always": lambda plan: True,
+    "tensor_parallel": lambda plan: plan.tp > 1,
+    "pipeline_parallel": lambda plan: plan.pp > 1,
+    "data_parallel": lambda plan: plan.dp > 1,
+    "fsdp": lambda plan: plan.framework.value == "fsdp",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Plausible:
+    field: str
+    values: tuple[Any, ...]
+    when: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """One unstated setting: its value in the prediction, the plausible values tried, and the
+    log-ratios of the fastest and the slowest to the prediction (low <= 0 <= high)."""
+
+    field: str
+    used: Any
+    tried: tuple[Any, ...]
+    low: float
+    high: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "used": _plain(self.used), "tried": [_plain(v) for v in self.tried],
+                "log_ratio": [self.low, self.high]}
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+@functools.cache
+def plausible_settings() -> tuple[Plausible, ...]:
+    """The settings widened over, with their plausible values (``catalog/plausible.yaml``)."""
+    text = (resources.files("paraplan.catalog") / "plausible.yaml").read_text(encoding="utf-8")
+    raw: Mapping[str, Any] = read_catalog_yaml(text).get("plausible") or {}
+    out = []
+    for name, spec in raw.items():
+        if spec.get("when", "always") not in _WHEN or not spec.get("why"):
+            raise ConfigError(f"plausible.yaml: plausible.{name}: unknown 'when' or no 'why'")
+        out.append(Plausible(name, tuple(spec["values"]), spec.get("when", "always"), spec["why"]))
+    return tuple(out)
+
+
+def unstated(job: Job) -> list[Plausible]:
+    """The plausible-valued settings ``job`` did not state (a preset's defaults count as not
+    stated) that matter for its plan."""
+    plan = job.parallel
+    preset = getattr(job, "preset", None)
+    taken = set(preset.taken) if preset is not None else set()
+    stated = set(plan.model_fields_set) - taken
+    return [p for p in plausible_settings() if p.field not in stated and _WHEN[p.when](plan)]
+
+
+def setting_spreads(job: Job, iteration_s: float, predict: Callable[[Job], float]) -> tuple[Spread, ...]:
+    """Each unstated setting's spread: ``predict`` (a job's iteration seconds) over its
+    plausible values, one setting changed at a time; a value the plan refuses is left out."""
+    spreads = []
+    for setting in unstated(job):
+        used = getattr(job.parallel, setting.field)
+        ratios, tried = [0.0], []
+        for value in setting.values:
+            if _plain(value) == _plain(used):
+                continue
+            try:
+                plan = type(job.parallel).model_validate({**job.parallel.model_dump(), setting.field: value})
+                seconds = predict(job.model_copy(update={"parallel": plan}))
+            except (ConfigError, ValueError):
+                continue
+            tried.append(value)
+            ratios.append(math.log(seconds / iteration_s))
+        if tried:
+            spreads.append(Spread(setting.field, used, tuple(tried), min(ratios), max(ratios)))
+    return tuple(spreads)

@@ -1,0 +1,128 @@
+"""What drives a prediction's error, as a regime, and the dev runs' residuals in each.
+
+A regime is three facts a prediction knows about itself: whether its GPU's kernels were timed
+with curves measured on that GPU and precision (``calibrated``) or borrowed from another GPU or
+a generic rule (``uncalibrated``: a ``Prediction.uncalibrated`` note naming the GPU); whether a
+framework preset filled the plan's unstated fields (``preset``) or the engine's own defaults did
+(``engine``); and whether the model is ``dense`` or a mixture of experts (``moe``). The signed
+log-residuals log(measured / predicted) of the dev runs in each regime are catalog data
+(``catalog/intervals.yaml``, written by ``benchmarks/fit_intervals.py``): validation data used
+only for the interval, never to move a prediction.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from paraplan.catalog.loader import read_catalog_yaml
+from paraplan.prediction import Prediction
+
+#: each feature of a regime and its values, in the order a regime is named
+FEATURES: dict[str, tuple[str, ...]] = {
+    "gpu": ("calibrated", "uncalibrated"),
+    "framework": ("preset", "engine"),
+    "model": ("dense", "moe"),
+}
+ANY = "*"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Regime:
+    gpu: str
+    framework: str
+    model: str
+
+    @property
+    def name(self) -> str:
+        """``GPU calibrated, preset, dense``; a pooled regime leaves a feature out
+        (``GPU calibrated, dense``); all three out: ``all runs``."""
+        words = [f"GPU {self.gpu}" if self.gpu != ANY else "", self.framework if self.framework != ANY else "",
+                 self.model if self.model != ANY else ""]
+        shown = [w for w in words if w]
+        return ", ".join(shown) if shown else "all runs"
+
+    def covers(self, other: Regime) -> bool:
+        """``other`` (a run's own regime) falls in this one (which may pool features)."""
+        return all(mine in (ANY, theirs) for mine, theirs in zip(self.values, other.values, strict=True))
+
+    @property
+    def values(self) -> tuple[str, str, str]:
+        return (self.gpu, self.framework, self.model)
+
+    def coarser(self) -> list[Regime]:
+        """The pooled regimes above this one (one feature or more left out), narrowest first,
+        ending with all runs."""
+        out = []
+        for k in range(1, 4):
+            for dropped in itertools.combinations(range(3), k):
+                values = [ANY if i in dropped else v for i, v in enumerate(self.values)]
+                out.append(Regime(*values))
+        return out
+
+
+def regime_of(pred: Prediction) -> Regime:
+    """The regime of one prediction, from what it says about itself."""
+    gpus = {pred.job.cluster.gpu.name}
+    if pred.placement is not None:
+        gpus |= {g for stage in pred.placement.stage_gpus for g in stage.split("+")}
+    uncalibrated = any(note.split(":")[0].strip() in gpus for note in pred.uncalibrated)
+    return Regime(
+        gpu="uncalibrated" if uncalibrated else "calibrated",
+        framework="preset" if getattr(pred.job, "preset", None) is not None else "engine",
+        model="moe" if pred.job.model.is_moe else "dense",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ResidualTable:
+    """Signed log-residuals per regime, and where they came from."""
+
+    residuals: Mapping[Regime, tuple[float, ...]]
+    sources: tuple[str, ...] = ()
+    produced_by: str = ""
+    fallback_factor: float = 1.5
+    user_runs: Mapping[Regime, int] = field(default_factory=dict)  # residuals a user's runs file added
+
+    def pooled(self, regime: Regime) -> tuple[float, ...]:
+        """Every residual of the runs ``regime`` covers (a pooled regime: several)."""
+        return tuple(r for own, rs in self.residuals.items() if regime.covers(own) for r in rs)
+
+    def with_runs(self, extra: Iterable[tuple[Regime, float]]) -> ResidualTable:
+        """This table with a user's measured runs' residuals added to their regimes."""
+        merged = {k: list(v) for k, v in self.residuals.items()}
+        added: dict[Regime, int] = dict(self.user_runs)
+        for regime, r in extra:
+            merged.setdefault(regime, []).append(r)
+            added[regime] = added.get(regime, 0) + 1
+        return ResidualTable({k: tuple(sorted(v)) for k, v in merged.items()}, self.sources, self.produced_by,
+                             self.fallback_factor, added)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[Regime, float]], **kwargs: Any) -> ResidualTable:
+        """A table from (regime, residual) pairs (the leave-one-source-out check builds these)."""
+        by: dict[Regime, list[float]] = {}
+        for regime, r in rows:
+            by.setdefault(regime, []).append(r)
+        return cls({k: tuple(sorted(v)) for k, v in by.items()}, **kwargs)
+
+
+def table_from_mapping(raw: Mapping[str, Any]) -> ResidualTable:
+    """``catalog/intervals.yaml`` (or a mapping of its form) as a table."""
+    residuals = {}
+    for entry in raw.get("regimes") or ():
+        regime = Regime(str(entry["gpu"]), str(entry["framework"]), str(entry["model"]))
+        residuals[regime] = tuple(sorted(float(r) for r in entry["residuals"]))
+    return ResidualTable(residuals, tuple(str(s) for s in raw.get("sources") or ()),
+                         str(raw.get("produced_by") or ""), float(raw.get("fallback_factor", 1.5)))
+
+
+@functools.cache
+def load_residuals() -> ResidualTable:
+    """The package's residual table (``catalog/intervals.yaml``)."""
+    text = (resources.files("paraplan.catalog") / "intervals.yaml").read_text(encoding="utf-8")
+    return table_from_mapping(read_catalog_yaml(text))

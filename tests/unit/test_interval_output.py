@@ -1,0 +1,126 @@
+"""Every time, rate and cost figure of `paraplan predict` with its interval (issue 29): the
+table at 80 columns, JSON and CSV fields, --interval, and the widening for unstated settings."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from paraplan.cli.app import app
+from paraplan.cli.loading import interval_of, load_flagged_job, predict_flagged
+from paraplan.report.tables import render_prediction
+from readable import assert_readable
+
+runner = CliRunner()
+JOB = {
+    "name": "gpt3-175b-selective-sp",
+    "model": "gpt3-175b",
+    "cluster": {"name": "dgx-a100", "num_nodes": 8, "price_per_gpu_hour": 2.0},
+    "parallel": {"tp": 8, "pp": 8, "vpp": 3, "sequence_parallel": True, "micro_batch_size": 1,
+                 "global_batch_size": 64, "recompute": "selective"},
+    "precision": "bf16",
+    "train_tokens": "300B",
+}
+# every setting catalog/plausible.yaml widens over, stated
+STATED = {"tp_comm_overlap": False, "overlap_grad_reduce": True, "overlap_p2p_comm": True,
+          "grad_reduce_in_fp32": True, "attention_kernel": "fa2"}
+
+
+def _job_file(tmp_path: Path, **parallel) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**JOB, "parallel": {**JOB["parallel"], **parallel}}), encoding="utf-8")
+    return path
+
+
+def _predict(*args: str) -> str:
+    result = runner.invoke(app, ["predict", *args], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def _interval(path: Path | None):
+    job, _ = load_flagged_job(path, {})
+    pred, _ = predict_flagged(job, "analytical", None)
+    return pred, interval_of(job, pred, 0.8, "analytical", None)
+
+
+def test_the_table_shows_every_time_rate_and_cost_figure_with_its_interval_within_80_columns(tmp_path):
+    pred, interval = _interval(_job_file(tmp_path))
+    texts = assert_readable(render_prediction(pred, interval), widths=(80,))
+    for label in ("iteration time", "tokens / s", "model TFLOP/s per GPU", "MFU", "$ per million tokens",
+                  "time to train", "cost to train"):
+        line = next(line for line in texts[80].splitlines() if label in line)
+        assert "(80 %: " in line, line
+    assert "80 % interval: " in texts[80]
+
+
+def test_json_gives_each_figure_low_and_high_around_the_regime_rule(tmp_path):
+    data = json.loads(_predict(str(_job_file(tmp_path)), "--format", "json"))
+    iv = data["interval"]
+    low, high = iv["log_ratio"]
+    assert iv["level"] == 0.8 and iv["regime"].startswith("GPU calibrated") and iv["rule"]
+    assert iv["iteration_s"] == pytest.approx([data["iteration_s"] * math.exp(low), data["iteration_s"] * math.exp(high)])
+    # a rate is inverse to the time: its low end is the time's high end
+    assert iv["tokens_per_s"] == pytest.approx([data["tokens_per_s"] / math.exp(high), data["tokens_per_s"] / math.exp(low)])
+    assert iv["cost_to_train_usd"][0] < data["cost"]["cost_to_train_usd"] < iv["cost_to_train_usd"][1]
+
+
+def test_csv_gives_each_bound_its_own_column():
+    row = next(csv.DictReader(io.StringIO(_predict("--format", "csv"))))
+    assert float(row["interval.iteration_s_low"]) < float(row["interval.iteration_s_high"])
+    assert float(row["interval.mfu_low"]) < float(row["interval.mfu_high"])
+
+
+def test_a_higher_level_gives_a_wider_interval():
+    def width(level: str) -> float:
+        iv = json.loads(_predict("--format", "json", "--interval", level))["interval"]
+        return iv["log_ratio"][1] - iv["log_ratio"][0]
+
+    assert width("0.5") < width("0.8") < width("0.95")
+
+
+@pytest.mark.parametrize("level", ["0", "1", "1.5", "-0.8"])
+def test_a_level_outside_zero_to_one_is_one_line_and_exit_2(level):
+    result = runner.invoke(app, ["predict", "--interval", level], env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0 and "--interval" in result.stderr
+
+
+def test_a_job_stating_every_setting_gets_a_narrower_interval_than_one_leaving_them_to_defaults(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, guessed = _interval(_job_file(tmp_path / "a"))
+    _, stated = _interval(_job_file(tmp_path / "b", **STATED))
+    assert stated.guessed == ()  # nothing left to guess
+    assert {s.field for s in guessed.guessed} >= {"tp_comm_overlap", "overlap_p2p_comm"}
+    assert stated.high - stated.low < guessed.high - guessed.low
+
+
+def test_the_widening_is_the_recomputed_spread_of_each_unstated_setting(tmp_path):
+    job, _ = load_flagged_job(_job_file(tmp_path), {})
+    pred, _ = predict_flagged(job, "analytical", None)
+    interval = interval_of(job, pred, 0.8, "analytical", None)
+    overlap = next(s for s in interval.guessed if s.field == "tp_comm_overlap")
+    on, _ = predict_flagged(load_flagged_job(_job_file(tmp_path, tp_comm_overlap=True), {})[0], "analytical", None)
+    assert overlap.low == pytest.approx(math.log(on.iteration_s / pred.iteration_s)) and overlap.low < 0
+
+
+def test_a_runs_file_with_too_few_runs_for_its_regime_warns_naming_the_regime_and_the_fallback(
+        tmp_path, gpumodeling_dir):
+    runs = json.loads((gpumodeling_dir / "runs_perlmutter.json").read_text(encoding="utf-8"))[:2]
+    path = tmp_path / "my_runs.json"
+    path.write_text(json.dumps(runs), encoding="utf-8")
+    result = runner.invoke(app, ["predict", str(_job_file(tmp_path)), "--runs", str(path), "--format", "json"],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: --runs"))
+    assert "too few runs in GPU calibrated, engine, dense (7, 9 needed at 80 %)" in warning
+    assert "the interval's width x1.5" in warning
+    assert json.loads(result.stdout)["interval"]["runs"] == 35 + 2  # the pool, the user's runs in it
