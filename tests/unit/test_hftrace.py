@@ -162,3 +162,18 @@ def test_inventory_trace_of_an_unbuildable_model_type_is_one_line_with_exit_code
     result = CliRunner().invoke(app, ["inventory", "trace", str(path)])
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "model_type 'no-such-model'" in result.output
+
+
+def test_tracing_a_mamba_model_prints_none_of_transformers_own_warnings_and_keeps_its_verbosity(capfd):
+    pytest.importorskip("transformers")
+    from transformers.utils import logging
+
+    from paraplan.inventory.hftrace import trace_model
+
+    config = json.loads((FIXTURES / "mamba-codestral-7b.json").read_text())
+    config["num_hidden_layers"] = 1
+    before = logging.get_verbosity()
+    trace_model(config, 1, 64)
+    out, err = capfd.readouterr()
+    assert "falling back" not in out + err and "[transformers]" not in out + err
+    assert logging.get_verbosity() == before

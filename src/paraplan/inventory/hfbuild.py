@@ -8,6 +8,7 @@ Remote code runs only with ``trust_remote_code=True``."""
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,20 @@ def _need(module: str) -> Any:
             f"{_WHERE}: {module} is not installed: tracing a model's code needs the 'hf' extra "
             "(pip install 'paraplan[hf]')"
         ) from None
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' own warnings (a kernel "falling back to its reference PyTorch
+    implementation", which is what a meta-device trace wants) silenced while paraplan builds and
+    traces; the caller's verbosity is restored after. Library code never prints."""
+    logging = _need("transformers").utils.logging
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from paraplan.inventory.hfbuild import (
     _signature,
     build_config,
     count_parameters,
+    quiet_transformers,
     read_config,
 )
 from paraplan.inventory.hfcache import TRACE_VERSION, _key, cache_dir, load, store
@@ -77,6 +78,13 @@ def trace_model(
     trust_remote_code: bool = False,
 ) -> TracedModel:
     """Trace ``config`` (a config.json mapping) at ``micro_batch`` x ``seq_length`` tokens."""
+    with quiet_transformers():
+        return _trace_model(config, micro_batch, seq_length, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def _trace_model(
+    config: dict[str, Any], micro_batch: int, seq_length: int, *, dtype: str, trust_remote_code: bool,
+) -> TracedModel:
     torch = _need("torch")
     hf_config = build_config(config, trust_remote_code=trust_remote_code)
     attention = _register_attention()
