@@ -121,6 +121,6 @@ def test_a_runs_file_with_too_few_runs_for_its_regime_warns_naming_the_regime_an
                            env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: --runs"))
-    assert "too few runs in GPU calibrated, engine, dense (7, 9 needed at 80 %)" in warning
+    assert "too few runs in GPU calibrated, engine, dense (7 runs; 9 needed at 80 %)" in warning
     assert "the interval's width x1.5" in warning
     assert json.loads(result.stdout)["interval"]["runs"] == 35 + 2  # the pool, the user's runs in it
