@@ -109,6 +109,8 @@ def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: s
     """The interval of ``pred`` at ``level``: its regime's split-conformal bounds, widened by the
     spread of the prediction over the plausible values of each setting ``job`` left unstated
     (each recomputed with the same cost model; a heterogeneous job is not widened)."""
+    from dataclasses import replace
+
     from paraplan.prediction.entry import predict_any
     from paraplan.specs import Job
     from paraplan.uncertainty import interval_for
@@ -118,7 +120,14 @@ def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: s
     if isinstance(job, Job):
         spreads = setting_spreads(job, pred.iteration_s,
                                   lambda j: predict_any(j, backend=backend, models=models).iteration_s)
-    return interval_for(pred, level, table, guessed=spreads)
+    interval = interval_for(pred, level, table, guessed=spreads)
+    said = []
+    if backend != "analytical":  # the residuals are the analytical backend's predictions'
+        said.append(f"the {backend} backend has no validation residuals of its own here: the analytical "
+                    "backend's are used")
+    if not isinstance(job, Job):
+        said.append("a heterogeneous job is not widened for the settings it left unstated")
+    return replace(interval, rule="; ".join([interval.rule, *said])) if said else interval
 
 
 def pair_intervals(job_a: Job | HeteroJob, job_b: Job | HeteroJob, a: Prediction, b: Prediction, level: float,
