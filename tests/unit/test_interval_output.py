@@ -121,6 +121,26 @@ def test_a_runs_file_with_too_few_runs_for_its_regime_warns_naming_the_regime_an
                            env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: --runs"))
-    assert "too few runs in GPU calibrated, engine, dense (7, 9 needed at 80 %)" in warning
+    assert "too few runs in GPU calibrated, engine, dense (7 runs; 9 needed at 80 %)" in warning
     assert "the interval's width x1.5" in warning
     assert json.loads(result.stdout)["interval"]["runs"] == 35 + 2  # the pool, the user's runs in it
+
+
+def test_a_heterogeneous_job_says_its_interval_is_not_widened_for_unstated_settings():
+    from test_hetero import gpt2xl_job
+
+    from paraplan.prediction.hetero import predict_hetero
+
+    job = gpt2xl_job((1, 1, 1, 0, 1, 1, 1, 1))
+    interval = interval_of(job, predict_hetero(job), 0.8, "analytical", None)
+    assert interval.guessed == () and "a heterogeneous job is not widened" in interval.rule
+
+
+def test_the_learned_backend_says_it_takes_the_analytical_backends_residuals(monkeypatch):
+    import paraplan.prediction.entry as entry
+
+    job, _ = load_flagged_job(None, {})
+    pred, _ = predict_flagged(job, "analytical", None)
+    monkeypatch.setattr(entry, "predict_any", lambda j, **kw: pred)  # no models file needed for the rule
+    interval = interval_of(job, pred, 0.8, "learned", None)
+    assert "the learned backend has no validation residuals of its own here" in interval.rule

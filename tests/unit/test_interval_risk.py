@@ -46,4 +46,6 @@ def test_search_with_risk_gives_each_plan_its_interval_and_ranks_by_the_slow_end
     plans = json.loads(result.stdout)["plans"]
     slow_ends = [p["interval"]["tokens_per_s"][0] for p in plans]
     assert slow_ends == sorted(slow_ends, reverse=True)
-    assert "ranked by risk" in result.stderr
+    risk = json.loads(result.stdout)["interval"]
+    assert risk["ranked_by"] == "the slowest tokens/s of each plan's 80 % interval"
+    assert risk["widened_for_unstated_settings"] is False

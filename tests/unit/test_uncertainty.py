@@ -39,7 +39,7 @@ def test_a_regime_with_enough_runs_gets_split_conformal_bounds_on_its_own_runs()
 def test_a_regime_with_too_few_runs_says_so_and_takes_the_wider_pooled_rule():
     rows = [(CAL, 0.01 * i) for i in range(10)] + [(MOE, 0.3)]
     low, high, rule, fallback, _ = conformal_interval(MOE, 0.8, ResidualTable.from_rows(rows, fallback_factor=1.5))
-    assert fallback and "too few runs in GPU calibrated, preset, moe (1, 9 needed at 80 %)" in rule
+    assert fallback and "too few runs in GPU calibrated, preset, moe (1 run; 9 needed at 80 %)" in rule
     # the pool GPU calibrated, preset (11 runs: 0.00..0.09 and 0.3; k = 11: its extremes), its
     # width x1.5 about its middle
     mid, half = (0.0 + 0.3) / 2, (0.3 - 0.0) / 2 * 1.5

@@ -56,6 +56,7 @@ from paraplan.specs import (
     ModelSpec,
     Phase,
     Precision,
+    SustainedClock,
 )
 from paraplan.traces.decode import RankTrace, decode_trace
 from paraplan.traces.ops import ELEMENT_BYTES, GEMM_OPS, OpTiming, TraceOps, trace_operators
@@ -161,12 +162,25 @@ def calibrate_from_trace(
     for key in sorted({t.klass for t in timings if t.klass.startswith("op:")}):
         row, gpu = _fit_own_curve(key, timings, job, gpu, source)
         curves.append(row)
-    eff = gpu.efficiency.model_copy(update={"source": source})
+    eff = gpu.efficiency.model_copy(update={"source": source, **_sustained_in_trace(gpu, curves, source)})
     gpu = gpu.model_copy(update={"efficiency": eff, "sources": {**gpu.sources, "efficiency": source}})
     cluster = job.cluster.model_copy(update={"gpu": gpu})
     samples, calls = _collective_samples(ranks, job.cluster)
     cluster, links = _fit_links(samples, calls, cluster, source)
     return TraceCalibration(job.cluster, cluster, job.precision, tuple(curves), links, files, source, kernels, linked)
+
+
+def _sustained_in_trace(gpu, curves: Sequence[CurveRow], source: str) -> dict:
+    """A GEMM curve fitted to a training step's kernels holds that step's sustained clock: its
+    GEMMs are not slowed again by a burst-to-sustained ratio (``sustained.gemm_fraction`` 1,
+    the power-cap rule kept), and the prediction no longer says its GEMMs run at a burst rate."""
+    if not any(row.kind == "gemm" and row.fit is not None for row in curves):
+        return {}
+    old = gpu.efficiency.sustained
+    kept = {} if old is None else {"cap_exponent": old.cap_exponent, "cap_source": old.cap_source}
+    return {"sustained": SustainedClock(
+        gemm_fraction=1.0, source=f"{source}: GEMM curve fitted to a training step's kernels, at its sustained clock",
+        **kept)}
 
 
 def no_timings_reason(found: Sequence[TraceOps]) -> str:

@@ -19,7 +19,7 @@ from paraplan.cli.common import (
     user_errors,
     write_text,
 )
-from paraplan.cli.loading import load_flagged_job, predict_flagged
+from paraplan.cli.loading import load_flagged_job, pair_intervals, predict_flagged
 
 Opt = typer.Option
 
@@ -35,6 +35,11 @@ def compare_command(
     backend: Backend = "analytical",
     models: ModelsFile = None,
     output: Format = OutputFormat.table,
+    interval: Annotated[float, Opt(
+        "--interval", metavar="LEVEL",
+        help="The level of each plan's uncertainty interval and of the ratio B / A's (0 < LEVEL < 1). Two plans "
+        "in one regime share most of their error: whether B differs from A is judged on the ratio's interval, "
+        "from the differences between dev runs of one source, not on the plans' own ranges.")] = 0.8,
 ) -> None:
     """Predict two jobs, or one job under two plans, and show them side by side: iteration
     time, tokens/s, MFU, memory per GPU (and whether it fits), cost, and every breakdown
@@ -43,9 +48,11 @@ def compare_command(
     from paraplan.report.compare import comparison_rows, render_comparison
     from paraplan.report.formats import render_csv, render_json
     from paraplan.specs import ConfigError
+    from paraplan.uncertainty import check_level
 
     files, flags = list(job_files or []), flags or {}
     with user_errors():
+        check_level(interval)
         if len(files) > 2 or (len(files) < 2 and not vs):
             raise ConfigError(f"job_files: compare takes two job files (A B), or one (or none: the demo job) "
                               f"with --vs, e.g. --vs tp=4; got {len(files)} file(s)"
@@ -57,6 +64,7 @@ def compare_command(
         job_b, said_b = load_flagged_job(b_file, flags_b)
         (a, notes_a), (b, notes_b) = predict_flagged(job_a, backend, models), predict_flagged(job_b, backend, models)
         comparison = compare_predictions(a, b)
+        bounds = pair_intervals(job_a, job_b, a, b, interval, backend, models)
     # B's demo line would repeat A's: it is A with --vs; a note of one job only names it
     notes = [n if n in notes_b else f"A: {n}" for n in notes_a] + [f"B: {n}" for n in notes_b if n not in notes_a]
     for note in [n for n in (said, said_b if b_file != a_file else None) if n] + [f"note: {n}" for n in notes]:
@@ -64,11 +72,13 @@ def compare_command(
     names = (str(a_file or "demo job"), str(b_file or "demo job") + (" with --vs" if vs else ""))
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
         if output is OutputFormat.json:
-            write_text(render_json(comparison.to_dict()))
+            ia, ib, ratio = bounds
+            write_text(render_json({**comparison.to_dict(), "interval": {
+                "a": ia.to_dict(a), "b": ib.to_dict(b), "b_over_a": ratio.to_dict()}}))
         elif output is OutputFormat.csv:
-            write_text(render_csv(comparison_rows(comparison)))
+            write_text(render_csv(comparison_rows(comparison, bounds)))
         else:
-            out.print(render_comparison(comparison, names))
+            out.print(render_comparison(comparison, names, bounds))
 
 
 def flags_of_b(flags: dict[str, Any], changed: dict[str, Any]) -> dict[str, Any]:

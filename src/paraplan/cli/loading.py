@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from paraplan.prediction import Prediction
     from paraplan.specs import HeteroJob, Job
     from paraplan.uncertainty import Interval, ResidualTable
+    from paraplan.uncertainty.pair import RatioInterval
 
 
 def load_flagged_job(job_file: Path | None, flags: dict[str, Any]) -> tuple[Job | HeteroJob, str | None]:
@@ -108,6 +109,8 @@ def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: s
     """The interval of ``pred`` at ``level``: its regime's split-conformal bounds, widened by the
     spread of the prediction over the plausible values of each setting ``job`` left unstated
     (each recomputed with the same cost model; a heterogeneous job is not widened)."""
+    from dataclasses import replace
+
     from paraplan.prediction.entry import predict_any
     from paraplan.specs import Job
     from paraplan.uncertainty import interval_for
@@ -117,7 +120,36 @@ def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: s
     if isinstance(job, Job):
         spreads = setting_spreads(job, pred.iteration_s,
                                   lambda j: predict_any(j, backend=backend, models=models).iteration_s)
-    return interval_for(pred, level, table, guessed=spreads)
+    interval = interval_for(pred, level, table, guessed=spreads)
+    said = []
+    if backend != "analytical":  # the residuals are the analytical backend's predictions'
+        said.append(f"the {backend} backend has no validation residuals of its own here: the analytical "
+                    "backend's are used")
+    if not isinstance(job, Job):
+        said.append("a heterogeneous job is not widened for the settings it left unstated")
+    return replace(interval, rule="; ".join([interval.rule, *said])) if said else interval
+
+
+def pair_intervals(job_a: Job | HeteroJob, job_b: Job | HeteroJob, a: Prediction, b: Prediction, level: float,
+                   backend: str, models: Path | None) -> tuple[Interval, Interval, RatioInterval]:
+    """A's and B's intervals at ``level``, and the interval of the ratio B / A of their
+    iteration times (``uncertainty.pair``: in one regime the two share most of their error)."""
+    from paraplan.prediction.entry import predict_any
+    from paraplan.specs import Job
+    from paraplan.uncertainty.guessed import ratio_spreads
+    from paraplan.uncertainty.pair import ratio_interval
+
+    ia = interval_of(job_a, a, level, backend, models)
+    ib = interval_of(job_b, b, level, backend, models)
+    spreads = ()
+    if isinstance(job_a, Job) and isinstance(job_b, Job):
+        known = {id(job_a): a.iteration_s, id(job_b): b.iteration_s}
+
+        def seconds(j: Job) -> float:
+            return known.get(id(j)) or predict_any(j, backend=backend, models=models).iteration_s
+
+        spreads = ratio_spreads(job_a, job_b, seconds)
+    return ia, ib, ratio_interval(ia.regime, ib.regime, b.iteration_s / a.iteration_s, level, guessed=spreads)
 
 
 def runs_table(files: list[Path], level: float) -> tuple[ResidualTable, list[str]]:

@@ -62,7 +62,7 @@ def predict_command(
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for path, kind in plots:
-        err.print(f"wrote {kind} picture to {render_plot(pred, kind, path)}", highlight=False)
+        err.print(f"wrote {kind} picture to {render_plot(pred, kind, path, bounds)}", highlight=False)
     for note in ([said] if said else []) + [f"note: {n}" for n in notes]:
         err.print(note, highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output

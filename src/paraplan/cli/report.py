@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from paraplan.cli.common import JOB_FLAGS, Backend, ModelsFile, err, takes_flags, user_errors
-from paraplan.cli.loading import load_flagged_job, predict_flagged
+from paraplan.cli.loading import interval_of, load_flagged_job, predict_flagged
 
 Opt = typer.Option
 
@@ -22,6 +22,9 @@ def report_command(
     backend: Backend = "analytical",
     models: ModelsFile = None,
     force: Annotated[bool, Opt("--force", help="Replace existing output files.")] = False,
+    interval: Annotated[float, Opt(
+        "--interval", metavar="LEVEL", help="The level of the uncertainty interval on every time, rate and cost "
+        "figure (0 < LEVEL < 1), as predict's.")] = 0.8,
 ) -> None:
     """Write one HTML page with the summary, the breakdown per stage, the pipeline timeline,
     memory per stage, the operators of one layer and its GEMMs (pictures inlined; needs the
@@ -30,8 +33,10 @@ def report_command(
     from paraplan.report.gemms import render_gemms_csv
     from paraplan.report.html import render_html
     from paraplan.specs import ConfigError
+    from paraplan.uncertainty import check_level
 
     with user_errors():
+        check_level(interval)
         # every output is checked before predicting, not after
         _check_out(out_file, ".html", force, "report file")
         if gemms is not None:
@@ -41,9 +46,10 @@ def report_command(
         load_pyplot()
         job, said = load_flagged_job(job_file, flags or {})
         pred, notes = predict_flagged(job, backend, models, keep_timeline=True)
+        bounds = interval_of(job, pred, interval, backend, models)
     for note in ([said] if said else []) + [f"note: {n}" for n in notes]:
         err.print(note, highlight=False, soft_wrap=True)
-    out_file.write_text(render_html(pred), encoding="utf-8")
+    out_file.write_text(render_html(pred, bounds), encoding="utf-8")
     err.print(f"wrote {out_file}", highlight=False)
     if gemms is not None:
         gemms.write_text(render_gemms_csv(pred), encoding="utf-8")

@@ -116,7 +116,10 @@ def search_command(
     risk: Annotated[bool, Opt("--risk", help="Rank the exactly predicted plans by the pessimistic end of their "
                               "uncertainty interval (slowest tokens/s, or dearest $ per token with --objective cost), "
                               "and check --budget / --deadline at the interval's far end.")] = False,
-    interval: Annotated[float, Opt("--interval", metavar="LEVEL", help="The level of --risk's interval.")] = 0.8,
+    interval: Annotated[float, Opt("--interval", metavar="LEVEL", help=(
+        "The level of each shortlisted plan's uncertainty interval (0 < LEVEL < 1), and of --risk's ranking. "
+        "The search's intervals are the regime's alone, not widened for unstated settings (predict the plan "
+        "for its full interval)."))] = 0.8,
 ) -> None:
     """Enumerate tp x pp x dp x cp x ep x schedule x vpp x micro-batch x ZeRO x recompute plans; prune by
     divisibility and memory (saying why), time the rest and rank them. Exit code 0 with
@@ -131,19 +134,16 @@ def search_command(
         _check_outputs(save_best, pareto, force)  # before the work, not after
         if top < 1:
             raise ConfigError(f"--top: expected a positive whole number, got {top}")
-        if risk:
-            from paraplan.uncertainty import check_level
+        from paraplan.uncertainty import check_level
 
-            check_level(interval)
+        check_level(interval)
         request = SearchRequest.from_flags(job_file, SearchFlags(**flags))
         for note in request.notes:
             err.print(note, highlight=False, soft_wrap=True)
         with err.status(f"searching plans for {request.model_name} on {request.num_configurations} "
                         "cluster configuration(s)"):
             result = request.run()
-        intervals = None
-        if risk:
-            result, intervals = _by_risk(result, interval)
+        result, intervals = _with_intervals(result, interval, risk)
         front, axis = None, request.pareto_axis
         if pareto is not None and result.ranked:
             from paraplan.report.pareto import pareto_plans, plot_pareto
@@ -157,9 +157,8 @@ def search_command(
         if taken:
             err.print(f"from the demo job: {' '.join(taken)}", highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
-        _print(result, top, output, front, axis, save_best, pareto, intervals)
-    if intervals is not None and result.ranked:
-        _print_risk(result, intervals, request)
+        risk_notes = _risk_notes(result, intervals, request, risk) if result.ranked else None
+        _print(result, top, output, front, axis, save_best, pareto, intervals, risk_notes)
     if not result.ranked:
         from paraplan.report.search import no_plan_message
 
@@ -170,52 +169,78 @@ def search_command(
         raise typer.Exit(code=1)
 
 
-def _by_risk(result, level: float):
-    """``result`` with its exactly predicted plans ranked by their interval's pessimistic end,
-    and each plan's interval (in the new order)."""
+def _with_intervals(result, level: float, risk: bool):
+    """Each exactly predicted plan's interval at ``level`` (its regime's, not widened for
+    unstated settings: that is a dozen predictions a plan); with ``risk``, the plans ranked by
+    their interval's pessimistic end."""
     from dataclasses import replace
 
     from paraplan.uncertainty import interval_for
     from paraplan.uncertainty.risk import pessimistic_score
 
     pairs = [(p, interval_for(p, level)) for p in result.ranked]
-    pairs.sort(key=lambda pair: pessimistic_score(*pair, result.objective))
-    return replace(result, ranked=[p for p, _ in pairs]), [iv for _, iv in pairs]
+    if risk:
+        pairs.sort(key=lambda pair: pessimistic_score(*pair, result.objective))
+        result = replace(result, ranked=[p for p, _ in pairs])
+    return result, [iv for _, iv in pairs]
 
 
-def _print_risk(result, intervals, request) -> None:
-    """The ranking's rule, the best plan's interval, and the budget / deadline at its far end."""
+def _risk_notes(result, intervals, request, risk: bool) -> dict:
+    """What the intervals are and, with ``risk``, how the plans were ranked and whether the
+    budget / deadline hold at the best plan's interval's far end: as lines for the table, and
+    as data for JSON (each plan's own far-end checks go in its row)."""
     from paraplan.uncertainty.risk import far_end_checks
     from paraplan.units import format_seconds
 
     best, iv = result.ranked[0], intervals[0]
-    low, high = iv.rate(best.tokens_per_s)
-    end = "dearest $ per token" if result.objective == "cost" else "slowest tokens/s"
-    err.print(f"ranked by risk: the {end} of each plan's {iv.label} interval; the best plan: "
-              f"{low:,.0f}-{high:,.0f} tokens/s ({iv.rule})", highlight=False, soft_wrap=True)
-    search = request.searches[0]
-    for bound, far, limit, holds in far_end_checks(best, iv, search.get("budget_usd"), search.get("deadline_s")):
-        shown = (lambda x: format_seconds(x)) if bound == "deadline" else (lambda x: f"${x:,.0f}")
-        verdict = "holds" if holds else "does NOT hold"
-        err.print(f"{bound} {shown(limit)}: {verdict} at the {iv.label} interval's far end ({shown(far)})",
-                  highlight=False, soft_wrap=True)
+    regimes = sorted({i.regime.name for i in intervals})
+    lines = [f"{iv.label} intervals ({'; '.join(regimes)}): {iv.rule}; not widened for the settings the job "
+             "left unstated (predict a plan for its full interval)"]
+    data: dict = {"level": iv.level, "widened_for_unstated_settings": False}
+    if risk:
+        end = "dearest $ per token" if result.objective == "cost" else "slowest tokens/s"
+        low, high = iv.rate(best.tokens_per_s)
+        lines.append(f"ranked by risk: the {end} of each plan's {iv.label} interval; the best plan: "
+                     f"{low:,.0f}-{high:,.0f} tokens/s")
+        data["ranked_by"] = f"the {end} of each plan's {iv.label} interval"
+        search = request.searches[0]
+        checks = []
+        for bound, far, limit, holds in far_end_checks(best, iv, search.get("budget_usd"), search.get("deadline_s")):
+            shown = (lambda x: format_seconds(x)) if bound == "deadline" else (lambda x: f"${x:,.0f}")
+            verdict = "holds" if holds else "does NOT hold"
+            lines.append(f"{bound} {shown(limit)}: {verdict} for the best plan at the {iv.label} interval's far end "
+                         f"({shown(far)})")
+            checks.append({"bound": bound, "limit": limit, "far_end": far, "holds": holds})
+        data["best_plan_far_end"] = checks
+        data["limits"] = {"budget_usd": search.get("budget_usd"), "deadline_s": search.get("deadline_s")}
+    data["lines"] = lines
+    return data
 
 
-def _print(result, top, output, front, axis, save_best, pareto, intervals=None) -> None:
+def _print(result, top, output, front, axis, save_best, pareto, intervals=None, risk_notes=None) -> None:
     from rich.console import Group
+    from rich.text import Text
 
     from paraplan.report.search import plan_row, preset_summary, render_plans, render_search, search_rows
 
     rows = search_rows(result, top)
-    if intervals is not None:  # --risk: each plan's interval (JSON: nested; CSV: interval.*_low/_high)
+    if intervals is not None:  # each plan's interval (JSON, table: nested; CSV: interval.*_low/_high)
+        from paraplan.uncertainty.risk import far_end_checks
+
+        limits = (risk_notes or {}).get("limits")
         for row, pred, iv in zip(rows, result.ranked, intervals, strict=False):
             row["interval"] = iv.to_columns(pred) if output is OutputFormat.csv else iv.to_dict(pred)
+            if limits:  # --risk: whether this plan's budget / deadline hold at its interval's far end
+                for bound, far, _, holds in far_end_checks(pred, iv, limits["budget_usd"], limits["deadline_s"]):
+                    row[f"{bound}_far_end"], row[f"{bound}_holds_at_far_end"] = far, holds
     closest = result.closest
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
         from paraplan.report.search import no_plan_message
 
         data: dict = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
+        if risk_notes:
+            data["interval"] = {k: v for k, v in risk_notes.items() if k != "limits"}
         summary = preset_summary(rows)
         if summary is not None:  # the framework preset's defaults the plans took (each plan's own in its row)
             data["framework_preset"] = summary
@@ -235,6 +260,8 @@ def _print(result, top, output, front, axis, save_best, pareto, intervals=None) 
         write_text(render_csv(rows) if rows else "")
     else:
         out.print(render_search(result, rows))
+        for line in (risk_notes or {}).get("lines", ()):
+            out.print(Text(line), soft_wrap=False)
         if not result.ranked and closest is not None:
             missed = " and ".join({"memory": "does not fit", "deadline": "misses the deadline",
                                    "budget": "exceeds the budget"}[b] for b in closest.over)

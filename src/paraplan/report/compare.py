@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.text import Text
@@ -14,6 +14,10 @@ from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.result import Prediction
 from paraplan.report.layout import ReadableTable
 from paraplan.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from paraplan.uncertainty import Interval
+    from paraplan.uncertainty.pair import RatioInterval
 
 MEMORY_BY_KEY = {part.key: part for part in MEMORY_PARTS}
 
@@ -44,6 +48,21 @@ _SUMMARY: dict[str, tuple[str, Callable[[float], str], Callable[[float], str]]] 
     "cost.time_to_train_s": ("time to train", _seconds, _signed(_seconds)),
     "cost.cost_to_train_usd": ("cost to train", _usd, _signed(_usd)),
 }
+
+
+# per summary key with an interval: whether it scales with the time or inversely, and its form
+_BOUNDED = {"iteration_s": ("time", "seconds"), "tokens_per_s": ("rate", "count"), "mfu": ("rate", "pct"),
+            "cost.usd_per_million_tokens": ("time", "usd"), "cost.time_to_train_s": ("time", "seconds"),
+            "cost.cost_to_train_usd": ("time", "usd")}
+
+
+def _bounds_cell(interval: Interval, key: str, value: float | None) -> str:
+    from paraplan.report.tables import range_text
+
+    if value is None:
+        return "-"
+    scale, shown = _BOUNDED[key]
+    return range_text(interval.time(value) if scale == "time" else interval.rate(value), shown)
 
 
 def component_label(key: str) -> str:
@@ -82,9 +101,12 @@ def _framework(pred: Prediction) -> str:
     return pred.job.parallel.framework.value if preset is None else f"{preset.preset} on {preset.engine.value}"
 
 
-def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> Group:
+def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B"),
+                      intervals: tuple[Interval, Interval, RatioInterval] | None = None) -> Group:
     """Who A and B are, the settings that differ, then one table: the summary figures, whether
-    each fits, the worst stage's memory parts either has, and the breakdown components either has, with B - A and its percentage of A."""
+    each fits, the worst stage's memory parts either has, and the breakdown components either has, with B - A and its percentage of A.
+    With ``intervals`` (A's, B's and the ratio's), each time, rate and cost figure's bounds
+    in a row below it, and whether B - A exceeds the uncertainty of the ratio."""
     head = [Text.assemble((f"A ({names[0]}): ", "bold"), describe(cmp.a)),
             Text.assemble((f"B ({names[1]}): ", "bold"), describe(cmp.b))]
     presets = [getattr(getattr(p.job, "preset", None), "preset", None) for p in (cmp.a, cmp.b)]
@@ -102,6 +124,11 @@ def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> G
     for d in cmp.summary:
         label, fmt, change = _SUMMARY[d.key]
         _row(table, label, d, fmt, change)
+        if intervals is not None and d.key in _BOUNDED and (d.a is not None or d.b is not None):
+            ia, ib, ratio = intervals
+            low, high = ratio.bounds
+            table.add_row(f"  {ia.label} interval", _bounds_cell(ia, d.key, d.a), _bounds_cell(ib, d.key, d.b), "",
+                          f"{100 * (low - 1):+.1f}/{100 * (high - 1):+.1f} %" if d.key == "iteration_s" else "")
     fits_a, fits_b = cmp.fits
     table.add_row("fits", "yes" if fits_a else "NO", "yes" if fits_b else "NO", "", "", end_section=True)
     # the worst stage's memory parts either plan has, by the labels every renderer prints
@@ -116,12 +143,39 @@ def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B")) -> G
             continue
         _row(table, component_label(d.key), d, _seconds, _signed(_seconds),
              style="bold" if d.key == "total_s" else None)
-    return Group(*head, table)
+    tail = []
+    if intervals is not None:
+        ia, ib, ratio = intervals
+        tail = [Text.assemble(("difference: ", "bold"), ratio.sentence,
+                              style="" if ratio.verdict == "within" else "green"),
+                Text(f"  the ratio's interval: {ratio.rule}")]
+        for s in ratio.guessed:
+            tried = ", ".join(str(getattr(v, "value", v)).lower() for v in s.tried)
+            tail.append(Text(f"  widened for unstated {s.field} ({tried}): {100 * s.low:+.1f} / {100 * s.high:+.1f} %"))
+        tail += [Text(f"A's {ia.label} interval: {ia.rule}"), Text(f"B's {ib.label} interval: {ib.rule}")]
+    return Group(*head, table, *tail)
 
 
-def comparison_rows(cmp: Comparison) -> list[dict[str, Any]]:
-    """CSV rows: one per figure, with A, B, B - A and (B - A) / A."""
+def comparison_rows(cmp: Comparison, intervals: tuple[Interval, Interval, RatioInterval] | None = None
+                    ) -> list[dict[str, Any]]:
+    """CSV rows: one per figure, with A, B, B - A and (B - A) / A; with ``intervals``, each
+    time, rate and cost figure's bounds (``interval.<figure>.low`` / ``.high``: A's and B's),
+    and the measured B / A's bounds (``interval.b_over_a.iteration_s``: its ``relative``)."""
     rows = [{"figure": d.key, **d.to_dict()} for d in cmp.summary]
+    if intervals is not None:
+        ia, ib, ratio = intervals
+        for d in cmp.summary:
+            if d.key not in _BOUNDED:
+                continue
+            scale = _BOUNDED[d.key][0]
+            ends = [None if v is None else (iv.time(v) if scale == "time" else iv.rate(v))
+                    for iv, v in ((ia, d.a), (ib, d.b))]
+            for i, end in enumerate(("low", "high")):
+                rows.append({"figure": f"interval.{d.key}.{end}", "a": ends[0] and ends[0][i],
+                             "b": ends[1] and ends[1][i], "change": None, "relative": None})
+        for end, bound in zip(("low", "high"), ratio.bounds, strict=True):
+            rows.append({"figure": f"interval.b_over_a.iteration_s.{end}", "a": None, "b": None, "change": None,
+                         "relative": bound - 1.0})
     rows.append({"figure": "memory.fits", "a": cmp.a.fits, "b": cmp.b.fits, "change": None, "relative": None})
     rows += [{"figure": d.key, **d.to_dict()} for d in cmp.memory]
     rows += [{"figure": f"breakdown.{d.key}", **d.to_dict()} for d in cmp.components]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 from html import escape
+from typing import TYPE_CHECKING
 
 from paraplan.prediction import Prediction
 from paraplan.prediction.components import BY_FIELD, components_of
@@ -17,6 +18,9 @@ from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
 from paraplan.report.tables import NO_LAYER_COLLECTIVES, STAGE_COLLECTIVES_TITLE, collective_phase
 from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
+
+if TYPE_CHECKING:
+    from paraplan.uncertainty import Interval
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
@@ -43,8 +47,8 @@ def _table(header: list[str], rows: list[list[str]], left: int = 1, total: bool 
     return f"<table><thead><tr>{cells(header, 'th')}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _picture(pred: Prediction, kind: str, alt: str) -> str:
-    data = base64.b64encode(render_png(pred, kind)).decode("ascii")
+def _picture(pred: Prediction, kind: str, alt: str, interval: Interval | None = None) -> str:
+    data = base64.b64encode(render_png(pred, kind, interval)).decode("ascii")
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
 
 
@@ -56,7 +60,9 @@ def _usd(x: float | None) -> str:
     return "-" if x is None else (f"${x:,.0f}" if x >= 100 else f"${x:,.2f}")
 
 
-def _summary(pred: Prediction) -> str:
+def _summary(pred: Prediction, iv: Interval | None = None) -> str:
+    from paraplan.report.tables import with_interval
+
     job, plan = pred.job, pred.job.parallel
     rows = [
         ["model", f"{job.model.name} ({format_count(pred.params_total)} parameters)"],
@@ -66,20 +72,25 @@ def _summary(pred: Prediction) -> str:
         *([["framework preset", "; ".join(job.preset.lines())]] if getattr(job, "preset", None) else []),
         ["batch", f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
                   f"({plan.num_microbatches} micro-batches), sequence {job.model.seq_length}, {job.precision.value}"],
-        ["iteration time", format_seconds(pred.iteration_s)],
-        ["tokens / s", f"{pred.tokens_per_s:,.0f}"],
-        ["model TFLOP/s per GPU", format_rate(pred.tflops_per_gpu)],
-        ["MFU", _pct(pred.mfu)],
+        ["iteration time", with_interval(format_seconds(pred.iteration_s), iv, iv and iv.time(pred.iteration_s),
+                                         "seconds")],
+        ["tokens / s", with_interval(f"{pred.tokens_per_s:,.0f}", iv, iv and iv.rate(pred.tokens_per_s), "count")],
+        ["model TFLOP/s per GPU", with_interval(format_rate(pred.tflops_per_gpu), iv,
+                                                iv and iv.rate(pred.tflops_per_gpu), "rate")],
+        ["MFU", with_interval(_pct(pred.mfu), iv, iv and iv.rate(pred.mfu), "pct")],
         ["HFU (with recompute)", _pct(pred.hfu)],
         ["pipeline bubble", _pct(pred.bubble_fraction)],
         ["backend", pred.backend],
         ["cluster $ / hour", _usd(pred.cost_per_hour_usd)],
-        ["$ per million tokens", _usd(pred.usd_per_million_tokens)],
+        ["$ per million tokens", with_interval(_usd(per_million := pred.usd_per_million_tokens), iv,
+                                               iv and per_million and iv.time(per_million), "usd")],
     ]
     if pred.time_to_train_s is not None:
+        to_train = pred.cost_to_train_usd
         rows += [[f"time to train {format_tokens(job.train_tokens)} tokens ({job.train_tokens:,.0f})",
-                  format_seconds(pred.time_to_train_s)],
-                 ["cost to train", _usd(pred.cost_to_train_usd)]]
+                  with_interval(format_seconds(pred.time_to_train_s), iv, iv and iv.time(pred.time_to_train_s),
+                                "seconds")],
+                 ["cost to train", with_interval(_usd(to_train), iv, iv and to_train and iv.time(to_train), "usd")]]
     return _table(["", ""], rows, left=1)
 
 
@@ -163,22 +174,33 @@ def _job_title(job) -> str:
     return job.name if job.name and job.name != "job" else "paraplan"
 
 
-def render_html(pred: Prediction) -> str:
-    """The whole report of ``pred`` (made with ``keep_timeline=True``) as one HTML page."""
+def _interval_notes(iv: Interval | None) -> str:
+    """How the interval was had: its rule and each unstated setting it was widened for."""
+    if iv is None:
+        return ""
+    lines = [f"{iv.label} interval: {iv.rule}"]
+    lines += [f"widened for unstated {s.field} ({', '.join(str(getattr(v, 'value', v)).lower() for v in s.tried)}): "
+              f"{100 * s.low:+.1f} / {100 * s.high:+.1f} %" for s in iv.guessed]
+    return "".join(f'<p class="note">{escape(line)}</p>' for line in lines)
+
+
+def render_html(pred: Prediction, interval: Interval | None = None) -> str:
+    """The whole report of ``pred`` (made with ``keep_timeline=True``) as one HTML page; with
+    ``interval``, every time, rate and cost figure with its bounds, and the rule that gave them."""
     title = f"{_job_title(pred.job)}: {pred.job.model.name} on {gpus_label(pred)}"
     notes = "".join(f'<p class="note">uncalibrated: {escape(n)}</p>' for n in pred.uncalibrated)
     verdict = "" if pred.fits else '<p class="bad">The plan does not fit in GPU memory.</p>'
     sections = [
         f"<h1>{escape(title)}</h1>",
         f'<p class="note">Predicted by paraplan ({escape(pred.backend)} backend).</p>',
-        verdict, _summary(pred), notes,
+        verdict, _summary(pred, interval), _interval_notes(interval), notes,
         "<h2>Where one iteration goes</h2>",
         '<p class="note">Seconds of one iteration on each pipeline stage; the critical stage is the '
         "breakdown of the iteration time, the others fill it with idle time. Compute is the kernels' own "
         "time; what a pass waits for a collective (its exposed part, and the slowdown of the kernels it "
         "runs beside) is that collective's row.</p>",
-        _picture(pred, "breakdown", "breakdown per pipeline stage"), _breakdown(pred),
-        "<h2>Pipeline schedule</h2>", _picture(pred, "timeline", "pipeline schedule"),
+        _picture(pred, "breakdown", "breakdown per pipeline stage", interval), _breakdown(pred),
+        "<h2>Pipeline schedule</h2>", _picture(pred, "timeline", "pipeline schedule", interval),
         "<h2>Memory per GPU, by stage</h2>", _picture(pred, "memory", "memory per stage"), _memory(pred),
         "<h2>Operators of one layer</h2>",
         '<p class="note">One transformer layer of the critical stage, one micro-batch, one GPU.</p>',

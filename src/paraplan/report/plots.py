@@ -9,12 +9,16 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paraplan.files.pictures import check_plot_path, load_pyplot
 from paraplan.prediction import Prediction
 from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.stagebars import COMPONENTS, DP_LABEL, stage_bars, timeline_bars
 from paraplan.specs import ConfigError
+
+if TYPE_CHECKING:
+    from paraplan.uncertainty import Interval
 
 #: The pictures ``render_plot`` draws; ``plot_kind_for`` finds one in a file name.
 PLOT_KINDS = ("breakdown", "timeline", "memory")
@@ -137,9 +141,17 @@ def _few_bars(ax, n: int) -> None:
     ax.set_xlim(-0.6 - pad, n - 0.4 + pad)
 
 
-def figure_breakdown(pred: Prediction):
+def _interval_words(interval: Interval | None, seconds: float, scale: float, unit: str) -> str:
+    """`` (80 %: 16.9-21.9 s)``, or nothing without an interval."""
+    if interval is None:
+        return ""
+    low, high = interval.time(seconds)
+    return f" ({interval.label}: {low * scale:.3g}-{high * scale:.3g} {unit})"
+
+
+def figure_breakdown(pred: Prediction, interval: Interval | None = None):
     """A stacked bar per pipeline stage (``stage_bars``); the critical stage's adds up to the
-    iteration time, drawn as a dashed line."""
+    iteration time, drawn as a dashed line; with ``interval``, its bounds as a shaded band."""
     plt = load_pyplot()
     bars = stage_bars(pred)
     scale, unit = _seconds_unit(pred.iteration_s)
@@ -158,12 +170,20 @@ def figure_breakdown(pred: Prediction):
                edgecolor="white", linewidth=0.5)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.axhline(pred.iteration_s * scale, color="black", linestyle="--", linewidth=1)
-    ax.annotate(f"iteration {pred.iteration_s * scale:.4g} {unit}", (1.0, pred.iteration_s * scale),
+    top = pred.iteration_s * scale
+    if interval is not None:  # where the measured iteration falls, at the interval's level
+        low, high = (x * scale for x in interval.time(pred.iteration_s))
+        ax.axhspan(low, high, facecolor="none", edgecolor="0.55", hatch="///", linewidth=0, zorder=0.5)
+        top = max(top, high)
+    ax.annotate(f"iteration {pred.iteration_s * scale:.4g} {unit}"
+                + _interval_words(interval, pred.iteration_s, scale, unit).replace(" (", "\n(hatched: ", 1),
+                (1.0, pred.iteration_s * scale),
                 xycoords=("axes fraction", "data"), xytext=(-4, 4), textcoords="offset points",
-                ha="right", va="bottom", fontsize="small")
+                ha="right", va="bottom", fontsize="small",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.5} if interval is not None else None)
     _stage_ticks(ax, [b.stage for b in bars], crit.stage)
     ax.set_ylabel(f"seconds of one iteration ({unit})")
-    ax.set_ylim(0, pred.iteration_s * scale * 1.08)
+    ax.set_ylim(0, top * 1.08)
     _few_bars(ax, len(bars))
     fig.suptitle("Where one iteration goes, per pipeline stage\n" + _title(pred), fontsize="medium")
     handles, labels = ax.get_legend_handles_labels()
@@ -183,7 +203,7 @@ def _timeline_windows(pred: Prediction, end: float) -> list[tuple[float, float]]
     return [(0.0, end * share), (end * (1 - share), end * (1 + 0.02 * share))]
 
 
-def figure_timeline(pred: Prediction):
+def figure_timeline(pred: Prediction, interval: Interval | None = None):
     """The pipeline schedule as a Gantt chart: one row per stage (stage 0 on top), forward and
     backward of each micro-batch (numbered where they are wide enough), then the stage's
     exposed DP traffic and the optimizer step. A long schedule shows its start and its end."""
@@ -231,7 +251,7 @@ def figure_timeline(pred: Prediction):
         ax.grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(range(pp), [f"stage {i}" for i in range(pp)], fontsize="small")
     axes[0].set_ylim(pp - 0.5, -0.5)
-    dashed = f"dashed: iteration {end:.4g} {unit}"
+    dashed = f"dashed: iteration {end:.4g} {unit}" + _interval_words(interval, pred.iteration_s, scale, unit)
     plan = pred.job.parallel
     if plan.runs_deepspeed_train_schedule and plan.pp > 1:
         head = "Pipeline schedule (DeepSpeed: transfers are rendezvous between tasks)"
@@ -316,11 +336,16 @@ def figure_memory(pred: Prediction):
 _FIGURES = {"breakdown": figure_breakdown, "timeline": figure_timeline, "memory": figure_memory}
 
 
-def render_plot(pred: Prediction, kind: str, path: str | os.PathLike[str]) -> Path:
+def _figure(pred: Prediction, kind: str, interval: Interval | None):
+    """Picture ``kind``; the time pictures (breakdown, timeline) show ``interval``'s bounds."""
+    return _FIGURES[kind](pred) if kind == "memory" else _FIGURES[kind](pred, interval)
+
+
+def render_plot(pred: Prediction, kind: str, path: str | os.PathLike[str], interval: Interval | None = None) -> Path:
     """Write picture ``kind`` of ``pred`` to ``path`` (.png, .svg or .pdf by suffix).
     The caller checks the path first (``check_plot_path``), before predicting."""
     check_plot_path(path, overwrite=True)
-    fig = _FIGURES[kind](pred)
+    fig = _figure(pred, kind, interval)
     try:
         fig.savefig(Path(path), dpi=130)
     finally:
@@ -328,9 +353,9 @@ def render_plot(pred: Prediction, kind: str, path: str | os.PathLike[str]) -> Pa
     return Path(path)
 
 
-def render_png(pred: Prediction, kind: str) -> bytes:
+def render_png(pred: Prediction, kind: str, interval: Interval | None = None) -> bytes:
     """Picture ``kind`` of ``pred`` as PNG bytes (for the HTML report)."""
-    fig = _FIGURES[kind](pred)
+    fig = _figure(pred, kind, interval)
     buffer = io.BytesIO()
     try:
         fig.savefig(buffer, format="png", dpi=110)

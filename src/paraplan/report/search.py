@@ -147,6 +147,8 @@ def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> li
         columns.append((Col("node order", wrap=True), lambda r: _runs(r.get("node_order", []))))
     columns += [
         _number("iter s", lambda r: f"{r['iteration_s']:.2f}"),
+        *([_number(level, _iteration_range, legend=f"the iteration time's {level} interval (s)")]
+          if (level := _interval_level(rows)) else []),
         _number("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
         _number("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
         _number("GiB/GPU", lambda r: f"{r['memory_per_gpu_bytes'] / 2**30:.1f}", short="GiB", legend="memory per GPU"),
@@ -160,6 +162,18 @@ def plan_columns(rows: list[dict[str, Any]], several_configurations: bool) -> li
     if any(r["cost_to_train_usd"] is not None for r in rows):
         columns.append(_number("cost", lambda r: _usd(r["cost_to_train_usd"])))
     return columns
+
+
+def _interval_level(rows: list[dict[str, Any]]) -> str | None:
+    """``80 %``: the level of the rows' intervals, or None when they have none."""
+    levels = {r["interval"]["level"] for r in rows if isinstance(r.get("interval"), dict)}
+    return f"{100 * min(levels):g} %" if levels else None
+
+
+def _iteration_range(row: dict[str, Any]) -> str:
+    """The iteration time's interval of a plan's row (JSON form), three figures; '-' without one."""
+    iv = row.get("interval")
+    return "-" if not isinstance(iv, dict) else "-".join(f"{x:.3g}" for x in iv["iteration_s"])
 
 
 def plans_table(title: str, rows: list[dict[str, Any]], several_configurations: bool) -> ReadableTable:

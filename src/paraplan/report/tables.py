@@ -55,15 +55,19 @@ def with_interval(value: str, interval: Interval | None, bounds: tuple[float, fl
     """``value (80 %: bounds)``, the bounds as ``shown`` says: seconds | count | rate | pct | usd."""
     if interval is None or not isinstance(bounds, tuple):  # no interval, or no figure to bound
         return value
+    return f"{value} ({interval.label}: {range_text(bounds, shown)})"
+
+
+def range_text(bounds: tuple[float, float], shown: str) -> str:
+    """An interval's bounds as ``shown`` says: seconds | count | rate | pct | usd."""
     low, high = bounds
-    text = {
+    return {
         "seconds": lambda: _seconds_range(low, high),
         "count": lambda: f"{_sig(low)}-{_sig(high)}",
         "rate": lambda: f"{low:.1f}-{high:.1f}",
         "pct": lambda: f"{100 * low:.1f}-{100 * high:.1f} %",
         "usd": lambda: "-".join(f"${x:,.2f}" if x < 100 else f"${_sig(x)}" for x in (low, high)),
     }[shown]()
-    return f"{value} ({interval.label}: {text})"
 
 
 def render_interval(interval: Interval) -> list[Text]:

@@ -76,6 +76,13 @@ def unstated(job: Job) -> list[Plausible]:
     return [p for p in plausible_settings() if p.field not in stated and _WHEN[p.when](plan)]
 
 
+def _with_value(job: Job, field: str, value: Any) -> Job:
+    """``job`` with its plan's ``field`` set to ``value`` (a ConfigError or ValueError if the
+    plan refuses it)."""
+    plan = type(job.parallel).model_validate({**job.parallel.model_dump(), field: value})
+    return job.model_copy(update={"parallel": plan})
+
+
 def setting_spreads(job: Job, iteration_s: float, predict: Callable[[Job], float]) -> tuple[Spread, ...]:
     """Each unstated setting's spread: ``predict`` (a job's iteration seconds) over its
     plausible values, one setting changed at a time; a value the plan refuses is left out."""
@@ -87,12 +94,40 @@ def setting_spreads(job: Job, iteration_s: float, predict: Callable[[Job], float
             if _plain(value) == _plain(used):
                 continue
             try:
-                plan = type(job.parallel).model_validate({**job.parallel.model_dump(), setting.field: value})
-                seconds = predict(job.model_copy(update={"parallel": plan}))
+                seconds = predict(_with_value(job, setting.field, value))
             except (ConfigError, ValueError):
                 continue
             tried.append(value)
             ratios.append(math.log(seconds / iteration_s))
         if tried:
             spreads.append(Spread(setting.field, used, tuple(tried), min(ratios), max(ratios)))
+    return tuple(spreads)
+
+
+def ratio_spreads(job_a: Job, job_b: Job, predict: Callable[[Job], float]) -> tuple[Spread, ...]:
+    """The spread of log(B / A) (iteration seconds) over each setting either job left unstated:
+    one framework runs both plans, so a value is set in each job that did not state the
+    setting, in both at once; ``used`` is A's value where A left it unstated, else B's."""
+    base = math.log(predict(job_b) / predict(job_a))
+    loose_a = {p.field: p for p in unstated(job_a)}
+    loose_b = {p.field: p for p in unstated(job_b)}
+    spreads = []
+    for name in [*loose_a, *(f for f in loose_b if f not in loose_a)]:
+        setting = loose_a.get(name) or loose_b[name]
+        used = getattr((job_a if name in loose_a else job_b).parallel, name)
+        ratios, tried = [0.0], []
+        for value in setting.values:
+            try:
+                a = _with_value(job_a, name, value) if name in loose_a else job_a
+                b = _with_value(job_b, name, value) if name in loose_b else job_b
+                if a is job_a and b is job_b:
+                    continue
+                ratio = math.log(predict(b) / predict(a)) - base
+            except (ConfigError, ValueError):
+                continue
+            if _plain(value) != _plain(used):
+                tried.append(value)
+            ratios.append(ratio)
+        if tried:
+            spreads.append(Spread(name, used, tuple(tried), min(ratios), max(ratios)))
     return tuple(spreads)

@@ -98,7 +98,8 @@ def conformal_interval(regime: Regime, level: float, table: ResidualTable) -> tu
     if bounds is not None:
         return bounds[0], bounds[1], f"split conformal on the {len(own)} runs of {regime.name}", False, len(own)
     factor = table.fallback_factor
-    short = f"too few runs in {regime.name} ({len(own)}, {need} needed at {100 * level:g} %)"
+    have = f"{len(own)} run" + ("" if len(own) == 1 else "s")
+    short = f"too few runs in {regime.name} ({have}; {need} needed at {100 * level:g} %)"
     for pool in regime.coarser():
         pooled = table.pooled(pool)
         found = conformal_bounds(pooled, level)

@@ -87,6 +87,9 @@ class ResidualTable:
     produced_by: str = ""
     fallback_factor: float = 1.5
     user_runs: Mapping[Regime, int] = field(default_factory=dict)  # residuals a user's runs file added
+    # per regime, each dev run's (source, residual): runs of one source shared a cluster and a
+    # framework, so the differences of their residuals are how far a comparison can be trusted
+    by_source: Mapping[Regime, tuple[tuple[str, float], ...]] = field(default_factory=dict)
 
     def pooled(self, regime: Regime) -> tuple[float, ...]:
         """Every residual of the runs ``regime`` covers (a pooled regime: several)."""
@@ -100,7 +103,17 @@ class ResidualTable:
             merged.setdefault(regime, []).append(r)
             added[regime] = added.get(regime, 0) + 1
         return ResidualTable({k: tuple(sorted(v)) for k, v in merged.items()}, self.sources, self.produced_by,
-                             self.fallback_factor, added)
+                             self.fallback_factor, added, self.by_source)
+
+    def source_differences(self, regime: Regime) -> tuple[float, ...]:
+        """r_i - r_j for every ordered pair of distinct dev runs of one source in the runs
+        ``regime`` covers: the error left in a ratio of two predictions of one kind."""
+        groups: dict[str, list[float]] = {}
+        for own, pairs in self.by_source.items():
+            if regime.covers(own):
+                for source, r in pairs:
+                    groups.setdefault(source, []).append(r)
+        return tuple(a - b for rs in groups.values() for i, a in enumerate(rs) for j, b in enumerate(rs) if i != j)
 
     @classmethod
     def from_rows(cls, rows: Iterable[tuple[Regime, float]], **kwargs: Any) -> ResidualTable:
@@ -113,12 +126,17 @@ class ResidualTable:
 
 def table_from_mapping(raw: Mapping[str, Any]) -> ResidualTable:
     """``catalog/intervals.yaml`` (or a mapping of its form) as a table."""
-    residuals = {}
+    residuals, by_source = {}, {}
     for entry in raw.get("regimes") or ():
         regime = Regime(str(entry["gpu"]), str(entry["framework"]), str(entry["model"]))
         residuals[regime] = tuple(sorted(float(r) for r in entry["residuals"]))
+        runs = entry.get("runs") or ()
+        if len(runs) == len(entry["residuals"]):  # "source: run id", in the residuals' order
+            by_source[regime] = tuple((str(run).partition(":")[0], float(r))
+                                      for run, r in zip(runs, entry["residuals"], strict=True))
     return ResidualTable(residuals, tuple(str(s) for s in raw.get("sources") or ()),
-                         str(raw.get("produced_by") or ""), float(raw.get("fallback_factor", 1.5)))
+                         str(raw.get("produced_by") or ""), float(raw.get("fallback_factor", 1.5)),
+                         by_source=by_source)
 
 
 @functools.cache
