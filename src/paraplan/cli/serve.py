@@ -1,0 +1,50 @@
+"""`paraplan serve`: the local web page (needs the web extra: pip install "paraplan[web]")."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from paraplan.cli.common import err, user_errors
+
+Opt = typer.Option
+
+# what the web extra installs (the page imports them)
+WEB_MODULES = ("uvicorn", "starlette", "jinja2")
+
+
+def serve_command(
+    port: Annotated[int, Opt(help="Port to listen on.")] = 8000,
+    host: Annotated[str, Opt(help="Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 "
+                                  "serves every network the machine is on (no login: anyone there can use it).")]
+    = "127.0.0.1",
+) -> None:
+    """Serve a local web page to predict, search and compare plans, and download their job
+    files, launch recipes and reports. Ctrl-C stops it."""
+    from paraplan.specs import ConfigError
+
+    with user_errors():
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"--port: expected 1-65535, got {port}")
+        try:
+            import uvicorn
+
+            from paraplan.web.app import create_app
+        except ModuleNotFoundError as exc:
+            name = (exc.name or "").split(".")[0]
+            if name not in WEB_MODULES:
+                raise
+            raise ConfigError(f"{name} is not installed: this needs the 'web' extra "
+                              "(pip install 'paraplan[web]')") from None
+    local = host in ("127.0.0.1", "localhost", "::1")
+    hosts = ["127.0.0.1", "localhost", "[::1]"] if local else ["*"]
+    if not local:
+        err.print(f"note: serving every address of {host}; anyone who reaches this machine can use the page",
+                  highlight=False, soft_wrap=True)
+    config = uvicorn.Config(create_app(allowed_hosts=hosts), host=host, port=port, log_level="warning",
+                            access_log=False, limit_concurrency=64)
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    err.print(f"paraplan serve: http://{shown}:{port}/ (Ctrl-C stops it)", highlight=False, markup=False)
+    server.run()
