@@ -97,7 +97,7 @@ function renderPrediction(result, answer) {
     `<div><h3>Memory (worst stage ${m.worst_stage})</h3>${table(["part", "per GPU"], mem, "num")}</div>` +
     `<div><h3>Memory per stage</h3>${table(["stage", "per GPU", "layers"], stages, "num stages")}</div></div>`;
   result.querySelector(".pictures").innerHTML = Object.entries(answer.pictures)
-    .map(([kind, url]) => `<figure><img src="${url}" alt="${kind} picture" loading="lazy"><figcaption>${kind}</figcaption></figure>`).join("");
+    .map(([kind, url]) => `<figure><img src="${url}" alt="${kind} picture"><figcaption>${kind}</figcaption></figure>`).join("");
   result.querySelector(".downloads").innerHTML = "Download: " + Object.entries(answer.downloads)
     .map(([name, url]) => `<a href="${url}" download data-download="${name}">${esc(name)}</a>`).join(" ");
   result.querySelector(".notes").innerHTML = [...answer.notes, ...(p.uncalibrated || [])]
@@ -134,7 +134,7 @@ function debounce(fn, ms) {
 async function upload(form, input, result) {
   const field = input.closest(".field");
   const file = input.files[0];
-  if (!file) return;
+  if (!file) return false;
   const response = await fetch("/api/upload?name=" + encodeURIComponent(file.name),
     { method: "POST", headers: { "X-Paraplan": "1", "Content-Type": "application/octet-stream" }, body: file });
   const answer = await response.json();
@@ -143,9 +143,10 @@ async function upload(form, input, result) {
     form.querySelector('[name="hf_config"]').value = "";
     field.classList.add("bad");
     field.querySelector(".msg").textContent = answer.error;
-    return;
+    return false;
   }
   form.querySelector('[name="hf_config"]').value = answer.id;
+  return true;
 }
 
 function fillFromQuery(form) {
@@ -163,7 +164,7 @@ function liveForm(form, result) {
   form.addEventListener("input", (e) => { if (e.target.type !== "file") { showWhen(form); again(); } });
   form.addEventListener("change", async (e) => {
     showWhen(form);
-    if (e.target.classList.contains("upload")) await upload(form, e.target, result);
+    if (e.target.classList.contains("upload") && !(await upload(form, e.target, result))) return;
     again();
   });
   form.addEventListener("submit", (e) => { e.preventDefault(); predict(form, result); });
