@@ -160,6 +160,7 @@ def test_the_search_page_ranks_plans_and_a_clicked_plan_is_predicted(page, serve
     page.locator(".plans input[type=checkbox]").nth(1).check()
     page.click("#compare-picked")
     page.locator(".comparison table.compare").wait_for()
+    assert pictures_loaded(page, "#prediction") == 3
     shoot(page, "search")
 
 
@@ -194,8 +195,8 @@ def test_the_compare_page_shows_b_minus_a(page, server):
     message.wait_for(state="visible")
     assert "tp*pp*cp = 5" in message.inner_text()
     page.fill("#job-b [name=tp]", "8")
-    page.wait_for_function("document.querySelector('#comparison').innerText.includes('tensor_model_parallel_size')"
-                           " || document.querySelector('#comparison').innerText.includes('tp')")
+    page.wait_for_function("document.querySelector('#comparison').innerText.includes('\"b\":8')")
+    assert pictures_loaded(page, "#prediction-b") == 3
     shoot(page, "compare")
 
 

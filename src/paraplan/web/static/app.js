@@ -97,7 +97,7 @@ function renderPrediction(result, answer) {
     `<div><h3>Memory (worst stage ${m.worst_stage})</h3>${table(["part", "per GPU"], mem, "num")}</div>` +
     `<div><h3>Memory per stage</h3>${table(["stage", "per GPU", "layers"], stages, "num stages")}</div></div>`;
   result.querySelector(".pictures").innerHTML = Object.entries(answer.pictures)
-    .map(([kind, url]) => `<figure><img src="${url}" alt="${kind} picture"><figcaption>${kind}</figcaption></figure>`).join("");
+    .map(([kind, url]) => `<figure class="${kind}"><img src="${url}" alt="${kind} picture"><figcaption>${kind}</figcaption></figure>`).join("");
   result.querySelector(".downloads").innerHTML = "Download: " + Object.entries(answer.downloads)
     .map(([name, url]) => `<a href="${url}" download data-download="${name}">${esc(name)}</a>`).join(" ");
   result.querySelector(".notes").innerHTML = [...answer.notes, ...(p.uncalibrated || [])]
@@ -174,7 +174,8 @@ function liveForm(form, result) {
 
 function comparisonTable(c) {
   const rows = Object.entries(c.difference).map(([k, d]) => {
-    const f = /bytes/.test(k) ? fmt.gb : /_s$/.test(k) ? fmt.s : /usd/.test(k) ? fmt.usd : /mfu|fraction/.test(k) ? fmt.pct : fmt.n;
+    const f = /tokens_per_s|fits/.test(k) ? fmt.n : /bytes|memory\.(total|hbm|margin|weights|gradients|optimizer|activations|logits|gathered|buffers|fragmentation|runtime)/.test(k) ? fmt.gb
+      : /_s$|^breakdown\./.test(k) ? fmt.s : /usd/.test(k) ? fmt.usd : /mfu|hfu|fraction|headroom/.test(k) ? fmt.pct : fmt.n;
     const rel = d.relative == null ? "" : (d.relative >= 0 ? "+" : "") + (100 * d.relative).toFixed(1) + " %";
     return [k.replace(/_(s|bytes)$/, "").replaceAll("_", " "), f(d.a), f(d.b), rel];
   });
@@ -235,6 +236,7 @@ function searchPage() {
     const answer = await response.json();
     if (!response.ok) { result.querySelector(".form-error").textContent = answer.error; return null; }
     renderPrediction(result, answer);
+    result.scrollIntoView({ block: "start" });
     return answer;
   }
   box.addEventListener("click", async (e) => {
