@@ -370,6 +370,7 @@ def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        web.predict_form({})  # the demo job once: imports and the catalog read before the first page asks
         yield
         await web.close()
 
