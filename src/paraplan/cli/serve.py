@@ -10,8 +10,6 @@ from paraplan.cli.common import err, user_errors
 
 Opt = typer.Option
 
-# what the web extra installs (the page imports them)
-WEB_MODULES = ("uvicorn", "starlette", "jinja2")
 
 
 def serve_command(
@@ -27,16 +25,9 @@ def serve_command(
     with user_errors():
         if not 1 <= port <= 65535:
             raise ConfigError(f"--port: expected 1-65535, got {port}")
-        try:
-            import uvicorn
+        import uvicorn  # (user_errors names the web extra when it is missing)
 
-            from paraplan.web.app import create_app
-        except ModuleNotFoundError as exc:
-            name = (exc.name or "").split(".")[0]
-            if name not in WEB_MODULES:
-                raise
-            raise ConfigError(f"{name} is not installed: this needs the 'web' extra "
-                              "(pip install 'paraplan[web]')") from None
+        from paraplan.web.app import create_app
     local = host in ("127.0.0.1", "localhost", "::1")
     hosts = ["127.0.0.1", "localhost", "[::1]"] if local else ["*"]
     if not local:
