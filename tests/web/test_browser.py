@@ -68,7 +68,9 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    # (Playwright's waits evaluate text, which the page's Content-Security-Policy forbids; the
+    # policy itself is held by test_the_page_runs_under_its_content_security_policy)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True, bypass_csp=True)
     page = context.new_page()
     yield page
     context.close()
@@ -103,6 +105,23 @@ def test_the_predict_page_updates_as_a_field_changes_and_shows_its_pictures(page
     assert page.locator("#prediction .iteration").inner_text().endswith("s")
     assert pictures_loaded(page, "#prediction") == 3
     shoot(page, "predict")
+
+
+def test_the_page_runs_under_its_content_security_policy(browser, server):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    said: list[str] = []
+    page.on("console", lambda message: said.append(message.text))
+    page.goto(server + "/")
+    page.locator("#prediction .iteration").wait_for()
+    page.fill("#job [name=tp]", "3")
+    page.locator('#job .field[data-field="tp"] .msg').wait_for(state="visible")
+    page.fill("#job [name=tp]", "4")
+    page.locator('#job .field[data-field="tp"] .msg').wait_for(state="hidden")
+    page.locator("#prediction figure.memory img").wait_for()
+    page.wait_for_load_state("networkidle")
+    context.close()
+    assert [m for m in said if "Content Security Policy" in m] == []
 
 
 def test_a_bad_plan_shows_the_packages_message_beside_its_field(page, server):
@@ -162,6 +181,10 @@ def test_the_search_page_ranks_plans_and_a_clicked_plan_is_predicted(page, serve
     page.locator(".comparison table.compare").wait_for()
     assert pictures_loaded(page, "#prediction") == 3
     shoot(page, "search")
+    iteration = page.locator("#prediction .iteration").inner_text()
+    page.click("#prediction a.open")
+    page.wait_for_url("**/?*")
+    page.wait_for_function(f"document.querySelector('#prediction .iteration')?.innerText === {iteration!r}")
 
 
 def test_a_bad_search_list_is_named_beside_its_field(page, server):
@@ -201,7 +224,7 @@ def test_the_compare_page_shows_b_minus_a(page, server):
 
 
 def test_ten_tabs_each_predict_their_own_plan(browser, server):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True)
     tabs = [context.new_page() for _ in range(10)]
     sizes = [1, 2, 4, 8, 1, 2, 4, 8, 2, 4]
     for tab in tabs:

@@ -76,9 +76,40 @@ def test_a_model_mapping_with_a_yaml_tag_is_refused_as_a_file_would_be(client):
     assert "tag" in answer.json()["error"]
 
 
-def test_a_cluster_named_by_a_server_file_is_refused(client):
-    assert predict(client, cluster="/etc/passwd").json() == {
+def test_a_cluster_named_by_a_server_file_is_refused(client, tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("gpu: H100-SXM5-80GB\ngpus_per_node: 8\nnum_nodes: 4\n")
+    assert predict(client, cluster=str(cluster)).json() == {
         "error": "cluster: the page takes a catalog cluster name, not a file", "field": "cluster"}
+    inline = predict(client, cluster_source="mapping", cluster_yaml=f"name: {cluster}\nnum_nodes: 2")
+    assert inline.json()["field"] == "cluster_yaml" and "names a file" in inline.json()["error"]
+
+
+def test_an_inline_cluster_is_predicted_and_its_error_named_beside_it(client):
+    cluster = ("name: my-cluster\ngpu: H100-SXM5-80GB\ngpus_per_node: 8\nnum_nodes: 4\n"
+               "intra_node: {bandwidth: 450 GB/s}\ninter_node: {bandwidth: 50 GB/s, latency: 5 us}\n")
+    answer = predict(client, cluster_source="mapping", cluster_yaml=cluster).json()
+    assert answer["prediction"]["num_gpus"] == 32
+    bad = predict(client, cluster_source="mapping", cluster_yaml="gpu: H1000\nnum_nodes: 2").json()
+    assert bad["field"] == "cluster_yaml" and "unknown GPU 'H1000'" in bad["error"]
+
+
+def test_a_searched_plan_opens_on_the_predict_page_as_the_same_prediction(client):
+    started = client.post("/api/search", json={"model": "llama-3-8b", "cluster_source": "gpu", "gpu": "A100-SXM4-80GB",
+                                               "num_nodes": "2", "global_batch_size": "64", "tp": "1,2"},
+                          headers=POST).json()
+    while client.get(f"/api/search/{started['id']}").json()["state"] == "running":
+        time.sleep(0.1)
+    plan = client.post(f"/api/search/{started['id']}/plans/0", headers=POST).json()
+    again = client.post("/api/predict", json=plan["fields"], headers=POST).json()
+    named = {**plan["prediction"], "job": again["prediction"]["job"]}  # (the page's job is named by the form)
+    assert again["prediction"] == named
+
+
+def test_every_answer_carries_the_security_headers(client):
+    headers = client.get("/").headers
+    assert headers["content-security-policy"].startswith("default-src 'self'")
+    assert headers["x-content-type-options"] == "nosniff"
 
 
 def test_a_post_without_the_pages_header_or_to_another_host_name_is_refused(client):

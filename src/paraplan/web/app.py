@@ -38,7 +38,7 @@ from paraplan.web.state import MAX_UPLOAD_BYTES, Predictions, Searches, Uploads,
 #: Largest JSON body of a form (the model mapping is its longest field).
 MAX_FORM_BYTES = 128 * 1024
 PICTURES = ("breakdown", "timeline", "memory")
-PREDICT_FIELDS = (*tuple(f.name for f in forms.JOB_FLAGS), "model_yaml")
+PREDICT_FIELDS = (*tuple(f.name for f in forms.JOB_FLAGS), "model_yaml", "cluster_yaml")
 HEADER = "x-paraplan"
 
 _HERE = Path(__file__).parent
@@ -99,6 +99,25 @@ async def _form(request: Request) -> dict[str, Any]:
     return data
 
 
+def _draw(request: Request, pred: Any, kind: str) -> bytes | None:
+    from paraplan.report.plots import render_png
+
+    with plot_lock():
+        if _gone(request):
+            return None
+        return render_png(pred, kind)
+
+
+def _gone(request: Request) -> bool:
+    """Whether the browser closed the request (checked without waiting)."""
+    import anyio.from_thread
+
+    try:
+        return anyio.from_thread.run(request.is_disconnected)
+    except RuntimeError:  # no event loop to ask (a test calling directly)
+        return False
+
+
 def _json(data: Any) -> Response:
     """``data`` as the CLI writes JSON (``report.formats.render_json``: a non-finite number is
     an internal error, never output)."""
@@ -108,10 +127,41 @@ def _json(data: Any) -> Response:
 
 
 def _path_like(value: Any) -> bool:
-    """A cluster named by a file: the page takes catalog names only (it reads no server file)."""
-    if not isinstance(value, str):
-        return False
-    return any(c in value for c in "/\\") or value.lower().endswith((".yaml", ".yml", ".json"))
+    """A value the package would read as a file (a cluster file: a name ending in .yaml, .yml or
+    .json); the page takes catalog names only and reads no file of the server's."""
+    return isinstance(value, str) and value.strip().lower().endswith((".yaml", ".yml", ".json"))
+
+
+def _names_cluster(exc: BaseException) -> bool:
+    return _message(exc).startswith(("cluster", "unknown GPU"))
+
+
+def _mapping(text: Any, field: str, what: str) -> dict[str, Any]:
+    """A model or cluster typed as YAML on the page, read as a job file is (the package's
+    limits: no tags, aliases that cannot blow up, no repeated keys); a value naming a file
+    (hf_config, a cluster file) is refused: the page reads no file of the server's."""
+    from paraplan.catalog.userdata import load_yaml
+
+    if not isinstance(text, str) or not text.strip():
+        raise BadInput(f"{field}: give the {what}", field)
+    if len(text) > forms.MAX_FIELD_CHARS:
+        raise BadInput(f"{field}: longer than {forms.MAX_FIELD_CHARS:,} characters", field)
+    mapping = load_yaml(text, field)
+    if not isinstance(mapping, dict):
+        raise BadInput(f"{field}: expected a mapping of {what}", field)
+    if "hf_config" in mapping:
+        raise BadInput(f"{field}: hf_config: upload the config.json instead", field)
+    if any(_path_like(value) for value in _strings(mapping)):
+        raise BadInput(f"{field}: names a file; the page takes catalog names and values only", field)
+    return mapping
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
 
 
 class WebApp:
@@ -156,28 +206,23 @@ class WebApp:
         fields laid over it, as ``paraplan predict`` lays its flags."""
         from paraplan.catalog.jobs import demo_job_mapping
         from paraplan.catalog.origin import resolve_with_flags
-        from paraplan.catalog.userdata import load_yaml
         from paraplan.cli.loading import predict_flagged
 
         source = form.get("model_source") or "catalog"
         hf = self.uploads.path(form.get("hf_config")) if source == "hf" else None
         flags = forms.job_flags(form, hf)
         raw = demo_job_mapping()
+        raw.pop("train_tokens", None)  # the page's field says it; cleared, the job has none
         if source != "catalog":
             flags["model"] = None
         if source == "mapping":
-            text = form.get("model_yaml")
-            if not isinstance(text, str) or not text.strip():
-                raise BadInput("model_yaml: give the model's fields (num_layers, hidden_size, ...)", "model_yaml")
-            if len(text) > forms.MAX_FIELD_CHARS:
-                raise BadInput(f"model_yaml: longer than {forms.MAX_FIELD_CHARS:,} characters", "model_yaml")
-            mapping = load_yaml(text, "model_yaml")  # the package's limits: no tags, alias limits
-            if not isinstance(mapping, dict):
-                raise BadInput("model_yaml: expected a mapping of model fields (num_layers: 32, ...)", "model_yaml")
-            if "hf_config" in mapping:
-                raise BadInput("model_yaml: hf_config: upload the config.json instead", "model_yaml")
-            raw["model"] = mapping
-        if (form.get("cluster_source") or "catalog") == "gpu":
+            raw["model"] = _mapping(form.get("model_yaml"), "model_yaml", "model fields (num_layers, hidden_size, ...)")
+        cluster_source = form.get("cluster_source") or "catalog"
+        if cluster_source == "mapping":
+            for name in ("cluster", "gpu", "num_nodes", "gpus_per_node", "price_per_gpu_hour"):
+                flags[name] = None  # the mapping says them
+            raw["cluster"] = _mapping(form.get("cluster_yaml"), "cluster_yaml", "cluster fields (gpu, num_nodes, ...)")
+        elif cluster_source == "gpu":
             flags["cluster"] = None
             if not flags.get("gpu"):
                 raise BadInput("gpu: choose a GPU", "gpu")
@@ -210,9 +255,13 @@ class WebApp:
         except USER_ERRORS as exc:
             answer = _error(exc)
             source = form.get("model_source") if isinstance(form, dict) else None
+            field = json.loads(answer.body).get("field")
             named = {"mapping": "model_yaml", "hf": "hf_config"}.get(str(source))
-            if named and json.loads(answer.body).get("field") == "model":  # the model comes from there
+            if named and field == "model":  # the model comes from there
                 return _error(BadInput(_message(exc), named))
+            cluster_fields = ("cluster", "gpu", "num_nodes", "gpus_per_node", "price_per_gpu_hour")
+            if isinstance(form, dict) and form.get("cluster_source") == "mapping" and (field in cluster_fields or _names_cluster(exc)):
+                return _error(BadInput(_message(exc), "cluster_yaml"))
             return answer
 
     async def upload(self, request: Request) -> Response:
@@ -223,18 +272,21 @@ class WebApp:
         except USER_ERRORS as exc:
             return _error(BadInput(_message(exc), "hf_config", getattr(exc, "status", 400)))
 
-    def picture(self, request: Request) -> Response:
-        from paraplan.report.plots import render_png
+    async def picture(self, request: Request) -> Response:
+        """A picture of a kept prediction (report.plots), drawn in a worker thread; one the
+        page stopped waiting for (a newer change replaced it) is not drawn."""
+        from starlette.concurrency import run_in_threadpool
 
         kind = request.path_params["kind"]
         try:
             if kind not in PICTURES:
                 raise BadInput(f"picture: unknown kind {kind!r} (one of {', '.join(PICTURES)})", status=404)
             pred = self.predictions.get(request.path_params["key"])
-            with plot_lock():
-                png = render_png(pred, kind)
+            png = await run_in_threadpool(_draw, request, pred, kind)
         except USER_ERRORS as exc:
             return _error(exc)
+        if png is None:
+            return Response(status_code=204)
         return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
 
     def download(self, request: Request) -> Response:
@@ -354,13 +406,41 @@ class WebApp:
             plan = plans[index]
             job = plan.placement.job if plan.placement is not None else plan.job
             pred = predict_any(job, keep_timeline=True)
-            return _json(self._answer(pred, []))
+            return _json({**self._answer(pred, []), "fields": forms.fields_of(pred.job)})
         except USER_ERRORS as exc:
             return _error(exc)
 
     async def close(self) -> None:
         self.searches.cancel_all()
         self.uploads.close()
+
+
+class SecurityHeaders:
+    """Every answer: scripts, styles and pictures from this server only, no framing, no
+    sniffing, no referrer (pure ASGI, so streaming answers pass through untouched)."""
+
+    HEADERS = (
+        (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; object-src 'none'; "
+                                     b"frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"x-frame-options", b"DENY"),
+    )
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
@@ -392,6 +472,6 @@ def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
     ]
     hosts = allowed_hosts or ["127.0.0.1", "localhost"]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
+                    middleware=[Middleware(SecurityHeaders), Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
     app.state.web = web
     return app

@@ -123,3 +123,49 @@ def field_of(message: str, fields: typing.Iterable[str]) -> str | None:
         if word in ("GPU", "gpu") and "gpu" in known:
             return "gpu"
     return None
+
+
+_NODE_FIELDS = {"name", "num_nodes", "gpus_per_node", "price_per_gpu_hour"}
+
+
+def fields_of(job: Any) -> dict[str, str]:
+    """The predict form's fields that describe ``job`` (a search's plan opened on the predict
+    page): catalog names where the job's model and cluster are catalog entries, else their
+    fields as YAML; the plan by the form's field names."""
+    import yaml
+
+    from paraplan.catalog.jobfile import job_mapping
+    from paraplan.catalog.loader import catalog_names
+
+    mapping = job_mapping(job)
+    fields: dict[str, str] = {}
+    model = mapping.get("model")
+    if isinstance(model, dict) and set(model) <= {"name", "seq_length"} and model.get("name") in catalog_names("models"):
+        model, fields["seq_length"] = model["name"], str(model.get("seq_length", ""))
+    if isinstance(model, str):
+        fields.update(model_source="catalog", model=model)
+    else:
+        fields.update(model_source="mapping", model_yaml=yaml.safe_dump(model, sort_keys=False))
+    cluster = mapping.get("cluster")
+    cluster = {"name": cluster} if isinstance(cluster, str) else cluster
+    if isinstance(cluster, dict) and set(cluster) <= _NODE_FIELDS and cluster.get("name") in catalog_names("clusters"):
+        fields.update(cluster_source="catalog", cluster=cluster["name"],
+                      **{k: _text(v) for k, v in cluster.items() if k != "name"})
+    else:
+        fields.update(cluster_source="mapping", cluster_yaml=yaml.safe_dump(cluster, sort_keys=False))
+    for key, value in (mapping.get("parallel") or {}).items():
+        name = _LONG_TO_FIELD.get(key, key)
+        if name == "sequence_parallel":
+            fields[name] = "on" if value else "off"
+        elif name in _JOB_TYPES and not isinstance(value, dict | list):
+            fields[name] = _text(value)
+    for key in ("precision", "train_tokens", "memory_headroom"):
+        if mapping.get(key) is not None:
+            fields[key] = _text(mapping[key])
+    return fields
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -17,8 +17,8 @@ function fields(form) {
 function showWhen(form) {
   const data = fields(form);
   for (const part of form.querySelectorAll("[data-when]")) {
-    const [name, value] = part.dataset.when.split("=");
-    part.hidden = data[name] !== value;
+    const [name, values] = part.dataset.when.split("=");
+    part.hidden = !values.split(",").includes(data[name]);
   }
 }
 
@@ -236,6 +236,8 @@ function searchPage() {
     const answer = await response.json();
     if (!response.ok) { result.querySelector(".form-error").textContent = answer.error; return null; }
     renderPrediction(result, answer);
+    result.querySelector(".downloads").insertAdjacentHTML("beforeend",
+      ` · <a class="open" href="${esc("/?" + new URLSearchParams(answer.fields))}">open in the predict page</a>`);
     result.scrollIntoView({ block: "start" });
     return answer;
   }
