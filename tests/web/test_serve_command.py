@@ -31,3 +31,15 @@ def test_a_port_out_of_range_is_one_line_with_exit_code_2():
     result = CliRunner().invoke(app, ["serve", "--port", "70000"])
     assert result.exit_code == 2
     assert "--port: expected 1-65535, got 70000" in result.output
+
+
+def test_a_port_in_use_is_one_line_with_exit_code_2():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"--port: cannot listen on 127.0.0.1:{port}" in result.output

@@ -153,3 +153,13 @@ def test_two_predictions_compare_as_paraplan_compare_does(client):
 def test_a_search_bad_list_names_its_field(client):
     answer = client.post("/api/search", json={"tp": "1,x"}, headers=POST)
     assert answer.status_code == 400 and answer.json()["field"] == "tp"
+
+
+def test_a_search_runs_on_an_uploaded_hugging_face_config(client):
+    upload = client.post("/api/upload?name=config.json", content=HF_CONFIG, headers=POST).json()
+    started = client.post("/api/search", json={"model_source": "hf", "hf_config": upload["id"], "seq_length": "4096",
+                                               "cluster": "aws-p5.48xlarge", "num_nodes": "1",
+                                               "global_batch_size": "64", "tp": "2"}, headers=POST).json()
+    while (status := client.get(f"/api/search/{started['id']}").json())["state"] == "running":
+        time.sleep(0.1)
+    assert status["state"] == "done" and status["result"]["plans"][0]["tp"] == 2

@@ -25,6 +25,7 @@ def serve_command(
     with user_errors():
         if not 1 <= port <= 65535:
             raise ConfigError(f"--port: expected 1-65535, got {port}")
+        _check_free(host, port)
         import uvicorn  # (user_errors names the web extra when it is missing)
 
         from paraplan.web.app import create_app
@@ -39,3 +40,23 @@ def serve_command(
     shown = f"[{host}]" if ":" in host else host
     err.print(f"paraplan serve: http://{shown}:{port}/ (Ctrl-C stops it)", highlight=False, markup=False)
     server.run()
+
+
+def _check_free(host: str, port: int) -> None:
+    """The address can be bound (else one line, exit 2, rather than the server's log)."""
+    import socket
+
+    from paraplan.specs import ConfigError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"--host: cannot resolve {host!r} ({exc.strerror or exc})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"--port: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                              "pass another --port") from None

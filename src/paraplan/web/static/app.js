@@ -173,11 +173,13 @@ function liveForm(form, result) {
 }
 
 function comparisonTable(c) {
-  const rows = Object.entries(c.difference).map(([k, d]) => {
+  const rows = Object.entries(c.difference).filter(([, d]) => d.a || d.b).map(([k, d]) => {
     const f = /tokens_per_s|fits/.test(k) ? fmt.n : /bytes|memory\.(total|hbm|margin|weights|gradients|optimizer|activations|logits|gathered|buffers|fragmentation|runtime)/.test(k) ? fmt.gb
       : /_s$|^breakdown\./.test(k) ? fmt.s : /usd/.test(k) ? fmt.usd : /mfu|hfu|fraction|headroom/.test(k) ? fmt.pct : fmt.n;
     const rel = d.relative == null ? "" : (d.relative >= 0 ? "+" : "") + (100 * d.relative).toFixed(1) + " %";
-    return [k.replace(/_(s|bytes)$/, "").replaceAll("_", " "), f(d.a), f(d.b), rel];
+    const label = k.replace(/_bytes$/, "").replace(/([^r])_s$/, "$1").replaceAll("_", " ");
+    if (/fits/.test(k)) return [label, d.a ? "yes" : "no", d.b ? "yes" : "no", ""];
+    return [label, f(d.a), f(d.b), rel];
   });
   const differ = Object.entries(c.settings_that_differ || {}).map(([k, v]) => `${k}: ${JSON.stringify(v)}`).join("; ");
   return (differ ? `<p class="plan-line">differs: ${esc(differ)}</p>` : "") + table(["", "A", "B", "B − A"], rows, "num compare");
