@@ -130,6 +130,7 @@ def test_core_commands_answer_on_the_plain_install(plain: Path, tmp_path: Path, 
         (["fit", str(ROOT), "-o", "models.zip"], "learned"),
         (["profile", "ops", "-o", "samples.parquet"], "learned"),
         (["sharding", str(EXAMPLES / "sharding" / "gpt_block.py")], "sharding"),
+        (["serve", "--port", "8765"], "web"),
     ],
     ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else v,
 )

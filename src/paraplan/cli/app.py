@@ -19,6 +19,7 @@ from paraplan.cli.profile import profile_app
 from paraplan.cli.report import report_command
 from paraplan.cli.samples import samples_app
 from paraplan.cli.search import search_command
+from paraplan.cli.serve import serve_command
 from paraplan.cli.sharding import sharding_command
 from paraplan.cli.trace import trace_app
 from paraplan.cli.validate import validate_app
@@ -43,6 +44,7 @@ for _name, _command, _summary in (
     ("search", search_command, "Search the parallel plans of a model on a cluster."),
     ("export", export_command, "Write the launch recipe of a job's plan."),
     ("sharding", sharding_command, "Plan the sharding of a JAX step function."),
+    ("serve", serve_command, "Serve a local web page to predict, search and compare plans."),
 ):
     app.command(_name, short_help=_summary, epilog=EXIT_CODES)(_command)
 # groups (Typer lists them after the commands)

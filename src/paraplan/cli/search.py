@@ -221,7 +221,7 @@ def _print(result, top, output, front, axis, save_best, pareto, intervals=None, 
     from rich.console import Group
     from rich.text import Text
 
-    from paraplan.report.search import plan_row, preset_summary, render_plans, render_search, search_rows
+    from paraplan.report.search import plan_row, render_plans, render_search, search_rows
 
     rows = search_rows(result, top)
     if intervals is not None:  # each plan's interval (JSON, table: nested; CSV: interval.*_low/_high)
@@ -236,24 +236,8 @@ def _print(result, top, output, front, axis, save_best, pareto, intervals=None, 
     closest = result.closest
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
-        from paraplan.report.search import no_plan_message
 
-        data: dict = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
-        if risk_notes:
-            data["interval"] = {k: v for k, v in risk_notes.items() if k != "limits"}
-        summary = preset_summary(rows)
-        if summary is not None:  # the framework preset's defaults the plans took (each plan's own in its row)
-            data["framework_preset"] = summary
-        if front is not None:
-            data["pareto"] = search_rows(result, plans=front)
-            data["pareto_axis"] = axis
-        if not result.ranked:
-            data["no_plan"] = no_plan_message(result)
-            data["closest"] = None if closest is None else {
-                **plan_row(closest.pred, 0),
-                "misses": {b: {"needed": need, "limit": limit} for b, (need, limit) in closest.over.items()},
-            }
-        write_text(render_json(data))
+        write_text(render_json(search_data(result, rows, front, axis, risk_notes)))
     elif output is OutputFormat.csv:
         from paraplan.report.formats import render_csv
 
@@ -273,6 +257,32 @@ def _print(result, top, output, front, axis, save_best, pareto, intervals=None, 
             title = f"Pareto front: time against {what} ({len(front)} plans)"
             out.print(Group(*render_plans(result, search_rows(result, plans=front), title)))
             err.print(f"wrote {pareto}")
+
+
+def search_data(result, rows: list[dict], front, axis: str | None, risk_notes: dict | None = None) -> dict:
+    """What ``paraplan search --format json`` prints (the web page exchanges the same): the
+    ranked ``rows``, what was excluded and why, the intervals' rule and ``--risk`` checks, the
+    Pareto ``front`` against ``axis`` when asked for, and with no plan the message and the
+    nearest plan."""
+    from paraplan.report.search import no_plan_message, plan_row, preset_summary, search_rows
+
+    data: dict = {"plans": rows, "excluded": dict(result.excluded), "considered": result.considered}
+    if risk_notes:
+        data["interval"] = {k: v for k, v in risk_notes.items() if k != "limits"}
+    summary = preset_summary(rows)
+    if summary is not None:  # the framework preset's defaults the plans took (each plan's own in its row)
+        data["framework_preset"] = summary
+    if front is not None:
+        data["pareto"] = search_rows(result, plans=front)
+        data["pareto_axis"] = axis
+    if not result.ranked:
+        closest = result.closest
+        data["no_plan"] = no_plan_message(result)
+        data["closest"] = None if closest is None else {
+            **plan_row(closest.pred, 0),
+            "misses": {b: {"needed": need, "limit": limit} for b, (need, limit) in closest.over.items()},
+        }
+    return data
 
 
 def _check_outputs(save_best: Path | None, pareto: Path | None, force: bool) -> None:

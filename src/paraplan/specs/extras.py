@@ -25,6 +25,11 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "torchtitan": "frameworks",
     "mkdocs": "docs",
     "transformers": "hf",
+    "starlette": "web",
+    "jinja2": "web",
+    "uvicorn": "web",
+    "playwright": "webtest",
+    "httpx": "webtest",
 }
 
 

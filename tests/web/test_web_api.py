@@ -1,0 +1,165 @@
+"""The page's JSON API (no browser): the same prediction, message and recipes as the CLI."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+
+from starlette.testclient import TestClient
+from tests.web.helpers import FORM, HF_CONFIG, POST
+
+from paraplan.web.app import create_app
+
+
+@pytest.fixture(scope="module")
+def client():
+    with TestClient(create_app(), base_url="http://127.0.0.1") as c:
+        yield c
+
+
+def predict(client, **changes):
+    return client.post("/api/predict", json={**FORM, **changes}, headers=POST)
+
+
+def test_a_predicted_plan_is_the_clis_json_prediction_of_the_same_job(client):
+    from paraplan.cli.loading import load_flagged_job, predict_flagged
+    from paraplan.report.formats import render_json
+
+    answer = predict(client).json()
+    job, _ = load_flagged_job(None, {"pipeline_model_parallel_size": 2})  # the demo job with --pp 2
+    cli = json.loads(render_json(predict_flagged(job, "analytical", None)[0].to_dict()))
+    assert answer["prediction"] == cli
+
+
+def test_a_bad_value_answers_the_packages_one_line_message_and_names_its_field(client):
+    answer = predict(client, tp="3")
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "parallel: tp*pp*cp = 6 does not divide the cluster's 32 GPUs "
+                                      "(cluster.num_nodes 4 x cluster.gpus_per_node 8)", "field": "tp"}
+    assert predict(client, recompute="bogus").json()["field"] == "recompute"
+    assert predict(client, model="llama-9").json()["field"] == "model"
+
+
+def test_each_picture_and_download_of_a_prediction_is_served(client):
+    answer = predict(client).json()
+    for url in answer["pictures"].values():
+        picture = client.get(url)
+        assert picture.status_code == 200 and picture.content.startswith(b"\x89PNG")
+    megatron = client.get(answer["downloads"]["megatron"])
+    assert "--pipeline-model-parallel-size 2" in megatron.text
+    assert "attachment" in megatron.headers["content-disposition"]
+    assert "pp: 2" in client.get(answer["downloads"]["job.yaml"]).text
+    assert "<html" in client.get(answer["downloads"]["report.html"]).text.lower()
+
+
+def test_a_model_uploaded_as_a_hugging_face_config_is_predicted(client):
+    upload = client.post("/api/upload?name=config.json", content=HF_CONFIG, headers=POST).json()
+    answer = predict(client, model_source="hf", hf_config=upload["id"], seq_length="4096").json()
+    assert answer["prediction"]["seq_length"] == 4096 and answer["prediction"]["iteration_s"] > 0
+
+
+def test_an_upload_over_the_size_limit_or_with_a_repeated_key_is_refused(client):
+    big = client.post("/api/upload", content=b" " * (2 * 1024 * 1024), headers=POST)
+    assert big.status_code == 413 and big.json()["field"] == "hf_config"
+    repeated = client.post("/api/upload?name=config.json", content=b'{"a": 1, "a": 2}', headers=POST)
+    assert repeated.json() == {"error": "config.json: duplicate key 'a' in one object", "field": "hf_config"}
+
+
+def test_a_model_mapping_with_a_yaml_tag_is_refused_as_a_file_would_be(client):
+    answer = predict(client, model_source="mapping", model_yaml="a: !!python/object/apply:os.system [ls]")
+    assert answer.status_code == 400 and answer.json()["field"] == "model_yaml"
+    assert "tag" in answer.json()["error"]
+
+
+def test_a_cluster_named_by_a_server_file_is_refused(client, tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("gpu: H100-SXM5-80GB\ngpus_per_node: 8\nnum_nodes: 4\n")
+    assert predict(client, cluster=str(cluster)).json() == {
+        "error": "cluster: the page takes a catalog cluster name, not a file", "field": "cluster"}
+    inline = predict(client, cluster_source="mapping", cluster_yaml=f"name: {cluster}\nnum_nodes: 2")
+    assert inline.json()["field"] == "cluster_yaml" and "names a file" in inline.json()["error"]
+
+
+def test_an_inline_cluster_is_predicted_and_its_error_named_beside_it(client):
+    cluster = ("name: my-cluster\ngpu: H100-SXM5-80GB\ngpus_per_node: 8\nnum_nodes: 4\n"
+               "intra_node: {bandwidth: 450 GB/s}\ninter_node: {bandwidth: 50 GB/s, latency: 5 us}\n")
+    answer = predict(client, cluster_source="mapping", cluster_yaml=cluster).json()
+    assert answer["prediction"]["num_gpus"] == 32
+    bad = predict(client, cluster_source="mapping", cluster_yaml="gpu: H1000\nnum_nodes: 2").json()
+    assert bad["field"] == "cluster_yaml" and "unknown GPU 'H1000'" in bad["error"]
+
+
+def test_a_searched_plan_opens_on_the_predict_page_as_the_same_prediction(client):
+    started = client.post("/api/search", json={"model": "llama-3-8b", "cluster_source": "gpu", "gpu": "A100-SXM4-80GB",
+                                               "num_nodes": "2", "global_batch_size": "64", "tp": "1,2"},
+                          headers=POST).json()
+    while client.get(f"/api/search/{started['id']}").json()["state"] == "running":
+        time.sleep(0.1)
+    plan = client.post(f"/api/search/{started['id']}/plans/0", headers=POST).json()
+    again = client.post("/api/predict", json=plan["fields"], headers=POST).json()
+    named = {**plan["prediction"], "job": again["prediction"]["job"]}  # (the page's job is named by the form)
+    assert again["prediction"] == named
+
+
+def test_every_answer_carries_the_security_headers(client):
+    headers = client.get("/").headers
+    assert headers["content-security-policy"].startswith("default-src 'self'")
+    assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_post_without_the_pages_header_or_to_another_host_name_is_refused(client):
+    assert client.post("/api/predict", json=FORM).status_code == 403
+    assert client.get("/", headers={"host": "attacker.example"}).status_code == 400
+
+
+def test_a_search_reports_progress_ranks_plans_and_predicts_a_clicked_one(client):
+    started = client.post("/api/search", json={"model": "llama-3-8b", "cluster": "aws-p5.48xlarge", "num_nodes": "1",
+                                               "global_batch_size": "64", "tp": "1,2", "pp": "1,2"},
+                          headers=POST).json()
+    for _ in range(600):
+        status = client.get(f"/api/search/{started['id']}").json()
+        if status["state"] != "running":
+            break
+        time.sleep(0.1)
+    assert status["state"] == "done" and 0 < len(status["result"]["plans"]) <= 10
+    assert client.get(status["pareto_picture"]).content.startswith(b"\x89PNG")
+    best = client.post(f"/api/search/{started['id']}/plans/0", headers=POST).json()
+    assert best["prediction"]["iteration_s"] == pytest.approx(status["result"]["plans"][0]["iteration_s"])
+
+
+def test_a_cancelled_search_stops_before_its_end(client):
+    started = client.post("/api/search", json={"model": "llama-3-70b", "cluster": "aws-p5.48xlarge",
+                                               "sizes": "4,8,16,32,64", "space": "full"}, headers=POST).json()
+    assert client.post(f"/api/search/{started['id']}/cancel", headers=POST).status_code == 200
+    for _ in range(600):
+        status = client.get(f"/api/search/{started['id']}").json()
+        if status["state"] != "running":
+            break
+        time.sleep(0.1)
+    assert status["state"] == "cancelled" and status["done"] < 1
+
+
+def test_two_predictions_compare_as_paraplan_compare_does(client):
+    a, b = predict(client).json()["key"], predict(client, tp="4").json()["key"]
+    answer = client.post("/api/compare", json={"a": a, "b": b}, headers=POST).json()
+    assert answer["settings_that_differ"] and answer["difference"]["iteration_s"]["a"] > 0
+
+
+def test_a_search_bad_list_names_its_field(client):
+    answer = client.post("/api/search", json={"tp": "1,x"}, headers=POST)
+    assert answer.status_code == 400 and answer.json()["field"] == "tp"
+
+
+def test_a_search_runs_on_an_uploaded_hugging_face_config(client):
+    upload = client.post("/api/upload?name=config.json", content=HF_CONFIG, headers=POST).json()
+    started = client.post("/api/search", json={"model_source": "hf", "hf_config": upload["id"], "seq_length": "4096",
+                                               "cluster": "aws-p5.48xlarge", "num_nodes": "1",
+                                               "global_batch_size": "64", "tp": "2"}, headers=POST).json()
+    while (status := client.get(f"/api/search/{started['id']}").json())["state"] == "running":
+        time.sleep(0.1)
+    assert status["state"] == "done" and status["result"]["plans"][0]["tp"] == 2
