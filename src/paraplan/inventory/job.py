@@ -445,9 +445,9 @@ def layer_kinds(model: ModelSpec, x: LocalShape) -> dict[bool, tuple[Op, ...]]:
     """The operators of each kind of layer the model has, keyed by whether it is a mixture
     of experts (a dense model: one kind; DeepSeek-V3, first dense layers then MoE: two)."""
     if model.inventory == "traced":
-        from paraplan.inventory.traced import traced_layer
+        from paraplan.inventory.traced_moe import traced_kinds
 
-        return {False: traced_layer(model, x)[0]}
+        return {moe: ops for moe, (ops, _) in traced_kinds(model, x).items()}
     moe = model.moe_layers
     kinds = {}
     if not all(moe):
@@ -512,9 +512,9 @@ def count_job(job: Job) -> JobInventory:
     for moe, ops in layer_kinds(model, x).items():
         coll = count_moe_collectives(model, plan, x) if moe else count_layer_collectives(model, plan, x)
         if model.inventory == "traced":
-            from paraplan.inventory.traced import traced_layer
+            from paraplan.inventory.traced_moe import traced_kinds
 
-            coll = traced_layer(model, x)[1] + tuple(
+            coll = traced_kinds(model, x)[moe][1] + tuple(
                 c for c in coll if c.dim is not ParallelDim.TP or c.name == "tp_allgather_checkpoint")
         dense_p, expert_p = split_params(ops)
         ops += _grad_accumulation(job, dense_p + expert_p) + _fp8_weight_casts(job, ops)

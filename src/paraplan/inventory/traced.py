@@ -201,6 +201,20 @@ def compare_layer(traced: tuple[Op, ...], hand: tuple[Op, ...]) -> tuple[Agreeme
 _DTYPES = {2: "bfloat16", 4: "float32"}
 
 
+def costed_layer_ops(layer: TracedLayer, kernels: str) -> tuple[tuple[Op, ...], tuple[str, ...]]:
+    """One traced layer kind's operators as ``kernels`` (``fused`` | ``eager``) cost them, and
+    for each the path of the module it stands for inside the layer."""
+    if kernels == "fused":
+        from paraplan.inventory.fused import fused_layer_ops
+
+        return fused_layer_ops(layer)
+    ops = layer_ops_from_trace(layer)
+    attention = next((o.module for o in layer.ops if o.aten == "attention"), "")
+    modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name)
+                    for op in ops)
+    return ops, modules
+
+
 @functools.lru_cache(maxsize=64)
 def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
     """The operators of one layer of ``model`` (``inventory: traced``) on one rank at shape
@@ -218,15 +232,7 @@ def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple
             f"model.inventory: traced predicts models whose layers are all of one kind so far; "
             f"{model.name} has {len(trace.layers)} ({kinds}); use model.inventory: hand"
         )
-    if model.kernels == "fused":
-        from paraplan.inventory.fused import fused_layer_ops
-
-        ops, modules = fused_layer_ops(trace.layers[0])
-    else:
-        ops = layer_ops_from_trace(trace.layers[0])
-        attention = next((o.module for o in trace.layers[0].ops if o.aten == "attention"), "")
-        modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name)
-                        for op in ops)
+    ops, modules = costed_layer_ops(trace.layers[0], model.kernels)
     sp = x.tp > 1 and x.s_norm != x.s
     plan = layer_plan(config) if x.tp > 1 else None
     return shard_layer(ops, modules, plan, x.tp, sp, x.e)

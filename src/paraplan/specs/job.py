@@ -171,11 +171,9 @@ def _check_fp8_recipe(recipe: FP8Recipe | None, precision: Precision, gpu: GpuSp
 
 
 def _check_traced(m: ModelSpec, p: ParallelPlan, precision: Precision) -> None:
-    """What a traced inventory predicts so far: dense models over tp (by the model's own plan,
-    with or without sequence parallelism), pp, dp and ZeRO, in 16 or 32 bits."""
-    if m.num_moe_experts is not None or p.ep > 1:
-        raise ValueError("model.inventory: traced predicts dense models only so far; a mixture of experts "
-                         "(num_moe_experts, parallel.ep) takes inventory: hand")
+    """What a traced inventory predicts so far: dense and MoE models over tp (by the model's own
+    plan, with or without sequence parallelism), ep (the hand-written experts' sharding and
+    dispatchers), pp, dp and ZeRO, in 16 or 32 bits."""
     if p.cp > 1:
         raise ValueError("parallel.cp: context parallelism is not applied to a traced inventory yet; "
                          "use cp: 1 or model.inventory: hand")
