@@ -225,7 +225,7 @@ def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple
     from paraplan.inventory.tp_plan import config_of, layer_plan, shard_layer
 
     config = config_of(str(model.hf_config))
-    trace = trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
+    trace = trace_layer_ops(config, x.b, x.s, dtype=_DTYPES.get(x.e, "bfloat16"))  # x.s: seq / cp
     if len(trace.layers) != 1:
         kinds = ", ".join(f"{layer.kind} x{layer.count}" for layer in trace.layers)
         raise ConfigError(

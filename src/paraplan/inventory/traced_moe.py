@@ -46,15 +46,17 @@ def traced_kinds(model: ModelSpec, x: LocalShape) -> Kinds:
     one rank at shape ``x``, keyed by whether the kind is a mixture of experts (as
     ``job.layer_kinds``). A dense model: ``traced.traced_layer``'s one kind."""
     from paraplan.inventory.traced import traced_layer
+    from paraplan.inventory.traced_job import in_job
 
     if model.num_moe_experts is None:
-        return {False: traced_layer(model, x)}
+        ops, coll = traced_layer(model, x)
+        return {False: (in_job(ops, x), coll)}
     from paraplan.inventory.hftrace import trace_layer_ops
     from paraplan.inventory.tp_plan import config_of, layer_plan
     from paraplan.inventory.traced import _DTYPES
 
     config = config_of(str(model.hf_config))
-    trace = trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
+    trace = trace_layer_ops(config, x.b, x.s, dtype=_DTYPES.get(x.e, "bfloat16"))  # the rank's chunk under cp
     by_flag: dict[bool, TracedLayer] = {}
     for layer in trace.layers:
         moe = is_moe_kind(layer)
@@ -71,7 +73,11 @@ def traced_kinds(model: ModelSpec, x: LocalShape) -> Kinds:
                 f"reading (model.moe_layer_freq) {expected[moe]}; use inventory: hand")
     plan = layer_plan(config) if x.tp > 1 else None
     act = str(config.get("hidden_act") or config.get("hidden_activation") or "silu")
-    return {moe: _layer(model, x, layer, plan, act) for moe, layer in by_flag.items()}
+    out: Kinds = {}
+    for moe, layer in by_flag.items():
+        ops, coll = _layer(model, x, layer, plan, act)
+        out[moe] = (in_job(ops, x), coll)
+    return out
 
 
 def _layer(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dict[str, str] | None, act: str):

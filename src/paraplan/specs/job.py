@@ -108,8 +108,6 @@ class Job(BaseModel):
         if m.padded_vocab_size is not None:
             _check_divisible("parallel.tp", "padded_vocab_size", m.padded_vocab_size, p.tp)
         _check_experts(m, p)
-        if m.inventory == "traced":
-            _check_traced(m, p, self.precision)
         if p.sequence_parallel:
             _check_divisible("parallel.sequence_parallel", "seq_length", m.seq_length, p.tp * p.cp)
         if p.layers_per_stage is not None:
@@ -168,18 +166,6 @@ def _check_fp8_recipe(recipe: FP8Recipe | None, precision: Precision, gpu: GpuSp
     if recipe is FP8Recipe.MXFP8 and not gpu.block_scaled_tensor_cores:
         raise ValueError(f"parallel.fp8_recipe: mxfp8 needs tensor cores that read block scales (Blackwell: "
                          f"B200, B300, GB200, GB300); GPU {gpu.name} runs delayed | current | rowwise")
-
-
-def _check_traced(m: ModelSpec, p: ParallelPlan, precision: Precision) -> None:
-    """What a traced inventory predicts so far: dense and MoE models over tp (by the model's own
-    plan, with or without sequence parallelism), ep (the hand-written experts' sharding and
-    dispatchers), pp, dp and ZeRO, in 16 or 32 bits."""
-    if p.cp > 1:
-        raise ValueError("parallel.cp: context parallelism is not applied to a traced inventory yet; "
-                         "use cp: 1 or model.inventory: hand")
-    if precision is Precision.FP8:
-        raise ValueError("precision: fp8 is not applied to a traced inventory yet (its GEMMs are traced "
-                         "in 16 bits); use bf16 or model.inventory: hand")
 
 
 def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:
