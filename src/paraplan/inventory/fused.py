@@ -153,10 +153,13 @@ def fused_layer_ops(layer: TracedLayer) -> tuple[tuple[Op, ...], tuple[str, ...]
             call = calls.get(o.name)
             if call is not None:
                 activation_inputs.update(k for k, _, _ in call.outputs)
-    for op in eager:  # routers and experts: as traced
+    for op in eager:  # routers and experts: as traced, a router keeping what Megatron's keeps
         if op.kind is OpKind.GEMM and op.name not in done:
+            if "router" in op.role.lower():
+                op = _fused_router(op, calls.get(op.name), e)
             out.append((order.get(op.name, 0), op, op.name))
             done.add(op.name)
+    out = _saved_once(out, calls, {o.module for o in layer.ops if o.aten == "grouped_mm"})
 
     qk_norms: list[tuple[list[TracedOp], ModuleCall, str]] = []
     for module, ops in by_module.items():
@@ -225,7 +228,7 @@ def fused_layer_ops(layer: TracedLayer) -> tuple[tuple[Op, ...], tuple[str, ...]
         kept = next((o for o in eager if o.name == (module or "layer") and o.kind is not OpKind.GEMM), None)
         if kept is not None and module != "":
             out.append((order[module], kept, module))
-    core = next((o for o in eager if o.kind is OpKind.ATTENTION), None)
+    core = _fused_core(next((o for o in eager if o.kind is OpKind.ATTENTION), None), layer)
     out.sort(key=lambda t: t[0])
     ops_out = [op for _, op, _ in out]
     modules = [m for _, _, m in out]
@@ -264,3 +267,52 @@ def _activation(module: str, call: ModuleCall, ops: list[TracedOp], by_module, e
     name = "gelu" if "gelu" in mtype else mtype
     return _fused(name, OpKind.ELEMENTWISE, f"activation ({call.module_type})", ops, call.inputs[0][2],
                   written, e=e, saved=call.inputs[0][2], dims=dims)
+
+
+def _fused_core(core: Op | None, layer: TracedLayer) -> Op | None:
+    """The attention core keeping what a fused kernel keeps: q, k and v at their own sizes, and
+    the float32 logsumexp. HF's code hands the kernel views (DeepSeek-V3's value is a slice of
+    kv_b_proj's output, GPT-2's q, k, v slices of c_attn's), and autograd keeping a view keeps
+    its whole storage, which the trace records; Megatron-Core makes them contiguous first
+    (``MLASelfAttention``: ``value = value.contiguous()``) and the fused QKV split's are
+    contiguous, so the storage behind them is freed."""
+    if core is None:
+        return None
+    first = next(o for o in layer.ops if o.aten == "attention" and o.phase == "fwd")
+    item = _ITEM.get(first.dtype, 2)
+    qkv = float(sum(_numel(shape) for shape in first.shapes[:3]) * item)
+    b, heads, s = first.shapes[0][:3]
+    lse = 4.0 * b * heads * s
+    kept = min(core.saved_bytes, qkv + lse)
+    return dataclasses.replace(core, saved_bytes=kept, selective_kept_bytes=max(kept - lse, 0.0))
+
+
+def _fused_router(op: Op, call: ModuleCall | None, e: int) -> Op:
+    """A router keeping its input as the layer holds it (16 bits) and its probabilities: HF's
+    DeepSeek-V3 router runs its GEMM in float32 on a float32 copy of the input and the weight,
+    which autograd keeps (29 + 7 MiB at 1,024 tokens); Megatron-Core's router GEMM in float32
+    (``moe_router_dtype``, ``RouterGatingLinearFunction``) keeps the input and weight as they
+    are and casts inside, as the hand-written ``router`` and ``router_topk`` count."""
+    if call is None or not call.inputs:
+        return op
+    experts = dict(op.dims).get("n", 0)
+    tokens = _numel(call.inputs[0][1][:-1])
+    return dataclasses.replace(op, saved_bytes=call.inputs[0][2] + e * tokens * experts)
+
+
+def _saved_once(out: list[tuple[int, Op, str]], calls: dict[str, ModuleCall],
+                grouped: set[str]) -> list[tuple[int, Op, str]]:
+    """GEMMs of different modules reading one tensor (DeepSeek-V3's router and shared experts
+    both read the pre-MLP norm's output) keep it once: autograd saves the same storage. Routed
+    experts (``grouped``) keep their permuted copy of it, another tensor."""
+    seen: set[int] = set()
+    kept: list[tuple[int, Op, str]] = []
+    for at, op, module in sorted(out, key=lambda t: t[0]):
+        call = calls.get(module)
+        if op.kind is OpKind.GEMM and call is not None and call.inputs and module not in grouped:
+            source, _, size = call.inputs[0]
+            if source in seen:
+                op = dataclasses.replace(op, saved_bytes=max(op.saved_bytes - size, 0.0))
+            seen.add(source)
+        kept.append((at, op, module))
+    return kept
