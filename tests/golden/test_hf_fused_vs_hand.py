@@ -79,10 +79,9 @@ def test_llama_3_8b_fused_layer_moves_the_hand_written_bytes_and_keeps_its_activ
     _agree(_rows("llama-3-8b", 4096), EVERYTHING)
 
 
-def test_gpt2_fused_layer_agrees_with_the_hand_written_one_given_its_dropout():
-    # GPT-2's config trains with resid_pdrop 0.1, which the hand-written reader of config.json
-    # leaves out (catalog/hf.py ignores dropout fields): the hand side is told it here
-    _agree(_rows("gpt2", 1024, hidden_dropout=0.1), EVERYTHING)
+def test_gpt2_fused_layer_agrees_with_the_hand_written_one_with_its_dropout():
+    # GPT-2's config trains with resid_pdrop 0.1, which the config reader now reads (catalog/hf.py)
+    _agree(_rows("gpt2", 1024), EVERYTHING)
 
 
 @pytest.mark.slow
