@@ -25,7 +25,10 @@ input, the gated activation its two inputs, the rotary embedding and residual ad
 dropout its one-byte mask). GEMMs move their ideal bytes (``layer.gemm``). FLOPs are the
 traced ones. The attention core, routed experts and anything not recognised keep the traced
 costing (``inventory.traced``); layout copies of the attention module (its transposes and
-``contiguous``, which a fused attention kernel's layout makes unnecessary) are left out.
+``contiguous``, which a fused attention kernel's layout makes unnecessary; MLA's concatenations
+of the rotary and non-rotary parts, which Megatron's fused MLA RoPE writes whole) are left out.
+The attention core keeps q, k and v at their own sizes, a router its 16-bit input and its
+probabilities, and a tensor two GEMMs read is kept once (what Megatron-Core keeps).
 
 Nothing here imports torch.
 """
@@ -43,6 +46,10 @@ _ACTIVATIONS = ("act", "gelu", "silu", "swish", "relu", "tanh", "sigmoid")
 # copies and allocations only: a fused attention kernel reads and writes its own layout
 _LAYOUT = frozenset({"clone", "copy_", "_to_copy", "contiguous", "_unsafe_view", "view", "transpose", "cat",
                      "new_empty", "empty_like", "empty", "new_empty_strided", "empty_strided"})
+# and in the attention block: MLA's concatenation of each head's rotary and non-rotary parts and
+# the gradient of the key's rotary part broadcast over the heads (a sum), which Megatron-Core's
+# fused MLA RoPE kernels (``fused_apply_mla_rope_for_q`` / ``_for_kv``) write as q and k whole
+_REARRANGE = _LAYOUT | {"zeros_like", "sum", "expand"}
 _ITEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
@@ -179,6 +186,10 @@ def fused_layer_ops(layer: TracedLayer) -> tuple[tuple[Op, ...], tuple[str, ...]
                 continue
             rms = "rms" in mtype or params == width
             name = "RMSlayernorm" if rms else "layernorm"
+            if attention_module and module.startswith(attention_module + "."):
+                # a latent's norm inside the attention block (MLA's q_a_layernorm and
+                # kv_a_layernorm), named as the hand-written MLA names them
+                name = "kv_norm" if module.rpartition(".")[2].startswith("kv") else "q_norm"
             dims = (("tokens", _numel(call.inputs[0][1][:-1])), ("dim", width))
             out.append((at, _fused(name, OpKind.NORM, f"{module} ({call.module_type})", ops, read, written,
                                    params=params, e=e, saved=read, dims=dims), module))
@@ -223,7 +234,7 @@ def fused_layer_ops(layer: TracedLayer) -> tuple[tuple[Op, ...], tuple[str, ...]
             rest = [o for o in ops if o not in adds and o.phase == "fwd" and o.flops]
             if not rest:
                 continue
-        if module == attention_module and all(o.aten.split(".")[0] in _LAYOUT for o in ops if o.bytes):
+        if module == attention_module and all(o.aten.split(".")[0] in _REARRANGE for o in ops if o.bytes):
             continue  # layout copies a fused attention kernel does not make
         kept = next((o for o in eager if o.name == (module or "layer") and o.kind is not OpKind.GEMM), None)
         if kept is not None and module != "":
