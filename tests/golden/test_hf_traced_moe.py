@@ -112,3 +112,28 @@ def test_deepseek_v3_predicts_traced_with_its_dense_and_moe_layer_kinds():
     hand = count_job(_job("deepseek-v3", "hand", ep=8))
     assert inv.params_total == hand.params_total
     assert [(b.num_layers, b.moe) for b in inv.stages[0].blocks] == [(3, False), (58, True)]
+
+
+def test_traced_shared_experts_are_marked_as_the_hand_written_ones():
+    from paraplan.inventory import count_job
+    from paraplan.inventory.moe import is_shared_expert
+
+    def shared(inventory):
+        ops = count_job(_job("deepseek-v3", inventory, ep=8)).stages[0].blocks[-1].ops
+        return sum(op.params for op in ops if is_shared_expert(op))
+
+    assert shared("traced") == shared("hand") > 0
+
+
+@pytest.mark.slow
+def test_traced_deepseek_v3_overlapping_its_shared_experts_predicts_the_hand_written_time():
+    assert _gap("deepseek-v3", ep=8, moe_shared_expert_overlap=True) == pytest.approx(0.0, abs=0.01)
+
+
+def test_a_traced_job_recomputing_a_module_it_cannot_name_is_refused_in_one_line():
+    from paraplan.specs import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=r"parallel\.recompute_modules: 'mla_up_proj' is not applied "
+                       "to a traced inventory"):
+        _job("deepseek-v3", "traced", ep=8, recompute_modules=["mla_up_proj"])
+    assert _job("deepseek-v3", "traced", ep=8, recompute_modules=["moe_act", "shared_experts"])

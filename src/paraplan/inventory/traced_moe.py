@@ -22,6 +22,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from paraplan.inventory.hfrecords import TracedLayer
@@ -98,8 +99,18 @@ def _layer(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dict[str, 
     if plan is not None:  # the experts' own styles are the ETP split of routed_expert_ops
         plan = {m: s for m, s in plan.items() if m != where and not m.startswith(where + ".")}
     sharded, coll = shard_layer(rest, rest_modules, plan, x.tp, sp, x.e)
+    sharded = tuple(_shared(op) if "shared_expert" in module else op
+                    for op, module in zip(sharded, rest_modules, strict=True))
     experts = routed_experts(model, x, layer, act)
     return sharded[:at] + experts + sharded[at:], coll
+
+
+def _shared(op: Op) -> Op:
+    """An operator of the shared experts (DeepSeek's ``mlp.shared_experts``, Qwen2-MoE's
+    ``mlp.shared_expert``), marked as the hand-written ones are (``moe.is_shared_expert``: what
+    --moe-shared-expert-overlap runs beside the all-to-alls and recompute module shared_experts
+    re-runs)."""
+    return dataclasses.replace(op, role=f"shared experts: {op.role}")
 
 
 def expert_widths(layer: TracedLayer) -> tuple[int, int, int, bool]:

@@ -231,6 +231,11 @@ def _check_split(m: ModelSpec, p: ParallelPlan) -> None:
                          "at least one per rank)")
 
 
+# the recompute modules whose operators a traced layer names as the hand-written one does: the
+# attention core, the routed experts (built by the hand-written code) and the shared experts
+_TRACED_RECOMPUTE_MODULES = ("core_attn", "moe_act", "shared_experts")
+
+
 def _check_recompute_modules(m: ModelSpec, p: ParallelPlan) -> None:
     """A recompute module the model has nothing of is refused (a typo or a model mix-up)."""
     needs = {"mla_up_proj": (m.multi_latent_attention, "no multi-latent attention"),
@@ -238,6 +243,10 @@ def _check_recompute_modules(m: ModelSpec, p: ParallelPlan) -> None:
              "shared_experts": (bool(m.moe_shared_expert_intermediate_size), "no shared experts"),
              "mlp": (not all(m.moe_layers), "no dense MLP (every layer is a mixture of experts)")}
     for module in p.recompute_modules or ():
+        if m.inventory == "traced" and module not in _TRACED_RECOMPUTE_MODULES:
+            raise ValueError(f"parallel.recompute_modules: {module!r} is not applied to a traced inventory yet (its "
+                             f"operators carry the model's module names; {', '.join(_TRACED_RECOMPUTE_MODULES)} are); "
+                             f"leave it out or use model.inventory: hand")
         has, what = needs.get(module, (True, ""))
         if not has:
             raise ValueError(f"parallel.recompute_modules: {module!r} recomputes nothing in {m.name} (it has {what})")
