@@ -51,3 +51,11 @@ def published_dir() -> Path:
 @pytest.fixture(scope="session")
 def xla_tables_dir() -> Path:
     return _shared("xla_perf_tables", "matmul.csv")
+
+
+@pytest.fixture
+def hf_trace_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A trace cache of the test session's own (``PARAPLAN_CACHE_DIR``), shared by its tests."""
+    path = tmp_path_factory.getbasetemp() / "hfcache"
+    monkeypatch.setenv("PARAPLAN_CACHE_DIR", str(path))
+    return path

@@ -115,11 +115,6 @@ def test_a_job_with_a_traced_llama_counts_the_hand_written_parameters_flops_and_
     assert sorted(t_block.collectives, key=repr) == sorted(h_block.collectives, key=repr)
 
 
-def test_a_traced_job_asking_for_context_parallelism_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match=r"parallel\.cp"):
-        _job("traced", 1, cp=2)
-
-
 def test_a_traced_inventory_without_an_hf_config_is_refused_naming_it():
     from paraplan.specs import ModelSpec
 

@@ -161,12 +161,12 @@ def test_jambas_mamba_1_mixer_is_a_selective_scan():
 # ---------------------------------------------------------------- more than one layer kind
 
 
-def _job(fixture: str, pp: int = 1, **model):
+def _job(fixture: str, pp: int = 1, ep: int = 1, **model):
     from paraplan.catalog.jobs import resolve_job
 
     spec = {"hf_config": str(FIXTURES / fixture), "seq_length": 1024, "inventory": "traced", **model}
     return resolve_job({"name": "t", "model": spec, "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 1},
-                        "parallel": {"pp": pp, "micro_batch_size": 1, "global_batch_size": 16},
+                        "parallel": {"pp": pp, "ep": ep, "micro_batch_size": 1, "global_batch_size": 16},
                         "precision": "bf16"})
 
 
@@ -200,14 +200,19 @@ def test_a_traced_hybrid_predicts_each_stage_from_the_layers_it_holds(fixture, k
         assert any("Mamba-2 SSD" in n for n in pred.uncalibrated)
 
 
-def test_a_traced_hybrid_with_experts_is_refused_in_one_line():
+def test_a_traced_hybrid_with_experts_holds_each_kind_and_spreads_the_experts_over_ep():
     pytest.importorskip("transformers")
-    from paraplan.specs import ConfigError
+    from paraplan.inventory import count_job
+    from paraplan.inventory.ops import ParallelDim
 
-    with pytest.raises((ConfigError, ValueError), match=r"mixture.of.experts"):
-        from paraplan.inventory import count_job
-
-        count_job(_job("qwen3-next-80b-a3b.json"))
+    # Jamba v0.1: attention every 8th layer from 4, experts every 2nd from 1 (its config)
+    inv = count_job(_job("jamba-v0.1.json", ep=8))
+    blocks = {b.kind: b for b in inv.stages[0].blocks}
+    assert {k: (b.num_layers, b.moe) for k, b in blocks.items()} == {
+        "linear_attention-dense@0": (12, False), "linear_attention-moe@1": (16, True),
+        "full_attention-dense@4": (4, False)}
+    assert any(c.dim is ParallelDim.EP for c in blocks["linear_attention-moe@1"].collectives)
+    assert not any(c.dim is ParallelDim.EP for c in blocks["full_attention-dense@4"].collectives)
 
 
 def test_more_layers_never_take_less_time():

@@ -5,8 +5,9 @@ Qwen2 with a bias on the QKV projection), qwen3 (with per-head query/key norms),
 (GELU, LayerNorm, partial rotary, parallel residual), gpt2 (GELU, LayerNorm, learned
 positions), and the mixtures of experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2 and
 deepseek_v3 (multi-head latent attention, shared experts, first dense layers). Only the shape matters to the cost
-model, so tokenizer, RoPE scaling, dropout and initialisation fields are ignored; the RoPE base
-(``rope_theta``) is kept for the launch recipes.
+model, so tokenizer, RoPE scaling and initialisation fields are ignored, and dropout fields too
+except GPT-2's (``resid_pdrop``, ``attn_pdrop``: the others' configs train without dropout); the
+RoPE base (``rope_theta``) is kept for the launch recipes.
 
 A config holds no training sequence length: ``max_position_embeddings`` is the longest
 sequence the model accepts (131,072 for Qwen2 and Llama 3.1, which pre-trained at 4-8K), so
@@ -137,6 +138,12 @@ def _gpt2(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "parallel_residual": False,
         "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", True),
         "add_bias_linear": True,
+        # GPT-2 trains with dropout (GPT2Config's defaults: 0.1 each): after the attention and
+        # MLP outputs (resid_pdrop) and on the attention probabilities (attn_pdrop; inside a
+        # flash kernel, an op of its own in unfused attention). embd_pdrop, after the embedding,
+        # has no operator in the hand-written inventory.
+        "hidden_dropout": float(_get(config, path, "resid_pdrop", default=0.1)),
+        "attention_dropout": float(_get(config, path, "attn_pdrop", default=0.1)),
     }
 
 

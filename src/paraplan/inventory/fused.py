@@ -25,7 +25,10 @@ input, the gated activation its two inputs, the rotary embedding and residual ad
 dropout its one-byte mask). GEMMs move their ideal bytes (``layer.gemm``). FLOPs are the
 traced ones. The attention core, routed experts and anything not recognised keep the traced
 costing (``inventory.traced``); layout copies of the attention module (its transposes and
-``contiguous``, which a fused attention kernel's layout makes unnecessary) are left out.
+``contiguous``, which a fused attention kernel's layout makes unnecessary; MLA's concatenations
+of the rotary and non-rotary parts, which Megatron's fused MLA RoPE writes whole) are left out.
+The attention core keeps q, k and v at their own sizes, a router its 16-bit input and its
+probabilities, and a tensor two GEMMs read is kept once (what Megatron-Core keeps).
 
 Nothing here imports torch.
 """
@@ -44,6 +47,10 @@ _ACTIVATIONS = ("act", "gelu", "silu", "swish", "relu", "tanh", "sigmoid")
 _LAYOUT = frozenset({"clone", "copy_", "_to_copy", "contiguous", "_unsafe_view", "view", "transpose", "cat",
                      "new_empty", "empty_like", "empty", "new_empty_strided", "empty_strided"})
 _SCAN_KINDS = frozenset({OpKind.SSM_SCAN, OpKind.SELECTIVE_SCAN, OpKind.CAUSAL_CONV1D, OpKind.LINEAR_ATTENTION})
+# and in the attention block: MLA's concatenation of each head's rotary and non-rotary parts and
+# the gradient of the key's rotary part broadcast over the heads (a sum), which Megatron-Core's
+# fused MLA RoPE kernels (``fused_apply_mla_rope_for_q`` / ``_for_kv``) write as q and k whole
+_REARRANGE = _LAYOUT | {"zeros_like", "sum", "expand"}
 _ITEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
@@ -156,10 +163,13 @@ def fused_layer_ops(layer: TracedLayer, *, attention_chunk: int | None = None) -
             call = calls.get(o.name)
             if call is not None:
                 activation_inputs.update(k for k, _, _ in call.outputs)
-    for op in eager:  # routers and experts: as traced
+    for op in eager:  # routers and experts: as traced, a router keeping what Megatron's keeps
         if op.kind is OpKind.GEMM and op.name not in done:
+            if "router" in op.role.lower():
+                op = _fused_router(op, calls.get(op.name), e)
             out.append((order.get(op.name, 0), op, op.name))
             done.add(op.name)
+    out = _saved_once(out, calls, {o.module for o in layer.ops if o.aten == "grouped_mm"})
 
     for op in eager:  # SSM scans, causal convolutions, linear attention: their kernels' work
         if op.kind in _SCAN_KINDS:
@@ -185,6 +195,10 @@ def fused_layer_ops(layer: TracedLayer, *, attention_chunk: int | None = None) -
                 continue
             rms = "rms" in mtype or params == width
             name = "RMSlayernorm" if rms else "layernorm"
+            if attention_module and module.startswith(attention_module + "."):
+                # a latent's norm inside the attention block (MLA's q_a_layernorm and
+                # kv_a_layernorm), named as the hand-written MLA names them
+                name = "kv_norm" if module.rpartition(".")[2].startswith("kv") else "q_norm"
             dims = (("tokens", _numel(call.inputs[0][1][:-1])), ("dim", width))
             out.append((at, _fused(name, OpKind.NORM, f"{module} ({call.module_type})", ops, read, written,
                                    params=params, e=e, saved=read, dims=dims), module))
@@ -229,12 +243,12 @@ def fused_layer_ops(layer: TracedLayer, *, attention_chunk: int | None = None) -
             rest = [o for o in ops if o not in adds and o.phase == "fwd" and o.flops]
             if not rest:
                 continue
-        if module == attention_module and all(o.aten.split(".")[0] in _LAYOUT for o in ops if o.bytes):
+        if module == attention_module and all(o.aten.split(".")[0] in _REARRANGE for o in ops if o.bytes):
             continue  # layout copies a fused attention kernel does not make
         kept = next((o for o in eager if o.name == (module or "layer") and o.kind is not OpKind.GEMM), None)
         if kept is not None and module != "":
             out.append((order[module], kept, module))
-    core = next((o for o in eager if o.kind is OpKind.ATTENTION), None)
+    core = _fused_core(next((o for o in eager if o.kind is OpKind.ATTENTION), None), layer)
     out.sort(key=lambda t: t[0])
     ops_out = [op for _, op, _ in out]
     modules = [m for _, _, m in out]
@@ -273,3 +287,52 @@ def _activation(module: str, call: ModuleCall, ops: list[TracedOp], by_module, e
     name = "gelu" if "gelu" in mtype else mtype
     return _fused(name, OpKind.ELEMENTWISE, f"activation ({call.module_type})", ops, call.inputs[0][2],
                   written, e=e, saved=call.inputs[0][2], dims=dims)
+
+
+def _fused_core(core: Op | None, layer: TracedLayer) -> Op | None:
+    """The attention core keeping what a fused kernel keeps: q, k and v at their own sizes, and
+    the float32 logsumexp. HF's code hands the kernel views (DeepSeek-V3's value is a slice of
+    kv_b_proj's output, GPT-2's q, k, v slices of c_attn's), and autograd keeping a view keeps
+    its whole storage, which the trace records; Megatron-Core makes them contiguous first
+    (``MLASelfAttention``: ``value = value.contiguous()``) and the fused QKV split's are
+    contiguous, so the storage behind them is freed."""
+    if core is None:
+        return None
+    first = next(o for o in layer.ops if o.aten == "attention" and o.phase == "fwd")
+    item = _ITEM.get(first.dtype, 2)
+    qkv = float(sum(_numel(shape) for shape in first.shapes[:3]) * item)
+    b, heads, s = first.shapes[0][:3]
+    lse = 4.0 * b * heads * s
+    kept = min(core.saved_bytes, qkv + lse)
+    return dataclasses.replace(core, saved_bytes=kept, selective_kept_bytes=max(kept - lse, 0.0))
+
+
+def _fused_router(op: Op, call: ModuleCall | None, e: int) -> Op:
+    """A router keeping its input as the layer holds it (16 bits) and its probabilities: HF's
+    DeepSeek-V3 router runs its GEMM in float32 on a float32 copy of the input and the weight,
+    which autograd keeps (29 + 7 MiB at 1,024 tokens); Megatron-Core's router GEMM in float32
+    (``moe_router_dtype``, ``RouterGatingLinearFunction``) keeps the input and weight as they
+    are and casts inside, as the hand-written ``router`` and ``router_topk`` count."""
+    if call is None or not call.inputs:
+        return op
+    experts = dict(op.dims).get("n", 0)
+    tokens = _numel(call.inputs[0][1][:-1])
+    return dataclasses.replace(op, saved_bytes=call.inputs[0][2] + e * tokens * experts)
+
+
+def _saved_once(out: list[tuple[int, Op, str]], calls: dict[str, ModuleCall],
+                grouped: set[str]) -> list[tuple[int, Op, str]]:
+    """GEMMs of different modules reading one tensor (DeepSeek-V3's router and shared experts
+    both read the pre-MLP norm's output) keep it once: autograd saves the same storage. Routed
+    experts (``grouped``) keep their permuted copy of it, another tensor."""
+    seen: set[int] = set()
+    kept: list[tuple[int, Op, str]] = []
+    for at, op, module in sorted(out, key=lambda t: t[0]):
+        call = calls.get(module)
+        if op.kind is OpKind.GEMM and call is not None and call.inputs and module not in grouped:
+            source, _, size = call.inputs[0]
+            if source in seen:
+                op = dataclasses.replace(op, saved_bytes=max(op.saved_bytes - size, 0.0))
+            seen.add(source)
+        kept.append((at, op, module))
+    return kept

@@ -108,7 +108,8 @@ def _experts_function(recorder_box: list):
                 rec._record("grouped_mm", (hidden, weights, *params), (out,), gemm + act,
                             2.0 * s * h * item + wbytes + act * item * (1 + info["gate"]),
                             (s + tokens) * h * item + act * item * (1 + info["gate"]),
-                            (("experts", e), ("top_k", info["top_k"]), ("rows", s)))
+                            (("experts", e), ("top_k", info["top_k"]), ("rows", s), ("inter", inter),
+                             ("gate", info["gate"])))
                 rec._in_attention = False
             return out
 

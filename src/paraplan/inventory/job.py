@@ -473,6 +473,16 @@ def _whole_model(model: ModelSpec, x: LocalShape) -> tuple[float, float, float, 
             per_mb_executed)
 
 
+def _is_moe(key: bool | str) -> bool:
+    """Whether a ``layer_kinds`` key is a mixture-of-experts layer: True for the hand-written
+    MoE kind, a traced kind whose label says so (``traced.is_moe_label``)."""
+    if isinstance(key, str):
+        from paraplan.inventory.traced import is_moe_label
+
+        return is_moe_label(key)
+    return key is True
+
+
 def layer_kinds(model: ModelSpec, x: LocalShape) -> dict[bool, tuple[Op, ...]]:
     """The operators of each kind of layer the model has, keyed by whether it is a mixture
     of experts (a dense model: one kind; DeepSeek-V3, first dense layers then MoE: two)."""
@@ -542,7 +552,7 @@ def count_job(job: Job) -> JobInventory:
     x = local_shape(model, plan, job.precision)
     kinds: dict[bool, tuple[tuple[Op, ...], tuple[Collective, ...], float, float]] = {}
     for moe, ops in layer_kinds(model, x).items():
-        coll = count_moe_collectives(model, plan, x) if moe is True else count_layer_collectives(model, plan, x)
+        coll = count_moe_collectives(model, plan, x) if _is_moe(moe) else count_layer_collectives(model, plan, x)
         if model.inventory == "traced":
             from paraplan.inventory.traced import traced_layers
 
@@ -570,7 +580,7 @@ def count_job(job: Job) -> JobInventory:
                                          seen.grad_sync, seen.per_microbatch_dp, seen.optimizer, seen.expert_params))
             continue
         blocks = tuple(
-            LayerBlock(counts.get(moe, 0), ops, coll, moe is True, moe if isinstance(moe, str) else "")
+            LayerBlock(counts.get(moe, 0), ops, coll, _is_moe(moe), moe if isinstance(moe, str) else "")
             for moe, (ops, coll, _, _) in kinds.items() if counts.get(moe, 0)
         )
         params = sum(counts.get(moe, 0) * k[2] for moe, k in kinds.items())

@@ -68,7 +68,7 @@ def _eager_swiglu(fused: Op, elements: float, e: int) -> Op:
     )
 
 
-def fp8_casts(gemms: list[Op], e: int, recipe: FP8Recipe | None = None) -> Op:
+def fp8_casts(gemms: list[Op], e: int, recipe: FP8Recipe | None = None, norm_fed: frozenset[str] = _NORM_FED) -> Op:
     """The casts around a layer's FP8 GEMMs under ``recipe`` (None: delayed), from the bytes
     they move (``inventory.fp8`` gives each recipe's kernels and their sources).
 
@@ -79,19 +79,20 @@ def fp8_casts(gemms: list[Op], e: int, recipe: FP8Recipe | None = None) -> Op:
     and weight-gradient GEMMs. The amax of each tensor is reduced inside these kernels. Current
     scaling adds a pass that reads each tensor for its amax; rowwise scaling casts rows and
     columns from a 16-bit transpose; MXFP8 writes a scale per 32 elements of each copy. The
-    weights' casts are counted per job (``inventory.job``)."""
+    weights' casts are counted per job (``inventory.job``). ``norm_fed``: the names of the GEMMs
+    whose input a fused norm writes in FP8."""
     costs = recipe_costs(recipe)
     per = costs.act_reads * e + costs.act_writes
     fed = costs.norm_fed if costs.norm_fed is not None else per
     fwd = bwd = elements = grads = 0.0
     for op in gemms:
         dims = dict(op.dims)
-        fwd += dims["m"] * dims["k"] * (fed if op.name in _NORM_FED else per)
+        fwd += dims["m"] * dims["k"] * (fed if op.name in norm_fed else per)
         elements += dims["m"] * dims["k"]
         grads += dims["m"] * dims["n"]
     bwd = grads * per
     if recipe is None:  # today's arithmetic, to the last bit
-        fwd, bwd = _delayed_bytes(gemms, e)
+        fwd, bwd = _delayed_bytes(gemms, e, norm_fed)
         elements, grads = fwd / (e + 2.0), bwd / (e + 2.0)
     name = (recipe or FP8Recipe.DELAYED).value
     return Op(
@@ -106,11 +107,11 @@ def fp8_casts(gemms: list[Op], e: int, recipe: FP8Recipe | None = None) -> Op:
     )
 
 
-def _delayed_bytes(gemms: list[Op], e: int) -> tuple[float, float]:
+def _delayed_bytes(gemms: list[Op], e: int, norm_fed: frozenset[str] = _NORM_FED) -> tuple[float, float]:
     fwd = bwd = 0.0
     for op in gemms:
         dims = dict(op.dims)
-        fwd += dims["m"] * dims["k"] * (2.0 if op.name in _NORM_FED else e + 2.0)
+        fwd += dims["m"] * dims["k"] * (2.0 if op.name in norm_fed else e + 2.0)
         bwd += dims["m"] * dims["n"] * (e + 2.0)
     return fwd, bwd
 

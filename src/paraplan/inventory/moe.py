@@ -98,32 +98,43 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
     ]
 
 
+def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, grouped: bool) -> list[Op]:
+    """What one rank runs for its local routed experts (``x.experts`` of width ``ffn`` on this
+    rank, ``x.routed`` token copies): the permutation of the copies by expert, the up projection
+    (gate and up, ``gated``), the ``activation`` kernel, the down projection, and the
+    unpermutation weighted by the router's probabilities. The hand-written MoE layer and a traced
+    one (``inventory.traced_moe``, its widths from the model's own experts) both build them here."""
+    e = x.e
+    routed_h = float(x.b * x.s_norm * x.topk) * x.h  # this rank's copies, before dispatch and after combine
+    up = ffn * (2 if gated else 1)
+    return [
+        _copy("moe_permute", "permute token copies by expert (gradient: unpermute)", routed_h, e,
+              fwd_passes=1.0, bwd_passes=1.0),
+        _expert_gemm("expert_fc1", "experts' up projection (grouped GEMM)" if grouped
+                     else "experts' up projection (one GEMM per expert)", x, x.h, up, grouped=grouped),
+        elementwise(activation, OpKind.ELEMENTWISE, "experts' activation", x.routed * ffn, e,
+                    reads=2.0 if gated else 1.0, flops_per_element=8.0, saved=e * x.routed * up,
+                    dims=(("tokens", x.routed), ("ffn", ffn))),
+        _expert_gemm("expert_fc2", "experts' down projection", x, ffn, x.h, grouped=grouped),
+        # the unpermutation scales each copy by its router probability and sums a token's copies;
+        # the probabilities' gradient needs the experts' outputs, which it keeps
+        dataclasses.replace(
+            _copy("moe_unpermute", "unpermute and weight by router probabilities", routed_h, e,
+                  fwd_passes=1.0, bwd_passes=2.0),
+            saved_bytes=e * routed_h,
+        ),
+    ]
+
+
 def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     """The pre-MLP norm, router, dispatch, experts, combine and residual add, in order."""
-    e, grouped = x.e, bool(model.moe_grouped_gemm)
-    hidden_norm = x.b * x.s_norm * x.h
-    copies = x.b * x.s_norm * x.topk  # this rank's token copies, before dispatch and after combine
-    routed_h = float(copies) * x.h
     swiglu = model.activation == "swiglu"
-    up = x.moe_ffn * (2 if swiglu else 1)
+    hidden_norm = x.b * x.s_norm * x.h
     ops: list[Op] = [norm(model, x, "pre-MLP norm"), *_router(model, x)]
-    ops.append(_copy("moe_permute", "permute token copies by expert (gradient: unpermute)",
-                     routed_h, e, fwd_passes=1.0, bwd_passes=1.0))
-    ops.append(_expert_gemm("expert_fc1", "experts' up projection (grouped GEMM)" if grouped
-                            else "experts' up projection (one GEMM per expert)", x, x.h, up, grouped=grouped))
-    ops.append(elementwise("swiglu" if swiglu else "gelu", OpKind.ELEMENTWISE, "experts' activation",
-                           x.routed * x.moe_ffn, e, reads=2.0 if swiglu else 1.0, flops_per_element=8.0,
-                           saved=e * x.routed * up, dims=(("tokens", x.routed), ("ffn", x.moe_ffn))))
-    ops.append(_expert_gemm("expert_fc2", "experts' down projection", x, x.moe_ffn, x.h, grouped=grouped))
-    # the unpermutation scales each copy by its router probability and sums a token's copies;
-    # the probabilities' gradient needs the experts' outputs, which it keeps
-    ops.append(dataclasses.replace(
-        _copy("moe_unpermute", "unpermute and weight by router probabilities", routed_h, e,
-              fwd_passes=1.0, bwd_passes=2.0),
-        saved_bytes=e * routed_h,
-    ))
+    ops += routed_expert_ops(x, x.moe_ffn, gated=swiglu, activation="swiglu" if swiglu else "gelu",
+                             grouped=bool(model.moe_grouped_gemm))
     ops += _shared_experts(model, x)
-    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0))
     return tuple(ops)
 
 

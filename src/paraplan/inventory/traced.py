@@ -244,40 +244,50 @@ def compare_layer(traced: tuple[Op, ...], hand: tuple[Op, ...]) -> tuple[Agreeme
 _DTYPES = {2: "bfloat16", 4: "float32"}
 
 
+def costed_layer_ops(layer: TracedLayer, kernels: str, *, attention_chunk: int | None = None,
+                     ) -> tuple[tuple[Op, ...], tuple[str, ...]]:
+    """One traced layer kind's operators as ``kernels`` (``fused`` | ``eager``) cost them, and
+    for each the path of the module it stands for inside the layer. ``attention_chunk``: a
+    chunked-attention layer's chunk (``layer_ops_from_trace``)."""
+    if kernels == "fused":
+        from paraplan.inventory.fused import fused_layer_ops
+
+        return fused_layer_ops(layer, attention_chunk=attention_chunk)
+    ops = layer_ops_from_trace(layer, attention_chunk=attention_chunk)
+    attention = next((o.module for o in layer.ops if o.aten == "attention"), "")
+    modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name)
+                    for op in ops)
+    return ops, modules
+
+
+def is_moe_label(kind: str) -> bool:
+    """Whether a traced layer kind's label (``TracedLayer.kind``: "full_attention-moe@3") names
+    a mixture-of-experts layer."""
+    return kind.rpartition("@")[0].endswith("moe")
+
+
 @functools.lru_cache(maxsize=64)
 def traced_layers(model: ModelSpec, x: LocalShape) -> dict[str, tuple[tuple[Op, ...], tuple[Collective, ...]]]:
     """The operators of each layer kind of ``model`` (``inventory: traced``) on one rank at
     shape ``x``, keyed by the traced kind (``TracedLayer.kind``: "full_attention-dense@0",
-    "sliding_attention-dense@0", ...), traced from its ``hf_config`` at the micro-batch and
-    sequence length and split over ``x.tp`` ranks by the model's ``base_model_tp_plan``
-    (``inventory.tp_plan``), with the tensor-parallel collectives that plan implies. A mixture of
-    experts is refused in one line (expert parallelism is not applied to a traced layer yet)."""
-    from paraplan.inventory.tp_plan import config_of, layer_plan, shard_layer
+    "sliding_attention-dense@0", "moe@3", ...), traced from its ``hf_config`` at the micro-batch
+    and the rank's sequence (``x.s``: seq / cp), split over ``x.tp`` ranks by the model's
+    ``base_model_tp_plan`` (``inventory.tp_plan``) with the tensor-parallel collectives that
+    plan implies, a mixture of experts' routed experts over ``ep`` (``traced_moe``), and the
+    job's FP8 recipe (``traced_job.in_job``)."""
+    from paraplan.inventory.tp_plan import config_of, layer_plan
+    from paraplan.inventory.traced_job import in_job
+    from paraplan.inventory.traced_moe import layer_on_rank
 
     config = config_of(str(model.hf_config))
     trace = _trace(model, x)
-    moe = [layer.kind for layer in trace.layers if "-moe@" in layer.kind]
-    if moe:
-        raise ConfigError(
-            f"model.inventory: traced predicts dense models only so far; {model.name} has mixture-of-experts "
-            f"layers ({', '.join(moe)}); use model.inventory: hand"
-        )
-    sp = x.tp > 1 and x.s_norm != x.s
     plan = layer_plan(config) if x.tp > 1 else None
+    act = str(config.get("hidden_act") or config.get("hidden_activation") or "silu")
     out = {}
     for layer in trace.layers:
-        chunked = layer.kind.startswith("chunked_attention")
-        chunk = config.get("attention_chunk_size") if chunked else None
-        if model.kernels == "fused":
-            from paraplan.inventory.fused import fused_layer_ops
-
-            ops, modules = fused_layer_ops(layer, attention_chunk=chunk)
-        else:
-            ops = layer_ops_from_trace(layer, attention_chunk=chunk)
-            attention = next((o.module for o in layer.ops if o.aten == "attention"), "")
-            modules = tuple(attention if op.kind is OpKind.ATTENTION else ("" if op.name == "layer" else op.name)
-                            for op in ops)
-        out[layer.kind] = shard_layer(ops, modules, plan, x.tp, sp, x.e)
+        chunk = config.get("attention_chunk_size") if layer.kind.startswith("chunked_attention") else None
+        ops, coll = layer_on_rank(model, x, layer, plan, act, chunk)
+        out[layer.kind] = (in_job(ops, x), coll)
     return out
 
 
@@ -286,7 +296,7 @@ def _trace(model: ModelSpec, x: LocalShape):
     from paraplan.inventory.tp_plan import config_of
 
     config = config_of(str(model.hf_config))
-    return trace_layer_ops(config, x.b, model.seq_length, dtype=_DTYPES.get(x.e, "bfloat16"))
+    return trace_layer_ops(config, x.b, x.s, dtype=_DTYPES.get(x.e, "bfloat16"))  # x.s: seq / cp
 
 
 def traced_layer_indices(model: ModelSpec, x: LocalShape) -> dict[str, tuple[int, ...]]:

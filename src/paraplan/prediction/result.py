@@ -318,6 +318,8 @@ class Prediction:
             "uncalibrated": list(self.uncalibrated),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
             **({"framework_preset": job.preset.to_dict()} if job.preset is not None else {}),
+            **({"inventory": {"source": "traced", "kernels": job.model.kernels}}
+               if job.model.inventory == "traced" else {}),
         }
 
 

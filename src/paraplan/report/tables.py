@@ -117,6 +117,8 @@ def render_prediction(pred: Prediction, interval: Interval | None = None) -> Gro
     if pred.job.model.is_moe:
         summary.add_row("active parameters", format_count(pred.params_active))
     summary.add_row("backend", pred.backend)
+    if job.model.inventory == "traced":  # which costing of the traced operators (model.kernels)
+        summary.add_row("inventory", f"traced, {job.model.kernels} kernels")
 
     parts = Table(title="Where one iteration goes (critical path)", title_justify="left")
     parts.add_column("component")

@@ -25,12 +25,14 @@ def _bytes(x: float) -> str:
     return f"{x:.0f} B"
 
 
-def render_traced_layers(trace: TracedModel, layers: list[tuple[str, int, tuple[Op, ...]]]) -> Group:
-    """One table per layer kind: each traced module as a paraplan operator."""
+def render_traced_layers(trace: TracedModel, layers: list[tuple[str, int, tuple[Op, ...]]],
+                         kernels: str = "eager") -> Group:
+    """One table per layer kind: each traced module (``kernels``: fused, each fused kernel) as a
+    paraplan operator."""
     parts: list = [Text(
         f"{trace.model_type}: {trace.total_params:,} parameters ({trace.embedding_params:,} embedding, "
         f"{trace.head_params:,} output head); {trace.num_layers} layers in {len(trace.layers)} kind(s); "
-        f"micro-batch {trace.micro_batch} x {trace.seq_length} tokens, {trace.dtype}"
+        f"micro-batch {trace.micro_batch} x {trace.seq_length} tokens, {trace.dtype}; {kernels} kernels"
     )]
     for kind, count, ops in layers:
         table = ReadableTable(title=f"layer kind {kind} (x{count})")

@@ -108,8 +108,6 @@ class Job(BaseModel):
         if m.padded_vocab_size is not None:
             _check_divisible("parallel.tp", "padded_vocab_size", m.padded_vocab_size, p.tp)
         _check_experts(m, p)
-        if m.inventory == "traced":
-            _check_traced(m, p, self.precision)
         if p.sequence_parallel:
             _check_divisible("parallel.sequence_parallel", "seq_length", m.seq_length, p.tp * p.cp)
         if p.layers_per_stage is not None:
@@ -168,20 +166,6 @@ def _check_fp8_recipe(recipe: FP8Recipe | None, precision: Precision, gpu: GpuSp
     if recipe is FP8Recipe.MXFP8 and not gpu.block_scaled_tensor_cores:
         raise ValueError(f"parallel.fp8_recipe: mxfp8 needs tensor cores that read block scales (Blackwell: "
                          f"B200, B300, GB200, GB300); GPU {gpu.name} runs delayed | current | rowwise")
-
-
-def _check_traced(m: ModelSpec, p: ParallelPlan, precision: Precision) -> None:
-    """What a traced inventory predicts so far: dense models over tp (by the model's own plan,
-    with or without sequence parallelism), pp, dp and ZeRO, in 16 or 32 bits."""
-    if m.num_moe_experts is not None or p.ep > 1:
-        raise ValueError("model.inventory: traced predicts dense models only so far; a mixture of experts "
-                         "(num_moe_experts, parallel.ep) takes inventory: hand")
-    if p.cp > 1:
-        raise ValueError("parallel.cp: context parallelism is not applied to a traced inventory yet; "
-                         "use cp: 1 or model.inventory: hand")
-    if precision is Precision.FP8:
-        raise ValueError("precision: fp8 is not applied to a traced inventory yet (its GEMMs are traced "
-                         "in 16 bits); use bf16 or model.inventory: hand")
 
 
 def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:
@@ -247,6 +231,11 @@ def _check_split(m: ModelSpec, p: ParallelPlan) -> None:
                          "at least one per rank)")
 
 
+# the recompute modules whose operators a traced layer names as the hand-written one does: the
+# attention core, the routed experts (built by the hand-written code) and the shared experts
+_TRACED_RECOMPUTE_MODULES = ("core_attn", "moe_act", "shared_experts")
+
+
 def _check_recompute_modules(m: ModelSpec, p: ParallelPlan) -> None:
     """A recompute module the model has nothing of is refused (a typo or a model mix-up)."""
     needs = {"mla_up_proj": (m.multi_latent_attention, "no multi-latent attention"),
@@ -254,6 +243,10 @@ def _check_recompute_modules(m: ModelSpec, p: ParallelPlan) -> None:
              "shared_experts": (bool(m.moe_shared_expert_intermediate_size), "no shared experts"),
              "mlp": (not all(m.moe_layers), "no dense MLP (every layer is a mixture of experts)")}
     for module in p.recompute_modules or ():
+        if m.inventory == "traced" and module not in _TRACED_RECOMPUTE_MODULES:
+            raise ValueError(f"parallel.recompute_modules: {module!r} is not applied to a traced inventory yet (its "
+                             f"operators carry the model's module names; {', '.join(_TRACED_RECOMPUTE_MODULES)} are); "
+                             f"leave it out or use model.inventory: hand")
         has, what = needs.get(module, (True, ""))
         if not has:
             raise ValueError(f"parallel.recompute_modules: {module!r} recomputes nothing in {m.name} (it has {what})")

@@ -1,0 +1,113 @@
+"""A traced mixture of experts, parallel as Megatron-Core runs it (``inventory: traced``).
+
+The trace (``inventory.hftrace``) records a MoE layer's routed experts as one grouped GEMM over
+the tokens x top-k routed rows (``hfhooks``), with the model's own widths: the number of experts,
+top-k, each expert's intermediate width and whether it is gated. What the experts cost on one
+rank depends on how they are spread, which the model's code does not say: expert parallelism
+(``parallel.ep``: E/ep local experts receive the token copies routed to them, times the load
+imbalance), expert tensor parallelism (``etp``: 1/etp of each expert's width) and the grouped
+GEMM. So the traced experts become the hand-written layer's routed-expert operators
+(``moe.routed_expert_ops``: permute, up projection, activation, down projection, unpermute),
+built at the traced widths and the job's ``LocalShape``, and the layer's expert-parallel
+communication is the hand-written one (``moe.count_moe_collectives``, by the token dispatcher:
+alltoall, allgather or flex). The rest of the layer (attention, norms, router, shared experts) is
+costed as traced and split by the model's tensor-parallel plan (``tp_plan.shard_layer``), whose
+expert styles (``moe_tp_experts``, the experts' own colwise/rowwise) are the ETP split above.
+
+A model whose layers are dense and MoE (DeepSeek-V3's first three dense layers) has one traced
+kind of each, matched to the model's ``moe_layers``.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from paraplan.inventory.hfrecords import TracedLayer
+from paraplan.inventory.ops import Collective, Op, OpKind
+from paraplan.inventory.shapes import LocalShape
+from paraplan.specs import ConfigError, ModelSpec
+
+_WHERE = "model.inventory"
+_GATED_SILU = ("silu", "swish")
+
+def is_moe_kind(layer: TracedLayer) -> bool:
+    """Whether a traced layer kind routes tokens to experts (its grouped experts GEMM ran)."""
+    return any(o.aten == "grouped_mm" for o in layer.ops)
+
+
+def layer_on_rank(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dict[str, str] | None, act: str,
+                  attention_chunk: int | None = None) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
+    """One traced layer kind on one rank: costed (``traced.costed_layer_ops``), split by the
+    model's tensor-parallel ``plan``, and, for a mixture of experts, its routed experts spread
+    over ep / etp as the hand-written layer's (``routed_experts``)."""
+    from paraplan.inventory.tp_plan import shard_layer
+    from paraplan.inventory.traced import costed_layer_ops
+
+    ops, modules = costed_layer_ops(layer, model.kernels, attention_chunk=attention_chunk)
+    sp = x.tp > 1 and x.s_norm != x.s
+    grouped = next((o for o in layer.ops if o.aten == "grouped_mm" and o.phase == "fwd"), None)
+    if plan is not None:
+        _check_attention_planned(model, layer, plan)
+    if grouped is None:
+        return shard_layer(ops, modules, plan, x.tp, sp, x.e)
+    where = grouped.module
+    at = next(i for i, (op, m) in enumerate(zip(ops, modules, strict=True)) if m == where and op.kind is OpKind.GEMM)
+    rest = ops[:at] + ops[at + 1:]
+    rest_modules = modules[:at] + modules[at + 1:]
+    if plan is not None:  # the experts' own styles are the ETP split of routed_expert_ops
+        plan = {m: s for m, s in plan.items() if m != where and not m.startswith(where + ".")}
+    sharded, coll = shard_layer(rest, rest_modules, plan, x.tp, sp, x.e)
+    sharded = tuple(_shared(op) if "shared_expert" in module else op
+                    for op, module in zip(sharded, rest_modules, strict=True))
+    experts = routed_experts(model, x, layer, act)
+    return sharded[:at] + experts + sharded[at:], coll
+
+
+def _shared(op: Op) -> Op:
+    """An operator of the shared experts (DeepSeek's ``mlp.shared_experts``, Qwen2-MoE's
+    ``mlp.shared_expert``), marked as the hand-written ones are (``moe.is_shared_expert``: what
+    --moe-shared-expert-overlap runs beside the all-to-alls and recompute module shared_experts
+    re-runs)."""
+    return dataclasses.replace(op, role=f"shared experts: {op.role}")
+
+
+def expert_widths(layer: TracedLayer) -> tuple[int, int, int, bool]:
+    """(experts, top-k, intermediate width, gated) of a traced layer's routed experts."""
+    op = next(o for o in layer.ops if o.aten == "grouped_mm" and o.phase == "fwd")
+    info = dict(op.extra)
+    e, top_k, rows = int(info["experts"]), int(info["top_k"]), int(info["rows"])
+    if "inter" in info:
+        return e, top_k, int(info["inter"]), int(info["gate"]) == 2
+    # a trace recorded before the widths were: FLOPs = 2 rows (up + down) / E + rows x inter
+    h = int(op.shapes[0][-1])
+    weights = float(dict(layer.param_breakdown).get(op.module, 0))
+    inter = round((op.flops - 2.0 * rows * weights / e) / rows)
+    return e, top_k, inter, round(weights / e / (h * inter)) == 3
+
+
+def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str) -> tuple[Op, ...]:
+    """The traced experts on one rank: ``moe.routed_expert_ops`` at the traced widths, E/ep of
+    them, 1/etp of each one's width (``x``)."""
+    from paraplan.inventory.moe import routed_expert_ops
+
+    e, top_k, inter, gated = expert_widths(layer)
+    if e != model.num_moe_experts or top_k != model.moe_router_topk:
+        raise ConfigError(f"{_WHERE}: the traced experts ({e}, top-{top_k}) differ from the config's reading "
+                          f"(num_moe_experts {model.num_moe_experts}, moe_router_topk {model.moe_router_topk}); "
+                          f"use inventory: hand")
+    etp = max(1, (model.moe_ffn_hidden_size or inter) // max(1, x.moe_ffn))
+    name = ("swiglu" if act.lower() in _GATED_SILU else "geglu") if gated else "gelu"
+    return tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name,
+                                   grouped=bool(model.moe_grouped_gemm)))
+
+
+def _check_attention_planned(model: ModelSpec, layer: TracedLayer, plan: dict[str, str]) -> None:
+    """tp > 1 needs the plan to split the attention block: DeepSeek-V3's published plan splits
+    its MLPs and experts only, not multi-head latent attention."""
+    attention = next((o.module for o in layer.ops if o.aten == "attention"), None)
+    if attention and not any(m.startswith(attention + ".") for m in plan):
+        raise ConfigError(
+            f"model.hf_config: base_model_tp_plan: {model.name}'s plan splits no module of its attention block "
+            f"({attention}), so paraplan cannot split it over parallel.tp; use tp: 1 or model.inventory: hand")
