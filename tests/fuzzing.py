@@ -351,7 +351,9 @@ def _check_answer(out: str) -> tuple[str, dict[str, Any]]:
 
 
 # figures that are signed by meaning: the memory a plan has to spare is negative when it does not fit
-SIGNED = ("margin_bytes",)
+# keys whose figures are signed by definition: the memory margin (negative: does not fit), an
+# interval's and a widening's log(measured / predicted) bounds
+SIGNED = ("margin_bytes", "log_ratio")
 
 
 def _leaves(value: Any) -> list[Any]:
