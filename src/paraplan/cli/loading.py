@@ -164,7 +164,7 @@ def runs_table(files: list[Path], level: float) -> tuple[ResidualTable, list[str
 
     skipped: list[tuple[str, str]] = []
     held = held_runs(r for f in files for r in validate_runs(load_runs(f), skipped=skipped))
-    table = load_residuals().with_runs((h.regime, h.residual) for h in held)
+    table = load_residuals().with_runs((h.regime, h.residual, h.architecture) for h in held)
     warnings = [f"--runs: skipped {run_id}: {reason}" for run_id, reason in skipped]
     for regime in sorted({h.regime for h in held}):
         _, _, rule, fallback, _ = conformal_interval(regime, level, table)
