@@ -6,7 +6,6 @@ for plans it did not predict exactly); the front is made of exact predictions.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
