@@ -67,3 +67,13 @@ def test_an_mi300x_prediction_is_not_given_the_h100_runs_interval():
     assert "no dev run on MI300X" in mi300x["rule"] and "no dev run" not in h100["rule"]
     width = lambda iv: iv["log_ratio"][1] - iv["log_ratio"][0]  # noqa: E731
     assert width(mi300x) > width(h100)
+
+
+def test_two_plans_on_different_architectures_share_no_error_in_a_comparison():
+    from paraplan.uncertainty.pair import ratio_interval
+
+    hopper, cdna = frozenset({"Hopper"}), frozenset({"CDNA 3"})
+    shared = ratio_interval(UNCAL, UNCAL, 1.0, 0.8, architectures=(hopper, hopper), gpus=("H100", "H200"))
+    apart = ratio_interval(UNCAL, UNCAL, 1.0, 0.8, architectures=(hopper, cdna), gpus=("H100", "MI300X"))
+    assert "errors shared" in shared.rule and "different GPU architectures" in apart.rule
+    assert apart.high - apart.low > shared.high - shared.low
