@@ -77,3 +77,9 @@ def test_two_plans_on_different_architectures_share_no_error_in_a_comparison():
     apart = ratio_interval(UNCAL, UNCAL, 1.0, 0.8, architectures=(hopper, cdna), gpus=("H100", "MI300X"))
     assert "errors shared" in shared.rule and "different GPU architectures" in apart.rule
     assert apart.high - apart.low > shared.high - shared.low
+
+
+def test_a_calibrated_gpu_does_not_borrow_the_bounds_of_uncalibrated_runs_on_its_architecture():
+    low, high, rule, *_ = conformal_interval(CAL, 0.8, _table(), frozenset({"Hopper"}), "GH200")
+    assert (low, high) == (-0.24 * 1.5, 0.24 * 1.5)
+    assert "no dev run on GH200 (Hopper) among the calibrated GPUs' runs (they ran on Ampere)" in rule

@@ -12,7 +12,14 @@ from paraplan.prediction import Prediction
 from paraplan.specs import ConfigError
 from paraplan.uncertainty.conformal import conformal_bounds, runs_needed
 from paraplan.uncertainty.guessed import Spread
-from paraplan.uncertainty.regimes import Regime, ResidualTable, architectures_of, load_residuals, regime_of
+from paraplan.uncertainty.regimes import (
+    ANY,
+    Regime,
+    ResidualTable,
+    architectures_of,
+    load_residuals,
+    regime_of,
+)
 
 
 def check_level(level: float, flag: str = "--interval") -> float:
@@ -127,8 +134,9 @@ def conformal_interval(regime: Regime, level: float, table: ResidualTable,
     missing = sorted(architectures - seen)
     named = gpu or missing[0]
     what = named if missing == [named] else f"{named} ({', '.join(missing)})"
-    unseen = (f"no dev run on {what} in {regime.name} or any pool of it, whose runs are on "
-              f"{', '.join(sorted(table.architectures_in(ALL)))}: not exchangeable with it")
+    others = table.architectures_in(Regime(regime.gpu, ANY, ANY))
+    unseen = (f"no dev run on {what} among the {regime.gpu} GPUs' runs (they ran on "
+              f"{', '.join(sorted(others)) or 'none'}): not exchangeable with it")
     if closed_loop is not None and regime.gpu == "calibrated":
         err, said = closed_loop
         return (low - err, high + err, f"{rule}; {unseen}, but its curves were measured on it by the user's "
@@ -141,10 +149,11 @@ def conformal_interval(regime: Regime, level: float, table: ResidualTable,
 def _earned(regime: Regime, level: float, table: ResidualTable,
             architectures: frozenset[str]) -> tuple[float, float, str, bool, int, Regime] | None:
     """``conformal_interval``'s bounds from the regime's runs, or a pool's, and the pool they
-    came from, counting only pools with a run on each of ``architectures`` (none given: any
-    pool); None when no pool has both enough runs and those architectures."""
-    def seen(pool: Regime) -> bool:
-        return architectures <= table.architectures_in(pool)
+    came from, counting only pools with a run on each of ``architectures`` whose GPU was
+    calibrated (or not) as the prediction's is (none given: any pool): an uncalibrated H100's
+    errors say nothing of a calibrated one's; None when no pool has both."""
+    def seen(pool: Regime) -> bool:  # runs on the architectures, calibrated as the prediction's GPU is
+        return architectures <= table.architectures_in(Regime(regime.gpu, pool.framework, pool.model))
 
     need = runs_needed(level)
     own = table.pooled(regime)
