@@ -61,7 +61,9 @@ def write_catalog(held: list[Held]) -> None:
         "# Predictive Inference for Regression', JASA 113, 2018; Vovk, Gammerman & Shafer 2005): an",
         "# interval at level 1 - alpha takes the k-th smallest and k-th largest residual of its regime,",
         "# k = ceil((n + 1)(1 - alpha / 2)); a regime with k > n falls back to the stated wider rule",
-        "# (fallback_factor: the widest pooled regime's interval, its width times this factor).",
+        "# (fallback_factor: the widest pooled regime's interval, its width times this factor). A GPU whose",
+        "# architecture has no run in the regime's bounds (architectures: the runs' GPUs') gets the",
+        "# largest |residual| of all runs times the factor, both sides (Dunn, Wasserman & Ramdas 2022).",
         f"produced_by: \"benchmarks/fit_intervals.py at commit {commit()} on {datetime.date.today()}\"",
         f"fallback_factor: {FACTOR}",
         "sources:",
@@ -77,7 +79,8 @@ def write_catalog(held: list[Held]) -> None:
         lines += [f"  - gpu: {regime.gpu}", f"    framework: {regime.framework}", f"    model: {regime.model}",
                   f"    n: {len(runs)}",
                   "    residuals: [" + ", ".join(f"{h.residual:.5f}" for h in runs) + "]",
-                  "    runs: [" + ", ".join(f"\"{h.source}: {h.run_id}\"" for h in runs) + "]"]
+                  "    runs: [" + ", ".join(f"\"{h.source}: {h.run_id}\"" for h in runs) + "]",
+                  "    architectures: [" + ", ".join(sorted({h.architecture for h in runs})) + "]"]
     OUT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {OUT.relative_to(ROOT)}: {len(held)} runs in {len(by)} regimes", file=sys.stderr)
 
@@ -95,6 +98,17 @@ def main() -> None:
         for row in coverage_rows(leave_one_source_out(held, level, FACTOR)):
             print(f"| {row.group} | {row.n} | {100 * row.covered:.0f} % | {100 * row.median_width:.1f} % "
                   f"| {row.fallbacks} |")
+    # a GPU architecture no dev run was measured on: its runs left out together, their
+    # intervals from the other architectures' runs (the stated rule, conformal_interval)
+    for level in LEVELS:
+        print(f"\nLeave one architecture out, {100 * level:g} % intervals (the rule for a GPU with no dev run):")
+        print("| group | runs | covered | median width | fallback |")
+        print("|---|---|---|---|---|")
+        rows = coverage_rows(leave_one_source_out(held, level, FACTOR, by=lambda h: h.architecture))
+        for row in rows:
+            if row.group.startswith(("architecture", "all")):
+                print(f"| {row.group} | {row.n} | {100 * row.covered:.0f} % | {100 * row.median_width:.1f} % "
+                      f"| {row.fallbacks} |")
 
 
 if __name__ == "__main__":

@@ -213,8 +213,11 @@ def test_calibrate_fits_a_gemm_curve_from_hundreds_of_linked_gemm_calls_of_a_rea
     assert tf32.calls >= 600 and tf32.points >= 100 and tf32.fit is not None
     assert abs(tf32.after.median) < abs(tf32.before.median)
     for precision, row in gemms.items():
-        assert result.cluster.gpu.efficiency.precisions[precision].gemm == row.fit.curve.model_copy(
-            update={"source": result.source})
+        written = result.cluster.gpu.efficiency.precisions[precision].gemm
+        held = row.fit.points - row.fit.fitted
+        assert written == row.fit.curve.model_copy(update={
+            "source": result.source, "fitted": row.fit.fitted, "held_out": held,
+            "held_out_median_err": round(row.fit.holdout.median_abs / 100, 4) if held else None})
         assert row.fit.curve.max_fraction < 0.9  # a plausible share of that precision's peak
 
 

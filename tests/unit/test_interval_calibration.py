@@ -49,3 +49,24 @@ def test_after_calibrate_trace_the_gpu_is_calibrated_and_its_interval_takes_the_
 def test_a_gemm_curve_fitted_to_a_training_step_is_not_slowed_again_by_a_burst_ratio(calibrated):
     text = calibrated.read_text(encoding="utf-8")
     assert "gemm_fraction: 1.0" in text and "at its sustained" in text
+
+
+def test_the_calibrated_cluster_file_carries_each_fitted_curves_held_out_error(calibrated):
+    import yaml
+
+    from paraplan.specs import ClusterSpec
+    from paraplan.uncertainty.interval import measured_curves
+
+    cluster = ClusterSpec.model_validate(yaml.safe_load(calibrated.read_text(encoding="utf-8")))
+    curves = {name: (held, err) for name, held, err in measured_curves(cluster.gpu)}
+    assert curves["memory"][0] > 0 and curves["memory"][1] is not None
+    assert curves["fp32 gemm"][0] > 0 and 0 < curves["fp32 gemm"][1] < 1
+    assert curves["fp32 attention"] == (0, None)  # 2 shapes: none held out, no error claimed
+
+
+def test_calibrating_on_a_trace_narrows_the_interval_by_what_the_closed_loop_measured(calibrated):
+    before, after = _interval(), _interval("--cluster", str(calibrated))
+    width = lambda iv: iv["log_ratio"][1] - iv["log_ratio"][0]  # noqa: E731
+    assert "no dev run on cpu-core" in before["rule"] and "x1.5, both sides" in before["rule"]
+    assert "closed loop" in after["rule"] and "held-out median error" in after["rule"]
+    assert width(after) < 0.8 * width(before)

@@ -60,3 +60,7 @@ def test_the_top_and_right_edges_have_ticks_at_the_best_plans(drawn):
     assert min(abs(t / seconds_per_million - 1) for t in seen["top"]) < 1e-6
     gib = best["memory_per_gpu_bytes"] / 2**30
     assert min(abs(t / gib - 1) for t in seen["right"]) < 1e-6
+
+
+def test_the_front_plans_carry_their_interval_as_error_bars(drawn):
+    assert any(label.startswith("80 % interval") for label in drawn[0]["legend"])

@@ -384,7 +384,13 @@ def _curve_of(gpu, kind: str, precision: Precision):
 
 
 def _with_curve(gpu, fit: CurveFit, source: str):
-    return with_curve(gpu, fit.kind, fit.precision, fit.curve.model_copy(update={"source": source}), source)
+    """``gpu`` with the fitted curve, which carries its points fitted and held out and, when
+    some were held out, their median |error| (what ``uncertainty`` narrows an interval by)."""
+    held = fit.points - fit.fitted
+    measured = {"fitted": fit.fitted, "held_out": held,
+                "held_out_median_err": round(fit.holdout.median_abs / 100.0, 4) if held else None}
+    return with_curve(gpu, fit.kind, fit.precision, fit.curve.model_copy(update={"source": source, **measured}),
+                      source)
 
 
 # -- collectives ------------------------------------------------------------------------------

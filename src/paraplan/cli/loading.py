@@ -138,6 +138,7 @@ def pair_intervals(job_a: Job | HeteroJob, job_b: Job | HeteroJob, a: Prediction
     from paraplan.specs import Job
     from paraplan.uncertainty.guessed import ratio_spreads
     from paraplan.uncertainty.pair import ratio_interval
+    from paraplan.uncertainty.regimes import architectures_of
 
     ia = interval_of(job_a, a, level, backend, models)
     ib = interval_of(job_b, b, level, backend, models)
@@ -149,7 +150,9 @@ def pair_intervals(job_a: Job | HeteroJob, job_b: Job | HeteroJob, a: Prediction
             return known.get(id(j)) or predict_any(j, backend=backend, models=models).iteration_s
 
         spreads = ratio_spreads(job_a, job_b, seconds)
-    return ia, ib, ratio_interval(ia.regime, ib.regime, b.iteration_s / a.iteration_s, level, guessed=spreads)
+    return ia, ib, ratio_interval(ia.regime, ib.regime, b.iteration_s / a.iteration_s, level, guessed=spreads,
+                                  architectures=(architectures_of(a), architectures_of(b)),
+                                  gpus=(a.job.cluster.gpu.name, b.job.cluster.gpu.name))
 
 
 def runs_table(files: list[Path], level: float) -> tuple[ResidualTable, list[str]]:
@@ -164,7 +167,7 @@ def runs_table(files: list[Path], level: float) -> tuple[ResidualTable, list[str
 
     skipped: list[tuple[str, str]] = []
     held = held_runs(r for f in files for r in validate_runs(load_runs(f), skipped=skipped))
-    table = load_residuals().with_runs((h.regime, h.residual) for h in held)
+    table = load_residuals().with_runs((h.regime, h.residual, h.architecture) for h in held)
     warnings = [f"--runs: skipped {run_id}: {reason}" for run_id, reason in skipped]
     for regime in sorted({h.regime for h in held}):
         _, _, rule, fallback, _ = conformal_interval(regime, level, table)

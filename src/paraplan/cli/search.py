@@ -147,9 +147,11 @@ def search_command(
         front, axis = None, request.pareto_axis
         if pareto is not None and result.ranked:
             from paraplan.report.pareto import pareto_plans, plot_pareto
+            from paraplan.uncertainty import interval_for
 
             front, to_train = pareto_plans(result, axis)
-            plot_pareto(result, front, pareto, axis=axis, to_train=to_train)
+            plot_pareto(result, front, pareto, axis=axis, to_train=to_train,
+                        intervals=[interval_for(p, interval) for p in front])
         if save_best is not None and result.ranked:
             _save_best(result, save_best)
     if request.demo is not None:

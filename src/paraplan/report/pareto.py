@@ -7,12 +7,16 @@ for plans it did not predict exactly); the front is made of exact predictions.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paraplan.prediction import Prediction
 from paraplan.search import SearchResult, pareto_front
 from paraplan.units import format_tokens
+
+if TYPE_CHECKING:
+    from paraplan.uncertainty import Interval
 
 MAX_POINTS = 20_000  # per cluster configuration in the cloud; more are sampled (the front is always whole)
 
@@ -85,8 +89,11 @@ def hardware_label(cluster: str, num_gpus: int, num_nodes: int | None) -> str:
     return f"{cluster} ({num_gpus} GPUs)"
 
 
-def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, axis: str, to_train: bool) -> Path:
-    """Scatter of every scored plan (one colour per cluster configuration), the front on top."""
+def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, axis: str, to_train: bool,
+                intervals: list[Interval] | None = None) -> Path:
+    """Scatter of every scored plan (one colour per cluster configuration), the front on top,
+    each front plan with its interval (``intervals``, one per plan) as error bars: on the time
+    axis, and on the cost axis too (a plan's cost scales with its time)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,6 +132,18 @@ def plot_pareto(result: SearchResult, front: list[Prediction], path: Path, *, ax
             ax.scatter(xs[idx], ys[idx], s=8, alpha=0.35, label=f"{label}: {len(xs):,} plans", rasterized=True)
         ax.plot(fx, fy, color="black", marker="o", markersize=5, linewidth=1.2, drawstyle="steps-post",
                 label=f"Pareto front ({len(front)} plans)")
+        if intervals:  # each front plan's interval: time (and cost, which scales with it) move together
+            import matplotlib.collections
+
+            lows, highs = np.exp([iv.low for iv in intervals]), np.exp([iv.high for iv in intervals])
+            px, py = np.asarray(fx), np.asarray(fy)
+            same = axis == "memory"
+            segments = [[(x * lo, y if same else y * lo), (x * hi, y if same else y * hi)]
+                        for x, y, lo, hi in zip(px, py, lows, highs, strict=True)]
+            ax.add_collection(matplotlib.collections.LineCollection(
+                segments, colors="black", linewidths=2.0, alpha=0.35,
+                label=f"{intervals[0].label} interval (measured / predicted)"))
+            all_x += [px * lows, px * highs]
         xa, ya = np.concatenate(all_x), np.concatenate(all_y)
         log_x = bool(len(xa)) and xa.max() / max(xa.min(), 1e-300) > 5
         if log_x:

@@ -38,6 +38,11 @@ class EfficiencyCurve(BaseModel):
     source: str | None = None  # where this curve's numbers come from, when not the spec's source
     # the GPU whose measurements the curve was taken from when this GPU has none of its own
     transferred_from: str | None = None
+    # a curve fitted to operator timings (``paraplan calibrate trace``, ``calibrate attention``):
+    # the points fitted and held out, and the held-out points' median |predicted / measured - 1|
+    fitted: int | None = Field(default=None, ge=1)
+    held_out: int | None = Field(default=None, ge=0)
+    held_out_median_err: float | None = Field(default=None, ge=0.0)  # 0.05: 5 %; may pass 1
 
 
 class KernelCurve(EfficiencyCurve):
@@ -46,9 +51,6 @@ class KernelCurve(EfficiencyCurve):
     the held-out median |error| of the kernels' time."""
 
     source: str
-    fitted: int | None = Field(default=None, ge=1)
-    held_out: int | None = Field(default=None, ge=0)
-    held_out_median_err: Fraction | None = None
 
 
 class PrecisionCurves(BaseModel):
@@ -258,6 +260,10 @@ class GpuSpec(BaseModel):
     # E8M0 scale per 32 elements, NVFP4's E4M3 per 16; NVIDIA Blackwell's 5th-generation tensor
     # cores): the block-scaled FP8 recipes (``parallel.fp8_recipe: mxfp8``) need them
     block_scaled_tensor_cores: bool = False
+    # the GPU's architecture as its maker names it (Ampere, Hopper, Blackwell, CDNA 3, ...):
+    # dev runs on one architecture say nothing certain about another's errors (an interval's
+    # regime, ``uncertainty.regimes``); None: unknown, the GPU's name stands for it
+    architecture: str | None = None
     sources: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("peak_flops", mode="before")

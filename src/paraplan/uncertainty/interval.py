@@ -12,7 +12,14 @@ from paraplan.prediction import Prediction
 from paraplan.specs import ConfigError
 from paraplan.uncertainty.conformal import conformal_bounds, runs_needed
 from paraplan.uncertainty.guessed import Spread
-from paraplan.uncertainty.regimes import Regime, ResidualTable, load_residuals, regime_of
+from paraplan.uncertainty.regimes import (
+    ANY,
+    Regime,
+    ResidualTable,
+    architectures_of,
+    load_residuals,
+    regime_of,
+)
 
 
 def check_level(level: float, flag: str = "--interval") -> float:
@@ -84,38 +91,93 @@ class Interval:
         return out
 
 
-def conformal_interval(regime: Regime, level: float, table: ResidualTable) -> tuple[float, float, str, bool, int]:
+ALL = Regime("*", "*", "*")
+
+
+def _widest(table: ResidualTable) -> tuple[float, float, int]:
+    """The stated rule of last resort: the largest |residual| of all runs times the fallback
+    factor, on both sides; and the number of runs."""
+    everything = table.pooled(ALL)
+    if not everything:
+        raise ConfigError("intervals: no measured runs to earn an interval from")
+    worst = max(abs(r) for r in everything) * table.fallback_factor
+    return -worst, worst, len(everything)
+
+
+def conformal_interval(regime: Regime, level: float, table: ResidualTable,
+                       architectures: frozenset[str] = frozenset(), gpu: str = "",
+                       closed_loop: tuple[float, str] | None = None) -> tuple[float, float, str, bool, int]:
     """(low, high, rule, fallback, runs) for ``regime`` at ``level`` from ``table``.
 
     Enough runs in the regime: split-conformal on them. Too few: the widest of the pooled
     regimes above it that have enough (one feature or more left out, up to all runs), also
     covering every residual of the regime's own runs, its width times ``fallback_factor``
     about its middle. No pool has enough (a level near 1): the largest |residual| of all runs
-    times the factor, on both sides."""
+    times the factor, on both sides.
+
+    The bounds hold for a new run exchangeable with the runs they came from; runs on another
+    GPU architecture are not (they share their own architecture's bias: Dunn, Wasserman &
+    Ramdas, "Distribution-free prediction sets for two-layer hierarchical models", JASA 2022,
+    where a new group is exchangeable with the groups, not their members, and a bound needs as
+    many groups as split conformal needs runs: 9 at 80 %). So when the table records the runs'
+    architectures and none of the runs behind the bounds ran on one of ``architectures`` (the
+    prediction's, ``gpu`` naming it): the stated rule of last resort, the largest |residual| of
+    all runs times the factor, both sides; unless the GPU's curves were measured by the user's
+    closed loop (``closed_loop``: a log-error and its description, ``closed_loop_error``) and
+    the regime is a calibrated one: then the bounds, each side widened by that error."""
+    gated = architectures if table.architectures else frozenset()
+    found = _earned(regime, level, table, gated)
+    if found is not None:
+        return found[:5]
+    low, high, rule, fallback, runs, pool = _earned(regime, level, table, frozenset())  # type: ignore[misc]
+    seen = table.architectures_in(pool)
+    missing = sorted(architectures - seen)
+    named = gpu or missing[0]
+    what = named if missing == [named] else f"{named} ({', '.join(missing)})"
+    others = table.architectures_in(Regime(regime.gpu, ANY, ANY))
+    unseen = (f"no dev run on {what} among the {regime.gpu} GPUs' runs (they ran on "
+              f"{', '.join(sorted(others)) or 'none'}): not exchangeable with it")
+    if closed_loop is not None and regime.gpu == "calibrated":
+        err, said = closed_loop
+        return (low - err, high + err, f"{rule}; {unseen}, but its curves were measured on it by the user's "
+                f"closed loop: widened by {said}", fallback, runs)
+    wide_low, wide_high, every = _widest(table)
+    return (wide_low, wide_high, f"{unseen} (Dunn et al. 2022): the largest |error| of all {every} runs "
+            f"x{table.fallback_factor:g}, both sides", True, every)
+
+
+def _earned(regime: Regime, level: float, table: ResidualTable,
+            architectures: frozenset[str]) -> tuple[float, float, str, bool, int, Regime] | None:
+    """``conformal_interval``'s bounds from the regime's runs, or a pool's, and the pool they
+    came from, counting only pools with a run on each of ``architectures`` whose GPU was
+    calibrated (or not) as the prediction's is (none given: any pool): an uncalibrated H100's
+    errors say nothing of a calibrated one's; None when no pool has both."""
+    def seen(pool: Regime) -> bool:  # runs on the architectures, calibrated as the prediction's GPU is
+        return architectures <= table.architectures_in(Regime(regime.gpu, pool.framework, pool.model))
+
     need = runs_needed(level)
     own = table.pooled(regime)
     bounds = conformal_bounds(own, level)
-    if bounds is not None:
-        return bounds[0], bounds[1], f"split conformal on the {len(own)} runs of {regime.name}", False, len(own)
+    if bounds is not None and seen(regime):
+        return bounds[0], bounds[1], f"split conformal on the {len(own)} runs of {regime.name}", False, len(own), regime
     factor = table.fallback_factor
     have = f"{len(own)} run" + ("" if len(own) == 1 else "s")
-    short = f"too few runs in {regime.name} ({have}; {need} needed at {100 * level:g} %)"
+    short = (f"too few runs in {regime.name} ({have}; {need} needed at {100 * level:g} %)" if bounds is None else
+             f"no run on {', '.join(sorted(architectures))} among the {have} of {regime.name}")
     for pool in regime.coarser():
         pooled = table.pooled(pool)
         found = conformal_bounds(pooled, level)
-        if found is not None:
+        if found is not None and seen(pool):
             low, high = min(found[0], *own) if own else found[0], max(found[1], *own) if own else found[1]
             half, mid = (high - low) / 2.0 * factor, (high + low) / 2.0
             rule = (f"{short}: the {len(pooled)} runs of {pool.name}, the interval's width x{factor:g}"
                     + (" (and covering the regime's own runs)" if own else ""))
-            return mid - half, mid + half, rule, True, len(pooled)
-    everything = table.pooled(Regime("*", "*", "*"))
-    if not everything:
-        raise ConfigError("intervals: no measured runs to earn an interval from")
-    worst = max(abs(r) for r in everything) * factor
-    rule = (f"{short}, nor in any pool: the largest |error| of all {len(everything)} runs x{factor:g}, "
-            "both sides")
-    return -worst, worst, rule, True, len(everything)
+            return mid - half, mid + half, rule, True, len(pooled), pool
+    if not seen(ALL):
+        return None
+    low, high, runs = _widest(table)
+    return low, high, f"{short}, nor in any pool: the largest |error| of all {runs} runs x{factor:g}, both sides", \
+        True, runs, ALL
 
 
 def interval_for(pred: Prediction, level: float = 0.8, table: ResidualTable | None = None,
@@ -125,7 +187,40 @@ def interval_for(pred: Prediction, level: float = 0.8, table: ResidualTable | No
     check_level(level)
     table = table if table is not None else load_residuals()
     regime = regime_of(pred)
-    low, high, rule, fallback, runs = conformal_interval(regime, level, table)
+    gpu = pred.job.cluster.gpu
+    low, high, rule, fallback, runs = conformal_interval(regime, level, table, architectures_of(pred), gpu.name,
+                                                         closed_loop_error(pred))
     low += sum(s.low for s in guessed)
     high += sum(s.high for s in guessed)
     return Interval(level, regime, rule, fallback, low, high, runs, guessed)
+
+
+def measured_curves(gpu: Any) -> list[tuple[str, int, float | None]]:
+    """(curve, points held out, their median |error|) of each of ``gpu``'s GEMM, attention and
+    memory curves that was fitted to timings (``calibrate trace`` writes these numbers)."""
+    eff = gpu.efficiency
+    named = [(name, getattr(eff, name)) for name in ("gemm", "attention", "memory")]
+    named += [(f"{p.value} {name}", getattr(curves, name)) for p, curves in eff.precisions.items()
+              for name in ("gemm", "attention")]
+    return [(name, c.held_out or 0, c.held_out_median_err) for name, c in named
+            if c is not None and c.fitted is not None]
+
+
+def closed_loop_error(pred: Prediction) -> tuple[float, str] | None:
+    """What the user's closed loop measured, as a log-error to widen calibrated bounds by: the
+    largest held-out median |error| of the GPU's fitted curves, times the share of the
+    iteration its compute takes (the curves time only the compute; a sum of parts is off by at
+    most its parts' largest relative error). None: no curve of the GPU had points held out."""
+    curves = measured_curves(pred.job.cluster.gpu)
+    held = [(name, err) for name, n, err in curves if n and err is not None]
+    if not held or pred.iteration_s <= 0:
+        return None
+    name, worst = max(held, key=lambda c: c[1])
+    b = pred.breakdown
+    share = min(1.0, (b.forward_compute_s + b.backward_compute_s + b.recompute_s) / pred.iteration_s)
+    others = [c[0] for c in curves if not c[1] or c[2] is None]
+    said = (f"the largest held-out median error of its fitted curves ({name}, {100 * worst:.1f} %; "
+            + ", ".join(f"{n} {100 * e:.1f} %" for n, e in held if n != name)
+            + ("; none held out: " + ", ".join(others) if others else "")
+            + f") x the compute share of the iteration ({100 * share:.0f} %), each side")
+    return math.log1p(worst * share), said.replace("%; )", "%)").replace("%; ;", "%;")

@@ -61,16 +61,25 @@ class RatioInterval:
 
 
 def ratio_interval(regime_a: Regime, regime_b: Regime, ratio: float, level: float = 0.8,
-                   table: ResidualTable | None = None, guessed: tuple[Spread, ...] = ()) -> RatioInterval:
+                   table: ResidualTable | None = None, guessed: tuple[Spread, ...] = (),
+                   architectures: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset()),
+                   gpus: tuple[str, str] = ("", "")) -> RatioInterval:
     """The interval of the measured B / A at ``level``, for predictions in ``regime_a`` and
-    ``regime_b`` whose predicted ratio is ``ratio``, widened by ``guessed`` (the ratio's spreads)."""
+    ``regime_b`` whose predicted ratio is ``ratio``, widened by ``guessed`` (the ratio's spreads).
+    ``architectures`` (A's and B's GPUs', ``regimes.architectures_of``; ``gpus`` names them):
+    plans on different architectures share no error we count on, and a pool's differences bound
+    only plans on an architecture its runs were measured on (else each plan's own bounds,
+    ``conformal_interval``, which then take its stated wide rule)."""
     check_level(level)
     table = table if table is not None else load_residuals()
     found = None
-    if regime_a == regime_b:
+    same_gpus = architectures[0] == architectures[1]
+    if regime_a == regime_b and same_gpus:
         for pool in (regime_a, *regime_a.coarser()):
             diffs = table.source_differences(pool)
             bounds = conformal_bounds(diffs, level)
+            if table.architectures and not architectures[0] <= table.architectures_in(pool):
+                continue
             if bounds is not None:
                 runs = len({r for own, pairs in table.by_source.items() if pool.covers(own) for r in pairs})
                 found = (*bounds, f"one regime ({regime_a.name}), errors shared: split conformal on the "
@@ -78,9 +87,10 @@ def ratio_interval(regime_a: Regime, regime_b: Regime, ratio: float, level: floa
                                   + ("" if pool == regime_a else f" in {pool.name}"))
                 break
     if found is None:
-        a_low, a_high, *_ = conformal_interval(regime_a, level, table)
-        b_low, b_high, *_ = conformal_interval(regime_b, level, table)
-        why = ("different regimes" if regime_a != regime_b else "too few runs of one source")
+        a_low, a_high, *_ = conformal_interval(regime_a, level, table, architectures[0], gpus[0])
+        b_low, b_high, *_ = conformal_interval(regime_b, level, table, architectures[1], gpus[1])
+        why = ("different regimes" if regime_a != regime_b else "different GPU architectures" if not same_gpus
+               else "too few runs of one source on its GPU's architecture")
         found = (b_low - a_high, b_high - a_low,
                  f"{why} ({regime_a.name} / {regime_b.name}), no error counted as shared: "
                  "B's interval less A's, both sides")

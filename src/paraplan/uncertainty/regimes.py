@@ -8,6 +8,12 @@ framework preset filled the plan's unstated fields (``preset``) or the engine's 
 log-residuals log(measured / predicted) of the dev runs in each regime are catalog data
 (``catalog/intervals.yaml``, written by ``benchmarks/fit_intervals.py``): validation data used
 only for the interval, never to move a prediction.
+
+Each residual also carries its run's GPU architecture (``GpuSpec.architecture``, the GPU's
+name where the catalog gives none): split conformal's guarantee needs the new prediction's
+error to be exchangeable with the residuals it is bounded by, and runs on one architecture
+share a bias another architecture need not have (``interval.conformal_interval`` falls back to
+a stated rule for a GPU whose architecture has no run in its regime).
 """
 
 from __future__ import annotations
@@ -65,6 +71,18 @@ class Regime:
         return out
 
 
+def architecture_of(gpu: Any) -> str:
+    """The group a GPU's errors are exchangeable within: its architecture, else its name."""
+    return str(getattr(gpu, "architecture", None) or gpu.name)
+
+
+def architectures_of(pred: Prediction) -> frozenset[str]:
+    """The architectures of the GPUs ``pred`` runs on (a heterogeneous cluster: several)."""
+    cluster = pred.job.cluster
+    gpus = [cluster.gpu, *(g.gpu for g in getattr(cluster, "node_groups", None) or ())]
+    return frozenset(architecture_of(g) for g in gpus)
+
+
 def regime_of(pred: Prediction) -> Regime:
     """The regime of one prediction, from what it says about itself."""
     gpus = {pred.job.cluster.gpu.name}
@@ -90,20 +108,30 @@ class ResidualTable:
     # per regime, each dev run's (source, residual): runs of one source shared a cluster and a
     # framework, so the differences of their residuals are how far a comparison can be trusted
     by_source: Mapping[Regime, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    # per regime, the GPU architectures its runs were measured on (empty: not recorded)
+    architectures: Mapping[Regime, frozenset[str]] = field(default_factory=dict)
+
+    def architectures_in(self, regime: Regime) -> frozenset[str]:
+        """The architectures of the runs ``regime`` covers."""
+        return frozenset(a for own, archs in self.architectures.items() if regime.covers(own) for a in archs)
 
     def pooled(self, regime: Regime) -> tuple[float, ...]:
         """Every residual of the runs ``regime`` covers (a pooled regime: several)."""
         return tuple(r for own, rs in self.residuals.items() if regime.covers(own) for r in rs)
 
-    def with_runs(self, extra: Iterable[tuple[Regime, float]]) -> ResidualTable:
-        """This table with a user's measured runs' residuals added to their regimes."""
+    def with_runs(self, extra: Iterable[tuple[Regime, float] | tuple[Regime, float, str]]) -> ResidualTable:
+        """This table with a user's measured runs' residuals (and their GPUs' architectures,
+        when given) added to their regimes."""
         merged = {k: list(v) for k, v in self.residuals.items()}
+        archs = {k: set(v) for k, v in self.architectures.items()}
         added: dict[Regime, int] = dict(self.user_runs)
-        for regime, r in extra:
+        for regime, r, *arch in extra:
             merged.setdefault(regime, []).append(r)
+            archs.setdefault(regime, set()).update(arch)
             added[regime] = added.get(regime, 0) + 1
         return ResidualTable({k: tuple(sorted(v)) for k, v in merged.items()}, self.sources, self.produced_by,
-                             self.fallback_factor, added, self.by_source)
+                             self.fallback_factor, added, self.by_source,
+                             {k: frozenset(v) for k, v in archs.items()})
 
     def source_differences(self, regime: Regime) -> tuple[float, ...]:
         """r_i - r_j for every ordered pair of distinct dev runs of one source in the runs
@@ -116,27 +144,34 @@ class ResidualTable:
         return tuple(a - b for rs in groups.values() for i, a in enumerate(rs) for j, b in enumerate(rs) if i != j)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[Regime, float]], **kwargs: Any) -> ResidualTable:
-        """A table from (regime, residual) pairs (the leave-one-source-out check builds these)."""
+    def from_rows(cls, rows: Iterable[tuple[Regime, float] | tuple[Regime, float, str]],
+                  **kwargs: Any) -> ResidualTable:
+        """A table from (regime, residual) pairs, or (regime, residual, architecture) triples
+        (the leave-one-source-out check builds these)."""
         by: dict[Regime, list[float]] = {}
-        for regime, r in rows:
+        archs: dict[Regime, set[str]] = {}
+        for regime, r, *arch in rows:
             by.setdefault(regime, []).append(r)
-        return cls({k: tuple(sorted(v)) for k, v in by.items()}, **kwargs)
+            archs.setdefault(regime, set()).update(arch)
+        return cls({k: tuple(sorted(v)) for k, v in by.items()},
+                   architectures={k: frozenset(v) for k, v in archs.items() if v}, **kwargs)
 
 
 def table_from_mapping(raw: Mapping[str, Any]) -> ResidualTable:
     """``catalog/intervals.yaml`` (or a mapping of its form) as a table."""
-    residuals, by_source = {}, {}
+    residuals, by_source, architectures = {}, {}, {}
     for entry in raw.get("regimes") or ():
         regime = Regime(str(entry["gpu"]), str(entry["framework"]), str(entry["model"]))
         residuals[regime] = tuple(sorted(float(r) for r in entry["residuals"]))
+        if entry.get("architectures"):
+            architectures[regime] = frozenset(str(a) for a in entry["architectures"])
         runs = entry.get("runs") or ()
         if len(runs) == len(entry["residuals"]):  # "source: run id", in the residuals' order
             by_source[regime] = tuple((str(run).partition(":")[0], float(r))
                                       for run, r in zip(runs, entry["residuals"], strict=True))
     return ResidualTable(residuals, tuple(str(s) for s in raw.get("sources") or ()),
                          str(raw.get("produced_by") or ""), float(raw.get("fallback_factor", 1.5)),
-                         by_source=by_source)
+                         by_source=by_source, architectures=architectures)
 
 
 @functools.cache
