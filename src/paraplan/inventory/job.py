@@ -169,7 +169,8 @@ def params_updated(job: Job, params: float, expert_params: float) -> float:
     experts' over the expert data-parallel ranks), all of them without it."""
     plan = job.parallel
     if plan.zero_stage >= 1:
-        return params / plan.zero_shards + expert_params / plan.edp
+        # a dense stage's 0 / edp is 0.0: its group is not computed
+        return params / plan.zero_shards + (expert_params / plan.edp if expert_params else 0.0)
     return params + expert_params
 
 
@@ -185,9 +186,11 @@ def _grad_sync(
     """Once-per-iteration data-parallel communication (ZeRO-2/3 reduce per micro-batch:
     see ``_per_microbatch_dp``) over ``dim``: the data-parallel group, or for the experts'
     weights the expert data-parallel group."""
+    if params <= 0:  # before the group: a dense stage's experts have none
+        return ()
     zero, framework = job.parallel.zero_stage, job.parallel.framework
     group = job.parallel.grad_group if dim is ParallelDim.DP else job.parallel.edp
-    if group == 1 or params <= 0:
+    if group == 1:
         return ()
     p = "dp" if dim is ParallelDim.DP else "edp"
     grads, weights = params * grad_e, params * param_e
@@ -238,8 +241,10 @@ def _per_microbatch_dp(
     them (DeepSpeed reduces "after every backward"); ZeRO-3 also all-gathers each layer's
     weights for the forward and again for the backward pass."""
     plan = job.parallel
+    if plan.zero_stage < 2 or params <= 0:
+        return ()
     group = plan.grad_group if dim is ParallelDim.DP else plan.edp
-    if plan.zero_stage < 2 or group == 1 or params <= 0:
+    if group == 1:
         return ()
     p = "dp" if dim is ParallelDim.DP else "edp"
     out = [Collective(f"{p}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, params * grad_e, Phase.BWD_WEIGHT)]
