@@ -194,9 +194,9 @@ def _grad_sync(
         return ()
     p = "dp" if dim is ParallelDim.DP else "edp"
     grads, weights = params * grad_e, params * param_e
-    gather = Collective(f"{p}_allgather", CollectiveKind.ALL_GATHER, dim, weights, Phase.OPTIMIZER)
     if zero == 0:
         return (Collective(f"{p}_allreduce", CollectiveKind.ALL_REDUCE, dim, grads, Phase.BWD_WEIGHT),)
+    gather = Collective(f"{p}_allgather", CollectiveKind.ALL_GATHER, dim, weights, Phase.OPTIMIZER)
     replicas = _replicate_allreduce(job, grads) if dim is ParallelDim.DP else ()
     if zero == 1:
         if framework is Framework.DEEPSPEED:
