@@ -513,7 +513,7 @@ def screen_plans(
     shard_invs = [inventory(int(i)) for i in shard_reps]
     # what some plan reads: its recompute policy's entries, the W pass with zero-bubble plans
     shards = _shard_table(model, cm, shard_invs, [comm_of(int(i)) for i in shard_reps],
-                          frozenset(np.unique(plans["recompute"]).tolist()),
+                          frozenset(plans["recompute"].tolist()),
                           bool(runs_where(sched, "splits_backward").any()))
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
     layout_key = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
