@@ -176,8 +176,17 @@ class Screen:
 
 def _codes(values: np.ndarray) -> np.ndarray:
     """Dense integer codes of ``values`` (equal values, equal codes)."""
-    if len(values) and values.min() == values.max():  # an axis the space does not vary (ep of a dense model)
+    if not len(values):
         return np.zeros(values.shape, dtype=np.int64)
+    low, high = values.min(), values.max()
+    if low == high:  # an axis the space does not vary (ep of a dense model)
+        return np.zeros(values.shape, dtype=np.int64)
+    if values.dtype.kind == "b":  # both present
+        return values.astype(np.int64)
+    if values.dtype.kind in "iu" and int(high) - int(low) < 4096:  # small whole numbers: each value's rank
+        present = np.zeros(int(high) - int(low) + 1, dtype=np.int64)
+        present[values - low] = 1
+        return (np.cumsum(present) - 1)[values - low]
     return np.unique(values, return_inverse=True)[1].reshape(values.shape)
 
 
