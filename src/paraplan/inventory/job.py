@@ -158,10 +158,22 @@ def _layer_params(ops: tuple[Op, ...]) -> float:
     return sum(op.params for op in ops)
 
 
+_SPLIT: dict[int, tuple[tuple[Op, ...], tuple[float, float]]] = {}
+
+
 def split_params(ops: tuple[Op, ...]) -> tuple[float, float]:
-    """(weights replicated over the data-parallel group, the experts' weights) of ``ops``."""
+    """(weights replicated over the data-parallel group, the experts' weights) of ``ops``. A
+    layer's operators are one tuple for every Job of a shape, and its inventory, memory and the
+    plan screen each ask: the answer is kept by the tuple's identity (as ``recompute_cost``)."""
+    hit = _SPLIT.get(id(ops))
+    if hit is not None and hit[0] is ops:
+        return hit[1]
+    if len(_SPLIT) > 1024:
+        _SPLIT.clear()
     experts = sum(op.params for op in ops if op.expert)
-    return _layer_params(ops) - experts, experts
+    split = (_layer_params(ops) - experts, experts)
+    _SPLIT[id(ops)] = (ops, split)
+    return split
 
 
 def params_updated(job: Job, params: float, expert_params: float) -> float:
