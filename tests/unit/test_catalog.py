@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model, resolve_job
+from paraplan.catalog import catalog_names, load_cluster, load_gpu, load_model, loader, resolve_job
 from paraplan.catalog.hf import model_from_hf_config
 from paraplan.catalog.loader import catalog_key as _key
 from paraplan.catalog.loader import load_any_cluster, load_catalog_entry, suggest_catalog_name
@@ -275,6 +275,61 @@ def test_aliases_are_unique_across_files(kind):
         for key in {_key(str(alias)) for alias in [raw["name"], *raw.get("aliases", ())]}:
             assert key not in owner, f"{kind}: {key!r} is claimed by {owner.get(key)} and {file_name}"
             owner[key] = file_name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_files_name_and_aliases_read_as_text_are_what_its_yaml_says(kind):
+    # a lookup parses only the file its text names (loader.plain_names): one name line and one
+    # aliases line in flow style keep that true; written otherwise, every lookup parses them all
+    folder = resources.files("paraplan.catalog") / kind
+    for file_name, raw in _raw_entries(kind).items():
+        text = (folder / file_name).read_text(encoding="utf-8")
+        assert loader.plain_names(text) == [str(a) for a in [raw["name"], *raw.get("aliases", ())]], file_name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_name_and_alias_finds_the_entry_the_whole_catalog_gives_it(kind):
+    index = loader._index(kind)
+    assert set(loader._key_files(kind)) == set(index)
+    for key, (name, raw) in index.items():
+        assert loader._lookup(kind, key) == (name, raw)
+
+
+def test_looking_up_one_name_parses_only_the_file_that_holds_it(monkeypatch):
+    parsed = []
+    monkeypatch.setattr(loader, "read_catalog_yaml", lambda text: parsed.append(text) or yaml.safe_load(text))
+    for cached in (loader._files, loader._entry, loader._index, loader._key_files):
+        cached.cache_clear()
+    try:
+        assert load_catalog_entry("models", "GPT-3")["name"] == "gpt3-175b"
+        assert len(parsed) == 1
+        with pytest.raises(ConfigError, match="did you mean"):  # an unknown name: the whole catalog, as before
+            load_catalog_entry("models", "gpt3-175c")
+        assert len(parsed) == len(_raw_entries("models"))
+    finally:
+        for cached in (loader._files, loader._entry, loader._index, loader._key_files):
+            cached.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: A100\naliases:\n  - a100-80gb\n",  # a block list
+        "name: A100\naliases: ['a100-80gb']\n",  # quoted
+        "name: A100\naliases: [yes, 1.0]\n",  # YAML reads booleans and numbers, not names
+        "name: 'A100'\n",
+        "name: A100\nname: A10\n",
+        "name: A100\nnotes: {aliases: [x]}\n",
+    ],
+)
+def test_names_written_any_other_way_are_left_to_the_parsed_catalog(text):
+    assert loader.plain_names(text) is None
+
+
+def test_plain_names_are_the_name_then_the_aliases():
+    text = "name: A100-SXM4-80GB   # the SXM part\naliases: [A100, NVIDIA A100-SXM4-80GB]  # as printed\nvendor: NVIDIA\n"
+    assert loader.plain_names(text) == ["A100-SXM4-80GB", "A100", "NVIDIA A100-SXM4-80GB"]
+    assert loader.plain_names("name: gpt2\n") == ["gpt2"]
 
 
 @pytest.mark.parametrize(

@@ -42,3 +42,40 @@ def test_the_screen_excludes_what_the_job_validator_excludes_whether_or_not_the_
     cands = enumerate_plans(model, cluster, 64, Precision.BF16, space)
     assert sc.excluded == Counter(cands.excluded)
     assert [sc.job(i).parallel for i in range(len(sc))] == [j.parallel for j in iter_unique(cands.jobs)]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, bool, np.float64])
+def test_a_columns_codes_are_the_ranks_numpy_unique_gives_its_values(dtype):
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        values = rng.integers(0, 2 if dtype is bool else 40, size=int(rng.integers(1, 200))).astype(dtype)
+        expected = np.unique(values, return_inverse=True)[1].reshape(values.shape)
+        assert np.array_equal(screen_module._codes(values), expected if values.min() != values.max() else 0 * expected)
+
+
+def test_a_space_of_one_recompute_policy_screens_its_plans_as_the_space_of_every_policy_does():
+    # the shard table costs only the policies a space holds: what it leaves out no plan reads
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=2)
+    every = screen_module.screen_plans(model, cluster, 128, Precision.BF16, SearchSpace(
+        framework="fsdp", zero_stage=(0, 3), recompute=("none", "full", "op", "layer"), schedule=("1f1b", "zb-h1")))
+    for policy in ("none", "full", "op", "layer"):
+        one = screen_module.screen_plans(model, cluster, 128, Precision.BF16, SearchSpace(
+            framework="fsdp", zero_stage=(0, 3), recompute=(policy,), schedule=("1f1b", "zb-h1")))
+        code = screen_module._RECOMPUTE.index(screen_module.Recompute(policy))
+        rows = np.flatnonzero(every.plans["recompute"] == code)
+        assert len(one) == len(rows) > 0
+        assert np.array_equal(one.iteration_s, every.iteration_s[rows])
+        assert np.array_equal(one.memory_bytes, every.memory_bytes[rows])
+
+
+def test_a_space_without_zero_bubble_plans_screens_its_plans_as_a_space_with_them_does():
+    # the ends' weight-gradient pass is costed only where a zero-bubble plan reads it
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=2)
+    both = screen_module.screen_plans(model, cluster, 128, Precision.BF16, SearchSpace(
+        framework="fsdp", zero_stage=(0, 3), schedule=("1f1b", "zb-h1")))
+    plain = screen_module.screen_plans(model, cluster, 128, Precision.BF16, SearchSpace(
+        framework="fsdp", zero_stage=(0, 3), schedule=("1f1b",)))
+    rows = np.flatnonzero(both.plans["sched"] == [s.value for s in screen_module.SCHEDULES].index("1f1b"))
+    assert len(plain) == len(rows) > 0
+    assert np.array_equal(plain.iteration_s, both.iteration_s[rows])
+    assert np.array_equal(plain.memory_bytes, both.memory_bytes[rows])

@@ -84,34 +84,45 @@ def count_end_collectives(
     input gradient all-reduced (reduce-scattered); the loss all-reduces three [s, b] fp32
     statistics (max, sum of exponentials, target logit).
     """
+    if plan.tp <= 1:
+        return ()
+    sp = plan.sequence_parallel
+    gathers_p2p = plan.pp > 1 and plan.scatters_p2p and not sp
+    return _end_collectives(x, sp, gathers_p2p, plan.framework is Framework.DEEPSPEED, first, last)
+
+
+@functools.lru_cache(maxsize=1024)
+def _end_collectives(
+    x: LocalShape, sp: bool, gathers_p2p: bool, deepspeed: bool, first: bool, last: bool
+) -> tuple[Collective, ...]:
+    """``count_end_collectives`` with tp > 1, by what it reads of the plan (every stage of every
+    Job of a plan search asks: one tuple per answer, kept)."""
     out: list[Collective] = []
-    if plan.tp > 1:
-        hidden = x.e * x.tokens * x.h
-        sp = plan.sequence_parallel
-        reduce = CollectiveKind.REDUCE_SCATTER if sp else CollectiveKind.ALL_REDUCE
-        if first:
-            out.append(Collective("tp_allreduce", reduce, ParallelDim.TP, hidden, Phase.FWD))
-            if sp:
-                out.append(Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.BWD_INPUT))
-        if last:
-            if sp:
-                out.append(Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.FWD))
+    hidden = x.e * x.tokens * x.h
+    reduce = CollectiveKind.REDUCE_SCATTER if sp else CollectiveKind.ALL_REDUCE
+    if first:
+        out.append(Collective("tp_allreduce", reduce, ParallelDim.TP, hidden, Phase.FWD))
+        if sp:
+            out.append(Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.BWD_INPUT))
+    if last:
+        if sp:
+            out.append(Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.FWD))
+        out.append(
+            Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0 * x.tokens, Phase.FWD, 3)
+        )
+        out.append(Collective("tp_allreduce", reduce, ParallelDim.TP, hidden, Phase.BWD_INPUT))
+    if gathers_p2p:
+        # A pipeline message travels as one 1/tp slice and the receiver all-gathers it:
+        # the activation before the forward, the gradient before the backward. DeepSpeed's
+        # engine also gathers its own output back before the backward, having kept only a
+        # slice of it (PipelineEngine._exec_forward_pass / _exec_backward_pass,
+        # is_pipe_partitioned and is_grad_partitioned whenever tp > 1).
+        if not first:
+            out.append(Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.FWD))
+        if not last:
+            rebuilt = 2 if deepspeed else 1
             out.append(
-                Collective("tp_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0 * x.tokens, Phase.FWD, 3)
+                Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden,
+                           Phase.BWD_INPUT, rebuilt)
             )
-            out.append(Collective("tp_allreduce", reduce, ParallelDim.TP, hidden, Phase.BWD_INPUT))
-        if plan.pp > 1 and plan.scatters_p2p and not sp:
-            # A pipeline message travels as one 1/tp slice and the receiver all-gathers it:
-            # the activation before the forward, the gradient before the backward. DeepSpeed's
-            # engine also gathers its own output back before the backward, having kept only a
-            # slice of it (PipelineEngine._exec_forward_pass / _exec_backward_pass,
-            # is_pipe_partitioned and is_grad_partitioned whenever tp > 1).
-            if not first:
-                out.append(Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden, Phase.FWD))
-            if not last:
-                rebuilt = 2 if plan.framework is Framework.DEEPSPEED else 1
-                out.append(
-                    Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden,
-                               Phase.BWD_INPUT, rebuilt)
-                )
     return tuple(out)

@@ -169,10 +169,22 @@ def _layer_params(ops: tuple[Op, ...]) -> float:
     return sum(op.params for op in ops)
 
 
+_SPLIT: dict[int, tuple[tuple[Op, ...], tuple[float, float]]] = {}
+
+
 def split_params(ops: tuple[Op, ...]) -> tuple[float, float]:
-    """(weights replicated over the data-parallel group, the experts' weights) of ``ops``."""
+    """(weights replicated over the data-parallel group, the experts' weights) of ``ops``. A
+    layer's operators are one tuple for every Job of a shape, and its inventory, memory and the
+    plan screen each ask: the answer is kept by the tuple's identity (as ``recompute_cost``)."""
+    hit = _SPLIT.get(id(ops))
+    if hit is not None and hit[0] is ops:
+        return hit[1]
+    if len(_SPLIT) > 1024:
+        _SPLIT.clear()
     experts = sum(op.params for op in ops if op.expert)
-    return _layer_params(ops) - experts, experts
+    split = (_layer_params(ops) - experts, experts)
+    _SPLIT[id(ops)] = (ops, split)
+    return split
 
 
 def params_updated(job: Job, params: float, expert_params: float) -> float:
@@ -180,7 +192,8 @@ def params_updated(job: Job, params: float, expert_params: float) -> float:
     experts' over the expert data-parallel ranks), all of them without it."""
     plan = job.parallel
     if plan.zero_stage >= 1:
-        return params / plan.zero_shards + expert_params / plan.edp
+        # a dense stage's 0 / edp is 0.0: its group is not computed
+        return params / plan.zero_shards + (expert_params / plan.edp if expert_params else 0.0)
     return params + expert_params
 
 
@@ -217,15 +230,17 @@ def _grad_sync(
     """Once-per-iteration data-parallel communication (ZeRO-2/3 reduce per micro-batch:
     see ``_per_microbatch_dp``) over ``dim``: the data-parallel group, or for the experts'
     weights the expert data-parallel group."""
+    if params <= 0:  # before the group: a dense stage's experts have none
+        return ()
     zero, framework = job.parallel.zero_stage, job.parallel.framework
     group = job.parallel.grad_group if dim is ParallelDim.DP else job.parallel.edp
-    if group == 1 or params <= 0:
+    if group == 1:
         return ()
     p = "dp" if dim is ParallelDim.DP else "edp"
     grads, weights = params * grad_e, params * param_e
-    gather = Collective(f"{p}_allgather", CollectiveKind.ALL_GATHER, dim, weights, Phase.OPTIMIZER)
     if zero == 0:
         return (Collective(f"{p}_allreduce", CollectiveKind.ALL_REDUCE, dim, grads, Phase.BWD_WEIGHT),)
+    gather = Collective(f"{p}_allgather", CollectiveKind.ALL_GATHER, dim, weights, Phase.OPTIMIZER)
     replicas = _replicate_allreduce(job, grads) if dim is ParallelDim.DP else ()
     if zero == 1:
         if framework is Framework.DEEPSPEED:
@@ -270,8 +285,10 @@ def _per_microbatch_dp(
     them (DeepSpeed reduces "after every backward"); ZeRO-3 also all-gathers each layer's
     weights for the forward and again for the backward pass."""
     plan = job.parallel
+    if plan.zero_stage < 2 or params <= 0:
+        return ()
     group = plan.grad_group if dim is ParallelDim.DP else plan.edp
-    if plan.zero_stage < 2 or group == 1 or params <= 0:
+    if group == 1:
         return ()
     p = "dp" if dim is ParallelDim.DP else "edp"
     out = [Collective(f"{p}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, params * grad_e, Phase.BWD_WEIGHT)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Precision
@@ -57,6 +58,10 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
     )
 
 
+# A plan search asks for the same few shapes with every Job it counts (each ``count_job`` asks
+# twice: the rank's shape and the unsharded one): one object per shape, kept (LocalShape is
+# frozen, and the identity caches of ``inventory.recompute`` then hit across Jobs).
+@functools.lru_cache(maxsize=1024)
 def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
     *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,

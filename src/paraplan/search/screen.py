@@ -176,8 +176,17 @@ class Screen:
 
 def _codes(values: np.ndarray) -> np.ndarray:
     """Dense integer codes of ``values`` (equal values, equal codes)."""
-    if len(values) and values.min() == values.max():  # an axis the space does not vary (ep of a dense model)
+    if not len(values):
         return np.zeros(values.shape, dtype=np.int64)
+    low, high = values.min(), values.max()
+    if low == high:  # an axis the space does not vary (ep of a dense model)
+        return np.zeros(values.shape, dtype=np.int64)
+    if values.dtype.kind == "b":  # both present
+        return values.astype(np.int64)
+    if values.dtype.kind in "iu" and int(high) - int(low) < 4096:  # small whole numbers: each value's rank
+        present = np.zeros(int(high) - int(low) + 1, dtype=np.int64)
+        present[values - low] = 1
+        return (np.cumsum(present) - 1)[values - low]
     return np.unique(values, return_inverse=True)[1].reshape(values.shape)
 
 
@@ -300,17 +309,21 @@ def _representatives(key: np.ndarray, prefer: np.ndarray | None = None) -> tuple
     return order[starts], inverse
 
 
-def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInventory]) -> dict[str, np.ndarray]:
+def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInventory], comms: list[CommCosts],
+                 policies: frozenset[int], wgrad: bool) -> dict[str, np.ndarray]:
     """Per shard shape: one layer's seconds, the ends' seconds, and the activation bytes per
-    layer and at the ends under each recompute policy."""
+    layer and at the ends under each recompute policy (``comms``: each shape's ``CommCosts``).
+    Only what some plan of the space reads is costed: the recompute policies of ``policies``
+    (indices into ``_RECOMPUTE``; the others' entries are 0, which ``_combine`` never picks)
+    and the ends' weight-gradient pass with ``wgrad`` (zero-bubble plans)."""
     rows: list[dict[str, float]] = []
-    for inv in invs:
+    for inv, comm in zip(invs, comms, strict=True):
         job = inv.job
         st, x, plan = inv.stages[0], inv.shape, job.parallel
-        comm = CommCosts(inv, cm)
         layer = LayerCost.of(st.blocks[0], cm, comm)
         # the plan under each policy, one object each: ``recompute_cost`` keeps its answers by identity
-        plans = [plan.model_copy(update={"recompute": policy}) for policy in _RECOMPUTE]
+        plans = {r: plan if plan.recompute is policy else plan.model_copy(update={"recompute": policy})
+                 for r, policy in enumerate(_RECOMPUTE) if r in policies}
         row = {
             "layer_f": layer.fwd_total,
             "layer_b": layer.bwd_total,
@@ -318,25 +331,40 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             "comm_f": layer.comm_fwd,
             "comm_b": layer.comm_bwd,
             # one layer's recompute under each policy (inventory.recompute, as the prediction)
-            **{f"rc_{policy.value}": layer.recompute_s(recompute_cost(plan_r, st.layer_ops, x, 1))
-               for policy, plan_r in zip(_RECOMPUTE[1:], plans[1:], strict=True)},
+            **{f"rc_{policy.value}": layer.recompute_s(recompute_cost(plans[r], st.layer_ops, x, 1)) if r in plans
+               else 0.0 for r, policy in enumerate(_RECOMPUTE) if r},
         }
         flags = {FIRST: (True, False), MID: (False, False), LAST: (False, True), 3: (True, True)}  # 3: pp = 1
-        ends = {c: count_end_ops(job, x, first=f, last=la) for c, (f, la) in flags.items()}
+        # the inventory's own stage of a class where it has one (the same count_end_ops and
+        # count_end_collectives), the others counted here
+        pp = plan.pp
+        own = {FIRST: 0 if pp > 1 else None, MID: 1 if pp > 2 else None, LAST: pp - 1 if pp > 1 else None,
+               3: 0 if pp == 1 else None}
+        ends, end_colls = {}, {}
+        for c, (f, la) in flags.items():
+            if own[c] is None:
+                ends[c] = count_end_ops(job, x, first=f, last=la)
+                end_colls[c] = count_end_collectives(model, plan, x, first=f, last=la)
+            else:
+                ends[c], end_colls[c] = inv.stages[own[c]].end_ops, inv.stages[own[c]].end_collectives
         for c, ops in ends.items():
-            colls = count_end_collectives(model, plan, x, first=flags[c][0], last=flags[c][1])
+            colls = end_colls[c]
             row[f"end_f{c}"] = ops_seconds(cm, ops, (Phase.FWD,))
             row[f"end_b{c}"] = ops_seconds(cm, ops, BACKWARD)
-            row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,))
+            row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,)) if wgrad else 0.0
             row[f"endc_f{c}"] = comm.total(colls, (Phase.FWD,))
             row[f"endc_b{c}"] = comm.total(colls, BACKWARD)
         layer_stage = st.with_layers(1)
         one_layer = {c: dataclasses.replace(layer_stage, end_ops=ops) for c, ops in ends.items()}
         for c, stage in one_layer.items():
             row[f"saved{c}"] = end_saved_bytes(stage)
-        for r, plan_r in enumerate(plans):
-            job_r = job.model_copy(update={"parallel": plan_r})
-            inv_r = dataclasses.replace(inv, job=job_r)
+        for r in range(len(_RECOMPUTE)):
+            plan_r = plans.get(r)
+            if plan_r is None:
+                row[f"held{r}"] = 0.0
+                row.update({f"{k}{r}_{c}": 0.0 for c in one_layer for k in ("work", "logits")})
+                continue
+            inv_r = inv if plan_r is plan else dataclasses.replace(inv, job=job.model_copy(update={"parallel": plan_r}))
             for c, stage in one_layer.items():
                 held, working, logits = microbatch_bytes(inv_r, stage)
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
@@ -483,8 +511,19 @@ def screen_plans(
             inv = counted[i] = count_job(built.get(int(keep[i])) or _job_at(*args, plans, i))
         return inv
 
+    comms: dict[int, CommCosts] = {}  # kept plan -> its inventory's CommCosts (shared by the two tables)
+
+    def comm_of(i: int) -> CommCosts:
+        comm = comms.get(i)
+        if comm is None:
+            comm = comms[i] = CommCosts(inventory(i), cm)
+        return comm
+
     shard_invs = [inventory(int(i)) for i in shard_reps]
-    shards = _shard_table(model, cm, shard_invs)
+    # what some plan reads: its recompute policy's entries, the W pass with zero-bubble plans
+    shards = _shard_table(model, cm, shard_invs, [comm_of(int(i)) for i in shard_reps],
+                          frozenset(plans["recompute"].tolist()),
+                          bool(runs_where(sched, "splits_backward").any()))
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
     layout_key = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
                 _codes(plans["shard"]))  # hybrid sharding: the ZeRO shards and the replicas' all-reduce
@@ -493,7 +532,7 @@ def screen_plans(
     shard_rep[shard_reps] = True
     layout_reps, layout_of = _representatives(layout_key, prefer=shard_rep)
     layout_invs = [inventory(int(i)) for i in layout_reps]
-    layout_comms = [CommCosts(inv, cm) for inv in layout_invs]
+    layout_comms = [comm_of(int(i)) for i in layout_reps]
     layouts = _layout_table(cm, layout_invs, layout_comms)
     # The pipeline message of a shard shape between neighbouring stages of a layout (its
     # time depends on where the pair of stages lies, hence on pp).
