@@ -26,14 +26,49 @@ def predict(client, **changes):
     return client.post("/api/predict", json={**FORM, **changes}, headers=POST)
 
 
-def test_a_predicted_plan_is_the_clis_json_prediction_of_the_same_job(client):
-    from paraplan.cli.loading import load_flagged_job, predict_flagged
-    from paraplan.report.formats import render_json
+def cli_json(*args: str) -> dict:
+    """What ``paraplan ARGS --format json`` prints, read back."""
+    from typer.testing import CliRunner
 
+    from paraplan.cli.app import app
+
+    result = CliRunner().invoke(app, [*args, "--format", "json"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_predicted_plan_is_the_clis_json_prediction_of_the_same_job_interval_included(client):
     answer = predict(client).json()
-    job, _ = load_flagged_job(None, {"pipeline_model_parallel_size": 2})  # the demo job with --pp 2
-    cli = json.loads(render_json(predict_flagged(job, "analytical", None)[0].to_dict()))
-    assert answer["prediction"] == cli
+    assert answer["prediction"] == cli_json("predict", "--pp", "2")  # the demo job with --pp 2
+    assert answer["prediction"]["interval"]["level"] == 0.8
+
+
+def test_the_interval_level_field_is_the_clis_interval_flag(client):
+    answer = predict(client, interval="0.5").json()
+    assert answer["prediction"] == cli_json("predict", "--pp", "2", "--interval", "0.5")
+    wide = predict(client, interval="0.95").json()["prediction"]["interval"]["iteration_s"]
+    narrow = answer["prediction"]["interval"]["iteration_s"]
+    assert wide[0] < narrow[0] and narrow[1] < wide[1]
+    bad = predict(client, interval="1.5").json()
+    assert bad["field"] == "interval" and "1.5" in bad["error"]
+
+
+def test_the_pages_figures_are_the_cli_tables_strings(client):
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    shown = predict(client).json()["shown"]
+    table = CliRunner().invoke(app, ["predict", "--pp", "2"], env={"COLUMNS": "200"}).stdout
+    cards = dict(shown["cards"])
+    for label in ("iteration", "tokens / s", "MFU", "cost to train"):
+        assert cards[label] in table, label
+    used, hbm = cards["memory / GPU"].removesuffix(" HBM").split(" of ")
+    assert used.endswith("GiB") and used in table and f"of {hbm} HBM" in table
+    for t in shown["tables"]:
+        for row in t["rows"]:
+            assert all(cell in table for cell in row), row
+    assert all(line in table for line in shown["interval"])
 
 
 def test_a_bad_value_answers_the_packages_one_line_message_and_names_its_field(client):
@@ -127,6 +162,10 @@ def test_a_search_reports_progress_ranks_plans_and_predicts_a_clicked_one(client
             break
         time.sleep(0.1)
     assert status["state"] == "done" and 0 < len(status["result"]["plans"]) <= 10
+    cli = cli_json("search", "--model", "llama-3-8b", "--cluster", "aws-p5.48xlarge", "--num-nodes", "1",
+                   "--global-batch-size", "64", "--tp", "1,2", "--pp", "1,2")
+    assert status["result"]["plans"] == cli["plans"] and status["result"]["interval"] == cli["interval"]
+    assert "80 %" in status["shown"]["plans"]["header"]  # the CLI's interval column
     assert client.get(status["pareto_picture"]).content.startswith(b"\x89PNG")
     best = client.post(f"/api/search/{started['id']}/plans/0", headers=POST).json()
     assert best["prediction"]["iteration_s"] == pytest.approx(status["result"]["plans"][0]["iteration_s"])
@@ -144,10 +183,12 @@ def test_a_cancelled_search_stops_before_its_end(client):
     assert status["state"] == "cancelled" and status["done"] < 1
 
 
-def test_two_predictions_compare_as_paraplan_compare_does(client):
+def test_two_predictions_compare_as_paraplan_compare_does_with_their_intervals(client):
     a, b = predict(client).json()["key"], predict(client, tp="4").json()["key"]
     answer = client.post("/api/compare", json={"a": a, "b": b}, headers=POST).json()
-    assert answer["settings_that_differ"] and answer["difference"]["iteration_s"]["a"] > 0
+    assert answer["comparison"] == cli_json("compare", "--pp", "2", "--vs", "tp=4")
+    lines = [block.get("line", "") for block in answer["shown"]]
+    assert any(line.startswith("difference:") for line in lines)
 
 
 def test_a_search_bad_list_names_its_field(client):
