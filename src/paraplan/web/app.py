@@ -24,7 +24,6 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -488,6 +487,37 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+def host_of(header: str | None) -> str | None:
+    """The host name of a Host header, lowercased, brackets off an IPv6 address:
+    ``[::1]:8000`` -> ``::1``, ``localhost:8000`` -> ``localhost``; None for a malformed one."""
+    import re
+
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?|([A-Za-z0-9.\-]+)(?::(\d{1,5}))?", (header or "").strip())
+    if match is None:
+        return None
+    return (match.group(1) or match.group(3)).lower()
+
+
+class HostCheck:
+    """Requests must name an allowed host (no DNS rebinding: a page elsewhere cannot reach this
+    server through a name of its own); IPv6 hosts in their bracketed form (``[::1]:8000``)."""
+
+    def __init__(self, app: Any, allowed_hosts: list[str]) -> None:
+        self.app = app
+        self.any = "*" in allowed_hosts
+        self.allowed = {h.strip("[]").lower() for h in allowed_hosts}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.any or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+        if host_of(header) not in self.allowed:
+            await Response("Invalid host header", status_code=400, media_type="text/plain")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
     """The Starlette app; ``allowed_hosts``: the Host names requests may carry (the address the
     server binds, localhost and 127.0.0.1 by default; "*" for any)."""
@@ -515,8 +545,8 @@ def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
         Route("/download/{key}/{what:path}", web.download),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
-    hosts = allowed_hosts or ["127.0.0.1", "localhost"]
+    hosts = allowed_hosts or ["127.0.0.1", "localhost", "::1"]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(SecurityHeaders), Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
+                    middleware=[Middleware(SecurityHeaders), Middleware(HostCheck, allowed_hosts=hosts)])
     app.state.web = web
     return app
