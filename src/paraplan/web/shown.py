@@ -74,15 +74,21 @@ def comparison_shown(comparison: Any, bounds: Any) -> list[dict[str, Any]]:
     """``paraplan compare``'s output with its intervals, as the page's blocks."""
     from paraplan.report.compare import render_comparison
 
-    return blocks(render_comparison(comparison, ("A", "B"), bounds))
+    names = (comparison.a.job.name, comparison.b.job.name)  # the page's job names, as the CLI's file names
+    return blocks(render_comparison(comparison, names, bounds))
 
 
 def plans_shown(rows: list[dict[str, Any]], several_configurations: bool) -> dict[str, Any]:
-    """``paraplan search``'s plan table of ``rows``: its full headers and each row's cells."""
-    from paraplan.report.search import plan_columns
+    """``paraplan search``'s plan table of ``rows`` in its narrow layout (as at 80 columns): the
+    settings every plan shares said once (``every plan: cp 1, vpp 1``), then the full headers of
+    the other columns and each row's cells."""
+    from paraplan.report.search import plans_table
 
     if not rows:
-        return {"header": [], "rows": [], "numbers": []}
-    columns = plan_columns(rows, several_configurations)
-    return {"header": [c.header for c, _ in columns], "numbers": [c.number for c, _ in columns],
-            "rows": [[_plain(cell(r)) for _, cell in columns] for r in rows]}
+        return {"shared": "", "header": [], "rows": [], "numbers": []}
+    table = plans_table("", rows, several_configurations)
+    same = table._same()  # the CLI's own choice of the settings every row shares
+    shown = [i for i in range(len(table.columns)) if i not in same]
+    return {"shared": ", ".join(f"{table.columns[i].header} {_plain(table.rows[0].cells[i])}" for i in same),
+            "header": [table.columns[i].header for i in shown], "numbers": [table.columns[i].number for i in shown],
+            "rows": [[_plain(row.cells[i]) for i in shown] for row in table.rows]}

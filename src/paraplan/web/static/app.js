@@ -44,8 +44,15 @@ function esc(text) {
 }
 
 // every figure is text the server wrote with the CLI's own formatting (GiB, "17.240 s (80 %: 16.9-21.9 s)")
+// a figure with its interval, "19.778 s (80 %: 18.3-25 s)": the bounds on a line of their own
+function figure(text) {
+  const cut = String(text).indexOf(" (");
+  if (cut < 0 || !String(text).includes(" %: ")) return esc(text);
+  return `${esc(text.slice(0, cut))} <small class="interval">${esc(text.slice(cut + 1))}</small>`;
+}
+
 function table(header, rows, cls = "", numbers = []) {
-  const td = (c, i, tag = "td") => `<${tag}${numbers[i] ? ' class="n"' : ""}>${esc(c)}</${tag}>`;
+  const td = (c, i, tag = "td") => `<${tag}${numbers[i] ? ' class="n"' : ""}>${tag === "td" ? figure(c) : esc(c)}</${tag}>`;
   return `<table class="${cls}">` + (header.length ? `<thead><tr>${header.map((h, i) => td(h, i, "th")).join("")}</tr></thead>` : "") +
     `<tbody>${rows.map((r) => `<tr>${r.map((c, i) => td(c, i)).join("")}</tr>`).join("")}</tbody></table>`;
 }
@@ -60,9 +67,11 @@ function renderPrediction(result, answer) {
   result.dataset.key = answer.key;
   const card = ([label, text], cls = "") => {  // "19.778 s (80 %: 18.3-25 s)": the figure, then its interval
     const cut = text.indexOf(" (");
-    const [value, bounds] = cut > 0 && text.includes(" %: ") ? [text.slice(0, cut), text.slice(cut + 1)] : [text, ""];
+    const of = text.indexOf(" of ");  // memory: "39.16 GiB of 79.65 GiB HBM"
+    const [value, bounds] = cut > 0 && text.includes(" %: ") ? [text.slice(0, cut), text.slice(cut + 1)]
+      : of > 0 ? [text.slice(0, of), text.slice(of + 1)] : [text, ""];
     return `<div class="card ${cls}"><span>${esc(label)}</span><b class="value${cls === "time" ? " iteration" : ""}">${esc(value)}</b>` +
-      (bounds ? ` <small class="interval">${esc(bounds)}</small>` : "") + "</div>";
+      (bounds ? ` <small class="${of > 0 && cut < 0 ? "of" : "interval"}">${esc(bounds)}</small>` : "") + "</div>";
   };
   result.querySelector(".headline").innerHTML =
     `<h2>${esc(p.job)}</h2><p class="what">${esc(s.lines[0] || "")}</p><p class="seq">${esc(s.seq_length)}</p><div class="cards">` +
@@ -173,7 +182,7 @@ function comparePage() {
 
 function plansTable(shown, which) {
   const head = ["", ...shown.header];
-  return `<table class="num plans"><thead><tr>${head.map((h, i) => `<th${shown.numbers[i - 1] ? ' class="n"' : ""}>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
+  return (shown.shared ? `<p class="plan-line">every plan: ${esc(shown.shared)}</p>` : "") + `<table class="num plans"><thead><tr>${head.map((h, i) => `<th${shown.numbers[i - 1] ? ' class="n"' : ""}>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
     shown.rows.map((r, i) => `<tr data-which="${which}" data-index="${i}" tabindex="0" title="predict this plan">` +
       `<td><input type="checkbox" aria-label="pick plan for compare" data-which="${which}" data-index="${i}"></td>` +
       r.map((c, j) => `<td${shown.numbers[j] ? ' class="n"' : ""}>${esc(c)}</td>`).join("") + "</tr>").join("") + "</tbody></table>";
