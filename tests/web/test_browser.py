@@ -189,6 +189,9 @@ def test_the_search_page_ranks_plans_and_a_clicked_plan_is_predicted(page, serve
     rows = page.locator(".plans table tbody tr")
     rows.first.wait_for(timeout=60_000)
     assert rows.count() >= 2
+    header = page.locator(".plans table thead").inner_text()
+    assert "80 %" in header and "iter s" in header  # each plan's interval, as paraplan search shows it
+    assert page.locator(".summary .interval-rule").first.inner_text().startswith("80 % intervals")
     page.locator(".pareto img").wait_for()
     rows.nth(1).click()
     assert pictures_loaded(page, "#prediction") == 3
@@ -202,6 +205,24 @@ def test_the_search_page_ranks_plans_and_a_clicked_plan_is_predicted(page, serve
     page.click("#prediction a.open")
     page.wait_for_url("**/?*")
     page.wait_for_function(f"document.querySelector('#prediction .iteration')?.innerText === {iteration!r}")
+
+
+def test_the_search_page_searches_a_cluster_typed_inline(page, server):
+    page.goto(server + "/search")
+    page.check("#search [name=cluster_source][value=mapping]")
+    page.fill("#search [name=cluster_yaml]", "name: my-cluster\ngpu: H100-SXM5-80GB\ngpus_per_node: 8\nnum_nodes: 2\n"
+              "intra_node: {bandwidth: 450 GB/s}\ninter_node: {bandwidth: 50 GB/s, latency: 5 us}\n")
+    page.fill("#search [name=global_batch_size]", "64")
+    page.fill("#search [name=tp]", "1,2")
+    page.click("#run")
+    page.locator(".plans table tbody tr").first.wait_for(timeout=60_000)
+    page.locator(".plans table tbody tr").first.click()
+    page.wait_for_function("document.querySelector('#prediction .what')?.innerText.includes('16 x H100-SXM5-80GB (my-cluster)')")
+    page.fill("#search [name=cluster_yaml]", "gpu: H1000\nnum_nodes: 2")
+    page.click("#run")
+    message = page.locator('#search .field[data-field="cluster_yaml"] .msg')
+    message.wait_for(state="visible")
+    assert "H1000" in message.inner_text()
 
 
 def test_a_bad_search_list_is_named_beside_its_field(page, server):
@@ -220,6 +241,8 @@ def test_a_long_search_shows_progress_and_cancels(page, server):
     page.select_option("#search [name=model]", "llama-3-70b")
     page.click("#run")
     page.locator("#progress").wait_for(state="visible")
+    page.wait_for_function("document.querySelector('#status').innerText.startsWith('screening every plan')")
+    page.wait_for_function("document.querySelector('#progress').value > 0")  # it moves while the screen runs
     page.click("#cancel")
     page.wait_for_function("document.querySelector('#status').innerText.startsWith('cancelled')", timeout=60_000)
     assert page.locator(".plans table").count() == 0

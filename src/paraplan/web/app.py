@@ -450,7 +450,7 @@ class WebApp:
             plan = plans[index]
             job = plan.placement.job if plan.placement is not None else plan.job
             pred = predict_any(job, keep_timeline=True)
-            return _json({**self._answer(job, pred, [], run.level), "fields": forms.fields_of(pred.job)})
+            return _json({**self._answer(job, pred, [], run.level), "fields": {**forms.fields_of(pred.job), "interval": f"{run.level:g}"}})
         except USER_ERRORS as exc:
             return _error(exc)
 
