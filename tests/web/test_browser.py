@@ -124,6 +124,23 @@ def test_the_page_runs_under_its_content_security_policy(browser, server):
     assert [m for m in said if "Content Security Policy" in m] == []
 
 
+def test_the_interval_shows_on_the_cards_and_changes_with_its_level(page, server):
+    page.goto(server + "/")
+    bounds = page.locator("#prediction .card.time .interval")
+    bounds.wait_for()
+    before = bounds.inner_text()
+    assert before.startswith("(80 %: ") and before.endswith(" s)")
+    assert page.locator("#prediction .interval-rule li").first.inner_text().startswith("80 % interval: ")
+    page.fill("#job [name=interval]", "0.5")
+    page.wait_for_function("document.querySelector('#prediction .card.time .interval').innerText.startsWith('(50 %: ')")
+    assert bounds.inner_text() != before
+    assert page.locator("#prediction .card .interval").count() >= 3  # time, tokens/s, MFU (and the cost figures)
+    page.fill("#job [name=interval]", "2")
+    message = page.locator('#job .field[data-field="interval"] .msg')
+    message.wait_for(state="visible")
+    assert "--interval" in message.inner_text()
+
+
 def test_a_bad_plan_shows_the_packages_message_beside_its_field(page, server):
     page.goto(server + "/")
     page.locator("#prediction .iteration").wait_for()
@@ -154,7 +171,7 @@ def test_an_uploaded_hugging_face_config_is_predicted_and_a_hostile_one_named(pa
     config.write_bytes(HF_CONFIG)
     page.fill("#job [name=seq_length]", "2048")
     page.set_input_files("#job input.upload", str(config))
-    page.wait_for_function("document.querySelector('#prediction .what').innerText.includes('2,048 tokens')")
+    page.wait_for_function("document.querySelector('#prediction .seq').innerText.includes('seq_length 2,048 tokens')")
     bad = tmp_path / "bad.json"
     bad.write_text('{"a": 1, "a": 2}')
     page.set_input_files("#job input.upload", str(bad))
@@ -172,6 +189,9 @@ def test_the_search_page_ranks_plans_and_a_clicked_plan_is_predicted(page, serve
     rows = page.locator(".plans table tbody tr")
     rows.first.wait_for(timeout=60_000)
     assert rows.count() >= 2
+    header = page.locator(".plans table thead").inner_text()
+    assert "80 %" in header and "iter s" in header  # each plan's interval, as paraplan search shows it
+    assert page.locator(".summary .interval-rule").first.inner_text().startswith("80 % intervals")
     page.locator(".pareto img").wait_for()
     rows.nth(1).click()
     assert pictures_loaded(page, "#prediction") == 3
@@ -185,6 +205,24 @@ def test_the_search_page_ranks_plans_and_a_clicked_plan_is_predicted(page, serve
     page.click("#prediction a.open")
     page.wait_for_url("**/?*")
     page.wait_for_function(f"document.querySelector('#prediction .iteration')?.innerText === {iteration!r}")
+
+
+def test_the_search_page_searches_a_cluster_typed_inline(page, server):
+    page.goto(server + "/search")
+    page.check("#search [name=cluster_source][value=mapping]")
+    page.fill("#search [name=cluster_yaml]", "name: my-cluster\ngpu: H100-SXM5-80GB\ngpus_per_node: 8\nnum_nodes: 2\n"
+              "intra_node: {bandwidth: 450 GB/s}\ninter_node: {bandwidth: 50 GB/s, latency: 5 us}\n")
+    page.fill("#search [name=global_batch_size]", "64")
+    page.fill("#search [name=tp]", "1,2")
+    page.click("#run")
+    page.locator(".plans table tbody tr").first.wait_for(timeout=60_000)
+    page.locator(".plans table tbody tr").first.click()
+    page.wait_for_function("document.querySelector('#prediction .what')?.innerText.includes('16 x H100-SXM5-80GB (my-cluster)')")
+    page.fill("#search [name=cluster_yaml]", "gpu: H1000\nnum_nodes: 2")
+    page.click("#run")
+    message = page.locator('#search .field[data-field="cluster_yaml"] .msg')
+    message.wait_for(state="visible")
+    assert "H1000" in message.inner_text()
 
 
 def test_a_bad_search_list_is_named_beside_its_field(page, server):
@@ -203,6 +241,8 @@ def test_a_long_search_shows_progress_and_cancels(page, server):
     page.select_option("#search [name=model]", "llama-3-70b")
     page.click("#run")
     page.locator("#progress").wait_for(state="visible")
+    page.wait_for_function("document.querySelector('#status').innerText.startsWith('screening every plan')")
+    page.wait_for_function("document.querySelector('#progress').value > 0")  # it moves while the screen runs
     page.click("#cancel")
     page.wait_for_function("document.querySelector('#status').innerText.startsWith('cancelled')", timeout=60_000)
     assert page.locator(".plans table").count() == 0
@@ -218,7 +258,7 @@ def test_the_compare_page_shows_b_minus_a(page, server):
     message.wait_for(state="visible")
     assert "tp*pp*cp = 5" in message.inner_text()
     page.fill("#job-b [name=tp]", "8")
-    page.wait_for_function("document.querySelector('#comparison').innerText.includes('\"b\":8')")
+    page.wait_for_function("document.querySelector('#comparison').innerText.includes('tp 2 -> 8')")
     assert pictures_loaded(page, "#prediction-b") == 3
     shoot(page, "compare")
 
@@ -233,7 +273,7 @@ def test_ten_tabs_each_predict_their_own_plan(browser, server):
         tab.locator("#prediction .iteration").wait_for()
         tab.fill("#job [name=tp]", str(tp))
     for tab, tp in zip(tabs, sizes, strict=True):
-        tab.wait_for_function(f"document.querySelector('#prediction .plan-line').innerText.startsWith('tp {tp} ')")
+        tab.wait_for_function(f"document.querySelector('#prediction .what').innerText.includes(', tp={tp} ')")
         assert pictures_loaded(tab, "#prediction") == 3
     context.close()
 

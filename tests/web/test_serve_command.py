@@ -43,3 +43,40 @@ def test_a_port_in_use_is_one_line_with_exit_code_2():
         result = CliRunner().invoke(app, ["serve", "--port", str(port)])
     assert result.exit_code == 2
     assert f"--port: cannot listen on 127.0.0.1:{port}" in result.output
+
+
+def test_a_server_on_ipv6_loopback_answers_its_bracketed_host_and_refuses_another():
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    import pytest
+
+    pytest.importorskip("uvicorn", reason="uvicorn is not installed (the web extra)")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+            port = probe.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    proc = subprocess.Popen([sys.executable, "-m", "paraplan.cli", "serve", "--host", "::1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://[::1]:{port}/static/style.css"
+    try:
+        for _ in range(300):
+            try:
+                assert urllib.request.urlopen(url, timeout=1).status == 200  # Host: [::1]:port
+                break
+            except urllib.error.URLError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.1)
+        else:
+            pytest.fail("paraplan serve --host ::1 did not answer")
+        refused = urllib.request.Request(url, headers={"Host": f"[::2]:{port}"})
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(refused, timeout=5)
+        assert answer.value.code == 400
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -26,14 +26,49 @@ def predict(client, **changes):
     return client.post("/api/predict", json={**FORM, **changes}, headers=POST)
 
 
-def test_a_predicted_plan_is_the_clis_json_prediction_of_the_same_job(client):
-    from paraplan.cli.loading import load_flagged_job, predict_flagged
-    from paraplan.report.formats import render_json
+def cli_json(*args: str) -> dict:
+    """What ``paraplan ARGS --format json`` prints, read back."""
+    from typer.testing import CliRunner
 
+    from paraplan.cli.app import app
+
+    result = CliRunner().invoke(app, [*args, "--format", "json"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_predicted_plan_is_the_clis_json_prediction_of_the_same_job_interval_included(client):
     answer = predict(client).json()
-    job, _ = load_flagged_job(None, {"pipeline_model_parallel_size": 2})  # the demo job with --pp 2
-    cli = json.loads(render_json(predict_flagged(job, "analytical", None)[0].to_dict()))
-    assert answer["prediction"] == cli
+    assert answer["prediction"] == cli_json("predict", "--pp", "2")  # the demo job with --pp 2
+    assert answer["prediction"]["interval"]["level"] == 0.8
+
+
+def test_the_interval_level_field_is_the_clis_interval_flag(client):
+    answer = predict(client, interval="0.5").json()
+    assert answer["prediction"] == cli_json("predict", "--pp", "2", "--interval", "0.5")
+    wide = predict(client, interval="0.95").json()["prediction"]["interval"]["iteration_s"]
+    narrow = answer["prediction"]["interval"]["iteration_s"]
+    assert wide[0] < narrow[0] and narrow[1] < wide[1]
+    bad = predict(client, interval="1.5").json()
+    assert bad["field"] == "interval" and "1.5" in bad["error"]
+
+
+def test_the_pages_figures_are_the_cli_tables_strings(client):
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    shown = predict(client).json()["shown"]
+    table = CliRunner().invoke(app, ["predict", "--pp", "2"], env={"COLUMNS": "200"}).stdout
+    cards = dict(shown["cards"])
+    for label in ("iteration", "tokens / s", "MFU", "cost to train"):
+        assert cards[label] in table, label
+    used, hbm = cards["memory / GPU"].removesuffix(" HBM").split(" of ")
+    assert used.endswith("GiB") and used in table and f"of {hbm} HBM" in table
+    for t in shown["tables"]:
+        for row in t["rows"]:
+            assert all(cell in table for cell in row), row
+    assert all(line in table for line in shown["interval"])
 
 
 def test_a_bad_value_answers_the_packages_one_line_message_and_names_its_field(client):
@@ -106,6 +141,13 @@ def test_a_searched_plan_opens_on_the_predict_page_as_the_same_prediction(client
     assert again["prediction"] == named
 
 
+def test_the_host_check_reads_ipv6_hosts_with_their_port(client):
+    for host in ("[::1]:8000", "[::1]", "127.0.0.1:8000", "localhost", "LOCALHOST:80"):
+        assert client.get("/static/style.css", headers={"host": host}).status_code == 200, host
+    for host in ("[::2]:8000", "::1", "localhost.attacker.example", "127.0.0.1.nip.io:8000", "[::1]:x", ""):
+        assert client.get("/static/style.css", headers={"host": host}).status_code == 400, host
+
+
 def test_every_answer_carries_the_security_headers(client):
     headers = client.get("/").headers
     assert headers["content-security-policy"].startswith("default-src 'self'")
@@ -127,6 +169,10 @@ def test_a_search_reports_progress_ranks_plans_and_predicts_a_clicked_one(client
             break
         time.sleep(0.1)
     assert status["state"] == "done" and 0 < len(status["result"]["plans"]) <= 10
+    cli = cli_json("search", "--model", "llama-3-8b", "--cluster", "aws-p5.48xlarge", "--num-nodes", "1",
+                   "--global-batch-size", "64", "--tp", "1,2", "--pp", "1,2")
+    assert status["result"]["plans"] == cli["plans"] and status["result"]["interval"] == cli["interval"]
+    assert "80 %" in status["shown"]["plans"]["header"]  # the CLI's interval column
     assert client.get(status["pareto_picture"]).content.startswith(b"\x89PNG")
     best = client.post(f"/api/search/{started['id']}/plans/0", headers=POST).json()
     assert best["prediction"]["iteration_s"] == pytest.approx(status["result"]["plans"][0]["iteration_s"])
@@ -144,10 +190,70 @@ def test_a_cancelled_search_stops_before_its_end(client):
     assert status["state"] == "cancelled" and status["done"] < 1
 
 
-def test_two_predictions_compare_as_paraplan_compare_does(client):
+def test_two_predictions_compare_as_paraplan_compare_does_with_their_intervals(client):
     a, b = predict(client).json()["key"], predict(client, tp="4").json()["key"]
     answer = client.post("/api/compare", json={"a": a, "b": b}, headers=POST).json()
-    assert answer["settings_that_differ"] and answer["difference"]["iteration_s"]["a"] > 0
+    assert answer["comparison"] == cli_json("compare", "--pp", "2", "--vs", "tp=4")
+    lines = [block.get("line", "") for block in answer["shown"]]
+    assert any(line.startswith("difference:") for line in lines)
+
+
+def finished(client, key):
+    for _ in range(1200):
+        status = client.get(f"/api/search/{key}").json()
+        if status["state"] != "running":
+            return status
+        time.sleep(0.05)
+    raise AssertionError("the search did not finish")
+
+
+def test_a_search_runs_on_a_cluster_typed_inline_and_names_its_error_there(client):
+    cluster = ("name: my-cluster\ngpu: H100-SXM5-80GB\ngpus_per_node: 8\nnum_nodes: 2\n"
+               "intra_node: {bandwidth: 450 GB/s}\ninter_node: {bandwidth: 50 GB/s, latency: 5 us}\n")
+    started = client.post("/api/search", json={"model": "llama-3-8b", "cluster_source": "mapping",
+                                               "cluster_yaml": cluster, "global_batch_size": "64", "tp": "1,2"},
+                          headers=POST).json()
+    status = finished(client, started["id"])
+    assert status["state"] == "done", status
+    assert {(p["cluster"], p["num_gpus"]) for p in status["result"]["plans"]} == {("my-cluster", 16)}
+    bad = client.post("/api/search", json={"cluster_source": "mapping", "cluster_yaml": "gpu: H1000\nnum_nodes: 2"},
+                      headers=POST).json()
+    assert bad["field"] == "cluster_yaml" and "H1000" in bad["error"]
+    tagged = client.post("/api/search", json={"cluster_source": "mapping", "cluster_yaml": "a: !!python/name:os.system"},
+                         headers=POST).json()
+    assert tagged["field"] == "cluster_yaml" and "tag" in tagged["error"]
+
+
+def test_a_search_moves_its_progress_during_the_screen_stage(client):
+    started = client.post("/api/search", json={"model": "llama-3-70b", "cluster": "aws-p5.48xlarge",
+                                               "sizes": "8,16,32,64", "space": "full"}, headers=POST).json()
+    seen = []
+    try:
+        for _ in range(400):
+            status = client.get(f"/api/search/{started['id']}").json()
+            if status["state"] != "running" or status["stage"] != "screen":
+                break
+            seen.append(status["done"])
+            time.sleep(0.02)
+    finally:
+        client.post(f"/api/search/{started['id']}/cancel", headers=POST)
+    assert len(seen) >= 2 and seen[-1] > seen[0] > 0  # it moved before any plan was predicted exactly
+
+
+def test_a_picture_of_the_same_plan_is_drawn_once(client, monkeypatch):
+    import paraplan.report.plots as plots
+
+    drawn = []
+    draw = plots.render_png
+    monkeypatch.setattr(plots, "render_png", lambda *a, **k: drawn.append(a[1]) or draw(*a, **k))
+    first = predict(client, tp="8", pp="1").json()
+    again = predict(client, tp="8", pp="1").json()
+    assert first["key"] == again["key"]  # the same plan, the same prediction: one key
+    for answer in (first, again):
+        assert client.get(answer["pictures"]["memory"]).content.startswith(b"\x89PNG")
+    assert drawn == ["memory"]
+    other = predict(client, tp="8", pp="1", interval="0.5").json()  # another interval: another picture
+    assert other["key"] != first["key"]
 
 
 def test_a_search_bad_list_names_its_field(client):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,11 @@ from paraplan.cli.common import (
     write_text,
 )
 from paraplan.cli.loading import load_flagged_job, pair_intervals, predict_flagged
+
+if TYPE_CHECKING:
+    from paraplan.prediction.compare import Comparison
+    from paraplan.uncertainty import Interval
+    from paraplan.uncertainty.pair import RatioInterval
 
 Opt = typer.Option
 
@@ -72,13 +77,19 @@ def compare_command(
     names = (str(a_file or "demo job"), str(b_file or "demo job") + (" with --vs" if vs else ""))
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
         if output is OutputFormat.json:
-            ia, ib, ratio = bounds
-            write_text(render_json({**comparison.to_dict(), "interval": {
-                "a": ia.to_dict(a), "b": ib.to_dict(b), "b_over_a": ratio.to_dict()}}))
+            write_text(render_json(comparison_data(comparison, bounds)))
         elif output is OutputFormat.csv:
             write_text(render_csv(comparison_rows(comparison, bounds)))
         else:
             out.print(render_comparison(comparison, names, bounds))
+
+
+def comparison_data(comparison: Comparison, bounds: tuple[Interval, Interval, RatioInterval]) -> dict[str, Any]:
+    """What ``paraplan compare --format json`` prints (the web page sends the same): the
+    comparison with A's, B's and the ratio B / A's intervals (``pair_intervals``)."""
+    ia, ib, ratio = bounds
+    return {**comparison.to_dict(), "interval": {
+        "a": ia.to_dict(comparison.a), "b": ib.to_dict(comparison.b), "b_over_a": ratio.to_dict()}}
 
 
 def flags_of_b(flags: dict[str, Any], changed: dict[str, Any]) -> dict[str, Any]:

@@ -130,6 +130,14 @@ def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: s
     return replace(interval, rule="; ".join([interval.rule, *said])) if said else interval
 
 
+def prediction_data(job: Job | HeteroJob, pred: Prediction, level: float, backend: str, models: Path | None,
+                    table: ResidualTable | None = None) -> tuple[dict[str, Any], Interval]:
+    """What ``paraplan predict --format json`` prints (the web page sends the same): the
+    prediction's fields with its interval at ``level`` (:func:`interval_of`), and the interval."""
+    bounds = interval_of(job, pred, level, backend, models, table)
+    return {**pred.to_dict(), "interval": bounds.to_dict(pred)}, bounds
+
+
 def pair_intervals(job_a: Job | HeteroJob, job_b: Job | HeteroJob, a: Prediction, b: Prediction, level: float,
                    backend: str, models: Path | None) -> tuple[Interval, Interval, RatioInterval]:
     """A's and B's intervals at ``level``, and the interval of the ratio B / A of their

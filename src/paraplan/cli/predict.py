@@ -19,7 +19,7 @@ from paraplan.cli.common import (
     user_errors,
     write_text,
 )
-from paraplan.cli.loading import interval_of, load_flagged_job, predict_flagged, runs_table
+from paraplan.cli.loading import load_flagged_job, predict_flagged, prediction_data, runs_table
 
 Opt = typer.Option
 
@@ -58,7 +58,7 @@ def predict_command(
         job, said = load_flagged_job(job_file, flags or {})
         pred, notes = predict_flagged(job, backend, models, keep_timeline=bool(plots))
         table, warnings = runs_table(runs, interval) if runs else (None, [])
-        bounds = interval_of(job, pred, interval, backend, models, table)
+        data, bounds = prediction_data(job, pred, interval, backend, models, table)
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for path, kind in plots:
@@ -67,7 +67,6 @@ def predict_command(
         err.print(note, highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
         if output is OutputFormat.json:
-            data = {**pred.to_dict(), "interval": bounds.to_dict(pred)}
             if explain:
                 from dataclasses import asdict
 

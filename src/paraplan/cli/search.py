@@ -143,7 +143,7 @@ def search_command(
         with err.status(f"searching plans for {request.model_name} on {request.num_configurations} "
                         "cluster configuration(s)"):
             result = request.run()
-        result, intervals = _with_intervals(result, interval, risk)
+        result, intervals = with_intervals(result, interval, risk)
         front, axis = None, request.pareto_axis
         if pareto is not None and result.ranked:
             from paraplan.report.pareto import pareto_plans, plot_pareto
@@ -159,7 +159,7 @@ def search_command(
         if taken:
             err.print(f"from the demo job: {' '.join(taken)}", highlight=False, soft_wrap=True)
     with user_errors():  # a non-finite number is an internal error (exit 3), never output
-        risk_notes = _risk_notes(result, intervals, request, risk) if result.ranked else None
+        risk_notes = risk_notes_of(result, intervals, request, risk) if result.ranked else None
         _print(result, top, output, front, axis, save_best, pareto, intervals, risk_notes)
     if not result.ranked:
         from paraplan.report.search import no_plan_message
@@ -171,7 +171,7 @@ def search_command(
         raise typer.Exit(code=1)
 
 
-def _with_intervals(result, level: float, risk: bool):
+def with_intervals(result, level: float, risk: bool):
     """Each exactly predicted plan's interval at ``level`` (its regime's, not widened for
     unstated settings: that is a dozen predictions a plan); with ``risk``, the plans ranked by
     their interval's pessimistic end."""
@@ -187,7 +187,7 @@ def _with_intervals(result, level: float, risk: bool):
     return result, [iv for _, iv in pairs]
 
 
-def _risk_notes(result, intervals, request, risk: bool) -> dict:
+def risk_notes_of(result, intervals, request, risk: bool) -> dict:
     """What the intervals are and, with ``risk``, how the plans were ranked and whether the
     budget / deadline hold at the best plan's interval's far end: as lines for the table, and
     as data for JSON (each plan's own far-end checks go in its row)."""
@@ -225,16 +225,7 @@ def _print(result, top, output, front, axis, save_best, pareto, intervals=None, 
 
     from paraplan.report.search import plan_row, render_plans, render_search, search_rows
 
-    rows = search_rows(result, top)
-    if intervals is not None:  # each plan's interval (JSON, table: nested; CSV: interval.*_low/_high)
-        from paraplan.uncertainty.risk import far_end_checks
-
-        limits = (risk_notes or {}).get("limits")
-        for row, pred, iv in zip(rows, result.ranked, intervals, strict=False):
-            row["interval"] = iv.to_columns(pred) if output is OutputFormat.csv else iv.to_dict(pred)
-            if limits:  # --risk: whether this plan's budget / deadline hold at its interval's far end
-                for bound, far, _, holds in far_end_checks(pred, iv, limits["budget_usd"], limits["deadline_s"]):
-                    row[f"{bound}_far_end"], row[f"{bound}_holds_at_far_end"] = far, holds
+    rows = plan_rows(result, top, intervals, risk_notes, columns=output is OutputFormat.csv)
     closest = result.closest
     if output is OutputFormat.json:
         from paraplan.report.formats import render_json
@@ -259,6 +250,25 @@ def _print(result, top, output, front, axis, save_best, pareto, intervals=None, 
             title = f"Pareto front: time against {what} ({len(front)} plans)"
             out.print(Group(*render_plans(result, search_rows(result, plans=front), title)))
             err.print(f"wrote {pareto}")
+
+
+def plan_rows(result, top: int, intervals=None, risk_notes: dict | None = None, columns: bool = False) -> list[dict]:
+    """The best ``top`` plans' rows, each with its interval (nested; ``columns``: CSV's
+    interval.*_low/_high) and, with ``--risk``'s limits, whether its budget / deadline hold at
+    its interval's far end (``paraplan search``'s rows; the web page shows the same)."""
+    from paraplan.report.search import search_rows
+
+    rows = search_rows(result, top)
+    if intervals is not None:
+        from paraplan.uncertainty.risk import far_end_checks
+
+        limits = (risk_notes or {}).get("limits")
+        for row, pred, iv in zip(rows, result.ranked, intervals, strict=False):
+            row["interval"] = iv.to_columns(pred) if columns else iv.to_dict(pred)
+            if limits:  # --risk: whether this plan's budget / deadline hold at its interval's far end
+                for bound, far, _, holds in far_end_checks(pred, iv, limits["budget_usd"], limits["deadline_s"]):
+                    row[f"{bound}_far_end"], row[f"{bound}_holds_at_far_end"] = far, holds
+    return rows
 
 
 def search_data(result, rows: list[dict], front, axis: str | None, risk_notes: dict | None = None) -> dict:

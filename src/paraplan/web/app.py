@@ -24,7 +24,6 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -38,7 +37,7 @@ from paraplan.web.state import MAX_UPLOAD_BYTES, Predictions, Searches, Uploads,
 #: Largest JSON body of a form (the model mapping is its longest field).
 MAX_FORM_BYTES = 128 * 1024
 PICTURES = ("breakdown", "timeline", "memory")
-PREDICT_FIELDS = (*tuple(f.name for f in forms.JOB_FLAGS), "model_yaml", "cluster_yaml")
+PREDICT_FIELDS = (*tuple(f.name for f in forms.JOB_FLAGS), "model_yaml", "cluster_yaml", "interval")
 HEADER = "x-paraplan"
 
 _HERE = Path(__file__).parent
@@ -99,13 +98,18 @@ async def _form(request: Request) -> dict[str, Any]:
     return data
 
 
-def _draw(request: Request, pred: Any, kind: str) -> bytes | None:
+def _draw(request: Request, kept: Any, kind: str) -> bytes | None:
+    """The picture ``kind`` of a kept prediction, drawn once (re-rendering the same plan reads
+    the drawn one: its key is its JSON's hash)."""
     from paraplan.report.plots import render_png
 
     with plot_lock():
+        if kind in kept.pictures:
+            return kept.pictures[kind]
         if _gone(request):
             return None
-        return render_png(pred, kind)
+        png = kept.pictures[kind] = render_png(kept.pred, kind, kept.interval)
+        return png
 
 
 def _gone(request: Request) -> bool:
@@ -156,6 +160,14 @@ def _mapping(text: Any, field: str, what: str) -> dict[str, Any]:
     return mapping
 
 
+def _level(form: dict[str, Any]) -> float:
+    """The form's interval level (``--interval``; 0.8 when the field is empty)."""
+    from paraplan.uncertainty import check_level
+
+    level = forms.typed("interval", form.get("interval"), float, "--interval")
+    return check_level(0.8 if level is None else level)
+
+
 def _strings(value: Any) -> list[str]:
     if isinstance(value, dict):
         return [s for v in value.values() for s in _strings(v)]
@@ -201,9 +213,9 @@ class WebApp:
         return self._page("compare.html")
 
     # -- predictions ------------------------------------------------------------------------
-    def predict_form(self, form: dict[str, Any]) -> tuple[Any, list[str]]:
-        """The prediction of the job a predict form describes: the demo job with the form's
-        fields laid over it, as ``paraplan predict`` lays its flags."""
+    def predict_form(self, form: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
+        """The job a predict form describes (the demo job with the form's fields laid over it,
+        as ``paraplan predict`` lays its flags), its prediction and the notes about it."""
         from paraplan.catalog.jobs import demo_job_mapping
         from paraplan.catalog.origin import resolve_with_flags
         from paraplan.cli.loading import predict_flagged
@@ -231,15 +243,22 @@ class WebApp:
             if _path_like(flags.get("cluster")):
                 raise BadInput("cluster: the page takes a catalog cluster name, not a file", "cluster")
         job = resolve_with_flags(raw, flags, hf.parent if hf else self.uploads.root, "the demo job")
-        return predict_flagged(job, "analytical", None, keep_timeline=True)
+        return (job, *predict_flagged(job, "analytical", None, keep_timeline=True))
 
-    def _answer(self, pred: Any, notes: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    def _answer(self, job: Any, pred: Any, notes: list[str] | tuple[str, ...], level: float) -> dict[str, Any]:
+        """A prediction as the page takes it: the CLI's ``paraplan predict --format json`` (with
+        its interval at ``level``), the CLI's text of every figure, and where its pictures and
+        downloads are."""
+        from paraplan.cli.loading import prediction_data
         from paraplan.export import TARGETS
+        from paraplan.web.shown import prediction_shown
 
-        key = self.predictions.add(pred)
+        data, bounds = prediction_data(job, pred, level, "analytical", None)
+        key = self.predictions.add(job, pred, bounds, data)
         return {
             "key": key,
-            "prediction": pred.to_dict(),  # paraplan predict --format json
+            "prediction": data,  # paraplan predict --format json
+            "shown": prediction_shown(pred, bounds),
             "notes": list(notes),
             "pictures": {kind: f"/picture/{key}/{kind}.png" for kind in PICTURES},
             "downloads": {"job.yaml": f"/download/{key}/job.yaml", "report.html": f"/download/{key}/report.html",
@@ -250,8 +269,9 @@ class WebApp:
         form: Any = None
         try:
             form = await _form(request)
-            pred, notes = self.predict_form(form)
-            return _json(self._answer(pred, notes))
+            level = _level(form)
+            job, pred, notes = self.predict_form(form)
+            return _json(self._answer(job, pred, notes, level))
         except USER_ERRORS as exc:
             answer = _error(exc)
             source = form.get("model_source") if isinstance(form, dict) else None
@@ -281,8 +301,8 @@ class WebApp:
         try:
             if kind not in PICTURES:
                 raise BadInput(f"picture: unknown kind {kind!r} (one of {', '.join(PICTURES)})", status=404)
-            pred = self.predictions.get(request.path_params["key"])
-            png = await run_in_threadpool(_draw, request, pred, kind)
+            kept = self.predictions.get(request.path_params["key"])
+            png = await run_in_threadpool(_draw, request, kept, kind)
         except USER_ERRORS as exc:
             return _error(exc)
         if png is None:
@@ -292,15 +312,15 @@ class WebApp:
     def download(self, request: Request) -> Response:
         what = request.path_params["what"]
         try:
-            pred = self.predictions.get(request.path_params["key"])
-            text, name, media = self._download(pred, what)
+            text, name, media = self._download(self.predictions.get(request.path_params["key"]), what)
         except USER_ERRORS as exc:
             return _error(exc)
         return Response(text, media_type=media, headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
-    def _download(self, pred: Any, what: str) -> tuple[str, str, str]:
+    def _download(self, kept: Any, what: str) -> tuple[str, str, str]:
         from paraplan.export import TARGETS, render
 
+        pred = kept.pred
         stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in pred.job.name)[:60] or "job"
         if what == "job.yaml":
             import yaml
@@ -314,7 +334,7 @@ class WebApp:
             from paraplan.report.html import render_html
 
             with plot_lock():
-                return render_html(pred), f"{stem}-report.html", "text/html"
+                return render_html(pred, kept.interval), f"{stem}-report.html", "text/html"
         target = what.removeprefix("recipe/")
         if target not in TARGETS:
             raise BadInput(f"target: unknown export target {target!r} (one of: {', '.join(TARGETS)})", status=404)
@@ -323,13 +343,20 @@ class WebApp:
 
     # -- compare ----------------------------------------------------------------------------
     async def compare(self, request: Request) -> Response:
+        from paraplan.cli.compare import comparison_data
+        from paraplan.cli.loading import pair_intervals
         from paraplan.prediction.compare import compare_predictions
+        from paraplan.web.shown import comparison_shown
 
         try:
             form = await _form(request)
+            level = _level(form)
             a = self.predictions.get(str(form.get("a")))
             b = self.predictions.get(str(form.get("b")))
-            return _json(compare_predictions(a, b).to_dict())  # paraplan compare --format json
+            comparison = compare_predictions(a.pred, b.pred)
+            bounds = pair_intervals(a.job, b.job, a.pred, b.pred, level, "analytical", None)
+            return _json({"comparison": comparison_data(comparison, bounds),  # paraplan compare --format json
+                          "shown": comparison_shown(comparison, bounds)})
         except USER_ERRORS as exc:
             return _error(exc)
 
@@ -340,6 +367,7 @@ class WebApp:
         from paraplan.search.request import SearchFlags, SearchRequest
 
         names = (*tuple(f.name for f in fields(SearchFlags)), "top")
+        form: Any = None
         try:
             form = await _form(request)
             for name in ("cluster", "clusters"):
@@ -348,17 +376,30 @@ class WebApp:
             hf = self.uploads.path(form.get("hf_config")) if form.get("model_source") == "hf" else None
             if hf is not None:
                 form = {**form, "model": None}
-            form = {**form, **({"cluster": None} if form.get("cluster_source") == "gpu" else {"gpu": None})}
+            source = form.get("cluster_source") or "catalog"
+            job_file = None
+            if source == "mapping":  # the cluster's fields: a job file of them in the temporary folder
+                cluster = _mapping(form.get("cluster_yaml"), "cluster_yaml", "cluster fields (gpu, num_nodes, ...)")
+                job_file = self.uploads.job_file(cluster)
+                form = {**form, "cluster": None, "gpu": None, "num_nodes": None, "price_per_gpu_hour": None}
+            form = {**form, **({"cluster": None} if source == "gpu" else {"gpu": None})}
             flags = forms.search_flags(form, hf)
             top = forms.typed("top", form.get("top"), int, "--top") or 10
             if top < 1:
                 raise BadInput(f"top: expected a positive whole number, got {top}", "top")
-            request_ = SearchRequest.from_flags(None, flags)
-            key = self.searches.start(request_, min(top, 200))
+            level = _level(form)
+            risk = bool(forms.typed("risk", form.get("risk"), bool, "--risk"))
+            request_ = SearchRequest.from_flags(job_file, flags)
+            key = self.searches.start(request_, min(top, 200), level, risk)
             return JSONResponse({"id": key, "notes": list(request_.notes),
                                  "configurations": request_.num_configurations})
         except USER_ERRORS as exc:
-            return _error(exc, names)
+            answer = _error(exc, (*names, "interval", "risk", "cluster_yaml"))
+            if isinstance(form, dict) and form.get("cluster_source") == "mapping" and not isinstance(exc, BadInput) \
+                    and (json.loads(answer.body).get("field") in ("cluster", "gpu", "num_nodes", None)
+                         or _names_cluster(exc)):
+                return _error(BadInput(_message(exc), "cluster_yaml"))
+            return answer
 
     async def search_status(self, request: Request) -> Response:
         try:
@@ -368,9 +409,12 @@ class WebApp:
         import time
 
         elapsed = run.elapsed_s if run.state != "running" else time.monotonic() - run.started
-        answer: dict[str, Any] = {"state": run.state, "done": run.done, "elapsed_s": elapsed, "error": run.error}
+        answer: dict[str, Any] = {"state": run.state, "stage": run.stage, "configuration": run.index + 1,
+                                  "configurations": len(run.request.searches), "done": run.done,
+                                  "elapsed_s": elapsed, "error": run.error}
         if run.state == "done":
             answer["result"] = run.data  # paraplan search --format json
+            answer["shown"] = run.shown  # its plan tables as the CLI prints them
             if run.pareto_png is not None:
                 answer["pareto_picture"] = f"/search/{request.path_params['key']}/pareto.png"
         return _json(answer)
@@ -406,7 +450,7 @@ class WebApp:
             plan = plans[index]
             job = plan.placement.job if plan.placement is not None else plan.job
             pred = predict_any(job, keep_timeline=True)
-            return _json({**self._answer(pred, []), "fields": forms.fields_of(pred.job)})
+            return _json({**self._answer(job, pred, [], run.level), "fields": {**forms.fields_of(pred.job), "interval": f"{run.level:g}"}})
         except USER_ERRORS as exc:
             return _error(exc)
 
@@ -443,6 +487,37 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+def host_of(header: str | None) -> str | None:
+    """The host name of a Host header, lowercased, brackets off an IPv6 address:
+    ``[::1]:8000`` -> ``::1``, ``localhost:8000`` -> ``localhost``; None for a malformed one."""
+    import re
+
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?|([A-Za-z0-9.\-]+)(?::(\d{1,5}))?", (header or "").strip())
+    if match is None:
+        return None
+    return (match.group(1) or match.group(3)).lower()
+
+
+class HostCheck:
+    """Requests must name an allowed host (no DNS rebinding: a page elsewhere cannot reach this
+    server through a name of its own); IPv6 hosts in their bracketed form (``[::1]:8000``)."""
+
+    def __init__(self, app: Any, allowed_hosts: list[str]) -> None:
+        self.app = app
+        self.any = "*" in allowed_hosts
+        self.allowed = {h.strip("[]").lower() for h in allowed_hosts}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.any or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+        if host_of(header) not in self.allowed:
+            await Response("Invalid host header", status_code=400, media_type="text/plain")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
     """The Starlette app; ``allowed_hosts``: the Host names requests may carry (the address the
     server binds, localhost and 127.0.0.1 by default; "*" for any)."""
@@ -450,7 +525,7 @@ def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        web.predict_form({})  # the demo job once: imports and the catalog read before the first page asks
+        web._answer(*web.predict_form({}), 0.8)  # the demo job once: imports and the catalog read before the first page asks
         yield
         await web.close()
 
@@ -470,8 +545,8 @@ def create_app(allowed_hosts: list[str] | None = None) -> Starlette:
         Route("/download/{key}/{what:path}", web.download),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
-    hosts = allowed_hosts or ["127.0.0.1", "localhost"]
+    hosts = allowed_hosts or ["127.0.0.1", "localhost", "::1"]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(SecurityHeaders), Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
+                    middleware=[Middleware(SecurityHeaders), Middleware(HostCheck, allowed_hosts=hosts)])
     app.state.web = web
     return app

@@ -5,6 +5,7 @@ their progress and a way to cancel them)."""
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import shutil
 import tempfile
@@ -26,27 +27,45 @@ RUNNING_SEARCHES = 2
 KEPT_SEARCHES = 16
 
 
+@dataclass
+class Kept:
+    """A prediction the page may ask pictures and downloads of: its job (for intervals), its
+    interval, and its pictures once drawn (by kind)."""
+
+    job: Any
+    pred: Any
+    interval: Any
+    pictures: dict[str, bytes] = field(default_factory=dict)
+
+
 class Predictions:
-    """The last :data:`KEPT_PREDICTIONS` predictions by key (a random token)."""
+    """The last :data:`KEPT_PREDICTIONS` predictions by key: the hash of their JSON (the CLI's,
+    interval included), so the same plan predicted again has the same key and its pictures
+    are not drawn again."""
 
     def __init__(self) -> None:
-        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._items: OrderedDict[str, Kept] = OrderedDict()
         self._lock = threading.Lock()
 
-    def add(self, pred: Any) -> str:
-        key = secrets.token_hex(8)
+    def add(self, job: Any, pred: Any, interval: Any, data: dict[str, Any]) -> str:
+        from paraplan.report.formats import render_json
+
+        key = hashlib.sha256(render_json(data).encode()).hexdigest()[:20]
         with self._lock:
-            self._items[key] = pred
+            if key in self._items:
+                self._items.move_to_end(key)
+            else:
+                self._items[key] = Kept(job, pred, interval)
             while len(self._items) > KEPT_PREDICTIONS:
                 self._items.popitem(last=False)
         return key
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> Kept:
         with self._lock:
-            pred = self._items.get(key)
-        if pred is None:
+            kept = self._items.get(key)
+        if kept is None:
             raise ConfigError("prediction: no longer kept by the server; change a field to predict it again")
-        return pred
+        return kept
 
 
 class Uploads:
@@ -74,6 +93,23 @@ class Uploads:
         (folder / "config.json").write_bytes(data)
         return key
 
+    def job_file(self, cluster: dict[str, Any]) -> Path:
+        """A job file of the demo job's model and batch on ``cluster`` (a cluster typed on the
+        search page, already read with the package's limits), in the temporary folder, for
+        ``SearchRequest.from_flags`` to read as a job file."""
+        import yaml
+
+        from paraplan.catalog.jobs import demo_job_mapping
+
+        demo = demo_job_mapping()
+        text = yaml.safe_dump({"model": demo["model"], "cluster": cluster,
+                               "parallel": {"global_batch_size": demo["parallel"]["global_batch_size"]}},
+                              sort_keys=False)
+        folder = self.root / ("search-" + hashlib.sha256(text.encode()).hexdigest()[:20])
+        folder.mkdir(exist_ok=True)
+        (folder / "job.yaml").write_text(text, encoding="utf-8")
+        return folder / "job.yaml"
+
     def path(self, key: Any) -> Path:
         if not isinstance(key, str) or not key.isalnum() or not (self.root / key / "config.json").is_file():
             raise ConfigError("hf_config: upload a Hugging Face config.json")
@@ -87,52 +123,90 @@ class Cancelled(Exception):
     """A search the page cancelled."""
 
 
+#: What a configuration's screen is taken to last before one was timed (the whole-space screen
+#: of a large model takes about a second here).
+SCREEN_GUESS_S = 1.0
+
+
 @dataclass
 class SearchRun:
-    """One search in a thread: its share done, its answer (the CLI's JSON) or its error."""
+    """One search in a thread: its stage and share done, its answer (the CLI's JSON, with the
+    CLI's text of each plan row) or its error."""
 
     request: Any
     top: int
+    level: float = 0.8
+    risk: bool = False
     state: str = "running"  # running | done | error | cancelled
-    done: float = 0.0  # share of the work done, 0-1
+    stage: str = "screen"  # screen (the whole space, closed form) | exact (the shortlist, predicted)
+    index: int = 0  # the configuration being searched
+    exact_share: float = 0.0  # of the current configuration's exact stage
+    stage_started: float = field(default_factory=time.monotonic)
+    screen_s: float = SCREEN_GUESS_S  # how long a screen lasts: the last one timed, or the guess
     started: float = field(default_factory=time.monotonic)
     elapsed_s: float = 0.0
     data: dict[str, Any] | None = None
+    shown: dict[str, Any] | None = None
     error: str | None = None
     plans: list[Any] = field(default_factory=list)  # the predictions of data["plans"], in order
     front: list[Any] = field(default_factory=list)
     pareto_png: bytes | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def done(self) -> float:
+        """The share done, 0-1: each configuration half screen, half exact. The screen reports
+        no progress of its own, so its half moves with its time against the last screen's
+        (or :data:`SCREEN_GUESS_S`), never reaching its end before the screen does."""
+        if self.state == "done":
+            return 1.0
+        n = max(len(self.request.searches), 1)
+        if self.stage == "screen":
+            ran = time.monotonic() - self.stage_started
+            part = 0.5 * (1.0 - math.exp(-ran / max(self.screen_s, 1e-3)))
+        else:
+            part = 0.5 + 0.5 * self.exact_share
+        return min(1.0, (self.index + part) / n)
+
+    def _progress(self, i: int, done: int, total: int) -> None:
+        if self.cancel.is_set():
+            raise Cancelled
+        if self.stage == "screen":  # the first call: the screen is over
+            self.screen_s = max(time.monotonic() - self.stage_started, 1e-3)
+            self.stage = "exact"
+        self.exact_share = done / max(total, 1)
+
     def run(self) -> None:
-        from paraplan.cli.search import search_data
-        from paraplan.report.search import search_rows
+        from paraplan.cli.search import plan_rows, risk_notes_of, search_data, with_intervals
         from paraplan.search.run import merge_results, search_plans
+        from paraplan.web.shown import plans_shown
 
         searches = list(self.request.searches)
         try:
             results = []
             for i, kwargs in enumerate(searches):
-                def progress(done: int, total: int, i: int = i) -> None:
-                    if self.cancel.is_set():
-                        raise Cancelled
-                    self.done = (i + done / max(total, 1)) / len(searches)
-
-                results.append(search_plans(**{**kwargs, "progress": progress}))
-                self.done = (i + 1) / len(searches)
+                self.index, self.stage, self.exact_share, self.stage_started = i, "screen", 0.0, time.monotonic()
+                results.append(search_plans(**{**kwargs, "progress": lambda d, t, i=i: self._progress(i, d, t)}))
                 if self.cancel.is_set():
                     raise Cancelled
             result = merge_results(results)
+            result, intervals = with_intervals(result, self.level, self.risk)  # as paraplan search --interval
+            risk_notes = risk_notes_of(result, intervals, self.request, self.risk) if result.ranked else None
             front, axis = None, self.request.pareto_axis
             if result.ranked:
                 from paraplan.report.pareto import pareto_plans
+                from paraplan.uncertainty import interval_for
 
                 front, to_train = pareto_plans(result, axis)
                 self.front = list(front)
-                self.pareto_png = _pareto_png(result, front, axis, to_train)
-            rows = search_rows(result, self.top)
+                self.pareto_png = _pareto_png(result, front, axis, to_train,
+                                              [interval_for(p, self.level) for p in front])
+            rows = plan_rows(result, self.top, intervals, risk_notes)
             self.plans = list(result.ranked[: len(rows)])
-            self.data = search_data(result, rows, front, axis)
+            self.data = search_data(result, rows, front, axis, risk_notes)
+            several = len(searches) > 1
+            self.shown = {"plans": plans_shown(rows, several),
+                          "pareto": plans_shown(self.data.get("pareto") or [], several)}
             self.state = "done"
         except Cancelled:
             self.state = "cancelled"
@@ -151,12 +225,12 @@ def plot_lock() -> threading.Lock:
     return _PLOT_LOCK
 
 
-def _pareto_png(result: Any, front: Any, axis: str, to_train: bool) -> bytes | None:
+def _pareto_png(result: Any, front: Any, axis: str, to_train: bool, intervals: Any = None) -> bytes | None:
     from paraplan.report.pareto import plot_pareto
 
     with _PLOT_LOCK, tempfile.TemporaryDirectory(prefix="paraplan-web-") as folder:
         path = Path(folder) / "pareto.png"
-        plot_pareto(result, front, path, axis=axis, to_train=to_train)
+        plot_pareto(result, front, path, axis=axis, to_train=to_train, intervals=intervals)
         return path.read_bytes()
 
 
@@ -167,13 +241,13 @@ class Searches:
         self._runs: OrderedDict[str, SearchRun] = OrderedDict()
         self._lock = threading.Lock()
 
-    def start(self, request: Any, top: int) -> str:
+    def start(self, request: Any, top: int, level: float = 0.8, risk: bool = False) -> str:
         with self._lock:
             running = sum(r.state == "running" for r in self._runs.values())
             if running >= RUNNING_SEARCHES:
                 raise ConfigError(f"search: {running} searches are running; wait for one or cancel it")
             key = secrets.token_hex(8)
-            run = SearchRun(request, top)
+            run = SearchRun(request, top, level, risk)
             self._runs[key] = run
             finished = [k for k, r in self._runs.items() if r.state != "running"]
             for old in finished[: max(0, len(self._runs) - KEPT_SEARCHES)]:

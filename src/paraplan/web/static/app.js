@@ -39,69 +39,53 @@ function showError(form, result, answer) {
   result.classList.add("stale");
 }
 
-const fmt = {
-  s(x) {
-    if (x == null) return "–";
-    if (x >= 86400 * 2) return (x / 86400).toFixed(1) + " days";
-    if (x >= 3600 * 2) return (x / 3600).toFixed(1) + " h";
-    if (x >= 1) return x.toFixed(x >= 100 ? 0 : 2) + " s";
-    return (x * 1000).toFixed(x >= 0.01 ? 1 : 2) + " ms";
-  },
-  gb(x) { return x == null ? "–" : (x / 1e9).toFixed(1) + " GB"; },
-  pct(x) { return x == null ? "–" : (100 * x).toFixed(1) + " %"; },
-  n(x) { return x == null ? "–" : Math.round(x).toLocaleString("en-US"); },
-  usd(x) { return x == null ? "–" : "$" + (x >= 100 ? Math.round(x).toLocaleString("en-US") : x.toFixed(2)); },
-};
-
 function esc(text) {
   return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
 
-function table(header, rows, cls = "") {
-  return `<table class="${cls}"><thead><tr>${header.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
-    rows.map((r) => `<tr>${r.map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("") + "</tbody></table>";
+// every figure is text the server wrote with the CLI's own formatting (GiB, "17.240 s (80 %: 16.9-21.9 s)")
+// a figure with its interval, "19.778 s (80 %: 18.3-25 s)": the bounds on a line of their own
+function figure(text) {
+  const cut = String(text).indexOf(" (");
+  if (cut < 0 || !String(text).includes(" %: ")) return esc(text);
+  return `${esc(text.slice(0, cut))} <small class="interval">${esc(text.slice(cut + 1))}</small>`;
 }
 
-function interval(p) {
-  const i = p.interval || p.iteration_s_interval;
-  if (!i) return "";
-  const lo = i.low ?? i.lower ?? i[0], hi = i.high ?? i.upper ?? i[1];
-  return lo == null ? "" : ` <small class="interval">(${fmt.s(lo)} – ${fmt.s(hi)})</small>`;
+function table(header, rows, cls = "", numbers = []) {
+  const td = (c, i, tag = "td") => `<${tag}${numbers[i] ? ' class="n"' : ""}>${tag === "td" ? figure(c) : esc(c)}</${tag}>`;
+  return `<table class="${cls}">` + (header.length ? `<thead><tr>${header.map((h, i) => td(h, i, "th")).join("")}</tr></thead>` : "") +
+    `<tbody>${rows.map((r) => `<tr>${r.map((c, i) => td(c, i)).join("")}</tr>`).join("")}</tbody></table>`;
+}
+
+function cliTable(t, cls = "") {
+  return `<div><h3>${esc(t.title)}</h3>${table(t.header, t.rows, cls, t.numbers)}</div>`;
 }
 
 function renderPrediction(result, answer) {
-  const p = answer.prediction, m = p.memory, c = p.cost || {};
+  const p = answer.prediction, s = answer.shown;
   result.classList.remove("stale");
   result.dataset.key = answer.key;
-  const card = (label, value, cls = "") => `<div class="card ${cls}"><span>${esc(label)}</span><b>${value}</b></div>`;
+  const card = ([label, text], cls = "") => {  // "19.778 s (80 %: 18.3-25 s)": the figure, then its interval
+    const cut = text.indexOf(" (");
+    const of = text.indexOf(" of ");  // memory: "39.16 GiB of 79.65 GiB HBM"
+    const [value, bounds] = cut > 0 && text.includes(" %: ") ? [text.slice(0, cut), text.slice(cut + 1)]
+      : of > 0 ? [text.slice(0, of), text.slice(of + 1)] : [text, ""];
+    return `<div class="card ${cls}"><span>${esc(label)}</span><b class="value${cls === "time" ? " iteration" : ""}">${esc(value)}</b>` +
+      (bounds ? ` <small class="${of > 0 && cut < 0 ? "of" : "interval"}">${esc(bounds)}</small>` : "") + "</div>";
+  };
   result.querySelector(".headline").innerHTML =
-    `<h2>${esc(p.job)}</h2><p class="what">${esc(p.model)} · ${p.seq_length.toLocaleString("en-US")} tokens · ` +
-    `${p.num_gpus} × ${esc(p.gpu)} (${esc(p.cluster)}) · ${esc(p.precision)}</p><div class="cards">` +
-    card("iteration", `<span class="iteration">${esc(fmt.s(p.iteration_s))}</span>` + interval(p)) +
-    card("tokens / s", esc(fmt.n(p.tokens_per_s))) +
-    card("MFU", esc(fmt.pct(p.mfu))) +
-    card("memory / GPU", `${esc(fmt.gb(m.total_bytes))} of ${esc(fmt.gb(m.hbm_bytes))}`, m.fits ? "" : "over") +
-    card("$ / hour", esc(fmt.usd(c.cost_per_hour_usd))) +
-    card("time to train", esc(fmt.s(c.time_to_train_s))) +
-    card("cost to train", esc(fmt.usd(c.cost_to_train_usd))) + "</div>" +
-    (m.fits ? "" : `<p class="warn">Does not fit: ${esc(fmt.gb(m.total_bytes))} needed per GPU.</p>`);
-  const total = p.iteration_s;
-  const parts = Object.entries(p.breakdown).filter(([, v]) => v > 0)
-    .map(([k, v]) => [k.replace(/_s$/, "").replaceAll("_", " "), fmt.s(v), fmt.pct(v / total)]);
-  const mem = ["weights", "gradients", "optimizer_states", "activations", "logits", "gathered_params", "buffers",
-    "fragmentation", "runtime"].filter((k) => m[k + "_bytes"] > 0).map((k) => [k.replaceAll("_", " "), fmt.gb(m[k + "_bytes"])]);
-  const stages = (m.per_stage_total_bytes || []).map((b, i) => [`stage ${i}`, fmt.gb(b), p.parallel.layers_per_stage[i] ?? ""]);
-  const plan = Object.entries(p.parallel).filter(([k]) => k !== "layers_per_stage").map(([k, v]) => `${k} ${v}`).join(" · ");
-  result.querySelector(".tables").innerHTML = `<p class="plan-line">${esc(plan)}</p><div class="grid">` +
-    `<div><h3>Breakdown</h3>${table(["part", "time", "share"], parts, "num")}</div>` +
-    `<div><h3>Memory (worst stage ${m.worst_stage})</h3>${table(["part", "per GPU"], mem, "num")}</div>` +
-    `<div><h3>Memory per stage</h3>${table(["stage", "per GPU", "layers"], stages, "num stages")}</div></div>`;
+    `<h2>${esc(p.job)}</h2><p class="what">${esc(s.lines[0] || "")}</p><p class="seq">${esc(s.seq_length)}</p><div class="cards">` +
+    s.cards.map((c, i) => card(c, i === 0 ? "time" : c[0] === "memory / GPU" && !s.fits ? "over" : "")).join("") + "</div>" +
+    (s.fits ? "" : `<p class="warn">Does not fit: ${esc(s.cards[3][1])} per GPU.</p>`) +
+    `<ul class="interval-rule">${s.interval.map((l) => `<li>${esc(l)}</li>`).join("")}</ul>`;
+  result.querySelector(".tables").innerHTML = (s.lines.length > 1 ? s.lines.slice(1).map((l) => `<p class="plan-line">${esc(l)}</p>`).join("") : "") +
+    `<div class="grid">${s.tables.map((t) => cliTable(t, "num")).join("")}` +
+    cliTable({ title: "Memory per stage", header: ["stage", "per GPU", "layers"], rows: s.stages, numbers: [true, true, true] }, "num stages") + "</div>";
   result.querySelector(".pictures").innerHTML = Object.entries(answer.pictures)
     .map(([kind, url]) => `<figure class="${kind}"><img src="${url}" alt="${kind} picture"><figcaption>${kind}</figcaption></figure>`).join("");
   result.querySelector(".downloads").innerHTML = "Download: " + Object.entries(answer.downloads)
     .map(([name, url]) => `<a href="${url}" download data-download="${name}">${esc(name)}</a>`).join(" ");
-  result.querySelector(".notes").innerHTML = [...answer.notes, ...(p.uncalibrated || [])]
-    .map((n) => `<li>${esc(n)}</li>`).join("");
+  result.querySelector(".notes").innerHTML = answer.notes.map((n) => `<li>${esc(n)}</li>`).join("");
 }
 
 // one request in flight per form: a newer change aborts the older one
@@ -172,23 +156,14 @@ function liveForm(form, result) {
   return predict(form, result);
 }
 
-function comparisonTable(c) {
-  const rows = Object.entries(c.difference).filter(([, d]) => d.a || d.b).map(([k, d]) => {
-    const f = /tokens_per_s|fits/.test(k) ? fmt.n : /bytes|memory\.(total|hbm|margin|weights|gradients|optimizer|activations|logits|gathered|buffers|fragmentation|runtime)/.test(k) ? fmt.gb
-      : /_s$|^breakdown\./.test(k) ? fmt.s : /usd/.test(k) ? fmt.usd : /mfu|hfu|fraction|headroom/.test(k) ? fmt.pct : fmt.n;
-    const rel = d.relative == null ? "" : (d.relative >= 0 ? "+" : "") + (100 * d.relative).toFixed(1) + " %";
-    const label = k.replace(/_bytes$/, "").replace(/([^r])_s$/, "$1").replaceAll("_", " ");
-    if (/fits/.test(k)) return [label, d.a ? "yes" : "no", d.b ? "yes" : "no", ""];
-    return [label, f(d.a), f(d.b), rel];
-  });
-  const differ = Object.entries(c.settings_that_differ || {}).map(([k, v]) => `${k}: ${JSON.stringify(v)}`).join("; ");
-  return (differ ? `<p class="plan-line">differs: ${esc(differ)}</p>` : "") + table(["", "A", "B", "B − A"], rows, "num compare");
+function comparisonBlocks(blocks) {
+  return blocks.map((b) => b.rows ? table(b.header, b.rows, "num compare", b.numbers) : `<p class="plan-line">${esc(b.line)}</p>`).join("");
 }
 
-async function compareKeys(box, a, b) {
-  const response = await fetch("/api/compare", { method: "POST", headers: POST_HEADERS, body: JSON.stringify({ a, b }) });
+async function compareKeys(box, a, b, level) {
+  const response = await fetch("/api/compare", { method: "POST", headers: POST_HEADERS, body: JSON.stringify({ a, b, interval: level }) });
   const answer = await response.json();
-  box.querySelector(".tables").innerHTML = response.ok ? comparisonTable(answer) : `<p class="msg">${esc(answer.error)}</p>`;
+  box.querySelector(".tables").innerHTML = response.ok ? comparisonBlocks(answer.shown) : `<p class="msg">${esc(answer.error)}</p>`;
 }
 
 function comparePage() {
@@ -198,26 +173,19 @@ function comparePage() {
     const form = document.getElementById("job-" + side);
     form.addEventListener("predicted", (e) => {
       keys[side] = e.detail.key;
-      if (keys.a && keys.b) compareKeys(box, keys.a, keys.b);
+      if (keys.a && keys.b) compareKeys(box, keys.a, keys.b, e.detail.prediction.interval.level);
     });
     if (side === "b") form.querySelector('[name="tp"]').value = "4";
     liveForm(form, document.getElementById("prediction-" + side));
   }
 }
 
-function planCells(p) {
-  const plan = ["tp", "pp", "dp", "cp", "vpp", "ep", "micro_batch_size", "zero_stage", "recompute", "schedule"]
-    .filter((k) => p[k] !== undefined).map((k) => `${k.replace("micro_batch_size", "mbs").replace("zero_stage", "zero")} ${p[k]}`).join(" ");
-  return [p.rank, p.gpus, plan, fmt.s(p.iteration_s), fmt.n(p.tokens_per_s), fmt.pct(p.mfu), fmt.gb(p.memory_per_gpu_bytes),
-    fmt.usd(p.usd_per_million_tokens)];
-}
-
-function plansTable(rows, which) {
-  const head = ["", "#", "GPUs", "plan", "iteration", "tokens/s", "MFU", "memory", "$/M tok"];
-  return `<table class="num plans"><thead><tr>${head.map((h) => `<th>${h}</th>`).join("")}</tr></thead><tbody>` +
-    rows.map((p, i) => `<tr data-which="${which}" data-index="${i}" tabindex="0" title="predict this plan">` +
+function plansTable(shown, which) {
+  const head = ["", ...shown.header];
+  return (shown.shared ? `<p class="plan-line">every plan: ${esc(shown.shared)}</p>` : "") + `<table class="num plans"><thead><tr>${head.map((h, i) => `<th${shown.numbers[i - 1] ? ' class="n"' : ""}>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
+    shown.rows.map((r, i) => `<tr data-which="${which}" data-index="${i}" tabindex="0" title="predict this plan">` +
       `<td><input type="checkbox" aria-label="pick plan for compare" data-which="${which}" data-index="${i}"></td>` +
-      planCells(p).map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>").join("") + "</tbody></table>";
+      r.map((c, j) => `<td${shown.numbers[j] ? ' class="n"' : ""}>${esc(c)}</td>`).join("") + "</tr>").join("") + "</tbody></table>";
 }
 
 function searchPage() {
@@ -267,7 +235,7 @@ function searchPage() {
       if (!answer) return;
       keys.push(answer.key);
     }
-    compareKeys(box.querySelector(".comparison"), keys[0], keys[1]);
+    compareKeys(box.querySelector(".comparison"), keys[0], keys[1], fields(form).interval);
   });
   cancel.addEventListener("click", async () => {
     if (current) await fetch(`/api/search/${current}/cancel`, { method: "POST", headers: POST_HEADERS });
@@ -287,7 +255,9 @@ function searchPage() {
       await new Promise((r) => setTimeout(r, 250));
       state = await (await fetch(`/api/search/${current}`)).json();
       bar.value = state.done;
-      status.textContent = `${state.state} · ${Math.round(100 * state.done)} % · ${state.elapsed_s.toFixed(1)} s`;
+      const stage = state.state !== "running" ? state.state : (state.stage === "screen" ? "screening every plan" : "predicting the shortlist") +
+        (state.configurations > 1 ? ` (configuration ${state.configuration} of ${state.configurations})` : "");
+      status.textContent = `${stage} · ${Math.round(100 * state.done)} % · ${state.elapsed_s.toFixed(1)} s`;
     } while (state.state === "running");
     run.disabled = false; cancel.disabled = true; bar.hidden = true;
     if (state.state === "error") { showError(form, box, { error: state.error, field: null }); return; }
@@ -296,11 +266,12 @@ function searchPage() {
     const excluded = Object.entries(r.excluded).map(([k, v]) => `${v.toLocaleString("en-US")} ${k}`).join("; ");
     box.querySelector(".summary").innerHTML = `<p><b>${r.plans.length}</b> best of ${r.considered.toLocaleString("en-US")} plans considered` +
       (excluded ? ` (excluded: ${esc(excluded)})` : "") + ". Click a plan to predict it.</p>" +
+      (r.interval ? r.interval.lines.map((l) => `<p class="plan-line interval-rule">${esc(l)}</p>`).join("") : "") +
       (r.no_plan ? `<p class="warn">${esc(r.no_plan)}</p>` : "");
-    box.querySelector(".plans").innerHTML = r.plans.length ? `<h3>Plans</h3>` + plansTable(r.plans, "plans") : "";
+    box.querySelector(".plans").innerHTML = r.plans.length ? `<h3>Plans</h3>` + plansTable(state.shown.plans, "plans") : "";
     if (r.pareto) {
       box.querySelector(".pareto").innerHTML = `<h3>Pareto front (time against ${esc(r.pareto_axis)})</h3>` +
-        (state.pareto_picture ? `<img src="${state.pareto_picture}" alt="Pareto front picture">` : "") + plansTable(r.pareto, "front");
+        (state.pareto_picture ? `<img src="${state.pareto_picture}" alt="Pareto front picture">` : "") + plansTable(state.shown.pareto, "front");
     }
   });
 }
