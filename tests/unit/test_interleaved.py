@@ -104,3 +104,18 @@ def test_drifting_stages_past_the_run_are_timed_inside_the_drift_bound_from_a_br
     for j, exact in ((0, 1e-12), (1, DRIFT_BOUND)):
         sim = simulate_pipeline(fwd, bwd, 0.02, int(m[j]), IL, v, fwd_extra_s=0.01)
         assert got[:, j] == pytest.approx(sim.finish, rel=exact, abs=0.0)
+
+
+@pytest.mark.parametrize(("p", "v", "overlap"), [(2, 2, True), (4, 3, False), (8, 2, True), (16, 3, False)])
+def test_the_window_of_rows_gives_the_whole_graphs_ends_bit_for_bit(p, v, overlap):
+    """graph.window_ends steps the levels through a few spans of rows, sliding kept rows out:
+    every kept row's end is level_ends', whatever the rows kept and however far evaluated."""
+    from paraplan.schedule.graph import level_ends, window_ends
+
+    rng = np.random.default_rng(p * v)
+    lv = interleaved.levels(p, interleaved.long_run(p, v), v, overlap)[0]
+    dur = rng.random((3 * p * v + 3, 7))
+    for upto in (None, len(lv) // 2, 3):
+        whole = level_ends(lv, dur, upto)
+        keep = np.unique(rng.integers(1, whole.shape[0], 200))
+        assert np.array_equal(window_ends(lv, dur, keep, upto), whole[keep])

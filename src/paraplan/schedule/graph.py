@@ -14,6 +14,13 @@ from __future__ import annotations
 import itertools
 
 
+class Levels(tuple):
+    """``in_level_order``'s levels, with ``span``: the most rows a level reaches back over,
+    from its earliest predecessor's row to its last row (``window_ends`` keeps that many)."""
+
+    span: int
+
+
 def graph_levels(kinds: list[int], first: list[int], second: list[int], delays: list[int] | None = None):
     """The graph in levels (each node one level after the later of its predecessors'), its
     nodes given rows of the ends in level order (``in_level_order``): (levels, each node's row)."""
@@ -48,8 +55,11 @@ def in_level_order(kinds, first, second, level, delays=None):
     b = np.where(second >= 0, row[np.maximum(second, 0)], 0)[order]
     kd = kinds[order]
     dl = None if delays is None else delays[order]
-    levels = tuple((lo, hi, a[lo - 1:hi - 1], b[lo - 1:hi - 1], kd[lo - 1:hi - 1])
-                   + (() if dl is None else (dl[lo - 1:hi - 1],)) for lo, hi in itertools.pairwise(bounds))
+    levels = Levels((lo, hi, a[lo - 1:hi - 1], b[lo - 1:hi - 1], kd[lo - 1:hi - 1])
+                    + (() if dl is None else (dl[lo - 1:hi - 1],)) for lo, hi in itertools.pairwise(bounds))
+    last = np.repeat(np.asarray(bounds[1:]) - 1, np.diff(bounds))  # each node's level's last row
+    reach = np.minimum(np.where(a > 0, a, last), np.where(b > 0, b, last))  # its earliest predecessor's
+    levels.span = int((last - reach).max()) + 1 if n else 1
     return levels, row
 
 
@@ -85,3 +95,80 @@ def graph_ends(levels, rows, dur, nodes):
     ``rows`` as ``graph_levels`` gives them, ``dur`` an array (duration index, plans); returns
     an array (len(nodes), plans)."""
     return level_ends(levels, dur)[rows[nodes]]
+
+
+def window_ends(levels, dur, keep, upto: int | None = None):
+    """The ends (len(keep), plans) of the rows ``keep`` (sorted, distinct, >= 1) as
+    ``level_ends(levels, dur, upto)[keep]``, bit for bit, without holding every row: the
+    levels are stepped through a window of rows a few times ``Levels.span`` deep (no level
+    reads further back), rows leaving it copied out where kept. A graph of 60,000 nodes over
+    1,000 plans holds 500 MB of ends whole, page faults and cache misses that cost more than
+    the steps."""
+    import numpy as np
+
+    keep = np.asarray(keep, dtype=np.int64)
+    local, moves, size, bases = _window(levels, upto)
+    plans = dur.shape[1]
+    window = np.empty((size + 1, plans))
+    window[0] = 0.0
+    out = np.empty((len(keep), plans))
+    base = 1  # row r lies at window[r - base + 1]
+
+    def copy_out(stop: int) -> None:  # the kept rows of [base, stop) leave the window
+        lo, hi = np.searchsorted(keep, [base, stop])
+        out[lo:hi] = window[keep[lo:hi] - base + 1]
+
+    move = iter(moves)
+    at, new = next(move, (-1, 0))
+    for t, level in enumerate(local):
+        if t == at:  # slide: rows [new, its first row) to the window's top
+            copy_out(new)
+            first = level[0] + new - base  # the level's first local row before the slide
+            window[1:first - new + base] = window[new - base + 1:first]
+            base = new
+            at, new = next(move, (-1, 0))
+        lo, hi, a, b, kind = level[:5]
+        rows = window[lo:hi]  # written in place: max(end[a], end[b] + delay) + duration, in that order
+        if len(level) == 6:
+            np.add(window[b], dur[level[5]], out=rows)
+            np.maximum(window[a], rows, out=rows)
+        else:
+            np.maximum(window[a], window[b], out=rows)
+        rows += dur[kind]
+    copy_out(bases)
+    return out
+
+
+def _window(levels, upto):
+    """``window_ends``' plan for ``levels`` (its first ``upto``), cached on them: each level
+    with its rows and predecessors' rows local to the window, the slides (before which level,
+    the new first row kept), the window's rows and the rows' count."""
+    import numpy as np
+
+    cache = levels.__dict__.setdefault("windows", {})
+    if upto in cache:
+        return cache[upto]
+    chosen = levels[:upto]
+    span = levels.span
+    width = max(hi - lo for lo, hi, *_ in chosen)
+    size = 4 * span + width
+    base, bases, moves = 1, [], []
+    for t, (lo, hi, *_) in enumerate(chosen):
+        if hi - base > size:
+            base = max(base, lo + 1 - span)
+            moves.append((t, base))
+        bases.append(base)
+    widths = [hi - lo for lo, hi, *_ in chosen]
+    shift = np.repeat(np.asarray(bases) - 1, widths)
+
+    def local(rows):
+        return np.where(rows > 0, rows - shift, 0)
+
+    a = local(np.concatenate([level[2] for level in chosen]))
+    b = local(np.concatenate([level[3] for level in chosen]))
+    cuts = np.cumsum(widths)[:-1]
+    out = [(lo - base + 1, hi - base + 1, la, lb, *level[4:])
+           for (lo, hi, *_), level, base, la, lb in zip(chosen, chosen, bases, np.split(a, cuts), np.split(b, cuts),
+                                                         strict=True)]
+    cache[upto] = (out, moves, size, chosen[-1][1] if chosen else 1)
+    return cache[upto]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 
-from paraplan.schedule.graph import in_level_order, level_ends
+from paraplan.schedule.graph import Levels, in_level_order, level_ends, window_ends
 
 
 def _positions(p: int, m: int, v: int):
@@ -168,6 +168,15 @@ def _run(p: int, k: int, v: int):
     return lv, row, level, prev, dep, kinds, delay, int(level[untainted].max())
 
 
+@functools.lru_cache(maxsize=64)
+def _held(p: int, k: int, v: int):
+    """``_run``'s levels without the arrival delays (blocking sends: one step less per level)."""
+    lv = _run(p, k, v)[0]
+    held = Levels(level[:5] for level in lv)
+    held.span = lv.span
+    return held
+
+
 def _tainted_from(p: int, m: int, v: int, prev, dep):
     """Each stage's first position whose task differs from a longer run's: its cool-down, or
     earlier where the task waits (through its input, or through the stage's previous task) on a
@@ -252,28 +261,47 @@ def _tail(p: int, m: int, v: int, k: int):
     return _run(p, k, v)[1][nodes_k], levels_out, row[finals], base + len(order), nodes_k
 
 
-def _evaluate_tail(tail, end_k, cols, dur):
+def _evaluate_tail(tail, kept, cols, dur):
     """Each stage's finish (p, len(cols)) of a run's tail (``_tail``) from the longer run's
-    ends ``end_k`` (rows, columns) by its rows, for the columns ``cols`` (``dur`` with its
-    delay rows, columns)."""
+    kept ends ``kept`` (``_Kept``), for the columns ``cols`` (``dur`` with its delay rows,
+    columns)."""
     import numpy as np
 
     in_k, lv, finals, size, _ = tail
     end = np.empty((size, len(cols)))
     end[0] = 0.0
-    end[1:len(in_k) + 1] = end_k[in_k][:, cols]
+    end[1:len(in_k) + 1] = kept.rows(in_k)[:, cols]
     d = dur[:, cols]
     for lo, hi, a, b, kind, delay in lv:
         end[lo:hi] = np.maximum(end[a], end[b] + d[delay]) + d[kind]
     return end[finals]
 
 
-def _periodic(p: int, k: int, v: int, end_rows, run, reads: int):
-    """Whether each column of a run of ``k`` micro-batches (``end_rows``: its ends by node)
-    repeats itself, and the level from which on that is proven: (mask, period, level)."""
+class _Kept:
+    """The ends of some rows of a run (``graph.window_ends``), read by row."""
+
+    def __init__(self, levels, upto: int, dur, rows):
+        import numpy as np
+
+        self.keep = np.unique(np.concatenate(rows))
+        self.ends = window_ends(levels, dur, self.keep, upto)
+
+    def rows(self, rows):
+        import numpy as np
+
+        return self.ends[np.searchsorted(self.keep, rows)]
+
+
+@functools.lru_cache(maxsize=64)
+def _band(p: int, k: int, v: int):
+    """The band ``_periodic`` checks in a run of ``k`` micro-batches: (its nodes' rows, the
+    rows of the same nodes one period later), or None where no band is provably past the
+    warm-up."""
     import numpy as np
 
-    _, _, level, prev, dep, kinds, delay, _ = run
+    run = _run(p, k, v)
+    _, row, level, prev, dep, kinds, delay, _ = run
+    reads = int(level[_tail(p, k, v, k)[4]].min())
     length = 2 * k * v
     shift = 2 * p * v  # one period: p micro-batches on every chunk, 2 p v positions
     first = _tainted_from(p, k, v, prev, dep)
@@ -294,12 +322,19 @@ def _periodic(p: int, k: int, v: int, end_rows, run, reads: int):
     band = src[(level[src] >= lo) & (level[src] < lo + gap)]
     if len(band) == 0:
         return None
-    row = run[1]
-    later = end_rows[row[band + shift]]
-    steps = later - end_rows[row[band]]
+    return row[band], row[band + shift]
+
+
+def _periodic(kept, band):
+    """Whether each column of a run (``kept`` its ends) repeats itself over ``band``
+    (``_band``), and its period: (mask, period)."""
+    import numpy as np
+
+    earlier, later = kept.rows(band[0]), kept.rows(band[1])
+    steps = later - earlier
     period = steps[0]
     tol = 1e-13 * np.abs(later).max(axis=0)
-    return np.all(np.abs(steps - period) <= tol, axis=0), period, lo
+    return np.all(np.abs(steps - period) <= tol, axis=0), period
 
 
 def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
@@ -338,46 +373,55 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
     m_rest, col_rest = m[rest], column[rest]
     pending = np.ones(len(rest), dtype=bool)
     k = long_run(p, v)
+    asynchronous = arrival is not None
     while pending.any():
         k = min(k, int(m_rest[pending].max()))
         used, inv = np.unique(col_rest[pending], return_inverse=True)
         inv = inv.reshape(-1)
         idx = np.flatnonzero(pending)
-        run = _run(p, k, v)
-        end = level_ends(run[0], full[:, used], run[7])  # by row (run[1]); the levels the tails read
         ms = m_rest[idx]
-        for mb in np.unique(ms[ms <= k]).tolist():  # exact: the run's tasks and this m's tail
+        beyond = ms > k
+        exact = np.unique(ms[~beyond]).tolist()
+        tails = {mb: _tail(p, mb, v, k) for mb in exact}
+        band = None
+        if beyond.any():
+            tails[k], tails[k - p] = _tail(p, k, v, k), _tail(p, k - p, v, k)
+            band = _band(p, k, v)
+        rows = [tail[0] for tail in tails.values()] + ([] if band is None else list(band))
+        run = _run(p, k, v)
+        lv = run[0] if asynchronous else _held(p, k, v)
+        kept = _Kept(lv, run[7], full[:, used], rows)  # the run's ends the tails read
+        for mb in exact:  # exact: the run's tasks and this m's tail
             at = ms == mb
             cu, ci = np.unique(inv[at], return_inverse=True)
-            out[:, rest[idx[at]]] = _evaluate_tail(_tail(p, mb, v, k), end, cu, full[:, used])[:, ci.reshape(-1)]
-        pending[idx[ms <= k]] = False
-        beyond = ms > k
+            out[:, rest[idx[at]]] = _evaluate_tail(tails[mb], kept, cu, full[:, used])[:, ci.reshape(-1)]
+        pending[idx[~beyond]] = False
         if not beyond.any():
             break
-        tail = _tail(p, k, v, k)
-        periodic = _periodic(p, k, v, end, run, int(run[2][tail[4]].min()))
-        if periodic is not None:
-            fine, period, _ = periodic
+        tail = tails[k]
+        if band is not None:
+            fine, period = _periodic(kept, band)
             sel = beyond & fine[inv]
             if sel.any():
                 cu, ci = np.unique(inv[sel], return_inverse=True)
                 ci = ci.reshape(-1)
-                base = _evaluate_tail(tail, end, cu, full[:, used])
+                base = _evaluate_tail(tail, kept, cu, full[:, used])
                 out[:, rest[idx[sel]]] = base[:, ci] + ((ms[sel] - k) // p) * period[cu][ci]
                 pending[idx[sel]] = False
             beyond &= ~sel
         if beyond.any():  # still drifting: the middle of a bracket where it is narrow enough
-            finish, narrow = _drift_bracket(p, v, k, end, tail, full[:, used], inv[beyond], ms[beyond])
+            finish, narrow = _drift_bracket(p, v, k, kept, (tail, tails[k - p]), full[:, used], inv[beyond],
+                                            ms[beyond])
             out[:, rest[idx[beyond][narrow]]] = finish[:, narrow]
             pending[idx[beyond][narrow]] = False
         k *= 2
     return out
 
 
-def _drift_bracket(p: int, v: int, k: int, end, tail, dur, inv, m):
+def _drift_bracket(p: int, v: int, k: int, kept, tails, dur, inv, m):
     """Each stage's finish (p, plans) of plans of ``m`` > k micro-batches whose columns (``inv``
-    of ``dur``'s) do not repeat within the run of ``k`` (``end`` its ends, ``tail`` its own
-    ``_tail``), and which of them to keep: (finish, mask).
+    of ``dur``'s) do not repeat within the run of ``k`` (``kept`` its ends, ``tails`` the
+    ``_tail`` of k and of k - p micro-batches in it), and which of them to keep: (finish, mask).
 
     Their stages are still drifting: a slower stage takes over the pace as the lead the
     warm-up gave the others is used up, so each period of p micro-batches takes longer than
@@ -393,8 +437,8 @@ def _drift_bracket(p: int, v: int, k: int, end, tail, dur, inv, m):
 
     cu, ci = np.unique(inv, return_inverse=True)
     ci = ci.reshape(-1)
-    top = _evaluate_tail(tail, end, cu, dur)
-    chord = top - _evaluate_tail(_tail(p, k - p, v, k), end, cu, dur)
+    top = _evaluate_tail(tails[0], kept, cu, dur)
+    chord = top - _evaluate_tail(tails[1], kept, cu, dur)
     work = dur[:3 * p * v][:, cu].reshape(p, v, 3, len(cu))[:, :, :2].sum(axis=(1, 2))
     pace = p * work.max(axis=0)
     periods = (m - k) // p
