@@ -119,3 +119,18 @@ def test_the_window_of_rows_gives_the_whole_graphs_ends_bit_for_bit(p, v, overla
         whole = level_ends(lv, dur, upto)
         keep = np.unique(rng.integers(1, whole.shape[0], 200))
         assert np.array_equal(window_ends(lv, dur, keep, upto), whole[keep])
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 2), (2, 8), (3, 2), (4, 3), (5, 4), (8, 6), (16, 3)])
+def test_every_run_past_the_warm_up_has_the_same_tail_reading_tasks_a_period_later(p, v):
+    """_tail builds the tail once per (p, v) and shifts what it reads: for every m from
+    _steady_tail(p, v) to the shared run, the tail built for that m is the same graph and reads
+    the same tasks 2 p v positions later per p micro-batches."""
+    k = interleaved.long_run(p, v)
+    for m in range(interleaved._steady_tail(p, v), k + 1, p):
+        levels, finals, size, stage, pos = interleaved._tail_graph(p, m, v)
+        _, shared, shared_finals, shared_size, nodes_k = interleaved._tail(p, m, v, k)
+        assert size == shared_size and np.array_equal(finals, shared_finals) and len(levels) == len(shared)
+        for ours, theirs in zip(levels, shared, strict=True):
+            assert ours[:2] == theirs[:2] and all(np.array_equal(x, y) for x, y in zip(ours[2:], theirs[2:], strict=True))
+        assert np.array_equal(stage * 2 * k * v + pos, nodes_k)

@@ -166,9 +166,8 @@ def _window(levels, upto):
 
     a = local(np.concatenate([level[2] for level in chosen]))
     b = local(np.concatenate([level[3] for level in chosen]))
-    cuts = np.cumsum(widths)[:-1]
-    out = [(lo - base + 1, hi - base + 1, la, lb, *level[4:])
-           for (lo, hi, *_), level, base, la, lb in zip(chosen, chosen, bases, np.split(a, cuts), np.split(b, cuts),
-                                                         strict=True)]
+    out = []
+    for (lo, hi, *rest), base in zip(chosen, bases, strict=True):  # a level's rows: its predecessors' at lo - 1
+        out.append((lo - base + 1, hi - base + 1, a[lo - 1:hi - 1], b[lo - 1:hi - 1], *rest[2:]))
     cache[upto] = (out, moves, size, chosen[-1][1] if chosen else 1)
     return cache[upto]

@@ -196,18 +196,23 @@ def _tainted_from(p: int, m: int, v: int, prev, dep):
         np.minimum.at(first, stage[hit], pos[hit])
 
 
-@functools.lru_cache(maxsize=256)
-def _tail(p: int, m: int, v: int, k: int):
-    """How a run of ``m`` micro-batches differs from one of ``k`` >= m (both holding every
-    stage's whole warm-up): the nodes of ``m``'s graph downstream of a cool-down task (the
-    tail), in unit-time level order. Returns (the k-run's nodes the tail reads, in the rows
-    1.. of its ends, by their rows in the k-run; the tail's levels as ``graph.in_level_order``'s
-    (lo, hi, a, b, kind, delay) over rows after them; each stage's last task's row; the rows'
-    count; the k-run's nodes the tail reads)."""
+def _steady_tail(p: int, v: int) -> int:
+    """The fewest micro-batches (a multiple of p) whose run holds every stage's whole warm-up:
+    from there on, a run's tail is the same graph whatever m (``_tail``)."""
+    return p * -(-_warm_up(p, v) // (p * v))
+
+
+@functools.lru_cache(maxsize=64)
+def _tail_graph(p: int, m: int, v: int):
+    """The tail of a run of ``m`` micro-batches (holding every stage's whole warm-up): the
+    nodes of its graph downstream of a cool-down task (``_tainted_from``), in unit-time level
+    order. Returns (the tail's levels as ``graph.in_level_order``'s (lo, hi, a, b, kind, delay)
+    over rows after those of its inputs, rows 1..; each stage's last task's row; the rows'
+    count; its inputs, the run's nodes the tail reads, as each one's stage and position)."""
     import numpy as np
 
     kinds, prev, dep, delay = graph_arrays(p, m, v)
-    length, long = 2 * m * v, 2 * k * v
+    length = 2 * m * v
     first = _tainted_from(p, m, v, prev, dep)
     stage = np.arange(p * length) // length
     pos = np.arange(p * length) % length
@@ -257,24 +262,53 @@ def _tail(p: int, m: int, v: int, k: int):
     bounds = [0, *bounds.tolist(), len(order)]
     levels_out = tuple((base + lo, base + hi, a[lo:hi], b[lo:hi], kinds[order][lo:hi], delay[order][lo:hi])
                        for lo, hi in itertools.pairwise(bounds))
-    nodes_k = (outside // length) * long + outside % length  # the same tasks in the k-run
-    return _run(p, k, v)[1][nodes_k], levels_out, row[finals], base + len(order), nodes_k
+    return levels_out, row[finals], base + len(order), outside // length, outside % length
+
+
+@functools.lru_cache(maxsize=256)
+def _tail(p: int, m: int, v: int, k: int):
+    """How a run of ``m`` micro-batches differs from one of ``k`` >= m (both holding every
+    stage's whole warm-up): its tail (``_tail_graph``) and the k-run's nodes it reads.
+    Returns (those nodes' rows in the k-run; the tail's levels; each stage's last task's row;
+    the rows' count; those nodes).
+
+    From ``_steady_tail(p, v)`` micro-batches on every stage's order ends the same way (its
+    last positions, counted from the end, hold the same tasks of the same chunks, m v being a
+    multiple of p v), so the tail is the same graph, reading the same tasks p micro-batches
+    (2 p v positions) later for each p more micro-batches: built once per (p, v) (a test
+    compares it with the tail built for each m)."""
+    m0 = _steady_tail(p, v)
+    levels_out, finals, size, stage, pos = _tail_graph(p, m0, v)
+    nodes_k = stage * 2 * k * v + pos + 2 * v * (m - m0)  # the same tasks in the k-run
+    return _run(p, k, v)[1][nodes_k], levels_out, finals, size, nodes_k
 
 
 def _evaluate_tail(tail, kept, cols, dur):
     """Each stage's finish (p, len(cols)) of a run's tail (``_tail``) from the longer run's
     kept ends ``kept`` (``_Kept``), for the columns ``cols`` (``dur`` with its delay rows,
     columns)."""
+    return _evaluate_tails(tail[1:4], kept, [(tail[0], cols)], dur)[0]
+
+
+def _evaluate_tails(graph, kept, reads, dur):
+    """``_evaluate_tail`` of one tail graph (``_tail``'s levels, finals and rows' count) for
+    several runs' inputs at once: ``reads`` a list of (the rows it reads in the longer run,
+    columns); a list of each one's finish (p, len(columns))."""
     import numpy as np
 
-    in_k, lv, finals, size, _ = tail
+    lv, finals, size = graph
+    widths = [len(cols) for _, cols in reads]
+    cols = np.concatenate([cols for _, cols in reads])
     end = np.empty((size, len(cols)))
     end[0] = 0.0
-    end[1:len(in_k) + 1] = kept.rows(in_k)[:, cols]
+    at = 0
+    for (rows, these), width in zip(reads, widths, strict=True):
+        end[1:len(rows) + 1, at:at + width] = kept.rows(rows)[:, these]
+        at += width
     d = dur[:, cols]
     for lo, hi, a, b, kind, delay in lv:
         end[lo:hi] = np.maximum(end[a], end[b] + d[delay]) + d[kind]
-    return end[finals]
+    return np.split(end[finals], np.cumsum(widths)[:-1], axis=1)
 
 
 class _Kept:
@@ -391,10 +425,16 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
         run = _run(p, k, v)
         lv = run[0] if asynchronous else _held(p, k, v)
         kept = _Kept(lv, run[7], full[:, used], rows)  # the run's ends the tails read
-        for mb in exact:  # exact: the run's tasks and this m's tail
+        reads, plans = [], []
+        for mb in exact:  # exact: the run's tasks and this m's tail (one graph for every m)
             at = ms == mb
             cu, ci = np.unique(inv[at], return_inverse=True)
-            out[:, rest[idx[at]]] = _evaluate_tail(tails[mb], kept, cu, full[:, used])[:, ci.reshape(-1)]
+            reads.append((tails[mb][0], cu))
+            plans.append((rest[idx[at]], ci.reshape(-1)))
+        if reads:
+            for (where, ci), done in zip(plans, _evaluate_tails(tails[exact[0]][1:4], kept, reads, full[:, used]),
+                                         strict=True):
+                out[:, where] = done[:, ci]
         pending[idx[~beyond]] = False
         if not beyond.any():
             break
