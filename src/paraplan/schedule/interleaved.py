@@ -383,9 +383,12 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
     of levels as deep as its longest edge (every task one period later than the task p
     micro-batches before: by induction over the levels every later task does too), the tail of
     a run of m0 <= k whose inputs lie past the band's start, shifted by (m - m0) / p periods.
-    The columns that do not repeat yet (stages still drifting) take the middle of a bracket
-    where it is within ``DRIFT_BOUND`` (``_drift_bracket``), else a run twice as long, up to
-    their largest m."""
+    The first run is one period past the warm-up (``_steady_tail`` + p micro-batches): most
+    columns already repeat there (GPT-3 175B's whole space: a third of the shared run's
+    cost). The columns that do not take the shared run of ``long_run(p, v)`` micro-batches,
+    so that every m up to it is exact; past it, those that still do not repeat (stages still
+    drifting) take the middle of a bracket where it is within ``DRIFT_BOUND``
+    (``_drift_bracket``), else a run twice as long, up to their largest m."""
     import numpy as np
 
     m = np.asarray(m, dtype=np.int64)
@@ -406,7 +409,7 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
         return out
     m_rest, col_rest = m[rest], column[rest]
     pending = np.ones(len(rest), dtype=bool)
-    k = long_run(p, v)
+    k = _steady_tail(p, v) + p  # a first run one period past the warm-up; then the shared run
     asynchronous = arrival is not None
     while pending.any():
         k = min(k, int(m_rest[pending].max()))
@@ -449,12 +452,12 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
                 out[:, rest[idx[sel]]] = base[:, ci] + ((ms[sel] - k) // p) * period[cu][ci]
                 pending[idx[sel]] = False
             beyond &= ~sel
-        if beyond.any():  # still drifting: the middle of a bracket where it is narrow enough
+        if beyond.any() and k >= long_run(p, v):  # still drifting: the middle of a bracket where narrow enough
             finish, narrow = _drift_bracket(p, v, k, kept, (tail, tails[k - p]), full[:, used], inv[beyond],
                                             ms[beyond])
             out[:, rest[idx[beyond][narrow]]] = finish[:, narrow]
             pending[idx[beyond][narrow]] = False
-        k *= 2
+        k = long_run(p, v) if k < long_run(p, v) else 2 * k
     return out
 
 
