@@ -109,16 +109,19 @@ def test_drifting_stages_past_the_run_are_timed_inside_the_drift_bound_from_a_br
 @pytest.mark.parametrize(("p", "v", "overlap"), [(2, 2, True), (4, 3, False), (8, 2, True), (16, 3, False)])
 def test_the_window_of_rows_gives_the_whole_graphs_ends_bit_for_bit(p, v, overlap):
     """graph.window_ends steps the levels through a few spans of rows, sliding kept rows out:
-    every kept row's end is level_ends', whatever the rows kept and however far evaluated."""
+    every kept row's end is level_ends', whatever the rows kept and however far evaluated,
+    with the run's delays or without them."""
     from paraplan.schedule.graph import level_ends, window_ends
 
     rng = np.random.default_rng(p * v)
-    lv = interleaved.levels(p, interleaved.long_run(p, v), v, overlap)[0]
+    k = interleaved.long_run(p, v)
+    ordered = interleaved._run(p, k, v)[0]
+    lv = interleaved.levels(p, k, v, overlap)[0]
     dur = rng.random((3 * p * v + 3, 7))
     for upto in (None, len(lv) // 2, 3):
         whole = level_ends(lv, dur, upto)
         keep = np.unique(rng.integers(1, whole.shape[0], 200))
-        assert np.array_equal(window_ends(lv, dur, keep, upto), whole[keep])
+        assert np.array_equal(window_ends(ordered, dur, keep, upto, overlap), whole[keep])
 
 
 @pytest.mark.parametrize(("p", "v"), [(2, 2), (2, 8), (3, 2), (4, 3), (5, 4), (8, 6), (16, 3)])

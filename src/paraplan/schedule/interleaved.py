@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 
-from paraplan.schedule.graph import Levels, in_level_order, level_ends, window_ends
+from paraplan.schedule.graph import in_level_order, level_ends, level_order, window_ends
 
 
 def _positions(p: int, m: int, v: int):
@@ -155,26 +155,18 @@ def _warm_up(p: int, v: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _run(p: int, k: int, v: int):
-    """A run of ``k`` micro-batches: (levels as ``levels(p, k, v, True)``, each node's row,
+    """A run of ``k`` micro-batches: (its graph in level order as ``levels(p, k, v, True)``'s,
+    flat (``graph.Ordered``), each node's row,
     each node's level, prev, dep, duration index, delay index, the last level of a task that
     a longer run shares)."""
     import numpy as np
 
     kinds, prev, dep, delay = graph_arrays(p, k, v)
     level = _unit_levels(p, k, v, prev, dep)
-    lv, row = in_level_order(kinds, prev, dep, level, delay)
+    lv, row = level_order(kinds, prev, dep, level, delay)
     length = 2 * k * v
     untainted = np.arange(p * length) % length < _tainted_from(p, k, v, prev, dep)[np.arange(p * length) // length]
     return lv, row, level, prev, dep, kinds, delay, int(level[untainted].max())
-
-
-@functools.lru_cache(maxsize=64)
-def _held(p: int, k: int, v: int):
-    """``_run``'s levels without the arrival delays (blocking sends: one step less per level)."""
-    lv = _run(p, k, v)[0]
-    held = Levels(level[:5] for level in lv)
-    held.span = lv.span
-    return held
 
 
 def _tainted_from(p: int, m: int, v: int, prev, dep):
@@ -314,11 +306,11 @@ def _evaluate_tails(graph, kept, reads, dur):
 class _Kept:
     """The ends of some rows of a run (``graph.window_ends``), read by row."""
 
-    def __init__(self, levels, upto: int, dur, rows):
+    def __init__(self, ordered, upto: int, dur, rows, delays: bool):
         import numpy as np
 
         self.keep = np.unique(np.concatenate(rows))
-        self.ends = window_ends(levels, dur, self.keep, upto)
+        self.ends = window_ends(ordered, dur, self.keep, upto, delays)
 
     def rows(self, rows):
         import numpy as np
@@ -426,8 +418,7 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
             band = _band(p, k, v)
         rows = [tail[0] for tail in tails.values()] + ([] if band is None else list(band))
         run = _run(p, k, v)
-        lv = run[0] if asynchronous else _held(p, k, v)
-        kept = _Kept(lv, run[7], full[:, used], rows)  # the run's ends the tails read
+        kept = _Kept(run[0], run[7], full[:, used], rows, asynchronous)  # the run's ends the tails read
         reads, plans = [], []
         for mb in exact:  # exact: the run's tasks and this m's tail (one graph for every m)
             at = ms == mb
