@@ -18,7 +18,7 @@ from paraplan.catalog import load_cluster, load_model
 from paraplan.inventory import count_job
 from paraplan.prediction import predict
 from paraplan.prediction.memory import estimate_memory
-from paraplan.schedule.interleaved import long_run
+from paraplan.schedule.interleaved_runs import long_run
 from paraplan.schedule.one_f_one_b import DRIFT_BOUND, periodic_short
 from paraplan.schedule.pipeline import batched_short
 from paraplan.search import SearchSpace, search_plans
@@ -36,7 +36,7 @@ EXACT = 1e-12
 #: micro-batches (its task graph, or its closed form where the last stage sets the pace), and
 #: past that where the steady state repeats; else the middle of a bracket at most ``DRIFT_BOUND``
 #: wide on either side (0.1 %, the issue's bound). Interleaved 1F1B, with blocking sends or
-#: asynchronous ones (``schedule.interleaved``), alike past ``long_run(p, v)`` micro-batches.
+#: asynchronous ones (``schedule.interleaved_runs``), alike past ``long_run(p, v)`` micro-batches.
 ONE_F_ONE_B_TOLERANCE = DRIFT_BOUND
 #: Zero-bubble schedules past ``batched_short(p) + 2 p`` micro-batches: the steady state is
 #: extrapolated from short runs, a fraction of a percent fast where the stages drift into a

@@ -11,7 +11,7 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   paces the pipeline, else runs of its task graph shared by every m: equal to ``predict`` up to
   8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
   within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
-- interleaved 1F1B takes its task graph (``schedule.interleaved.interleaved_finish``), its
+- interleaved 1F1B takes its task graph (``schedule.interleaved_runs.interleaved_finish``), its
   sends held by the sending stage or, with overlap_p2p_comm, each an arrival delay: one run
   per (p, v) and duration column serves every m, past it the run's repeat where proven (equal
   to ``predict``), else the middle of a drift bracket within ``DRIFT_BOUND``, else a longer run;
@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.schedule.deepspeed import deepspeed_finish
-from paraplan.schedule.interleaved import interleaved_finish
+from paraplan.schedule.interleaved_runs import interleaved_finish
 from paraplan.schedule.one_f_one_b import distinct_columns, one_f_one_b_finish
 from paraplan.schedule.pipeline import pipeline_finish, task_durations
 from paraplan.specs import Schedule
@@ -120,7 +120,7 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False, ove
 
 def _interleaved_finish(finish, f, b, x, xf, pp, m, v, which, asynchronous: bool) -> None:
     """Replace ``finish`` of the interleaved plans in ``which`` with their task graph
-    (``schedule.interleaved.interleaved_finish``), evaluated for all plans of a (pp, chunks)
+    (``schedule.interleaved_runs.interleaved_finish``), evaluated for all plans of a (pp, chunks)
     shape at once whatever their micro-batches, for the distinct columns of class times and
     sends. ``asynchronous`` (Megatron-LM's overlap_p2p_comm): a send holds no stage, the task
     waiting for it starts one transfer after its input's task ends (``arrival``), as

@@ -33,7 +33,7 @@ zero-bubble schedules (their task graphs, evaluated per shape for all plans at o
 ``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
 1 %). Megatron-LM's 1F1B with pp > 1 takes its task graph too (``schedule.one_f_one_b``:
 exact up to 8 short runs of micro-batches, and past them where the steady state repeats, else
-within 0.1 %). Interleaved plans take their task graph too (``schedule.interleaved``, sends
+within 0.1 %). Interleaved plans take their task graph too (``schedule.interleaved_runs``, sends
 held by the sending stage, or with overlap_p2p_comm, which the megatron-core and NeMo MLPerf
 presets set, each an arrival delay, as ``predict`` simulates them): exact up to
 ``long_run(p, v)`` micro-batches and past them where the steady state repeats, else within
