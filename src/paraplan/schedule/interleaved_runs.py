@@ -69,34 +69,18 @@ def _tail_graph(p: int, m: int, v: int):
     outside = np.unique(preds[~tail[preds]])
     finals = np.array(last_tasks(p, m, v))
     outside = np.unique(np.concatenate([outside, finals[~tail[finals]]]))
-    # unit levels of the tail, its inputs at level 0
+    # unit levels of the tail, its inputs at level 0: the longest chain from them, one numpy
+    # step per level of it until nothing changes (as deep as the cool-down: a few hundred)
     nodes = np.flatnonzero(tail)
-    lv = [0] * (p * length)
-    prevs, deps = prev.tolist(), dep.tolist()
-    tails = [np.flatnonzero(tail & (stage == i)).tolist() for i in range(p)]
-    at = [0] * p
-    remaining = len(nodes)
-    done_l = (~tail).tolist()
-    while remaining:
-        progressed = False
-        for i in range(p):
-            seq = tails[i]
-            j = at[i]
-            while j < len(seq):
-                n = seq[j]
-                a, b = prevs[n], deps[n]
-                if (a >= 0 and not done_l[a]) or (b >= 0 and not done_l[b]):
-                    break
-                lv[n] = 1 + max(lv[a] if a >= 0 else 0, lv[b] if b >= 0 else 0)
-                done_l[n] = True
-                j += 1
-            if j > at[i]:
-                remaining -= j - at[i]
-                at[i] = j
-                progressed = True
-        if not progressed:
-            raise RuntimeError("interleaved: the tail deadlocked (this is a bug)")
-    level = np.asarray(lv, dtype=np.int64)
+    level = np.zeros(p * length, dtype=np.int64)
+    a, b = prev[nodes], dep[nodes]
+    for _ in range(len(nodes) + 1):
+        new = 1 + np.maximum(np.where(a >= 0, level[np.maximum(a, 0)], 0), np.where(b >= 0, level[np.maximum(b, 0)], 0))
+        if np.array_equal(new, level[nodes]):
+            break
+        level[nodes] = new
+    else:
+        raise RuntimeError("interleaved: the tail has a cycle (this is a bug)")
     order = nodes[np.argsort(level[nodes], kind="stable")]
     row = np.zeros(p * length, dtype=np.int64)
     row[outside] = np.arange(1, len(outside) + 1)
