@@ -114,17 +114,11 @@ def _tail(p: int, m: int, v: int, k: int):
     return _run(p, k, v)[1][nodes_k], levels_out, finals, size, nodes_k
 
 
-def _evaluate_tail(tail, kept, cols, dur):
-    """Each stage's finish (p, len(cols)) of a run's tail (``_tail``) from the longer run's
-    kept ends ``kept`` (``_Kept``), for the columns ``cols`` (``dur`` with its delay rows,
-    columns)."""
-    return _evaluate_tails(tail[1:4], kept, [(tail[0], cols)], dur)[0]
-
-
 def _evaluate_tails(graph, kept, reads, dur):
-    """``_evaluate_tail`` of one tail graph (``_tail``'s levels, finals and rows' count) for
-    several runs' inputs at once: ``reads`` a list of (the rows it reads in the longer run,
-    columns); a list of each one's finish (p, len(columns))."""
+    """Each stage's finish of runs' tails (``_tail``: one graph, its levels, finals and rows'
+    count, ``graph``) from a longer run's kept ends ``kept`` (``_Kept``), several at once:
+    ``reads`` a list of (the rows a tail reads in the longer run, columns of ``dur``, with its
+    delay rows); a list of each one's finish (p, len(columns))."""
     import numpy as np
 
     lv, finals, size = graph
@@ -249,52 +243,63 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
         idx = np.flatnonzero(pending)
         ms = m_rest[idx]
         beyond = ms > k
-        exact = np.unique(ms[~beyond]).tolist()
-        tails = {mb: _tail(p, mb, v, k) for mb in exact}
-        band = None
-        if beyond.any():
-            tails[k], tails[k - p] = _tail(p, k, v, k), _tail(p, k - p, v, k)
-            band = _band(p, k, v)
+        band = _band(p, k, v) if beyond.any() else None
+        bracket = beyond.any() and k >= long_run(p, v)
+        wanted = {int(mb): inv[ms == mb] for mb in np.unique(ms[~beyond]).tolist()}  # exact: the run and m's tail
+        if beyond.any():  # past the run: its own tail (and the one a period shorter, for the bracket)
+            wanted.setdefault(k, inv[:0])
+            wanted[k] = np.concatenate([wanted[k], inv[beyond]])
+            if bracket:
+                wanted[k - p] = np.concatenate([wanted.get(k - p, inv[:0]), inv[beyond]])
+        tails = {mb: _tail(p, mb, v, k) for mb in wanted}
         rows = [tail[0] for tail in tails.values()] + ([] if band is None else list(band))
         run = _run(p, k, v)
         kept = _Kept(run[0], run[7], full[:, used], rows, asynchronous)  # the run's ends the tails read
-        reads, plans = [], []
-        for mb in exact:  # exact: the run's tasks and this m's tail (one graph for every m)
+        finish = _Finish(tails, wanted, kept, full[:, used])
+        for mb in np.unique(ms[~beyond]).tolist():
             at = ms == mb
-            cu, ci = np.unique(inv[at], return_inverse=True)
-            reads.append((tails[mb][0], cu))
-            plans.append((rest[idx[at]], ci.reshape(-1)))
-        if reads:
-            for (where, ci), done in zip(plans, _evaluate_tails(tails[exact[0]][1:4], kept, reads, full[:, used]),
-                                         strict=True):
-                out[:, where] = done[:, ci]
+            out[:, rest[idx[at]]] = finish(mb, inv[at])
         pending[idx[~beyond]] = False
         if not beyond.any():
             break
-        tail = tails[k]
         if band is not None:
             fine, period = _periodic(kept, band)
             sel = beyond & fine[inv]
-            if sel.any():
-                cu, ci = np.unique(inv[sel], return_inverse=True)
-                ci = ci.reshape(-1)
-                base = _evaluate_tail(tail, kept, cu, full[:, used])
-                out[:, rest[idx[sel]]] = base[:, ci] + ((ms[sel] - k) // p) * period[cu][ci]
-                pending[idx[sel]] = False
+            out[:, rest[idx[sel]]] = finish(k, inv[sel]) + ((ms[sel] - k) // p) * period[inv[sel]]
+            pending[idx[sel]] = False
             beyond &= ~sel
-        if beyond.any() and k >= long_run(p, v):  # still drifting: the middle of a bracket where narrow enough
-            finish, narrow = _drift_bracket(p, v, k, kept, (tail, tails[k - p]), full[:, used], inv[beyond],
-                                            ms[beyond])
-            out[:, rest[idx[beyond][narrow]]] = finish[:, narrow]
+        if bracket and beyond.any():  # still drifting: the middle of a bracket where narrow enough
+            top, before = finish(k, inv[beyond]), finish(k - p, inv[beyond])
+            done, narrow = _drift_bracket(p, v, top, before, full[:, used][:, inv[beyond]], (ms[beyond] - k) // p)
+            out[:, rest[idx[beyond][narrow]]] = done[:, narrow]
             pending[idx[beyond][narrow]] = False
         k = long_run(p, v) if k < long_run(p, v) else 2 * k
     return out
 
 
-def _drift_bracket(p: int, v: int, k: int, kept, tails, dur, inv, m):
-    """Each stage's finish (p, plans) of plans of ``m`` > k micro-batches whose columns (``inv``
-    of ``dur``'s) do not repeat within the run of ``k`` (``kept`` its ends, ``tails`` the
-    ``_tail`` of k and of k - p micro-batches in it), and which of them to keep: (finish, mask).
+class _Finish:
+    """Each stage's finish of runs of the micro-batch counts of ``tails`` (each ``_tail``) for
+    the columns ``wanted`` of each, from one longer run's kept ends: every tail is the same
+    graph, evaluated once for them all (``_evaluate_tails``); called with (m, columns)."""
+
+    def __init__(self, tails, wanted, kept, dur):
+        import numpy as np
+
+        self.cols = {mb: np.unique(cols) for mb, cols in wanted.items()}
+        graph = next(iter(tails.values()))[1:4]
+        done = _evaluate_tails(graph, kept, [(tails[mb][0], cols) for mb, cols in self.cols.items()], dur)
+        self.done = dict(zip(self.cols, done, strict=True))
+
+    def __call__(self, mb: int, cols):
+        import numpy as np
+
+        return self.done[mb][:, np.searchsorted(self.cols[mb], cols)]
+
+
+def _drift_bracket(p: int, v: int, top, before, dur, periods):
+    """Each stage's finish (p, plans) of plans ``periods`` periods of p micro-batches past a run
+    of k whose columns (``dur``: each plan's) do not repeat within it, from their finish at k
+    (``top``) and at k - p (``before``), and which of them to keep: (finish, mask).
 
     Their stages are still drifting: a slower stage takes over the pace as the lead the
     warm-up gave the others is used up, so each period of p micro-batches takes longer than
@@ -308,16 +313,12 @@ def _drift_bracket(p: int, v: int, k: int, kept, tails, dur, inv, m):
 
     from paraplan.schedule.one_f_one_b import DRIFT_BOUND
 
-    cu, ci = np.unique(inv, return_inverse=True)
-    ci = ci.reshape(-1)
-    top = _evaluate_tail(tails[0], kept, cu, dur)
-    chord = top - _evaluate_tail(tails[1], kept, cu, dur)
-    work = dur[:3 * p * v][:, cu].reshape(p, v, 3, len(cu))[:, :, :2].sum(axis=(1, 2))
+    chord = top - before
+    work = dur[:3 * p * v].reshape(p, v, 3, dur.shape[1])[:, :, :2].sum(axis=(1, 2))
     pace = p * work.max(axis=0)
-    periods = (m - k) // p
-    low = top[:, ci] + periods * chord[:, ci]
-    high = top[:, ci] + periods * pace[ci]
-    narrow = np.all(chord <= pace * (1 + 1e-12), axis=0)[ci] & np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
+    low = top + periods * chord
+    high = top + periods * pace
+    narrow = np.all(chord <= pace * (1 + 1e-12), axis=0) & np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
     return (low + high) / 2, narrow
 
 
