@@ -238,14 +238,14 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
     asynchronous = arrival is not None
     while pending.any():
         k = min(k, int(m_rest[pending].max()))
-        used, inv = np.unique(col_rest[pending], return_inverse=True)
-        inv = inv.reshape(-1)
+        used, inv = _distinct(col_rest[pending], cols)
         idx = np.flatnonzero(pending)
         ms = m_rest[idx]
         beyond = ms > k
         band = _band(p, k, v) if beyond.any() else None
         bracket = beyond.any() and k >= long_run(p, v)
-        wanted = {int(mb): inv[ms == mb] for mb in np.unique(ms[~beyond]).tolist()}  # exact: the run and m's tail
+        exact = np.unique(ms[~beyond]).tolist()
+        wanted = {mb: inv[ms == mb] for mb in exact}  # exact: the run and m's tail
         if beyond.any():  # past the run: its own tail (and the one a period shorter, for the bracket)
             wanted.setdefault(k, inv[:0])
             wanted[k] = np.concatenate([wanted[k], inv[beyond]])
@@ -256,7 +256,7 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
         run = _run(p, k, v)
         kept = _Kept(run[0], run[7], full[:, used], rows, asynchronous)  # the run's ends the tails read
         finish = _Finish(tails, wanted, kept, full[:, used])
-        for mb in np.unique(ms[~beyond]).tolist():
+        for mb in exact:
             at = ms == mb
             out[:, rest[idx[at]]] = finish(mb, inv[at])
         pending[idx[~beyond]] = False
@@ -283,9 +283,9 @@ class _Finish:
     graph, evaluated once for them all (``_evaluate_tails``); called with (m, columns)."""
 
     def __init__(self, tails, wanted, kept, dur):
-        import numpy as np
 
-        self.cols = {mb: np.unique(cols) for mb, cols in wanted.items()}
+        n = dur.shape[1]
+        self.cols = {mb: _distinct(cols, n)[0] for mb, cols in wanted.items()}
         graph = next(iter(tails.values()))[1:4]
         done = _evaluate_tails(graph, kept, [(tails[mb][0], cols) for mb, cols in self.cols.items()], dur)
         self.done = dict(zip(self.cols, done, strict=True))
@@ -320,6 +320,15 @@ def _drift_bracket(p: int, v: int, top, before, dur, periods):
     high = top + periods * pace
     narrow = np.all(chord <= pace * (1 + 1e-12), axis=0) & np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
     return (low + high) / 2, narrow
+
+
+def _distinct(values, n: int):
+    """The distinct values of ``values`` (integers below ``n``), sorted, and each one's index
+    among them: ``np.unique(values, return_inverse=True)`` by counting, without a sort."""
+    import numpy as np
+
+    present = np.bincount(values, minlength=n) > 0
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
 
 
 def long_run(p: int, v: int) -> int:
