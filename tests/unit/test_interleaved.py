@@ -1,12 +1,13 @@
 """Megatron-LM's interleaved 1F1B task graph built in closed form (``schedule.interleaved``) is the
 general builder's, its levels the longest chains, and ``pipeline_finish`` through it times every
-plan as the simulation does, with blocking or asynchronous sends."""
+plan as the simulation does, with blocking or asynchronous sends; so do the shared runs of
+``schedule.interleaved_runs``."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraplan.schedule import interleaved
+from paraplan.schedule import interleaved, interleaved_runs
 from paraplan.schedule.graph import graph_levels
 from paraplan.schedule.one_f_one_b import DRIFT_BOUND
 from paraplan.schedule.pipeline import (
@@ -70,14 +71,14 @@ def test_one_run_per_column_times_every_micro_batch_count_as_the_simulation_does
     dur = np.stack([np.asarray(task_durations(IL, p, v, fwd, bwd, [0.0] * p, held * send, held * (send + 0.01)))
                     for fwd, bwd in stages], axis=1)
     arrival = np.array([[send + 0.01] * 2, [send] * 2]) if overlap else None
-    runs = data.draw(st.lists(st.integers(1, 3 * interleaved.long_run(p, v) // p), min_size=1, max_size=4))
+    runs = data.draw(st.lists(st.integers(1, 3 * interleaved_runs.long_run(p, v) // p), min_size=1, max_size=4))
     m = np.array([p * r for r in runs])
     column = np.array(data.draw(st.lists(st.integers(0, 1), min_size=len(m), max_size=len(m))))
-    got = interleaved.interleaved_finish(p, v, m, dur, column, arrival)
+    got = interleaved_runs.interleaved_finish(p, v, m, dur, column, arrival)
     for j in range(len(m)):
         fwd, bwd = stages[column[j]]
         sim = simulate_pipeline(fwd, bwd, send, int(m[j]), IL, v, fwd_extra_s=0.01, overlap_p2p=overlap)
-        exact = m[j] <= interleaved.long_run(p, v)  # past the run: its repeat (exact) or a drift bracket
+        exact = m[j] <= interleaved_runs.long_run(p, v)  # past the run: its repeat (exact) or a drift bracket
         assert got[:, j] == pytest.approx(sim.finish, rel=1e-12 if exact else DRIFT_BOUND, abs=0.0)
 
 
@@ -90,17 +91,50 @@ def test_drifting_stages_past_the_run_are_timed_inside_the_drift_bound_from_a_br
     fwd, bwd = [0.97, 1.03, 0.97, 1.03], [1.94, 2.06, 1.94, 2.06]
     dur = np.asarray(task_durations(IL, p, v, fwd, bwd, [0.0] * p, 0.02, 0.03)).reshape(-1, 1)
     bracketed = []
-    real = interleaved._drift_bracket
+    real = interleaved_runs._drift_bracket
 
     def spy(*args):
         finish, narrow = real(*args)
         bracketed.append(int(narrow.sum()))
         return finish, narrow
 
-    monkeypatch.setattr(interleaved, "_drift_bracket", spy)
-    m = np.array([interleaved.long_run(p, v), 160])
-    got = interleaved.interleaved_finish(p, v, m, dur, np.zeros(2, dtype=np.int64))
+    monkeypatch.setattr(interleaved_runs, "_drift_bracket", spy)
+    m = np.array([interleaved_runs.long_run(p, v), 160])
+    got = interleaved_runs.interleaved_finish(p, v, m, dur, np.zeros(2, dtype=np.int64))
     assert sum(bracketed) == 1
     for j, exact in ((0, 1e-12), (1, DRIFT_BOUND)):
         sim = simulate_pipeline(fwd, bwd, 0.02, int(m[j]), IL, v, fwd_extra_s=0.01)
         assert got[:, j] == pytest.approx(sim.finish, rel=exact, abs=0.0)
+
+
+@pytest.mark.parametrize(("p", "v", "overlap"), [(2, 2, True), (4, 3, False), (8, 2, True), (16, 3, False)])
+def test_the_window_of_rows_gives_the_whole_graphs_ends_bit_for_bit(p, v, overlap):
+    """graph.window_ends steps the levels through a few spans of rows, sliding kept rows out:
+    every kept row's end is level_ends', whatever the rows kept and however far evaluated,
+    with the run's delays or without them."""
+    from paraplan.schedule.graph import level_ends, window_ends
+
+    rng = np.random.default_rng(p * v)
+    k = interleaved_runs.long_run(p, v)
+    ordered = interleaved_runs._run(p, k, v)[0]
+    lv = interleaved.levels(p, k, v, overlap)[0]
+    dur = rng.random((3 * p * v + 3, 7))
+    for upto in (None, len(lv) // 2, 3):
+        whole = level_ends(lv, dur, upto)
+        keep = np.unique(rng.integers(1, whole.shape[0], 200))
+        assert np.array_equal(window_ends(ordered, dur, keep, upto, overlap), whole[keep])
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 2), (2, 8), (3, 2), (4, 3), (5, 4), (8, 6), (16, 3)])
+def test_every_run_past_the_warm_up_has_the_same_tail_reading_tasks_a_period_later(p, v):
+    """_tail builds the tail once per (p, v) and shifts what it reads: for every m from
+    _steady_tail(p, v) to the shared run, the tail built for that m is the same graph and reads
+    the same tasks 2 p v positions later per p micro-batches."""
+    k = interleaved_runs.long_run(p, v)
+    for m in range(interleaved_runs._steady_tail(p, v), k + 1, p):
+        levels, finals, size, stage, pos = interleaved_runs._tail_graph(p, m, v)
+        _, shared, shared_finals, shared_size, nodes_k = interleaved_runs._tail(p, m, v, k)
+        assert size == shared_size and np.array_equal(finals, shared_finals) and len(levels) == len(shared)
+        for ours, theirs in zip(levels, shared, strict=True):
+            assert ours[:2] == theirs[:2] and all(np.array_equal(x, y) for x, y in zip(ours[2:], theirs[2:], strict=True))
+        assert np.array_equal(stage * 2 * k * v + pos, nodes_k)

@@ -11,15 +11,14 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   paces the pipeline, else runs of its task graph shared by every m: equal to ``predict`` up to
   8 ``periodic_short(p)`` micro-batches and past them where the steady state repeats, else
   within 0.1 % (``DRIFT_BOUND``); the closed form below stays for pp = 1;
-- interleaved 1F1B with asynchronous sends (overlap_p2p_comm) takes its task graph
-  (``schedule.interleaved.interleaved_finish``, each send an arrival delay): one run per
-  (p, v) and duration column serves every m, past it the run's repeat where proven (equal to
-  ``predict``), else the middle of a drift bracket within ``DRIFT_BOUND``, else a longer run;
-- interleaved 1F1B with blocking sends and GPipe take closed forms that are exact for equal stages without
-  sends -- ``(m + p - 1)(f + b)`` for 1F1B, ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
-  the flow-shop sum for GPipe -- generalised to the unequal first and last stages and the
-  blocking sends by summing every stage once and repeating the slowest
-  (``_closed_form_finish``);
+- interleaved 1F1B takes its task graph (``schedule.interleaved_runs.interleaved_finish``), its
+  sends held by the sending stage or, with overlap_p2p_comm, each an arrival delay: one run
+  per (p, v) and duration column serves every m, past it the run's repeat where proven (equal
+  to ``predict``), else the middle of a drift bracket within ``DRIFT_BOUND``, else a longer run;
+- GPipe takes a closed form that is exact (two flow shops), and pp = 1 its sum; the closed
+  forms ``(m + p - 1)(f + b)`` for 1F1B and ``m (f + b) + (p - 1)(f + b) / v`` interleaved,
+  exact for equal stages without sends, generalised to the unequal first and last stages and
+  the blocking sends (``_closed_form_finish``), are replaced by the task graphs where pp > 1;
 - the zero-bubble schedules (ZB-H1, ZB-V) and DeepSpeed's TrainSchedule have no closed form
   that holds once the last stage carries the LM head: their task graphs are evaluated for all
   plans of a (schedule, pp, micro-batches) shape at once, equal to the simulation.
@@ -33,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.schedule.deepspeed import deepspeed_finish
-from paraplan.schedule.interleaved import interleaved_finish
+from paraplan.schedule.interleaved_runs import interleaved_finish
 from paraplan.schedule.one_f_one_b import distinct_columns, one_f_one_b_finish
 from paraplan.schedule.pipeline import pipeline_finish, task_durations
 from paraplan.specs import Schedule
@@ -111,25 +110,21 @@ def finish_by_class(f, b, w, x, xf, pp, m, v, sched, lockstep: bool = False, ove
         _lockstep_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
     elif one_f_one_b.any():  # Megatron-LM's 1F1B: its task graph, periodic past a short run
         _one_f_one_b_finish(finish, f, b, x, xf, pp, m, one_f_one_b)
-    if overlap_p2p is not None and (asynchronous := overlap_p2p & (pp > 1)).any():
-        _asynchronous_finish(finish, f, b, x, xf, pp, m, v, sched, asynchronous)
+    asynchronous = (pp > 1) & (False if overlap_p2p is None else overlap_p2p)
+    if asynchronous.any():  # Megatron-LM's overlap_p2p_comm: each send an arrival delay
+        _interleaved_finish(finish, f, b, x, xf, pp, m, v, asynchronous, asynchronous=True)
+    if (blocking := runs(sched, Schedule.INTERLEAVED) & (pp > 1) & ~asynchronous).any():  # sends hold their stage
+        _interleaved_finish(finish, f, b, x, xf, pp, m, v, blocking, asynchronous=False)
     return finish
-
-
-def _asynchronous_finish(finish, f, b, x, xf, pp, m, v, sched, which) -> None:
-    """Replace ``finish`` of the plans in ``which``, whose pipeline sends are asynchronous
-    (Megatron-LM's overlap_p2p_comm, interleaved 1F1B only), with their task graph
-    (``schedule.interleaved.interleaved_finish`` with ``arrival``): a send holds no stage, the task waiting
-    for it starts one transfer after its input's task ends, as ``simulate_pipeline`` with
-    ``overlap_p2p`` times it."""
-    _interleaved_finish(finish, f, b, x, xf, pp, m, v, which, asynchronous=True)
 
 
 def _interleaved_finish(finish, f, b, x, xf, pp, m, v, which, asynchronous: bool) -> None:
     """Replace ``finish`` of the interleaved plans in ``which`` with their task graph
-    (``schedule.interleaved.interleaved_finish``), evaluated for all plans of a (pp, chunks)
+    (``schedule.interleaved_runs.interleaved_finish``), evaluated for all plans of a (pp, chunks)
     shape at once whatever their micro-batches, for the distinct columns of class times and
-    sends; ``asynchronous``: the sends are arrival delays (overlap_p2p_comm), else held."""
+    sends. ``asynchronous`` (Megatron-LM's overlap_p2p_comm): a send holds no stage, the task
+    waiting for it starts one transfer after its input's task ends (``arrival``), as
+    ``simulate_pipeline`` with ``overlap_p2p`` times it; else each send holds its stage."""
     idx = np.flatnonzero(which)
     shapes = np.stack([pp[idx], v[idx].astype(np.int64)])
     for p, chunks in np.unique(shapes, axis=1).T.tolist():

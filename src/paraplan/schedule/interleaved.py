@@ -10,19 +10,19 @@ backward for the stage after's k-th backward (the last stage: stage 0's backward
 the model's last chunk its own forward k + (v - 1) p). Node ``i 2T + position`` is built in
 closed form (``graph_arrays``) instead of ``pipeline._structure``'s Python walk of the orders,
 and its levels (each task's end when every task takes one unit: the longest chain into it)
-come from one walk of the stages in turn (``_unit_levels``). A test
+come from one walk of the stages in turn (``unit_levels``). A test
 compares the graph with ``_structure``'s and the times with ``simulate_pipeline``'s.
+``schedule.interleaved_runs`` times many plans at once from runs of this graph.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 
-from paraplan.schedule.graph import in_level_order, level_ends
+from paraplan.schedule.graph import in_level_order
 
 
-def _positions(p: int, m: int, v: int):
+def positions(p: int, m: int, v: int):
     """Each stage's warm-up (p, 1) and, per position of its order (p, 2T): kind (0 forward, 1
     backward) and index k among the stage's tasks of that kind."""
     import numpy as np
@@ -59,7 +59,7 @@ def graph_arrays(p: int, m: int, v: int):
     import numpy as np
 
     total = m * v
-    w, kind, k = _positions(p, m, v)
+    w, kind, k = positions(p, m, v)
     i = np.broadcast_to(np.arange(p)[:, None], kind.shape)
     group = (k // p) % v
     chunk = np.where(kind == 0, group, v - 1 - group)
@@ -83,7 +83,7 @@ def graph_arrays(p: int, m: int, v: int):
     return durations.reshape(-1), prev.reshape(-1), dep.reshape(-1), delay.reshape(-1)
 
 
-def _unit_levels(p: int, m: int, v: int, prev, dep):
+def unit_levels(p: int, m: int, v: int, prev, dep):
     """Each node's level: its end when every task takes one unit (one more than the later of
     its stage's previous task's and its input's levels), walking the stages in turn, each as
     far as its inputs are known (a list walk: faster than numpy steps for these few stages)."""
@@ -128,7 +128,7 @@ def levels(p: int, m: int, v: int, overlap_p2p: bool = False):
     """The graph in levels for ``schedule.graph`` (as ``pipeline._levels``): (levels, each
     node's row)."""
     kinds, prev, dep, delay = graph_arrays(p, m, v)
-    level = _unit_levels(p, m, v, prev, dep)
+    level = unit_levels(p, m, v, prev, dep)
     return in_level_order(kinds, prev, dep, level, delay if overlap_p2p else None)
 
 
@@ -142,40 +142,25 @@ def stage0_done(p: int, m: int, v: int) -> list[int]:
     """The node of stage 0's backward of each micro-batch on chunk 0, in micro-batch order."""
     import numpy as np
 
-    w, _, _ = _positions(p, m, v)
+    w, _, _ = positions(p, m, v)
     j = np.arange(m)
     k = (j // p) * p * v + (v - 1) * p + j % p
     return _node(p, m, v, w, np.zeros(m, dtype=np.int64), 1, k).tolist()
 
 
-def _warm_up(p: int, v: int) -> int:
+def warm_up(p: int, v: int) -> int:
     """Stage 0's warm-up forwards when the run is long enough to hold them (the most of any stage)."""
     return 2 * (p - 1) + (v - 1) * p
 
 
-@functools.lru_cache(maxsize=64)
-def _run(p: int, k: int, v: int):
-    """A run of ``k`` micro-batches: (levels as ``levels(p, k, v, True)``, each node's row,
-    each node's level, prev, dep, duration index, delay index, the last level of a task that
-    a longer run shares)."""
-    import numpy as np
-
-    kinds, prev, dep, delay = graph_arrays(p, k, v)
-    level = _unit_levels(p, k, v, prev, dep)
-    lv, row = in_level_order(kinds, prev, dep, level, delay)
-    length = 2 * k * v
-    untainted = np.arange(p * length) % length < _tainted_from(p, k, v, prev, dep)[np.arange(p * length) // length]
-    return lv, row, level, prev, dep, kinds, delay, int(level[untainted].max())
-
-
-def _tainted_from(p: int, m: int, v: int, prev, dep):
+def tainted_from(p: int, m: int, v: int, prev, dep):
     """Each stage's first position whose task differs from a longer run's: its cool-down, or
     earlier where the task waits (through its input, or through the stage's previous task) on a
     task that differs; the differing tasks are a suffix of every stage's order."""
     import numpy as np
 
     length = 2 * m * v
-    w, _, _ = _positions(p, m, v)
+    w, _, _ = positions(p, m, v)
     first = (length - w[:, 0]).astype(np.int64)
     stage = np.arange(p * length) // length
     pos = np.arange(p * length) % length
@@ -185,231 +170,3 @@ def _tainted_from(p: int, m: int, v: int, prev, dep):
         if not hit.any():
             return first
         np.minimum.at(first, stage[hit], pos[hit])
-
-
-@functools.lru_cache(maxsize=256)
-def _tail(p: int, m: int, v: int, k: int):
-    """How a run of ``m`` micro-batches differs from one of ``k`` >= m (both holding every
-    stage's whole warm-up): the nodes of ``m``'s graph downstream of a cool-down task (the
-    tail), in unit-time level order. Returns (the k-run's nodes the tail reads, in the rows
-    1.. of its ends, by their rows in the k-run; the tail's levels as ``graph.in_level_order``'s
-    (lo, hi, a, b, kind, delay) over rows after them; each stage's last task's row; the rows'
-    count; the k-run's nodes the tail reads)."""
-    import numpy as np
-
-    kinds, prev, dep, delay = graph_arrays(p, m, v)
-    length, long = 2 * m * v, 2 * k * v
-    first = _tainted_from(p, m, v, prev, dep)
-    stage = np.arange(p * length) // length
-    pos = np.arange(p * length) % length
-    tail = pos >= first[stage]
-    preds = np.concatenate([prev[tail], dep[tail]])
-    preds = preds[preds >= 0]
-    outside = np.unique(preds[~tail[preds]])
-    finals = np.array(last_tasks(p, m, v))
-    outside = np.unique(np.concatenate([outside, finals[~tail[finals]]]))
-    # unit levels of the tail, its inputs at level 0
-    nodes = np.flatnonzero(tail)
-    lv = [0] * (p * length)
-    prevs, deps = prev.tolist(), dep.tolist()
-    tails = [np.flatnonzero(tail & (stage == i)).tolist() for i in range(p)]
-    at = [0] * p
-    remaining = len(nodes)
-    done_l = (~tail).tolist()
-    while remaining:
-        progressed = False
-        for i in range(p):
-            seq = tails[i]
-            j = at[i]
-            while j < len(seq):
-                n = seq[j]
-                a, b = prevs[n], deps[n]
-                if (a >= 0 and not done_l[a]) or (b >= 0 and not done_l[b]):
-                    break
-                lv[n] = 1 + max(lv[a] if a >= 0 else 0, lv[b] if b >= 0 else 0)
-                done_l[n] = True
-                j += 1
-            if j > at[i]:
-                remaining -= j - at[i]
-                at[i] = j
-                progressed = True
-        if not progressed:
-            raise RuntimeError("interleaved: the tail deadlocked (this is a bug)")
-    level = np.asarray(lv, dtype=np.int64)
-    order = nodes[np.argsort(level[nodes], kind="stable")]
-    row = np.zeros(p * length, dtype=np.int64)
-    row[outside] = np.arange(1, len(outside) + 1)
-    base = len(outside) + 1
-    row[order] = np.arange(base, base + len(order))
-    a = np.where(prev[order] >= 0, row[np.maximum(prev[order], 0)], 0)
-    b = np.where(dep[order] >= 0, row[np.maximum(dep[order], 0)], 0)
-    sorted_level = level[order]
-    bounds = np.flatnonzero(np.diff(sorted_level)) + 1
-    bounds = [0, *bounds.tolist(), len(order)]
-    levels_out = tuple((base + lo, base + hi, a[lo:hi], b[lo:hi], kinds[order][lo:hi], delay[order][lo:hi])
-                       for lo, hi in itertools.pairwise(bounds))
-    nodes_k = (outside // length) * long + outside % length  # the same tasks in the k-run
-    return _run(p, k, v)[1][nodes_k], levels_out, row[finals], base + len(order), nodes_k
-
-
-def _evaluate_tail(tail, end_k, cols, dur):
-    """Each stage's finish (p, len(cols)) of a run's tail (``_tail``) from the longer run's
-    ends ``end_k`` (rows, columns) by its rows, for the columns ``cols`` (``dur`` with its
-    delay rows, columns)."""
-    import numpy as np
-
-    in_k, lv, finals, size, _ = tail
-    end = np.empty((size, len(cols)))
-    end[0] = 0.0
-    end[1:len(in_k) + 1] = end_k[in_k][:, cols]
-    d = dur[:, cols]
-    for lo, hi, a, b, kind, delay in lv:
-        end[lo:hi] = np.maximum(end[a], end[b] + d[delay]) + d[kind]
-    return end[finals]
-
-
-def _periodic(p: int, k: int, v: int, end_rows, run, reads: int):
-    """Whether each column of a run of ``k`` micro-batches (``end_rows``: its ends by node)
-    repeats itself, and the level from which on that is proven: (mask, period, level)."""
-    import numpy as np
-
-    _, _, level, prev, dep, kinds, delay, _ = run
-    length = 2 * k * v
-    shift = 2 * p * v  # one period: p micro-batches on every chunk, 2 p v positions
-    first = _tainted_from(p, k, v, prev, dep)
-    n = p * length
-    stage, pos = np.arange(n) // length, np.arange(n) % length
-    w, _, _ = _positions(p, k, v)
-    late = pos + shift >= first[stage]  # the node's shift (or the node) differs from a longer run's
-    src = np.flatnonzero(~late)
-    same = (kinds[src + shift] == kinds[src]) & (delay[src + shift] == delay[src])
-    same &= (prev[src + shift] == prev[src] + shift) & (pos[src] > w[stage[src], 0] + 1)
-    same &= np.where(dep[src] >= 0, dep[src + shift] == dep[src] + shift, dep[src + shift] < 0)
-    preds = np.concatenate([prev, dep])
-    gap = np.concatenate([level - level[np.maximum(prev, 0)], level - level[np.maximum(dep, 0)]])[preds >= 0].max()
-    top = int(level[late].min())
-    lo = min(top - gap, reads)  # the band [lo, lo + gap) ends before the first late node
-    if len(src[~same]) and lo <= int(level[src[~same]].max()):
-        return None  # the band reaches back into the warm-up
-    band = src[(level[src] >= lo) & (level[src] < lo + gap)]
-    if len(band) == 0:
-        return None
-    row = run[1]
-    later = end_rows[row[band + shift]]
-    steps = later - end_rows[row[band]]
-    period = steps[0]
-    tol = 1e-13 * np.abs(later).max(axis=0)
-    return np.all(np.abs(steps - period) <= tol, axis=0), period, lo
-
-
-def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
-    """Each stage's finish (p, plans) under interleaved 1F1B for many plans of ``p`` stages and
-    ``v`` chunks at once, each with its micro-batches (``m``, multiples of p) and its
-    column of ``dur`` (3 p v, columns, as ``pipeline.task_durations``); ``arrival`` (2,
-    columns): asynchronous sends (``pipeline_finish``'s).
-
-    One run of k micro-batches per column serves every m <= k: a run of m differs from it only
-    in its tail, the tasks downstream of a cool-down task (``_tail``), evaluated from the run's
-    other tasks. Past k, where the run repeats itself with period p micro-batches over a band
-    of levels as deep as its longest edge (every task one period later than the task p
-    micro-batches before: by induction over the levels every later task does too), the tail of
-    a run of m0 <= k whose inputs lie past the band's start, shifted by (m - m0) / p periods.
-    The columns that do not repeat yet (stages still drifting) take the middle of a bracket
-    where it is within ``DRIFT_BOUND`` (``_drift_bracket``), else a run twice as long, up to
-    their largest m."""
-    import numpy as np
-
-    m = np.asarray(m, dtype=np.int64)
-    column = np.asarray(column, dtype=np.int64)
-    cols = dur.shape[1]
-    extra = np.zeros((3, cols)) if arrival is None else np.concatenate([np.zeros((1, cols)), arrival])
-    full = np.concatenate([dur, extra])
-    out = np.empty((p, len(m)))
-    warm = _warm_up(p, v)
-    short = m * v < warm
-    for mb in np.unique(m[short]).tolist():  # warm-ups cut short: their own graph
-        sel = np.flatnonzero(m == mb)
-        used, inv = np.unique(column[sel], return_inverse=True)
-        lv, row = levels(p, mb, v, True)
-        out[:, sel] = level_ends_rows(lv, full[:, used], row[last_tasks(p, mb, v)])[:, inv.reshape(-1)]
-    rest = np.flatnonzero(~short)
-    if len(rest) == 0:
-        return out
-    m_rest, col_rest = m[rest], column[rest]
-    pending = np.ones(len(rest), dtype=bool)
-    k = long_run(p, v)
-    while pending.any():
-        k = min(k, int(m_rest[pending].max()))
-        used, inv = np.unique(col_rest[pending], return_inverse=True)
-        inv = inv.reshape(-1)
-        idx = np.flatnonzero(pending)
-        run = _run(p, k, v)
-        end = level_ends(run[0], full[:, used], run[7])  # by row (run[1]); the levels the tails read
-        ms = m_rest[idx]
-        for mb in np.unique(ms[ms <= k]).tolist():  # exact: the run's tasks and this m's tail
-            at = ms == mb
-            cu, ci = np.unique(inv[at], return_inverse=True)
-            out[:, rest[idx[at]]] = _evaluate_tail(_tail(p, mb, v, k), end, cu, full[:, used])[:, ci.reshape(-1)]
-        pending[idx[ms <= k]] = False
-        beyond = ms > k
-        if not beyond.any():
-            break
-        tail = _tail(p, k, v, k)
-        periodic = _periodic(p, k, v, end, run, int(run[2][tail[4]].min()))
-        if periodic is not None:
-            fine, period, _ = periodic
-            sel = beyond & fine[inv]
-            if sel.any():
-                cu, ci = np.unique(inv[sel], return_inverse=True)
-                ci = ci.reshape(-1)
-                base = _evaluate_tail(tail, end, cu, full[:, used])
-                out[:, rest[idx[sel]]] = base[:, ci] + ((ms[sel] - k) // p) * period[cu][ci]
-                pending[idx[sel]] = False
-            beyond &= ~sel
-        if beyond.any():  # still drifting: the middle of a bracket where it is narrow enough
-            finish, narrow = _drift_bracket(p, v, k, end, tail, full[:, used], inv[beyond], ms[beyond])
-            out[:, rest[idx[beyond][narrow]]] = finish[:, narrow]
-            pending[idx[beyond][narrow]] = False
-        k *= 2
-    return out
-
-
-def _drift_bracket(p: int, v: int, k: int, end, tail, dur, inv, m):
-    """Each stage's finish (p, plans) of plans of ``m`` > k micro-batches whose columns (``inv``
-    of ``dur``'s) do not repeat within the run of ``k`` (``end`` its ends, ``tail`` its own
-    ``_tail``), and which of them to keep: (finish, mask).
-
-    Their stages are still drifting: a slower stage takes over the pace as the lead the
-    warm-up gave the others is used up, so each period of p micro-batches takes longer than
-    the last (as 1F1B's, ``one_f_one_b_finish``). Past the run the finish lies between the
-    run's last period repeated (the chord) and the slowest stage's busy time per period (its
-    forwards and backwards, held sends included, of p micro-batches on every chunk); the
-    middle of that bracket is taken where its half-width is within ``DRIFT_BOUND`` (0.1 %) and
-    the chord does not exceed the pace, the rest take a longer run. Not proven as the repeat
-    is: checked against ``simulate_pipeline`` by a test."""
-    import numpy as np
-
-    from paraplan.schedule.one_f_one_b import DRIFT_BOUND
-
-    cu, ci = np.unique(inv, return_inverse=True)
-    ci = ci.reshape(-1)
-    top = _evaluate_tail(tail, end, cu, dur)
-    chord = top - _evaluate_tail(_tail(p, k - p, v, k), end, cu, dur)
-    work = dur[:3 * p * v][:, cu].reshape(p, v, 3, len(cu))[:, :, :2].sum(axis=(1, 2))
-    pace = p * work.max(axis=0)
-    periods = (m - k) // p
-    low = top[:, ci] + periods * chord[:, ci]
-    high = top[:, ci] + periods * pace[ci]
-    narrow = np.all(chord <= pace * (1 + 1e-12), axis=0)[ci] & np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
-    return (low + high) / 2, narrow
-
-
-def long_run(p: int, v: int) -> int:
-    """Micro-batches of ``interleaved_finish``'s shared run: past the warm-up and the tail by a
-    few periods of p micro-batches."""
-    return p * (8 + -(-_warm_up(p, v) // (p * v)))
-
-
-def level_ends_rows(lv, dur, rows):
-    """``graph.level_ends`` of the rows ``rows``."""
-    return level_ends(lv, dur)[rows]

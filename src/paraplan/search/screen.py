@@ -33,13 +33,11 @@ zero-bubble schedules (their task graphs, evaluated per shape for all plans at o
 ``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
 1 %). Megatron-LM's 1F1B with pp > 1 takes its task graph too (``schedule.one_f_one_b``:
 exact up to 8 short runs of micro-batches, and past them where the steady state repeats, else
-within 0.1 %). Interleaved plans with asynchronous sends (overlap_p2p_comm, which the
-megatron-core and NeMo MLPerf presets set) take their task graph too (``schedule.interleaved``,
-each send an arrival delay, as ``predict`` simulates them). It differs only in the pipeline of
-interleaved plans with pp > 1 and blocking sends, whose event simulation is replaced by a
-closed form (``schedule.closed_form``: exact for equal stages without sends, an estimate with
-unequal ends and sends: 1.5 % on GPT-3 175B's 32 stages of 3 layers, a few per cent at worst;
-their task graph would cost the whole-space screen about 11 x). tests/unit/test_screen.py checks each class on plans that walk every
+within 0.1 %). Interleaved plans take their task graph too (``schedule.interleaved_runs``, sends
+held by the sending stage, or with overlap_p2p_comm, which the megatron-core and NeMo MLPerf
+presets set, each an arrival delay, as ``predict`` simulates them): exact up to
+``long_run(p, v)`` micro-batches and past them where the steady state repeats, else within
+0.1 %. tests/unit/test_screen.py checks each class on plans that walk every
 axis. The search times the screen's shortlist exactly.
 """
 
