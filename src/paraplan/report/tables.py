@@ -74,10 +74,23 @@ def render_interval(interval: Interval) -> list[Text]:
     """How the interval was had: its rule, and the unstated settings it was widened for."""
     lines = [Text.assemble((f"{interval.label} interval: ", "bold"), interval.rule,
                            style="yellow" if interval.fallback else "")]
+    still = []
     for s in interval.guessed:
+        low, high = _tenth(s.low), _tenth(s.high)
+        if low == high == 0.0:  # both sides round to zero: counted on one line below
+            still.append(s.field)
+            continue
         tried = ", ".join(str(getattr(v, "value", v)).lower() for v in s.tried)
-        lines.append(Text(f"  widened for unstated {s.field} ({tried}): {100 * s.low:+.1f} / {100 * s.high:+.1f} %"))
+        lines.append(Text(f"  widened for unstated {s.field} ({tried}): {low:+.1f} / {high:+.1f} %"))
+    if still:
+        lines.append(Text(f"  {len(still)} unstated setting{'s' if len(still) > 1 else ''} moved it less than "
+                          f"0.05 %: {', '.join(still)}"))
     return lines
+
+
+def _tenth(log_ratio: float) -> float:
+    """A spread in percent, to a tenth, with no negative zero (``-0.0`` prints as ``+0.0``)."""
+    return round(100 * log_ratio, 1) or 0.0
 
 
 def render_prediction(pred: Prediction, interval: Interval | None = None) -> Group:
