@@ -143,4 +143,25 @@ def test_the_learned_backend_says_it_takes_the_analytical_backends_residuals(mon
     pred, _ = predict_flagged(job, "analytical", None)
     monkeypatch.setattr(entry, "predict_any", lambda j, **kw: pred)  # no models file needed for the rule
     interval = interval_of(job, pred, 0.8, "learned", None)
-    assert "the learned backend has no validation residuals of its own here" in interval.rule
+    assert "residuals are the analytical backend's (the learned backend has none on the dev runs)" in interval.rule
+
+
+def test_a_spread_that_rounds_to_zero_prints_as_plus_zero_and_settings_that_moved_nothing_share_one_line():
+    from rich.console import Console
+
+    from paraplan.report.tables import render_interval
+    from paraplan.uncertainty.guessed import Spread
+    from paraplan.uncertainty.interval import Interval
+    from paraplan.uncertainty.regimes import Regime
+
+    spreads = (Spread("attention_kernel", "fa3", ("fa2", "sdpa"), -0.078, -0.0002),
+               Spread("grad_reduce_in_fp32", True, (False,), -0.0004, 0.0003),
+               Spread("overlap_p2p_comm", True, (False,), 0.0, 0.0001))
+    interval = Interval(0.8, Regime("calibrated", "engine", "dense"), "a rule", False, -0.1, 0.1, 9, spreads)
+    console = Console(width=80, record=True, color_system=None)
+    for line in render_interval(interval):
+        console.print(line)
+    text = " ".join(console.export_text().split())  # the count's line wraps at 80 columns
+    assert "-0.0" not in text and "attention_kernel (fa2, sdpa): -7.8 / +0.0 %" in text
+    assert "2 unstated settings moved it less than 0.05 %: grad_reduce_in_fp32, overlap_p2p_comm" in text
+    assert "widened for unstated grad_reduce_in_fp32" not in text

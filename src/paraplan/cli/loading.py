@@ -120,14 +120,25 @@ def interval_of(job: Job | HeteroJob, pred: Prediction, level: float, backend: s
     if isinstance(job, Job):
         spreads = setting_spreads(job, pred.iteration_s,
                                   lambda j: predict_any(j, backend=backend, models=models).iteration_s)
-    interval = interval_for(pred, level, table, guessed=spreads)
+    learned = learned_errors(models, pred) if backend == "learned" and models is not None else None
+    interval = interval_for(pred, level, table, guessed=spreads, learned=learned)
     said = []
-    if backend != "analytical":  # the residuals are the analytical backend's predictions'
-        said.append(f"the {backend} backend has no validation residuals of its own here: the analytical "
-                    "backend's are used")
+    if backend != "analytical":  # the dev runs' residuals are the analytical backend's predictions'
+        said.append(f"the regimes' residuals are the analytical backend's (the {backend} backend has none "
+                    "on the dev runs)")
     if not isinstance(job, Job):
         said.append("a heterogeneous job is not widened for the settings it left unstated")
     return replace(interval, rule="; ".join([interval.rule, *said])) if said else interval
+
+
+def learned_errors(models: Path, pred: Prediction) -> dict[str, float]:
+    """Each operator regressor of ``models`` for ``pred``'s GPU and precision, with the held-out
+    mean |error| ``paraplan fit`` scored it with (``regress.store.read_manifest``)."""
+    from paraplan.regress.store import read_manifest
+
+    prefix = f"op/{pred.job.cluster.gpu.name}/{pred.job.precision.value}/"
+    return {key: float(entry["holdout_error"]) for key, entry in read_manifest(models)["models"].items()
+            if key.startswith(prefix)}
 
 
 def prediction_data(job: Job | HeteroJob, pred: Prediction, level: float, backend: str, models: Path | None,

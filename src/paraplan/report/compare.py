@@ -13,6 +13,7 @@ from paraplan.prediction.components import BY_FIELD
 from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.result import Prediction
 from paraplan.report.layout import ReadableTable
+from paraplan.report.tables import spread_lines
 from paraplan.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
@@ -149,9 +150,7 @@ def render_comparison(cmp: Comparison, names: tuple[str, str] = ("A", "B"),
         tail = [Text.assemble(("difference: ", "bold"), ratio.sentence,
                               style="" if ratio.verdict == "within" else "green"),
                 Text(f"  the ratio's interval: {ratio.rule}")]
-        for s in ratio.guessed:
-            tried = ", ".join(str(getattr(v, "value", v)).lower() for v in s.tried)
-            tail.append(Text(f"  widened for unstated {s.field} ({tried}): {100 * s.low:+.1f} / {100 * s.high:+.1f} %"))
+        tail += [Text(f"  {line}") for line in spread_lines(ratio.guessed)]
         tail += [Text(f"A's {ia.label} interval: {ia.rule}"), Text(f"B's {ib.label} interval: {ib.rule}")]
     return Group(*head, table, *tail)
 

@@ -16,7 +16,12 @@ from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.gemms import gemm_rows
 from paraplan.report.plots import gpus_label, render_png
 from paraplan.report.stagebars import COMPONENTS, stage_bars
-from paraplan.report.tables import NO_LAYER_COLLECTIVES, STAGE_COLLECTIVES_TITLE, collective_phase
+from paraplan.report.tables import (
+    NO_LAYER_COLLECTIVES,
+    STAGE_COLLECTIVES_TITLE,
+    collective_phase,
+    spread_lines,
+)
 from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
 
 if TYPE_CHECKING:
@@ -179,8 +184,7 @@ def _interval_notes(iv: Interval | None) -> str:
     if iv is None:
         return ""
     lines = [f"{iv.label} interval: {iv.rule}"]
-    lines += [f"widened for unstated {s.field} ({', '.join(str(getattr(v, 'value', v)).lower() for v in s.tried)}): "
-              f"{100 * s.low:+.1f} / {100 * s.high:+.1f} %" for s in iv.guessed]
+    lines += spread_lines(iv.guessed)
     return "".join(f'<p class="note">{escape(line)}</p>' for line in lines)
 
 

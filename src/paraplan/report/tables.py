@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
@@ -16,6 +17,7 @@ from paraplan.units import format_bytes, format_count, format_rate, format_secon
 
 if TYPE_CHECKING:
     from paraplan.uncertainty import Interval
+    from paraplan.uncertainty.guessed import Spread
 
 
 def _pct(x: float) -> str:
@@ -74,10 +76,29 @@ def render_interval(interval: Interval) -> list[Text]:
     """How the interval was had: its rule, and the unstated settings it was widened for."""
     lines = [Text.assemble((f"{interval.label} interval: ", "bold"), interval.rule,
                            style="yellow" if interval.fallback else "")]
-    for s in interval.guessed:
+    return lines + [Text(f"  {line}") for line in spread_lines(interval.guessed)]
+
+
+def spread_lines(guessed: Iterable[Spread]) -> list[str]:
+    """One line per unstated setting a prediction (or a ratio) was widened for, with its spread
+    in percent; the settings whose spread rounds to zero both ways share one line, counted."""
+    lines, still = [], []
+    for s in guessed:
+        low, high = _tenth(s.low), _tenth(s.high)
+        if low == high == 0.0:
+            still.append(s.field)
+            continue
         tried = ", ".join(str(getattr(v, "value", v)).lower() for v in s.tried)
-        lines.append(Text(f"  widened for unstated {s.field} ({tried}): {100 * s.low:+.1f} / {100 * s.high:+.1f} %"))
+        lines.append(f"widened for unstated {s.field} ({tried}): {low:+.1f} / {high:+.1f} %")
+    if still:
+        lines.append(f"{len(still)} unstated setting{'s' if len(still) > 1 else ''} moved it less than "
+                     f"0.05 %: {', '.join(still)}")
     return lines
+
+
+def _tenth(log_ratio: float) -> float:
+    """A spread in percent, to a tenth, with no negative zero (``-0.0`` prints as ``+0.0``)."""
+    return round(100 * log_ratio, 1) or 0.0
 
 
 def render_prediction(pred: Prediction, interval: Interval | None = None) -> Group:

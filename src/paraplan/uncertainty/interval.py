@@ -5,6 +5,7 @@ settings the job did not state (``guessed``), when that was computed."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,18 +182,65 @@ def _earned(regime: Regime, level: float, table: ResidualTable,
 
 
 def interval_for(pred: Prediction, level: float = 0.8, table: ResidualTable | None = None,
-                 guessed: tuple[Spread, ...] = ()) -> Interval:
+                 guessed: tuple[Spread, ...] = (), learned: Mapping[str, float] | None = None) -> Interval:
     """The interval of ``pred`` at ``level``: its regime's bounds (``conformal_interval``) with
-    the spreads of the ``guessed`` settings added, each side the sum of theirs."""
+    the spreads of the ``guessed`` settings added, each side the sum of theirs.
+
+    ``learned`` (a learned-backend prediction: each operator regressor's key and its held-out
+    mean |error|, as ``paraplan fit`` wrote them): the operators a regressor timed were measured
+    on the user's hardware, so their share of the layer's operator seconds takes the calibrated
+    regime's bounds, widened as ``calibrate trace``'s curves widen them (``closed_loop_error``
+    over the regressors' held-out errors); the rest keeps the prediction's own regime's bounds.
+    A sum of positive parts, each within its bounds, lies between the share-weighted sums of
+    their bounds; every operator timed by a regressor: the calibrated regime's bounds alone."""
     check_level(level)
     table = table if table is not None else load_residuals()
     regime = regime_of(pred)
     gpu = pred.job.cluster.gpu
-    low, high, rule, fallback, runs = conformal_interval(regime, level, table, architectures_of(pred), gpu.name,
+    archs = architectures_of(pred)
+    low, high, rule, fallback, runs = conformal_interval(regime, level, table, archs, gpu.name,
                                                          closed_loop_error(pred))
+    if learned is not None:
+        share, timed = learned_share(pred)
+        errors = [(key.split("/", 3)[-1], err) for key, err in sorted(learned.items())
+                  if key.split("/")[3:4] and key.split("/")[3] in timed]
+        if share <= 0.0 or not errors:
+            rule += "; the learned backend timed no operator of a layer with a regressor: the analytical rule"
+        else:
+            mine = Regime("calibrated", regime.framework, regime.model)
+            c_low, c_high, c_rule, c_fallback, c_runs = conformal_interval(
+                mine, level, table, archs, gpu.name,
+                closed_loop_error(pred, errors, "held-out mean error of the learned regressors that timed it"))
+            if share >= 1.0 - 1e-9:
+                regime, low, high, fallback, runs = mine, c_low, c_high, c_fallback, c_runs
+                rule = f"a learned regressor timed every operator of a layer: {c_rule}"
+            else:
+                low = math.log(share * math.exp(c_low) + (1.0 - share) * math.exp(low))
+                high = math.log(share * math.exp(c_high) + (1.0 - share) * math.exp(high))
+                rule = (f"learned regressors timed {100 * share:.3g} % of a layer's operator seconds "
+                        f"({', '.join(sorted(timed))}): that part {c_rule}; the rest {rule}; bounds weighted "
+                        "by the two parts' shares")
+                fallback, runs = fallback or c_fallback, max(runs, c_runs)
     low += sum(s.low for s in guessed)
     high += sum(s.high for s in guessed)
     return Interval(level, regime, rule, fallback, low, high, runs, guessed)
+
+
+def learned_share(pred: Prediction) -> tuple[float, frozenset[str]]:
+    """The share of one layer's operator seconds (the critical stage's, ``Prediction.layer_ops``)
+    a learned regressor timed, and those operators' names."""
+    total = timed_s = 0.0
+    timed = set()
+    for op in pred.layer_ops:
+        fwd_src, _, bwd_src = op.source.removeprefix("fwd: ").partition("; bwd: ")
+        bwd_src = bwd_src or fwd_src
+        fwd_s, bwd_s = op.fwd_s + op.recompute_s, op.bwd_s
+        total += fwd_s + bwd_s
+        for src, seconds in ((fwd_src, fwd_s), (bwd_src, bwd_s)):
+            if src.startswith("learned"):
+                timed_s += seconds
+                timed.add(op.name)
+    return (timed_s / total if total > 0 else 0.0), frozenset(timed)
 
 
 def measured_curves(gpu: Any) -> list[tuple[str, int, float | None]]:
@@ -206,20 +254,25 @@ def measured_curves(gpu: Any) -> list[tuple[str, int, float | None]]:
             if c is not None and c.fitted is not None]
 
 
-def closed_loop_error(pred: Prediction) -> tuple[float, str] | None:
+def closed_loop_error(pred: Prediction, held: list[tuple[str, float]] | None = None,
+                      what: str = "held-out median error of its fitted curves") -> tuple[float, str] | None:
     """What the user's closed loop measured, as a log-error to widen calibrated bounds by: the
-    largest held-out median |error| of the GPU's fitted curves, times the share of the
-    iteration its compute takes (the curves time only the compute; a sum of parts is off by at
-    most its parts' largest relative error). None: no curve of the GPU had points held out."""
-    curves = measured_curves(pred.job.cluster.gpu)
-    held = [(name, err) for name, n, err in curves if n and err is not None]
+    largest held-out error of what it measured, times the share of the iteration its compute
+    takes (the measurements time only the compute; a sum of parts is off by at most its parts'
+    largest relative error). ``held``: (name, error) of each measured piece (the learned
+    backend's regressors); None: the GPU's fitted curves' held-out median |errors| (``calibrate
+    trace`` writes these). None back: nothing was held out."""
+    others: list[str] = []
+    if held is None:
+        curves = measured_curves(pred.job.cluster.gpu)
+        held = [(name, err) for name, n, err in curves if n and err is not None]
+        others = [c[0] for c in curves if not c[1] or c[2] is None]
     if not held or pred.iteration_s <= 0:
         return None
     name, worst = max(held, key=lambda c: c[1])
     b = pred.breakdown
     share = min(1.0, (b.forward_compute_s + b.backward_compute_s + b.recompute_s) / pred.iteration_s)
-    others = [c[0] for c in curves if not c[1] or c[2] is None]
-    said = (f"the largest held-out median error of its fitted curves ({name}, {100 * worst:.1f} %; "
+    said = (f"the largest {what} ({name}, {100 * worst:.1f} %; "
             + ", ".join(f"{n} {100 * e:.1f} %" for n, e in held if n != name)
             + ("; none held out: " + ", ".join(others) if others else "")
             + f") x the compute share of the iteration ({100 * share:.0f} %), each side")
