@@ -12,7 +12,12 @@ from paraplan.specs import Framework, ModelSpec, ParallelPlan, Phase
 
 @functools.lru_cache(maxsize=256)
 def count_embedding_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
-    """Vocab-parallel word embedding (+ learned positions) for one micro-batch."""
+    """Vocab-parallel word embedding (+ learned positions) for one micro-batch; a traced
+    model's from its own code (``traced_ends``)."""
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import traced_embedding_ops
+
+        return traced_embedding_ops(model, x)
     hidden = x.b * x.s * x.h
     table = x.vocab * x.h
     lookup = Op(
@@ -45,7 +50,12 @@ def count_embedding_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
 
 @functools.lru_cache(maxsize=256)
 def count_head_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
-    """Final norm, LM-head GEMM (vocab-parallel) and the vocab-parallel cross entropy."""
+    """Final norm, LM-head GEMM (vocab-parallel) and the vocab-parallel cross entropy; a traced
+    model's from its own code (``traced_ends``)."""
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import traced_head_ops
+
+        return traced_head_ops(model, x)
     logits = x.b * x.s * x.vocab
     return (
         norm(model, x, "final norm"),
@@ -114,4 +124,18 @@ def count_end_collectives(
                     Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden,
                                Phase.BWD_INPUT, rebuilt)
                 )
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import traced_end_collectives
+
+        return traced_end_collectives(model, x, first=first, last=last, hand=tuple(out))
     return tuple(out)
+
+
+def tied_weight(model: ModelSpec, x: LocalShape) -> float:
+    """The weight a tied LM head shares with the input embedding (the table at ``x``'s
+    vocabulary; a traced model's unpadded)."""
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import tied_table
+
+        return tied_table(model, x)
+    return float(x.vocab * x.h)

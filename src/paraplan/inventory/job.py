@@ -7,7 +7,7 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
+from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops, tied_weight
 from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.layer import DUPLICATED_ACROSS_TP, count_layer_collectives, count_layer_ops
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
@@ -515,10 +515,10 @@ def _params(
     if active and model.active_params_count_embedding is False:
         # the authors count a token's active parameters without the input embedding's table
         # (gpt-oss: the unembedding only); a tied head's weight is the table, counted once
-        return total + embedding - x.vocab * x.h + head
+        return total + embedding - tied_weight(model, x) + head
     total += embedding + head
     if not model.untie_embeddings_and_output_weights:
-        total -= x.vocab * x.h
+        total -= tied_weight(model, x)
     return total
 
 
@@ -591,13 +591,13 @@ def count_job(job: Job) -> JobInventory:
         if i == last:
             params += _layer_params(head_ops)
             if plan.pp == 1 and not model.untie_embeddings_and_output_weights:
-                params -= x.vocab * x.h  # the LM head reuses the embedding's weight
+                params -= tied_weight(model, x)  # the LM head reuses the embedding's weight
         grad_sync = _grad_sync(job, params, grad_e, param_e)
         grad_sync += _grad_sync(job, expert_params, grad_e, param_e, ParallelDim.EDP)
         grad_sync += _duplicated_allreduce(job, blocks, grad_e)
         if not model.untie_embeddings_and_output_weights and plan.pp > 1 and i in (0, last):
             grad_sync += (
-                Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, x.vocab * x.h * grad_e, Phase.BWD_WEIGHT),
+                Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, tied_weight(model, x) * grad_e, Phase.BWD_WEIGHT),
             )
         updated = params_updated(job, params, expert_params)
         stages.append(
