@@ -105,3 +105,60 @@ def test_a_traced_job_holds_exactly_the_parameters_of_the_models_module_tree(con
 
     fields = {k: v for k, v in json.loads((FIXTURES / config).read_text()).items() if not k.startswith("_")}
     assert count_params(_job(config)) == trace_layer_ops(fields, 1, 1024).total_params
+
+
+def _pp_job(config: str, pp: int = 2):
+    from paraplan.catalog.jobs import resolve_job
+
+    return resolve_job({"name": "t", "model": {"hf_config": str(FIXTURES / config), "seq_length": 1024,
+                                               "inventory": "traced"},
+                        "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 1},
+                        "parallel": {"pp": pp, "micro_batch_size": 1, "global_batch_size": 8}, "precision": "bf16"})
+
+
+def test_the_pipeline_plan_puts_the_embedding_first_and_the_norm_and_head_last_and_says_so():
+    from paraplan.inventory.job import count_job
+    from paraplan.prediction.result import traced_pipeline
+
+    job = _pp_job("llama-3-8b.json")
+    stages = count_job(job).stages
+    assert [op.name for op in stages[0].end_ops][:1] == ["embedding"]
+    assert {"RMSlayernorm", "linear_final", "cross_entropy"} <= {op.name for op in stages[-1].end_ops}
+    assert "embedding" not in {op.name for op in stages[-1].end_ops}
+    assert traced_pipeline(job) == ("by base_model_pp_plan: model.embed_tokens first, model.layers split, "
+                                    "model.norm and lm_head last")
+
+
+def test_a_model_without_a_pipeline_plan_splits_its_layer_list_and_says_so():
+    from paraplan.inventory.job import count_job
+    from paraplan.prediction.result import traced_pipeline
+
+    job = _pp_job("mamba-codestral-7b.json")
+    assert traced_pipeline(job).startswith("no base_model_pp_plan")
+    stages = count_job(job).stages
+    assert sum(b.num_layers for s in stages for b in s.blocks) == 64
+    assert "linear_final" in {op.name for op in stages[-1].end_ops}
+
+
+def test_the_pipeline_plan_wins_over_the_order_the_modules_ran_in():
+    from paraplan.inventory.hfrecords import TracedModel, TracedOp
+    from paraplan.inventory.traced_ends import _stages
+
+    def op(module):
+        return TracedOp(module=module, module_type="", aten="mul.Tensor", phase="fwd", shapes=(), out_shapes=(),
+                        dtype="bfloat16", flops=0.0, bytes_read=0.0, bytes_written=0.0)
+
+    ends = (op("model.embed_tokens"), op("model.norm"), op("model.rotary_emb"))
+    trace = TracedModel(model_type="x", micro_batch=1, seq_length=8, dtype="bfloat16", total_params=0,
+                        embedding_params=0, head_params=0, num_layers=1, layers=(), ends=ends,
+                        end_stage=("first", "first", "last"),
+                        pp_plan=("model.embed_tokens", "model.layers", "model.norm", "lm_head"))
+    # the plan names the norm (last); the rotary tables it does not name stay where they ran
+    assert _stages(trace) == ("first", "last", "last")
+    assert _stages(dataclasses_replace(trace, pp_plan=())) == ("first", "first", "last")
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)

@@ -42,16 +42,48 @@ def _trace(model: ModelSpec, x: LocalShape) -> TracedModel:
     return trace(model, x)
 
 
+def _planned(trace: TracedModel, path: str) -> str | None:
+    """The end the model's pipeline plan puts ``path`` on: "first" for the modules it lists
+    before the decoder layers (the embedding), "last" after them (norm, head); None when the
+    plan does not name it (or there is no plan)."""
+    plan = trace.pp_plan
+    layers = next((i for i, key in enumerate(plan) if key.endswith("layers") or key.endswith(".h")), None)
+    if layers is None:
+        return None
+    for i, key in enumerate(plan):
+        if i != layers and (path == key or path.startswith(key + ".")):
+            return "first" if i < layers else "last"
+    return None
+
+
+def _stages(trace: TracedModel) -> tuple[str, ...]:
+    """Each end operator's stage: where the model's pipeline plan puts its module, else where it
+    ran (before the layers forward: the first stage; after them: the last)."""
+    return tuple(_planned(trace, op.module) or st for op, st in zip(trace.ends, trace.end_stage, strict=True))
+
+
 def _params_at(trace: TracedModel, stage: str) -> dict[str, int]:
     """Each end module's own parameters, on the end that runs it (a module that ran nothing,
     e.g. a tied head, on the end its path says: the head's on the last)."""
-    ran = {op.module: st for op, st in zip(trace.ends, trace.end_stage, strict=True) if op.phase == "fwd"}
+    ran = {op.module: st for op, st in zip(trace.ends, _stages(trace), strict=True) if op.phase == "fwd"}
     out = {}
     for path, n in trace.end_params:
-        where = ran.get(path, "last" if path == trace.head_path else "first")
+        where = _planned(trace, path) or ran.get(path, "last" if path == trace.head_path else "first")
         if where == stage:
             out[path] = n
     return out
+
+
+def pipeline_placement(model: ModelSpec, x: LocalShape) -> str:
+    """How a traced model's ends and layers are placed on pipeline stages, in words."""
+    trace = _trace(model, x)
+    if not trace.pp_plan:
+        return "no base_model_pp_plan: the layer list split, the embedding first, the norm and head last"
+    first = [k for k in trace.pp_plan if _planned(trace, k) == "first"]
+    last = [k for k in trace.pp_plan if _planned(trace, k) == "last"]
+    layers = [k for k in trace.pp_plan if k not in first and k not in last]
+    return (f"by base_model_pp_plan: {' and '.join(first)} first, {' and '.join(layers)} split, "
+            f"{' and '.join(last)} last")
 
 
 def _widths(trace: TracedModel) -> tuple[int, int]:
@@ -105,7 +137,7 @@ def _fused_first(trace: TracedModel, x: LocalShape) -> tuple[Op, ...]:
         flops=hidden, bytes=e * 2 * hidden, bwd_flops=hidden, bwd_bytes=e * (2 * hidden + table), params=table,
         dims=(("tokens", x.b * x.s), ("vocab", vocab // tp), ("dim", h)),
     )]
-    first = [op for op, st in zip(trace.ends, trace.end_stage, strict=True) if st == "first" and op.phase == "fwd"]
+    first = [op for op, st in zip(trace.ends, _stages(trace), strict=True) if st == "first" and op.phase == "fwd"]
     if any(op.module == trace.embedding_path and op.aten.startswith("mul") for op in first):
         ops.append(elementwise("embedding_scale", OpKind.ELEMENTWISE, "traced: the embedding scaled (one kernel)",
                                hidden, e, dims=(("b", x.b), ("l", x.s), ("dim", h))))
@@ -123,7 +155,7 @@ def _fused_first(trace: TracedModel, x: LocalShape) -> tuple[Op, ...]:
 def _fused_last(trace: TracedModel, x: LocalShape) -> tuple[Op, ...]:
     vocab, h = _widths(trace)
     e, tp = x.e, x.tp
-    last = [(op, st) for op, st in zip(trace.ends, trace.end_stage, strict=True) if st == "last"]
+    last = [(op, st) for op, st in zip(trace.ends, _stages(trace), strict=True) if st == "last"]
     params = _params_at(trace, "last")
     ops: list[Op] = []
     n = x.b * x.s_norm * h
@@ -174,7 +206,7 @@ def _eager(trace: TracedModel, x: LocalShape, stage: str) -> tuple[tuple[Op, ...
     if stage == "last" and trace.head_path and trace.head_path not in params:
         vocab, h = _widths(trace)  # a tied head: its weight is the table (job.py counts it once)
         params[trace.head_path] = vocab * h
-    pick = [op for op, st in zip(trace.ends, trace.end_stage, strict=True) if st == stage]
+    pick = [op for op, st in zip(trace.ends, _stages(trace), strict=True) if st == stage]
     saved = tuple(t for w, t in trace.end_saved if w == stage)
     layer = TracedLayer(kind=f"{stage} end", indices=(), layer_type="", params=sum(params.values()),
                         param_breakdown=tuple(params.items()), ops=tuple(pick), saved=saved)
