@@ -124,6 +124,10 @@ def count_end_collectives(
                     Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden,
                                Phase.BWD_INPUT, rebuilt)
                 )
+    if last and model.mtp_num_layers:
+        from paraplan.inventory.mtp import count_mtp_collectives
+
+        out.extend(count_mtp_collectives(model, plan, x))
     if model.inventory == "traced":
         from paraplan.inventory.traced_ends import traced_end_collectives
 

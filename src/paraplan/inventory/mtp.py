@@ -1,0 +1,75 @@
+"""Multi-token prediction (``model.mtp_num_layers``, Megatron-Core's ``--mtp-num-layers``).
+
+DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 2.2: D sequential
+modules, the k-th predicting the token k + 1 ahead. Each runs, on every token: the shared
+embedding of the token k ahead, an RMSNorm of it and one of the previous depth's hidden state,
+their concatenation projected from 2h to h (M_k), one transformer block (DeepSeek-V3's: a
+mixture of experts, as its last layer), the shared output head (its final norm, the LM head
+GEMM) and a cross entropy. Megatron-Core places the modules on the last pipeline stage
+(``MultiTokenPredictionBlock``), which then also holds an embedding to look the tokens up,
+kept equal to the first stage's by the embedding group's all-reduce.
+
+Parameters: each module's norms, projection and block; the embedding and head are the main
+model's. DeepSeek's published count of the checkpoint (685B = 671B main + 14B MTP, the
+deepseek-ai/DeepSeek-V3 model card) also counts the copies of the embedding table and output
+head its MTP layer stores (``mtp_checkpoint_params``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from paraplan.inventory.ends import count_embedding_ops, count_head_ops
+from paraplan.inventory.layer import count_layer_collectives, count_layer_ops, elementwise, gemm, norm
+from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
+from paraplan.inventory.ops import Collective, Op, OpKind
+from paraplan.inventory.shapes import LocalShape
+from paraplan.specs import ModelSpec, ParallelPlan
+
+
+def _mtp(op: Op) -> Op:
+    return dataclasses.replace(op, role=f"MTP: {op.role}")
+
+
+def _shared(op: Op) -> Op:
+    """An operator of the shared embedding or head: its weight is the main model's."""
+    return dataclasses.replace(op, role=f"MTP (shared weight): {op.role}", params=0.0)
+
+
+@functools.lru_cache(maxsize=64)
+def count_mtp_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
+    """The operators of the model's multi-token-prediction modules on one last-stage rank,
+    one micro-batch (empty when ``mtp_num_layers`` is 0)."""
+    if not model.mtp_num_layers:
+        return ()
+    hidden = x.b * x.s_norm * x.h
+    block = count_moe_layer_ops(model, x) if model.moe_layers[-1] else count_layer_ops(model, x)
+    lookup = next(op for op in count_embedding_ops(model, x) if op.kind is OpKind.EMBEDDING)
+    one = (
+        _shared(lookup),
+        norm(model, x, "MTP: norm of the next token's embedding"),
+        norm(model, x, "MTP: norm of the previous depth's hidden state"),
+        elementwise("mtp_concat", OpKind.ELEMENTWISE, "MTP: both halves concatenated", 2.0 * hidden, x.e),
+        gemm("mtp_eh_proj", "MTP: projection of the concatenation, 2h -> h (column-parallel)", x.tokens, 2 * x.h,
+             x.h // x.tp, x.e, bias=False, saved=2.0 * x.e * hidden),
+        *(_mtp(op) for op in block),
+        *(_shared(op) if op.name == "linear_final" else _mtp(op) for op in count_head_ops(model, x)),
+    )
+    return one * model.mtp_num_layers
+
+
+def count_mtp_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -> tuple[Collective, ...]:
+    """The tensor- and expert-parallel communication of the MTP modules' transformer blocks."""
+    if not model.mtp_num_layers:
+        return ()
+    moe = model.moe_layers[-1]
+    block = count_moe_collectives(model, plan, x) if moe else count_layer_collectives(model, plan, x)
+    return block * model.mtp_num_layers
+
+
+def mtp_checkpoint_params(model: ModelSpec, x: LocalShape) -> float:
+    """The copies of the embedding table and output head the MTP modules' checkpoint stores
+    (DeepSeek-V3's ``model.layers.61.embed_tokens`` and ``shared_head.head``), which its
+    authors' 685B counts and training shares with the main model."""
+    return 2.0 * model.mtp_num_layers * x.vocab * x.h
