@@ -87,6 +87,7 @@ def _trace_model(
 ) -> TracedModel:
     torch = _need("torch")
     hf_config = build_config(config, trust_remote_code=trust_remote_code)
+    _check_fits(hf_config, micro_batch, seq_length)
     attention = _register_attention()
     num_layers = int(getattr(hf_config, "num_hidden_layers", 0) or getattr(hf_config, "n_layer", 0) or 0)
     torch_dtype = getattr(torch, dtype)
@@ -128,10 +129,12 @@ def _trace_model(
             out = model(input_ids=tokens, labels=tokens, use_cache=False)
             out.loss.backward()
     except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError, AttributeError,
-            AssertionError, KeyError) as err:
+            AssertionError, KeyError, OverflowError) as err:
         if os.environ.get("PARAPLAN_TRACE_DEBUG"):
             raise
         first = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        if isinstance(err, OverflowError) or "overflow" in first.lower():
+            raise ConfigError(_too_big(micro_batch, seq_length, first)) from None
         raise ConfigError(
             f"{_WHERE}: model_type {config.get('model_type')!r}: its code does not run on the meta device "
             f"({first}); describe the model by its fields instead (inventory: hand)"
@@ -172,6 +175,25 @@ def _trace_model(
         tp_plan=_model_plan(model, hf_config),
         pp_plan=_pipeline_plan(model, hf_config),
     )
+
+
+_LIMIT = 2**63  # bytes (and elements) a torch tensor's size is held in: a signed 64-bit integer
+
+
+def _too_big(micro_batch: int, seq_length: int, why: str) -> str:
+    return (f"model.seq_length: micro-batch {micro_batch:,} x {seq_length:,} tokens makes tensors larger than torch "
+            f"can describe even on the meta device ({why}); use a shorter seq_length or micro_batch_size")
+
+
+def _check_fits(hf_config, micro_batch: int, seq_length: int) -> None:
+    """One line, before tracing, when the job's tokens times the model's widest per-token
+    tensor (the logits: the vocabulary, in float32) pass 2^63 bytes."""
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    widths = [getattr(text, k, 0) for k in ("vocab_size", "hidden_size", "intermediate_size", "d_model", "n_embd")]
+    widest = max(int(w) for w in widths if isinstance(w, int)) if any(isinstance(w, int) for w in widths) else 1
+    if int(micro_batch) * int(seq_length) * widest * 4 >= _LIMIT:
+        raise ConfigError(_too_big(micro_batch, seq_length, f"the float32 logits alone exceed 2^63 bytes: "
+                                   f"{micro_batch:,} x {seq_length:,} x {widest:,} x 4"))
 
 
 def _end_stages(ops) -> tuple[tuple[TracedOp, ...], tuple[str, ...]]:
