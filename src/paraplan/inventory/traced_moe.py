@@ -110,9 +110,9 @@ def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str
 
     e, top_k, inter, gated = expert_widths(layer)
     if e != model.num_moe_experts or top_k != model.moe_router_topk:
-        raise ConfigError(f"{_WHERE}: the traced experts ({e}, top-{top_k}) differ from the config's reading "
-                          f"(num_moe_experts {model.num_moe_experts}, moe_router_topk {model.moe_router_topk}); "
-                          f"use inventory: hand")
+        raise ConfigError(f"{_WHERE}: the traced layers route to {e} experts, top-{top_k}, but the config's fields "
+                          f"read num_moe_experts {model.num_moe_experts}, moe_router_topk {model.moe_router_topk}; "
+                          f"give num_moe_experts: {e} and moe_router_topk: {top_k} in the job's model")
     etp = max(1, (model.moe_ffn_hidden_size or inter) // max(1, x.moe_ffn))
     name = ("swiglu" if act.lower() in _GATED_SILU else "geglu") if gated else "gelu"
     ops = tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name, grouped=bool(model.moe_grouped_gemm)))
