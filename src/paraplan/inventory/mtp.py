@@ -23,7 +23,7 @@ import functools
 from paraplan.inventory.ends import count_embedding_ops, count_head_ops
 from paraplan.inventory.layer import count_layer_collectives, count_layer_ops, elementwise, gemm, norm
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
-from paraplan.inventory.ops import Collective, Op, OpKind
+from paraplan.inventory.ops import Collective, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ModelSpec, ParallelPlan
 
@@ -44,7 +44,7 @@ def count_mtp_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     if not model.mtp_num_layers:
         return ()
     hidden = x.b * x.s_norm * x.h
-    block = count_moe_layer_ops(model, x) if model.moe_layers[-1] else count_layer_ops(model, x)
+    block = _block(model, x)[0]
     lookup = next(op for op in count_embedding_ops(model, x) if op.kind is OpKind.EMBEDDING)
     one = (
         _shared(lookup),
@@ -63,9 +63,27 @@ def count_mtp_collectives(model: ModelSpec, plan: ParallelPlan, x: LocalShape) -
     """The tensor- and expert-parallel communication of the MTP modules' transformer blocks."""
     if not model.mtp_num_layers:
         return ()
+    return _block(model, x, plan)[1] * model.mtp_num_layers
+
+
+def _block(model: ModelSpec, x: LocalShape, plan: ParallelPlan | None = None,
+           ) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
+    """The transformer block of an MTP module: the kind of the model's last layer, hand-written
+    or, for a traced model, its traced kind (its operators and tensor-parallel collectives)."""
+    if model.inventory == "traced":
+        from paraplan.inventory.traced import is_moe_label, traced_layer_indices, traced_layers
+
+        last = next(k for k, ix in traced_layer_indices(model, x).items() if model.num_layers - 1 in ix)
+        ops, coll = traced_layers(model, x)[last]
+        if plan is not None:  # as count_job takes a traced kind's: its plan's TP, the rest hand-written
+            hand = count_moe_collectives(model, plan, x) if is_moe_label(last) else count_layer_collectives(model, plan, x)
+            coll += tuple(c for c in hand if c.dim is not ParallelDim.TP or c.name == "tp_allgather_checkpoint")
+        return ops, coll
     moe = model.moe_layers[-1]
-    block = count_moe_collectives(model, plan, x) if moe else count_layer_collectives(model, plan, x)
-    return block * model.mtp_num_layers
+    ops = count_moe_layer_ops(model, x) if moe else count_layer_ops(model, x)
+    if plan is None:
+        return ops, ()
+    return ops, count_moe_collectives(model, plan, x) if moe else count_layer_collectives(model, plan, x)
 
 
 def mtp_checkpoint_params(model: ModelSpec, x: LocalShape) -> float:
