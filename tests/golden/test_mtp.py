@@ -1,13 +1,15 @@
 """Issue 28 item 4: DeepSeek-V3's multi-token-prediction module as an option (``mtp_num_layers``,
 Megatron-Core's ``--mtp-num-layers``).
 
-DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 2.2 (D = 1 module:
-two RMSNorms, a 2h -> h projection, one transformer block, the shared embedding and output head)
-and the deepseek-ai/DeepSeek-V3 model card: "685B, which includes 671B of the Main Model weights
-and 14B of the Multi-Token Prediction (MTP) Module weights". Measured: 671,026,404,352 main
-parameters; the module adds 11,610,067,968 trained weights (its MoE block, norms and projection;
-the embedding and head are shared), and its checkpoint stores copies of the embedding and head
-(1,853,358,080): 684,489,830,400 in the authors' convention, 685B to 0.07 %."""
+DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 2.2: D = 1 module of
+two RMSNorms, a 2h -> h projection and one transformer block, with the embedding and output head
+shared. deepseek-ai/DeepSeek-V3-Base README_WEIGHTS.md: the MTP module holds "11.5B unique
+parameters, excluding the shared 0.9B Embedding and 0.9B output Head"; the model card: "685B,
+which includes 671B of the Main Model weights and 14B of the Multi-Token Prediction (MTP) Module
+weights" (the checkpoint stores the module's own copies of the embedding and head). Measured:
+671,026,404,352 main parameters; the module's 11,610,067,968 unique ones (README's 11.5B to
+0.96 %: its rounding); with the checkpoint's copies (1,853,358,080) 684,489,830,400, the model
+card's 685B to 0.07 %."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def test_deepseek_v3_with_its_mtp_module_has_the_published_685b_in_its_authors_c
     assert main == pytest.approx(671e9, rel=1e-3)
     with_mtp = count_params(job)
     assert with_mtp - main == pytest.approx(11_610_067_968, rel=1e-6)
+    assert with_mtp - main == pytest.approx(11.5e9, rel=0.01)  # README_WEIGHTS.md's rounding
     assert with_mtp + mtp_checkpoint_params(job.model, _unsharded(job)) == pytest.approx(685e9, rel=1e-3)
 
 
@@ -88,3 +91,12 @@ def test_a_traced_deepseek_v3_runs_its_mtp_block_as_its_traced_last_layer_within
     assert predict_any(traced).iteration_s / predict_any(hand).iteration_s - 1 == pytest.approx(0, abs=0.01)
     mtp = [op for op in count_job(traced).stages[-1].end_ops if op.role.startswith("MTP")]
     assert any("traced" in op.role for op in mtp)  # the block is the traced last layer
+
+
+def test_a_published_record_with_mtp_layers_keeps_them():
+    from paraplan.validate.records import _experts
+
+    assumed: list[str] = []
+    run = {"model": {"num_layers": 61, "num_moe_experts": 256, "mtp_num_layers": 1}}
+    assert _experts(run, assumed)["mtp_num_layers"] == 1
+    assert not any("multi-token" in note for note in assumed)  # it was "left out (not modelled)"

@@ -10,9 +10,10 @@ GEMM) and a cross entropy. Megatron-Core places the modules on the last pipeline
 kept equal to the first stage's by the embedding group's all-reduce.
 
 Parameters: each module's norms, projection and block; the embedding and head are the main
-model's. DeepSeek's published count of the checkpoint (685B = 671B main + 14B MTP, the
-deepseek-ai/DeepSeek-V3 model card) also counts the copies of the embedding table and output
-head its MTP layer stores (``mtp_checkpoint_params``).
+model's (DeepSeek-V3-Base README_WEIGHTS.md: "11.5B unique parameters, excluding the shared 0.9B
+Embedding and 0.9B output Head"; paraplan counts 11.61B). The model card's 685B (671B main +
+14B MTP) counts the checkpoint, which also stores the MTP layer's copies of the embedding table
+and output head (``mtp_checkpoint_params``).
 """
 
 from __future__ import annotations
