@@ -124,14 +124,14 @@ def count_end_collectives(
                     Collective("tp_allgather_p2p", CollectiveKind.ALL_GATHER, ParallelDim.TP, hidden,
                                Phase.BWD_INPUT, rebuilt)
                 )
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import traced_end_collectives
+
+        out = list(traced_end_collectives(model, x, first=first, last=last, hand=tuple(out)))
     if last and model.mtp_num_layers:
         from paraplan.inventory.mtp import count_mtp_collectives
 
         out.extend(count_mtp_collectives(model, plan, x))
-    if model.inventory == "traced":
-        from paraplan.inventory.traced_ends import traced_end_collectives
-
-        return traced_end_collectives(model, x, first=first, last=last, hand=tuple(out))
     return tuple(out)
 
 
