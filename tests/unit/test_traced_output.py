@@ -66,7 +66,8 @@ def test_predict_says_which_kernels_a_traced_model_was_costed_with(tmp_path, con
     data = json.loads(_invoke("predict", str(job), "--format", "json").output)
     mode = kernels or "fused"
     assert f"traced, {mode} kernels" in table.output
-    assert data["inventory"] == {"source": "traced", "kernels": mode}
+    assert {k: data["inventory"][k] for k in ("source", "kernels")} == {"source": "traced", "kernels": mode}
+    assert data["inventory"]["pipeline"].startswith("by base_model_pp_plan")
 
 
 def test_predict_of_a_hand_written_model_carries_no_inventory_field(tmp_path, config):

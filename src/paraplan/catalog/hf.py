@@ -248,6 +248,7 @@ def _traced_outline(config: dict[str, Any], path: Path) -> dict[str, Any]:
     by its fields (Gemma-2, Mamba-2, Nemotron-H, ...): the sizes its embedding, LM head, pipeline
     messages and layer count read (``inventory.job``), and whether it is a mixture of experts;
     every layer's operators come from its traced code."""
+    merged = {**_class_defaults(config), **config}
     hidden = int(_get(config, path, "hidden_size", "d_model", "n_embd"))
     heads = int(config.get("num_attention_heads") or config.get("num_heads") or config.get("n_head") or 1)
     fields: dict[str, Any] = {
@@ -259,8 +260,8 @@ def _traced_outline(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "vocab_size": _get(config, path, "vocab_size"),
         "normalization": "rmsnorm" if any("rms" in k for k in config) or config.get("rms_norm") else "layernorm",
         "position_embedding": "rotary" if any(k.startswith("rope") for k in config) else "none",
-        # transformers' PretrainedConfig ties the head to the embedding unless told otherwise
-        "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", True),
+        # the config class's default when the file does not say (PretrainedConfig's: tied)
+        "untie_embeddings_and_output_weights": not merged.get("tie_word_embeddings", True),
         "add_bias_linear": False,
     }
     head_dim = config.get("head_dim")
@@ -268,11 +269,37 @@ def _traced_outline(config: dict[str, Any], path: Path) -> dict[str, Any]:
         fields["kv_channels"] = int(head_dim)
     elif hidden % heads:
         fields["num_attention_heads"] = fields["num_query_groups"] = 1
-    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+    experts = next((merged[k] for k in _EXPERT_KEYS if isinstance(merged.get(k), int) and merged[k] > 1), None)
     if experts:
         fields["num_moe_experts"] = int(experts)
-        fields["moe_router_topk"] = int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 1)
+        fields["moe_router_topk"] = int(next((merged[k] for k in _TOPK_KEYS if isinstance(merged.get(k), int)), 1))
     return fields
+
+
+# transformers' names for a mixture of experts' expert count and top-k, across its model types
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "moe_top_k", "top_k_experts", "moe_k",
+              "num_experts_per_token")
+
+
+def _class_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """The values transformers' config class of ``config`` gives the fields the file leaves out
+    (Jamba's 16 experts, top-2), when transformers is installed; {} otherwise or when it cannot
+    build the config (the trace then says why)."""
+    try:
+        import transformers
+
+        fields = {k: v for k, v in config.items() if k != "model_type"}
+        logging = transformers.utils.logging
+        before = logging.get_verbosity()
+        logging.set_verbosity_error()  # its warnings about the file are the trace's to raise, not printed here
+        try:
+            built = transformers.AutoConfig.for_model(str(config.get("model_type")), **fields)
+        finally:
+            logging.set_verbosity(before)
+        return dict(getattr(built, "get_text_config", lambda: built)().to_dict())
+    except Exception:  # optional: any failure leaves the file's own fields
+        return {}
 
 
 def model_from_hf_config(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -229,6 +229,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
             model.append(["--no-bias-swiglu-fusion"])
     if m.untie_embeddings_and_output_weights:
         model.append(["--untie-embeddings-and-output-weights"])
+    if m.mtp_num_layers:  # Megatron-Core's multi-token prediction (DeepSeek-V3 report section 2.2)
+        model.append(["--mtp-num-layers", str(m.mtp_num_layers)])
     if not m.add_bias_linear:
         model.append(["--disable-bias-linear"])
     if m.qk_layernorm:

@@ -12,7 +12,12 @@ from paraplan.specs import Framework, ModelSpec, ParallelPlan, Phase
 
 @functools.lru_cache(maxsize=256)
 def count_embedding_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
-    """Vocab-parallel word embedding (+ learned positions) for one micro-batch."""
+    """Vocab-parallel word embedding (+ learned positions) for one micro-batch; a traced
+    model's from its own code (``traced_ends``)."""
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import traced_embedding_ops
+
+        return traced_embedding_ops(model, x)
     hidden = x.b * x.s * x.h
     table = x.vocab * x.h
     lookup = Op(
@@ -45,7 +50,12 @@ def count_embedding_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
 
 @functools.lru_cache(maxsize=256)
 def count_head_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
-    """Final norm, LM-head GEMM (vocab-parallel) and the vocab-parallel cross entropy."""
+    """Final norm, LM-head GEMM (vocab-parallel) and the vocab-parallel cross entropy; a traced
+    model's from its own code (``traced_ends``)."""
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import traced_head_ops
+
+        return traced_head_ops(model, x)
     logits = x.b * x.s * x.vocab
     return (
         norm(model, x, "final norm"),
@@ -84,11 +94,20 @@ def count_end_collectives(
     input gradient all-reduced (reduce-scattered); the loss all-reduces three [s, b] fp32
     statistics (max, sum of exponentials, target logit).
     """
-    if plan.tp <= 1:
-        return ()
-    sp = plan.sequence_parallel
-    gathers_p2p = plan.pp > 1 and plan.scatters_p2p and not sp
-    return _end_collectives(x, sp, gathers_p2p, plan.framework is Framework.DEEPSPEED, first, last)
+    out: tuple[Collective, ...] = ()
+    if plan.tp > 1:
+        sp = plan.sequence_parallel
+        gathers_p2p = plan.pp > 1 and plan.scatters_p2p and not sp
+        out = _end_collectives(x, sp, gathers_p2p, plan.framework is Framework.DEEPSPEED, first, last)
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import traced_end_collectives
+
+        out = tuple(traced_end_collectives(model, x, first=first, last=last, hand=out))
+    if last and model.mtp_num_layers:
+        from paraplan.inventory.mtp import count_mtp_collectives
+
+        out = out + tuple(count_mtp_collectives(model, plan, x))
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
@@ -126,3 +145,13 @@ def _end_collectives(
                            Phase.BWD_INPUT, rebuilt)
             )
     return tuple(out)
+
+
+def tied_weight(model: ModelSpec, x: LocalShape) -> float:
+    """The weight a tied LM head shares with the input embedding (the table at ``x``'s
+    vocabulary; a traced model's unpadded)."""
+    if model.inventory == "traced":
+        from paraplan.inventory.traced_ends import tied_table
+
+        return tied_table(model, x)
+    return float(x.vocab * x.h)

@@ -66,8 +66,12 @@ def build_config(config: dict[str, Any], *, trust_remote_code: bool = False) -> 
     try:
         cls = transformers.AutoConfig.for_model
         return cls(str(model_type), **fields)
-    except (ValueError, KeyError) as err:
+    except (ValueError, KeyError, ZeroDivisionError, TypeError, OverflowError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        bad = _bad_size(config)
+        if bad is not None and not isinstance(err, KeyError):
+            raise ConfigError(f"{_WHERE}: {bad[0]} = {bad[1]}: transformers refuses the config ({first[:120]}); "
+                              "give a positive size") from None
         raise ConfigError(
             f"{_WHERE}: model_type {model_type!r}: transformers {transformers.__version__} cannot build it "
             f"({first[:120]}); upgrade transformers or describe the model by its fields"
@@ -143,12 +147,29 @@ def _build(config: dict[str, Any], trust_remote_code: bool = False, hf_config=No
         with torch.device("meta"):
             return hf_config, transformers.AutoModelForCausalLM.from_config(
                 hf_config, trust_remote_code=trust_remote_code, **kwargs)
-    except (ValueError, AssertionError, AttributeError, TypeError, KeyError) as err:
+    except (ValueError, AssertionError, AttributeError, TypeError, KeyError, RuntimeError, ZeroDivisionError,
+            OverflowError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+        bad = _bad_size(config)
+        if bad is not None:
+            raise ConfigError(f"{_WHERE}: {bad[0]} = {bad[1]}: torch refuses to build the model with it ({first}); "
+                              "give a positive size") from None
         raise ConfigError(
             f"{_WHERE}: model_type {config.get('model_type')!r}: transformers cannot build a causal LM of it "
             f"({first}); describe the model by its fields instead"
         ) from None
+
+
+def _bad_size(config: dict[str, Any]) -> tuple[str, Any] | None:
+    """The first size of ``config`` torch cannot build with: a negative integer, or a zero
+    width or count (``*_size``, ``*_dim``, ``num_*``, ``n_*``)."""
+    for key, value in config.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        sized = key.endswith(("_size", "_dim", "_heads", "_layers")) or key.startswith(("num_", "n_"))
+        if value < 0 or (value == 0 and sized):
+            return key, value
+    return None
 
 
 def count_parameters(config: dict[str, Any], *, trust_remote_code: bool = False) -> ParameterCount:

@@ -12,7 +12,7 @@ from typing import Any
 
 from paraplan.inventory.hfrecords import ModuleCall, SavedTensor, TracedLayer, TracedModel, TracedOp
 
-TRACE_VERSION = 3  # bump when the recorded fields change: old cache entries are ignored
+TRACE_VERSION = 4  # bump when the recorded fields change: old cache entries are ignored
 
 
 def cache_dir() -> Path:
@@ -63,8 +63,15 @@ def _from_json(data: dict[str, Any]) -> TracedModel:
         )
         for ld in data["layers"]
     )
-    fields = {k: v for k, v in data.items() if k not in ("layers", "ends")}
-    return TracedModel(**fields, layers=layers, ends=tuple(op(o) for o in data["ends"]))
+    fields = {k: v for k, v in data.items() if k not in ("layers", "ends", "end_stage", "end_saved", "end_params",
+                                                        "tp_plan", "pp_plan")}
+    return TracedModel(**fields, layers=layers, ends=tuple(op(o) for o in data["ends"]),
+                       end_stage=tuple(data.get("end_stage", ())),
+                       end_saved=tuple((w, SavedTensor(**{**s, "shape": tuple(s["shape"])}))
+                                       for w, s in data.get("end_saved", ())),
+                       end_params=tuple((m, int(n)) for m, n in data.get("end_params", ())),
+                       tp_plan=tuple(tuple(x) for x in data.get("tp_plan", ())),
+                       pp_plan=tuple(data.get("pp_plan", ())))
 
 
 def load(path: Path) -> TracedModel | None:

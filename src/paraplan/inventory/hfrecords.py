@@ -92,6 +92,15 @@ class TracedModel:
     num_layers: int
     layers: tuple[TracedLayer, ...]
     ends: tuple[TracedOp, ...] = field(default=())  # embedding, final norm, head, loss
+    # which end each of ``ends`` belongs to: "first" (ran before the layers forward, after them
+    # backward: the embedding) or "last" (the final norm, the head, the soft cap, the loss)
+    end_stage: tuple[str, ...] = field(default=())
+    end_saved: tuple[tuple[str, SavedTensor], ...] = field(default=())  # (end, tensor) autograd keeps
+    end_params: tuple[tuple[str, int], ...] = field(default=())  # (module path, own parameters), tied once
+    embedding_path: str = ""  # the input embedding's module path ("model.embed_tokens")
+    head_path: str = ""  # the output projection's ("lm_head"); "" when the model has none
+    tp_plan: tuple[tuple[str, str], ...] = field(default=())  # the model's plan outside the layers
+    pp_plan: tuple[str, ...] = field(default=())  # base_model_pp_plan's keys and the model's own, in order
 
     @property
     def layer_params(self) -> int:

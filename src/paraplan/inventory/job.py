@@ -7,10 +7,11 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops
+from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops, tied_weight
 from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.layer import DUPLICATED_ACROSS_TP, count_layer_collectives, count_layer_ops
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
+from paraplan.inventory.mtp import count_mtp_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.partition import (
     count_layers_per_stage,
@@ -476,7 +477,7 @@ def _whole_model(model: ModelSpec, x: LocalShape) -> tuple[float, float, float, 
     of one micro-batch without recompute). Every job of a plan search with the same model and
     micro-batch shares it."""
     kinds = layer_kinds(model, x)
-    ends = tuple(op for op in count_embedding_ops(model, x) + count_head_ops(model, x))
+    ends = count_embedding_ops(model, x) + count_head_ops(model, x) + count_mtp_ops(model, x)
     ends_mm = tuple(op for op in ends if op.kind in _MATMUL_KINDS)
     per_mb_model = 3.0 * sum(map(_model_flops, ends_mm))
     per_mb_executed = sum(map(_executed_flops, ends_mm))
@@ -528,14 +529,16 @@ def _params(
         if active and experts:
             experts *= model.moe_router_topk / model.num_moe_experts
         total += counts[moe] * (dense + experts)
+    dense, experts = split_params(count_mtp_ops(model, x))  # the multi-token-prediction modules
+    total += dense + (experts * model.moe_router_topk / model.num_moe_experts if active and experts else experts)
     embedding, head = _layer_params(count_embedding_ops(model, x)), _layer_params(count_head_ops(model, x))
     if active and model.active_params_count_embedding is False:
         # the authors count a token's active parameters without the input embedding's table
         # (gpt-oss: the unembedding only); a tied head's weight is the table, counted once
-        return total + embedding - x.vocab * x.h + head
+        return total + embedding - tied_weight(model, x) + head
     total += embedding + head
     if not model.untie_embeddings_and_output_weights:
-        total -= x.vocab * x.h
+        total -= tied_weight(model, x)
     return total
 
 
@@ -556,7 +559,7 @@ def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[
     """The operators a stage runs besides its layers: the embedding on the first stage, the
     LM head and loss on the last, each with its gradient accumulation."""
     out: tuple[Op, ...] = ()
-    for has, count in ((first, count_embedding_ops), (last, count_head_ops)):
+    for has, count in ((first, count_embedding_ops), (last, count_head_ops), (last, count_mtp_ops)):
         if has:
             ops = count(job.model, x)
             out += ops + _grad_accumulation(job, _layer_params(ops))
@@ -608,13 +611,18 @@ def count_job(job: Job) -> JobInventory:
         if i == last:
             params += _layer_params(head_ops)
             if plan.pp == 1 and not model.untie_embeddings_and_output_weights:
-                params -= x.vocab * x.h  # the LM head reuses the embedding's weight
+                params -= tied_weight(model, x)  # the LM head reuses the embedding's weight
+            mtp_dense, mtp_experts = split_params(count_mtp_ops(model, x))
+            params += mtp_dense
+            expert_params += mtp_experts
+            if mtp_dense and plan.pp > 1 and model.untie_embeddings_and_output_weights:
+                params += tied_weight(model, x)  # the MTP modules' own copy of the embedding table
         grad_sync = _grad_sync(job, params, grad_e, param_e)
         grad_sync += _grad_sync(job, expert_params, grad_e, param_e, ParallelDim.EDP)
         grad_sync += _duplicated_allreduce(job, blocks, grad_e)
-        if not model.untie_embeddings_and_output_weights and plan.pp > 1 and i in (0, last):
+        if (not model.untie_embeddings_and_output_weights or model.mtp_num_layers) and plan.pp > 1 and i in (0, last):
             grad_sync += (
-                Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, x.vocab * x.h * grad_e, Phase.BWD_WEIGHT),
+                Collective("embedding_allreduce", CollectiveKind.ALL_REDUCE, ParallelDim.PP, tied_weight(model, x) * grad_e, Phase.BWD_WEIGHT),
             )
         updated = params_updated(job, params, expert_params)
         stages.append(

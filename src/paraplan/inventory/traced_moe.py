@@ -46,6 +46,7 @@ def layer_on_rank(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dic
     from paraplan.inventory.traced import costed_layer_ops
 
     ops, modules = costed_layer_ops(layer, model.kernels, attention_chunk=attention_chunk)
+    ops = _keep_every_parameter(layer, ops)
     sp = x.tp > 1 and x.s_norm != x.s
     grouped = next((o for o in layer.ops if o.aten == "grouped_mm" and o.phase == "fwd"), None)
     if plan is not None:
@@ -63,6 +64,21 @@ def layer_on_rank(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dic
                     for op, module in zip(sharded, rest_modules, strict=True))
     experts = routed_experts(model, x, layer, act)
     return sharded[:at] + experts + sharded[at:], coll
+
+
+def _keep_every_parameter(layer: TracedLayer, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """Parameters no costed operator holds (gpt-oss's attention sinks, one per head, which the
+    attention module adds itself) go to the attention core, so the layer holds all it has."""
+    missing = layer.params - sum(op.params for op in ops)
+    at = next((i for i, op in enumerate(ops) if op.kind is OpKind.ATTENTION), None)
+    if missing <= 0 or at is None:
+        return ops
+    return _with_params(ops, at, missing)
+
+
+def _with_params(ops: tuple[Op, ...], at: int, extra: float) -> tuple[Op, ...]:
+    """``ops`` with ``extra`` parameters more on ``ops[at]``."""
+    return (*ops[:at], dataclasses.replace(ops[at], params=ops[at].params + extra), *ops[at + 1:])
 
 
 def _shared(op: Op) -> Op:
@@ -94,13 +110,20 @@ def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str
 
     e, top_k, inter, gated = expert_widths(layer)
     if e != model.num_moe_experts or top_k != model.moe_router_topk:
-        raise ConfigError(f"{_WHERE}: the traced experts ({e}, top-{top_k}) differ from the config's reading "
-                          f"(num_moe_experts {model.num_moe_experts}, moe_router_topk {model.moe_router_topk}); "
-                          f"use inventory: hand")
+        raise ConfigError(f"{_WHERE}: the traced layers route to {e} experts, top-{top_k}, but the config's fields "
+                          f"read num_moe_experts {model.num_moe_experts}, moe_router_topk {model.moe_router_topk}; "
+                          f"give num_moe_experts: {e} and moe_router_topk: {top_k} in the job's model")
     etp = max(1, (model.moe_ffn_hidden_size or inter) // max(1, x.moe_ffn))
     name = ("swiglu" if act.lower() in _GATED_SILU else "geglu") if gated else "gelu"
-    return tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name,
-                                   grouped=bool(model.moe_grouped_gemm)))
+    ops = tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name, grouped=bool(model.moe_grouped_gemm)))
+    # the experts' biases (gpt-oss: each expert's up and down projections), held by the up projection
+    module = next(o.module for o in layer.ops if o.aten == "grouped_mm" and o.phase == "fwd")
+    traced = sum(n for m, n in layer.param_breakdown if m == module or m.startswith(module + "."))
+    built = sum(op.params for op in ops if op.expert)
+    extra = traced / e / etp * x.experts - built
+    if extra > 0.5:
+        ops = _with_params(ops, next(i for i, op in enumerate(ops) if op.expert), extra)
+    return ops
 
 
 def _check_attention_planned(model: ModelSpec, layer: TracedLayer, plan: dict[str, str]) -> None:

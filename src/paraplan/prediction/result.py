@@ -318,9 +318,18 @@ class Prediction:
             "uncalibrated": list(self.uncalibrated),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
             **({"framework_preset": job.preset.to_dict()} if job.preset is not None else {}),
-            **({"inventory": {"source": "traced", "kernels": job.model.kernels}}
+            **({"inventory": {"source": "traced", "kernels": job.model.kernels,
+                              "pipeline": traced_pipeline(job)}}
                if job.model.inventory == "traced" else {}),
         }
+
+
+def traced_pipeline(job) -> str:
+    """How a traced model's embedding, layers, norm and head sit on the pipeline stages."""
+    from paraplan.inventory import local_shape
+    from paraplan.inventory.traced_ends import pipeline_placement
+
+    return pipeline_placement(job.model, local_shape(job.model, job.parallel, job.precision))
 
 
 def _placement_dict(placement: Placement) -> dict:

@@ -140,6 +140,10 @@ def render_prediction(pred: Prediction, interval: Interval | None = None) -> Gro
     summary.add_row("backend", pred.backend)
     if job.model.inventory == "traced":  # which costing of the traced operators (model.kernels)
         summary.add_row("inventory", f"traced, {job.model.kernels} kernels")
+        if plan.pp > 1:
+            from paraplan.prediction.result import traced_pipeline
+
+            summary.add_row("pipeline placement", traced_pipeline(job))
 
     parts = Table(title="Where one iteration goes (critical path)", title_justify="left")
     parts.add_column("component")

@@ -103,6 +103,13 @@ class ModelSpec(BaseModel):
     # the default) or without it (OpenAI's gpt-oss model card: 5.13B of gpt-oss-120b counts the
     # unembedding but not the embedding, a table lookup)
     active_params_count_embedding: Bool | None = None
+    # multi-token prediction (DeepSeek-AI 2024, DeepSeek-V3 report section 2.2; Megatron-Core
+    # --mtp-num-layers): D sequential modules on the last pipeline stage, each predicting one
+    # token further: RMSNorms of the previous depth's hidden state and of the next token's
+    # embedding, their concatenation projected 2h -> h, one transformer layer (the model's last
+    # layer's kind), the shared output head and its loss. The embedding and head are shared with
+    # the main model. Off (0) by default; DeepSeek-V3 trains with D = 1.
+    mtp_num_layers: Int = Field(default=0, ge=0)
     # where each layer's operators come from: the hand-written inventory (``hand``), or traced
     # from the model's own code (``traced``; needs ``hf_config`` and the 'hf' extra), its
     # tensor parallelism from the model's ``base_model_tp_plan``

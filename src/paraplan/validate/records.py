@@ -151,8 +151,8 @@ def _experts(run: dict[str, Any], assumed: list[str]) -> dict[str, Any]:
     fields.update(_moe_pattern(m.get("moe_layer_freq"), m["num_layers"]))
     if "moe_layer_freq" not in fields and m.get("first_k_dense_replace"):
         fields["moe_first_k_dense"] = m["first_k_dense_replace"]
-    if m.get("mtp_num_layers"):
-        assumed.append(f"{m['mtp_num_layers']} multi-token-prediction layer(s) left out (not modelled)")
+    if m.get("mtp_num_layers"):  # DeepSeek-V3's multi-token prediction, on the last stage (inventory.mtp)
+        fields["mtp_num_layers"] = int(m["mtp_num_layers"])
     return fields
 
 
