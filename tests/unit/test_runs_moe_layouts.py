@@ -1,0 +1,64 @@
+"""The published MoE runs (benchmarks/data/runs_moe_dev.json) that state Megatron-LM's pipeline
+split: Qwen3-235B's 94 layers and DeepSeek-V3's 61 over pp x vpp, read as the split the source's
+launch configuration gave (each record's notes cite the line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paraplan.specs.pipeline_layout import SPLIT_FIELDS, stage_grid
+from paraplan.validate.published import measured_from_published
+from paraplan.validate.runs import load_runs, validate_runs
+
+RUNS_MOE = Path(__file__).parents[2] / "benchmarks" / "data" / "runs_moe_dev.json"
+
+
+def _runs() -> list[dict]:
+    return load_runs(RUNS_MOE)
+
+
+def _stating_a_split() -> list[dict]:
+    return [r for r in _runs() if any(key in r["parallel"] for key in SPLIT_FIELDS)]
+
+
+def test_every_record_stating_a_split_cites_its_source_line_in_its_notes():
+    runs = _stating_a_split()
+    assert len(runs) == 7  # six Qwen3-235B rows with pp > 1, DeepSeek-V3 on GB200
+    for run in runs:
+        assert "Pipeline split: " in run["notes"] and "Source: github.com/" in run["notes"], run["id"]
+
+
+def test_the_records_with_a_stated_split_are_predicted_not_skipped():
+    stated = {r["id"] for r in _stating_a_split()}
+    assert len(stated) == 7
+    skipped: list[tuple[str, str]] = []
+    results = validate_runs(_runs(), skipped=skipped)
+    predicted = {r.run_id for r in results}
+    assert stated <= predicted
+    assert not stated & {run_id for run_id, _ in skipped}
+    assert all(r.prediction.iteration_s > 0 for r in results if r.run_id in stated)
+
+
+def test_only_the_dualpipe_run_whose_split_is_unpublished_stays_skipped():
+    skipped: list[tuple[str, str]] = []
+    validate_runs(_runs(), skipped=skipped)
+    assert [run_id for run_id, _ in skipped] == ["deepseek-v3-report-h800-2048gpu-pretrain-average"]
+
+
+@pytest.mark.parametrize(("run_id", "first", "middle", "last"), [
+    # (94 + embedding + loss) / (8 x 4) = 3 per virtual stage: 2 beside the embedding and the loss
+    ("megatron-moezoo-qwen3-235b-h100-256gpu-ep32-deepep", 2, 3, 2),
+    # (94 + 2) / (32 x 3) = 1: the embedding and the loss each fill a virtual stage
+    ("megatron-moezoo-qwen3-235b-h100-256gpu-ep8-pp32-alltoall", 0, 1, 0),
+    # "Et|(tt|)*30L": the embedding with 1 layer, 30 stages of 2, the loss alone
+    ("megatron-docs-deepseek-v3-gb200-256gpu-mxfp8", 1, 2, 0),
+])
+def test_the_records_split_places_megatrons_layers_on_each_virtual_stage(run_id, first, middle, last):
+    run = next(r for r in _runs() if r["id"] == run_id)
+    job = measured_from_published(run).job
+    grid = stage_grid(job.model.num_layers, job.parallel)
+    assert (grid[0][0], grid[-1][-1]) == (first, last)
+    assert {n for chunks in grid[1:-1] for n in chunks} == {middle}
+    assert sum(map(sum, grid)) == run["model"]["num_layers"]
