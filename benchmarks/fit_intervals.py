@@ -5,8 +5,9 @@ and print the leave-one-source-out coverage of the intervals they give.
 Run: python benchmarks/fit_intervals.py [path/to/shared/data] [--check]
   --check: write nothing; print the coverage table only.
 
-The dev runs: ../shared/data/published/runs_dev.json, runs_dev_modern.json and
-../shared/data/gpumodeling/runs_perlmutter.json (the kept-aside evaluation runs are not read).
+The dev runs: ../shared/data/published/runs_dev.json, runs_dev_modern.json,
+../shared/data/gpumodeling/runs_perlmutter.json and the repository's published MoE runs
+(benchmarks/data/runs_moe_dev.json; the kept-aside evaluation runs are not read).
 These residuals are validation data used only for the interval: they never move a prediction.
 """
 
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 DATA = Path(ARGS[0]) if ARGS else ROOT.parent / "shared" / "data"
 FILES = ("published/runs_dev.json", "published/runs_dev_modern.json", "gpumodeling/runs_perlmutter.json")
+REPO_FILES = (ROOT / "benchmarks" / "data" / "runs_moe_dev.json",)
 OUT = ROOT / "src" / "paraplan" / "catalog" / "intervals.yaml"
 FACTOR = 1.5  # the fallback rule's widening (paraplan.uncertainty.interval.conformal_interval)
 LEVELS = (0.5, 0.8, 0.9)
@@ -35,9 +37,9 @@ LEVELS = (0.5, 0.8, 0.9)
 def dev_runs() -> list[Held]:
     """Every dev run predicted: its source, regime and residual."""
     held = []
-    for name in FILES:
+    for name in (*(DATA / f for f in FILES), *REPO_FILES):
         skipped: list[tuple[str, str]] = []
-        held += held_runs(validate_runs(load_runs(DATA / name), skipped=skipped))
+        held += held_runs(validate_runs(load_runs(name), skipped=skipped))
         for run_id, reason in skipped:
             print(f"skipped {name}: {run_id}: {reason}", file=sys.stderr)
     return held

@@ -57,7 +57,8 @@ def test_a_closed_loop_error_widens_a_calibrated_regime_for_an_unseen_gpu_but_ne
 
 def test_the_packaged_residuals_record_the_architectures_their_runs_were_measured_on():
     table = load_residuals()
-    assert table.architectures_in(Regime("uncalibrated", "*", "*")) == {"Hopper"}
+    assert table.architectures_in(Regime("uncalibrated", "*", "dense")) == {"Hopper"}
+    assert table.architectures_in(Regime("uncalibrated", "*", "moe")) == {"Hopper", "Blackwell"}
     assert "Ampere" in table.architectures_in(Regime("calibrated", "*", "*"))
 
 
@@ -83,3 +84,13 @@ def test_a_calibrated_gpu_does_not_borrow_the_bounds_of_uncalibrated_runs_on_its
     low, high, rule, *_ = conformal_interval(CAL, 0.8, _table(), frozenset({"Hopper"}), "GH200")
     assert (low, high) == (-0.24 * 1.5, 0.24 * 1.5)
     assert "no dev run on GH200 (Hopper) among the calibrated GPUs' runs (they ran on Ampere)" in rule
+
+
+def test_an_unseen_architecture_takes_the_largest_error_of_its_own_kind_of_model():
+    moe = Regime("uncalibrated", "preset", "moe")
+    table = ResidualTable.from_rows([(CAL, r / 100, "Ampere") for r in range(-5, 6)]
+                                    + [(moe, 0.5 - r / 10, "Hopper") for r in range(10)])
+    dense_low, dense_high, rule, *_ = conformal_interval(UNCAL, 0.8, table, frozenset({"CDNA 3"}), "MI300X")
+    assert math.isclose(dense_high, 0.05 * 1.5) and "dense runs" in rule
+    moe_low, moe_high, rule, *_ = conformal_interval(moe, 0.8, table, frozenset({"CDNA 3"}), "MI300X")
+    assert math.isclose(moe_high, 0.5 * 1.5) and "moe runs" in rule

@@ -95,14 +95,19 @@ class Interval:
 ALL = Regime("*", "*", "*")
 
 
-def _widest(table: ResidualTable) -> tuple[float, float, int]:
-    """The stated rule of last resort: the largest |residual| of all runs times the fallback
-    factor, on both sides; and the number of runs."""
-    everything = table.pooled(ALL)
+def _widest(table: ResidualTable, regime: Regime = ALL) -> tuple[float, float, int, str]:
+    """The stated rule of last resort: the largest |residual| of all runs of the prediction's
+    kind of model (``regime.model``: a dense model's from the dense runs, a mixture of experts'
+    from the MoE runs; all runs where its kind has none) times the fallback factor, on both
+    sides; the number of runs, and what they were."""
+    kind = Regime(ANY, ANY, regime.model)
+    runs = table.pooled(kind) if regime.model != ANY else ()
+    what = f"{regime.model} runs" if runs else "runs"
+    everything = runs or table.pooled(ALL)
     if not everything:
         raise ConfigError("intervals: no measured runs to earn an interval from")
     worst = max(abs(r) for r in everything) * table.fallback_factor
-    return -worst, worst, len(everything)
+    return -worst, worst, len(everything), what
 
 
 def conformal_interval(regime: Regime, level: float, table: ResidualTable,
@@ -142,8 +147,8 @@ def conformal_interval(regime: Regime, level: float, table: ResidualTable,
         err, said = closed_loop
         return (low - err, high + err, f"{rule}; {unseen}, but its curves were measured on it by the user's "
                 f"closed loop: widened by {said}", fallback, runs)
-    wide_low, wide_high, every = _widest(table)
-    return (wide_low, wide_high, f"{unseen} (Dunn et al. 2022): the largest |error| of all {every} runs "
+    wide_low, wide_high, every, what = _widest(table, regime)
+    return (wide_low, wide_high, f"{unseen} (Dunn et al. 2022): the largest |error| of all {every} {what} "
             f"x{table.fallback_factor:g}, both sides", True, every)
 
 
@@ -176,8 +181,8 @@ def _earned(regime: Regime, level: float, table: ResidualTable,
             return mid - half, mid + half, rule, True, len(pooled), pool
     if not seen(ALL):
         return None
-    low, high, runs = _widest(table)
-    return low, high, f"{short}, nor in any pool: the largest |error| of all {runs} runs x{factor:g}, both sides", \
+    low, high, runs, what = _widest(table, regime)
+    return low, high, f"{short}, nor in any pool: the largest |error| of all {runs} {what} x{factor:g}, both sides", \
         True, runs, ALL
 
 
