@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from paraplan.specs import ConfigError
 
@@ -25,6 +25,26 @@ KEPT_PREDICTIONS = 256
 #: Searches run at once; finished ones kept for browsing.
 RUNNING_SEARCHES = 2
 KEPT_SEARCHES = 16
+
+T = TypeVar("T")
+
+
+class Keyed(Generic[T]):
+    """Items by key behind a lock; asking for one no longer kept is the one-line error
+    :attr:`GONE`."""
+
+    GONE = ""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> T:
+        with self._lock:
+            item = self._items.get(key)
+        if item is None:
+            raise ConfigError(self.GONE)
+        return item
 
 
 @dataclass
@@ -38,14 +58,12 @@ class Kept:
     pictures: dict[str, bytes] = field(default_factory=dict)
 
 
-class Predictions:
+class Predictions(Keyed[Kept]):
     """The last :data:`KEPT_PREDICTIONS` predictions by key: the hash of their JSON (the CLI's,
     interval included), so the same plan predicted again has the same key and its pictures
     are not drawn again."""
 
-    def __init__(self) -> None:
-        self._items: OrderedDict[str, Kept] = OrderedDict()
-        self._lock = threading.Lock()
+    GONE = "prediction: no longer kept by the server; change a field to predict it again"
 
     def add(self, job: Any, pred: Any, interval: Any, data: dict[str, Any]) -> str:
         from paraplan.report.formats import render_json
@@ -59,13 +77,6 @@ class Predictions:
             while len(self._items) > KEPT_PREDICTIONS:
                 self._items.popitem(last=False)
         return key
-
-    def get(self, key: str) -> Kept:
-        with self._lock:
-            kept = self._items.get(key)
-        if kept is None:
-            raise ConfigError("prediction: no longer kept by the server; change a field to predict it again")
-        return kept
 
 
 class Uploads:
@@ -234,35 +245,39 @@ def _pareto_png(result: Any, front: Any, axis: str, to_train: bool, intervals: A
         return path.read_bytes()
 
 
-class Searches:
+class Searches(Keyed[SearchRun]):
     """Running and recent searches by key."""
 
-    def __init__(self) -> None:
-        self._runs: OrderedDict[str, SearchRun] = OrderedDict()
-        self._lock = threading.Lock()
+    GONE = "search: no longer kept by the server; run it again"
 
     def start(self, request: Any, top: int, level: float = 0.8, risk: bool = False) -> str:
         with self._lock:
-            running = sum(r.state == "running" for r in self._runs.values())
+            running = sum(r.state == "running" for r in self._items.values())
             if running >= RUNNING_SEARCHES:
                 raise ConfigError(f"search: {running} searches are running; wait for one or cancel it")
             key = secrets.token_hex(8)
             run = SearchRun(request, top, level, risk)
-            self._runs[key] = run
-            finished = [k for k, r in self._runs.items() if r.state != "running"]
-            for old in finished[: max(0, len(self._runs) - KEPT_SEARCHES)]:
-                del self._runs[old]
+            self._items[key] = run
+            finished = [k for k, r in self._items.items() if r.state != "running"]
+            for old in finished[: max(0, len(self._items) - KEPT_SEARCHES)]:
+                del self._items[old]
         threading.Thread(target=run.run, name=f"paraplan-search-{key}", daemon=True).start()
         return key
 
-    def get(self, key: str) -> SearchRun:
-        with self._lock:
-            run = self._runs.get(key)
-        if run is None:
-            raise ConfigError("search: no longer kept by the server; run it again")
-        return run
-
     def cancel_all(self) -> None:
         with self._lock:
-            for run in self._runs.values():
+            for run in self._items.values():
                 run.cancel.set()
+
+
+class Server:
+    """All one server holds between requests: its predictions, uploads and searches."""
+
+    def __init__(self) -> None:
+        self.predictions = Predictions()
+        self.uploads = Uploads()
+        self.searches = Searches()
+
+    def close(self) -> None:
+        self.searches.cancel_all()
+        self.uploads.close()
