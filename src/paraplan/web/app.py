@@ -35,7 +35,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from paraplan.web import download_routes, predict_routes, search_routes
-from paraplan.web.state import Server
+from paraplan.web.server import Server
 
 _HERE = Path(__file__).parent
 

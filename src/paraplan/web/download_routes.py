@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from paraplan.web.answers import USER_ERRORS, BadInput, error
-from paraplan.web.state import Server, plot_lock
+from paraplan.web.server import Server
+from paraplan.web.state import plot_lock
 
 PICTURES = ("breakdown", "timeline", "memory")
 

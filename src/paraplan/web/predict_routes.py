@@ -28,7 +28,8 @@ from paraplan.web.answers import (
     read_form,
 )
 from paraplan.web.download_routes import PICTURES
-from paraplan.web.state import MAX_UPLOAD_BYTES, Server
+from paraplan.web.server import Server
+from paraplan.web.state import MAX_UPLOAD_BYTES
 
 
 def predict_form(server: Server, form: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:

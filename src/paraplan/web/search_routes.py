@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from paraplan.web import answers, forms
 from paraplan.web.answers import USER_ERRORS, BadInput, error
 from paraplan.web.predict_routes import answer
-from paraplan.web.state import Server
+from paraplan.web.server import Server
 
 
 async def search_start(server: Server, request: Request) -> Response:
