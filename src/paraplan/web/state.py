@@ -1,20 +1,17 @@
 """What the server holds between requests: recent predictions (their pictures and downloads
-are asked for by key), uploaded configs in one temporary folder, and running searches (with
-their progress and a way to cancel them)."""
+are asked for by key) and uploaded configs in one temporary folder (the searches are in
+``searches``), and the lock every picture is drawn under."""
 
 from __future__ import annotations
 
 import hashlib
-import math
-import secrets
 import shutil
 import tempfile
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from paraplan.specs import ConfigError
 
@@ -22,9 +19,26 @@ from paraplan.specs import ConfigError
 MAX_UPLOAD_BYTES = 1024 * 1024
 #: Predictions kept for their pictures and downloads (the oldest is dropped first).
 KEPT_PREDICTIONS = 256
-#: Searches run at once; finished ones kept for browsing.
-RUNNING_SEARCHES = 2
-KEPT_SEARCHES = 16
+
+T = TypeVar("T")
+
+
+class Keyed(Generic[T]):
+    """Items by key behind a lock; asking for one no longer kept is the one-line error
+    :attr:`GONE`."""
+
+    GONE = ""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> T:
+        with self._lock:
+            item = self._items.get(key)
+        if item is None:
+            raise ConfigError(self.GONE)
+        return item
 
 
 @dataclass
@@ -38,14 +52,12 @@ class Kept:
     pictures: dict[str, bytes] = field(default_factory=dict)
 
 
-class Predictions:
+class Predictions(Keyed[Kept]):
     """The last :data:`KEPT_PREDICTIONS` predictions by key: the hash of their JSON (the CLI's,
     interval included), so the same plan predicted again has the same key and its pictures
     are not drawn again."""
 
-    def __init__(self) -> None:
-        self._items: OrderedDict[str, Kept] = OrderedDict()
-        self._lock = threading.Lock()
+    GONE = "prediction: no longer kept by the server; change a field to predict it again"
 
     def add(self, job: Any, pred: Any, interval: Any, data: dict[str, Any]) -> str:
         from paraplan.report.formats import render_json
@@ -59,13 +71,6 @@ class Predictions:
             while len(self._items) > KEPT_PREDICTIONS:
                 self._items.popitem(last=False)
         return key
-
-    def get(self, key: str) -> Kept:
-        with self._lock:
-            kept = self._items.get(key)
-        if kept is None:
-            raise ConfigError("prediction: no longer kept by the server; change a field to predict it again")
-        return kept
 
 
 class Uploads:
@@ -119,150 +124,8 @@ class Uploads:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class Cancelled(Exception):
-    """A search the page cancelled."""
-
-
-#: What a configuration's screen is taken to last before one was timed (the whole-space screen
-#: of a large model takes about a second here).
-SCREEN_GUESS_S = 1.0
-
-
-@dataclass
-class SearchRun:
-    """One search in a thread: its stage and share done, its answer (the CLI's JSON, with the
-    CLI's text of each plan row) or its error."""
-
-    request: Any
-    top: int
-    level: float = 0.8
-    risk: bool = False
-    state: str = "running"  # running | done | error | cancelled
-    stage: str = "screen"  # screen (the whole space, closed form) | exact (the shortlist, predicted)
-    index: int = 0  # the configuration being searched
-    exact_share: float = 0.0  # of the current configuration's exact stage
-    stage_started: float = field(default_factory=time.monotonic)
-    screen_s: float = SCREEN_GUESS_S  # how long a screen lasts: the last one timed, or the guess
-    started: float = field(default_factory=time.monotonic)
-    elapsed_s: float = 0.0
-    data: dict[str, Any] | None = None
-    shown: dict[str, Any] | None = None
-    error: str | None = None
-    plans: list[Any] = field(default_factory=list)  # the predictions of data["plans"], in order
-    front: list[Any] = field(default_factory=list)
-    pareto_png: bytes | None = None
-    cancel: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def done(self) -> float:
-        """The share done, 0-1: each configuration half screen, half exact. The screen reports
-        no progress of its own, so its half moves with its time against the last screen's
-        (or :data:`SCREEN_GUESS_S`), never reaching its end before the screen does."""
-        if self.state == "done":
-            return 1.0
-        n = max(len(self.request.searches), 1)
-        if self.stage == "screen":
-            ran = time.monotonic() - self.stage_started
-            part = 0.5 * (1.0 - math.exp(-ran / max(self.screen_s, 1e-3)))
-        else:
-            part = 0.5 + 0.5 * self.exact_share
-        return min(1.0, (self.index + part) / n)
-
-    def _progress(self, i: int, done: int, total: int) -> None:
-        if self.cancel.is_set():
-            raise Cancelled
-        if self.stage == "screen":  # the first call: the screen is over
-            self.screen_s = max(time.monotonic() - self.stage_started, 1e-3)
-            self.stage = "exact"
-        self.exact_share = done / max(total, 1)
-
-    def run(self) -> None:
-        from paraplan.cli.search import plan_rows, risk_notes_of, search_data, with_intervals
-        from paraplan.search.run import merge_results, search_plans
-        from paraplan.web.shown import plans_shown
-
-        searches = list(self.request.searches)
-        try:
-            results = []
-            for i, kwargs in enumerate(searches):
-                self.index, self.stage, self.exact_share, self.stage_started = i, "screen", 0.0, time.monotonic()
-                results.append(search_plans(**{**kwargs, "progress": lambda d, t, i=i: self._progress(i, d, t)}))
-                if self.cancel.is_set():
-                    raise Cancelled
-            result = merge_results(results)
-            result, intervals = with_intervals(result, self.level, self.risk)  # as paraplan search --interval
-            risk_notes = risk_notes_of(result, intervals, self.request, self.risk) if result.ranked else None
-            front, axis = None, self.request.pareto_axis
-            if result.ranked:
-                from paraplan.report.pareto import pareto_plans
-                from paraplan.uncertainty import interval_for
-
-                front, to_train = pareto_plans(result, axis)
-                self.front = list(front)
-                self.pareto_png = _pareto_png(result, front, axis, to_train,
-                                              [interval_for(p, self.level) for p in front])
-            rows = plan_rows(result, self.top, intervals, risk_notes)
-            self.plans = list(result.ranked[: len(rows)])
-            self.data = search_data(result, rows, front, axis, risk_notes)
-            several = len(searches) > 1
-            self.shown = {"plans": plans_shown(rows, several),
-                          "pareto": plans_shown(self.data.get("pareto") or [], several)}
-            self.state = "done"
-        except Cancelled:
-            self.state = "cancelled"
-        except ConfigError as exc:
-            self.error, self.state = str(exc), "error"
-        except Exception as exc:  # a bug: said on the page in one line, not lost in a thread
-            self.error, self.state = f"internal error: {type(exc).__name__}: {exc}", "error"
-        finally:
-            self.elapsed_s = time.monotonic() - self.started
-
-
 _PLOT_LOCK = threading.Lock()  # matplotlib's pyplot is not thread-safe
 
 
 def plot_lock() -> threading.Lock:
     return _PLOT_LOCK
-
-
-def _pareto_png(result: Any, front: Any, axis: str, to_train: bool, intervals: Any = None) -> bytes | None:
-    from paraplan.report.pareto import plot_pareto
-
-    with _PLOT_LOCK, tempfile.TemporaryDirectory(prefix="paraplan-web-") as folder:
-        path = Path(folder) / "pareto.png"
-        plot_pareto(result, front, path, axis=axis, to_train=to_train, intervals=intervals)
-        return path.read_bytes()
-
-
-class Searches:
-    """Running and recent searches by key."""
-
-    def __init__(self) -> None:
-        self._runs: OrderedDict[str, SearchRun] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def start(self, request: Any, top: int, level: float = 0.8, risk: bool = False) -> str:
-        with self._lock:
-            running = sum(r.state == "running" for r in self._runs.values())
-            if running >= RUNNING_SEARCHES:
-                raise ConfigError(f"search: {running} searches are running; wait for one or cancel it")
-            key = secrets.token_hex(8)
-            run = SearchRun(request, top, level, risk)
-            self._runs[key] = run
-            finished = [k for k, r in self._runs.items() if r.state != "running"]
-            for old in finished[: max(0, len(self._runs) - KEPT_SEARCHES)]:
-                del self._runs[old]
-        threading.Thread(target=run.run, name=f"paraplan-search-{key}", daemon=True).start()
-        return key
-
-    def get(self, key: str) -> SearchRun:
-        with self._lock:
-            run = self._runs.get(key)
-        if run is None:
-            raise ConfigError("search: no longer kept by the server; run it again")
-        return run
-
-    def cancel_all(self) -> None:
-        with self._lock:
-            for run in self._runs.values():
-                run.cancel.set()
