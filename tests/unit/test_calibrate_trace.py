@@ -114,7 +114,7 @@ def test_one_size_fits_max_fraction_only_with_half_work_at_its_floor(job):
     assert fit.curve.half_work == pytest.approx(10**MIN_HALF_WORK_LOG10)
 
 
-def test_the_calibrated_cluster_file_loads_and_predicts_faster_than_the_uncalibrated_guess(calibrated, tmp_path):
+def test_the_calibrated_cluster_file_loads_and_predicts_with_its_fitted_curves_not_the_example_ones(calibrated, tmp_path):
     path = tmp_path / "mycluster.yaml"
     path.write_text(cluster_file_yaml(calibrated.cluster, ["test"]), encoding="utf-8")
     before = load_job(JOB)
@@ -123,7 +123,9 @@ def test_the_calibrated_cluster_file_loads_and_predicts_faster_than_the_uncalibr
         calibrated.cluster.gpu.efficiency.precisions[Precision.FP32].gemm.max_fraction, rel=1e-3)
     t_before = predict(before, make_cost_model(before, "analytical", None)).iteration_s
     t_after = predict(after, make_cost_model(after, "analytical", None)).iteration_s
-    assert math.isfinite(t_after) and t_after < t_before
+    # the example's own curves are measured on a CPU core too (no longer generic GPU guesses
+    # 100x too slow), so the trace's fit moves the prediction either way, but it moves it
+    assert math.isfinite(t_after) and abs(t_after / t_before - 1) > 0.05
 
 
 def _raw_job() -> dict:

@@ -1,0 +1,50 @@
+"""examples/tiny-cpu/cluster.yaml's cpu-core curves are measured on one CPU core: its roofline
+lands near what the profiler times there, so `paraplan fit` keeps the job's own operators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from paraplan.catalog.jobs import load_cluster_file
+from paraplan.cli.app import app
+from paraplan.costmodel.roofline import AnalyticalCostModel
+from paraplan.inventory.samples import op_for_sample
+from paraplan.profile.grid import parse_grid
+from paraplan.profile.ops import SweepSettings, measure_point
+from paraplan.profile.timing import TimingPolicy
+from paraplan.specs import Phase, Precision
+
+pytest.importorskip("torch")
+
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu"
+TIMING = TimingPolicy(warmup=2, warmup_s=0.0, min_repeats=10, max_repeats=20, budget_s=0.2)
+
+
+@pytest.mark.parametrize("name, shape", [("linear1", {"mp": 1, "b": 4, "l": 64, "dim": 64}),
+                                         ("flash_atten", {"mp": 1, "b": 4, "h": 4, "l": 64, "dim": 64}),
+                                         ("gelu", {"mp": 1, "b": 4, "l": 64, "dim": 64})])
+def test_the_cpu_core_roofline_is_within_10x_of_the_measured_forward_of_a_small_operator(name, shape) -> None:
+    point = parse_grid({name: {k: [v] for k, v in shape.items()}})[0]
+    rows, _ = measure_point(point, "fp32", SweepSettings(policy=TIMING))
+    measured = next(r["time_s"] for r in rows if r["phase"] == "fwd")
+    model = AnalyticalCostModel(load_cluster_file(TINY / "cluster.yaml"), Precision.FP32, sustained=False)
+    predicted = model.estimate_op_s(op_for_sample(name, shape, Precision.FP32), Phase.FWD)
+    assert 0.1 < predicted / measured < 10.0, f"{name}: roofline / measured = {predicted / measured:.3g}"
+
+
+@pytest.mark.slow
+def test_profiling_the_tiny_ddp_job_and_fitting_saves_regressors_for_its_own_operators(tmp_path) -> None:
+    samples, models = tmp_path / "s.parquet", tmp_path / "m.ubj"
+    runner = CliRunner()
+    profile = runner.invoke(app, ["profile", "ops", "--for", str(TINY / "ddp.yaml"), "--out", str(samples)])
+    assert profile.exit_code == 0, profile.output
+    fit = runner.invoke(app, ["fit", str(samples), "--cluster", str(TINY / "cluster.yaml"), "-o", str(models),
+                              "--quick", "-f", "json"])
+    assert fit.exit_code == 0, fit.output
+    assert models.exists()
+    for name in ("linear1", "linear_final", "flash_atten", "gelu", "layernorm"):
+        for phase in ("fwd", "bwd"):
+            assert f"op/cpu-core/fp32/{name}/{phase}" in fit.stdout
