@@ -4,10 +4,12 @@ launch configuration gave (each record's notes cite the line)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 
+from paraplan.specs.errors import ConfigError
 from paraplan.specs.pipeline_layout import SPLIT_FIELDS, stage_grid
 from paraplan.validate.published import measured_from_published
 from paraplan.validate.runs import load_runs, validate_runs
@@ -62,3 +64,24 @@ def test_the_records_split_places_megatrons_layers_on_each_virtual_stage(run_id,
     assert (grid[0][0], grid[-1][-1]) == (first, last)
     assert {n for chunks in grid[1:-1] for n in chunks} == {middle}
     assert sum(map(sum, grid)) == run["model"]["num_layers"]
+
+
+def _stating_recompute() -> list[dict]:
+    return [r for r in _runs() if "recompute_granularity" in r["parallel"]]
+
+
+def test_every_record_stating_megatrons_recompute_cites_its_source_line_and_reaches_the_plan():
+    runs = _stating_recompute()
+    assert len(runs) == 7  # five selective Qwen3-235B rows, the full-recompute FSDP row, DeepSeek-V3 on GB200
+    for run in runs:
+        assert "Recompute: " in run["notes"] and "Source: github.com/" in run["notes"], run["id"]
+        plan = measured_from_published(run).job.parallel
+        assert plan.recompute.value == run["parallel"]["recompute_granularity"], run["id"]
+        assert list(plan.recompute_modules or ()) == run["parallel"].get("recompute_modules", []), run["id"]
+
+
+def test_a_recompute_granularity_disagreeing_with_the_records_recompute_is_refused_naming_the_field():
+    run = copy.deepcopy(next(r for r in _runs() if r["id"].endswith("ep8-fsdp")))
+    run["parallel"]["recompute_granularity"] = "selective"
+    with pytest.raises(ConfigError, match=r"parallel\.recompute_granularity 'selective' disagrees with recompute 'full'"):
+        measured_from_published(run)

@@ -241,7 +241,7 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
         assumed.append("zero_stage 0 (plain data parallel)")
     if zero is not None:
         parallel["zero_stage"] = zero
-    recompute = run.get("recompute")
+    recompute = run.get("recompute", p.get("recompute_granularity"))
     if recompute is not None or preset is None:
         parallel["recompute"] = _recompute(run, engine, words, assumed)
     if _TP_OVERLAP.search(words) and parallel.get("sequence_parallel") and parallel["tp"] > 1:
@@ -293,7 +293,13 @@ def _dispatcher(p: dict[str, Any], parallel: dict[str, Any], assumed: list[str])
 
 
 def _recompute(run: dict[str, Any], engine: str, words: str, assumed: list[str]) -> str:
-    recompute = str(run.get("recompute") or "none").split()[0].lower()
+    # parallel.recompute_granularity: Megatron-LM's --recompute-granularity, where the source states it
+    stated = run["parallel"].get("recompute_granularity")
+    recompute = str(stated or run.get("recompute") or "none").split()[0].lower()
+    said = str(run.get("recompute") or "").split()
+    if stated is not None and said and said[0].lower() != recompute:
+        raise ConfigError(f"{run['id']}: parallel.recompute_granularity {stated!r} disagrees with recompute "
+                          f"{run.get('recompute')!r}")
     if recompute not in _RECOMPUTE:
         raise ConfigError(f"{run['id']}: recompute {run.get('recompute')!r} is not none, selective or full")
     recompute = _RECOMPUTE[recompute]
