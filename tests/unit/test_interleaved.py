@@ -91,14 +91,14 @@ def test_drifting_stages_past_the_run_are_timed_inside_the_drift_bound_from_a_br
     fwd, bwd = [0.97, 1.03, 0.97, 1.03], [1.94, 2.06, 1.94, 2.06]
     dur = np.asarray(task_durations(IL, p, v, fwd, bwd, [0.0] * p, 0.02, 0.03)).reshape(-1, 1)
     bracketed = []
-    real = interleaved_runs._drift_bracket
+    real = interleaved_runs.drift_bracket
 
     def spy(*args):
         finish, narrow = real(*args)
         bracketed.append(int(narrow.sum()))
         return finish, narrow
 
-    monkeypatch.setattr(interleaved_runs, "_drift_bracket", spy)
+    monkeypatch.setattr(interleaved_runs, "drift_bracket", spy)
     m = np.array([interleaved_runs.long_run(p, v), 160])
     got = interleaved_runs.interleaved_finish(p, v, m, dur, np.zeros(2, dtype=np.int64))
     assert sum(bracketed) == 1

@@ -38,10 +38,15 @@ EXACT = 1e-12
 #: wide on either side (0.1 %, the issue's bound). Interleaved 1F1B, with blocking sends or
 #: asynchronous ones (``schedule.interleaved_runs``), alike past ``long_run(p, v)`` micro-batches.
 ONE_F_ONE_B_TOLERANCE = DRIFT_BOUND
-#: Zero-bubble schedules past ``batched_short(p) + 2 p`` micro-batches: the steady state is
-#: extrapolated from short runs, a fraction of a percent fast where the stages drift into a
-#: slower pace later (``schedule.pipeline.pipeline_finish``; tests/unit/test_steady_state.py).
-STEADY_STATE_TOLERANCE = 0.01
+# The zero-bubble schedules and 1F1B with asynchronous sends past ``batched_short(p) + 2 p``
+# micro-batches (``schedule.pipeline.pipeline_finish``, ``short_runs``) alike: the steady state
+# read off short runs, the middle of a drift bracket at most ``DRIFT_BOUND`` wide on either side.
+
+
+def short_runs(plan) -> bool:
+    """Whether the screen times ``plan``'s pipeline from ``pipeline_finish``'s short runs."""
+    return plan.pp > 1 and plan.schedule is not Schedule.INTERLEAVED and (
+        plan.schedule.splits_backward or plan.overlap_p2p_comm) and not plan.runs_deepspeed_train_schedule
 
 
 def time_tolerance(job: Job) -> float:
@@ -53,7 +58,7 @@ def time_tolerance(job: Job) -> float:
         # one run for every m; past it, its repeat (exact) or, where the stages drift, a bracket
         return EXACT if plan.num_microbatches <= long_run(plan.pp, plan.vpp) else ONE_F_ONE_B_TOLERANCE
     if plan.schedule.splits_backward or plan.overlap_p2p_comm:  # task graphs (sends as arrival delays)
-        return EXACT if plan.num_microbatches <= batched_short(plan.pp) + 2 * plan.pp else STEADY_STATE_TOLERANCE
+        return EXACT if plan.num_microbatches <= batched_short(plan.pp) + 2 * plan.pp else ONE_F_ONE_B_TOLERANCE
     return EXACT if plan.num_microbatches <= 8 * periodic_short(plan.pp) else ONE_F_ONE_B_TOLERANCE
 
 
@@ -220,8 +225,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
                 "sp": q.sequence_parallel if q.tp > 1 else "tp1", "offload": q.offload_optimizer,
                 "framework": q.framework.value, "schedule": q.schedule.value,
                 "hybrid shard": q.data_parallel_shard_degree is not None,
-                "tolerance": {EXACT: "exact", ONE_F_ONE_B_TOLERANCE: "bracket",
-                              STEADY_STATE_TOLERANCE: "steady"}[time_tolerance(job)],
+                "tolerance": "exact" if time_tolerance(job) == EXACT else "steady" if short_runs(q) else "bracket",
                 "deepspeed 1f1b": q.pp > 1 and q.runs_deepspeed_train_schedule,
                 **{key: space.extra.get(key) for key in ("overlap_grad_reduce", "scatter_gather_p2p")},
                 "cp_comm": q.cp_comm if q.cp > 1 else "cp1",

@@ -7,7 +7,7 @@ tasks downstream of a cool-down (``_tail``; past the warm-up one graph for every
 from the run's tasks. Only the run's rows the tails and the periodicity band read are kept
 (``graph.window_ends``). Past the run, where a band of it repeats, whole periods extend it
 (exact); where the stages still drift, the middle of a bracket at most ``DRIFT_BOUND`` wide
-(``_drift_bracket``).
+(``steady.drift_bracket``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from paraplan.schedule.interleaved import (
     unit_levels,
     warm_up,
 )
+from paraplan.schedule.steady import drift_bracket
 
 
 @functools.lru_cache(maxsize=64)
@@ -213,7 +214,7 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
     depth of 4 stages or more, in a run a third as long as the shared one). The columns that
     do not take the shared run of ``long_run(p, v)`` micro-batches, so that every m up to it
     is exact; past it, those that still do not repeat (stages still drifting) take the middle
-    of a bracket where it is within ``DRIFT_BOUND`` (``_drift_bracket``), else a run twice as
+    of a bracket where it is within ``DRIFT_BOUND`` (``steady.drift_bracket``), else a run twice as
     long, up to their largest m. Every tail is evaluated in one pass (``_Finish``)."""
     import numpy as np
 
@@ -271,7 +272,7 @@ def interleaved_finish(p: int, v: int, m, dur, column, arrival=None):
             beyond &= ~sel
         if bracket and beyond.any():  # still drifting: the middle of a bracket where narrow enough
             top, before = finish(k, inv[beyond]), finish(k - p, inv[beyond])
-            done, narrow = _drift_bracket(p, v, top, before, full[:, used][:, inv[beyond]], (ms[beyond] - k) // p)
+            done, narrow = drift_bracket(p, v, top, before, full[:, used][:, inv[beyond]], (ms[beyond] - k) // p)
             out[:, rest[idx[beyond][narrow]]] = done[:, narrow]
             pending[idx[beyond][narrow]] = False
         k = long_run(p, v) if k < long_run(p, v) else 2 * k
@@ -295,32 +296,6 @@ class _Finish:
         import numpy as np
 
         return self.done[mb][:, np.searchsorted(self.cols[mb], cols)]
-
-
-def _drift_bracket(p: int, v: int, top, before, dur, periods):
-    """Each stage's finish (p, plans) of plans ``periods`` periods of p micro-batches past a run
-    of k whose columns (``dur``: each plan's) do not repeat within it, from their finish at k
-    (``top``) and at k - p (``before``), and which of them to keep: (finish, mask).
-
-    Their stages are still drifting: a slower stage takes over the pace as the lead the
-    warm-up gave the others is used up, so each period of p micro-batches takes longer than
-    the last (as 1F1B's, ``one_f_one_b_finish``). Past the run the finish lies between the
-    run's last period repeated (the chord) and the slowest stage's busy time per period (its
-    forwards and backwards, held sends included, of p micro-batches on every chunk); the
-    middle of that bracket is taken where its half-width is within ``DRIFT_BOUND`` (0.1 %) and
-    the chord does not exceed the pace, the rest take a longer run. Not proven as the repeat
-    is: checked against ``simulate_pipeline`` by a test."""
-    import numpy as np
-
-    from paraplan.schedule.one_f_one_b import DRIFT_BOUND
-
-    chord = top - before
-    work = dur[:3 * p * v].reshape(p, v, 3, dur.shape[1])[:, :, :2].sum(axis=(1, 2))
-    pace = p * work.max(axis=0)
-    low = top + periods * chord
-    high = top + periods * pace
-    narrow = np.all(chord <= pace * (1 + 1e-12), axis=0) & np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
-    return (low + high) / 2, narrow
 
 
 def _distinct(values, n: int):

@@ -25,12 +25,8 @@ import functools
 
 from paraplan.schedule.graph import in_level_order, level_ends
 from paraplan.schedule.pipeline import _full
-from paraplan.schedule.steady import LONG
+from paraplan.schedule.steady import DRIFT_BOUND, LONG
 from paraplan.specs import Schedule
-
-#: The largest relative error ``one_f_one_b_finish`` allows where its stages drift (below
-#: the search's 0.1 % between the screen and ``predict``).
-DRIFT_BOUND = 1e-3
 
 
 def periodic_short(p: int) -> int:

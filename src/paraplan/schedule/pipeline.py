@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from paraplan.schedule import interleaved
 from paraplan.schedule.graph import graph_ends, graph_levels
 from paraplan.schedule.orders import B, F, W, placement, stage_order
-from paraplan.schedule.steady import LONG, extrapolate, extrapolate_many
+from paraplan.schedule.steady import LONG, drift_bracket, extrapolate, extrapolate_many
 from paraplan.specs import Schedule
 
 
@@ -252,11 +252,12 @@ def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur, arrival=Non
     ``overlap_p2p``: ``dur`` then holds no send, and an input from another stage arrives one
     transfer after its task ends). Returns an array of shape
     (p, plans), equal to ``simulate_pipeline``'s finish times up to ``batched_short(p) + 2 p``
-    micro-batches. Past that the steady state is extrapolated from two short runs a cycle
-    apart, so the search's cost stays flat in m (a plan whose short run shows no cycle is run
-    in full): exact unless the stages drift into a slower steady state only after the short
-    run (a small rate difference eating a warm-up's slack), where it is a fraction of a percent
-    fast; the search predicts its shortlist exactly."""
+    micro-batches. Past that the steady state is read off two short runs a cycle apart, so the
+    search's cost stays flat in m: as the stages may still drift into a slower pace after the
+    short run (a small rate difference eating a warm-up's slack), the finish is the middle of
+    the bracket between that cycle repeated and the slowest stage's pace
+    (``steady.drift_bracket``), within ``DRIFT_BOUND`` (0.1 %) of the simulation; a plan whose
+    bracket is wider, or whose short run shows no cycle, is run in full."""
     import numpy as np
 
     overlap = arrival is not None
@@ -272,7 +273,11 @@ def pipeline_finish(schedule: Schedule, p: int, m: int, v: int, dur, arrival=Non
         end = graph_ends(levels, rows, dur[:, sel], last + done)
         return end[:p], end[p:]
 
-    out, rest = extrapolate_many(run, m, p, short, dur.shape[1])
+    def settle(sel, start, then, whole: int, remaining: int):
+        chord = (then - start) * (p / whole)  # the short run's last cycle, per p micro-batches
+        return drift_bracket(p, v, start, start - chord, dur[:, sel], remaining // p)
+
+    out, rest = extrapolate_many(run, m, p, short, dur.shape[1], settle)
     if rest.any():
         full = _full(schedule, p, m, v, dur[:, rest], overlap)
         if out is None:

@@ -26,6 +26,9 @@ from collections.abc import Callable, Sequence
 # Micro-batches beyond which a schedule is extrapolated instead of simulated task by task.
 LONG = 2048
 SIMULATED = 1024
+#: The largest relative error a drift bracket's middle allows (``drift_bracket``; below the
+#: search's 0.1 % between the screen and ``predict``).
+DRIFT_BOUND = 1e-3
 
 
 def extrapolate(
@@ -54,13 +57,15 @@ def extrapolate(
     return tuple(a + cycles * (b - a) for a, b in zip(start, then, strict=True))
 
 
-def extrapolate_many(run, m: int, period: int, k: int, n: int):
+def extrapolate_many(run, m: int, period: int, k: int, n: int, settle=None):
     """``extrapolate`` for ``n`` plans of one shape at once, from short runs of about ``k``
     micro-batches: ``run(k, sel)`` returns, for the plans of the boolean mask ``sel``, each
     stage's finish time (stages, plans) and when stage 0 finished each micro-batch (k, plans).
     Returns (each stage's finish for ``m`` micro-batches, (stages, n); a mask of the plans
     with no cycle in the middle half of the short run, whose finish is NaN: the caller runs
-    them in full)."""
+    them in full). With ``settle(sel, start, then, whole)`` (the finish at k' >= k micro-batches
+    and ``whole`` more, for the plans of ``sel``), the finish at m is what it returns, where its
+    mask keeps it, instead of the repeat of that last cycle; the others are run in full."""
     import numpy as np
 
     k += (m - k) % period
@@ -85,5 +90,37 @@ def extrapolate_many(run, m: int, period: int, k: int, n: int):
         then, _ = run(k_c + whole, sel)
         if out is None:
             out = np.full((start.shape[0], n), np.nan)
-        out[:, sel] = start + (m - k_c) // whole * (then - start)
+        if settle is None:
+            out[:, sel] = start + (m - k_c) // whole * (then - start)
+            continue
+        done, keep = settle(sel, start, then, whole, m - k_c)
+        at = np.flatnonzero(sel)
+        out[:, at[keep]] = done[:, keep]
+        cycle[at[~keep]] = 0
     return out, cycle == 0
+
+
+def drift_bracket(p: int, v: int, top, before, dur, periods):
+    """Each stage's finish (p, plans) of plans ``periods`` periods of p micro-batches past a run
+    of k whose columns (``dur``: each plan's, rows as ``pipeline.task_durations``) may still
+    drift, from their finish at k (``top``) and at k - p (``before``), and which of them to
+    keep: (finish, mask).
+
+    Where a slower stage takes over the pace only as the lead the warm-up gave the others is
+    used up, each period of p micro-batches takes longer than the last (as Megatron-LM's 1F1B,
+    ``one_f_one_b.one_f_one_b_finish``). Past the run the finish lies between the run's last
+    period repeated (the chord) and the slowest stage's busy time per period (its forwards,
+    backwards and weight gradients, held sends included, of p micro-batches on every chunk); the
+    middle of that bracket is taken where its half-width is within ``DRIFT_BOUND`` (0.1 %) and
+    the chord does not exceed the pace, the rest take a longer run. Not proven as a repeat is:
+    checked against ``simulate_pipeline`` by tests (interleaved 1F1B, the zero-bubble schedules,
+    1F1B with asynchronous sends)."""
+    import numpy as np
+
+    chord = top - before
+    work = dur[:3 * p * v].reshape(p, v * 3, dur.shape[1]).sum(axis=1)
+    pace = p * work.max(axis=0)
+    low = top + periods * chord
+    high = top + periods * pace
+    narrow = np.all(chord <= pace * (1 + 1e-12), axis=0) & np.all(high - low <= 2 * DRIFT_BOUND * low, axis=0)
+    return (low + high) / 2, narrow
