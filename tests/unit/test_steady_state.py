@@ -69,7 +69,7 @@ def test_many_plans_of_one_shape_finish_when_each_ones_simulation_says(p, data, 
     only after it (a small rate difference eating a warm-up's slack, hundreds of micro-batches
     later), it takes the middle of the bracket between the run's last cycle and the slowest
     stage's pace where that is within ``DRIFT_BOUND`` (0.1 %), else the whole graph."""
-    m = data.draw(st.sampled_from([1, p - 1, p, 2 * p + 1, 50, 97, 300, LONG + 7]))
+    m = data.draw(st.sampled_from([1, p - 1, p, 2 * p + 1, 50, 97, 300, 700, LONG + 7]))
     vpp = 2 if schedule is Schedule.INTERLEAVED else 1
     if vpp > 1:  # interleaving runs whole rounds of p micro-batches
         m = p * -(-m // p)

@@ -21,7 +21,9 @@ dicts from class to arrays over plans, and its send times. The simulators beside
   the blocking sends (``_closed_form_finish``), are replaced by the task graphs where pp > 1;
 - the zero-bubble schedules (ZB-H1, ZB-V) and DeepSpeed's TrainSchedule have no closed form
   that holds once the last stage carries the LM head: their task graphs are evaluated for all
-  plans of a (schedule, pp, micro-batches) shape at once, equal to the simulation.
+  plans of a (schedule, pp, micro-batches) shape at once, equal to the simulation (zero-bubble
+  past ``batched_short(p) + 2 p`` micro-batches: the middle of a drift bracket within
+  ``DRIFT_BOUND``, else the whole graph; ``pipeline.pipeline_finish``).
 
 ``in_flight`` is ``prediction.memory``'s micro-batches in flight per stage, in closed form
 (``schedule.peak_in_flight`` counts them from the orders).

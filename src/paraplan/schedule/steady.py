@@ -14,8 +14,10 @@ What it cannot see is a drift that begins after the simulated run: when a schedu
 slowest cycles of dependencies differ by a small rate, the slower one can take hundreds of
 micro-batches to use up the warm-up's slack and set the pace. The extrapolation is then
 slightly fast (hypothesis found 1.7e-5 of the iteration with 1,024 simulated micro-batches;
-the search's screen, extrapolating from 128, 0.2 %). Only the max-plus cycle mean of the
-schedule's period graph (Karp) would give the eventual pace exactly.
+repeating the last cycle of a run of 128, up to 1.1 %). Only the max-plus cycle mean of the
+schedule's period graph (Karp) would give the eventual pace exactly; the search's task graphs
+(``extrapolate_many``'s ``settle``) bound it instead: between that cycle repeated and the slowest
+stage's pace, taking the middle where it is within ``DRIFT_BOUND`` (``drift_bracket``).
 """
 
 from __future__ import annotations
