@@ -23,16 +23,27 @@ TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu"
 TIMING = TimingPolicy(warmup=2, warmup_s=0.0, min_repeats=10, max_repeats=20, budget_s=0.2)
 
 
+def _roofline_over_measured(name: str, shape: dict) -> float:
+    point = parse_grid({name: {k: [v] for k, v in shape.items()}})[0]
+    # the fastest of three medians: on a busy 2-core machine a median can sit on time slices
+    # the operator waited out (8 ms each), not on the operator
+    measured = min(next(r["time_s"] for r in measure_point(point, "fp32", SweepSettings(policy=TIMING))[0]
+                        if r["phase"] == "fwd") for _ in range(3))
+    model = AnalyticalCostModel(load_cluster_file(TINY / "cluster.yaml"), Precision.FP32, sustained=False)
+    return model.estimate_op_s(op_for_sample(name, shape, Precision.FP32), Phase.FWD) / measured
+
+
 @pytest.mark.parametrize("name, shape", [("linear1", {"mp": 1, "b": 4, "l": 64, "dim": 64}),
                                          ("flash_atten", {"mp": 1, "b": 4, "h": 4, "l": 64, "dim": 64}),
                                          ("gelu", {"mp": 1, "b": 4, "l": 64, "dim": 64})])
-def test_the_cpu_core_roofline_is_within_10x_of_the_measured_forward_of_a_small_operator(name, shape) -> None:
-    point = parse_grid({name: {k: [v] for k, v in shape.items()}})[0]
-    rows, _ = measure_point(point, "fp32", SweepSettings(policy=TIMING))
-    measured = next(r["time_s"] for r in rows if r["phase"] == "fwd")
-    model = AnalyticalCostModel(load_cluster_file(TINY / "cluster.yaml"), Precision.FP32, sustained=False)
-    predicted = model.estimate_op_s(op_for_sample(name, shape, Precision.FP32), Phase.FWD)
-    assert 0.1 < predicted / measured < 10.0, f"{name}: roofline / measured = {predicted / measured:.3g}"
+def test_the_cpu_core_roofline_of_a_small_operator_is_within_10x_of_a_large_gemms_against_measured(
+        name, shape) -> None:
+    # A ratio measured in the same run: a large GEMM, whose time the curve's peak sets, is the
+    # yardstick, so a busy machine slows both alike; a GPU-sized per-kernel floor (4 GFLOP of
+    # start-up, 30 ms on one core) made a small operator's ratio about 460x the large one's.
+    small = _roofline_over_measured(name, shape)
+    large = _roofline_over_measured("linear1", {"mp": 1, "b": 4, "l": 512, "dim": 512})
+    assert 0.1 < small / large < 10.0, f"{name}: (roofline / measured) over a large GEMM's = {small / large:.3g}"
 
 
 @pytest.mark.slow
