@@ -30,8 +30,9 @@ micro-batches in flight of ``schedule.closed_form`` and the optimizer step of
 (tests check it, hence the same verdict). Time equals ``predict``'s to
 rounding for one stage, for GPipe (two flow shops, exact), for DeepSpeed's 1F1B and for the
 zero-bubble schedules (their task graphs, evaluated per shape for all plans at once; past
-``batched_short(p) + 2 p`` micro-batches a steady state extrapolated from short runs, within
-1 %). Megatron-LM's 1F1B with pp > 1 takes its task graph too (``schedule.one_f_one_b``:
+``batched_short(p) + 2 p`` micro-batches the middle of a drift bracket between the short
+run's last cycle and the slowest stage's pace, kept where it is at most 0.1 % wide, else the
+whole task graph: ``schedule.steady.drift_bracket``). Megatron-LM's 1F1B with pp > 1 takes its task graph too (``schedule.one_f_one_b``:
 exact up to 8 short runs of micro-batches, and past them where the steady state repeats, else
 within 0.1 %). Interleaved plans take their task graph too (``schedule.interleaved_runs``, sends
 held by the sending stage, or with overlap_p2p_comm, which the megatron-core and NeMo MLPerf
