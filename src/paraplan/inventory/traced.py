@@ -25,7 +25,7 @@ from paraplan.inventory.hftrace import TracedLayer, TracedOp
 from paraplan.inventory.ops import Collective, Op, OpKind
 from paraplan.inventory.scan_kinds import scan_ops
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import ConfigError, ModelSpec
+from paraplan.specs import ModelSpec
 
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "grouped_mm"}
 _UNCALIBRATED = {"convolution", "convolution_backward", "_conv_depthwise2d", "cumsum", "logcumsumexp"}
@@ -303,10 +303,3 @@ def traced_layer_indices(model: ModelSpec, x: LocalShape) -> dict[str, tuple[int
     """Which of the model's layers each traced kind stands for (layer indices from 0)."""
     return {layer.kind: layer.indices for layer in _trace(model, x).layers}
 
-
-def traced_layer(model: ModelSpec, x: LocalShape) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
-    """The one layer kind of a model whose layers are all alike (``traced_layers``)."""
-    kinds = traced_layers(model, x)
-    if len(kinds) != 1:
-        raise ConfigError(f"model.inventory: {model.name} has {len(kinds)} layer kinds ({', '.join(kinds)})")
-    return next(iter(kinds.values()))

@@ -14,8 +14,9 @@ alltoall, allgather or flex). The rest of the layer (attention, norms, router, s
 costed as traced and split by the model's tensor-parallel plan (``tp_plan.shard_layer``), whose
 expert styles (``moe_tp_experts``, the experts' own colwise/rowwise) are the ETP split above.
 
-A model whose layers are dense and MoE (DeepSeek-V3's first three dense layers) has one traced
-kind of each, matched to the model's ``moe_layers``.
+A model whose layers are dense and MoE (DeepSeek-V3's first three dense layers, Jamba's
+alternating layers) has a traced kind of each; ``traced.traced_layers`` costs every kind on its
+rank here and keys it by its label (``traced.is_moe_label`` tells the MoE ones).
 
 Nothing here imports torch.
 """
@@ -31,11 +32,6 @@ from paraplan.specs import ConfigError, ModelSpec
 
 _WHERE = "model.inventory"
 _GATED_SILU = ("silu", "swish")
-
-def is_moe_kind(layer: TracedLayer) -> bool:
-    """Whether a traced layer kind routes tokens to experts (its grouped experts GEMM ran)."""
-    return any(o.aten == "grouped_mm" for o in layer.ops)
-
 
 def layer_on_rank(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dict[str, str] | None, act: str,
                   attention_chunk: int | None = None) -> tuple[tuple[Op, ...], tuple[Collective, ...]]:
