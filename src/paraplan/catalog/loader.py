@@ -44,6 +44,13 @@ def read_catalog_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_CATALOG_LOADER)
 
 
+def packaged_yaml(*path: str) -> Any:
+    """The data of the catalog file at ``path`` inside the package (``"runtime", "memory.yaml"``;
+    ``"intervals.yaml"``)."""
+    file = resources.files("paraplan.catalog").joinpath(*path)
+    return read_catalog_yaml(file.read_text(encoding="utf-8"))
+
+
 @functools.cache
 def _files(kind: Kind) -> tuple[str, ...]:
     """The file names of one kind's entries, in the order their names are claimed."""
@@ -216,8 +223,7 @@ def load_gpu(name: str) -> GpuSpec:
 def load_runtime_memory() -> RuntimeMemorySpec:
     """What a training process holds on a GPU besides its tensors, with sources
     (``catalog/runtime/memory.yaml``)."""
-    text = (resources.files("paraplan.catalog") / "runtime" / "memory.yaml").read_text(encoding="utf-8")
-    return _validated(RuntimeMemorySpec, read_catalog_yaml(text), "catalog runtime/memory.yaml")
+    return _validated(RuntimeMemorySpec, packaged_yaml("runtime", "memory.yaml"), "catalog runtime/memory.yaml")
 
 
 @functools.cache

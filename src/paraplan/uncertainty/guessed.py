@@ -9,10 +9,9 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-from paraplan.catalog.loader import read_catalog_yaml
+from paraplan.catalog.loader import packaged_yaml
 from paraplan.specs import ConfigError, Job
 
 # When a setting matters, read from the plan (catalog data names one of these)
@@ -56,8 +55,7 @@ def _plain(value: Any) -> Any:
 @functools.cache
 def plausible_settings() -> tuple[Plausible, ...]:
     """The settings widened over, with their plausible values (``catalog/plausible.yaml``)."""
-    text = (resources.files("paraplan.catalog") / "plausible.yaml").read_text(encoding="utf-8")
-    raw: Mapping[str, Any] = read_catalog_yaml(text).get("plausible") or {}
+    raw: Mapping[str, Any] = packaged_yaml("plausible.yaml").get("plausible") or {}
     out = []
     for name, spec in raw.items():
         if spec.get("when", "always") not in _WHEN or not spec.get("why"):

@@ -22,10 +22,9 @@ import functools
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
-from paraplan.catalog.loader import read_catalog_yaml
+from paraplan.catalog.loader import packaged_yaml
 from paraplan.prediction import Prediction
 
 #: each feature of a regime and its values, in the order a regime is named
@@ -177,5 +176,4 @@ def table_from_mapping(raw: Mapping[str, Any]) -> ResidualTable:
 @functools.cache
 def load_residuals() -> ResidualTable:
     """The package's residual table (``catalog/intervals.yaml``)."""
-    text = (resources.files("paraplan.catalog") / "intervals.yaml").read_text(encoding="utf-8")
-    return table_from_mapping(read_catalog_yaml(text))
+    return table_from_mapping(packaged_yaml("intervals.yaml"))
