@@ -14,6 +14,9 @@ everything it measured under DIR:
 
   1. install   (only with --wheels) our dependencies from a wheel folder, then paraplan --no-deps
   2. env       versions, the GPU and its catalog name -> env.json
+     sustained GEMMs in a burst and held at the power limit, bf16 and FP8, randn and zeros, on
+               GPT-3 TP-4 and Llama-3-70B TP-8 shapes, with nvidia-smi's power and clock
+               (benchmarks/gpu/sustained.py) -> profile/sustained_gemm.json
   3. tests     the GPU-marked tests (pytest -m gpu) -> tests.log, tests.xml
   4. jobs      the job files the steps below read -> small-llama.yaml, profile-job.yaml
   5. profile   `paraplan profile adaptive`: a Llama-3-8B layer's operators in bf16, for
@@ -136,6 +139,9 @@ if [[ -n "$WHEELS" ]]; then step install install; fi
 step env helper env --device "$DEVICE" --out "$OUT_DIR/env.json"
 DEVICE_NAME="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["catalog_gpu"] or "")' \
                "$OUT_DIR/env.json" 2>/dev/null || true)"
+
+# 2b. GEMMs in bursts and held at the power limit (issue 27): first, as the measurement that matters most.
+step sustained "$PY" "$HERE/sustained.py" --device "$DEVICE" --out "$OUT_DIR/profile/sustained_gemm.json" "${QUICK_FLAG[@]}"
 
 # 3. the GPU-marked tests (on the CPU they skip): the files that hold the marker.
 gpu_tests() {

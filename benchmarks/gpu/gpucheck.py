@@ -425,6 +425,11 @@ def results(out: Path) -> dict:
         found["fp8"] = {"fp8": f["fp8"], "tokens": f["tokens"],
                         "gemms": {g["gemm"]: {k: g.get(k) for k in ("bf16_tflops", "fp8_tflops", "fp8_speedup")}
                                   for g in f["gemms"]}}
+    if (g := read("profile/sustained_gemm.json")) is not None:
+        found["sustained"] = {"fp8": g["fp8"], "hold_s": g["hold_s"],
+                              "gemms": [{k: r.get(k) for k in ("gemm", "precision", "data", "burst_tflops",
+                                                                "sustained_tflops", "sustained_over_burst")}
+                                        for r in g["gemms"]]}
     if (t := read("trace/timers.json")) is not None:
         seconds = [r["seconds"] for r in t["ranks"]["0"]]
         found["timers_median_s"] = statistics.median(seconds) if seconds else None
@@ -441,7 +446,7 @@ def verify(out: Path) -> list[str]:
     """What a finished check must hold; the problems found (none: it is sane)."""
     problems = []
     need = ["manifest.json", "env.json", "check.log", "small-llama.yaml", "profile-job.yaml", "tests.log",
-            "profile/adaptive.json", "profile/fp8_gemm.json", "trace/rank0.json.gz", "trace/timers.json",
+            "profile/adaptive.json", "profile/fp8_gemm.json", "profile/sustained_gemm.json", "trace/rank0.json.gz", "trace/timers.json",
             "trace-summary.json", "calibrated-cluster.yaml", "validate.json", "validate-calibrated.json"]
     problems += [f"missing {n}" for n in need if not (out / n).is_file()]
     if problems:

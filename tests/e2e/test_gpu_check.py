@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK = REPO / "benchmarks/gpu/check.sh"
-STEPS = ["env", "tests", "jobs", "profile", "fp8", "trace", "summarize", "calibrate", "validate"]
+STEPS = ["env", "sustained", "tests", "jobs", "profile", "fp8", "trace", "summarize", "calibrate", "validate"]
 
 
 def check(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -60,6 +60,12 @@ def test_the_cpu_dry_run_runs_every_step_and_writes_sane_outputs(tmp_path: Path)
     fp8 = json.loads((out / "profile/fp8_gemm.json").read_text())
     assert [g["gemm"] for g in fp8["gemms"]] == ["qkv", "attn_out", "gate_up", "down"]
     assert all(g["bf16_s"] > 0 for g in fp8["gemms"]) and fp8["fp8"]
+    # GEMMs timed in a burst and held, bf16 and (where torch runs it) fp8, on randn and zeros
+    held = json.loads((out / "profile/sustained_gemm.json").read_text())
+    assert {g["data"] for g in held["gemms"]} == {"randn", "zeros"} and held["fp8"]
+    assert {g["precision"] for g in held["gemms"]} >= {"bf16"}
+    assert all(g["burst_s"] > 0 and g["sustained_s"] > 0 for g in held["gemms"])
+    assert any(g["gemm"].startswith("gpt3-tp4") for g in held["gemms"])
     # a real profiler trace with shapes, and the loop's own timers beside it
     with gzip.open(out / "trace/rank0.json.gz", "rt") as f:
         events = json.load(f)["traceEvents"]

@@ -51,13 +51,16 @@ def with_attention_kernel(gpu: GpuSpec, kernel: AttentionKernel | None) -> GpuSp
     return out
 
 
-def sustained_gemm_factor(cluster: ClusterSpec) -> float:
+def sustained_gemm_factor(cluster: ClusterSpec, precision: Precision = Precision.BF16) -> float:
     """The share of its calibrated (burst) GEMM throughput ``cluster``'s GPUs hold under
-    sustained load: the GPU's measured ``sustained.gemm_fraction`` (1 where unmeasured), times
+    sustained load in ``precision``: the GPU's measured ``sustained.gemm_fraction`` (its
+    ``fp8_gemm_fraction`` for FP8 and FP4 GEMMs where measured; 1 where unmeasured), times
     ``(power_cap_w / tdp_w) ** cap_exponent`` when the cluster caps the GPUs below their TDP.
     Never above 1: a cap at or above the TDP changes nothing."""
     sustained = cluster.gpu.efficiency.sustained
     factor = 1.0 if sustained is None else sustained.gemm_fraction
+    if sustained is not None and sustained.fp8_gemm_fraction is not None and precision in (Precision.FP8, Precision.FP4):
+        factor = sustained.fp8_gemm_fraction
     cap, tdp = cluster.power_cap_w, cluster.gpu.tdp_w
     if cap is not None and tdp is not None and cap < tdp:
         exponent = 1.0 / 3.0 if sustained is None else sustained.cap_exponent
@@ -154,7 +157,7 @@ class AnalyticalCostModel:
         self._base = compute_precision_of_job(precision)  # what non-FP8 kernels run in
         self.peak_flops = cluster.gpu.flops_for(self._base)
         self._curves = _curve_cache(self.gpu.efficiency)
-        self._gemm_factor = sustained_gemm_factor(cluster) if sustained else 1.0
+        self._gemm_factors = {p: sustained_gemm_factor(cluster, p) if sustained else 1.0 for p in Precision}
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
         """Same as the module's ``estimate_op_s``, with each operator's curves looked up once."""
@@ -172,8 +175,9 @@ class AnalyticalCostModel:
         n = op.launches
         memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory, n)
         compute_s = 0.0 if compute is None else _seconds(flops, self._peaks[precision], compute, n)
-        if self._gemm_factor != 1.0 and COMPUTE_KINDS.get(op.kind) == "gemm":
-            compute_s /= self._gemm_factor  # only the compute-bound side: memory time is unchanged
+        factor = self._gemm_factors[precision]
+        if factor != 1.0 and COMPUTE_KINDS.get(op.kind) == "gemm":
+            compute_s /= factor  # only the compute-bound side: memory time is unchanged
         return (compute_s if compute_s > memory_s else memory_s) + n * self.gpu.efficiency.kernel_overhead_s
 
     def estimate_collective_s(self, coll: Collective, layout: GroupLayout) -> float:

@@ -80,6 +80,9 @@ class SustainedClock(BaseModel):
     model_config = _FROZEN
     gemm_fraction: Fraction
     source: str
+    # FP8 (and FP4) GEMMs' own ratio where measured: they draw more power per second than
+    # 16-bit ones and settle lower; None: the same as ``gemm_fraction``
+    fp8_gemm_fraction: Fraction | None = None
     # the GPU the ratio was measured on when this GPU has no measurement of its own
     transferred_from: str | None = None
     # sustained clock ~ power ** exponent below the TDP: 1/3 is the dynamic-power rule
