@@ -63,7 +63,7 @@ def smi(device: str) -> dict | None:
             return float(v)
         except ValueError:
             return None
-    return {f: number(v) for f, v in zip(SMI_FIELDS, values)}
+    return {f: number(v) for f, v in zip(SMI_FIELDS, values, strict=True)}
 
 
 def _timer(device: str):
