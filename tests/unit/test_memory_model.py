@@ -80,6 +80,32 @@ def test_torchtitans_loss_holds_four_times_the_extra_logit_bytes_of_megatrons():
     assert titan.logits == pytest.approx(8.0 * logits)
 
 
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_torchtitans_loss_parallel_holds_twelve_extra_bytes_per_logit_of_the_local_vocabulary_shard(tp):
+    """With tensor parallelism torchtitan's loss runs under PyTorch's loss_parallel(): its fused
+    backward keeps the saved fp32 log-softmax, zeros_like(x), exp(x) and their sum at once, 16
+    bytes per logit of the rank's vocabulary shard, 12 beyond the saved 4 (Megatron's: 2)."""
+    j = job(framework="fsdp", zero_stage=1, recompute="none", tp=tp, sequence_parallel=True)
+    local = 1 * 4096 * (j.model.vocab_for(tp) // tp)  # micro-batch x sequence x vocabulary shard
+    assert predict(j).memory.logits == pytest.approx(12.0 * local)
+    mega = predict(job(framework="megatron", zero_stage=1, recompute="none", tp=tp, sequence_parallel=True))
+    assert mega.memory.logits == pytest.approx(2.0 * local)
+
+
+def test_torchtitans_lm_head_saves_its_all_gathered_input_where_megatron_saves_its_sequence_shard():
+    """torchtitan's ColwiseParallel LM head gathers its sequence-parallel input to Replicate()
+    before nn.Linear runs, so autograd saves the whole sequence; Megatron-LM saves the shard and
+    gathers it again in the backward pass."""
+    def head_saved(framework, tp, sp):
+        j = job(framework=framework, zero_stage=1, recompute="none", tp=tp, sequence_parallel=sp)
+        return next(op for op in count_job(j).stages[-1].end_ops if op.name == "linear_final").saved_bytes
+
+    whole = 2.0 * 1 * 4096 * 4096  # bf16 x micro-batch x sequence x hidden of llama-2-7b
+    assert head_saved("fsdp", 4, True) == pytest.approx(whole)
+    assert head_saved("megatron", 4, True) == pytest.approx(whole / 4)
+    assert head_saved("fsdp", 4, False) == head_saved("megatron", 4, False) == pytest.approx(whole)
+
+
 def test_reserved_memory_adds_fragmentation_to_the_transient_tensors_only():
     m = predict(job(framework="fsdp", zero_stage=3, recompute="full")).memory.worst
     share = load_runtime_memory().allocator_fragmentation

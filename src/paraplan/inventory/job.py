@@ -7,7 +7,13 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops, tied_weight
+from paraplan.inventory.ends import (
+    count_embedding_ops,
+    count_end_collectives,
+    count_head_ops,
+    gathered_head_input,
+    tied_weight,
+)
 from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.layer import DUPLICATED_ACROSS_TP, count_layer_collectives, count_layer_ops
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
@@ -562,6 +568,8 @@ def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[
     for has, count in ((first, count_embedding_ops), (last, count_head_ops), (last, count_mtp_ops)):
         if has:
             ops = count(job.model, x)
+            if count is count_head_ops:
+                ops = gathered_head_input(job.parallel, x, ops)
             out += ops + _grad_accumulation(job, _layer_params(ops))
     return out
 
