@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from paraplan.inventory.layer import elementwise, gemm, norm
@@ -82,22 +81,6 @@ def count_head_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
             dims=(("b", x.b), ("l", x.s), ("vocab", x.vocab)),
         ),
     )
-
-
-def gathered_head_input(plan: ParallelPlan, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """``ops`` (the LM head's) with the input torchtitan's tensor parallelism saves for the LM
-    head's backward: with sequence parallelism, the whole all-gathered sequence, where
-    Megatron-LM saves its sequence shard and gathers it again in the backward pass
-    (``count_head_ops``). torchtitan parallelizes the head with PyTorch's
-    ``ColwiseParallel(input_layouts=Shard(1))`` (parallelisms/parallelize_llama.py
-    ``apply_tp``, 9dec370; models/llama3/infra/parallelize.py later), whose
-    ``_prepare_input_fn`` redistributes the input to ``Replicate()`` before ``nn.Linear``
-    runs (torch/distributed/tensor/parallel/style.py): the linear's autograd saves that
-    gathered tensor, e bytes for each of the micro-batch's b x s x h elements."""
-    if plan.framework is not Framework.FSDP or plan.tp == 1 or not plan.sequence_parallel:
-        return ops
-    gathered = x.e * x.b * x.s * x.h
-    return tuple(dataclasses.replace(op, saved_bytes=gathered) if op.name == "linear_final" else op for op in ops)
 
 
 def count_end_collectives(

@@ -24,7 +24,7 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
   defaults in the catalog's ``runtime/memory.yaml``).
 - The loss holds the logits in several precisions at once (``loss_logits_bytes``); under
   torchtitan's tensor parallelism PyTorch's ``loss_parallel`` holds more of them, and the LM
-  head saves its all-gathered input (``inventory.ends.gathered_head_input``).
+  head saves its all-gathered input (``inventory.layer.dtensor_gathered_inputs``).
 - PyTorch's caching allocator reserves more than the tensors allocate, and what frameworks
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
   buffers sit outside it (``runtime``). Both are cited in ``runtime/memory.yaml``.
