@@ -222,8 +222,9 @@ def end_saved_bytes(st: StageInventory) -> float:
 #   ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)`` in
 #   parallelisms/parallelize_llama.py ``apply_tp``), on the local vocabulary shard. Its backward
 #   (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``: the same
-#   in its 2024 form and at pytorch 02eef6b) fuses nll_loss's and log_softmax's: ``grad_input = torch.zeros_like(x)``
-#   beside the saved fp32 log-softmax ``x``, then ``(grad_input + torch.exp(x)) * grad_output``:
+#   in its 2024 form and at pytorch 02eef6b) fuses nll_loss's and log_softmax's:
+#   ``grad_input = torch.zeros_like(x)`` beside the saved fp32 log-softmax ``x``, then
+#   ``(grad_input + torch.exp(x)) * grad_output``:
 #   while the sum is formed, x, grad_input, exp(x) and the sum are alive, 16 bytes, 12 beyond
 #   the saved 4 (its forward, ``_log_softmax``, peaks lower: the fp32 input, ``x - x_max``,
 #   ``exp`` of it, then the result, 12 bytes with the e-byte logits freed, 14 without).
