@@ -13,6 +13,7 @@ import pytest
 from paraplan.catalog import load_runtime_memory, resolve_job
 from paraplan.inventory import count_job
 from paraplan.inventory.job import split_params
+from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import PlanMemory, predict
 from paraplan.specs import ConfigError
 
@@ -78,6 +79,46 @@ def test_torchtitans_loss_holds_four_times_the_extra_logit_bytes_of_megatrons():
     logits = 1 * 4096 * 32000  # micro-batch x sequence x vocabulary of llama-2-7b on one GPU
     assert mega.logits == pytest.approx(2.0 * logits)
     assert titan.logits == pytest.approx(8.0 * logits)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_torchtitans_loss_parallel_holds_twelve_extra_bytes_per_logit_of_the_local_vocabulary_shard(tp):
+    """With tensor parallelism torchtitan's loss runs under PyTorch's loss_parallel(): its fused
+    backward keeps the saved fp32 log-softmax, zeros_like(x), exp(x) and their sum at once, 16
+    bytes per logit of the rank's vocabulary shard, 12 beyond the saved 4 (Megatron's: 2)."""
+    j = job(framework="fsdp", zero_stage=1, recompute="none", tp=tp, sequence_parallel=True)
+    local = 1 * 4096 * (j.model.vocab_for(tp) // tp)  # micro-batch x sequence x vocabulary shard
+    assert predict(j).memory.logits == pytest.approx(12.0 * local)
+    mega = predict(job(framework="megatron", zero_stage=1, recompute="none", tp=tp, sequence_parallel=True))
+    assert mega.memory.logits == pytest.approx(2.0 * local)
+
+
+@pytest.mark.parametrize("name", ["linear1", "linear3", "linear_final"])
+def test_torchtitans_tp_linears_save_their_all_gathered_input_where_megatron_saves_its_sequence_shard(name):
+    """torchtitan gathers the sequence-parallel input of QKV, the MLP's up projection and the LM
+    head to Replicate() before nn.Linear runs, so autograd saves the whole sequence; Megatron-LM
+    saves the shard and gathers it again in the backward pass."""
+    def saved(framework, tp, sp):
+        st = count_job(job(framework=framework, zero_stage=1, recompute="none", tp=tp, sequence_parallel=sp)).stages[-1]
+        return next(op for op in st.end_ops + st.blocks[0].ops if op.name == name).saved_bytes
+
+    whole = 2.0 * 1 * 4096 * 4096  # bf16 x micro-batch x sequence x hidden of llama-2-7b
+    assert saved("fsdp", 4, True) == pytest.approx(whole)
+    assert saved("megatron", 4, True) == pytest.approx(whole / 4)
+    assert saved("fsdp", 4, False) == saved("megatron", 4, False) == pytest.approx(whole)
+    assert saved("fsdp", 1, False) == pytest.approx(whole)
+
+
+def test_torchtitans_gathered_inputs_enlarge_the_layer_full_recompute_re_creates_but_not_what_it_keeps():
+    def layer(framework):
+        inv = count_job(job(framework=framework, zero_stage=1, recompute="full", tp=4, sequence_parallel=True))
+        block = inv.stages[0].blocks[0]
+        return recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers)
+
+    titan, mega = layer("fsdp"), layer("megatron")
+    assert titan.held_bytes == mega.held_bytes  # the layer inputs, sequence-sharded in both
+    gathered = 2 * (2.0 * 4096 * 4096) * (1 - 1 / 4)  # QKV's and the up projection's inputs, 3/4 more each
+    assert titan.working_bytes - mega.working_bytes == pytest.approx(gathered, rel=1e-9)
 
 
 def test_reserved_memory_adds_fragmentation_to_the_transient_tensors_only():

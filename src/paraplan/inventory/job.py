@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops, tied_weight
 from paraplan.inventory.fp8 import recipe_costs
-from paraplan.inventory.layer import DUPLICATED_ACROSS_TP, count_layer_collectives, count_layer_ops
+from paraplan.inventory.layer import (
+    DUPLICATED_ACROSS_TP,
+    count_layer_collectives,
+    count_layer_ops,
+    dtensor_gathered_inputs,
+)
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
 from paraplan.inventory.mtp import count_mtp_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
@@ -562,6 +567,8 @@ def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[
     for has, count in ((first, count_embedding_ops), (last, count_head_ops), (last, count_mtp_ops)):
         if has:
             ops = count(job.model, x)
+            if count is count_head_ops:
+                ops = dtensor_gathered_inputs(job.parallel, x, ops)
             out += ops + _grad_accumulation(job, _layer_params(ops))
     return out
 
@@ -579,6 +586,7 @@ def count_job(job: Job) -> JobInventory:
             coll = traced_layers(model, x)[moe][1] + tuple(
                 c for c in coll if c.dim is not ParallelDim.TP or c.name == "tp_allgather_checkpoint")
         dense_p, expert_p = split_params(ops)
+        ops = dtensor_gathered_inputs(plan, x, ops)
         ops += _grad_accumulation(job, dense_p + expert_p) + _fp8_weight_casts(job, ops)
         ops += _fsdp2_copies(job, dense_p + expert_p)
         kinds[moe] = (ops, coll, dense_p, expert_p)

@@ -48,6 +48,31 @@ def gemm(
     )
 
 
+# The linear layers torchtitan's tensor parallelism (PyTorch DTensor) feeds a gathered input:
+# QKV and the MLP's up projection behind ``PrepareModuleInput(desired_input_layouts=
+# Replicate())``, and the LM head's ``ColwiseParallel(input_layouts=Shard(1))``.
+DTENSOR_GATHERED = frozenset({"linear1", "linear3", "linear_final"})
+
+
+def dtensor_gathered_inputs(plan: ParallelPlan, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` with the inputs torchtitan's tensor parallelism saves for the backward pass: with
+    sequence parallelism, the whole all-gathered sequence of the linears ``DTENSOR_GATHERED``
+    names, where Megatron-LM saves its sequence shard and gathers it again in the backward
+    pass (what ``gemm``'s ``saved`` counts). torchtitan's ``apply_tp``
+    (parallelisms/parallelize_llama.py at 9dec370; models/llama3/infra/parallelize.py later)
+    gathers the attention's and the feed-forward's input with ``PrepareModuleInput`` (input
+    ``Shard(1)``, desired ``Replicate()``) and the LM head's with ``ColwiseParallel``'s
+    ``_prepare_input_fn`` (torch/distributed/tensor/parallel/style.py: ``redistribute`` to
+    ``Replicate()`` before ``nn.Linear`` runs); the linear's autograd saves that gathered tensor.
+    Under float8 TP, ``PrepareFloat8ModuleInput`` gathers it in float8 and torchao's
+    ``matmul_with_hp_or_float8_args`` saves its input as given (``save_for_backward(input_hp,
+    ...)``): one byte, as ``gemm`` counts an FP8 input. The saved bytes grow by s / s_norm."""
+    if plan.framework is not Framework.FSDP or plan.tp == 1 or not plan.sequence_parallel or x.s_norm == x.s:
+        return ops
+    return tuple(dataclasses.replace(op, saved_bytes=op.saved_bytes * x.s / x.s_norm)
+                 if op.name in DTENSOR_GATHERED else op for op in ops)
+
+
 # Linear layers whose FP8 input the preceding norm writes itself (Transformer Engine's
 # LayerNormLinear / LayerNormMLP): only the transpose for the weight gradient is extra.
 _NORM_FED = frozenset({"linear1", "linear3"})

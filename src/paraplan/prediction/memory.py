@@ -22,7 +22,9 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
   at most ``stage3_max_live_parameters`` gathered, fetching ``stage3_prefetch_bucket_size``
   ahead; ZeRO 1-3 fill ``reduce_bucket_size`` gradient buckets (``deepspeed_reduce_buckets``;
   defaults in the catalog's ``runtime/memory.yaml``).
-- The loss holds the logits in several precisions at once (``loss_logits_bytes``).
+- The loss holds the logits in several precisions at once (``loss_logits_bytes``); under
+  torchtitan's tensor parallelism PyTorch's ``loss_parallel`` holds more of them, and the LM
+  head saves its all-gathered input (``inventory.layer.dtensor_gathered_inputs``).
 - PyTorch's caching allocator reserves more than the tensors allocate, and what frameworks
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
   buffers sit outside it (``runtime``). Both are cited in ``runtime/memory.yaml``.
@@ -215,7 +217,21 @@ def end_saved_bytes(st: StageInventory) -> float:
 #   ``loss.backward()``. Forward: e-byte logits + fp32 copy + fp32 log-softmax, at most 12
 #   bytes for any e <= 4; backward of log_softmax: its saved output, the incoming fp32
 #   gradient and the fp32 input gradient, 12 bytes: the peak, 8 beyond the saved 4.
+# - torchtitan with tensor parallelism computes it under PyTorch's ``loss_parallel()``
+#   (train.py's train context; torchtitan's default whenever tp > 1, its LM head's
+#   ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)`` in
+#   parallelisms/parallelize_llama.py ``apply_tp``), on the local vocabulary shard. Its backward
+#   (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``: the same
+#   in its 2024 form and at pytorch 02eef6b) fuses nll_loss's and log_softmax's:
+#   ``grad_input = torch.zeros_like(x)`` beside the saved fp32 log-softmax ``x``, then
+#   ``(grad_input + torch.exp(x)) * grad_output``:
+#   while the sum is formed, x, grad_input, exp(x) and the sum are alive, 16 bytes, 12 beyond
+#   the saved 4 (its forward, ``_log_softmax``, peaks lower: the fp32 input, ``x - x_max``,
+#   ``exp`` of it, then the result, 12 bytes with the e-byte logits freed, 14 without).
 TORCHTITAN_LOSS_EXTRA_BYTES = 8.0
+LOSS_PARALLEL_EXTRA_BYTES = 12.0
+
+
 def loss_logits_bytes(job: Job, st: StageInventory) -> float:
     """Bytes the loss holds at its peak beyond the softmax the inventory saves, on the stage
     that computes it (0 elsewhere)."""
@@ -227,7 +243,7 @@ def loss_logits_bytes(job: Job, st: StageInventory) -> float:
         elements *= n
     e = param_bytes(job.precision)
     if job.parallel.framework is Framework.FSDP:
-        extra = TORCHTITAN_LOSS_EXTRA_BYTES
+        extra = LOSS_PARALLEL_EXTRA_BYTES if job.parallel.tp > 1 else TORCHTITAN_LOSS_EXTRA_BYTES
     else:
         extra = e if e < 4.0 else 0.0
     return extra * elements
