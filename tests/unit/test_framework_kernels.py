@@ -158,6 +158,12 @@ def test_hf_eager_rmsnorm_keeps_a_float32_copy_of_its_input_and_moves_each_opera
         assert (b.role, b.flops) == (a.role, a.flops)  # selective recompute finds norms by role
 
 
+def test_an_eager_rmsnorm_on_a_layernorm_model_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"rmsnorm_fusion: only an RMSNorm model .*normalization is layernorm"):
+        resolve_job({"model": {"name": "gpt3-125m", "rmsnorm_fusion": False}, "cluster": {"name": "dgx-a100"},
+                     "parallel": {"global_batch_size": 8}})
+
+
 def test_fsdp2_copies_gathered_weights_out_and_gradients_in_every_layer():
     """FSDP2 (torchtitan): split_with_sizes_copy of each gathered unit, forward and backward
     (read and write 2 bytes per weight each time), and _chunk_cat of its bf16 gradients into the

@@ -22,6 +22,9 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
   at most ``stage3_max_live_parameters`` gathered, fetching ``stage3_prefetch_bucket_size``
   ahead; ZeRO 1-3 fill ``reduce_bucket_size`` gradient buckets (``deepspeed_reduce_buckets``;
   defaults in the catalog's ``runtime/memory.yaml``).
+- DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output, its send and
+  receive buffers and, on the last stage, the previous micro-batch's logits
+  (``deepspeed_pipeline_buffers``).
 - The loss holds the logits in several precisions at once (``loss_logits_bytes``).
 - PyTorch's caching allocator reserves more than the tensors allocate, and what frameworks
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
@@ -286,7 +289,7 @@ def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float,
     none with one stage), beside the layers' checkpointed inputs. ``x`` gives the activation
     crossing stages, [b, s, h] in the model's dtype; ``logits`` the elements of one
     micro-batch's logits (the last stage's output). Read in DeepSpeed
-    ``runtime/pipe/engine.py`` (0.12-0.14) and ``runtime/pipe/schedule.py``:
+    ``runtime/pipe/engine.py`` (commit 0050fdad) and ``runtime/pipe/schedule.py``:
 
     - every stage but the last keeps each in-flight micro-batch's output in
       ``pipe_buffers['outputs']`` until that micro-batch's backward pass (the last layer's

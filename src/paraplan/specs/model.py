@@ -148,6 +148,11 @@ class ModelSpec(BaseModel):
                 f"rope_theta: only rotary position embeddings have a base frequency "
                 f"(position_embedding is {self.position_embedding})"
             )
+        if not self.rmsnorm_fusion and self.normalization != "rmsnorm":
+            raise ValueError(
+                f"rmsnorm_fusion: only an RMSNorm model runs its norm fused or eagerly "
+                f"(normalization is {self.normalization})"
+            )
         if self.num_query_groups is None:
             fields["num_query_groups"] = self.num_attention_heads
         if self.kv_channels is None:
