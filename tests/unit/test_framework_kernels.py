@@ -140,6 +140,30 @@ def test_eager_swiglu_moves_the_bytes_of_silu_then_multiply():
     assert eager.saved_bytes > fused.saved_bytes
 
 
+def test_hf_eager_rmsnorm_keeps_a_float32_copy_of_its_input_and_moves_each_operators_bytes():
+    """Hugging Face's LlamaRMSNorm (``rmsnorm_fusion: false``) keeps the float32 copy of its
+    input and the 16-bit normalized tensor (6 bytes an element in bf16, the fused kernel's 2)
+    and runs six operators forward (36 bytes an element in bf16 against 4)."""
+    llama = {"name": "llama-2-7b", "seq_length": 4096}
+    fused, eager = (
+        [op for op in count_job(resolve_job({"model": {**llama, "rmsnorm_fusion": f}, "cluster": {"name": "dgx-a100"},
+                                             "parallel": {"global_batch_size": 8}})).stages[0].layer_ops
+         if op.name == "RMSlayernorm"]
+        for f in (True, False)
+    )
+    assert len(fused) == len(eager) == 2
+    for a, b in zip(fused, eager, strict=True):
+        assert b.saved_bytes == pytest.approx(3 * a.saved_bytes)
+        assert b.bytes - 2 * 4096 == pytest.approx(9 * (a.bytes - 2 * 4096))  # beyond the weight's
+        assert (b.role, b.flops) == (a.role, a.flops)  # selective recompute finds norms by role
+
+
+def test_an_eager_rmsnorm_on_a_layernorm_model_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"rmsnorm_fusion: only an RMSNorm model .*normalization is layernorm"):
+        resolve_job({"model": {"name": "gpt3-125m", "rmsnorm_fusion": False}, "cluster": {"name": "dgx-a100"},
+                     "parallel": {"global_batch_size": 8}})
+
+
 def test_fsdp2_copies_gathered_weights_out_and_gradients_in_every_layer():
     """FSDP2 (torchtitan): split_with_sizes_copy of each gathered unit, forward and backward
     (read and write 2 bytes per weight each time), and _chunk_cat of its bf16 gradients into the

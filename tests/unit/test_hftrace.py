@@ -91,6 +91,24 @@ def test_llama_3_8b_traced_has_its_published_parameters_and_the_hand_written_flo
     assert rows["saved activations"].traced - rows["saved activations"].hand == eager_extra + norm_rsqrt
 
 
+@pytest.mark.slow
+def test_the_hand_written_layer_with_eager_rmsnorm_and_swiglu_saves_what_hf_llama_saves():
+    """``rmsnorm_fusion: false`` and ``swiglu_fusion: false`` describe Hugging Face's eager
+    LlamaDecoderLayer (run by ATorch's DeepSpeed pipeline, by HF Trainer): the saved bytes then
+    differ from the traced layer's only by the rotary cos/sin tables and each norm's float32
+    1/rms (per token), which the hand-written inventory leaves out either way."""
+    pytest.importorskip("transformers")
+    from paraplan.inventory.hftrace import read_config, trace_layer_ops
+    from paraplan.inventory.traced import compare_layer, layer_ops_from_trace
+
+    path = FIXTURES / "llama-3-8b.json"
+    trace = trace_layer_ops(read_config(path), 1, 4096)
+    rows = {r.quantity: r for r in compare_layer(layer_ops_from_trace(trace.layers[0]),
+                                                 _hand(path, 4096, swiglu_fusion=False, rmsnorm_fusion=False))}
+    tokens, d = 4096, 128
+    assert rows["saved activations"].traced - rows["saved activations"].hand == 2 * 2 * tokens * d + 2 * 4 * tokens
+
+
 def test_a_model_type_transformers_cannot_build_is_refused_in_one_line():
     pytest.importorskip("transformers")
     from paraplan.inventory.hftrace import trace_model

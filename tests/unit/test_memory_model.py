@@ -15,6 +15,7 @@ from paraplan.inventory import count_job
 from paraplan.inventory.job import split_params
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import PlanMemory, predict
+from paraplan.prediction.memory import deepspeed_pipeline_buffers, framework_buffers, logit_elements
 from paraplan.specs import ConfigError
 
 
@@ -193,5 +194,41 @@ def test_deepspeed_overlap_comm_doubles_the_bucket_except_under_a_pipeline():
     overlapped = predict(job(framework="deepspeed", zero_stage=1, overlap_grad_reduce=True)).memory
     assert overlapped.buffers == pytest.approx(2 * bucket)
     # the pipeline engine turns overlap_comm off; reduce_gradients(pipeline_parallel=True) holds one
-    piped = predict(job(framework="deepspeed", zero_stage=1, pp=2, overlap_grad_reduce=True)).memory
-    assert all(m.buffers == pytest.approx(bucket) for m in piped)
+    inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, overlap_grad_reduce=True))
+    assert all(framework_buffers(inv, st)[1] == pytest.approx(bucket) for st in inv.stages)
+
+
+def _boundary(inv) -> float:
+    """One micro-batch's activation crossing stages, [b, s, h] in the model's dtype."""
+    x = inv.shape
+    return x.e * x.b * x.s_norm * x.h
+
+
+def test_deepspeeds_first_stage_keeps_each_in_flight_output_and_a_gradient_buffer():
+    inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, recompute="full"))
+    first, last = (predict(inv.job).memory[s] for s in (0, 1))
+    a = _boundary(inv)
+    bucket = framework_buffers(inv, inv.stages[0])[1]
+    assert first.in_flight_microbatches == 2
+    assert first.buffers == pytest.approx(bucket + 2 * a + a)  # outputs of 2 micro-batches, grad_layer
+    # the last stage: pipe_recv_buf, the received copy beside the forward's clone (one in flight)
+    # and the previous micro-batch's logits left in the other pipeline buffer
+    logits = inv.shape.e * logit_elements(inv.stages[1].end_ops)
+    assert last.buffers == pytest.approx(bucket + a + a + logits)
+
+
+def test_deepspeed_partitions_the_pipeline_buffers_over_tensor_parallel_ranks_and_rebuilds_both_for_backward():
+    inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, tp=2, recompute="full"))
+    a = _boundary(inv)
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 0.0, first=True, last=False)
+    assert (per, once) == (pytest.approx(a / 2), pytest.approx(a / 2 + 2 * a))
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 0.0, first=False, last=False)
+    assert (per, once) == (pytest.approx(a / 2), pytest.approx(a / 2 + a / 2 + 2 * a))
+
+
+def test_only_deepspeeds_pipeline_engine_with_several_stages_keeps_pipeline_buffers():
+    inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2))
+    one = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 1e9, first=True, last=True)
+    assert one == (0.0, 0.0)  # one stage: nothing sent or received
+    megatron = count_job(job(framework="megatron", pp=2))
+    assert deepspeed_pipeline_buffers(megatron.job.parallel, megatron.shape, 1e9, first=True, last=False) == (0.0, 0.0)

@@ -69,8 +69,11 @@ def _compare(config: Path, trace, layers, micro_batch: int, seq_length: int, ker
         raise ConfigError("--compare: only bfloat16 traces are compared")
     fields = model_from_hf_config(config, {"seq_length": seq_length})
     if kernels == "eager":
-        # HF's eager MLP multiplies silu(gate) by up in two kernels: the hand-written eager SwiGLU
+        # HF's eager MLP multiplies silu(gate) by up in two kernels, and its RMSNorm keeps a
+        # float32 copy of its input: the hand-written eager SwiGLU and RMSNorm
         fields.setdefault("swiglu_fusion", False)
+        if fields.get("normalization") == "rmsnorm":
+            fields.setdefault("rmsnorm_fusion", False)
     model = ModelSpec(**fields)
     x = shard_shape(model, 1, 1, False, micro_batch, Precision.BF16)
     tables = []

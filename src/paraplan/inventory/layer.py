@@ -199,7 +199,7 @@ def elementwise(
 def norm(model: ModelSpec, x: LocalShape, role: str) -> Op:
     n = x.b * x.s_norm * x.h
     rms = model.normalization == "rmsnorm"
-    return elementwise(
+    op = elementwise(
         "RMSlayernorm" if rms else "layernorm",
         OpKind.NORM,
         role,
@@ -209,6 +209,32 @@ def norm(model: ModelSpec, x: LocalShape, role: str) -> Op:
         saved=x.e * n,
         params=x.h if rms else 2 * x.h,
         dims=(("b", x.b), ("l", x.s_norm), ("dim", x.h)),
+    )
+    if rms and not model.rmsnorm_fusion:
+        op = _eager_rmsnorm(op, n, x.e)
+    return op
+
+
+def _eager_rmsnorm(fused: Op, elements: float, e: int) -> Op:
+    """RMSNorm as Hugging Face's eager code runs it (``LlamaRMSNorm.forward`` in transformers
+    models/llama/modeling_llama.py, the same in its Mistral, Qwen2 and other copies):
+    ``x.to(float32)`` (read e bytes, write 4), ``pow(2)`` (read 4, write 4), ``mean(-1)`` (read
+    4), ``x * rsqrt(var + eps)`` (read 4, write 4), ``.to(input_dtype)`` (read 4, write e) and
+    ``weight * x`` (read e, write e): 28 + 4e bytes per element against the fused kernel's 2e.
+    The backward pass retraces them in reverse, each gradient in the precision of its tensor:
+    the weight's multiply (read e, write e; the weight gradient reads 2e), the cast back
+    (read e, write 4), the multiply by the reciprocal (read 4, write 4; the reciprocal's
+    gradient, a sum, reads 8), the square's gradient (read 4, write 4), the sum of the input's
+    two gradients (read 8, write 4) and its cast (read 4, write e): 44 + 6e. Saved for the
+    backward pass: the float32 copy of the input (``pow`` and the multiply keep it) and the
+    e-byte normalized tensor (the weight's multiply keeps it), 4 + e bytes per element against
+    the fused kernel's e. The role stays the fused norm's (selective recompute finds norms by
+    it)."""
+    return dataclasses.replace(
+        fused,
+        bytes=(28.0 + 4.0 * e) * elements + e * fused.params,
+        bwd_bytes=(44.0 + 6.0 * e) * elements + 2 * e * fused.params,
+        saved_bytes=(4.0 + e) * elements,
     )
 
 

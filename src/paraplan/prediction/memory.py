@@ -22,6 +22,9 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
   at most ``stage3_max_live_parameters`` gathered, fetching ``stage3_prefetch_bucket_size``
   ahead; ZeRO 1-3 fill ``reduce_bucket_size`` gradient buckets (``deepspeed_reduce_buckets``;
   defaults in the catalog's ``runtime/memory.yaml``).
+- DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output, its send and
+  receive buffers and, on the last stage, the previous micro-batch's logits
+  (``deepspeed_pipeline_buffers``).
 - The loss holds the logits in several precisions at once (``loss_logits_bytes``); under
   torchtitan's tensor parallelism PyTorch's ``loss_parallel`` holds more of them, and the LM
   head saves its all-gathered input (``inventory.layer.dtensor_gathered_inputs``).
@@ -46,6 +49,7 @@ from paraplan.inventory.fp8 import amax_history_bytes, recipe_costs
 from paraplan.inventory.job import adam_state_bytes, fp8_weight_params, param_bytes, split_params
 from paraplan.inventory.ops import OpKind
 from paraplan.inventory.recompute import recompute_cost
+from paraplan.inventory.shapes import LocalShape
 from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.offload import count_offload, offloaded_layers
 from paraplan.schedule.closed_form import stage_in_flight
@@ -232,15 +236,24 @@ TORCHTITAN_LOSS_EXTRA_BYTES = 8.0
 LOSS_PARALLEL_EXTRA_BYTES = 12.0
 
 
-def loss_logits_bytes(job: Job, st: StageInventory) -> float:
-    """Bytes the loss holds at its peak beyond the softmax the inventory saves, on the stage
-    that computes it (0 elsewhere)."""
-    loss = next((op for op in st.end_ops if op.kind is OpKind.LOSS), None)
+def logit_elements(end_ops) -> float:
+    """The logits one micro-batch of a stage computes (this rank's vocabulary shard): the
+    loss operator's elements among ``end_ops``, 0 on a stage without the loss."""
+    loss = next((op for op in end_ops if op.kind is OpKind.LOSS), None)
     if loss is None:
         return 0.0
     elements = 1.0
     for _, n in loss.dims:
         elements *= n
+    return elements
+
+
+def loss_logits_bytes(job: Job, st: StageInventory) -> float:
+    """Bytes the loss holds at its peak beyond the softmax the inventory saves, on the stage
+    that computes it (0 elsewhere)."""
+    elements = logit_elements(st.end_ops)
+    if not elements:
+        return 0.0
     e = param_bytes(job.precision)
     if job.parallel.framework is Framework.FSDP:
         extra = LOSS_PARALLEL_EXTRA_BYTES if job.parallel.tp > 1 else TORCHTITAN_LOSS_EXTRA_BYTES
@@ -283,6 +296,53 @@ def deepspeed_reduce_buckets(plan: ParallelPlan, pb: float, gb: float, bucket_el
         return pb * bucket_elements
     buckets = 2.0 if plan.deepspeed_overlap_comm else 1.0
     return buckets * (gb if plan.zero_stage == 1 else pb) * bucket_elements
+
+
+def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float, *, first: bool,
+                               last: bool) -> tuple[float, float]:
+    """(bytes per micro-batch in flight, bytes once) that DeepSpeed's ``PipelineEngine`` keeps
+    for its sends and receives on a stage of a pipeline (``first``/``last``: the stage's ends;
+    none with one stage), beside the layers' checkpointed inputs. ``x`` gives the activation
+    crossing stages, [b, s, h] in the model's dtype; ``logits`` the elements of one
+    micro-batch's logits (the last stage's output). Read in DeepSpeed
+    ``runtime/pipe/engine.py`` (commit 0050fdad) and ``runtime/pipe/schedule.py``:
+
+    - every stage but the last keeps each in-flight micro-batch's output in
+      ``pipe_buffers['outputs']`` until that micro-batch's backward pass (the last layer's
+      output, which no checkpoint holds); with tp > 1 the engine partitions it over the
+      tensor-parallel ranks (``pipe_partitioned``, on by default: ``PartitionedTensor``, the
+      full tensor's ``.data`` set to ``torch.zeros(1)``), 1/tp of it. It receives gradients
+      into ``grad_layer``, allocated once (the partition with tp > 1), and with tp > 1
+      ``_exec_backward_pass`` rebuilds the full output and the full gradient
+      (``part_output.full()``, ``part_grad.full()``) for ``torch.autograd.backward``: both
+      live while the stage's layers are recomputed;
+    - every stage but the first receives into ``pipe_recv_buf``, allocated once (the
+      partition with tp > 1), and keeps the received copy in ``pipe_buffers['inputs']`` until
+      the micro-batch's gradient is sent; ``_exec_forward_pass`` runs the layers on a clone of
+      it (with tp > 1 on the full tensor rebuilt from the partition, which replaces the copy):
+      with tp = 1 a second copy of each in-flight micro-batch's input;
+    - the last stage's ``_exec_backward_pass`` returns before it clears
+      ``pipe_buffers['outputs']``, and ``TrainSchedule.num_pipe_buffers`` gives it two buffers
+      (``max(2, min(stages - stage_id, micro_batches))``): the previous micro-batch's logits
+      stay while the next one runs (in the model's dtype; from the second micro-batch on)."""
+    if plan.framework is not Framework.DEEPSPEED or (first and last):
+        return 0.0, 0.0
+    boundary = x.e * x.b * x.s_norm * x.h
+    tp = plan.tp
+    part = boundary / tp
+    per_microbatch = once = 0.0
+    if not last:
+        per_microbatch += part  # pipe_buffers['outputs']
+        once += part  # grad_layer
+        if tp > 1:
+            once += 2.0 * boundary  # the full output and gradient of the backward pass
+    if not first:
+        once += part  # pipe_recv_buf
+        if tp == 1:
+            per_microbatch += boundary  # the received copy beside the forward's clone
+    if last:
+        once += x.e * logits  # the previous micro-batch's logits, in the other buffer
+    return per_microbatch, once
 
 
 def framework_buffers(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
@@ -355,6 +415,9 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         weights, optimizer = sharded(4.0, 3), sharded(adam_state_bytes(inv.job.precision) - 4.0, 1)
     off = count_offload(inv, st, weights, gradients, optimizer, offloaded)  # what offload moves off the GPU
     gathered, buffers = framework_buffers(inv, st)
+    per_microbatch, once = deepspeed_pipeline_buffers(plan, inv.shape, logit_elements(st.end_ops),
+                                                      first=st.index == 0, last=st.index == plan.pp - 1)
+    buffers += per_microbatch * flight + once
     return StageMemory(
         stage=st.index,
         weights=weights - off.weights + fp8_copies,

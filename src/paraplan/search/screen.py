@@ -59,9 +59,12 @@ from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory import (
     activations_at_peak,
+    deepspeed_pipeline_buffers,
     end_saved_bytes,
     estimate_stage_memory,
     fragmentation_share,
+    framework_buffers,
+    logit_elements,
     microbatch_bytes,
     stage_peak_bytes,
     usable_hbm_bytes,
@@ -357,6 +360,9 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         one_layer = {c: dataclasses.replace(layer_stage, end_ops=ops) for c, ops in ends.items()}
         for c, stage in one_layer.items():
             row[f"saved{c}"] = end_saved_bytes(stage)
+            f, la = flags[c]
+            row[f"pipe_mb{c}"], row[f"pipe_once{c}"] = deepspeed_pipeline_buffers(
+                plan, x, logit_elements(stage.end_ops), first=f, last=la)
         for r in range(len(_RECOMPUTE)):
             plan_r = plans.get(r)
             if plan_r is None:
@@ -397,7 +403,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     stage_optimizer_s(inv, st, cm),  # offload: the CPU step replaces the GPU's
                     mem.persistent,  # static
                     mem.gathered_params,
-                    mem.buffers,
+                    framework_buffers(inv, st)[1],  # the pipeline's buffers follow the micro-batch: _combine
                     mem.runtime,
                     gradient_copy_s(inv, st),
                 )
@@ -604,10 +610,12 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
             wg[c] = passes.work.wgrad
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(len(_RECOMPUTE))])
         logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
-        activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full,
-                                             in_flight(c, p, m, v, sched))
+        flight = in_flight(c, p, m, v, sched)
+        activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full, flight)
+        # DeepSpeed's pipeline send and receive buffers (``memory.deepspeed_pipeline_buffers``)
+        buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + ends("pipe_once", c)
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
-                                  layout("buffers", c), layout("runtime", c), frag)
+                                  buffers, layout("runtime", c), frag)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)

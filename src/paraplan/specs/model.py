@@ -50,6 +50,13 @@ class ModelSpec(BaseModel):
     # Megatron-Core applies SwiGLU in one fused kernel (--bias-swiglu-fusion, on by default);
     # eager PyTorch (torchtitan and fms-fsdp without torch.compile) runs silu, then a multiply
     swiglu_fusion: Bool = True
+    # Megatron-Core, Transformer Engine and Apex run RMSNorm as one fused kernel that keeps its
+    # input for the backward pass; Hugging Face's eager RMSNorm (transformers
+    # models/llama/modeling_llama.py ``LlamaRMSNorm.forward``: ``hidden_states.to(torch.float32)``,
+    # ``pow(2).mean(-1)``, ``hidden_states * torch.rsqrt(...)``, ``self.weight *
+    # hidden_states.to(input_dtype)``) runs it as separate aten operators and keeps the float32
+    # copy of its input and the normalized 16-bit tensor (``inventory.layer.norm``)
+    rmsnorm_fusion: Bool = True
     # Megatron-LM fuses the bias of the row-parallel projections into the dropout-residual
     # kernel (default on); GPT-NeoX's bias_dropout_fusion defaults to off: one more add each.
     bias_dropout_fusion: Bool = True
@@ -140,6 +147,11 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"rope_theta: only rotary position embeddings have a base frequency "
                 f"(position_embedding is {self.position_embedding})"
+            )
+        if not self.rmsnorm_fusion and self.normalization != "rmsnorm":
+            raise ValueError(
+                f"rmsnorm_fusion: only an RMSNorm model runs its norm fused or eagerly "
+                f"(normalization is {self.normalization})"
             )
         if self.num_query_groups is None:
             fields["num_query_groups"] = self.num_attention_heads
