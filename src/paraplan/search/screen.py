@@ -62,8 +62,11 @@ from paraplan.prediction.memory import (
     end_saved_bytes,
     estimate_stage_memory,
     fragmentation_share,
+    framework_buffers,
+    logits_output_bytes,
     microbatch_bytes,
     stage_peak_bytes,
+    torch_pipeline_buffers,
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import OffloadCosts, gradient_copy_s
@@ -357,6 +360,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         one_layer = {c: dataclasses.replace(layer_stage, end_ops=ops) for c, ops in ends.items()}
         for c, stage in one_layer.items():
             row[f"saved{c}"] = end_saved_bytes(stage)
+            row[f"logits_out{c}"] = logits_output_bytes(stage, x.e)  # torch pipelining's kept outputs
+        row["boundary"] = x.e * x.b * x.s_norm * x.h  # a tensor sent between pipeline stages
         for r in range(len(_RECOMPUTE)):
             plan_r = plans.get(r)
             if plan_r is None:
@@ -396,8 +401,8 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     comm.total(st.per_microbatch_dp, BACKWARD),
                     stage_optimizer_s(inv, st, cm),  # offload: the CPU step replaces the GPU's
                     mem.persistent,  # static
-                    mem.gathered_params,
-                    mem.buffers,
+                    # without torch pipelining's per-micro-batch buffers (``_combine`` adds them)
+                    *framework_buffers(inv, st),
                     mem.runtime,
                     gradient_copy_s(inv, st),
                 )
@@ -549,7 +554,7 @@ def screen_plans(
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
     iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
-                                 lockstep, sends_async)
+                                 lockstep, sends_async, torch_pipelining=space.framework == "fsdp")
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
@@ -557,9 +562,10 @@ def screen_plans(
 
 
 def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False,
-             sends_async=None):
+             sends_async=None, torch_pipelining=False):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables
-    (``sends_async``: the plans whose pipeline sends are asynchronous, overlap_p2p_comm)."""
+    (``sends_async``: the plans whose pipeline sends are asynchronous, overlap_p2p_comm;
+    ``torch_pipelining``: the pipelines run on ``torch.distributed.pipelining``, torchtitan's)."""
     rc, zero = plans["recompute"], plans["zero"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
     m = (gbs // (mbs * dp)).astype(np.float64)
@@ -604,10 +610,16 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
             wg[c] = passes.work.wgrad
         work = np.choose(rc, [ends(f"work{r}_", c) for r in range(len(_RECOMPUTE))])
         logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
-        activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full,
-                                             in_flight(c, p, m, v, sched))
+        flight = in_flight(c, p, m, v, sched)
+        activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full, flight)
+        buffers = layout("buffers", c)
+        if torch_pipelining:  # ``estimate_stage_memory``'s terms of torch.distributed.pipelining
+            kept, received = torch_pipeline_buffers(shard("boundary"), ends("logits_out", c), m, flight,
+                                                    1.0 if c == FIRST else 0.0, v)
+            activations = activations + np.where(single, 0.0, kept)
+            buffers = buffers + np.where(single, 0.0, received)
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
-                                  layout("buffers", c), layout("runtime", c), frag)
+                                  buffers, layout("runtime", c), frag)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)
