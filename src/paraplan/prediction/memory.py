@@ -217,8 +217,9 @@ def ring_attention_bytes(plan: ParallelPlan, x: LocalShape) -> float:
     """What PyTorch's ring attention (``torch.distributed.tensor.experimental.context_parallel``,
     torchtitan's context parallelism) holds in one attention layer's backward pass beyond the
     attention's own tensors, on each of the ``cp`` ranks (``_templated_ring_attention_backward``
-    in torch 2.6.0, ``_attention.py``; torchtitan repeats the K/V heads to the query heads
-    before SDPA, so K and V have the local query heads):
+    in torch 2.6.0, ``_attention.py``; torchtitan's ``Attention.forward`` in
+    ``models/llama/model.py`` calls ``repeat_kv`` before ``F.scaled_dot_product_attention``, so
+    K and V have the local query heads):
 
     - the K and V of the whole sequence: the default ``_RotateMethod.ALL_GATHER`` rotater
       all-gathers the concatenated local K and V once (``ft_c.all_gather_tensor``) and hands out
@@ -261,7 +262,11 @@ def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first,
     - ``stage_backward`` runs ``torch.autograd.backward`` and reads each input's ``.grad``:
       the gradient of a received activation stays on its buffer until the next step's
       ``clear_runtime_states`` (``a.buffer.grad = None``): at the peak, the micro-batches
-      already back through the stage, ``microbatches - in_flight`` (activations)."""
+      already back through the stage, ``microbatches - in_flight`` (activations).
+
+    Not counted: the last stage's ``_merge_outputs`` concatenates the kept logits once the
+    backward passes are done (another ``microbatches`` logits, after FSDP has resharded the
+    stage), a later and usually lower peak."""
     last = np.where(np.asarray(logits_out) > 0, 1.0, 0.0)
     beyond = np.maximum(microbatches - in_flight, 0.0) * (chunks - first) * boundary
     outputs = microbatches * ((chunks - last) * boundary + logits_out)
