@@ -215,9 +215,9 @@ def test_ring_attention_all_gathers_the_whole_sequences_keys_and_values_in_each_
     """At a fixed 4,096 tokens per rank, each doubling of torchtitan's CP degree adds the K and V
     of as many more tokens (bf16, the query's heads after repeat_kv) to a layer's backward;
     with one rank, or under Megatron (Transformer Engine's attention), there is no such ring."""
-    def plan_and_shape(cp, framework="fsdp"):
+    def plan_and_shape(cp, framework="fsdp", **rotate):
         j = job(model={"name": "llama-2-7b", "seq_length": 4096 * cp}, nodes=cp, framework=framework,
-                zero_stage=3, cp=cp, recompute="full")
+                zero_stage=3, cp=cp, recompute="full", **rotate)
         return j.parallel, count_job(j).shape
 
     elements = 1 * 32 * 4096 * 128  # b x heads x local tokens x head dim
@@ -226,6 +226,9 @@ def test_ring_attention_all_gathers_the_whole_sequences_keys_and_values_in_each_
     assert ring[4] - ring[2] == pytest.approx(2 * 2 * 2.0 * elements)  # 2 more ranks' bf16 K and V
     assert ring[8] - ring[4] == pytest.approx(4 * 2 * 2.0 * elements)
     assert ring[2] == pytest.approx((2 * 2 * 2.0 + 28.0) * elements)  # with the fp32 dQ/dK/dV and rotated dK/dV
+    # torchtitan's alltoall rotation holds the K/V sent and received, whatever the degree
+    shifted = {cp: ring_attention_bytes(*plan_and_shape(cp, cp_comm_type="alltoall")) for cp in (2, 8)}
+    assert shifted[8] == shifted[2] == pytest.approx(ring[2])
 
 
 def test_ring_attention_and_the_loss_do_not_peak_together():

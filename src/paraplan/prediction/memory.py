@@ -223,7 +223,10 @@ def ring_attention_bytes(plan: ParallelPlan, x: LocalShape) -> float:
 
     - the K and V of the whole sequence: the default ``_RotateMethod.ALL_GATHER`` rotater
       all-gathers the concatenated local K and V once (``ft_c.all_gather_tensor``) and hands out
-      one rank's chunk per ring step: ``cp`` x (K + V) in the activations' precision;
+      one rank's chunk per ring step: ``cp`` x (K + V) in the activations' precision. With
+      torchtitan's ``context_parallel_rotate_method = "alltoall"`` (``cp_comm_type``) the
+      ``_AllToAllRotater`` shifts them one rank per step: the concatenation sent and the one
+      received, 2 x (K + V) whatever ``cp``;
     - the fp32 accumulators of the local dQ, dK and dV (``convert_to_f32`` is True: ``accum_dtype
       = torch.float32``, ``torch.zeros_like``): 3 x 4 bytes per element;
     - the fp32 dK and dV being rotated (``_RotateMethod.ALL_TO_ALL``, ``permute_tensor``): the
@@ -237,7 +240,8 @@ def ring_attention_bytes(plan: ParallelPlan, x: LocalShape) -> float:
     if plan.cp <= 1 or plan.framework is not Framework.FSDP:
         return 0.0
     elements = x.b * x.heads * x.s * x.d
-    return elements * (2.0 * plan.cp * x.e + 3.0 * 4.0 + 2.0 * 2.0 * 4.0)
+    kv_copies = plan.cp if plan.cp_comm == "allgather" else 2
+    return elements * (2.0 * kv_copies * x.e + 3.0 * 4.0 + 2.0 * 2.0 * 4.0)
 
 
 def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first, chunks=1.0):
