@@ -257,7 +257,10 @@ def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first,
     - ``forward_one_chunk`` appends every micro-batch's output to ``output_chunks``, which only
       the next ``step()``'s ``clear_runtime_states`` empties (the last stage merges them into
       the returned output): all ``microbatches`` outputs at the peak, the logits on the last
-      stage (activations).
+      stage (activations). PyTorch issue #128910 (H-Huang, open): "We use extra memory in our
+      schedules because we accumulate all the activations across a Schedule step"; still so
+      in torch 2.13 (PR #194119, 2026: "A pipeline stage keeps every forward output alive
+      until the end of the step").
     - ``_prepare_forward_infra`` and ``_prepare_backward_infra`` allocate one receive buffer per
       micro-batch (``_make_tensor_from_meta`` for each chunk id), kept across steps: the
       activations' on every stage but the first and the gradients' on every stage but the last
@@ -266,7 +269,9 @@ def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first,
     - ``stage_backward`` runs ``torch.autograd.backward`` and reads each input's ``.grad``:
       the gradient of a received activation stays on its buffer until the next step's
       ``clear_runtime_states`` (``a.buffer.grad = None``): at the peak, the micro-batches
-      already back through the stage, ``microbatches - in_flight`` (activations).
+      already back through the stage, ``microbatches - in_flight`` (activations). PyTorch PR
+      #164329 (October 2025; torch 2.13 has it) frees each one once it is sent: counted as
+      the torch of the published runs (2.6) held them, a pessimistic bound for newer releases.
 
     Not counted: the last stage's ``_merge_outputs`` concatenates the kept logits once the
     backward passes are done (another ``microbatches`` logits, after FSDP has resharded the
