@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from paraplan.catalog import load_runtime_memory, resolve_job
@@ -15,7 +16,16 @@ from paraplan.inventory import count_job
 from paraplan.inventory.job import split_params
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import PlanMemory, predict
-from paraplan.prediction.memory import deepspeed_pipeline_buffers, framework_buffers, logit_elements
+from paraplan.prediction.memory import (
+    deepspeed_pipeline_buffers,
+    end_saved_bytes,
+    framework_buffers,
+    logit_elements,
+    loss_logits_bytes,
+    microbatch_bytes,
+    ring_attention_bytes,
+    torch_pipeline_buffers,
+)
 from paraplan.specs import ConfigError
 
 
@@ -232,3 +242,85 @@ def test_only_deepspeeds_pipeline_engine_with_several_stages_keeps_pipeline_buff
     assert one == (0.0, 0.0)  # one stage: nothing sent or received
     megatron = count_job(job(framework="megatron", pp=2))
     assert deepspeed_pipeline_buffers(megatron.job.parallel, megatron.shape, 1e9, first=True, last=False) == (0.0, 0.0)
+
+
+def boundary_bytes(j) -> float:
+    """A tensor sent between pipeline stages: the layer input [b, s, h] in bf16."""
+    x = count_job(j).shape
+    return x.e * x.b * x.s_norm * x.h
+
+
+def test_torch_pipelining_keeps_every_micro_batchs_output_and_one_gradient_receive_buffer_per_micro_batch():
+    """torchtitan's first stage (``torch.distributed.pipelining``): ``output_chunks`` keeps all
+    16 outputs until the next step and ``_prepare_backward_infra`` allocates 16 gradient
+    receive buffers; Megatron's pipeline keeps neither."""
+    titan = job(framework="fsdp", zero_stage=1, pp=2, recompute="full")
+    mega = job(framework="megatron", zero_stage=1, pp=2, recompute="full")
+    m, b = titan.parallel.num_microbatches, boundary_bytes(titan)
+    first, first_mega = predict(titan).memory[0], predict(mega).memory[0]
+    assert m == 16
+    assert first.activations - first_mega.activations == pytest.approx(m * b)
+    assert first.buffers == pytest.approx(m * b) and first_mega.buffers == 0
+
+
+def test_torch_pipelinings_last_stage_keeps_the_logits_of_every_micro_batch_until_the_next_step():
+    """The last stage's outputs are the logits (bf16, the loss casts them): all 16 are kept, and
+    15 received activations beyond the one in flight, with their gradients, stay on their
+    receive buffers."""
+    titan = job(framework="fsdp", zero_stage=1, pp=2, recompute="full")
+    mega = job(framework="megatron", zero_stage=1, pp=2, recompute="full")
+    m, b = titan.parallel.num_microbatches, boundary_bytes(titan)
+    logits = 2.0 * 1 * 4096 * 32000  # bf16 logits of one micro-batch of llama-2-7b
+    last, last_mega = predict(titan).memory[1], predict(mega).memory[1]
+    assert last.in_flight_microbatches == 1
+    assert last.activations - last_mega.activations == pytest.approx(m * logits + (m - 1) * b)
+    assert last.buffers == pytest.approx((m - 1) * b)  # activation receive buffers, none for gradients
+
+
+def test_torch_pipeline_buffers_of_many_plans_at_once_are_each_plans_own():
+    """The search's screen calls the same arithmetic on arrays: each entry is the scalar answer."""
+    boundary = np.array([1.0, 2.0, 3.0, 5.0])
+    logits = np.array([0.0, 0.0, 7.0, 0.0])
+    m, flight = np.array([8.0, 8.0, 4.0, 2.0]), np.array([8.0, 3.0, 1.0, 2.0])
+    first, chunks = np.array([1.0, 0.0, 0.0, 0.0]), np.array([1.0, 1.0, 1.0, 2.0])
+    kept, received = torch_pipeline_buffers(boundary, logits, m, flight, first, chunks)
+    for i in range(len(boundary)):
+        assert (kept[i], received[i]) == torch_pipeline_buffers(boundary[i], logits[i], m[i], flight[i], first[i],
+                                                                chunks[i])
+    assert (kept[1], received[1]) == (8 * 2 + 5 * 2, 8 * 2 + 5 * 2)  # a middle stage, 5 micro-batches back through it
+
+
+def test_ring_attention_all_gathers_the_whole_sequences_keys_and_values_in_each_backward_pass():
+    """At a fixed 4,096 tokens per rank, each doubling of torchtitan's CP degree adds the K and V
+    of as many more tokens (bf16, the query's heads after repeat_kv) to a layer's backward;
+    with one rank, or under Megatron (Transformer Engine's attention), there is no such ring."""
+    def plan_and_shape(cp, framework="fsdp", **rotate):
+        j = job(model={"name": "llama-2-7b", "seq_length": 4096 * cp}, nodes=cp, framework=framework,
+                zero_stage=3, cp=cp, recompute="full", **rotate)
+        return j.parallel, count_job(j).shape
+
+    elements = 1 * 32 * 4096 * 128  # b x heads x local tokens x head dim
+    ring = {cp: ring_attention_bytes(*plan_and_shape(cp)) for cp in (1, 2, 4, 8)}
+    assert ring[1] == 0 and ring_attention_bytes(*plan_and_shape(2, "megatron")) == 0
+    assert ring[4] - ring[2] == pytest.approx(2 * 2 * 2.0 * elements)  # 2 more ranks' bf16 K and V
+    assert ring[8] - ring[4] == pytest.approx(4 * 2 * 2.0 * elements)
+    assert ring[2] == pytest.approx((2 * 2 * 2.0 + 28.0) * elements)  # with the fp32 dQ/dK/dV and rotated dK/dV
+    # torchtitan's alltoall rotation holds the K/V sent and received, whatever the degree
+    shifted = {cp: ring_attention_bytes(*plan_and_shape(cp, cp_comm_type="alltoall")) for cp in (2, 8)}
+    assert shifted[8] == shifted[2] == pytest.approx(ring[2])
+
+
+def test_ring_attention_and_the_loss_do_not_peak_together():
+    """The ring's buffers live in a layer's backward pass, after the loss's peak: where the
+    loss's copies of the logits are larger (llama-3-8b's 128K vocabulary), the stage's peak
+    stays the loss's."""
+    j = job(model={"name": "llama-3-8b", "seq_length": 8192}, nodes=2, framework="fsdp", zero_stage=3, cp=2,
+            recompute="full")
+    inv = count_job(j)
+    st = inv.stages[0]
+    layer = recompute_cost(j.parallel, st.blocks[0].ops, inv.shape, st.blocks[0].num_layers).working_bytes
+    ring, loss = ring_attention_bytes(j.parallel, inv.shape), loss_logits_bytes(j, st)
+    _, working, logits = microbatch_bytes(inv, st)
+    assert 0 < layer + ring < loss
+    assert working - end_saved_bytes(st) == pytest.approx(layer + ring)
+    assert working - end_saved_bytes(st) + logits == pytest.approx(loss)

@@ -28,6 +28,13 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
 - The loss holds the logits in several precisions at once (``loss_logits_bytes``); under
   torchtitan's tensor parallelism PyTorch's ``loss_parallel`` holds more of them, and the LM
   head saves its all-gathered input (``inventory.layer.dtensor_gathered_inputs``).
+- PyTorch's pipeline stage (``torch.distributed.pipelining``, torchtitan's pipelines) keeps
+  every micro-batch's output until the next step, one receive buffer per micro-batch for the
+  activations and one for their gradients, and the gradients of the received activations
+  (``torch_pipeline_buffers``).
+- PyTorch's ring attention (torchtitan's context parallelism) all-gathers the K and V of the
+  whole sequence and accumulates the gradients in fp32 in each attention backward pass
+  (``ring_attention_bytes``, part of a layer's working bytes).
 - PyTorch's caching allocator reserves more than the tensors allocate, and what frameworks
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
   buffers sit outside it (``runtime``). Both are cited in ``runtime/memory.yaml``.
@@ -193,12 +200,15 @@ def activations_per_microbatch(inv: JobInventory, st: StageInventory) -> tuple[f
 def microbatch_bytes(inv: JobInventory, st: StageInventory) -> tuple[float, float, float]:
     """``activations_per_microbatch`` and the loss's extra copies of the logits beyond the
     layers' working bytes (``loss_logits_bytes``): the loss runs before any layer's backward,
-    so the two peaks do not add up."""
+    so the two peaks do not add up. A layer's working bytes include what ring attention holds
+    in its backward pass (``ring_attention_bytes``)."""
     held = layer_working = 0.0
     for block in st.blocks:
         rc = recompute_cost(inv.job.parallel, block.ops, inv.shape, block.num_layers)
         held += rc.held_bytes
-        layer_working = max(layer_working, rc.working_bytes)
+        ring = ring_attention_bytes(inv.job.parallel, inv.shape) if any(
+            op.kind is OpKind.ATTENTION for op in block.ops) else 0.0
+        layer_working = max(layer_working, rc.working_bytes + ring)
     logits = max(0.0, loss_logits_bytes(inv.job, st) - layer_working)
     return held, layer_working + end_saved_bytes(st), logits
 
@@ -206,6 +216,90 @@ def microbatch_bytes(inv: JobInventory, st: StageInventory) -> tuple[float, floa
 def end_saved_bytes(st: StageInventory) -> float:
     """What the stage's end operators (embedding, LM head, loss) save for the backward pass."""
     return sum(op.saved_bytes for op in st.end_ops)
+
+
+def ring_attention_bytes(plan: ParallelPlan, x: LocalShape) -> float:
+    """What PyTorch's ring attention (``torch.distributed.tensor.experimental.context_parallel``,
+    torchtitan's context parallelism) holds in one attention layer's backward pass beyond the
+    attention's own tensors, on each of the ``cp`` ranks (``_templated_ring_attention_backward``
+    in torch 2.6.0, ``_attention.py``; torchtitan's ``Attention.forward`` in
+    ``models/llama/model.py`` calls ``repeat_kv`` before ``F.scaled_dot_product_attention``, so
+    K and V have the local query heads):
+
+    - the K and V of the whole sequence: the default ``_RotateMethod.ALL_GATHER`` rotater
+      all-gathers the concatenated local K and V once (``ft_c.all_gather_tensor``) and hands out
+      one rank's chunk per ring step: ``cp`` x (K + V) in the activations' precision. With
+      torchtitan's ``context_parallel_rotate_method = "alltoall"`` (``cp_comm_type``) the
+      ``_AllToAllRotater`` shifts them one rank per step: the concatenation sent and the one
+      received, 2 x (K + V) whatever ``cp``;
+    - the fp32 accumulators of the local dQ, dK and dV (``convert_to_f32`` is True: ``accum_dtype
+      = torch.float32``, ``torch.zeros_like``): 3 x 4 bytes per element;
+    - the fp32 dK and dV being rotated (``_RotateMethod.ALL_TO_ALL``, ``permute_tensor``): the
+      concatenation sent (``torch.cat([grad_key.flatten(), grad_value.flatten()])``) and the one
+      received, 2 x 2 x 4 bytes per element.
+
+    One element is one of ``b x heads x s x d`` of the rank's local query (``s`` the rank's
+    share of the sequence). The forward pass's ring (the merger's fp32 output and the same
+    all-gathered K and V) holds less. Megatron runs context parallelism through Transformer
+    Engine's own attention and is not covered here; neither is cp = 1 (no ring)."""
+    if plan.cp <= 1 or plan.framework is not Framework.FSDP:
+        return 0.0
+    elements = x.b * x.heads * x.s * x.d
+    kv_copies = plan.cp if plan.cp_comm == "allgather" else 2
+    return elements * (2.0 * kv_copies * x.e + 3.0 * 4.0 + 2.0 * 2.0 * 4.0)
+
+
+def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first, chunks=1.0):
+    """(activations, buffers): the bytes PyTorch's pipeline stage keeps on one GPU beyond its
+    layers' saved tensors (``torch.distributed.pipelining``, the pipelining of torchtitan; read
+    in torch 2.6.0 ``stage.py`` and ``schedules.py``), for ``microbatches`` micro-batches with
+    ``in_flight`` of them held at the stage's peak (``in_flight_microbatches``), ``boundary``
+    bytes for a tensor sent between stages (the layer input: [b, s/tp with sequence
+    parallelism, h]) and ``logits_out`` for the logits of one micro-batch on the stage that
+    computes the loss (0 elsewhere); ``first`` is 1 on the first stage, ``chunks`` the model
+    chunks a GPU runs (interleaving). Numbers or numpy arrays (the search's screen).
+
+    - ``forward_one_chunk`` appends every micro-batch's output to ``output_chunks``, which only
+      the next ``step()``'s ``clear_runtime_states`` empties (the last stage merges them into
+      the returned output): all ``microbatches`` outputs at the peak, the logits on the last
+      stage (activations). PyTorch issue #128910 (H-Huang, open): "We use extra memory in our
+      schedules because we accumulate all the activations across a Schedule step"; still so
+      in torch 2.13 (PR #194119, 2026: "A pipeline stage keeps every forward output alive
+      until the end of the step").
+    - ``_prepare_forward_infra`` and ``_prepare_backward_infra`` allocate one receive buffer per
+      micro-batch (``_make_tensor_from_meta`` for each chunk id), kept across steps: the
+      activations' on every stage but the first and the gradients' on every stage but the last
+      (buffers). The activation buffers of the micro-batches in flight are the first layer's
+      inputs the layers already keep, so ``microbatches - in_flight`` of them are counted.
+    - ``stage_backward`` runs ``torch.autograd.backward`` and reads each input's ``.grad``:
+      the gradient of a received activation stays on its buffer until the next step's
+      ``clear_runtime_states`` (``a.buffer.grad = None``): at the peak, the micro-batches
+      already back through the stage, ``microbatches - in_flight`` (activations). PyTorch PR
+      #164329 (October 2025; torch 2.13 has it) frees each one once it is sent: counted as
+      the torch of the published runs (2.6) held them, a pessimistic bound for newer releases.
+
+    Not counted: the last stage's ``_merge_outputs`` concatenates the kept logits once the
+    backward passes are done (another ``microbatches`` logits, after FSDP has resharded the
+    stage), a later and usually lower peak."""
+    last = np.where(np.asarray(logits_out) > 0, 1.0, 0.0)
+    beyond = np.maximum(microbatches - in_flight, 0.0) * (chunks - first) * boundary
+    outputs = microbatches * ((chunks - last) * boundary + logits_out)
+    grad_receive = microbatches * (chunks - last) * boundary
+    activations, buffers = outputs + beyond, grad_receive + beyond
+    if np.ndim(activations) == 0:
+        return float(activations), float(buffers)
+    return activations, buffers
+
+
+def logits_output_bytes(st: StageInventory, e: float) -> float:
+    """The logits of one micro-batch in the activations' precision (``e`` bytes), on the stage
+    that computes the loss (0 elsewhere): the model's output, before the loss casts it."""
+    return e * logit_elements(st.end_ops)
+
+
+def runs_torch_pipelining(plan: ParallelPlan) -> bool:
+    """Whether the plan's pipeline runs on ``torch.distributed.pipelining`` (torchtitan)."""
+    return plan.framework is Framework.FSDP and plan.pp > 1
 
 
 # Bytes per logit element the loss holds at its peak, beyond the fp32 softmax it saves for the
@@ -418,6 +512,13 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     per_microbatch, once = deepspeed_pipeline_buffers(plan, inv.shape, logit_elements(st.end_ops),
                                                       first=st.index == 0, last=st.index == plan.pp - 1)
     buffers += per_microbatch * flight + once
+    if runs_torch_pipelining(plan):
+        x = inv.shape
+        chunks = float(plan.vpp) if plan.schedule.uses_vpp else 1.0
+        kept, received = torch_pipeline_buffers(x.e * x.b * x.s_norm * x.h, logits_output_bytes(st, x.e),
+                                                float(plan.num_microbatches), flight, 1.0 if st.index == 0 else 0.0,
+                                                chunks)
+        activations, buffers = activations + kept, buffers + received
     return StageMemory(
         stage=st.index,
         weights=weights - off.weights + fp8_copies,

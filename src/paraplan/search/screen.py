@@ -65,8 +65,10 @@ from paraplan.prediction.memory import (
     fragmentation_share,
     framework_buffers,
     logit_elements,
+    logits_output_bytes,
     microbatch_bytes,
     stage_peak_bytes,
+    torch_pipeline_buffers,
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import OffloadCosts, gradient_copy_s
@@ -363,6 +365,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             f, la = flags[c]
             row[f"pipe_mb{c}"], row[f"pipe_once{c}"] = deepspeed_pipeline_buffers(
                 plan, x, logit_elements(stage.end_ops), first=f, last=la)
+            row[f"logits_out{c}"] = logits_output_bytes(stage, x.e)  # torch pipelining's kept outputs
+        row["boundary"] = x.e * x.b * x.s_norm * x.h  # a tensor sent between pipeline stages
         for r in range(len(_RECOMPUTE)):
             plan_r = plans.get(r)
             if plan_r is None:
@@ -402,8 +406,9 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     comm.total(st.per_microbatch_dp, BACKWARD),
                     stage_optimizer_s(inv, st, cm),  # offload: the CPU step replaces the GPU's
                     mem.persistent,  # static
-                    mem.gathered_params,
-                    framework_buffers(inv, st)[1],  # the pipeline's buffers follow the micro-batch: _combine
+                    # without the pipelines' per-micro-batch buffers (``_combine`` adds them:
+                    # DeepSpeed's engine and torch.distributed.pipelining)
+                    *framework_buffers(inv, st),
                     mem.runtime,
                     gradient_copy_s(inv, st),
                 )
@@ -555,7 +560,7 @@ def screen_plans(
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
     iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
-                                 lockstep, sends_async)
+                                 lockstep, sends_async, torch_pipelining=space.framework == "fsdp")
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
@@ -563,9 +568,10 @@ def screen_plans(
 
 
 def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False,
-             sends_async=None):
+             sends_async=None, torch_pipelining=False):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables
-    (``sends_async``: the plans whose pipeline sends are asynchronous, overlap_p2p_comm)."""
+    (``sends_async``: the plans whose pipeline sends are asynchronous, overlap_p2p_comm;
+    ``torch_pipelining``: the pipelines run on ``torch.distributed.pipelining``, torchtitan's)."""
     rc, zero = plans["recompute"], plans["zero"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
     m = (gbs // (mbs * dp)).astype(np.float64)
@@ -614,6 +620,11 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full, flight)
         # DeepSpeed's pipeline send and receive buffers (``memory.deepspeed_pipeline_buffers``)
         buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + ends("pipe_once", c)
+        if torch_pipelining:  # ``estimate_stage_memory``'s terms of torch.distributed.pipelining
+            kept, received = torch_pipeline_buffers(shard("boundary"), ends("logits_out", c), m, flight,
+                                                    1.0 if c == FIRST else 0.0, v)
+            activations = activations + np.where(single, 0.0, kept)
+            buffers = buffers + np.where(single, 0.0, received)
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
                                   buffers, layout("runtime", c), frag)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
