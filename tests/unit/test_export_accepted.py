@@ -23,6 +23,7 @@ from framework_parsers import (
     megatron_parser,
     parse_megatron,
     titan_parse,
+    titan_restated_defaults,
 )
 from paraplan.catalog import load_job, resolve_job
 from paraplan.export import TARGETS, export_notes, render
@@ -212,6 +213,27 @@ def test_every_torchtitan_recipe_of_the_sample_parses_with_torchtitans_config_ma
     for i, (label, text) in enumerate(recipes):
         if text is not None:
             assert titan_parse(text, tmp_path, monkeypatch, name=f"recipe_sample_{i}").parallelism, label
+
+
+def test_paraplans_table_of_torchtitans_defaults_is_the_installed_torchtitans():
+    pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+
+    from paraplan.export.torchtitan import TORCHTITAN_DEFAULTS
+
+    for block, config in (("training", TrainingConfig()), ("parallelism", ParallelismConfig()),
+                          ("checkpoint", CheckpointManager.Config())):
+        assert {key: getattr(config, key) for key in TORCHTITAN_DEFAULTS[block]} == TORCHTITAN_DEFAULTS[block], block
+
+
+def test_no_torchtitan_key_restates_torchtitans_default():
+    recipes = [(name, text) for (name, target), text in example_recipes().items() if target == "torchtitan"]
+    recipes += [(label, text) for label, target, text in sampled_recipes() if target == "torchtitan"]
+    assert sum(text is not None for _, text in recipes) >= 8
+    for name, text in recipes:
+        if text is not None:
+            assert titan_restated_defaults(text) == [], name
 
 
 # ---------------------------------------------------------------- what the recipes say
