@@ -213,7 +213,6 @@ def _debug_model():
     return model_registry("debugmodel")
 
 
-@pytest.mark.slow
 def test_every_torchtitan_recipe_of_the_examples_parses_with_torchtitans_config_manager(tmp_path, monkeypatch):
     """A model torchtitan has no flavor for (the recipe leaves it to the user) and FP8 (its converter
     builds only on a GPU) take torchtitan's debug model; everything else is the recipe's."""
