@@ -117,7 +117,9 @@ def test_every_module_outside_the_named_optional_parts_imports_on_the_plain_inst
         "modules the core commands may import that need a package the plain install lacks"
     assert [f"{m} imports {missing}" for m, missing in failed.items()
             if missing.split(".")[0] not in EXTRA_OF_MODULE] == [], "modules that import a package no extra declares"
-    assert {_part(m) for m in failed} <= set(NEEDS_AN_EXTRA)
+    # and the package each part lacks is one its extra installs
+    assert {m: EXTRA_OF_MODULE.get(missing.split(".")[0]) for m, missing in failed.items()} == \
+        {m: NEEDS_AN_EXTRA[_part(m)] for m in failed}
 
 
 @pytest.mark.parametrize(
