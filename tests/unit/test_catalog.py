@@ -575,6 +575,14 @@ def test_a_gpu_whose_model_number_differs_is_not_suggested_as_a_typo(other_part)
         load_gpu(other_part)
 
 
+@pytest.mark.parametrize("variant", ["MI300A", "B200A", "A10X", "GB200X", "H100X"])
+def test_a_gpu_whose_variant_letter_differs_is_another_part_not_a_typo(variant):
+    # MI300A is AMD's APU, not the MI300X; B200A a lower-power B200 (issue 24: say "not in the catalog")
+    assert suggest_catalog_name("gpus", variant) is None
+    with pytest.raises(ConfigError, match=rf"unknown GPU '{variant}', not in the catalog "):
+        load_gpu(variant)
+
+
 def test_a_model_size_that_differs_is_not_suggested_as_a_typo():
     assert suggest_catalog_name("models", "llama-2-8b") is None
     assert suggest_catalog_name("models", "lama-2-7b") == "llama-2-7b"
