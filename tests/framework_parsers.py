@@ -189,3 +189,36 @@ def deepspeed_restated_defaults(config):
         out += [f"{block}.{key}" for key, value in config.get(block, {}).items()
                 if key != "stage" and key in defaults and value == defaults[key]]
     return out
+
+
+def titan_restated_defaults(text):
+    """The literal keyword arguments of a torchtitan recipe's config calls (``TrainingConfig``,
+    ``ParallelismConfig``, ``CheckpointManager.Config``, ``Trainer.Config``) whose value is the
+    installed torchtitan's own default for that field; skipped where torchtitan is not installed."""
+    pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
+    import ast
+    import dataclasses
+
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.trainer import Trainer
+
+    classes = {"TrainingConfig": TrainingConfig, "ParallelismConfig": ParallelismConfig,
+               "CheckpointManager.Config": CheckpointManager.Config, "Trainer.Config": Trainer.Config}
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.Call) and ast.unparse(node.func) in classes):
+            continue
+        name = ast.unparse(node.func)
+        fields = {f.name: f for f in dataclasses.fields(classes[name])}
+        for keyword in node.keywords:
+            field = fields.get(keyword.arg)
+            if field is None or field.default is dataclasses.MISSING:
+                continue
+            try:
+                value = ast.literal_eval(keyword.value)
+            except ValueError:  # a call or a name: not a literal that could restate a default
+                continue
+            if value == field.default:
+                out.append(f"{name}.{keyword.arg}={value!r}")
+    return out

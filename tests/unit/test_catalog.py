@@ -575,6 +575,19 @@ def test_a_gpu_whose_model_number_differs_is_not_suggested_as_a_typo(other_part)
         load_gpu(other_part)
 
 
+@pytest.mark.parametrize("variant", ["MI300A", "B200A", "A10X", "GB200X", "H100X", "H100 NVL", "H200 NVL"])
+def test_a_gpu_whose_variant_letter_differs_is_another_part_not_a_typo(variant):
+    # MI300A is AMD's APU, not the MI300X; B200A a lower-power B200; H100 NVL a 94 GB PCIe board
+    # (issue 24: say "not in the catalog" rather than suggest another part)
+    assert suggest_catalog_name("gpus", variant) is None
+    with pytest.raises(ConfigError, match=rf"unknown GPU '{variant}', not in the catalog "):
+        load_gpu(variant)
+
+
+def test_a_platform_word_beside_a_gpu_name_still_suggests_the_gpu():
+    assert suggest_catalog_name("gpus", "B200 HGX") == "B200"
+
+
 def test_a_model_size_that_differs_is_not_suggested_as_a_typo():
     assert suggest_catalog_name("models", "llama-2-8b") is None
     assert suggest_catalog_name("models", "lama-2-7b") == "llama-2-7b"

@@ -27,6 +27,7 @@ from paraplan.export import (
 )
 from paraplan.export.megatron import megatron_args
 from paraplan.export.slurm import TIME_MARGIN
+from paraplan.export.torchtitan import TORCHTITAN_DEFAULTS
 from paraplan.prediction import predict
 from paraplan.specs import ConfigError
 
@@ -280,6 +281,13 @@ def titan_recipe(text):
     return calls
 
 
+def titan_values(calls, block):
+    """What torchtitan runs for one block of a recipe: the keys written, torchtitan's defaults for
+    the others (the recipe does not repeat them)."""
+    call = {"parallelism": "ParallelismConfig", "training": "TrainingConfig"}[block]
+    return {**TORCHTITAN_DEFAULTS[block], **calls[call]}
+
+
 def test_torchtitan_recipe_for_llama_3_70b_round_trips_degrees_batches_and_stages():
     job = load_job(LLAMA)
     p = job.parallel
@@ -287,7 +295,8 @@ def test_torchtitan_recipe_for_llama_3_70b_round_trips_degrees_batches_and_stage
     assert text.startswith('r"""torchtitan configuration for torchtitan 0.3.0, exported by paraplan')
     assert "-m torchtitan.train" in text and "--config paraplan_config" in text
     calls = titan_recipe(text)
-    par, training = calls["ParallelismConfig"], calls["TrainingConfig"]
+    assert "context_parallel_degree" not in calls["ParallelismConfig"]  # torchtitan's default, 1, is not repeated
+    par, training = titan_values(calls, "parallelism"), titan_values(calls, "training")
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     assert (par["tensor_parallel_degree"], par["enable_sequence_parallel"]) == (8, True)
     assert (par["pipeline_parallel_degree"], par["context_parallel_degree"], dp) == (4, 1, 2)
@@ -366,7 +375,7 @@ def test_torchtitan_renders_gpt_neox_in_bf16_with_a_model_spec_that_refuses_to_r
     calls = titan_recipe(text)
     assert "model_registry" not in calls and "NOTE(paraplan): model:" in text
     assert 'raise NotImplementedError("EDIT-ME' in text
-    par, training = calls["ParallelismConfig"], calls["TrainingConfig"]
+    par, training = titan_values(calls, "parallelism"), titan_values(calls, "training")
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (4, 4)
     assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == 8
     assert [sum(n.startswith("layers.") for n in s) for s in par["module_fqns_per_model_part"]] == [11, 12, 12, 9]

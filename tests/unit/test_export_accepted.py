@@ -23,6 +23,7 @@ from framework_parsers import (
     megatron_parser,
     parse_megatron,
     titan_parse,
+    titan_restated_defaults,
 )
 from paraplan.catalog import load_job, resolve_job
 from paraplan.export import TARGETS, export_notes, render
@@ -206,12 +207,52 @@ def test_torchtitan_refuses_a_misspelt_key_in_a_recipe(tmp_path, monkeypatch):
                     name="recipe_misspelt")
 
 
+def _debug_model():
+    from torchtitan.models.llama3 import model_registry
+
+    return model_registry("debugmodel")
+
+
+def test_every_torchtitan_recipe_of_the_examples_parses_with_torchtitans_config_manager(tmp_path, monkeypatch):
+    """A model torchtitan has no flavor for (the recipe leaves it to the user) and FP8 (its converter
+    builds only on a GPU) take torchtitan's debug model; everything else is the recipe's."""
+    recipes = [(name, text) for (name, target), text in example_recipes().items()
+               if target == "torchtitan" and text is not None]
+    assert len(recipes) >= 4
+    for i, (name, text) in enumerate(recipes):
+        spec = _debug_model if "model_registry" not in text or "Float8" in text else None
+        job = load_job(EXAMPLES[0].parent / f"{name}.yaml")
+        par = titan_parse(text, tmp_path, monkeypatch, name=f"recipe_example_{i}", model_spec=spec).parallelism
+        assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (job.parallel.tp, job.parallel.pp), name
+
+
 def test_every_torchtitan_recipe_of_the_sample_parses_with_torchtitans_config_manager(tmp_path, monkeypatch):
     recipes = [(label, text) for label, target, text in sampled_recipes() if target == "torchtitan"]
     assert sum(text is not None for _, text in recipes) >= 4
     for i, (label, text) in enumerate(recipes):
         if text is not None:
             assert titan_parse(text, tmp_path, monkeypatch, name=f"recipe_sample_{i}").parallelism, label
+
+
+def test_paraplans_table_of_torchtitans_defaults_is_the_installed_torchtitans():
+    pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+
+    from paraplan.export.torchtitan import TORCHTITAN_DEFAULTS
+
+    for block, config in (("training", TrainingConfig()), ("parallelism", ParallelismConfig()),
+                          ("checkpoint", CheckpointManager.Config())):
+        assert {key: getattr(config, key) for key in TORCHTITAN_DEFAULTS[block]} == TORCHTITAN_DEFAULTS[block], block
+
+
+def test_no_torchtitan_key_restates_torchtitans_default():
+    recipes = [(name, text) for (name, target), text in example_recipes().items() if target == "torchtitan"]
+    recipes += [(label, text) for label, target, text in sampled_recipes() if target == "torchtitan"]
+    assert sum(text is not None for _, text in recipes) >= 8
+    for name, text in recipes:
+        if text is not None:
+            assert titan_restated_defaults(text) == [], name
 
 
 # ---------------------------------------------------------------- what the recipes say

@@ -20,6 +20,22 @@ def test_every_extra_the_table_names_is_one_pyproject_declares():
     assert set(EXTRA_OF_MODULE.values()) <= set(_extras())
 
 
+#: The distribution that installs a module whose import name is not its own; jaxlib comes with jax.
+_DISTRIBUTION = {"sklearn": ("scikit-learn",), "xgboost": ("xgboost-cpu", "xgboost"), "jaxlib": ("jax",)}
+
+
+def test_the_extra_each_optional_module_names_installs_it():
+    import re
+
+    extras = _extras()
+    wrong = []
+    for module, extra in EXTRA_OF_MODULE.items():
+        installed = {re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower() for requirement in extras[extra]}
+        if not installed & set(_DISTRIBUTION.get(module, (module,))):
+            wrong.append(f"{module}: '{extra}' installs {sorted(installed)}")
+    assert wrong == []
+
+
 def test_no_optional_module_is_a_core_dependency():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
     core = " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]).lower()

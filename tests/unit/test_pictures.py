@@ -54,6 +54,21 @@ def test_every_stage_bar_spans_the_iteration_and_its_sends_are_the_schedules(pla
         assert busy == pytest.approx(pred.pipeline.busy[bar.stage], rel=1e-9)
 
 
+def test_the_memory_pictures_totals_are_written_over_the_hbm_and_headroom_lines():
+    pytest.importorskip("matplotlib")
+    from paraplan.report.plots import figure_memory
+
+    pred = predict(_job(), keep_timeline=True)
+    ax = figure_memory(pred).axes[0]
+    lines = max(c.get_zorder() for c in ax.collections if c.get_label() in ("HBM of the GPU",)
+                or c.get_label().endswith("headroom"))
+    labels = {f"{m.total / 2**30:.1f}" for m in pred.memory}
+    totals = [t for t in ax.texts if t.get_text() in labels]
+    assert len(totals) == len(pred.memory)
+    for text in totals:  # a line through a total would strike its digits out
+        assert text.get_zorder() > lines and text.get_bbox_patch().get_facecolor()[:3] == (1.0, 1.0, 1.0)
+
+
 def test_the_bars_need_the_schedule_the_prediction_used():
     with pytest.raises(ValueError, match="keep_timeline=True"):
         stage_bars(predict(_job()))

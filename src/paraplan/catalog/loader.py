@@ -159,12 +159,23 @@ def suggest_catalog_name(kind: Kind, name: str) -> str | None:
     apart (H800 is not a mistyped H200, nor A1000 a mistyped A100). So a suggestion must start
     with the same numbers in the same order (it may add more: "A100-SXM4" -> A100-SXM4-80GB),
     and be close in its letters and separators ("H100-SMX5" -> H100-SXM5-80GB, "perlmuter" ->
-    perlmutter); names with exactly the typed numbers go first."""
+    perlmutter); names with exactly the typed numbers go first. A GPU's one letter right after
+    its model number names a variant, another part (MI300A is not an MI300X, nor B200A a B200):
+    a typed letter must be the catalog name's own (a missing one is a near-typo: MI300 -> MI300X).
+    So is a form-factor word (H100 NVL is not an H100-SXM5-80GB): each typed word must be close to
+    one of the catalog name's ("H100-SMX5" -> H100-SXM5-80GB); platform words (HGX) do not count."""
     key = catalog_key(name)
     if len(key) > 100:
         return None
     numbers = _numbers(name)
     named = _numbered_keys(kind)
+    if kind == "gpus":
+        if len(letter := _variant(name)) == 1:
+            named = {k: n for k, n in named.items() if _variant_keys(kind)[k] == letter}
+        typed = _form_words(name)  # "H100 NVL" is not a mistyped H100-SXM5-80GB ("H100-SMX5" is)
+        written = _written_keys(kind)
+        named = {k: n for k, n in named.items()
+                 if all(difflib.get_close_matches(w, _form_words(written[k]), n=1, cutoff=0.6) for w in typed)}
     exact = [k for k, n in named.items() if n == numbers]
     longer = [k for k, n in named.items() if n[: len(numbers)] == numbers and k not in exact]
     for candidates in (exact, longer):
@@ -182,14 +193,47 @@ def _numbers(name: str) -> tuple[str, ...]:
     return (first.group(0), *numbers[1:]) if first else ()
 
 
+#: Words a GPU's name may carry that name its platform, not another part (HGX B200 is a B200).
+_PLATFORM_WORDS = frozenset({"hgx", "dgx", "gpu", "tensor", "core"})
+
+
+def _form_words(name: str) -> list[str]:
+    """The words of three or more letters after a GPU name's model number: its form factor
+    ("H100-SXM5-80GB" -> sxm; "H100 NVL" -> nvl; "A100-PCIE-80GB" -> pcie)."""
+    found = _VARIANT.search(name.lower())
+    words = re.findall(r"[a-z]{3,}", name.lower()[found.end():]) if found else []
+    return [w for w in words if w not in _PLATFORM_WORDS]
+
+
+_VARIANT = re.compile(r"[a-z]*\d+(?:\.\d+)?([a-z]*)")
+
+
+def _variant(name: str) -> str:
+    """The letters right after the model number ("MI300X" -> x, "A10G" -> g, "H100-SXM5" -> none)."""
+    found = _VARIANT.search(name.lower())
+    return found.group(1) if found else ""
+
+
+@functools.cache
+def _variant_keys(kind: Kind) -> dict[str, str]:
+    """normalised name or alias -> the letters right after its model number, as the catalog writes it."""
+    return {key: _variant(alias) for key, alias in _written_keys(kind).items()}
+
+
+@functools.cache
+def _written_keys(kind: Kind) -> dict[str, str]:
+    """normalised name or alias -> the name or alias as the catalog writes it (the first to claim it)."""
+    out: dict[str, str] = {}
+    for name, raw in _index(kind).values():
+        for alias in [name, *raw.get("aliases", ())]:
+            out.setdefault(catalog_key(str(alias)), str(alias))
+    return out
+
+
 @functools.cache
 def _numbered_keys(kind: Kind) -> dict[str, tuple[str, ...]]:
     """normalised name or alias -> the numbers in it as the catalog writes it."""
-    out: dict[str, tuple[str, ...]] = {}
-    for name, raw in _index(kind).values():
-        for alias in [name, *raw.get("aliases", ())]:
-            out.setdefault(catalog_key(str(alias)), _numbers(str(alias)))
-    return out
+    return {key: _numbers(alias) for key, alias in _written_keys(kind).items()}
 
 
 def load_catalog_entry(kind: Kind, name: str) -> dict[str, Any]:

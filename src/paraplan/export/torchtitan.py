@@ -105,6 +105,27 @@ _MOE_FLAVORS = {
     ("qwen3", "235B-A22B"): (94, 4096, 64, 128, 8, 1536, 151936),
 }
 _RESHARD = {0: None, 1: "never", 2: "never", 3: "always"}
+
+#: torchtitan 0.3.0's own defaults for the keys the recipe writes (torchtitan/config/configs.py:
+#: TrainingConfig, ParallelismConfig; torchtitan/components/checkpointer/base.py: the checkpoint
+#: Config). A key whose value is torchtitan's default is not written: the default already does it.
+TORCHTITAN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "training": {"local_batch_size": 8, "global_batch_size": -1, "seq_len": 2048, "max_norm": 1.0, "steps": 10000,
+                 "enable_cpu_offload": False, "disable_cuda_graphs": False, "mixed_precision_param": "bfloat16",
+                 "mixed_precision_reduce": "float32"},
+    "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": -1,
+                    "fsdp_reshard_after_forward": "default", "tensor_parallel_degree": 1,
+                    "enable_sequence_parallel": True, "pipeline_parallel_degree": 1,
+                    "pipeline_parallel_schedule": "1F1B", "pipeline_parallel_microbatch_size": 1,
+                    "context_parallel_degree": 1, "expert_parallel_degree": 1},
+    "checkpoint": {"enable": False, "folder": "checkpoint", "interval": 500},
+}
+
+
+def _stated(block: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The keys of one block of the recipe whose value is not torchtitan's default."""
+    defaults = TORCHTITAN_DEFAULTS[block]
+    return {k: v for k, v in values.items() if k not in defaults or defaults[k] != v}
 # paraplan's recompute policy -> torchtitan's activation-checkpointing class (None: off)
 _AC = {Recompute.NONE: None, Recompute.FULL: "FullAC", Recompute.SELECTIVE: "SelectiveAC",
        Recompute.LAYER: "FullAC", Recompute.OP: "SelectiveAC"}
@@ -266,9 +287,10 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         f"  torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node} --rdzv-backend c10d \\",
         "      --rdzv-endpoint <first node>:29500 -m torchtitan.train \\",
         f"      --module <file name without .py> --config {CONFIG_FUNCTION}",
-        f"Resume: checkpoints go to <dump_folder>/{ckpt['folder']} every {ckpt['interval']} steps; the same",
-        "command run again loads the latest one there.",
-        f"Names checked against torchtitan {TORCHTITAN_VERSION} (torchtitan/config/configs.py, trainer.py).",
+        f"Resume: checkpoints go to ./outputs/{ckpt['folder']} (torchtitan's dump_folder) every {ckpt['interval']}",
+        "steps; the same command run again loads the latest one there.",
+        f"Names checked against torchtitan {TORCHTITAN_VERSION} (torchtitan/config/configs.py, trainer.py);",
+        "torchtitan's defaults are not repeated.",
     ]
     imports = [
         "from torchtitan.components.checkpoint import CheckpointManager",
@@ -314,7 +336,6 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         "    return Trainer.Config(",
         "        model_spec=spec,",
         f'        hf_assets_path="./assets/hf/{PLACEHOLDER}",  # {EDIT} the folder with the tokenizer files',
-        '        dump_folder="./outputs",',
         "        loss=ChunkedLossWrapper.Config(",
         "            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec)),",
         "        ),",
@@ -322,14 +343,14 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         "        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=200),",
         '        dataloader=HuggingFaceTextDataLoader.Config(dataset="c4"),',
         "        training=TrainingConfig(" + steps_note,
-        *[f"            {k}={_py(v, 12)}," for k, v in config["training"].items()],
+        *[f"            {k}={_py(v, 12)}," for k, v in _stated("training", config["training"]).items()],
         "        ),",
         "        parallelism=ParallelismConfig(",
-        *[f"            {k}={_py(v, 12)}," for k, v in config["parallelism"].items()],
+        *[f"            {k}={_py(v, 12)}," for k, v in _stated("parallelism", config["parallelism"]).items()],
         "        ),",
         f"        activation_checkpoint={'None' if ac is None else ac + '.Config()'},",
         "        checkpoint=CheckpointManager.Config("
-        + ", ".join(f"{k}={_py(v)}" for k, v in ckpt.items()) + "),",
+        + ", ".join(f"{k}={_py(v)}" for k, v in _stated("checkpoint", ckpt).items()) + "),",
     ]
     if float8:
         body.append('        compile=CompileConfig(enable=True, components=["model", "loss"]),')

@@ -311,9 +311,10 @@ def figure_memory(pred: Prediction):
         ax.bar(x, heights, bottom=bottom, width=0.7, label=part.label, color=_MEMORY_COLORS[part.field],
                edgecolor="white", linewidth=0.5)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    for i, total in zip(x, bottom, strict=True):
+    for i, total in zip(x, bottom, strict=True):  # above the HBM and headroom lines it may sit on
         ax.annotate(f"{total:.1f}", (i, total), xytext=(0, 2), textcoords="offset points", ha="center",
-                    va="bottom", fontsize="x-small")
+                    va="bottom", fontsize="x-small", zorder=4,
+                    bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"})
     hbm = [h / gib for h in pred.hbm_bytes]
     ax.hlines(hbm, [i - 0.45 for i in x], [i + 0.45 for i in x], colors="black", linestyles="--", linewidth=1.2,
               label="HBM of the GPU")
