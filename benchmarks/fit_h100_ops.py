@@ -134,6 +134,12 @@ def main() -> None:
         print(f"{r['op']:30} {r['phase']:5} {r['n']:3d} {_pct(r['median']):>7} {rng:>17} {r['n_above']:7d} "
               f"{_pct(r['median_above']):>7}")
     for key in filter(None, args.fit.split(",")):
+        name, _, phase = key.rpartition(":")
+        mine = samples.subset(np.array([o.name == name for o in samples.ops]) & (np.asarray(samples.phase) == phase))
+        if above_launch_floor(mine, FLOOR).sum() < 3:
+            print(f"\n{key}: {int(above_launch_floor(mine, FLOOR).sum())} of {len(mine)} samples above the launch "
+                  "floor: too few to fit a curve")
+            continue
         f = fit_report(samples, gpu, key)
         c = f["curve"]
         med = lambda a: f"{100 * statistics.median(a):+.1f} %"  # noqa: E731
