@@ -95,14 +95,16 @@ def test_llama_3_8b_traced_with_fused_kernels_predicts_the_hand_written_time(tp)
 
 
 @pytest.mark.slow
-def test_eager_kernels_cost_hf_eager_code_and_fused_is_the_default():
+def test_eager_kernels_cost_hf_eager_code_slower_than_the_fused_default():
     from paraplan.prediction.entry import predict_any
 
     assert _job("traced", 8).model.kernels == "fused"
     fused = predict_any(_job("traced", 8)).iteration_s
     eager = predict_any(_job("traced", 8, kernels="eager")).iteration_s
-    # eager: HF's norms and rotary embedding by the roofline, without the fused curves' fixed cost
-    assert eager < 0.9 * fused
+    # eager: HF's norms and rotary embedding as separate aten kernels, each by the roofline: more
+    # bytes than the fused kernels, which H100's own RMSNorm curve times (+4 % on this job; it was
+    # -10 % while GH200's curve of GPT-NeoX's unfused RMSNorm timed the fused kernel)
+    assert fused < eager < 1.25 * fused
 
 
 def test_mixtral_fused_layer_has_the_hand_written_flops_and_saved_activations():

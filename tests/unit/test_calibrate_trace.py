@@ -264,3 +264,18 @@ def test_the_command_shows_how_many_kernels_it_linked_to_their_operator(tmp_path
     assert result.exit_code == 0, result.output
     assert_readable_text(result.stdout, 80)
     assert "kernels linked to the operator that launched them: 8,520 of 8,568 (99.4 %)" in result.stdout
+
+
+H100_CHECK = ROOT / "benchmarks" / "data" / "gpu" / "h100-2026-11-27" / "run2" / "gpucheck"
+
+
+def test_an_own_curve_fitted_from_a_trace_is_the_one_the_cost_model_reads_beside_the_catalogs_per_direction_curves():
+    """The H100 catalog times RMSNorm with ``RMSlayernorm:fwd``/``:bwd``; the trace's fused
+    forward calls (``aten::_fused_rms_norm``) fit the forward curve, which the cost model reads
+    before a plain ``RMSlayernorm`` key: a curve written there was never used (+985 % after)."""
+    job = load_job(H100_CHECK / "small-llama.yaml")
+    result = calibrate_from_trace([H100_CHECK / "trace" / "rank0.json.gz"], job, date="2026-11-27")
+    row = next(r for r in result.curves if r.kind == "RMSlayernorm")
+    assert row.fit.kind == "RMSlayernorm:fwd"
+    assert result.cluster.gpu.efficiency.ops["RMSlayernorm:fwd"].max_fraction == row.fit.curve.max_fraction
+    assert abs(row.after.median) < 0.02 < abs(row.before.median)

@@ -30,8 +30,10 @@ __all__ = [
     "OP_CURVE_MODES",
     "SOFTMAX_TAGS",
     "OpSamples",
+    "above_launch_floor",
     "load_operator_samples",
     "op_curve_keys",
+    "operator_records",
     "predict_ops",
 ]
 
@@ -192,6 +194,61 @@ def load_operator_samples(
             excluded.append(f"{unbuildable} {tag} rows (shape not buildable)")
         log(f"  {path.name}: {len(frame)} rows" + ("; " + "; ".join(notes) if notes else ""))
     return samples
+
+
+def operator_records(frame, gpu: GpuSpec, excluded: list[str] | None = None) -> OpSamples:
+    """The operator records of ``gpu`` in a samples-store frame (``paraplan profile``'s
+    records, :mod:`paraplan.samples.schema`; :func:`paraplan.samples.store.load_samples`
+    reads one) as samples: each record's inventory operator in the precision it was timed in
+    (``op_for_sample(variant or name, shape, dtype)``, as ``costmodel.fitting`` builds them)
+    and its measured seconds. Records of another device, collectives and operators the
+    inventory has no shape for are left out; ``excluded`` (when given) gets one note per
+    left-out group. The tag of a sample is its operator tag (``variant`` or ``name``), so
+    that ``DEFAULT_MEMORY_TAGS`` and ``SOFTMAX_TAGS`` mean what they mean for the
+    GPUModeling CSVs."""
+    pd = import_extra("pandas")
+    excluded = [] if excluded is None else excluded
+    samples = OpSamples()
+    ops = frame[frame["kind"] == "op"]
+    other = ops[[_catalog_key(str(d)) != _catalog_key(gpu.name) for d in ops["device"]]]
+    if len(other):
+        excluded.append(f"{len(other)} records of other devices ({', '.join(sorted(set(other['device'])))})")
+    unknown: Counter[str] = Counter()
+    for rec in ops.drop(other.index).to_dict("records"):
+        tag = rec["variant"] or rec["name"]
+        shape = {c: int(rec[c]) for c in ("mp", "b", "h", "l", "dim") if not pd.isna(rec[c])}
+        if not pd.isna(rec["vp"]):
+            shape["Vp"] = int(rec["vp"])
+        try:
+            op = op_for_sample(tag, shape, rec["dtype"])
+        except ValueError:
+            unknown[tag] += 1
+            continue
+        key = (tag, rec["dtype"], *sorted(shape.items()))
+        samples.add(tag, rec["phase"], op, key, float(rec["time_s"]))
+    excluded.extend(f"{n} {tag} records (no inventory shape)" for tag, n in sorted(unknown.items()))
+    return samples
+
+
+def above_launch_floor(samples: OpSamples, factor: float = 2.0) -> np.ndarray:
+    """True for the samples whose time is at least ``factor`` times the fastest sample of
+    their (tag, phase): the ones the kernel's own work sets.
+
+    A sampler that times back-to-back calls between two CUDA events (``paraplan profile``'s
+    :func:`paraplan.profile.timing.measure`) measures the slower of the GPU's work and the
+    host's: below some size every call of an operator takes the same time (on an H100,
+    ``torch.autograd.grad`` through a residual add, which launches no kernel, takes 48-58 us
+    from 1M to 134M elements; the fused RMSNorm backward 70-120 us from 1M to 17M elements,
+    then doubles with the work), and an input that stays in the L2 cache between calls is
+    faster than one read from HBM. Neither is what a training step's kernel does, so a curve fitted to such
+    samples is fitted above this floor."""
+    tags, phases = np.asarray(samples.tag), np.asarray(samples.phase)
+    meas = np.asarray(samples.measured, dtype=float)
+    keep = np.zeros(len(samples), dtype=bool)
+    for tag, ph in set(zip(samples.tag, samples.phase, strict=True)):
+        m = (tags == tag) & (phases == ph)
+        keep[m] = meas[m] >= factor * meas[m].min()
+    return keep
 
 
 def phase_work(op: Op, phase: str) -> list[tuple[float, float]]:

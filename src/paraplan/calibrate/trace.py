@@ -290,6 +290,9 @@ def _fit_own_curve(key: str, timings, job: Job, gpu, source: str):
     with one size."""
     name = key.removeprefix("op:")
     base, _, direction = name.partition(":")
+    # the key the cost model reads for this direction (roofline.op_curves takes "name:fwd"
+    # before "name"): a curve under "name" beside the catalog's "name:fwd" would never be used
+    written = f"{base}:fwd" if not direction and f"{base}:fwd" in gpu.efficiency.ops else name
     phase = Phase.BWD_INPUT if direction == "bwd" else Phase.FWD
     mine = [t for t in timings if t.klass == key]
     groups: dict[tuple, list[float]] = defaultdict(list)
@@ -313,10 +316,10 @@ def _fit_own_curve(key: str, timings, job: Job, gpu, source: str):
     curve = EfficiencyCurve(max_fraction=float(min(1.0, math.exp(np.mean(np.log(fractions))))), half_work=half,
                             source=source)
     before = err_stats(_own_predictions(ops, phase, job.cluster.gpu, job.precision), measured)
-    eff = gpu.efficiency.model_copy(update={"ops": {**gpu.efficiency.ops, name: curve}})
+    eff = gpu.efficiency.model_copy(update={"ops": {**gpu.efficiency.ops, written: curve}})
     gpu = gpu.model_copy(update={"efficiency": eff})
     after = err_stats(_own_predictions(ops, phase, gpu, job.precision), measured)
-    fit = CurveFit(name, job.precision, curve, len(ops), len(ops), after, source)
+    fit = CurveFit(written, job.precision, curve, len(ops), len(ops), after, source)
     reason = _AT_PEAK if curve.max_fraction >= 0.999 else "own curve (ops:), half_work at its floor"
     return CurveRow(name, len(mine), len(ops), before, after, fit, reason), gpu
 
