@@ -130,6 +130,11 @@ class ParallelPlan(BaseModel):
     # backward pass all-gathers it before recomputing the layer.
     partition_activations: Bool = False
     gradient_accumulation_fusion: Bool | None = None
+    # Megatron-Core's fused vocab-parallel cross entropy (--cross-entropy-loss-fusion,
+    # TransformerConfig.cross_entropy_loss_fusion with cross_entropy_fusion_impl 'native'; off
+    # in Megatron-LM, on in Megatron-Bridge's GPTModelProvider): its torch.compile'd kernels
+    # hold one more fp32 copy of the logits (``prediction.memory.loss_logits_bytes``)
+    cross_entropy_loss_fusion: Bool | None = None
     deepspeed_train_schedule: Bool | None = None
     # gradients accumulated and reduced in fp32 (Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
