@@ -89,3 +89,21 @@ def test_a_megatron_export_of_a_job_with_the_fused_cross_entropy_asks_for_it_and
     args = megatron_args(_job(cross_entropy_loss_fusion=True))
     assert "--cross-entropy-loss-fusion" in args and megatron_parser().parse_args(args).cross_entropy_loss_fusion
     assert "--cross-entropy-loss-fusion" not in megatron_args(_job())
+
+
+def test_torchtitan_s_compiled_loss_keeps_no_fp32_copy_of_the_logits_beyond_the_four_bytes_the_inventory_saves():
+    def loss_bytes(job):
+        return _stage_bytes(job, lambda inv, s: loss_logits_bytes(inv.job, s))
+
+    logits = 1024 * 128256
+    assert loss_bytes(_job(framework="fsdp", zero_stage=3)) == 8 * logits
+    assert loss_bytes(_job(framework="fsdp", zero_stage=3, compile_loss=True)) == 0.0
+
+
+@pytest.mark.parametrize(("framework", "field"), [("megatron", "compile_loss"), ("fsdp", "cross_entropy_loss_fusion"),
+                                                  ("deepspeed", "cross_entropy_loss_fusion")])
+def test_a_loss_option_of_another_framework_is_refused_naming_the_field(framework, field):
+    from paraplan.specs import ParallelPlan
+
+    with pytest.raises(ValueError, match=f"parallel.{field}: "):
+        ParallelPlan(framework=framework, **{field: True})

@@ -219,6 +219,11 @@ def end_saved_bytes(st: StageInventory) -> float:
 #   ``loss.backward()``. Forward: e-byte logits + fp32 copy + fp32 log-softmax, at most 12
 #   bytes for any e <= 4; backward of log_softmax: its saved output, the incoming fp32
 #   gradient and the fp32 input gradient, 12 bytes: the peak, 8 beyond the saved 4.
+#   Compiled (``compile_loss``: torchtitan's torch.compile of the loss), Inductor saves the
+#   e-byte logits and a logsumexp per token, and its backward kernel writes the e-byte
+#   gradient directly: at most 2e bytes, 2e - 4 beyond the 4 the inventory saves (the Inductor
+#   code of this loss on the CPU, PyTorch 2.13: the only full-size buffer is the bf16
+#   gradient; the forward returns the bf16 input among its saved tensors).
 TORCHTITAN_LOSS_EXTRA_BYTES = 8.0
 # - Megatron-Core's fused cross entropy (``cross_entropy_loss_fusion``, impl 'native';
 #   megatron/core/fusions/fused_cross_entropy.py, read in megatron-core 0.15.0): the same steps
@@ -242,7 +247,7 @@ def loss_logits_bytes(job: Job, st: StageInventory) -> float:
         elements *= n
     e = param_bytes(job.precision)
     if job.parallel.framework is Framework.FSDP:
-        extra = TORCHTITAN_LOSS_EXTRA_BYTES
+        extra = max(0.0, 2.0 * e - 4.0) if job.parallel.compile_loss else TORCHTITAN_LOSS_EXTRA_BYTES
     elif job.parallel.framework is Framework.MEGATRON and job.parallel.cross_entropy_loss_fusion:
         extra = MEGATRON_FUSED_LOSS_EXTRA_BYTES
     else:
