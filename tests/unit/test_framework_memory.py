@@ -1,7 +1,8 @@
-"""What Megatron-Core keeps beyond weights, gradients and optimizer states (issue 24, item 3):
-the workspaces allocated once (PyTorch's and Transformer Engine's cuBLAS workspaces, the dummy
-weight gradients Transformer Engine caches) and the fused cross entropy's extra fp32 copy of
-the logits. Sources in ``catalog/runtime/memory.yaml`` and ``prediction/memory.py``."""
+"""What the frameworks keep beyond weights, gradients and optimizer states (issue 24, item 3):
+the workspaces allocated once (PyTorch's cuBLAS workspace; under Megatron Transformer Engine's
+and the dummy weight gradients it caches), Megatron-Core's fused cross entropy's extra fp32 copy
+of the logits, and torchtitan's compiled loss, which keeps none. Sources in
+``catalog/runtime/memory.yaml`` and ``prediction/memory.py``."""
 
 from __future__ import annotations
 
@@ -107,3 +108,16 @@ def test_a_loss_option_of_another_framework_is_refused_naming_the_field(framewor
 
     with pytest.raises(ValueError, match=f"parallel.{field}: "):
         ParallelPlan(framework=framework, **{field: True})
+
+
+def test_a_torchtitan_recipe_of_a_compiled_loss_job_compiles_the_loss_alone_and_torchtitan_parses_it(tmp_path,
+                                                                                                   monkeypatch):
+    from framework_parsers import titan_parse
+    from paraplan.export.torchtitan import render_torchtitan
+
+    job = resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                       "parallel": {"framework": "fsdp", "zero_stage": 3, "global_batch_size": 8, "compile_loss": True}})
+    text = render_torchtitan(job)
+    assert 'compile=CompileConfig(enable=True, components=["loss"])' in text
+    config = titan_parse(text, tmp_path, monkeypatch, name="recipe_compiled_loss")
+    assert config.compile.enable and list(config.compile.components) == ["loss"]
