@@ -121,3 +121,13 @@ def test_a_torchtitan_recipe_of_a_compiled_loss_job_compiles_the_loss_alone_and_
     assert 'compile=CompileConfig(enable=True, components=["loss"])' in text
     config = titan_parse(text, tmp_path, monkeypatch, name="recipe_compiled_loss")
     assert config.compile.enable and list(config.compile.components) == ["loss"]
+
+
+def test_a_megatron_bridge_job_takes_the_fused_cross_entropy_from_its_preset_and_megatron_lm_s_does_not():
+    def job(framework):
+        return resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                            "parallel": {"framework": framework, "global_batch_size": 64}})
+
+    assert job("megatron-bridge").parallel.cross_entropy_loss_fusion is True
+    assert "cross_entropy_loss_fusion" in job("megatron-bridge").preset.taken
+    assert not job("megatron-core").parallel.cross_entropy_loss_fusion
