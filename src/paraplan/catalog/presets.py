@@ -36,8 +36,8 @@ _WHEN = {
 }
 # the order defaults are applied in (a later one may depend on an earlier one)
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p",
-          "grad_reduce_in_fp32", "fsdp_version", "recompute", "recompute_every", "data_parallel_shard_degree",
-          "cp_comm_type", "attention_kernel", "fp8_recipe")
+          "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "fsdp_version", "recompute", "recompute_every",
+          "data_parallel_shard_degree", "cp_comm_type", "attention_kernel", "fp8_recipe")
 _RECORDED = ("attention_kernel", "fp8_recipe")
 
 

@@ -307,6 +307,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
         memory.append(["--recompute-granularity", "selective"])
         if p.recompute_modules is not None and tuple(p.recompute_modules) != ("core_attn",):  # the default
             memory.append(["--recompute-modules", *p.recompute_modules])
+    if p.cross_entropy_loss_fusion:  # store_true, off by default
+        memory.append(["--cross-entropy-loss-fusion"])
     if job.precision is Precision.BF16:
         memory.append(["--bf16"])
     elif job.precision is Precision.FP16:

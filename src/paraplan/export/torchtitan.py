@@ -300,7 +300,7 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
     if float8:
         imports.append("from torchtitan.components.quantization import Float8LinearConverter")
     imports.append("from torchtitan.config import " + ", ".join(
-        (["CompileConfig"] if float8 else []) + ["ParallelismConfig", "TrainingConfig"]))
+        (["CompileConfig"] if float8 or job.parallel.compile_loss else []) + ["ParallelismConfig", "TrainingConfig"]))
     if ac is not None:
         imports.append(f"from torchtitan.distributed.activation_checkpoint import {ac}")
     imports += [
@@ -354,6 +354,8 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
     ]
     if float8:
         body.append('        compile=CompileConfig(enable=True, components=["model", "loss"]),')
+    elif job.parallel.compile_loss:  # the loss alone (the prediction's compile_loss)
+        body.append('        compile=CompileConfig(enable=True, components=["loss"]),')
     body.append("    )")
     quotes = '"' * 3
     docstring = "r" + quotes + "\n".join(head).replace(quotes, "'" * 3) + "\n" + quotes

@@ -35,6 +35,8 @@ On top of these, what the frameworks really hold (``framework_buffers``, ``loss_
 - PyTorch's ring attention (torchtitan's context parallelism) all-gathers the K and V of the
   whole sequence and accumulates the gradients in fp32 in each attention backward pass
   (``ring_attention_bytes``, part of a layer's working bytes).
+- Workspaces allocated once and kept (``workspace_bytes``): PyTorch's cuBLAS workspace, and
+  under Megatron Transformer Engine's and the dummy weight gradients it caches.
 - PyTorch's caching allocator reserves more than the tensors allocate, and what frameworks
   report as peak memory is its peak *reserved* (``reserved``); the CUDA context and NCCL's
   buffers sit outside it (``runtime``). Both are cited in ``runtime/memory.yaml``.
@@ -83,11 +85,13 @@ class StageMemory:
     gathered_params: float = 0.0  # ZeRO-3's gathered (unsharded) weights of the units in flight
     runtime: float = 0.0  # CUDA context and NCCL buffers, outside the caching allocator
     fragmentation_share: float = 0.0  # of the memory reserved for the transient tensors, what is left in holes
+    workspaces: float = 0.0  # cuBLAS / Transformer Engine workspaces and cached dummy weight gradients
 
     @property
     def persistent(self) -> float:
-        """Tensors allocated once and kept: weights, gradient buffers, optimizer states."""
-        return self.weights + self.gradients + self.optimizer_states
+        """Tensors allocated once and kept: weights, gradient buffers, optimizer states and the
+        framework's workspaces."""
+        return self.weights + self.gradients + self.optimizer_states + self.workspaces
 
     @property
     def transient(self) -> float:
@@ -326,8 +330,24 @@ def runs_torch_pipelining(plan: ParallelPlan) -> bool:
 #   while the sum is formed, x, grad_input, exp(x) and the sum are alive, 16 bytes, 12 beyond
 #   the saved 4 (its forward, ``_log_softmax``, peaks lower: the fp32 input, ``x - x_max``,
 #   ``exp`` of it, then the result, 12 bytes with the e-byte logits freed, 14 without).
+#   Compiled (``compile_loss``: torchtitan's torch.compile of the loss), Inductor saves the
+#   e-byte logits and a logsumexp per token, and its backward kernel writes the e-byte
+#   gradient directly: at most 2e bytes, 2e - 4 beyond the 4 the inventory saves (the Inductor
+#   code of this loss on the CPU, PyTorch 2.13: the only full-size buffer is the bf16
+#   gradient; the forward returns the bf16 input among its saved tensors).
 TORCHTITAN_LOSS_EXTRA_BYTES = 8.0
 LOSS_PARALLEL_EXTRA_BYTES = 12.0
+# - Megatron-Core's fused cross entropy (``cross_entropy_loss_fusion``, impl 'native';
+#   megatron/core/fusions/fused_cross_entropy.py, read in megatron-core 0.15.0): the same steps
+#   as the unfused one, each a ``torch.compile``'d function (``megatron.core.jit.jit_fuser``),
+#   and the gradient cast to bf16 (``grad_input.to(torch.bfloat16)``). Inductor materialises
+#   the in-place updates of the fp32 logits in a temporary of their full size: measured with
+#   these functions on an H100 (PyTorch 2.11, 1024 x 128256 logits) the forward pass peaks at
+#   10.0 bytes per logit element (bf16 logits, fp32 copy, fp32 temporary) and the backward
+#   pass at 10.0 (saved softmax, fp32 temporary, bf16 gradient): 6 beyond the saved 4, in
+#   either precision. The CPU's Inductor code shows the backward's temporary too (a float32
+#   buffer of the logits' shape beside the bf16 output).
+MEGATRON_FUSED_LOSS_EXTRA_BYTES = 6.0
 
 
 def logit_elements(end_ops) -> float:
@@ -350,10 +370,55 @@ def loss_logits_bytes(job: Job, st: StageInventory) -> float:
         return 0.0
     e = param_bytes(job.precision)
     if job.parallel.framework is Framework.FSDP:
-        extra = LOSS_PARALLEL_EXTRA_BYTES if job.parallel.tp > 1 else TORCHTITAN_LOSS_EXTRA_BYTES
+        if job.parallel.compile_loss:
+            extra = max(0.0, 2.0 * e - 4.0)
+        elif job.parallel.tp > 1:
+            extra = LOSS_PARALLEL_EXTRA_BYTES
+        else:
+            extra = TORCHTITAN_LOSS_EXTRA_BYTES
+    elif job.parallel.framework is Framework.MEGATRON and job.parallel.cross_entropy_loss_fusion:
+        extra = MEGATRON_FUSED_LOSS_EXTRA_BYTES
     else:
         extra = e if e < 4.0 else 0.0
     return extra * elements
+
+
+def _by_architecture(sizes: dict[str, float], architecture: str | None) -> float:
+    return sizes.get(architecture or "", sizes["default"])
+
+
+def dummy_wgrad_bytes(inv: JobInventory, st: StageInventory) -> float:
+    """The dummy weight gradients Megatron keeps on one GPU of ``st``: with gradient
+    accumulation fusion the weight-gradient GEMMs add into ``main_grad`` and return a
+    placeholder gradient of the weight's shape, which Transformer Engine caches, one per
+    distinct shape and dtype, for the whole run (``get_dummy_wgrad``, ``_dummy_wgrads`` in
+    transformer_engine/pytorch/module/base.py, used by its Linear, LayerNormLinear,
+    LayerNormMLP and GroupedLinear when Megatron's DDP set ``grad_added_to_main_grad``);
+    Megatron-Core's own linear layers (the LM head, ``LinearWithGradAccumulationAndAsync
+    Communication``, megatron/core/tensor_parallel/layers.py) take theirs from it too since
+    megatron-core 0.14 (0.12 and 0.13 allocated a fresh one per call). In the weights' 16 bits."""
+    shapes = set()
+    for op in (*(op for block in st.blocks for op in block.ops), *st.end_ops):
+        if op.kind is OpKind.GEMM and op.params > 0:
+            dims = dict(op.dims)
+            shapes.add((dims["k"], dims["n"]) if "k" in dims and "n" in dims else (op.params, 1))
+    return inv.param_bytes * sum(k * n for k, n in shapes)
+
+
+def workspace_bytes(inv: JobInventory, st: StageInventory) -> float:
+    """Workspaces one GPU of ``st`` allocates once and keeps (catalog ``runtime/memory.yaml``):
+    PyTorch's cuBLAS workspace; under Megatron (Transformer Engine layers) also Transformer
+    Engine's and, with gradient accumulation fusion, the cached dummy weight gradients
+    (``dummy_wgrad_bytes``)."""
+    rt = load_runtime_memory()
+    plan = inv.job.parallel
+    architecture = inv.job.cluster.gpu.architecture
+    total = _by_architecture(rt.cublas_workspace_bytes, architecture)
+    if plan.framework is Framework.MEGATRON:
+        total += _by_architecture(rt.te_cublas_workspace_bytes, architecture)
+        if plan.fuses_gradient_accumulation:
+            total += dummy_wgrad_bytes(inv, st)
+    return total
 
 
 def _units(st: StageInventory) -> tuple[float, float]:
@@ -532,6 +597,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         gathered_params=gathered,
         runtime=runtime_bytes(plan),
         fragmentation_share=fragmentation_share(),
+        workspaces=workspace_bytes(inv, st),
     )
 
 
@@ -596,6 +662,10 @@ class PlanMemory:
     @property
     def optimizer(self) -> float:
         return self.worst.optimizer_states
+
+    @property
+    def workspaces(self) -> float:
+        return self.worst.workspaces
 
     @property
     def activations(self) -> float:

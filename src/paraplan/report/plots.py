@@ -46,6 +46,7 @@ _MEMORY_COLORS = {
     "weights": "#4c72b0",
     "gradients": "#dd8452",
     "optimizer_states": "#55a868",
+    "workspaces": "#64b5cd",
     "activations": "#c44e52",
     "logits": "#da8bc3",
     "gathered_params": "#8172b3",

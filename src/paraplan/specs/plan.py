@@ -130,6 +130,16 @@ class ParallelPlan(BaseModel):
     # backward pass all-gathers it before recomputing the layer.
     partition_activations: Bool = False
     gradient_accumulation_fusion: Bool | None = None
+    # Megatron-Core's fused vocab-parallel cross entropy (--cross-entropy-loss-fusion,
+    # TransformerConfig.cross_entropy_loss_fusion with cross_entropy_fusion_impl 'native'; off
+    # in Megatron-LM, on in Megatron-Bridge's GPTModelProvider): its torch.compile'd kernels
+    # hold one more fp32 copy of the logits (``prediction.memory.loss_logits_bytes``)
+    cross_entropy_loss_fusion: Bool | None = None
+    # torchtitan's torch.compile of the loss (framework fsdp: compile.enable with "loss" in
+    # compile.components, their default since torchtitan PR #1608, August 2025; with
+    # training.compile from PR #1033, April 2025): Inductor's cross entropy keeps no fp32 copy
+    # of the logits (``prediction.memory.loss_logits_bytes``)
+    compile_loss: Bool | None = None
     deepspeed_train_schedule: Bool | None = None
     # gradients accumulated and reduced in fp32 (Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
@@ -236,6 +246,16 @@ class ParallelPlan(BaseModel):
     @model_validator(mode="after")
     def _offload_supported(self) -> ParallelPlan:
         check_offload(self)
+        return self
+
+    @model_validator(mode="after")
+    def _loss_of_the_framework(self) -> ParallelPlan:
+        if self.cross_entropy_loss_fusion and self.framework is not Framework.MEGATRON:
+            raise ValueError("parallel.cross_entropy_loss_fusion: Megatron-Core's fused cross entropy needs "
+                             f"framework megatron, not {self.framework.value!r}")
+        if self.compile_loss and self.framework is not Framework.FSDP:
+            raise ValueError("parallel.compile_loss: torchtitan's compiled loss needs framework fsdp, not "
+                             f"{self.framework.value!r} (Megatron's fused loss: cross_entropy_loss_fusion)")
         return self
 
     @property

@@ -26,4 +26,9 @@ class RuntimeMemorySpec(BaseModel):
     deepspeed_reduce_bucket_size: _Elements
     deepspeed_stage3_prefetch_bucket_size: _Elements
     deepspeed_stage3_max_live_parameters: _Elements
+    # workspaces allocated once through the caching allocator and kept (allocated memory), by
+    # the GPU's architecture as the catalog names it (``default``: every other one): PyTorch's
+    # cuBLAS workspace, and Transformer Engine's (Megatron's layers)
+    cublas_workspace_bytes: dict[str, Bytes]
+    te_cublas_workspace_bytes: dict[str, Bytes]
     sources: dict[str, str] = {}
