@@ -25,14 +25,16 @@ What it reads, as Megatron-LM builds its parser (``megatron/training/arguments.p
   * ``field(metadata={"argparse_meta": {...}})`` overrides any of these (``arg_names``, ``default``...);
   * fields named in ``exclude`` and fields with ``init=False`` get no flag.
 
-The output names each source file with the commit it was read at (``--commit``, or one per file with
-``--file-commit PATH=HASH`` when the files were taken from different commits).
+Every file is read from one Megatron-LM commit (``--commit``, required): the output names that commit
+once and, for each file read, the SHA-256 of the text read, so that a regeneration can show it ran on the
+same files (tests/unit/test_extract_megatron_flags.py reruns it where the sources are at hand).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -44,30 +46,36 @@ _MISSING = object()
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("checkout", type=Path, help="a Megatron-LM checkout (its root folder)")
-    parser.add_argument("--commit", default=None, help="the checkout's commit, recorded in the output")
-    parser.add_argument("--file-commit", action="append", default=[], metavar="PATH=HASH",
-                        help="the commit one source file was read at (when they differ)")
+    parser.add_argument("checkout", type=Path, help="a Megatron-LM checkout (its root folder), all at one commit")
+    parser.add_argument("--commit", required=True, help="the checkout's commit, recorded in the output")
     parser.add_argument("--note", default=None, help="a sentence on where the sources came from")
     parser.add_argument("-o", "--out", type=Path, default=None, help="write here (default: stdout)")
     args = parser.parse_args(argv)
     if not (args.checkout / ARGUMENTS).is_file():
         print(f"checkout: {args.checkout} has no {ARGUMENTS} (not a Megatron-LM checkout)", file=sys.stderr)
         return 2
-    table = extract(args.checkout)
-    commits = dict(item.split("=", 1) for item in args.file_commit)
-    table["source"] = {
-        "repository": "NVIDIA/Megatron-LM",
-        "commit": args.commit,
-        "files": {path: commits.get(path, args.commit) for path in table.pop("files_read")},
-        **({"note": args.note} if args.note else {}),
-    }
-    text = _dumps(table)
+    text = _dumps(table_at(args.checkout, args.commit, args.note))
     if args.out is None:
         sys.stdout.write(text)
     else:
         args.out.write_text(text, encoding="utf-8")
     return 0
+
+
+def table_at(root: Path, commit: str, note: str | None = None) -> dict:
+    """The flag table of the checkout at ``root``, naming ``commit`` and the SHA-256 of every file read."""
+    table = extract(root)
+    table["source"] = {
+        "repository": "NVIDIA/Megatron-LM",
+        "commit": commit,
+        "files": {path: file_sha256(root / path) for path in table.pop("files_read")},
+        **({"note": note} if note else {}),
+    }
+    return table
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _dumps(table: dict) -> str:
@@ -177,6 +185,10 @@ def _value(node: ast.AST):
         return ast.literal_eval(node)
     except (ValueError, SyntaxError):
         pass
+    if isinstance(node, ast.Call) and ast.unparse(node.func) == "range":  # choices=range(0, 3)
+        bounds = [_fold(a) for a in node.args]
+        if bounds and all(isinstance(b, int) for b in bounds):
+            return list(range(*bounds))
     folded = _fold(node)
     return folded if folded is not None else {"expr": ast.unparse(node)}
 

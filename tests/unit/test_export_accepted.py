@@ -27,6 +27,7 @@ from framework_parsers import (
 )
 from paraplan.catalog import load_job, resolve_job
 from paraplan.export import TARGETS, export_notes, render
+from paraplan.export.megatron import CHECKED_AT
 from paraplan.search.space import SearchSpace, enumerate_plans
 from paraplan.specs import ConfigError
 
@@ -98,11 +99,16 @@ def test_the_extract_names_its_source_and_holds_the_flags_generated_from_megatro
     source = MEGATRON_FLAGS["source"]
     assert source["repository"] == "NVIDIA/Megatron-LM" and re.fullmatch(r"[0-9a-f]{40}", source["commit"])
     options = {o for entry in MEGATRON_FLAGS["arguments"] for o in entry["options"]}
-    # TransformerConfig / ModelParallelConfig fields (ArgumentGroupFactory), with their argparse_meta names
+    # model and parallelism flags (literal add_argument calls at the pinned commit), and TrainingConfig's
+    # fields that ArgumentGroupFactory turns into flags (--train-samples)
     assert {"--num-layers", "--tensor-model-parallel-size", "--sequence-parallel", "--bf16", "--fp8-format",
             "--disable-bias-linear", "--moe-router-topk", "--recompute-granularity"} <= options
     assert {"--train-samples", "--ckpt-format", "--use-megatron-fsdp", "--save-interval"} <= options
     assert "--no-overlap-p2p-communication" in options and "--overlap-p2p-communication" not in options
+
+
+def test_the_recipes_name_the_commit_whose_parser_checked_their_flags():
+    assert MEGATRON_FLAGS["source"]["commit"].startswith(CHECKED_AT)
 
 
 def test_megatron_lms_parser_refuses_the_overlap_flag_it_never_had():

@@ -5,9 +5,15 @@ checkout written here, shaped like Megatron-LM's."""
 
 import importlib.util
 import json
+import os
+import re
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "extract_megatron_flags.py"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "extract_megatron_flags.py"
+FIXTURE = ROOT / "tests" / "fixtures" / "megatron_flags.json"
 
 ARGUMENTS = '''
 import argparse
@@ -27,6 +33,7 @@ def _add_network_size_args(parser):
     group = parser.add_argument_group(title="network size")
     group.add_argument("--swiglu", action="store_true", help="SwiGLU.")
     group.add_argument("--initial-loss-scale", type=float, default=2**32)
+    group.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3))
     return parser
 
 
@@ -95,11 +102,15 @@ class TrainingConfig:
 '''
 
 
-def extract(root):
+def script():
     spec = importlib.util.spec_from_file_location("extract_megatron_flags", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.extract(root)
+    return module
+
+
+def extract(root):
+    return script().extract(root)
 
 
 def checkout(tmp_path):
@@ -138,6 +149,57 @@ def test_literal_add_argument_calls_keep_their_action_type_and_folded_default(tm
         "dest": "overlap_p2p_comm", "default": True}
     assert flags["--swiglu"]["default"] is False and "help" not in flags["--swiglu"]
     assert flags["--initial-loss-scale"]["default"] == 2**32
+    assert flags["--timing-log-level"]["choices"] == [0, 1, 2]  # range(0, 3), as argparse tests membership
     assert flags["--cp-comm-type"]["nargs"] == "+"
     assert table["unresolved"] == [] and table["conflicts"] == []
     json.dumps(table)  # the fixture is JSON
+
+
+def test_the_table_names_one_commit_and_the_sha256_of_every_file_it_read(tmp_path):
+    root = checkout(tmp_path)
+    source = script().table_at(root, "0" * 40)["source"]
+    assert source["commit"] == "0" * 40
+    assert set(source["files"]) == {"megatron/training/arguments.py", "megatron/core/model_parallel_config.py",
+                                    "megatron/core/transformer/transformer_config.py",
+                                    "megatron/training/config/training_config.py"}
+    (root / "megatron/training/config/training_config.py").write_text(TRAINING + "\n")
+    changed = script().table_at(root, "0" * 40)["source"]["files"]
+    assert changed["megatron/training/config/training_config.py"] != source["files"][
+        "megatron/training/config/training_config.py"]
+
+
+def test_the_extractor_will_not_run_without_the_commit_its_sources_come_from(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        script().main([str(checkout(tmp_path))])
+    assert stop.value.code == 2 and "--commit" in capsys.readouterr().err
+
+
+def test_the_fixture_is_read_from_one_pinned_commit_and_names_each_file_by_its_hash():
+    table = json.loads(FIXTURE.read_text())
+    source = table["source"]
+    assert source["repository"] == "NVIDIA/Megatron-LM" and re.fullmatch(r"[0-9a-f]{40}", source["commit"])
+    assert "megatron/training/arguments.py" in source["files"]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", digest) for digest in source["files"].values())
+    # no other commit anywhere in the table: every file was read at the pinned one
+    assert re.findall(r"\b[0-9a-f]{40}\b", FIXTURE.read_text()) == [source["commit"]]
+    assert table["unresolved"] == [], "every ArgumentGroupFactory group is read"
+
+
+def pinned_sources(commit):
+    """The Megatron-LM files the fixture was read from: $MEGATRON_LM_SOURCE, or
+    ../shared/data/megatron-lm/<commit>; the test skips where neither is present (Megatron-LM's source
+    is not part of this repository)."""
+    for folder in (os.environ.get("MEGATRON_LM_SOURCE"), ROOT.parent / "shared" / "data" / "megatron-lm" / commit):
+        if folder and (Path(folder) / "megatron" / "training" / "arguments.py").is_file():
+            return Path(folder)
+    pytest.skip(f"Megatron-LM's sources at {commit[:12]} are not present ($MEGATRON_LM_SOURCE)")
+
+
+def test_regenerating_the_fixture_from_the_pinned_files_gives_it_back_byte_for_byte():
+    text = FIXTURE.read_text()
+    source = json.loads(text)["source"]
+    folder = pinned_sources(source["commit"])
+    module = script()
+    for path, digest in source["files"].items():  # the same files, or the comparison means nothing
+        assert module.file_sha256(folder / path) == digest, path
+    assert module._dumps(module.table_at(folder, source["commit"], source.get("note"))) == text

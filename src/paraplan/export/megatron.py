@@ -6,11 +6,12 @@ the attention backends). Megatron-LM's parser (``megatron/training``) ships with
 not with the megatron-core package, so it cannot be installed here: the tests check the flags
 against the definitions listed below, read from the source at the commits named.
 
-Every flag emitted here is one Megatron-LM's parser accepts at commit 8c090f2a (2026): since January
-2026 most of them are generated from config dataclasses (``ArgumentGroupFactory`` over
-``TransformerConfig``/``ModelParallelConfig``, ``TrainingConfig``, ``CheckpointConfig``,
-``DistributedInitConfig``...), so the tests parse every recipe with the parser rebuilt from
-tests/fixtures/megatron_flags.json, which scripts/extract_megatron_flags.py extracts from that source.
+Every flag emitted here is one Megatron-LM's parser accepts at commit 080488c7 (:data:`CHECKED_AT`, from the
+first stage of Megatron-LM's move of its flags to config dataclasses, after PR #2306 of November 2025): the tests parse every recipe with the parser rebuilt
+from tests/fixtures/megatron_flags.json, which scripts/extract_megatron_flags.py reads from the files of
+that one commit (``megatron/training/arguments.py``, whose training, validation and straggler flags
+``ArgumentGroupFactory`` generates from the dataclasses of ``megatron/training/config.py``; since 2026
+more groups are generated, from ``TransformerConfig``, ``CheckpointConfig``, ``DistributedInitConfig``...).
 A flag whose default already does the job is left out (the defaults are the extract's). The groups,
 as first read in ``megatron/training/arguments.py`` (2025, commit 000c4ac):
 
@@ -93,7 +94,7 @@ if TYPE_CHECKING:
     from paraplan.prediction import Prediction
 
 TARGET = "Megatron Core >= 0.16"
-CHECKED_AT = "8c090f2a"  # the Megatron-LM commit of tests/fixtures/megatron_flags.json
+CHECKED_AT = "080488c7"  # the Megatron-LM commit of tests/fixtures/megatron_flags.json (a test ties them)
 _POSITION = {"rotary": "rope", "learned": "learned_absolute", "none": "none", "alibi": "none"}
 _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP's names for ZeRO-2 / ZeRO-3
 
