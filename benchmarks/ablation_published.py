@@ -129,6 +129,12 @@ def _fused_swiglu(mapping: Mapping) -> Mapping:
     return out
 
 
+def _fused_rmsnorm(mapping: Mapping) -> Mapping:
+    out = copy.deepcopy(mapping)
+    out["model"].pop("rmsnorm_fusion", None)
+    return out
+
+
 def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
     job = resolve_job(mapping)
@@ -195,6 +201,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                                            contextlib.nullcontext),
     "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=False), contextlib.nullcontext),
     "eager SwiGLU (torchtitan, fms-fsdp; fused instead)": (_fused_swiglu, contextlib.nullcontext),
+    "eager RMSNorm as the frameworks ran it (torchtitan 2024, fms-fsdp; fused instead)": (_fused_rmsnorm,
+                                                                                         contextlib.nullcontext),
     "FSDP2's copy-out / copy-in kernels (torchtitan; FSDP1's views instead)": (_no_fsdp2_copies,
                                                                                contextlib.nullcontext),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),

@@ -182,6 +182,13 @@ def _model(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> di
         # torchtitan's (Aug 2024) and fms-fsdp's published numbers ran without torch.compile:
         # SwiGLU as silu, then a multiply; Megatron/NeMo fuse it
         **({"swiglu_fusion": False} if preset is not None and preset.name in _EAGER and activation == "swiglu" else {}),
+        # and their RMSNorm as eager PyTorch, the kernels Hugging Face's LlamaRMSNorm runs
+        # (x.float(), pow(2).mean(-1), rsqrt, multiply, type_as, weight multiply): torchtitan's
+        # models/norms.py RMSNorm (config_manager.py --model.norm_type default "rmsnorm"; the
+        # Triton "fused_rmsnorm" is opt-in), fms's modules/layernorm.py LayerNormParameterized
+        # with use_high_precision_pow=True (fms/models/llama.py); Megatron/NeMo run one fused kernel
+        **({"rmsnorm_fusion": False} if preset is not None and preset.name in _EAGER
+           and arch["normalization"] == "rmsnorm" else {}),
         **_experts(run, assumed),
     }
 
