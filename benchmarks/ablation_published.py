@@ -123,16 +123,21 @@ def _generic_links(mapping: Mapping) -> Mapping:
     return out
 
 
-def _fused_swiglu(mapping: Mapping) -> Mapping:
-    out = copy.deepcopy(mapping)
-    out["model"].pop("swiglu_fusion", None)
-    return out
+def _fused(field: str, arch: str, value: str) -> Callable[[Mapping], Mapping]:
+    """The job with ``field`` stated true (a fused kernel) where the model has the kernel: a
+    stated field wins over the record's and the framework preset's eager one."""
+
+    def change(mapping: Mapping) -> Mapping:
+        out = copy.deepcopy(mapping)
+        if out["model"].get(arch) == value:
+            out["model"][field] = True
+        return out
+
+    return change
 
 
-def _fused_rmsnorm(mapping: Mapping) -> Mapping:
-    out = copy.deepcopy(mapping)
-    out["model"].pop("rmsnorm_fusion", None)
-    return out
+_fused_swiglu = _fused("swiglu_fusion", "activation", "swiglu")
+_fused_rmsnorm = _fused("rmsnorm_fusion", "normalization", "rmsnorm")
 
 
 def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
