@@ -123,10 +123,21 @@ def _generic_links(mapping: Mapping) -> Mapping:
     return out
 
 
-def _fused_swiglu(mapping: Mapping) -> Mapping:
-    out = copy.deepcopy(mapping)
-    out["model"].pop("swiglu_fusion", None)
-    return out
+def _fused(field: str, arch: str, value: str) -> Callable[[Mapping], Mapping]:
+    """The job with ``field`` stated true (a fused kernel) where the model has the kernel: a
+    stated field wins over the record's and the framework preset's eager one."""
+
+    def change(mapping: Mapping) -> Mapping:
+        out = copy.deepcopy(mapping)
+        if out["model"].get(arch) == value:
+            out["model"][field] = True
+        return out
+
+    return change
+
+
+_fused_swiglu = _fused("swiglu_fusion", "activation", "swiglu")
+_fused_rmsnorm = _fused("rmsnorm_fusion", "normalization", "rmsnorm")
 
 
 def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
@@ -195,6 +206,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                                            contextlib.nullcontext),
     "asynchronous pipeline sends (MLPerf)": (_parallel(overlap_p2p_comm=False), contextlib.nullcontext),
     "eager SwiGLU (torchtitan, fms-fsdp; fused instead)": (_fused_swiglu, contextlib.nullcontext),
+    "eager RMSNorm as the frameworks ran it (torchtitan 2024, fms-fsdp; fused instead)": (_fused_rmsnorm,
+                                                                                         contextlib.nullcontext),
     "FSDP2's copy-out / copy-in kernels (torchtitan; FSDP1's views instead)": (_no_fsdp2_copies,
                                                                                contextlib.nullcontext),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from paraplan.catalog import resolve_job
 from paraplan.inventory import CollectiveKind, count_job
-from paraplan.inventory.layer import count_layer_ops
+from paraplan.inventory.layer import EAGER_RMSNORM, EAGER_RMSNORM_KERNELS, count_layer_ops
+from paraplan.inventory.ops import OpKind
 from paraplan.prediction import predict
 from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.specs import ConfigError
@@ -148,14 +149,47 @@ def test_hf_eager_rmsnorm_keeps_a_float32_copy_of_its_input_and_moves_each_opera
     fused, eager = (
         [op for op in count_job(resolve_job({"model": {**llama, "rmsnorm_fusion": f}, "cluster": {"name": "dgx-a100"},
                                              "parallel": {"global_batch_size": 8}})).stages[0].layer_ops
-         if op.name == "RMSlayernorm"]
+         if op.kind is OpKind.NORM]
         for f in (True, False)
     )
     assert len(fused) == len(eager) == 2
+    assert {op.name for op in fused} == {"RMSlayernorm"} and {op.name for op in eager} == {EAGER_RMSNORM}
     for a, b in zip(fused, eager, strict=True):
         assert b.saved_bytes == pytest.approx(3 * a.saved_bytes)
         assert b.bytes - 2 * 4096 == pytest.approx(9 * (a.bytes - 2 * 4096))  # beyond the weight's
         assert (b.role, b.flops) == (a.role, a.flops)  # selective recompute finds norms by role
+
+
+def _norms(gpu_node: str, fusion: bool) -> list:
+    job = resolve_job({"model": {"name": "llama-2-7b", "seq_length": 4096, "rmsnorm_fusion": fusion},
+                       "cluster": {"name": gpu_node}, "parallel": {"global_batch_size": 8}})
+    return job, [op for op in count_job(job).stages[0].layer_ops if op.kind is OpKind.NORM]
+
+
+@pytest.mark.parametrize("node", ["dgx-a100", "dgx-h100"])
+def test_an_eager_rmsnorm_is_timed_as_its_kernels_on_the_memory_curve_and_a_fused_one_on_the_norm_curve(node):
+    """The fused norm takes the GPU's ``RMSlayernorm`` curve; the eager one (its own name, which
+    no GPU has a curve for) takes the generic memory curve, each of its kernels ramping on its
+    own: the norm curve (on A100 GPT-NeoX's unfused norm as sampled) never prices the eager
+    kernels' extra bytes a second time."""
+    from paraplan.costmodel.roofline import AnalyticalCostModel, op_curves
+    from paraplan.specs import Phase
+
+    for fusion in (True, False):
+        job, norms = _norms(node, fusion)
+        gpu = job.cluster.gpu
+        cm = AnalyticalCostModel(job.cluster, job.precision)
+        for op in norms:
+            assert op.launches == (1 if fusion else EAGER_RMSNORM_KERNELS)
+            for phase, direction in ((Phase.FWD, "fwd"), (Phase.BWD_INPUT, "bwd")):
+                _, memory, special = op_curves(op, phase, gpu.efficiency)
+                assert special is fusion
+                assert memory is (gpu.efficiency.ops[f"RMSlayernorm:{direction}"] if fusion else gpu.efficiency.memory)
+                traffic = op.work(phase)[1]
+                expected = (traffic + op.launches * memory.half_work) / (
+                    gpu.hbm_bandwidth_bytes_per_s * memory.max_fraction) + op.launches * gpu.efficiency.kernel_overhead_s
+                assert cm.estimate_op_s(op, phase) == pytest.approx(expected)
+            assert ("RMSlayernorm curve" in cm.source_of(op, Phase.FWD)) is fusion
 
 
 def test_an_eager_rmsnorm_on_a_layernorm_model_is_refused_naming_the_field():

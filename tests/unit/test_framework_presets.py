@@ -43,7 +43,7 @@ def test_each_preset_file_loads_with_a_source_for_every_default(preset_id):
     assert preset.engine in set(Framework)
     assert preset.defaults and preset.keywords
     sources = preset_sources(preset)
-    assert set(sources) == {d.field for d in preset.defaults} | set(preset.recorded)
+    assert set(sources) == {d.field for d in (*preset.defaults, *preset.model_defaults)} | set(preset.recorded)
     assert all(len(source) > 20 for source in sources.values())
 
 
@@ -133,3 +133,56 @@ def test_a_job_with_a_preset_writes_back_as_a_job_file_that_resolves_to_it():
     mapping = job_mapping(job)
     assert mapping["parallel"]["framework"] == "nemo-24.07" and "zero_stage" not in mapping["parallel"]
     assert resolve_job(mapping) == job
+
+
+_FMS = {"model": "llama-2-7b", "cluster": "dgx-h100", "parallel": {"framework": "fms-fsdp", "global_batch_size": 16}}
+
+
+def test_the_fms_fsdp_preset_runs_its_model_codes_eager_rmsnorm_and_swiglu_and_says_so():
+    """fms's LayerNormParameterized and GatedLinearUnit are eager PyTorch (its preset's
+    ``model_defaults``): a job naming the preset gets ``rmsnorm_fusion`` and ``swiglu_fusion``
+    false and lists them among the defaults it took; the job file writes back without them."""
+    from paraplan.catalog.jobfile import job_mapping
+
+    job = resolve_job(_FMS)
+    assert (job.model.rmsnorm_fusion, job.model.swiglu_fusion) == (False, False)
+    assert job.preset.model_taken == {"rmsnorm_fusion": False, "swiglu_fusion": False}
+    assert "rmsnorm_fusion false" in job.preset.lines()[1]
+    mapping = job_mapping(job)
+    assert mapping["model"] == "llama-2-7b"
+    assert resolve_job(mapping) == job
+
+
+def test_a_model_field_the_user_states_wins_over_the_preset_and_is_said():
+    job = resolve_job({**_FMS, "model": {"name": "llama-2-7b", "rmsnorm_fusion": True}})
+    assert job.model.rmsnorm_fusion is True and job.model.swiglu_fusion is False
+    assert job.preset.model_overridden == {"rmsnorm_fusion": (True, False)}
+    assert "rmsnorm_fusion true: your value, used (fms-fsdp-2024.03 would set false)" in job.preset.lines()
+
+
+def test_a_preset_model_default_applies_only_to_a_model_with_that_kernel():
+    job = resolve_job({**_FMS, "model": "gpt3-1.3b"})  # LayerNorm and GELU: nothing eager to set
+    assert job.model.rmsnorm_fusion is True and job.preset.model_taken == {}
+
+
+def test_a_preset_model_default_that_is_not_a_model_field_a_preset_sets_is_refused_naming_it():
+    from paraplan.catalog.presets import _preset
+
+    raw = {"name": "x", "version": "1", "engine": "fsdp", "label": "x",
+           "model_defaults": {"hidden_size": {"value": False, "source": "somewhere long enough"}}}
+    with pytest.raises(ConfigError, match=r"x.yaml: model_defaults.hidden_size: not a model field a preset sets"):
+        _preset(raw, "x.yaml")
+
+
+def test_a_search_naming_the_preset_runs_the_same_eager_model_as_a_job_file_naming_it():
+    from paraplan.catalog import load_cluster, load_model
+    from paraplan.catalog.jobfile import job_mapping
+    from paraplan.prediction import predict
+    from paraplan.search import SearchSpace, search_plans
+    from paraplan.specs import Precision
+
+    result = search_plans(load_model("llama-2-7b"), load_cluster("dgx-h100", num_nodes=1), 16, Precision.BF16,
+                          SearchSpace(framework="fms-fsdp"))
+    best = result.ranked[0]
+    assert best.job.model.rmsnorm_fusion is False and best.job.preset.model_taken["rmsnorm_fusion"] is False
+    assert predict(resolve_job(job_mapping(best.job))).iteration_s == pytest.approx(best.iteration_s, rel=1e-9)

@@ -47,6 +47,24 @@ def test_an_fsdp_record_becomes_a_full_shard_llama_job_on_the_stated_network():
     assert any("zero_stage 3" in a for a in mapped.assumed)
 
 
+@pytest.mark.parametrize(
+    ("framework", "eager"),
+    [
+        ("IBM fms-fsdp (PyTorch FSDP + SDPA FlashAttention-2)", True),  # fms LayerNormParameterized
+        ("torchtitan (FSDP2)", True),  # torchtitan models/norms.py RMSNorm, norm_type "rmsnorm"
+        ("NVIDIA NeMo 24.07 (Megatron-Core)", False),  # one fused kernel (Transformer Engine)
+    ],
+)
+def test_the_frameworks_that_ran_rmsnorm_as_eager_pytorch_get_the_eager_norm_and_the_others_the_fused(
+        framework, eager):
+    run = copy.deepcopy(_FSDP_RUN)
+    run["framework"] = framework
+    model = resolve_job(job_from_record(run).mapping).model
+    assert model.normalization == "rmsnorm"
+    assert model.rmsnorm_fusion is not eager
+    assert model.swiglu_fusion is not eager
+
+
 def test_a_record_without_a_network_takes_the_reference_node_and_says_so():
     run = copy.deepcopy(_FSDP_RUN)
     run["interconnect"] = None

@@ -205,6 +205,23 @@ def corner_cases():
         extra={"moe_shared_expert_overlap": True})
 
 
+def test_the_screen_times_an_eager_rmsnorm_model_as_predict_does_and_slower_than_the_fused_one_on_h100():
+    """``rmsnorm_fusion: false`` (the eager kernels, on the memory curve) reaches the screen
+    through the same inventory as the prediction: every plan agrees, and each is slower than
+    the fused norm's plan on H100, whose ``RMSlayernorm`` curve is the fused kernel measured."""
+    cluster = load_cluster("dgx-h100", num_nodes=1)
+    space = SearchSpace(pp=(1, 2), micro_batch_size=(1, 2), recompute=(Recompute.NONE, Recompute.SELECTIVE))
+    fused = _load("llama-3-8b")
+    eager = fused.model_copy(update={"rmsnorm_fusion": False})
+    times = {}
+    for model in (fused, eager):
+        jobs = screen_matches_the_exact_prediction((model, cluster, Precision.BF16, 32, space))
+        assert jobs
+        times[model.rmsnorm_fusion] = screen_plans(model, cluster, 32, Precision.BF16, space).iteration_s
+    assert len(times[True]) == len(times[False])
+    assert all(e > f for e, f in zip(times[False], times[True], strict=True))
+
+
 def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every_plan_axis():
     """Every axis value the screen models appears in some plan of the walk (so each is checked,
     and an axis added to the space without a value here fails the walk), and each tolerance

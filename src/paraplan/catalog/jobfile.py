@@ -43,7 +43,10 @@ def job_mapping(job: Job | HeteroJob) -> dict[str, Any]:
             if not any(PLAN_ALIASES.get(k, k) == key for k in parallel):
                 parallel[key] = mine
         parallel["framework"] = job.preset.preset
-    out: dict[str, Any] = {"name": job.name, "model": model_mapping(job.model), "cluster": cluster,
+    model = job.model
+    if job.preset is not None and job.preset.model_taken:  # the preset's again, as the plan's fields
+        model = model.model_copy(update={k: type(model).model_fields[k].default for k in job.preset.model_taken})
+    out: dict[str, Any] = {"name": job.name, "model": model_mapping(model), "cluster": cluster,
                            "parallel": parallel, "precision": job.precision.value}
     if job.train_tokens is not None:
         out["train_tokens"] = int(job.train_tokens) if float(job.train_tokens).is_integer() else job.train_tokens

@@ -199,7 +199,7 @@ def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job | Hetero
 def _apply_preset(data: dict[str, Any]) -> None:
     """Lay the framework preset ``parallel.framework`` names (``nemo-24.07``) under the plan's
     stated fields, and keep what it did for the prediction to say (``Job.preset``)."""
-    from paraplan.catalog.presets import apply_preset, find_preset
+    from paraplan.catalog.presets import apply_model_defaults, apply_preset, find_preset
 
     preset = find_preset(data["parallel"].get("framework"))
     if preset is None:
@@ -210,9 +210,11 @@ def _apply_preset(data: dict[str, Any]) -> None:
         nodes, num_gpus = per_node, int(cluster.get("num_nodes") or 1) * per_node
     else:
         nodes, num_gpus = cluster.gpus_per_node, cluster.num_gpus
-    data["parallel"], data["preset"] = apply_preset(
+    data["parallel"], use = apply_preset(
         data["parallel"], preset, num_gpus=num_gpus, gpus_per_node=nodes, model=data["model"],
         precision=data.get("precision"))
+    data["model"], taken, overridden = apply_model_defaults(data["model"], preset)
+    data["preset"] = use.model_copy(update={"model_taken": taken, "model_overridden": overridden})
 
 
 def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:

@@ -39,6 +39,10 @@ _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "overlap_p2p_com
           "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "fsdp_version", "recompute", "recompute_every",
           "data_parallel_shard_degree", "cp_comm_type", "attention_kernel", "fp8_recipe")
 _RECORDED = ("attention_kernel", "fp8_recipe")
+# Model fields a preset may set (``model_defaults``): how the framework's own model code runs a
+# kernel the model's architecture has, each applying only where the model has it
+# (field -> (the architecture field, its value)).
+MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion": ("activation", "swiglu")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,8 @@ class Preset:
     priority: int  # the reader tries presets' keywords in this order (specific names first)
     defaults: tuple[Default, ...]
     recorded: dict[str, tuple[str, str]]  # field -> (value, source)
+    # the model fields of ``MODEL_DEFAULTS`` the framework's model code sets (eager kernels)
+    model_defaults: tuple[Default, ...] = ()
 
     @property
     def id(self) -> str:
@@ -91,8 +97,15 @@ def _preset(raw: dict[str, Any], where: str) -> Preset:
         if key not in _RECORDED or not spec.get("source"):
             raise ConfigError(f"{where}: recorded.{key}: unknown, or no source")
         recorded[key] = (str(spec["value"]), spec["source"])
+    model_defaults = []
+    for key, spec in (raw.get("model_defaults") or {}).items():
+        if key not in MODEL_DEFAULTS or not isinstance(spec.get("value"), bool) or not spec.get("source"):
+            raise ConfigError(f"{where}: model_defaults.{key}: not a model field a preset sets "
+                              f"({', '.join(MODEL_DEFAULTS)}), not true/false, or no source")
+        model_defaults.append(Default(key, spec["value"], "always", spec["source"]))
     return Preset(str(raw["name"]), str(raw["version"]), Framework(raw["engine"]), raw["label"],
-                  tuple(raw.get("keywords") or ()), int(raw.get("priority", 100)), tuple(defaults), recorded)
+                  tuple(raw.get("keywords") or ()), int(raw.get("priority", 100)), tuple(defaults), recorded,
+                  tuple(model_defaults))
 
 
 def preset_names() -> list[str]:
@@ -159,6 +172,31 @@ def apply_preset(parallel: dict[str, Any], preset: Preset, *, num_gpus: int, gpu
                            overridden=overridden, recorded=recorded)
 
 
+def apply_model_defaults(model: ModelSpec | dict[str, Any], preset: Preset
+                         ) -> tuple[ModelSpec | dict[str, Any], dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """``model`` (a ModelSpec, or a job's model mapping) with the preset's ``model_defaults``
+    laid under the fields it states, each only where the model has the kernel it describes (an
+    RMSNorm, a SwiGLU); and what was taken and what the model stated differently (kept)."""
+    spec = isinstance(model, ModelSpec)
+    stated = model.model_fields_set if spec else set(model)
+    taken: dict[str, Any] = {}
+    overridden: dict[str, tuple[Any, Any]] = {}
+    for default in preset.model_defaults:
+        arch, value = MODEL_DEFAULTS[default.field]
+        has = getattr(model, arch) if spec else model.get(arch, ModelSpec.model_fields[arch].default)
+        if has != value:
+            continue
+        if default.field in stated:
+            mine = getattr(model, default.field) if spec else model[default.field]
+            if mine != default.value:
+                overridden[default.field] = (mine, default.value)
+        else:
+            taken[default.field] = default.value
+    if not taken:
+        return model, taken, overridden
+    return (model.model_copy(update=taken) if spec else {**model, **taken}), taken, overridden
+
+
 def _applies(default: Default, plan: dict[str, Any], num_gpus: int, node: int,
              model: ModelSpec | dict[str, Any] | None, params_billion: float | None) -> bool:
     tp = int(plan.get("tensor_model_parallel_size") or 1)
@@ -207,8 +245,9 @@ def default_rule(preset: Preset, field: str) -> str:
 
 def preset_sources(preset: Preset) -> dict[str, str]:
     """Every default's and recorded field's source (``paraplan catalog`` and tests)."""
-    return {**{d.field: d.source for d in preset.defaults}, **{k: s for k, (_, s) in preset.recorded.items()}}
+    return {**{d.field: d.source for d in (*preset.defaults, *preset.model_defaults)},
+            **{k: s for k, (_, s) in preset.recorded.items()}}
 
 
-__all__ = ["Default", "Preset", "apply_preset", "default_rule", "find_preset", "model_billions", "preset_for_words",
+__all__ = ["MODEL_DEFAULTS", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule", "find_preset", "model_billions", "preset_for_words",
            "preset_names", "preset_sources", "presets"]

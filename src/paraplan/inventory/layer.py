@@ -215,6 +215,17 @@ def norm(model: ModelSpec, x: LocalShape, role: str) -> Op:
     return op
 
 
+#: The eager RMSNorm's name: no GPU has an ``efficiency.ops`` curve of it, so its kernels are
+#: timed on the GPU's generic ``memory`` curve (the ``RMSlayernorm`` curves time one fused
+#: kernel, or on A100 and GH200 GPT-NeoX's norm as sampled, and would count the eager
+#: kernels' extra traffic twice).
+EAGER_RMSNORM = "RMSnorm_eager"
+#: Its forward kernels, each launched on its own: x.to(float32), pow, mean, + eps, rsqrt,
+#: the multiply, .to(input dtype) and the weight's multiply (the backward pass runs more; one
+#: count serves both, as ``Op.launches`` does).
+EAGER_RMSNORM_KERNELS = 8
+
+
 def _eager_rmsnorm(fused: Op, elements: float, e: int) -> Op:
     """RMSNorm as Hugging Face's eager code runs it (``LlamaRMSNorm.forward`` in transformers
     models/llama/modeling_llama.py, the same in its Mistral, Qwen2 and other copies):
@@ -229,9 +240,12 @@ def _eager_rmsnorm(fused: Op, elements: float, e: int) -> Op:
     backward pass: the float32 copy of the input (``pow`` and the multiply keep it) and the
     e-byte normalized tensor (the weight's multiply keeps it), 4 + e bytes per element against
     the fused kernel's e. The role stays the fused norm's (selective recompute finds norms by
-    it)."""
+    it). Named ``EAGER_RMSNORM``: timed as ``EAGER_RMSNORM_KERNELS`` memory-bound kernels on the
+    GPU's generic memory curve, never on the fused norm's ``RMSlayernorm`` curve."""
     return dataclasses.replace(
         fused,
+        name=EAGER_RMSNORM,
+        launches=EAGER_RMSNORM_KERNELS,
         bytes=(28.0 + 4.0 * e) * elements + e * fused.params,
         bwd_bytes=(44.0 + 6.0 * e) * elements + 2 * e * fused.params,
         saved_bytes=(4.0 + e) * elements,

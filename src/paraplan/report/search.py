@@ -225,7 +225,8 @@ def preset_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     every: dict[str, Any] = {}
     for use in uses:
         every.update(use["defaults_taken"])
-    taken = {d.field: every[d.field] for d in preset.defaults if d.field in every}  # the preset's order
+    # the preset's order: its plan fields, then its model fields (an eager RMSNorm)
+    taken = {d.field: every[d.field] for d in (*preset.defaults, *preset.model_defaults) if d.field in every}
     searched: dict[str, Any] = {}
     for use in uses:
         searched.update({k: v["preset"] for k, v in use["user_values_used"].items()})

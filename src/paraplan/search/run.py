@@ -14,7 +14,7 @@ from paraplan.prediction.entry import predict_any
 from paraplan.prediction.memory import estimate_memory, usable_hbm_bytes
 from paraplan.search.pareto import PARETO_AXES, near_front
 from paraplan.search.screen import screen_plans, screenable
-from paraplan.search.space import SearchSpace, enumerate_plans, iter_unique
+from paraplan.search.space import SearchSpace, enumerate_plans, iter_unique, preset_model
 from paraplan.specs import ClusterSpec, ConfigError, HeteroClusterSpec, ModelSpec, Precision, short_repr
 from paraplan.units import format_bytes
 
@@ -172,6 +172,7 @@ def search_plans(
     if (budget_usd is not None or deadline_s is not None) and train_tokens is None:
         raise ConfigError("train_tokens: a budget or a deadline needs the number of tokens to train")
     space = (space or SearchSpace()).on_nodes(cluster.num_nodes)  # before the grid: screen and exact agree
+    model = preset_model(model, space)  # the preset's model code (an eager RMSNorm), as a job file's
     limits = (train_tokens, budget_usd, deadline_s)
     mixed = len(set(model.moe_layers)) > 1  # dense and MoE layers (DeepSeek-V3): exact path
     if isinstance(cluster, HeteroClusterSpec) or (space.uneven_layers and not mixed):

@@ -249,6 +249,17 @@ def find_space_preset(name: Any) -> Any:
         raise ConfigError(str(err).removeprefix("parallel.")) from None
 
 
+def preset_model(model: ModelSpec, space: SearchSpace) -> ModelSpec:
+    """``model`` with its space's preset's ``model_defaults`` under the fields it states (an
+    eager RMSNorm for fms-fsdp), as a job file naming the preset gets them: every plan of the
+    search, screened or predicted, runs the same model."""
+    if space.preset is None:
+        return model
+    from paraplan.catalog.presets import apply_model_defaults
+
+    return apply_model_defaults(model, find_space_preset(space.preset))[0]
+
+
 def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: SearchSpace,
                 precision: Any = None) -> tuple[dict[str, Any], Any]:
     """One plan of ``space`` (a job's plan mapping) with its preset's defaults for the fields the
@@ -256,7 +267,7 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
     ``precision`` decides the defaults that hold for one precision only (an FP8 recipe)."""
     if space.preset is None:
         return plan, None
-    from paraplan.catalog.presets import apply_preset
+    from paraplan.catalog.presets import MODEL_DEFAULTS, apply_preset
 
     preset = find_space_preset(space.preset)
     left = set(space.preset_fields or ())
@@ -267,6 +278,13 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
             stated[d.field] = ParallelPlan.model_fields[d.field].default
     _, use = apply_preset(stated, preset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
                           model=model, precision=precision)
+    # the model fields the preset sets that the (``preset_model``) model runs at its value
+    applies = {d.field for d in preset.model_defaults if getattr(model, MODEL_DEFAULTS[d.field][0])
+               == MODEL_DEFAULTS[d.field][1]}
+    model_taken = {d.field: d.value for d in preset.model_defaults
+                   if d.field in applies and getattr(model, d.field) == d.value}
+    if model_taken:
+        use = use.model_copy(update={"model_taken": model_taken})
     return {**stated, **use.taken}, use  # the plan's own names kept (tp, pp, ...)
 
 

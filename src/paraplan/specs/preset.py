@@ -26,13 +26,18 @@ class PresetUse(BaseModel):
     # what the preset records that the plan has no field for yet (attention kernel; an FP8 recipe
     # a preset names no single default for)
     recorded: dict[str, str] = {}
+    # the same for the model fields a preset sets (how its model code runs a kernel: an eager
+    # RMSNorm, ``rmsnorm_fusion false``), kept apart from the plan's
+    model_taken: dict[str, Any] = {}
+    model_overridden: dict[str, tuple[Any, Any]] = {}
 
     def lines(self) -> list[str]:
         """The preset's part of a prediction, one line each (tables and notes)."""
         out = [f"framework {self.preset} ({self.label}; modelled as {self.engine.value})"]
-        if self.taken:
-            out.append("defaults taken from it: " + ", ".join(f"{k} {shown(v)}" for k, v in self.taken.items()))
-        for key, (mine, theirs) in self.overridden.items():
+        taken = {**self.taken, **self.model_taken}
+        if taken:
+            out.append("defaults taken from it: " + ", ".join(f"{k} {shown(v)}" for k, v in taken.items()))
+        for key, (mine, theirs) in {**self.overridden, **self.model_overridden}.items():
             out.append(f"{key} {shown(mine)}: your value, used ({self.preset} would set {shown(theirs)})")
         if self.recorded:
             out.append("recorded, not yet modelled: " + ", ".join(f"{k} {v}" for k, v in self.recorded.items()))
@@ -42,8 +47,9 @@ class PresetUse(BaseModel):
         return {
             "preset": self.preset,
             "engine": self.engine.value,
-            "defaults_taken": dict(self.taken),
-            "user_values_used": {k: {"used": mine, "preset": theirs} for k, (mine, theirs) in self.overridden.items()},
+            "defaults_taken": {**self.taken, **self.model_taken},
+            "user_values_used": {k: {"used": mine, "preset": theirs}
+                                 for k, (mine, theirs) in {**self.overridden, **self.model_overridden}.items()},
             "recorded_not_modelled": dict(self.recorded),
         }
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paraplan.catalog import load_catalog_entry, load_gpu
-from paraplan.catalog.presets import Preset, apply_preset, preset_for_words
+from paraplan.catalog.presets import Preset, apply_model_defaults, apply_preset, preset_for_words
 from paraplan.specs import ConfigError
 from paraplan.specs.pipeline_layout import SPLIT_FIELDS
 
@@ -118,7 +118,7 @@ def _vocab(run: dict[str, Any], assumed: list[str]) -> int:
     return _FALLBACK_VOCAB
 
 
-_EAGER = ("torchtitan", "fms-fsdp")  # families whose published runs are eager PyTorch
+_EAGER = ("torchtitan",)  # families whose published runs are eager PyTorch beyond their preset's
 _MOE_KEYS = ("num_experts", "num_moe_experts", "moe_num_experts", "experts")
 # the record's model fields that are ModelSpec's own (Megatron-LM names), copied when given
 _MODEL_FIELDS = ("kv_channels", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
@@ -166,6 +166,9 @@ def _model(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> di
     # the preset's attention kernel, where the model has it (Megatron-LM of 2021-22 ran its own
     # fused softmax on the full score matrix)
     kernel = preset.recorded.get("attention_kernel", ("",))[0] if preset is not None else ""
+    if preset is not None:  # the kernels its model code runs (the job takes them from the preset)
+        _, taken, _ = apply_model_defaults({"normalization": arch["normalization"], "activation": activation}, preset)
+        assumed.extend(f"{k} {_shown(v)} ({preset.id}'s default)" for k, v in taken.items())
     return {
         "name": run["id"],
         "num_layers": m["num_layers"],
@@ -179,9 +182,15 @@ def _model(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> di
         # Megatron-LM of 2021-22 ran its own fused softmax on the full score matrix.
         "attention": "unfused" if kernel == "unfused" else "flash",
         **arch,
-        # torchtitan's (Aug 2024) and fms-fsdp's published numbers ran without torch.compile:
-        # SwiGLU as silu, then a multiply; Megatron/NeMo fuse it
+        # torchtitan's published numbers of Aug 2024 ran without torch.compile: SwiGLU as silu,
+        # then a multiply (Megatron/NeMo fuse it), and RMSNorm as eager PyTorch, the kernels of
+        # Hugging Face's LlamaRMSNorm (x.float(), pow(2).mean(-1), rsqrt, multiply, type_as,
+        # weight multiply): models/norms.py RMSNorm, config_manager.py --model.norm_type default
+        # "rmsnorm" (the Triton "fused_rmsnorm" opt-in). The torchtitan-0.1 preset is a later
+        # torchtitan and sets neither; fms-fsdp's preset sets both (its model_defaults).
         **({"swiglu_fusion": False} if preset is not None and preset.name in _EAGER and activation == "swiglu" else {}),
+        **({"rmsnorm_fusion": False} if preset is not None and preset.name in _EAGER
+           and arch["normalization"] == "rmsnorm" else {}),
         **_experts(run, assumed),
     }
 
