@@ -236,6 +236,16 @@ def test_deepspeed_partitions_the_pipeline_buffers_over_tensor_parallel_ranks_an
     assert (per, once) == (pytest.approx(a / 2), pytest.approx(a / 2 + a / 2 + 2 * a))
 
 
+def test_with_sequence_parallelism_deepspeeds_pipeline_buffers_are_whole_sequence_shards_and_nothing_is_rebuilt():
+    inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, tp=2, sequence_parallel=True, recompute="full"))
+    x = inv.shape
+    shard = x.e * x.b * (x.s // 2) * x.h  # this rank's [b, s/tp, h]: pipe_partitioned is off
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=True, last=False)
+    assert (per, once) == (pytest.approx(shard), pytest.approx(shard))
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=False, last=False)
+    assert (per, once) == (pytest.approx(2 * shard), pytest.approx(2 * shard))
+
+
 def test_only_deepspeeds_pipeline_engine_with_several_stages_keeps_pipeline_buffers():
     inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2))
     one = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 1e9, first=True, last=True)

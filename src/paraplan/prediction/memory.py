@@ -483,21 +483,27 @@ def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float,
     - the last stage's ``_exec_backward_pass`` returns before it clears
       ``pipe_buffers['outputs']``, and ``TrainSchedule.num_pipe_buffers`` gives it two buffers
       (``max(2, min(stages - stage_id, micro_batches))``): the previous micro-batch's logits
-      stay while the next one runs (in the model's dtype; from the second micro-batch on)."""
+      stay while the next one runs (in the model's dtype; from the second micro-batch on).
+
+    With sequence parallelism each tensor-parallel rank's stage output is its own sequence
+    shard, [b, s/tp, h], which ``PartitionedTensor`` cannot split further: Megatron-DeepSpeed
+    runs it with ``pipe_partitioned`` and ``grad_partitioned`` false (its example scripts set
+    ``PARTITIONED_MODE=false`` with ``--sequence-parallel``), so the buffers are whole shards,
+    as with tp = 1, and nothing is rebuilt."""
     if plan.framework is not Framework.DEEPSPEED or (first and last):
         return 0.0, 0.0
-    boundary = x.e * x.b * x.s_norm * x.h
-    tp = plan.tp
-    part = boundary / tp
+    boundary = x.e * x.b * x.s_norm * x.h  # this rank's stage output (its sequence shard with sp)
+    partitioned = plan.tp > 1 and not plan.sequence_parallel  # pipe_partitioned
+    part = boundary / plan.tp if partitioned else boundary
     per_microbatch = once = 0.0
     if not last:
         per_microbatch += part  # pipe_buffers['outputs']
         once += part  # grad_layer
-        if tp > 1:
+        if partitioned:
             once += 2.0 * boundary  # the full output and gradient of the backward pass
     if not first:
         once += part  # pipe_recv_buf
-        if tp == 1:
+        if not partitioned:
             per_microbatch += boundary  # the received copy beside the forward's clone
     if last:
         once += x.e * logits  # the previous micro-batch's logits, in the other buffer
