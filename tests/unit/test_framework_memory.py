@@ -123,6 +123,16 @@ def test_a_torchtitan_recipe_of_a_compiled_loss_job_compiles_the_loss_alone_and_
     assert config.compile.enable and list(config.compile.components) == ["loss"]
 
 
+@pytest.mark.parametrize(("compile_loss", "components"), [(None, '["model"]'), (True, '["model", "loss"]')])
+def test_a_torchtitan_fp8_recipe_compiles_the_loss_only_where_the_prediction_did(compile_loss, components):
+    from paraplan.export.torchtitan import render_torchtitan
+
+    job = resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1}, "precision": "fp8",
+                       "parallel": {"framework": "fsdp", "zero_stage": 3, "global_batch_size": 8,
+                                    "fp8_recipe": "rowwise", "compile_loss": compile_loss}})
+    assert f"compile=CompileConfig(enable=True, components={components})" in render_torchtitan(job)
+
+
 def test_a_megatron_bridge_job_takes_the_fused_cross_entropy_from_its_preset_and_megatron_lm_s_does_not():
     def job(framework):
         return resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},

@@ -352,10 +352,11 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         "        checkpoint=CheckpointManager.Config("
         + ", ".join(f"{k}={_py(v)}" for k, v in _stated("checkpoint", ckpt).items()) + "),",
     ]
-    if float8:
-        body.append('        compile=CompileConfig(enable=True, components=["model", "loss"]),')
-    elif job.parallel.compile_loss:  # the loss alone (the prediction's compile_loss)
-        body.append('        compile=CompileConfig(enable=True, components=["loss"]),')
+    # float8 needs the model compiled; the loss is compiled where the prediction's is (compile_loss:
+    # a compiled loss holds fewer copies of the logits, ``prediction.memory.loss_logits_bytes``)
+    components = (["model"] if float8 else []) + (["loss"] if job.parallel.compile_loss else [])
+    if components:
+        body.append(f"        compile=CompileConfig(enable=True, components={components!r}),".replace("'", '"'))
     body.append("    )")
     quotes = '"' * 3
     docstring = "r" + quotes + "\n".join(head).replace(quotes, "'" * 3) + "\n" + quotes
