@@ -287,6 +287,18 @@ def test_torch_pipelinings_last_stage_keeps_the_logits_of_every_micro_batch_unti
     assert last.buffers == pytest.approx((m - 1) * b)  # activation receive buffers, none for gradients
 
 
+def test_under_zb_v_each_gpu_runs_two_torch_pipeline_stages_each_with_its_outputs_and_receive_buffers():
+    """torchtitan's ZBVZeroBubble puts two stage objects on every GPU (chunks 0 and 2p - 1 on the
+    first): each keeps one gradient receive buffer per micro-batch, and the second chunk one
+    activation receive buffer per micro-batch beyond those in flight."""
+    j = job(framework="fsdp", zero_stage=1, pp=2, recompute="full", schedule="zb-h1")
+    one_chunk = predict(j).memory[0]
+    two_chunks = predict(job(framework="fsdp", zero_stage=1, pp=2, recompute="full", schedule="zb-v")).memory[0]
+    m, b = j.parallel.num_microbatches, boundary_bytes(j)
+    assert one_chunk.buffers == pytest.approx(m * b)
+    assert two_chunks.buffers == pytest.approx(2 * m * b + (m - two_chunks.in_flight_microbatches) * b)
+
+
 def test_torch_pipeline_buffers_of_many_plans_at_once_are_each_plans_own():
     """The search's screen calls the same arithmetic on arrays: each entry is the scalar answer."""
     boundary = np.array([1.0, 2.0, 3.0, 5.0])

@@ -261,7 +261,8 @@ def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first,
     bytes for a tensor sent between stages (the layer input: [b, s/tp with sequence
     parallelism, h]) and ``logits_out`` for the logits of one micro-batch on the stage that
     computes the loss (0 elsewhere); ``first`` is 1 on the first stage, ``chunks`` the model
-    chunks a GPU runs (interleaving). Numbers or numpy arrays (the search's screen).
+    chunks a GPU runs (``Schedule.chunks``: interleaving's vpp, ZB-V's two), each a stage
+    object with its own outputs and receive buffers. Numbers or numpy arrays (the search's screen).
 
     - ``forward_one_chunk`` appends every micro-batch's output to ``output_chunks``, which only
       the next ``step()``'s ``clear_runtime_states`` empties (the last stage merges them into
@@ -585,7 +586,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     buffers += per_microbatch * flight + once
     if runs_torch_pipelining(plan):
         x = inv.shape
-        chunks = float(plan.vpp) if plan.schedule.uses_vpp else 1.0
+        chunks = float(plan.schedule.chunks(plan.vpp))  # interleaving's vpp, ZB-V's two
         kept, received = torch_pipeline_buffers(x.e * x.b * x.s_norm * x.h, logits_output_bytes(st, x.e),
                                                 float(plan.num_microbatches), flight, 1.0 if st.index == 0 else 0.0,
                                                 chunks)

@@ -577,6 +577,9 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
     m = (gbs // (mbs * dp)).astype(np.float64)
     p = pp.astype(np.float64)
     v = chunks_per_stage(sched, vpp)
+    # the chunks each GPU runs (``Schedule.chunks``): v, and ZB-V's two its task graph owns
+    chunks = np.where(runs_where(sched, "uses_vpp"), v, np.array([s.chunks(1) for s in SCHEDULES],
+                                                                 dtype=np.float64)[sched])
     single = pp == 1
     classes = (FIRST, MID, LAST)
     exists = {FIRST: np.ones(len(pp), dtype=bool), MID: pp >= 3, LAST: pp >= 2}
@@ -622,7 +625,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + ends("pipe_once", c)
         if torch_pipelining:  # ``estimate_stage_memory``'s terms of torch.distributed.pipelining
             kept, received = torch_pipeline_buffers(shard("boundary"), ends("logits_out", c), m, flight,
-                                                    1.0 if c == FIRST else 0.0, v)
+                                                    1.0 if c == FIRST else 0.0, chunks)
             activations = activations + np.where(single, 0.0, kept)
             buffers = buffers + np.where(single, 0.0, received)
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
