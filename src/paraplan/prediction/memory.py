@@ -296,6 +296,13 @@ def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first,
     return activations, buffers
 
 
+def boundary_bytes(x: LocalShape) -> float:
+    """One micro-batch's activation on this rank where stages meet, a layer's input and output
+    ([b, s, h], s/tp with sequence parallelism), in the activations' precision: what a pipeline
+    sends, receives and keeps between stages."""
+    return x.e * x.b * x.s_norm * x.h
+
+
 def logits_output_bytes(st: StageInventory, e: float) -> float:
     """The logits of one micro-batch in the activations' precision (``e`` bytes), on the stage
     that computes the loss (0 elsewhere): the model's output, before the loss casts it."""
@@ -463,7 +470,7 @@ def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float,
     """(bytes per micro-batch in flight, bytes once) that DeepSpeed's ``PipelineEngine`` keeps
     for its sends and receives on a stage of a pipeline (``first``/``last``: the stage's ends;
     none with one stage), beside the layers' checkpointed inputs. ``x`` gives the activation
-    crossing stages, [b, s, h] in the model's dtype; ``logits`` the elements of one
+    crossing stages (``boundary_bytes``); ``logits`` the elements of one
     micro-batch's logits (the last stage's output). Read in DeepSpeed
     ``runtime/pipe/engine.py`` (commit 0050fdad) and ``runtime/pipe/schedule.py``:
 
@@ -493,7 +500,7 @@ def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float,
     as with tp = 1, and nothing is rebuilt."""
     if plan.framework is not Framework.DEEPSPEED or (first and last):
         return 0.0, 0.0
-    boundary = x.e * x.b * x.s_norm * x.h  # this rank's stage output (its sequence shard with sp)
+    boundary = boundary_bytes(x)  # this rank's stage output (its sequence shard with sp)
     partitioned = plan.tp > 1 and not plan.sequence_parallel  # pipe_partitioned
     part = boundary / plan.tp if partitioned else boundary
     per_microbatch = once = 0.0
@@ -587,7 +594,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     if runs_torch_pipelining(plan):
         x = inv.shape
         chunks = float(plan.schedule.chunks(plan.vpp))  # interleaving's vpp, ZB-V's two
-        kept, received = torch_pipeline_buffers(x.e * x.b * x.s_norm * x.h, logits_output_bytes(st, x.e),
+        kept, received = torch_pipeline_buffers(boundary_bytes(x), logits_output_bytes(st, x.e),
                                                 float(plan.num_microbatches), flight, 1.0 if st.index == 0 else 0.0,
                                                 chunks)
         activations, buffers = activations + kept, buffers + received

@@ -59,6 +59,7 @@ from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.memory import (
     activations_at_peak,
+    boundary_bytes,
     deepspeed_pipeline_buffers,
     end_saved_bytes,
     estimate_stage_memory,
@@ -368,7 +369,7 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             row[f"pipe_mb{c}"], row[f"pipe_once{c}"] = deepspeed_pipeline_buffers(
                 plan, x, logit_elements(stage.end_ops), first=f, last=la)
             row[f"logits_out{c}"] = logits_output_bytes(stage, x.e)  # torch pipelining's kept outputs
-        row["boundary"] = x.e * x.b * x.s_norm * x.h  # a tensor sent between pipeline stages
+        row["boundary"] = boundary_bytes(x)  # a tensor sent between pipeline stages
         for r in range(len(_RECOMPUTE)):
             plan_r = plans.get(r)
             if plan_r is None:
