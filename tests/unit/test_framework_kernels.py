@@ -158,6 +158,20 @@ def test_hf_eager_rmsnorm_keeps_a_float32_copy_of_its_input_and_moves_each_opera
         assert (b.role, b.flops) == (a.role, a.flops)  # selective recompute finds norms by role
 
 
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_an_export_of_an_eager_rmsnorm_prediction_says_the_target_runs_rmsnorm_fused(target):
+    from paraplan.export import megatron, torchtitan
+
+    def notes(fusion):
+        job = resolve_job({"model": {"name": "llama-2-7b", "rmsnorm_fusion": fusion}, "cluster": {"name": "dgx-a100"},
+                           "parallel": {"framework": "megatron" if target == "megatron" else "fsdp",
+                                        "global_batch_size": 8}})
+        return {"megatron": megatron, "torchtitan": torchtitan}[target].notes(job)
+
+    assert any(n.startswith("model.rmsnorm_fusion: ") for n in notes(False))
+    assert not any(n.startswith("model.rmsnorm_fusion") for n in notes(True))
+
+
 def test_an_eager_rmsnorm_on_a_layernorm_model_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"rmsnorm_fusion: only an RMSNorm model .*normalization is layernorm"):
         resolve_job({"model": {"name": "gpt3-125m", "rmsnorm_fusion": False}, "cluster": {"name": "dgx-a100"},

@@ -71,6 +71,7 @@ from paraplan.export._common import (
     check_prediction,
     common_notes,
     framework_notes,
+    fused_rmsnorm_note,
     header_lines,
     layer_split,
     layers_per_virtual_stage,
@@ -135,6 +136,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What torchtitan will do differently from the plan paraplan predicted."""
     m, p = job.model, job.parallel
     out = common_notes(job, prediction) + framework_notes(job, Framework.FSDP)
+    out += fused_rmsnorm_note(job, "torchtitan (F.rms_norm)")
     if p.schedule is Schedule.ZB_H1:
         out.append("parallel.schedule: zb-h1 runs as InterleavedZeroBubble with one model part per rank "
                    "(PyTorch's one-chunk order is ZB-H1's); a release that wants two parts per rank "
