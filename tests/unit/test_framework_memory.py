@@ -2,7 +2,7 @@
 the workspaces allocated once (PyTorch's cuBLAS workspace; under Megatron Transformer Engine's
 and the dummy weight gradients it caches), Megatron-Core's fused cross entropy's extra fp32 copy
 of the logits, and torchtitan's compiled loss, which keeps none. Sources in
-``catalog/runtime/memory.yaml`` and ``prediction/memory.py``."""
+``catalog/runtime/memory.yaml`` and ``prediction/framework_memory.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from paraplan.catalog import resolve_job
 from paraplan.inventory import count_job
 from paraplan.prediction import predict
-from paraplan.prediction.memory import StageMemory, dummy_wgrad_bytes, loss_logits_bytes, workspace_bytes
+from paraplan.prediction.framework_memory import dummy_wgrad_bytes, loss_logits_bytes, workspace_bytes
+from paraplan.prediction.memory import StageMemory
 
 MIB = 2**20
 # Llama 3.2 1B's weight shapes (k, n): q/k/v, attention output, gate+up, down, and the LM head

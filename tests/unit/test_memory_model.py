@@ -16,16 +16,14 @@ from paraplan.inventory import count_job
 from paraplan.inventory.job import split_params
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import PlanMemory, predict
-from paraplan.prediction.memory import (
+from paraplan.prediction.framework_memory import (
     deepspeed_pipeline_buffers,
-    end_saved_bytes,
-    framework_buffers,
     logit_elements,
     loss_logits_bytes,
-    microbatch_bytes,
     ring_attention_bytes,
     torch_pipeline_buffers,
 )
+from paraplan.prediction.memory import end_saved_bytes, framework_buffers, microbatch_bytes
 from paraplan.specs import ConfigError
 
 

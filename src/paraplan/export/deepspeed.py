@@ -155,7 +155,7 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
     if p.pp > 1 and p.tp > 1 and p.sequence_parallel:
         # each tensor-parallel rank's stage output is its own sequence shard, which the pipeline
         # engine must not partition (its default; Megatron-DeepSpeed's scripts turn it off with
-        # --sequence-parallel): the buffers ``prediction.memory.deepspeed_pipeline_buffers`` counts
+        # --sequence-parallel): the buffers ``prediction.framework_memory.deepspeed_pipeline_buffers`` counts
         config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     config["steps_per_print"] = 10
     config["_paraplan"] = {

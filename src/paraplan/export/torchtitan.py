@@ -355,7 +355,7 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         + ", ".join(f"{k}={_py(v)}" for k, v in _stated("checkpoint", ckpt).items()) + "),",
     ]
     # float8 needs the model compiled; the loss is compiled where the prediction's is (compile_loss:
-    # a compiled loss holds fewer copies of the logits, ``prediction.memory.loss_logits_bytes``)
+    # a compiled loss holds fewer copies of the logits, ``prediction.framework_memory.loss_logits_bytes``)
     components = (["model"] if float8 else []) + (["loss"] if job.parallel.compile_loss else [])
     if components:
         body.append(f"        compile=CompileConfig(enable=True, components={components!r}),".replace("'", '"'))

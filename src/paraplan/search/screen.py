@@ -57,19 +57,21 @@ from paraplan.inventory import JobInventory, count_job
 from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
-from paraplan.prediction.memory import (
-    activations_at_peak,
+from paraplan.prediction.framework_memory import (
     boundary_bytes,
     deepspeed_pipeline_buffers,
+    logit_elements,
+    logits_output_bytes,
+    torch_pipeline_buffers,
+)
+from paraplan.prediction.memory import (
+    activations_at_peak,
     end_saved_bytes,
     estimate_stage_memory,
     fragmentation_share,
     framework_buffers,
-    logit_elements,
-    logits_output_bytes,
     microbatch_bytes,
     stage_peak_bytes,
-    torch_pipeline_buffers,
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import OffloadCosts, gradient_copy_s
@@ -624,7 +626,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
         flight = in_flight(c, p, m, v, sched)
         activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full, flight)
-        # DeepSpeed's pipeline send and receive buffers (``memory.deepspeed_pipeline_buffers``)
+        # DeepSpeed's pipeline send and receive buffers (``framework_memory.deepspeed_pipeline_buffers``)
         buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + ends("pipe_once", c)
         if torch_pipelining:  # ``estimate_stage_memory``'s terms of torch.distributed.pipelining
             kept, received = torch_pipeline_buffers(shard("boundary"), ends("logits_out", c), m, flight,
