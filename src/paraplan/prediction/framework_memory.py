@@ -118,9 +118,14 @@ def logits_output_bytes(st: StageInventory, e: float) -> float:
     return e * logit_elements(st.end_ops)
 
 
+def pipelines_on_torch(framework: Framework) -> bool:
+    """Whether ``framework``'s pipelines run on ``torch.distributed.pipelining`` (torchtitan's)."""
+    return framework is Framework.FSDP
+
+
 def runs_torch_pipelining(plan: ParallelPlan) -> bool:
     """Whether the plan's pipeline runs on ``torch.distributed.pipelining`` (torchtitan)."""
-    return plan.framework is Framework.FSDP and plan.pp > 1
+    return pipelines_on_torch(plan.framework) and plan.pp > 1
 
 
 # Bytes per logit element the loss holds at its peak, beyond the fp32 softmax it saves for the

@@ -62,6 +62,7 @@ from paraplan.prediction.framework_memory import (
     deepspeed_pipeline_buffers,
     logit_elements,
     logits_output_bytes,
+    pipelines_on_torch,
     torch_pipeline_buffers,
 )
 from paraplan.prediction.memory import (
@@ -565,7 +566,7 @@ def screen_plans(
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
     iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
-                                 lockstep, sends_async, torch_pipelining=space.framework == "fsdp")
+                                 lockstep, sends_async, torch_pipelining=pipelines_on_torch(Framework(space.framework)))
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
