@@ -148,6 +148,11 @@ def deepspeed_unread_keys(config, dp, ignored=("_paraplan",)):
     makes DeepSpeedConfig fail."""
     seen: set = set()
     deepspeed_parse(_ReadDict(config, (), seen), dp)
+    # the pipeline block is copied whole over its defaults (``get_pipeline_config``) for the pipeline
+    # engine to read: its keys are the defaults' keys
+    from deepspeed.runtime.config import get_pipeline_config
+
+    seen |= {("pipeline", key) for key in get_pipeline_config({})}
     unread = [p for p in _key_paths(config) if p not in seen and p[0] not in ignored]
     strict: dict = {}
     out = []

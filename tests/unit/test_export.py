@@ -217,6 +217,18 @@ def test_deepspeed_config_loads_in_deepspeeds_own_config_classes(path, changes):
         assert ds.zero_config.overlap_comm == (p.overlaps_grad_reduce and p.pp == 1)
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_deepspeed_turns_pipeline_partitioning_off_where_each_tensor_parallel_rank_sends_its_own_sequence_shard(
+        sequence_parallel):
+    job = job_from(NEOX, framework="deepspeed", zero_stage=1, sequence_parallel=sequence_parallel)
+    assert job.parallel.pp > 1 and job.parallel.tp > 1
+    config = json.loads(render_deepspeed(job))
+    partitioned = not sequence_parallel  # DeepSpeed's default where the stage output is the same on every TP rank
+    assert ("pipeline" in config) is sequence_parallel
+    ds = deepspeed_parse(config, job.parallel.dp)
+    assert (ds.pipeline["pipe_partitioned"], ds.pipeline["grad_partitioned"]) == (partitioned, partitioned)
+
+
 def test_deepspeed_zero_3_overlaps_communication_as_deepspeed_does_and_says_where_the_prediction_did_not():
     job = load_job(MISTRAL)  # framework: deepspeed, ZeRO-3, no pipeline
     assert "overlap_comm" not in json.loads(render_deepspeed(job))["zero_optimization"]  # default: true

@@ -192,6 +192,20 @@ def test_an_eager_rmsnorm_is_timed_as_its_kernels_on_the_memory_curve_and_a_fuse
             assert ("RMSlayernorm curve" in cm.source_of(op, Phase.FWD)) is fusion
 
 
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_an_export_of_an_eager_rmsnorm_prediction_says_the_target_runs_rmsnorm_fused(target):
+    from paraplan.export import megatron, torchtitan
+
+    def notes(fusion):
+        job = resolve_job({"model": {"name": "llama-2-7b", "rmsnorm_fusion": fusion}, "cluster": {"name": "dgx-a100"},
+                           "parallel": {"framework": "megatron" if target == "megatron" else "fsdp",
+                                        "global_batch_size": 8}})
+        return {"megatron": megatron, "torchtitan": torchtitan}[target].notes(job)
+
+    assert any(n.startswith("model.rmsnorm_fusion: ") for n in notes(False))
+    assert not any(n.startswith("model.rmsnorm_fusion") for n in notes(True))
+
+
 def test_an_eager_rmsnorm_on_a_layernorm_model_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"rmsnorm_fusion: only an RMSNorm model .*normalization is layernorm"):
         resolve_job({"model": {"name": "gpt3-125m", "rmsnorm_fusion": False}, "cluster": {"name": "dgx-a100"},

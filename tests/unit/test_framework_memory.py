@@ -2,7 +2,7 @@
 the workspaces allocated once (PyTorch's cuBLAS workspace; under Megatron Transformer Engine's
 and the dummy weight gradients it caches), Megatron-Core's fused cross entropy's extra fp32 copy
 of the logits, and torchtitan's compiled loss, which keeps none. Sources in
-``catalog/runtime/memory.yaml`` and ``prediction/memory.py``."""
+``catalog/runtime/memory.yaml`` and ``prediction/framework_memory.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from paraplan.catalog import resolve_job
 from paraplan.inventory import count_job
 from paraplan.prediction import predict
-from paraplan.prediction.memory import StageMemory, dummy_wgrad_bytes, loss_logits_bytes, workspace_bytes
+from paraplan.prediction.framework_memory import dummy_wgrad_bytes, loss_logits_bytes, workspace_bytes
+from paraplan.prediction.memory import StageMemory
 
 MIB = 2**20
 # Llama 3.2 1B's weight shapes (k, n): q/k/v, attention output, gate+up, down, and the LM head
@@ -121,6 +122,16 @@ def test_a_torchtitan_recipe_of_a_compiled_loss_job_compiles_the_loss_alone_and_
     assert 'compile=CompileConfig(enable=True, components=["loss"])' in text
     config = titan_parse(text, tmp_path, monkeypatch, name="recipe_compiled_loss")
     assert config.compile.enable and list(config.compile.components) == ["loss"]
+
+
+@pytest.mark.parametrize(("compile_loss", "components"), [(None, '["model"]'), (True, '["model", "loss"]')])
+def test_a_torchtitan_fp8_recipe_compiles_the_loss_only_where_the_prediction_did(compile_loss, components):
+    from paraplan.export.torchtitan import render_torchtitan
+
+    job = resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1}, "precision": "fp8",
+                       "parallel": {"framework": "fsdp", "zero_stage": 3, "global_batch_size": 8,
+                                    "fp8_recipe": "rowwise", "compile_loss": compile_loss}})
+    assert f"compile=CompileConfig(enable=True, components={components})" in render_torchtitan(job)
 
 
 def test_a_megatron_bridge_job_takes_the_fused_cross_entropy_from_its_preset_and_megatron_lm_s_does_not():

@@ -16,16 +16,14 @@ from paraplan.inventory import count_job
 from paraplan.inventory.job import split_params
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction import PlanMemory, predict
-from paraplan.prediction.memory import (
+from paraplan.prediction.framework_memory import (
     deepspeed_pipeline_buffers,
-    end_saved_bytes,
-    framework_buffers,
     logit_elements,
     loss_logits_bytes,
-    microbatch_bytes,
     ring_attention_bytes,
     torch_pipeline_buffers,
 )
+from paraplan.prediction.memory import end_saved_bytes, framework_buffers, microbatch_bytes
 from paraplan.specs import ConfigError
 
 
@@ -236,6 +234,16 @@ def test_deepspeed_partitions_the_pipeline_buffers_over_tensor_parallel_ranks_an
     assert (per, once) == (pytest.approx(a / 2), pytest.approx(a / 2 + a / 2 + 2 * a))
 
 
+def test_with_sequence_parallelism_deepspeeds_pipeline_buffers_are_whole_sequence_shards_and_nothing_is_rebuilt():
+    inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, tp=2, sequence_parallel=True, recompute="full"))
+    x = inv.shape
+    shard = x.e * x.b * (x.s // 2) * x.h  # this rank's [b, s/tp, h]: pipe_partitioned is off
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=True, last=False)
+    assert (per, once) == (pytest.approx(shard), pytest.approx(shard))
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=False, last=False)
+    assert (per, once) == (pytest.approx(2 * shard), pytest.approx(2 * shard))
+
+
 def test_only_deepspeeds_pipeline_engine_with_several_stages_keeps_pipeline_buffers():
     inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2))
     one = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 1e9, first=True, last=True)
@@ -275,6 +283,18 @@ def test_torch_pipelinings_last_stage_keeps_the_logits_of_every_micro_batch_unti
     assert last.in_flight_microbatches == 1
     assert last.activations - last_mega.activations == pytest.approx(m * logits + (m - 1) * b)
     assert last.buffers == pytest.approx((m - 1) * b)  # activation receive buffers, none for gradients
+
+
+def test_under_zb_v_each_gpu_runs_two_torch_pipeline_stages_each_with_its_outputs_and_receive_buffers():
+    """torchtitan's ZBVZeroBubble puts two stage objects on every GPU (chunks 0 and 2p - 1 on the
+    first): each keeps one gradient receive buffer per micro-batch, and the second chunk one
+    activation receive buffer per micro-batch beyond those in flight."""
+    j = job(framework="fsdp", zero_stage=1, pp=2, recompute="full", schedule="zb-h1")
+    one_chunk = predict(j).memory[0]
+    two_chunks = predict(job(framework="fsdp", zero_stage=1, pp=2, recompute="full", schedule="zb-v")).memory[0]
+    m, b = j.parallel.num_microbatches, boundary_bytes(j)
+    assert one_chunk.buffers == pytest.approx(m * b)
+    assert two_chunks.buffers == pytest.approx(2 * m * b + (m - two_chunks.in_flight_microbatches) * b)
 
 
 def test_torch_pipeline_buffers_of_many_plans_at_once_are_each_plans_own():

@@ -141,6 +141,8 @@ def draw_case(choose: Callable[[Sequence], object], long_runs: bool = False):
         extra["moe_token_dispatcher_type"] = choose(("alltoall", "flex") if overlap else ("alltoall", "flex", "allgather"))
         if extra["moe_token_dispatcher_type"] == "flex":
             extra["moe_flex_dispatcher_backend"] = choose(("deepep", "hybridep"))
+    if axes["framework"] != "deepspeed" and choose((False, True)):  # the loss's kernels (drawn last, as above)
+        extra["compile_loss" if axes["framework"] == "fsdp" else "cross_entropy_loss_fusion"] = choose((False, True))
     space = SearchSpace(**axes, extra=extra)
     return model, cluster, precision, gbs, space
 
@@ -246,6 +248,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
                 "deepspeed 1f1b": q.pp > 1 and q.runs_deepspeed_train_schedule,
                 **{key: space.extra.get(key) for key in ("overlap_grad_reduce", "scatter_gather_p2p")},
                 "cp_comm": q.cp_comm if q.cp > 1 else "cp1",
+                "loss": (q.framework.value, q.compile_loss if q.framework.value == "fsdp" else q.cross_entropy_loss_fusion),
                 "dispatcher": q.dispatcher if model.is_moe and q.ep > 1 else "no ep",
                 **{key: space.extra.get(key) for key in ("moe_shared_expert_overlap", "expert_load_imbalance",
                                                          "overlap_moe_expert_parallel_comm") if model.is_moe},
@@ -262,6 +265,8 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
         "deepspeed 1f1b": {False, True},
         "overlap_grad_reduce": {None, False, True}, "scatter_gather_p2p": {None, False, True},
         "cp_comm": {"cp1", "p2p", "a2a", "allgather"},
+        "loss": {(framework, fused) for framework in ("megatron", "fsdp") for fused in (None, False, True)}
+        | {("deepspeed", None)},
         "dispatcher": {"no ep", "alltoall", "allgather", "deepep", "hybridep"},
         "moe_shared_expert_overlap": {None, False, True}, "overlap_moe_expert_parallel_comm": {None, False, True},
         "expert_load_imbalance": {None, 1.0, 1.25},

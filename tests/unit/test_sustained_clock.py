@@ -144,6 +144,14 @@ def test_an_unmeasured_gpu_says_its_gemms_keep_the_burst_rate():
     assert any(n.startswith("B200: no sustained-clock GEMM measurement") for n in notes)
 
 
+def test_an_fp8_job_on_a_gpu_without_an_fp8_ratio_says_its_gemms_take_the_16_bit_one():
+    h200 = load_cluster("dgx-h200")
+    assert any("no FP8 sustained-clock GEMM measurement" in n and "0.905" in n
+               for n in power_gaps(h200, Precision.FP8))
+    assert not any("FP8 sustained" in n for n in power_gaps(h200, Precision.BF16))
+    assert not any("FP8 sustained" in n for n in power_gaps(load_cluster("dgx-h100"), Precision.FP8))
+
+
 def test_a_cap_on_a_gpu_without_a_tdp_is_ignored_and_says_so():
     cluster = _capped(load_cluster("dgx-h100"), 500)
     raw = cluster.gpu.model_dump()

@@ -87,11 +87,12 @@ def attention_kernel_gaps(job: Job | HeteroJob) -> tuple[str, ...]:
         for gpu in {g.name: g for g in gpus}.values() if gpu.efficiency.attention_kernel_curve(kernel) is None)
 
 
-def power_gaps(cluster: ClusterSpec) -> tuple[str, ...]:
+def power_gaps(cluster: ClusterSpec, precision: Precision = Precision.BF16) -> tuple[str, ...]:
     """What the sustained-clock GEMM effect (``roofline.sustained_gemm_factor``) takes without
     a measurement: no sustained/burst ratio for the GPU (its GEMMs keep the calibration data's
-    burst rate), a ratio measured on another GPU, a power cap below the TDP scaled by the
-    unmeasured dynamic-power rule, or a cap on a GPU with no TDP in the catalog (ignored)."""
+    burst rate), a ratio measured on another GPU, FP8 (FP4) GEMMs held at the 16-bit ratio where
+    no FP8 one is measured, a power cap below the TDP scaled by the unmeasured dynamic-power
+    rule, or a cap on a GPU with no TDP in the catalog (ignored)."""
     gpu, notes = cluster.gpu, []
     sustained = gpu.efficiency.sustained
     if sustained is None:
@@ -103,6 +104,11 @@ def power_gaps(cluster: ClusterSpec) -> tuple[str, ...]:
         notes.append(
             f"{gpu.name}: sustained-clock GEMM factor {sustained.gemm_fraction:.3f} measured on "
             f"{sustained.transferred_from}"
+        )
+    if sustained is not None and sustained.fp8_gemm_fraction is None and precision in (Precision.FP8, Precision.FP4):
+        notes.append(
+            f"{gpu.name}: no {precision.value.upper()} sustained-clock GEMM measurement; its GEMMs held at "
+            f"the 16-bit factor {sustained.gemm_fraction:.3f} (FP8 GEMMs draw more power and may settle lower)"
         )
     cap, tdp = cluster.power_cap_w, gpu.tdp_w
     if cap is not None and tdp is None:

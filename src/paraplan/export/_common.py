@@ -141,6 +141,17 @@ def common_notes(job: Job, prediction: Prediction | None) -> list[str]:
     return notes
 
 
+def fused_rmsnorm_note(job: Job, target: str) -> list[str]:
+    """``rmsnorm_fusion: false`` (Hugging Face's eager RMSNorm, its float32 copy of the input) is
+    no setting of a target that runs RMSNorm as one fused kernel (Megatron-LM's Transformer
+    Engine, torchtitan's ``F.rms_norm``): say that its run keeps and moves less."""
+    if job.model.normalization != "rmsnorm" or job.model.rmsnorm_fusion:
+        return []
+    return [f"model.rmsnorm_fusion: the prediction ran Hugging Face's eager RMSNorm (a float32 copy of each "
+            f"norm's input kept for the backward pass); {target} runs RMSNorm as one fused kernel: less memory "
+            "and time than predicted; re-predict with rmsnorm_fusion: true for its numbers"]
+
+
 def tf32_note() -> str:
     """No framework has a TF32 switch: the recipe trains in fp32, and the matmuls reach the
     TF32 peak the prediction used only where PyTorch lets cuBLAS use TF32."""

@@ -152,6 +152,11 @@ def deepspeed_config(job: Job, prediction: Prediction | None = None) -> dict[str
         config["bf16"] = {"enabled": True}
     if p.recompute is not Recompute.NONE and p.sequence_parallel and p.tp > 1:
         config["activation_checkpointing"] = {"partition_activations": True}
+    if p.pp > 1 and p.tp > 1 and p.sequence_parallel:
+        # each tensor-parallel rank's stage output is its own sequence shard, which the pipeline
+        # engine must not partition (its default; Megatron-DeepSpeed's scripts turn it off with
+        # --sequence-parallel): the buffers ``prediction.framework_memory.deepspeed_pipeline_buffers`` counts
+        config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     config["steps_per_print"] = 10
     config["_paraplan"] = {
         "comment": [*header_lines(job, prediction, f"DeepSpeed config for DeepSpeed {DEEPSPEED_VERSION}",

@@ -80,6 +80,7 @@ from paraplan.export._common import (
     check_prediction,
     comment,
     common_notes,
+    fused_rmsnorm_note,
     header_lines,
     layer_split,
     layers_per_virtual_stage,
@@ -107,7 +108,7 @@ def megatron_args(job: Job) -> list[str]:
 def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What Megatron-LM will do differently from the plan paraplan predicted."""
     m, p = job.model, job.parallel
-    out = common_notes(job, prediction)
+    out = common_notes(job, prediction) + fused_rmsnorm_note(job, "Megatron-LM (Transformer Engine)")
     if m.parallel_residual:
         out.append("model.parallel_residual: Megatron-LM's GPT has no parallel-residual flag; "
                    "it runs sequential attention -> MLP (same FLOPs and parameters, different model)")

@@ -71,6 +71,7 @@ from paraplan.export._common import (
     check_prediction,
     common_notes,
     framework_notes,
+    fused_rmsnorm_note,
     header_lines,
     layer_split,
     layers_per_virtual_stage,
@@ -135,6 +136,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What torchtitan will do differently from the plan paraplan predicted."""
     m, p = job.model, job.parallel
     out = common_notes(job, prediction) + framework_notes(job, Framework.FSDP)
+    out += fused_rmsnorm_note(job, "torchtitan (F.rms_norm)")
     if p.schedule is Schedule.ZB_H1:
         out.append("parallel.schedule: zb-h1 runs as InterleavedZeroBubble with one model part per rank "
                    "(PyTorch's one-chunk order is ZB-H1's); a release that wants two parts per rank "
@@ -352,10 +354,11 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         "        checkpoint=CheckpointManager.Config("
         + ", ".join(f"{k}={_py(v)}" for k, v in _stated("checkpoint", ckpt).items()) + "),",
     ]
-    if float8:
-        body.append('        compile=CompileConfig(enable=True, components=["model", "loss"]),')
-    elif job.parallel.compile_loss:  # the loss alone (the prediction's compile_loss)
-        body.append('        compile=CompileConfig(enable=True, components=["loss"]),')
+    # float8 needs the model compiled; the loss is compiled where the prediction's is (compile_loss:
+    # a compiled loss holds fewer copies of the logits, ``prediction.framework_memory.loss_logits_bytes``)
+    components = (["model"] if float8 else []) + (["loss"] if job.parallel.compile_loss else [])
+    if components:
+        body.append(f"        compile=CompileConfig(enable=True, components={components!r}),".replace("'", '"'))
     body.append("    )")
     quotes = '"' * 3
     docstring = "r" + quotes + "\n".join(head).replace(quotes, "'" * 3) + "\n" + quotes

@@ -49,7 +49,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layers=layers)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
     gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
-    gaps += power_gaps(job.cluster)
+    gaps += power_gaps(job.cluster, job.precision)
     gaps += expert_gaps(job)
     gaps += attention_kernel_gaps(job)
     return assemble_prediction(

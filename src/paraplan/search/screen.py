@@ -57,18 +57,22 @@ from paraplan.inventory import JobInventory, count_job
 from paraplan.inventory.ends import count_end_collectives
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
+from paraplan.prediction.framework_memory import (
+    boundary_bytes,
+    deepspeed_pipeline_buffers,
+    logit_elements,
+    logits_output_bytes,
+    pipelines_on_torch,
+    torch_pipeline_buffers,
+)
 from paraplan.prediction.memory import (
     activations_at_peak,
-    deepspeed_pipeline_buffers,
     end_saved_bytes,
     estimate_stage_memory,
     fragmentation_share,
     framework_buffers,
-    logit_elements,
-    logits_output_bytes,
     microbatch_bytes,
     stage_peak_bytes,
-    torch_pipeline_buffers,
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import OffloadCosts, gradient_copy_s
@@ -118,7 +122,9 @@ from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
 SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule", "expert_load_imbalance",
                               "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "attention_kernel",
                               "cp_comm_type",  # a layer's CP exchange: LayerCost per shard shape
-                              "moe_token_dispatcher_type", "moe_flex_dispatcher_backend"})  # its EP exchange, alike
+                              "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",  # its EP exchange, alike
+                              # the loss's copies of the logits: microbatch_bytes per shard shape
+                              "cross_entropy_loss_fusion", "compile_loss"})
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
 # full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)
@@ -366,7 +372,7 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             row[f"pipe_mb{c}"], row[f"pipe_once{c}"] = deepspeed_pipeline_buffers(
                 plan, x, logit_elements(stage.end_ops), first=f, last=la)
             row[f"logits_out{c}"] = logits_output_bytes(stage, x.e)  # torch pipelining's kept outputs
-        row["boundary"] = x.e * x.b * x.s_norm * x.h  # a tensor sent between pipeline stages
+        row["boundary"] = boundary_bytes(x)  # a tensor sent between pipeline stages
         for r in range(len(_RECOMPUTE)):
             plan_r = plans.get(r)
             if plan_r is None:
@@ -560,7 +566,7 @@ def screen_plans(
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
     iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
-                                 lockstep, sends_async, torch_pipelining=space.framework == "fsdp")
+                                 lockstep, sends_async, torch_pipelining=pipelines_on_torch(Framework(space.framework)))
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
@@ -577,6 +583,9 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
     m = (gbs // (mbs * dp)).astype(np.float64)
     p = pp.astype(np.float64)
     v = chunks_per_stage(sched, vpp)
+    # the chunks each GPU runs (``Schedule.chunks``): v, and ZB-V's two its task graph owns
+    chunks = np.where(runs_where(sched, "uses_vpp"), v, np.array([s.chunks(1) for s in SCHEDULES],
+                                                                 dtype=np.float64)[sched])
     single = pp == 1
     classes = (FIRST, MID, LAST)
     exists = {FIRST: np.ones(len(pp), dtype=bool), MID: pp >= 3, LAST: pp >= 2}
@@ -618,11 +627,11 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         logits = np.choose(rc, [ends(f"logits{r}_", c) for r in range(len(_RECOMPUTE))])
         flight = in_flight(c, p, m, v, sched)
         activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full, flight)
-        # DeepSpeed's pipeline send and receive buffers (``memory.deepspeed_pipeline_buffers``)
+        # DeepSpeed's pipeline send and receive buffers (``framework_memory.deepspeed_pipeline_buffers``)
         buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + ends("pipe_once", c)
         if torch_pipelining:  # ``estimate_stage_memory``'s terms of torch.distributed.pipelining
             kept, received = torch_pipeline_buffers(shard("boundary"), ends("logits_out", c), m, flight,
-                                                    1.0 if c == FIRST else 0.0, v)
+                                                    1.0 if c == FIRST else 0.0, chunks)
             activations = activations + np.where(single, 0.0, kept)
             buffers = buffers + np.where(single, 0.0, received)
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),

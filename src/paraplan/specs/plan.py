@@ -133,12 +133,12 @@ class ParallelPlan(BaseModel):
     # Megatron-Core's fused vocab-parallel cross entropy (--cross-entropy-loss-fusion,
     # TransformerConfig.cross_entropy_loss_fusion with cross_entropy_fusion_impl 'native'; off
     # in Megatron-LM, on in Megatron-Bridge's GPTModelProvider): its torch.compile'd kernels
-    # hold one more fp32 copy of the logits (``prediction.memory.loss_logits_bytes``)
+    # hold one more fp32 copy of the logits (``prediction.framework_memory.loss_logits_bytes``)
     cross_entropy_loss_fusion: Bool | None = None
     # torchtitan's torch.compile of the loss (framework fsdp: compile.enable with "loss" in
     # compile.components, their default since torchtitan PR #1608, August 2025; with
     # training.compile from PR #1033, April 2025): Inductor's cross entropy keeps no fp32 copy
-    # of the logits (``prediction.memory.loss_logits_bytes``)
+    # of the logits (``prediction.framework_memory.loss_logits_bytes``)
     compile_loss: Bool | None = None
     deepspeed_train_schedule: Bool | None = None
     # gradients accumulated and reduced in fp32 (Megatron-LM's
