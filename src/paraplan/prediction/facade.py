@@ -228,12 +228,14 @@ def idle_s(span_s: float, busy_s: float) -> float:
 
 def stage_sends_s(job: Job, stage: int, p2p_s: float, mask_s: float = 0.0) -> float:
     """Seconds stage ``stage`` spends holding pipeline sends over one iteration (``p2p_s`` one
-    activation or gradient, ``mask_s`` what a forward send carries besides)."""
+    activation or gradient, ``mask_s`` what a forward send carries besides): what a trace shows
+    it in sends. The breakdown's p2p is another figure: what the sends delay it by
+    (``stage_parts``)."""
     plan = job.parallel
     lockstep = plan.runs_deepspeed_train_schedule and plan.pp > 1
     m = plan.num_microbatches
     if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
-        return 0.0  # no pipeline, or asynchronous sends that hold no stage: waiting is bubble
+        return 0.0  # no pipeline, or asynchronous sends that hold no stage
     if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
         return transfer_s(stage, plan.pp, m, p2p_s, mask_s)
     # each of the stage's v chunks sends forward and backward, except out of the model's ends

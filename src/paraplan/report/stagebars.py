@@ -67,8 +67,8 @@ def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
         else:
             work = stage_parts(pred.job, pred.stages, t.stage, pipe.finish, free, compute)
             work["optimizer_step_s"] = t.optimizer_s
-            work["pipeline_bubble_s"] = 0.0
-            work["pipeline_bubble_s"] = idle_s(pred.iteration_s, sum(work.values()))
+            busy = sum(s for field, s in work.items() if field != "pipeline_bubble_s")
+            work["pipeline_bubble_s"] = idle_s(pred.iteration_s, busy)
             parts = tuple(work[c.field] for c in COMPONENTS)
         bars.append(StageBar(stage=t.stage, seconds=parts, critical=t.stage == crit))
     return tuple(bars)
