@@ -127,7 +127,9 @@ CLUSTERS = ["dgx-h100", "aws-p5.48xlarge", "perlmutter", "dgx-a100"]
 
 @st.composite
 def jobs(draw) -> Job:
-    """Dense and MoE models, ZeRO 0-3, Megatron / DeepSpeed / FSDP, pipelines, TP, CP, EP."""
+    """Dense and MoE models, ZeRO 0-3, Megatron / DeepSpeed / FSDP, pipelines (1F1B, interleaved
+    with blocking or asynchronous sends, GPipe, the zero-bubble schedules, DeepSpeed's lock-step
+    TrainSchedule or not), TP, CP, EP."""
     model = draw(st.sampled_from(MODELS))
     cluster = draw(st.sampled_from(CLUSTERS))
     gpus_per_node = 4 if cluster == "perlmutter" else 8
@@ -150,7 +152,11 @@ def jobs(draw) -> Job:
     if framework == "megatron" and parallel["sequence_parallel"]:
         parallel["tp_comm_overlap"] = draw(st.booleans())
     if pp > 1 and framework == "megatron" and draw(st.booleans()):
-        parallel.update(schedule="interleaved", vpp=2)
+        parallel.update(schedule="interleaved", vpp=2, overlap_p2p_comm=draw(st.booleans()))
+    if pp > 1 and framework == "fsdp":
+        parallel["schedule"] = draw(st.sampled_from(["1f1b", "gpipe", "zb-h1", "zb-v"]))
+    if pp > 1 and framework == "deepspeed":
+        parallel["deepspeed_train_schedule"] = draw(st.booleans())
     try:
         return resolve_job({"model": {"name": model, "seq_length": draw(st.sampled_from([2048, 4096]))},
                             "cluster": {"name": cluster, "num_nodes": nodes}, "parallel": parallel})
