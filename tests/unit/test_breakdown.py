@@ -127,7 +127,9 @@ CLUSTERS = ["dgx-h100", "aws-p5.48xlarge", "perlmutter", "dgx-a100"]
 
 @st.composite
 def jobs(draw) -> Job:
-    """Dense and MoE models, ZeRO 0-3, Megatron / DeepSpeed / FSDP, pipelines, TP, CP, EP."""
+    """Dense and MoE models, ZeRO 0-3, Megatron / DeepSpeed / FSDP, pipelines (1F1B, interleaved
+    with blocking or asynchronous sends, GPipe, the zero-bubble schedules, DeepSpeed's lock-step
+    TrainSchedule or not), TP, CP, EP."""
     model = draw(st.sampled_from(MODELS))
     cluster = draw(st.sampled_from(CLUSTERS))
     gpus_per_node = 4 if cluster == "perlmutter" else 8
@@ -150,7 +152,11 @@ def jobs(draw) -> Job:
     if framework == "megatron" and parallel["sequence_parallel"]:
         parallel["tp_comm_overlap"] = draw(st.booleans())
     if pp > 1 and framework == "megatron" and draw(st.booleans()):
-        parallel.update(schedule="interleaved", vpp=2)
+        parallel.update(schedule="interleaved", vpp=2, overlap_p2p_comm=draw(st.booleans()))
+    if pp > 1 and framework == "fsdp":
+        parallel["schedule"] = draw(st.sampled_from(["1f1b", "gpipe", "zb-h1", "zb-v"]))
+    if pp > 1 and framework == "deepspeed":
+        parallel["deepspeed_train_schedule"] = draw(st.booleans())
     try:
         return resolve_job({"model": {"name": model, "seq_length": draw(st.sampled_from([2048, 4096]))},
                             "cluster": {"name": cluster, "num_nodes": nodes}, "parallel": parallel})
@@ -182,10 +188,12 @@ def test_slowing_the_network_only_moves_time_into_communication(job, inter, intr
     if same_stage:
         for field in UNMOVED:
             assert getattr(slow.breakdown, field) == pytest.approx(getattr(fast.breakdown, field), rel=1e-12), field
-        # what the iteration grew by went to communication and to waiting for other stages
-        moved = sum(getattr(slow.breakdown, f) - getattr(fast.breakdown, f)
-                    for f in (*COMMUNICATION, "pipeline_bubble_s"))
+        # what the iteration grew by went to communication only: waiting for the pipeline's
+        # sends is p2p, and the bubble is the schedule's own idle time with free sends
+        moved = sum(getattr(slow.breakdown, f) - getattr(fast.breakdown, f) for f in COMMUNICATION)
         assert moved == pytest.approx(slow.iteration_s - fast.iteration_s, rel=1e-6, abs=1e-9)
+        assert slow.breakdown.pipeline_bubble_s == pytest.approx(
+            fast.breakdown.pipeline_bubble_s, rel=1e-6, abs=1e-9 * slow.iteration_s)
     for pred in (fast, slow):
         assert pred.breakdown.total_s == pytest.approx(pred.iteration_s, rel=1e-9)
 
@@ -231,3 +239,65 @@ def test_a_trace_comparison_reads_each_dimension_s_communication_from_its_own_co
     assert parts["tp comm"] == pytest.approx(pred.breakdown.tp_communication_s, rel=1e-12)
     # recomputed TP traffic is TP's, not a residue counted as DP
     assert parts["dp comm"] == pytest.approx(pred.breakdown.dp_communication_s, rel=1e-12)
+
+
+# --- the runs the breakdown is cut from ----------------------------------------------------
+
+@pytest.mark.parametrize(("schedule", "vpp", "m"), [("1f1b", 1, 12), ("interleaved", 2, 9), ("gpipe", 1, 6),
+                                                    ("zb-h1", 1, 9), ("zb-v", 1, 7), ("1f1b", 1, 2100)])
+def test_the_runs_without_sends_time_as_the_simulation_does(schedule, vpp, m):
+    # one walk of the task graph times both runs; each must be the simulation's own with free
+    # sends, bit for bit (past 2,048 micro-batches, extrapolated as the simulation is)
+    from paraplan.schedule import free_sends_finish, simulate_pipeline
+    from paraplan.specs import Schedule
+
+    sched = Schedule(schedule)
+    fwd, bwd, wgrad = [1.0, 1.3, 0.9], [2.1, 2.6, 1.7], [0.8, 1.1, 0.6]
+    compute = ([0.7, 1.0, 0.6], [1.5, 2.0, 1.2])
+    got = free_sends_finish((fwd, bwd), compute, m, sched, vpp, wgrad)
+    for (f, b), finish in zip(((fwd, bwd), compute), got, strict=True):
+        assert finish == simulate_pipeline(f, b, 0.0, m, sched, vpp, wgrad_s=wgrad).finish
+    assert got[0] != got[1]
+
+
+def test_deepspeeds_runs_without_transfers_time_as_its_simulation_does():
+    from paraplan.schedule import deepspeed_free_sends_finish, simulate_deepspeed_pipeline
+
+    fwd, bwd, compute = [1.0, 1.3, 0.9, 1.1], [2.1, 2.6, 1.7, 2.2], ([0.7, 1.0, 0.6, 0.8], [1.5, 2.0, 1.2, 1.6])
+    got = deepspeed_free_sends_finish((fwd, bwd), compute, 10)
+    for (f, b), finish in zip(((fwd, bwd), compute), got, strict=True):
+        assert finish == simulate_deepspeed_pipeline(f, b, 0.0, 10).finish
+
+
+def test_a_pipeline_on_a_slow_network_shows_its_sends_as_p2p_and_keeps_its_bubble():
+    # the audit's case: Llama-3-8B tp 8 pp 4 over four nodes, 400 Gb/s against 1 Gb/s; the
+    # bubble used to grow with the sends (+5 s at 1 Gb/s), it is the schedule's own idle time
+    def at(network):
+        return predict(resolve_job({
+            "model": "llama-3-8b",
+            "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 4,
+                        "inter_node": {"bandwidth": network, "latency": "20 us", "efficiency": 0.8}},
+            "parallel": {"tp": 8, "pp": 4, "micro_batch_size": 1, "global_batch_size": 256}}))
+
+    fast, slow = at("400 Gb/s"), at("1 Gb/s")
+    assert slow.iteration_s > 10 * fast.iteration_s
+    assert slow.breakdown.pipeline_bubble_s == pytest.approx(fast.breakdown.pipeline_bubble_s, rel=1e-9)
+    grown = slow.breakdown.pipeline_p2p_s - fast.breakdown.pipeline_p2p_s
+    assert grown == pytest.approx(slow.iteration_s - fast.iteration_s, rel=1e-9)
+    assert slow.breakdown.pipeline_p2p_s > 0.9 * slow.iteration_s  # the bottleneck, named
+
+
+def test_waiting_for_another_stages_collectives_is_communication_not_bubble():
+    # GPT-NeoX-20B at tp 8 on Perlmutter's 4-GPU nodes: every stage's TP all-reduces cross the
+    # network, and the critical stage waits for its neighbours' too (7 of its 8 s of bubble
+    # were that wait): communication, the bubble its kernels' schedule's own idle time
+    from pathlib import Path
+
+    from paraplan.catalog import load_job
+
+    pred = predict(load_job(Path(__file__).parents[2] / "examples/gpt-neox-20b-perlmutter-pp4-tp8-dp4.yaml"))
+    m, t = pred.job.parallel.num_microbatches, pred.stages[_stage_of(pred)]
+    own = m * (t.tp_fwd_mb_s + t.tp_bwd_mb_s)
+    assert pred.breakdown.tp_communication_s > 1.1 * own
+    assert pred.breakdown.pipeline_bubble_s < 0.1 * pred.breakdown.tp_communication_s
+    assert pred.breakdown.total_s == pytest.approx(pred.iteration_s, rel=1e-9)

@@ -7,6 +7,7 @@ import pytest
 from paraplan.catalog import resolve_job
 from paraplan.inventory import CollectiveKind, count_job
 from paraplan.prediction import predict
+from paraplan.prediction.facade import stage_sends_s
 from paraplan.specs import ConfigError
 
 
@@ -65,9 +66,11 @@ def test_deepspeed_forward_sends_carry_the_fp16_causal_mask_and_backward_sends_d
     assert (first.p2p_fwd_s > first.p2p_s) == sends_mask
     # the first stage sends m activations forward and, being first, no gradient back; under
     # DeepSpeed's TrainSchedule every transfer is a rendezvous, so receiving the m gradients
-    # holds it too
+    # holds it too (the seconds a trace shows it in sends; the breakdown's p2p is what the
+    # sends delay the critical stage by, tests/unit/test_breakdown.py)
     receives = m * first.p2p_s if pred.job.parallel.runs_deepspeed_train_schedule else 0.0
-    assert pred.breakdown.pipeline_p2p_s == pytest.approx(m * first.p2p_fwd_s + receives)
+    held = stage_sends_s(pred.job, 0, first.p2p_s, first.p2p_mask_s)
+    assert held == pytest.approx(m * first.p2p_fwd_s + receives)
 
 
 def test_gpipe_holds_the_loss_activations_of_every_micro_batch():
@@ -106,8 +109,9 @@ def test_interleaved_stages_send_once_per_chunk():
     pred = predict(job(model="llama-2-7b", nodes=4, tp=8, pp=4, vpp=2, global_batch_size=32))
     m, v = pred.job.parallel.num_microbatches, 2
     p2p = pred.stages[0].p2p_s
-    # the first stage sends every chunk's activation forward and all but its first chunk's gradient back
-    assert pred.breakdown.pipeline_p2p_s == pytest.approx(p2p * (m * v + m * v - m))
+    # the first stage sends every chunk's activation forward and all but its first chunk's
+    # gradient back (what it holds in sends, as a trace shows them; not the breakdown's p2p)
+    assert stage_sends_s(pred.job, 0, p2p) == pytest.approx(p2p * (m * v + m * v - m))
 
 
 def test_fp32_training_keeps_no_master_weights_and_megatron_fp16_keeps_fp16_gradients():

@@ -5,7 +5,10 @@ Each component is a field of ``Breakdown`` (the JSON key and the CSV column
 kind. Time the critical path spends waiting for a collective belongs to that collective's
 component, never to compute: a compute component holds its kernels' own seconds, and what an
 overlapped collective adds beyond them (the part it leaves exposed, and the slowdown of the
-kernels it runs beside) goes to the collective's component.
+kernels it runs beside) goes to the collective's component. With a pipeline, the critical
+stage also waits for the sends and for other stages' collectives: that too is communication
+(``prediction.facade.stage_parts``), and the bubble is the idle time the schedule leaves with
+every send and collective free, which no network speed changes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ class ComponentKind(str, Enum):
     COMMUNICATION = "communication"  # collectives and pipeline sends over the GPUs' links
     HOST = "host"  # copies between GPU and host memory (offload)
     OPTIMIZER = "optimizer"  # the optimizer step
-    IDLE = "idle"  # waiting for other stages (pipeline bubble)
+    IDLE = "idle"  # waiting for other stages' kernels (pipeline bubble)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +50,12 @@ COMPONENTS: tuple[Component, ...] = (
        "mixture-of-experts token dispatch and combine (expert-parallel all-to-all, expert-TP gathers)"),
     _C("dp_communication_s", "DP / ZeRO communication", _K.COMMUNICATION,
        "gradient reduction, ZeRO / FSDP parameter gathers and gradient reduce-scatters"),
-    _C("pipeline_p2p_s", "pipeline p2p", _K.COMMUNICATION, "blocking sends between pipeline stages"),
+    _C("pipeline_p2p_s", "pipeline p2p", _K.COMMUNICATION,
+       "what waiting for the sends between pipeline stages costs (the finish less the finish with free sends)"),
     _C("offload_s", "offload copies", _K.HOST, "host-memory copies the passes wait for (offload)"),
     _C("optimizer_step_s", "optimizer step", _K.OPTIMIZER, "the optimizer step"),
-    _C("pipeline_bubble_s", "pipeline bubble (idle)", _K.IDLE, "waiting for other pipeline stages"),
+    _C("pipeline_bubble_s", "pipeline bubble (idle)", _K.IDLE,
+       "the schedule's own idle time: waiting for other stages' kernels (sends and collectives free)"),
 )
 
 BY_FIELD = {c.field: c for c in COMPONENTS}

@@ -6,6 +6,7 @@ it or the heterogeneous path, and the cost model, is ``prediction.entry.predict_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -31,7 +32,15 @@ from paraplan.prediction.result import (
 )
 from paraplan.prediction.sanity import check_iteration, check_possible
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
-from paraplan.schedule import placement, simulate_deepspeed_pipeline, simulate_pipeline, transfer_s
+from paraplan.schedule import (
+    PipelineResult,
+    deepspeed_free_sends_finish,
+    free_sends_finish,
+    placement,
+    simulate_deepspeed_pipeline,
+    simulate_pipeline,
+    transfer_s,
+)
 from paraplan.specs import Job
 
 
@@ -81,34 +90,19 @@ def assemble_prediction(
     plan = job.parallel
     p2p = max(t.p2p_s for t in timings)
     mask = max(t.p2p_mask_s for t in timings)
-    fwd = [t.fwd_pass_mb_s for t in timings]
-    bwd = [t.bwd_pass_mb_s for t in timings]
-    lockstep = plan.runs_deepspeed_train_schedule and plan.pp > 1
-    if lockstep:
-        pipe = simulate_deepspeed_pipeline(
-            fwd, bwd, p2p, plan.num_microbatches, keep_tasks=keep_timeline, fwd_extra_s=mask
-        )
-    else:
-        pipe = simulate_pipeline(
-            fwd, bwd, p2p, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_timeline, fwd_extra_s=mask,
-            overlap_p2p=plan.overlap_p2p_comm, wgrad_s=[t.wgrad_mb_s for t in timings],
-        )
+    pipe = run_pipeline(job, timings, p2p, mask, keep_tasks=keep_timeline)
     drain = [pipe.finish[i] + timings[i].exposed_dp_s for i in range(plan.pp)]
     crit = max(range(plan.pp), key=drain.__getitem__)
     step = [t.optimizer_s for t in timings]
     opt = max(range(plan.pp), key=step.__getitem__)
     iteration = drain[crit] + step[opt]
-    m = plan.num_microbatches
-    tc = timings[crit]
-    sends = stage_sends_s(job, crit, p2p, mask)
-    busy = m * tc.busy_mb_s
-    passes = {name: m * seconds for name, seconds in tc.per_microbatch().items()}
-    passes["dp_communication_s"] += tc.exposed_dp_s
+    free, compute = network_free_finish(job, timings, pipe)
+    if keep_timeline:
+        pipe = dataclasses.replace(pipe, free_sends_finish=free, compute_finish=compute)
+    parts = stage_parts(job, timings, crit, pipe.finish, free, compute)
     breakdown = Breakdown(
-        **passes,
-        pipeline_p2p_s=sends,
+        **parts,
         optimizer_step_s=step[opt],
-        pipeline_bubble_s=idle_s(pipe.finish[crit], busy + sends),
     )
     check_iteration(job, iteration)
     memory = estimate_memory(inv)
@@ -140,6 +134,91 @@ def assemble_prediction(
     return prediction
 
 
+def run_pipeline(
+    job: Job, timings: tuple[StageTiming, ...], p2p_s: float, mask_s: float, *, keep_tasks: bool = False
+) -> PipelineResult:
+    """The plan's pipeline schedule over the stages' per-micro-batch passes, each send
+    ``p2p_s`` (a forward's ``mask_s`` more)."""
+    plan = job.parallel
+    fwd = [t.fwd_pass_mb_s for t in timings]
+    bwd = [t.bwd_pass_mb_s for t in timings]
+    if plan.runs_deepspeed_train_schedule and plan.pp > 1:
+        return simulate_deepspeed_pipeline(
+            fwd, bwd, p2p_s, plan.num_microbatches, keep_tasks=keep_tasks, fwd_extra_s=mask_s
+        )
+    return simulate_pipeline(
+        fwd, bwd, p2p_s, plan.num_microbatches, plan.schedule, plan.vpp, keep_tasks=keep_tasks, fwd_extra_s=mask_s,
+        overlap_p2p=plan.overlap_p2p_comm, wgrad_s=[t.wgrad_mb_s for t in timings],
+    )
+
+
+def _own_work_mb_s(t: StageTiming) -> float:
+    """One micro-batch's seconds on stage ``t`` that no network speed changes: its kernels and
+    the host copies it waits for."""
+    return t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.offload_mb_s
+
+
+def network_free_finish(
+    job: Job, timings: tuple[StageTiming, ...], pipe: PipelineResult
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each stage's finish had every pipeline send been free, and had every collective been
+    free as well (the passes their kernels and host copies only): the same schedule, both
+    timed in one walk of its task graph. Only the breakdown needs them (the search's screen
+    never runs them); a single stage's passes run back to back, so there they are ``pipe``'s."""
+    plan = job.parallel
+    if plan.pp == 1:
+        return pipe.finish, pipe.finish
+    passes = ([t.fwd_pass_mb_s for t in timings], [t.bwd_pass_mb_s for t in timings])
+    compute = ([t.forward_mb_s + t.offload_fwd_mb_s for t in timings],
+               [t.backward_mb_s + t.recompute_mb_s + t.offload_bwd_mb_s for t in timings])
+    if plan.runs_deepspeed_train_schedule:
+        return deepspeed_free_sends_finish(passes, compute, plan.num_microbatches)
+    return free_sends_finish(passes, compute, plan.num_microbatches, plan.schedule, plan.vpp,
+                             [t.wgrad_mb_s for t in timings])
+
+
+#: The collectives a pass waits for: (breakdown component, its forward and backward parts).
+_COLLECTIVES = (
+    ("tp_communication_s", "tp_fwd_mb_s", "tp_bwd_mb_s"),
+    ("cp_communication_s", "cp_fwd_mb_s", "cp_bwd_mb_s"),
+    ("ep_communication_s", "ep_fwd_mb_s", "ep_bwd_mb_s"),
+    ("dp_communication_s", "zero_fwd_mb_s", "zero_bwd_mb_s"),
+)
+
+
+def stage_parts(
+    job: Job,
+    timings: tuple[StageTiming, ...],
+    stage: int,
+    finish: tuple[float, ...],
+    free: tuple[float, ...],
+    compute: tuple[float, ...],
+) -> dict[str, float]:
+    """Stage ``stage``'s seconds by breakdown component up to its exposed DP traffic's end,
+    the optimizer step aside. Its kernels and host copies are its own; what
+    waiting for the network costs it is what its finish would lose were that free: the
+    pipeline's sends ``finish - free`` (blocking or not, its own or a neighbour's), the
+    collectives ``free - compute``, shared by kind in proportion to the seconds each adds to
+    the pipeline's passes (a stage waiting for another stage's all-reduce waits for TP). The
+    idle time left, ``compute`` less the stage's own work, is the schedule's own bubble: no
+    network speed changes it. With one stage that is its own passes' parts, as they are."""
+    t = timings[stage]
+    m = job.parallel.num_microbatches
+    parts = {name: m * seconds for name, seconds in t.per_microbatch().items()}
+    if job.parallel.pp > 1:
+        waited = idle_s(free[stage], compute[stage])
+        weights = {name: sum(getattr(u, f) + getattr(u, b) for u in timings) for name, f, b in _COLLECTIVES}
+        total = sum(weights.values())
+        for name, weight in weights.items():
+            parts[name] = waited * weight / total if total > 0.0 else 0.0
+        parts["pipeline_bubble_s"] = idle_s(compute[stage], m * _own_work_mb_s(t))
+    else:
+        parts["pipeline_bubble_s"] = idle_s(finish[stage], m * t.busy_mb_s)
+    parts["dp_communication_s"] += t.exposed_dp_s
+    parts["pipeline_p2p_s"] = idle_s(finish[stage], free[stage])
+    return parts
+
+
 def idle_s(span_s: float, busy_s: float) -> float:
     """The idle part of ``span_s`` seconds busy for ``busy_s``: none when they differ by
     rounding only (a stage that never waits, summed in two orders)."""
@@ -149,12 +228,14 @@ def idle_s(span_s: float, busy_s: float) -> float:
 
 def stage_sends_s(job: Job, stage: int, p2p_s: float, mask_s: float = 0.0) -> float:
     """Seconds stage ``stage`` spends holding pipeline sends over one iteration (``p2p_s`` one
-    activation or gradient, ``mask_s`` what a forward send carries besides)."""
+    activation or gradient, ``mask_s`` what a forward send carries besides): what a trace shows
+    it in sends. The breakdown's p2p is another figure: what the sends delay it by
+    (``stage_parts``)."""
     plan = job.parallel
     lockstep = plan.runs_deepspeed_train_schedule and plan.pp > 1
     m = plan.num_microbatches
     if plan.pp == 1 or (plan.overlap_p2p_comm and not lockstep):
-        return 0.0  # no pipeline, or asynchronous sends that hold no stage: waiting is bubble
+        return 0.0  # no pipeline, or asynchronous sends that hold no stage
     if lockstep:  # a rendezvous holds the receiver too: every transfer in or out of the stage
         return transfer_s(stage, plan.pp, m, p2p_s, mask_s)
     # each of the stage's v chunks sends forward and backward, except out of the model's ends

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from paraplan.prediction import Prediction, StageTiming
 from paraplan.prediction.components import BY_FIELD, COMPONENTS, ComponentKind
-from paraplan.prediction.facade import idle_s
+from paraplan.prediction.facade import idle_s, stage_parts
 
 __all__ = ["COMPONENTS", "StageBar", "TimelineBar", "critical_stage", "stage_bars", "timeline_bars"]
 
@@ -52,21 +52,23 @@ def critical_stage(pred: Prediction) -> int:
 
 
 def stage_bars(pred: Prediction) -> tuple[StageBar, ...]:
-    """One bar per pipeline stage. A stage's p2p time is what its blocking sends add to its
-    busy time in the schedule; its idle time is the rest of the iteration."""
+    """One bar per pipeline stage, cut as the breakdown is (``facade.stage_parts``): its p2p
+    time is what the pipeline's sends delay its finish by, its collectives what they delay it
+    by beyond its kernels; its idle time is the rest of the iteration."""
     _require_timeline(pred)
     crit = critical_stage(pred)
-    m = pred.job.parallel.num_microbatches
+    pipe = pred.pipeline
+    free = pipe.free_sends_finish or pipe.finish
+    compute = pipe.compute_finish or free
     bars = []
     for t in pred.stages:
         if t.stage == crit:
             parts = tuple(getattr(pred.breakdown, c.field) for c in COMPONENTS)
         else:
-            work = {name: m * seconds for name, seconds in t.per_microbatch().items()}
-            work["dp_communication_s"] += t.exposed_dp_s
-            work["pipeline_p2p_s"] = max(0.0, pred.pipeline.busy[t.stage] - m * t.busy_mb_s)
+            work = stage_parts(pred.job, pred.stages, t.stage, pipe.finish, free, compute)
             work["optimizer_step_s"] = t.optimizer_s
-            work["pipeline_bubble_s"] = idle_s(pred.iteration_s, sum(work.values()))
+            busy = sum(s for field, s in work.items() if field != "pipeline_bubble_s")
+            work["pipeline_bubble_s"] = idle_s(pred.iteration_s, busy)
             parts = tuple(work[c.field] for c in COMPONENTS)
         bars.append(StageBar(stage=t.stage, seconds=parts, critical=t.stage == crit))
     return tuple(bars)

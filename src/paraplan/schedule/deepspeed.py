@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 
 from paraplan.schedule.graph import graph_ends, graph_levels
-from paraplan.schedule.pipeline import PipelineResult, Task
+from paraplan.schedule.pipeline import PipelineResult, Task, ends_of_two
 from paraplan.schedule.steady import LONG, extrapolate
 
 # command kinds
@@ -207,6 +207,20 @@ def simulate_deepspeed_pipeline(
             if kind in (FWD, BWD)
         )
     return PipelineResult(makespan=max(finish), finish=finish, busy=busy, tasks=tasks)
+
+
+def deepspeed_free_sends_finish(
+    passes: tuple[list[float], list[float]], compute: tuple[list[float], list[float]], num_microbatches: int
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each stage's finish with every transfer free, ``simulate_deepspeed_pipeline(...,
+    p2p_s=0)``'s, for two sets of (forward, backward) stage times at once (``pipeline.free_sends_finish``)."""
+    p, m = len(passes[0]), num_microbatches
+    if m > LONG:
+        return tuple(simulate_deepspeed_pipeline(f, b, 0.0, m).finish for f, b in (passes, compute))
+    durs = [[x for i in range(p) for x in (f[i], b[i], 0.0, 0.0)] for f, b in (passes, compute)]
+    kinds, first, second, last = _flat(p, m)
+    end_a, end_b = ends_of_two(kinds, first, second, *durs)
+    return tuple(end_a[n] for n in last), tuple(end_b[n] for n in last)
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,6 +45,10 @@ class PipelineResult:
     finish: tuple[float, ...]  # when each stage finishes its last task
     busy: tuple[float, ...]  # time each stage spends on tasks
     tasks: tuple[Task, ...] | None  # the timeline, when asked for
+    # each stage's finish had every send been free, and had all communication been free (the
+    # prediction's breakdown reads them: ``prediction.facade.stage_parts``; kept with the timeline)
+    free_sends_finish: tuple[float, ...] | None = None
+    compute_finish: tuple[float, ...] | None = None
 
     @property
     def bubble_fraction(self) -> float:
@@ -218,6 +222,45 @@ def simulate_pipeline(
             for k, (i, c, kind, j, _, _) in enumerate(structure)
         )
     return PipelineResult(makespan=max(clock), finish=clock, busy=busy, tasks=tasks)
+
+
+def ends_of_two(kinds: list[int], prevs: list[int], deps: list[int], dur_a: list[float], dur_b: list[float]):
+    """When each node of a task graph in topological order ends (start at the later of its two
+    predecessors' ends, -1: none; run for its duration, indexed by ``kinds``), for two sets of
+    durations in one pass: (ends under ``dur_a``, ends under ``dur_b``), each as one
+    simulation of it gives."""
+    n = len(kinds)
+    end_a, end_b = [0.0] * (n + 1), [0.0] * (n + 1)  # the last, never written, is "none" (-1)
+    for k, (kind, prev, dep) in enumerate(zip(kinds, prevs, deps, strict=True)):
+        a, x = end_a[prev], end_a[dep]
+        end_a[k] = (a if a >= x else x) + dur_a[kind]
+        b, y = end_b[prev], end_b[dep]
+        end_b[k] = (b if b >= y else y) + dur_b[kind]
+    return end_a, end_b
+
+
+def free_sends_finish(
+    passes: tuple[list[float], list[float]],
+    compute: tuple[list[float], list[float]],
+    num_microbatches: int,
+    schedule: Schedule,
+    vpp: int,
+    wgrad_s: list[float],
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each stage's finish with every send free, ``simulate_pipeline(..., p2p_s=0)``'s, for two
+    sets of (forward, backward) stage times at once: ``passes`` and ``compute`` (the breakdown's
+    runs without sends, and without any communication). One walk of the task graph times both;
+    past ``LONG`` micro-batches each is extrapolated as ``simulate_pipeline`` does."""
+    p, m, v = len(passes[0]), num_microbatches, schedule.chunks(vpp)
+    if m > LONG or p == 1:
+        return tuple(simulate_pipeline(f, b, 0.0, m, schedule, vpp, wgrad_s=wgrad_s).finish for f, b in (passes, compute))
+    w_s = list(wgrad_s) if schedule.splits_backward else [0.0] * p
+    dur_a = task_durations(schedule, p, v, *passes, w_s, 0.0, 0.0)
+    dur_b = task_durations(schedule, p, v, *compute, w_s, 0.0, 0.0)
+    kinds, prevs, deps = _flat_structure(schedule, p, m, v)
+    end_a, end_b = ends_of_two(kinds, prevs, deps, dur_a, dur_b)
+    last = _last_task(schedule, p, m, v)
+    return tuple(end_a[t] for t in last), tuple(end_b[t] for t in last)
 
 
 @functools.lru_cache(maxsize=64)
