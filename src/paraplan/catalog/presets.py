@@ -8,6 +8,9 @@ preset's default the prediction says the user's value was used. What a preset re
 plan has no field for yet (an attention kernel the plan has no choice for, such as Megatron-LM
 2022's unfused softmax, which the model's ``attention`` carries) is listed as recorded, not
 modelled.
+What a framework launches at all (``runs``: fms-fsdp only data parallelism, tp = pp = cp = ep = 1)
+is one rule, ``runs_problem``: a job naming the preset is refused outside it, and the search's
+axes for the preset keep only the values it allows.
 The published-runs reader finds a record's preset by the ``keywords`` of these files.
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -43,6 +46,9 @@ _RECORDED = ("attention_kernel", "fp8_recipe")
 # kernel the model's architecture has, each applying only where the model has it
 # (field -> (the architecture field, its value)).
 MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion": ("activation", "swiglu")}
+# The parallel degrees a preset may limit (``runs``), by their short plan names (``ParallelPlan``'s
+# properties and the search's axes).
+RUNS_AXES = ("tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,8 @@ class Preset:
     recorded: dict[str, tuple[str, str]]  # field -> (value, source)
     # the model fields of ``MODEL_DEFAULTS`` the framework's model code sets (eager kernels)
     model_defaults: tuple[Default, ...] = ()
+    # axis of ``RUNS_AXES`` -> (the values the framework launches, source); an axis absent: any
+    runs: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -103,9 +111,17 @@ def _preset(raw: dict[str, Any], where: str) -> Preset:
             raise ConfigError(f"{where}: model_defaults.{key}: not a model field a preset sets "
                               f"({', '.join(MODEL_DEFAULTS)}), not true/false, or no source")
         model_defaults.append(Default(key, spec["value"], "always", spec["source"]))
+    runs = {}
+    for key, spec in (raw.get("runs") or {}).items():
+        values = spec.get("values") if isinstance(spec, dict) else None
+        if key not in RUNS_AXES or not spec.get("source") or not isinstance(values, list) or not values or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise ConfigError(f"{where}: runs.{key}: not a parallel degree a preset limits ({', '.join(RUNS_AXES)}), "
+                              "no source, or values not a list of positive whole numbers")
+        runs[key] = (tuple(values), spec["source"])
     return Preset(str(raw["name"]), str(raw["version"]), Framework(raw["engine"]), raw["label"],
                   tuple(raw.get("keywords") or ()), int(raw.get("priority", 100)), tuple(defaults), recorded,
-                  tuple(model_defaults))
+                  tuple(model_defaults), runs)
 
 
 def preset_names() -> list[str]:
@@ -238,6 +254,20 @@ def model_billions(model: ModelSpec | dict[str, Any] | None) -> float | None:
     return (layers * (2 * h * h + 2 * h * kv + mlp) + embed) / 1e9
 
 
+def runs_problem(preset: Preset, axis: str, value: int) -> str | None:
+    """Why ``preset`` cannot launch ``axis`` (tp, pp, cp, ep) at ``value`` (None: it can): the one
+    rule the job validator and the search share."""
+    if axis not in preset.runs or value in preset.runs[axis][0]:
+        return None
+    runs = " or ".join(map(str, preset.runs[axis][0]))
+    return f"parallel.{axis}: {preset.id} ({preset.label}) runs {axis} {runs} only, not {value}"
+
+
+def plan_runs_problem(preset: Preset, plan: Any) -> str | None:
+    """``runs_problem`` of a resolved plan (a ``ParallelPlan``: its tp, pp, cp and ep)."""
+    return next((p for axis in RUNS_AXES if (p := runs_problem(preset, axis, getattr(plan, axis))) is not None), None)
+
+
 def default_rule(preset: Preset, field: str) -> str:
     """When ``preset``'s default for ``field`` applies, in words ("with tp > 1"; "" always)."""
     return next((_WHEN[d.when] for d in preset.defaults if d.field == field), "")
@@ -246,8 +276,9 @@ def default_rule(preset: Preset, field: str) -> str:
 def preset_sources(preset: Preset) -> dict[str, str]:
     """Every default's and recorded field's source (``paraplan catalog`` and tests)."""
     return {**{d.field: d.source for d in (*preset.defaults, *preset.model_defaults)},
-            **{k: s for k, (_, s) in preset.recorded.items()}}
+            **{k: s for k, (_, s) in preset.recorded.items()},
+            **{f"runs.{k}": s for k, (_, s) in preset.runs.items()}}
 
 
-__all__ = ["MODEL_DEFAULTS", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule", "find_preset", "model_billions", "preset_for_words",
-           "preset_names", "preset_sources", "presets"]
+__all__ = ["MODEL_DEFAULTS", "RUNS_AXES", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule", "find_preset", "model_billions", "preset_for_words",
+           "plan_runs_problem", "preset_names", "preset_sources", "presets", "runs_problem"]

@@ -165,6 +165,7 @@ class SearchSpace:
             return
         object.__setattr__(self, "preset", preset.id)
         object.__setattr__(self, "framework", preset.engine.value)
+        self._keep_what_preset_runs(preset)
         if self.preset_fields is None:
             # an axis left to the engine's default is the preset's where that default is one value
             # (sequence parallelism's "with tp > 1" rule); the engine's several ZeRO stages, recompute
@@ -188,6 +189,19 @@ class SearchSpace:
                 object.__setattr__(self, "sequence_parallel", "with_tp" if d.value else "off")
             elif d.field == "data_parallel_shard_degree":  # the preset's rule decides per plan
                 object.__setattr__(self, "shard_nodes", (None,))
+
+    def _keep_what_preset_runs(self, preset: Any) -> None:
+        """The tp, pp, cp and ep axes cut to the values the preset launches (its ``runs``, by
+        ``catalog.presets.runs_problem``, the job validator's rule); an axis left to the default
+        is the preset's values, an axis with none of them refused as a job naming it would be."""
+        from paraplan.catalog.presets import runs_problem
+
+        for axis, (values, _) in preset.runs.items():
+            given = getattr(self, axis)
+            kept = values if given is None else tuple(v for v in given if runs_problem(preset, axis, v) is None)
+            if not kept:
+                raise ConfigError(str(runs_problem(preset, axis, given[0])).removeprefix("parallel."))
+            object.__setattr__(self, axis, tuple(kept))
 
     @property
     def attention_kernel(self) -> AttentionKernel | None:
