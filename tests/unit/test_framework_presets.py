@@ -43,7 +43,8 @@ def test_each_preset_file_loads_with_a_source_for_every_default(preset_id):
     assert preset.engine in set(Framework)
     assert preset.defaults and preset.keywords
     sources = preset_sources(preset)
-    assert set(sources) == {d.field for d in (*preset.defaults, *preset.model_defaults)} | set(preset.recorded)
+    assert set(sources) == ({d.field for d in (*preset.defaults, *preset.model_defaults)} | set(preset.recorded)
+                            | {f"runs.{axis}" for axis in preset.runs})
     assert all(len(source) > 20 for source in sources.values())
 
 
@@ -186,3 +187,43 @@ def test_a_search_naming_the_preset_runs_the_same_eager_model_as_a_job_file_nami
     best = result.ranked[0]
     assert best.job.model.rmsnorm_fusion is False and best.job.preset.model_taken["rmsnorm_fusion"] is False
     assert predict(resolve_job(job_mapping(best.job))).iteration_s == pytest.approx(best.iteration_s, rel=1e-9)
+
+
+def _fms_job(**plan):
+    return {"model": {"name": "llama-2-13b", "seq_length": 4096}, "cluster": {"name": "dgx-h100", "num_nodes": 2},
+            "parallel": {"framework": "fms-fsdp-2024.03", "micro_batch_size": 2, "global_batch_size": 128, **plan},
+            "precision": "bf16"}
+
+
+def test_a_job_naming_fms_fsdp_with_tp_2_is_refused_in_one_line_naming_the_field_and_what_it_runs():
+    assert resolve_job(_fms_job()).parallel.tp == 1  # data parallelism alone runs
+    with pytest.raises(ConfigError) as err:
+        resolve_job(_fms_job(tp=2))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("parallel.tp: fms-fsdp-2024.03")
+    assert "runs tp 1 only, not 2" in message
+
+
+def test_a_job_file_naming_fms_fsdp_with_pipeline_parallelism_exits_2_with_one_line(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(_fms_job(pp=2)))
+    result = CliRunner().invoke(app, ["predict", str(path)], env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: parallel.pp: fms-fsdp-2024.03 (IBM fms-fsdp (PyTorch FSDP1), 2024-03) runs pp 1 only, not 2"]
+
+
+def test_fms_fsdp_runs_data_parallelism_only_with_its_code_cited():
+    preset = find_preset("fms-fsdp-2024.03")
+    assert {axis: values for axis, (values, _) in preset.runs.items()} == {"tp": (1,), "pp": (1,), "cp": (1,), "ep": (1,)}
+    assert all("fms-fsdp main_training.py" in source for _, source in preset.runs.values())
+
+
+def test_a_preset_file_whose_runs_names_no_source_or_an_unknown_axis_is_refused():
+    from paraplan.catalog.presets import _preset
+
+    base = {"name": "x", "version": "1", "engine": "fsdp", "label": "x"}
+    for runs in ({"tp": {"values": [1]}}, {"dp": {"values": [1], "source": "somewhere in its code"}},
+                 {"tp": {"values": [0], "source": "somewhere in its code"}}):
+        with pytest.raises(ConfigError, match="runs"):
+            _preset({**base, "runs": runs}, "x.yaml")

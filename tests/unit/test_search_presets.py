@@ -223,3 +223,48 @@ def test_the_screen_matches_the_exact_prediction_on_interleaved_plans_that_overl
     space = SearchSpace(framework="megatron-core-0.12", vpp=(1, 2), micro_batch_size=(1, 2))
     screen_matches_the_exact_prediction(
         (load_model("gpt3-1.3b"), load_cluster("dgx-a100", num_nodes=2), Precision.BF16, 32, space))
+
+
+def test_a_fms_fsdp_search_ranks_only_plans_without_tp_pp_cp_or_ep():
+    model, cluster = _small()
+    space = SearchSpace.full(framework="fms-fsdp-2024.03", micro_batch_size=(1, 2))
+    assert (space.tp, space.pp, space.cp, space.ep) == ((1,), (1,), (1,), (1,))
+    result = search_plans(model, cluster, 64, Precision.BF16, space)
+    assert len(result.ranked) > 3
+    assert {(p.job.parallel.tp, p.job.parallel.pp, p.job.parallel.cp, p.job.parallel.ep) for p in result.ranked} == {
+        (1, 1, 1, 1)}
+
+
+def test_a_fms_fsdp_search_keeps_tp_1_of_the_tp_axis_and_refuses_an_axis_it_never_runs():
+    code, out, _ = _run(*_SEARCH, "--framework", "fms-fsdp-2024.03", "--tp", "1,2,4")
+    assert code == 0 and "every plan: tp 1, pp 1" in out
+    code, _, err = _run(*_SEARCH, "--framework", "fms-fsdp-2024.03", "--tp", "2,4")
+    assert code == 2
+    assert err.strip() == "error: tp: fms-fsdp-2024.03 (IBM fms-fsdp (PyTorch FSDP1), 2024-03) runs tp 1 only, not 2"
+
+
+def test_the_search_and_the_job_validator_agree_on_what_fms_fsdp_runs_over_every_plan_of_a_small_space():
+    import itertools
+
+    from paraplan.catalog import resolve_job
+
+    checked = 0
+    for tp, pp, cp, ep in itertools.product((1, 2), repeat=4):
+        try:
+            SearchSpace(framework="fms-fsdp-2024.03", tp=(tp,), pp=(pp,), cp=(cp,), ep=(ep,))
+            searched = None
+        except ConfigError as err:
+            searched = str(err)
+        job = {"model": "mixtral-8x7b", "cluster": {"name": "dgx-h100", "num_nodes": 2}, "precision": "bf16",
+               "parallel": {"framework": "fms-fsdp-2024.03", "tp": tp, "pp": pp, "cp": cp, "ep": ep,
+                            "micro_batch_size": 1, "global_batch_size": 64}}
+        try:
+            resolve_job(job)
+            validated = None
+        except ConfigError as err:
+            validated = str(err)
+        assert (searched is None) == (validated is None), (tp, pp, cp, ep, searched, validated)
+        if validated is not None:
+            assert validated == f"parallel.{searched}"
+        checked += 1
+    assert checked == 16

@@ -187,31 +187,24 @@ def resolve_job(raw: dict[str, Any], base_dir: Path | str = ".") -> Job | Hetero
         message = str(err)
         raise ConfigError(message if message.startswith("cluster") else f"cluster: {message}") from None
     data["parallel"] = _parallel(data.get("parallel"))
-    preset = _apply_preset(data)
+    _apply_preset(data)
     if hetero and "node_order" in data:
         data["node_order"] = _node_order(data["node_order"], data["cluster"])
     try:
-        job = (HeteroJob if hetero else Job).model_validate(data)
+        return (HeteroJob if hetero else Job).model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
-    if preset is not None:  # what the framework launches at all (its ``runs``)
-        from paraplan.catalog.presets import plan_runs_problem
-
-        problem = plan_runs_problem(preset, job.parallel)
-        if problem is not None:
-            raise ConfigError(problem)
-    return job
 
 
-def _apply_preset(data: dict[str, Any]) -> Any:
+def _apply_preset(data: dict[str, Any]) -> None:
     """Lay the framework preset ``parallel.framework`` names (``nemo-24.07``) under the plan's
-    stated fields, and keep what it did for the prediction to say (``Job.preset``); the preset
-    (None: an engine)."""
-    from paraplan.catalog.presets import apply_model_defaults, apply_preset, find_preset
+    stated fields, and keep what it did for the prediction to say (``Job.preset``); a plan with a
+    degree the framework never runs (its ``runs``) is refused."""
+    from paraplan.catalog.presets import apply_model_defaults, apply_preset, find_preset, plan_runs_problem
 
     preset = find_preset(data["parallel"].get("framework"))
     if preset is None:
-        return None
+        return
     cluster = data["cluster"]
     if isinstance(cluster, dict):  # a cluster described in full, validated with the job
         per_node = int(cluster.get("gpus_per_node") or 1)
@@ -223,7 +216,9 @@ def _apply_preset(data: dict[str, Any]) -> Any:
         precision=data.get("precision"))
     data["model"], taken, overridden = apply_model_defaults(data["model"], preset)
     data["preset"] = use.model_copy(update={"model_taken": taken, "model_overridden": overridden})
-    return preset
+    problem = plan_runs_problem(preset, data["parallel"])
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _node_order(value: Any, cluster: HeteroClusterSpec) -> list[int]:

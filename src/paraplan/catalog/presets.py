@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any
 
 from paraplan.catalog.loader import read_catalog_yaml
-from paraplan.specs import PLAN_ALIASES, ConfigError, Framework, ModelSpec
+from paraplan.specs import PLAN_ALIASES, ConfigError, Framework, ModelSpec, ParallelPlan
 from paraplan.specs.preset import PresetUse
 
 # When a default applies, read from the plan as the user left it (after the defaults before it):
@@ -263,9 +263,15 @@ def runs_problem(preset: Preset, axis: str, value: int) -> str | None:
     return f"parallel.{axis}: {preset.id} ({preset.label}) runs {axis} {runs} only, not {value}"
 
 
-def plan_runs_problem(preset: Preset, plan: Any) -> str | None:
-    """``runs_problem`` of a resolved plan (a ``ParallelPlan``: its tp, pp, cp and ep)."""
-    return next((p for axis in RUNS_AXES if (p := runs_problem(preset, axis, getattr(plan, axis))) is not None), None)
+def plan_runs_problem(preset: Preset, plan: dict[str, Any]) -> str | None:
+    """``runs_problem`` of a job's plan mapping (``apply_preset``'s, long field names; an unstated
+    degree is 1, a value that is not a whole number left to the plan validator), checked before
+    the plan's other rules: a framework that never runs tp is no reason to ask for more of it."""
+    for axis in RUNS_AXES:
+        value = plan.get(PLAN_ALIASES[axis], ParallelPlan.model_fields[PLAN_ALIASES[axis]].default)
+        if isinstance(value, int) and not isinstance(value, bool) and (problem := runs_problem(preset, axis, value)):
+            return problem
+    return None
 
 
 def default_rule(preset: Preset, field: str) -> str:
@@ -280,5 +286,6 @@ def preset_sources(preset: Preset) -> dict[str, str]:
             **{f"runs.{k}": s for k, (_, s) in preset.runs.items()}}
 
 
-__all__ = ["MODEL_DEFAULTS", "RUNS_AXES", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule", "find_preset", "model_billions", "preset_for_words",
-           "plan_runs_problem", "preset_names", "preset_sources", "presets", "runs_problem"]
+__all__ = ["MODEL_DEFAULTS", "RUNS_AXES", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule",
+           "find_preset", "model_billions", "plan_runs_problem", "preset_for_words", "preset_names", "preset_sources",
+           "presets", "runs_problem"]
