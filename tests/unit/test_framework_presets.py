@@ -224,6 +224,6 @@ def test_a_preset_file_whose_runs_names_no_source_or_an_unknown_axis_is_refused(
 
     base = {"name": "x", "version": "1", "engine": "fsdp", "label": "x"}
     for runs in ({"tp": {"values": [1]}}, {"dp": {"values": [1], "source": "somewhere in its code"}},
-                 {"tp": {"values": [0], "source": "somewhere in its code"}}):
+                 {"tp": {"values": [0], "source": "somewhere in its code"}}, {"tp": 1}):
         with pytest.raises(ConfigError, match="runs"):
             _preset({**base, "runs": runs}, "x.yaml")

@@ -113,7 +113,8 @@ def _preset(raw: dict[str, Any], where: str) -> Preset:
         model_defaults.append(Default(key, spec["value"], "always", spec["source"]))
     runs = {}
     for key, spec in (raw.get("runs") or {}).items():
-        values = spec.get("values") if isinstance(spec, dict) else None
+        spec = spec if isinstance(spec, dict) else {}
+        values = spec.get("values")
         if key not in RUNS_AXES or not spec.get("source") or not isinstance(values, list) or not values or any(
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
             raise ConfigError(f"{where}: runs.{key}: not a parallel degree a preset limits ({', '.join(RUNS_AXES)}), "
