@@ -111,6 +111,15 @@ def test_a_loss_option_of_another_framework_is_refused_naming_the_field(framewor
         ParallelPlan(framework=framework, **{field: True})
 
 
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
+def test_the_kept_pipeline_outputs_on_a_plan_of_another_framework_are_refused_in_one_line(framework):
+    from paraplan.specs import ConfigError
+
+    with pytest.raises(ConfigError, match=r"parallel\.pipeline_keeps_outputs: ") as err:
+        _job(framework=framework, pp=2, pipeline_keeps_outputs=False)
+    assert "\n" not in str(err.value) and "fsdp" in str(err.value)
+
+
 def test_a_torchtitan_recipe_of_a_compiled_loss_job_compiles_the_loss_alone_and_torchtitan_parses_it(tmp_path,
                                                                                                    monkeypatch):
     from framework_parsers import titan_parse

@@ -258,11 +258,12 @@ def boundary_bytes(j) -> float:
     return x.e * x.b * x.s_norm * x.h
 
 
-def test_torch_pipelining_keeps_every_micro_batchs_output_and_one_gradient_receive_buffer_per_micro_batch():
-    """torchtitan's first stage (``torch.distributed.pipelining``): ``output_chunks`` keeps all
-    16 outputs until the next step and ``_prepare_backward_infra`` allocates 16 gradient
-    receive buffers; Megatron's pipeline keeps neither."""
-    titan = job(framework="fsdp", zero_stage=1, pp=2, recompute="full")
+def test_the_old_torch_pipelining_keeps_every_micro_batchs_output_and_one_gradient_receive_buffer_per_micro_batch():
+    """torchtitan's first stage (``torch.distributed.pipelining``) on the torch of 2024-25
+    (``pipeline_keeps_outputs``): ``output_chunks`` keeps all 16 outputs until the next step
+    and ``_prepare_backward_infra`` allocates 16 gradient receive buffers; Megatron's pipeline
+    keeps neither."""
+    titan = job(framework="fsdp", zero_stage=1, pp=2, recompute="full", pipeline_keeps_outputs=True)
     mega = job(framework="megatron", zero_stage=1, pp=2, recompute="full")
     m, b = titan.parallel.num_microbatches, boundary_bytes(titan)
     first, first_mega = predict(titan).memory[0], predict(mega).memory[0]
@@ -271,11 +272,11 @@ def test_torch_pipelining_keeps_every_micro_batchs_output_and_one_gradient_recei
     assert first.buffers == pytest.approx(m * b) and first_mega.buffers == 0
 
 
-def test_torch_pipelinings_last_stage_keeps_the_logits_of_every_micro_batch_until_the_next_step():
+def test_the_old_torch_pipelinings_last_stage_keeps_the_logits_of_every_micro_batch_until_the_next_step():
     """The last stage's outputs are the logits (bf16, the loss casts them): all 16 are kept, and
     15 received activations beyond the one in flight, with their gradients, stay on their
     receive buffers."""
-    titan = job(framework="fsdp", zero_stage=1, pp=2, recompute="full")
+    titan = job(framework="fsdp", zero_stage=1, pp=2, recompute="full", pipeline_keeps_outputs=True)
     mega = job(framework="megatron", zero_stage=1, pp=2, recompute="full")
     m, b = titan.parallel.num_microbatches, boundary_bytes(titan)
     logits = 2.0 * 1 * 4096 * 32000  # bf16 logits of one micro-batch of llama-2-7b
@@ -283,6 +284,23 @@ def test_torch_pipelinings_last_stage_keeps_the_logits_of_every_micro_batch_unti
     assert last.in_flight_microbatches == 1
     assert last.activations - last_mega.activations == pytest.approx(m * logits + (m - 1) * b)
     assert last.buffers == pytest.approx((m - 1) * b)  # activation receive buffers, none for gradients
+
+
+def test_today_s_torchtitan_pipeline_keeps_no_micro_batch_output_only_those_in_flight_and_its_receive_buffers():
+    """Today's torchtitan calls ``step(return_outputs=False)`` (the default of
+    ``pipeline_keeps_outputs``): no stage keeps its 16 outputs for the step, the last none of
+    its logits; the first holds the outputs of its 2 micro-batches in flight (``fwd_cache``),
+    and the receive buffers and received gradients stay as the old torch's."""
+    today = job(framework="fsdp", zero_stage=1, pp=2, recompute="full")
+    old = job(framework="fsdp", zero_stage=1, pp=2, recompute="full", pipeline_keeps_outputs=True)
+    m, b = today.parallel.num_microbatches, boundary_bytes(today)
+    logits = 2.0 * 1 * 4096 * 32000
+    now, then = predict(today).memory, predict(old).memory
+    assert today.parallel.pipeline_keeps_outputs is None and not today.parallel.keeps_pipeline_outputs
+    assert now[0].in_flight_microbatches == 2
+    assert then[0].activations - now[0].activations == pytest.approx((m - 2) * b)
+    assert then[1].activations - now[1].activations == pytest.approx(m * logits)
+    assert [s.buffers for s in now] == [s.buffers for s in then]
 
 
 def test_under_zb_v_each_gpu_runs_two_torch_pipeline_stages_each_with_its_outputs_and_receive_buffers():
@@ -303,10 +321,12 @@ def test_torch_pipeline_buffers_of_many_plans_at_once_are_each_plans_own():
     logits = np.array([0.0, 0.0, 7.0, 0.0])
     m, flight = np.array([8.0, 8.0, 4.0, 2.0]), np.array([8.0, 3.0, 1.0, 2.0])
     first, chunks = np.array([1.0, 0.0, 0.0, 0.0]), np.array([1.0, 1.0, 1.0, 2.0])
-    kept, received = torch_pipeline_buffers(boundary, logits, m, flight, first, chunks)
+    keeps = np.array([True, False, False, True])
+    kept, received = torch_pipeline_buffers(boundary, logits, m, flight, first, chunks, keeps)
     for i in range(len(boundary)):
         assert (kept[i], received[i]) == torch_pipeline_buffers(boundary[i], logits[i], m[i], flight[i], first[i],
-                                                                chunks[i])
+                                                                chunks[i], keeps[i])
+    kept, received = torch_pipeline_buffers(boundary, logits, m, flight, first, chunks)
     assert (kept[1], received[1]) == (8 * 2 + 5 * 2, 8 * 2 + 5 * 2)  # a middle stage, 5 micro-batches back through it
 
 

@@ -143,6 +143,8 @@ def draw_case(choose: Callable[[Sequence], object], long_runs: bool = False):
             extra["moe_flex_dispatcher_backend"] = choose(("deepep", "hybridep"))
     if axes["framework"] != "deepspeed" and choose((False, True)):  # the loss's kernels (drawn last, as above)
         extra["compile_loss" if axes["framework"] == "fsdp" else "cross_entropy_loss_fusion"] = choose((False, True))
+    if axes["framework"] == "fsdp" and choose((False, True)):  # torch pipelining's kept outputs (drawn last, as above)
+        extra["pipeline_keeps_outputs"] = choose((False, True))
     space = SearchSpace(**axes, extra=extra)
     return model, cluster, precision, gbs, space
 
@@ -250,6 +252,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
                 "cp_comm": q.cp_comm if q.cp > 1 else "cp1",
                 "loss": (q.framework.value, q.compile_loss if q.framework.value == "fsdp" else q.cross_entropy_loss_fusion),
                 "dispatcher": q.dispatcher if model.is_moe and q.ep > 1 else "no ep",
+                "pipeline outputs": q.pipeline_keeps_outputs if q.framework.value == "fsdp" and q.pp > 1 else "no torch pp",
                 **{key: space.extra.get(key) for key in ("moe_shared_expert_overlap", "expert_load_imbalance",
                                                          "overlap_moe_expert_parallel_comm") if model.is_moe},
             }
@@ -268,6 +271,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
         "loss": {(framework, fused) for framework in ("megatron", "fsdp") for fused in (None, False, True)}
         | {("deepspeed", None)},
         "dispatcher": {"no ep", "alltoall", "allgather", "deepep", "hybridep"},
+        "pipeline outputs": {"no torch pp", None, False, True},
         "moe_shared_expert_overlap": {None, False, True}, "overlap_moe_expert_parallel_comm": {None, False, True},
         "expert_load_imbalance": {None, 1.0, 1.25},
     }

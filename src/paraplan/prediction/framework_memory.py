@@ -8,9 +8,10 @@ search's screen calls the same functions on its tables):
 - The loss holds the logits in several precisions at once (``loss_logits_bytes``); under
   torchtitan's tensor parallelism PyTorch's ``loss_parallel`` holds more of them, and the LM
   head saves its all-gathered input (``inventory.layer.dtensor_gathered_inputs``).
-- PyTorch's pipeline stage (``torch.distributed.pipelining``, torchtitan's pipelines) keeps
-  every micro-batch's output until the next step, one receive buffer per micro-batch for the
-  activations and one for their gradients, and the gradients of the received activations
+- PyTorch's pipeline stage (``torch.distributed.pipelining``, torchtitan's pipelines) keeps,
+  where the plan says so (``pipeline_keeps_outputs``, the torch of 2024-25), every micro-batch's
+  output until the next step, one receive buffer per micro-batch for the activations and one
+  for their gradients, and the gradients of the received activations
   (``torch_pipeline_buffers``).
 - PyTorch's ring attention (torchtitan's context parallelism) all-gathers the K and V of the
   whole sequence and accumulates the gradients in fp32 in each attention backward pass
@@ -62,7 +63,7 @@ def ring_attention_bytes(plan: ParallelPlan, x: LocalShape) -> float:
     return elements * (2.0 * kv_copies * x.e + 3.0 * 4.0 + 2.0 * 2.0 * 4.0)
 
 
-def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first, chunks=1.0):
+def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first, chunks=1.0, keeps_outputs=True):
     """(activations, buffers): the bytes PyTorch's pipeline stage keeps on one GPU beyond its
     layers' saved tensors (``torch.distributed.pipelining``, the pipelining of torchtitan; read
     in torch 2.6.0 ``stage.py`` and ``schedules.py``), for ``microbatches`` micro-batches with
@@ -79,7 +80,13 @@ def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first,
       stage (activations). PyTorch issue #128910 (H-Huang, open): "We use extra memory in our
       schedules because we accumulate all the activations across a Schedule step"; still so
       in torch 2.13 (PR #194119, 2026: "A pipeline stage keeps every forward output alive
-      until the end of the step").
+      until the end of the step"). Where ``keeps_outputs`` is False (``ParallelPlan.
+      keeps_pipeline_outputs``, today's torchtitan: its trainer calls ``pp_schedule.step(...,
+      return_outputs=False)`` and torch's schedules ``forward_one_chunk(...,
+      save_forward_output=return_outputs)``) no output is kept for the step: only the
+      ``fwd_cache`` entries of the micro-batches in flight, popped by their backward pass,
+      hold a stage's output (``in_flight`` boundaries on every chunk but the last stage's;
+      the logits of the one in flight are the loss's, ``loss_logits_bytes``).
     - ``_prepare_forward_infra`` and ``_prepare_backward_infra`` allocate one receive buffer per
       micro-batch (``_make_tensor_from_meta`` for each chunk id), kept across steps: the
       activations' on every stage but the first and the gradients' on every stage but the last
@@ -97,7 +104,8 @@ def torch_pipeline_buffers(boundary, logits_out, microbatches, in_flight, first,
     stage), a later and usually lower peak."""
     last = np.where(np.asarray(logits_out) > 0, 1.0, 0.0)
     beyond = np.maximum(microbatches - in_flight, 0.0) * (chunks - first) * boundary
-    outputs = microbatches * ((chunks - last) * boundary + logits_out)
+    outputs = np.where(keeps_outputs, microbatches * ((chunks - last) * boundary + logits_out),
+                       np.minimum(in_flight, microbatches) * (chunks - last) * boundary)
     grad_receive = microbatches * (chunks - last) * boundary
     activations, buffers = outputs + beyond, grad_receive + beyond
     if np.ndim(activations) == 0:

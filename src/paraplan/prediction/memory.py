@@ -338,7 +338,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         chunks = float(plan.schedule.chunks(plan.vpp))  # interleaving's vpp, ZB-V's two
         kept, received = torch_pipeline_buffers(boundary_bytes(x), logits_output_bytes(st, x.e),
                                                 float(plan.num_microbatches), flight, 1.0 if st.index == 0 else 0.0,
-                                                chunks)
+                                                chunks, plan.keeps_pipeline_outputs)
         activations, buffers = activations + kept, buffers + received
     return StageMemory(
         stage=st.index,

@@ -124,7 +124,8 @@ SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "sche
                               "cp_comm_type",  # a layer's CP exchange: LayerCost per shard shape
                               "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",  # its EP exchange, alike
                               # the loss's copies of the logits: microbatch_bytes per shard shape
-                              "cross_entropy_loss_fusion", "compile_loss"})
+                              "cross_entropy_loss_fusion", "compile_loss",
+                              "pipeline_keeps_outputs"})  # torch pipelining's kept outputs, per plan in _combine
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
 # full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)
@@ -464,6 +465,7 @@ def screen_plans(
     ok = np.zeros(len(reps), dtype=bool)
     schedule = np.zeros(len(reps), dtype=np.int64)
     asynchronous = np.zeros(len(reps), dtype=bool)  # overlap_p2p_comm: a preset's, by schedule
+    keeps = np.zeros(len(reps), dtype=bool)  # keeps_pipeline_outputs (torch pipelining)
     overlap = fused = True
     lockstep = False  # DeepSpeed's TrainSchedule (a framework setting: the same for the whole space)
     offload_ok = offload_reason < 0
@@ -484,11 +486,12 @@ def screen_plans(
         ok[j] = True
         schedule[j] = SCHEDULES.index(job.parallel.schedule)
         asynchronous[j] = job.parallel.overlap_p2p_comm
+        keeps[j] = job.parallel.keeps_pipeline_outputs
         overlap = job.parallel.overlaps_grad_reduce  # the same for every plan of the space
         fused = job.parallel.fuses_gradient_accumulation
         lockstep = lockstep or job.parallel.runs_deepspeed_train_schedule
     valid = ok[vinv] & offload_ok
-    sched, sends_async = schedule[vinv], asynchronous[vinv]
+    sched, sends_async, keeps_outputs = schedule[vinv], asynchronous[vinv], keeps[vinv]
     # Distinct runs, the first valid one kept: sequence parallelism "both" repeats the tp = 1
     # plans, and with dp x cp = 1 ZeRO has nothing to shard (``runs_as_zero``).
     edp = tp * cp * plans["dp"] // np.maximum(ep * etp, 1) if model.is_moe else 1
@@ -499,7 +502,7 @@ def screen_plans(
     candidates = np.flatnonzero(valid)
     keep = np.sort(candidates[np.unique(rkey[candidates], return_index=True)[1]])
     plans = {k: v[keep] for k, v in plans.items()}
-    sp_on, sched, sends_async = sp_on[keep], sched[keep], sends_async[keep]
+    sp_on, sched, sends_async, keeps_outputs = sp_on[keep], sched[keep], sends_async[keep], keeps_outputs[keep]
     experts = tuple(c[keep] for c in experts)
     considered = len(keep) + sum(excluded.values())
     clock["validate"] = time.perf_counter()
@@ -566,7 +569,8 @@ def screen_plans(
 
     slowdown = cluster.gpu.efficiency.overlap_slowdown
     iteration, memory = _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown,
-                                 lockstep, sends_async, torch_pipelining=pipelines_on_torch(Framework(space.framework)))
+                                 lockstep, sends_async, torch_pipelining=pipelines_on_torch(Framework(space.framework)),
+                                 keeps_outputs=keeps_outputs)
     clock["combine"] = time.perf_counter()
     names = ("grid", "validate", "cost", "combine")
     timings = {k: clock[k] - clock[prev] for prev, k in zip(("start", *names), names, strict=False)}
@@ -574,10 +578,12 @@ def screen_plans(
 
 
 def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p2p_mask, slowdown, lockstep=False,
-             sends_async=None, torch_pipelining=False):
+             sends_async=None, torch_pipelining=False, keeps_outputs=True):
     """Per plan: iteration seconds and worst-stage memory, from the per-key tables
     (``sends_async``: the plans whose pipeline sends are asynchronous, overlap_p2p_comm;
-    ``torch_pipelining``: the pipelines run on ``torch.distributed.pipelining``, torchtitan's)."""
+    ``torch_pipelining``: the pipelines run on ``torch.distributed.pipelining``, torchtitan's;
+    ``keeps_outputs``: the plans whose pipeline stages keep every micro-batch's output,
+    ``ParallelPlan.keeps_pipeline_outputs``)."""
     rc, zero = plans["recompute"], plans["zero"]
     pp, vpp, gbs, mbs, dp = plans["pp"], plans["vpp"], plans["gbs"], plans["mbs"], plans["dp"]
     m = (gbs // (mbs * dp)).astype(np.float64)
@@ -631,7 +637,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + ends("pipe_once", c)
         if torch_pipelining:  # ``estimate_stage_memory``'s terms of torch.distributed.pipelining
             kept, received = torch_pipeline_buffers(shard("boundary"), ends("logits_out", c), m, flight,
-                                                    1.0 if c == FIRST else 0.0, chunks)
+                                                    1.0 if c == FIRST else 0.0, chunks, keeps_outputs)
             activations = activations + np.where(single, 0.0, kept)
             buffers = buffers + np.where(single, 0.0, received)
         mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),

@@ -140,6 +140,13 @@ class ParallelPlan(BaseModel):
     # training.compile from PR #1033, April 2025): Inductor's cross entropy keeps no fp32 copy
     # of the logits (``prediction.framework_memory.loss_logits_bytes``)
     compile_loss: Bool | None = None
+    # whether torch.distributed.pipelining keeps every micro-batch's stage output, the last
+    # stage's logits included, until the step ends (framework fsdp with pp > 1, torchtitan;
+    # ``prediction.framework_memory.torch_pipeline_buffers``): the torch of 2024-25 did
+    # (PyTorch issue #128910); newer torch keeps them only with ``step(return_outputs=True)``
+    # (``forward_one_chunk(..., save_forward_output=return_outputs)``) and today's torchtitan
+    # trainer calls ``step(..., return_outputs=False)``. None: the framework's default, False
+    pipeline_keeps_outputs: Bool | None = None
     deepspeed_train_schedule: Bool | None = None
     # gradients accumulated and reduced in fp32 (Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
@@ -256,6 +263,9 @@ class ParallelPlan(BaseModel):
         if self.compile_loss and self.framework is not Framework.FSDP:
             raise ValueError("parallel.compile_loss: torchtitan's compiled loss needs framework fsdp, not "
                              f"{self.framework.value!r} (Megatron's fused loss: cross_entropy_loss_fusion)")
+        if self.pipeline_keeps_outputs is not None and self.framework is not Framework.FSDP:
+            raise ValueError("parallel.pipeline_keeps_outputs: torch.distributed.pipelining's kept outputs need "
+                             f"framework fsdp, not {self.framework.value!r}")
         return self
 
     @property
@@ -451,6 +461,15 @@ class ParallelPlan(BaseModel):
         if self.gradient_accumulation_fusion is not None:
             return self.gradient_accumulation_fusion
         return self.framework is Framework.MEGATRON
+
+    @property
+    def keeps_pipeline_outputs(self) -> bool:
+        """Whether torch.distributed.pipelining keeps every micro-batch's stage output until
+        the step ends (``pipeline_keeps_outputs``; default False: today's torchtitan trainer
+        calls ``pp_schedule.step(..., return_outputs=False)``, and torch's schedules then run
+        ``forward_one_chunk(..., save_forward_output=return_outputs)``). Only torchtitan's
+        pipelines (framework fsdp, pp > 1) read it."""
+        return bool(self.pipeline_keeps_outputs)
 
     @property
     def runs_deepspeed_train_schedule(self) -> bool:
