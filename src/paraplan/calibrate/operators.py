@@ -22,7 +22,7 @@ from paraplan.catalog import load_gpu
 from paraplan.catalog.loader import catalog_key as _catalog_key
 from paraplan.costmodel import estimate_op_s
 from paraplan.inventory import Op, OpKind
-from paraplan.inventory.samples import SAMPLE_TAGS, op_for_sample
+from paraplan.inventory.samples import SAMPLE_TAGS, op_for_sample, sample_shape
 from paraplan.specs import ConfigError, GpuSpec, Phase
 
 __all__ = [
@@ -216,9 +216,7 @@ def operator_records(frame, gpu: GpuSpec, excluded: list[str] | None = None) -> 
     unknown: Counter[str] = Counter()
     for rec in ops.drop(other.index).to_dict("records"):
         tag = rec["variant"] or rec["name"]
-        shape = {c: int(rec[c]) for c in ("mp", "b", "h", "l", "dim") if not pd.isna(rec[c])}
-        if not pd.isna(rec["vp"]):
-            shape["Vp"] = int(rec["vp"])
+        shape = sample_shape(rec, pd.isna)
         try:
             op = op_for_sample(tag, shape, rec["dtype"])
         except ValueError:

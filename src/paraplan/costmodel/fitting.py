@@ -25,7 +25,7 @@ from paraplan.costmodel.features import (
     op_key,
 )
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim
-from paraplan.inventory.samples import op_for_sample
+from paraplan.inventory.samples import op_for_sample, sample_shape
 from paraplan.specs import ClusterSpec, GpuSpec, Phase, Precision
 
 # Which sampled implementation an inventory operator is fitted on when the samples hold
@@ -93,9 +93,7 @@ def _op_tasks(samples, progress: Callable[[int], None], hardware: Hardware) -> l
         cm = AnalyticalCostModel(cluster, Precision(dtype), sustained=False)  # samples are burst timings
         rows, base, names = [], [], None
         for record in group.itertuples(index=False):
-            row = {k: getattr(record, k) for k in ("mp", "b", "h", "l", "dim") if not _missing(getattr(record, k))}
-            if not _missing(record.vp):
-                row["Vp"] = record.vp
+            row = sample_shape(record._asdict(), _missing)
             op = op_for_sample(variant or name, row, Precision(dtype))  # its traffic in the timed precision
             way_phases = (Phase.FWD,) if phase == "fwd" else (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
             b = sum(cm.estimate_op_s(op, ph) for ph in way_phases)

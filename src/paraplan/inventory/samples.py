@@ -274,6 +274,17 @@ SAMPLE_TAGS: tuple[str, ...] = tuple(_BUILDERS)
 PRECISION_KEY = "precision"
 
 
+#: A samples-store record's shape columns (``paraplan.samples.schema``), each with the name
+#: :func:`op_for_sample` reads it under.
+SHAPE_COLUMNS: dict[str, str] = {"mp": "mp", "b": "b", "h": "h", "l": "l", "dim": "dim", "vp": "Vp"}
+
+
+def sample_shape(record: Mapping[str, Any], missing: Callable[[Any], bool]) -> dict[str, int]:
+    """:func:`op_for_sample`'s row for one samples-store record: its shape columns that are
+    set (``missing`` tells an unset one: the store's nulls), as integers."""
+    return {key: int(record[column]) for column, key in SHAPE_COLUMNS.items() if not missing(record[column])}
+
+
 def op_for_sample(tag: str, row: Mapping[str, float], precision: Precision = Precision.FP16) -> Op:
     """The inventory operator timed by one GPUModeling operator row.
 
