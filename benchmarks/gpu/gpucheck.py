@@ -190,25 +190,55 @@ def write_jobs(out: Path, device: str, quick: bool) -> None:
 
 # -- fp8 ------------------------------------------------------------------------------------------
 
-def _median_seconds(fn, device: str, repeats: int) -> float:
+def time_once(fn, device: str) -> float:
+    """Seconds of one call of ``fn``: CUDA events on a GPU, the wall clock on the CPU."""
     import torch
 
+    if device == "cpu":
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _median_seconds(fn, device: str, repeats: int) -> float:
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cpu":
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        else:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    return statistics.median(time_once(fn, device) for _ in range(repeats))
+
+
+def fp8_unavailable(device: str) -> str | None:
+    """Why FP8 GEMMs (float8_e4m3fn through torch._scaled_mm) do not run on ``device``, or None
+    when they do: the smallest call, tried."""
+    import torch
+
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    if fp8 is None or not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no float8_e4m3fn or _scaled_mm"
+    try:
+        a = torch.ones(16, 16, device=device).to(fp8)
+        one = torch.ones((), device=device)
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except Exception as exc:  # any failure: FP8 does not run here
+        return f"torch._scaled_mm does not run on {device}: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}"
+    return None
+
+
+def fp8_gemm(x, w):
+    """A call of x @ w.t() in FP8: e4m3 with per-tensor scales (the tensor-wise recipe) and a
+    bf16 output, through torch._scaled_mm."""
+    import torch
+
+    fp8 = torch.float8_e4m3fn
+    sx = (x.abs().max().float() / 448.0).clamp(min=1e-12)
+    sw = (w.abs().max().float() / 448.0).clamp(min=1e-12)
+    x8, w8 = (x.float() / sx).to(fp8), (w.float() / sw).to(fp8)
+    return lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
 
 
 def fp8_probe(device: str, quick: bool) -> dict:
@@ -222,17 +252,7 @@ def fp8_probe(device: str, quick: bool) -> dict:
     scale = 16 if quick or device == "cpu" else 1  # the dry run's shapes: 1/16 of each side
     tokens = LLAMA3_8B_TOKENS // scale // (4 if device == "cpu" else 1)
     record["tokens"] = tokens
-    fp8 = getattr(torch, "float8_e4m3fn", None)
-    reason = None
-    if fp8 is None or not hasattr(torch, "_scaled_mm"):
-        reason = f"torch {torch.__version__} has no float8_e4m3fn or _scaled_mm"
-    else:
-        try:  # the smallest call: works here or says why not
-            a = torch.ones(16, 16, device=device).to(fp8)
-            one = torch.ones((), device=device)
-            torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        except Exception as exc:  # any failure: FP8 does not run here
-            reason = f"torch._scaled_mm does not run on {device}: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}"
+    reason = fp8_unavailable(device)
     record["fp8"] = reason or "runs"
     repeats = 5 if quick else 20
     for name, n, k in LLAMA3_8B_GEMMS:
@@ -242,11 +262,7 @@ def fp8_probe(device: str, quick: bool) -> dict:
         row = {"gemm": name, "m": tokens, "n": n, "k": k, "flops": 2 * tokens * n * k}
         row["bf16_s"] = _median_seconds(lambda x=x, w=w: x @ w.t(), device, repeats)
         if reason is None:
-            sx, sw = x.abs().max().float() / 448.0, w.abs().max().float() / 448.0
-            x8, w8 = (x.float() / sx).to(fp8), (w.float() / sw).to(fp8)
-            row["fp8_s"] = _median_seconds(
-                lambda x8=x8, w8=w8, sx=sx, sw=sw: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw,
-                                                                    out_dtype=torch.bfloat16), device, repeats)
+            row["fp8_s"] = _median_seconds(fp8_gemm(x, w), device, repeats)
             row["fp8_speedup"] = round(row["bf16_s"] / row["fp8_s"], 3)
         row.update({f"{p}_tflops": float(f"{row['flops'] / row[f'{p}_s'] / 1e12:.3g}") for p in ("bf16", "fp8")
                     if f"{p}_s" in row})

@@ -31,6 +31,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from gpucheck import fp8_gemm, fp8_unavailable, time_once  # beside this file: the check's other half
+
 # (name, m tokens, n out, k in): one micro-batch of 2,048 tokens (GPT-3) / 8,192 (Llama-3-70B).
 # Forward GEMM [m x k] @ [k x n]; "wgrad" is the weight gradient [n x m] @ [m x k] of the same layer.
 GPT3_TP4 = [("gpt3-tp4 qkv", 2048, 3 * 12288 // 4, 12288), ("gpt3-tp4 proj", 2048, 12288, 12288 // 4),
@@ -66,41 +68,23 @@ def smi(device: str) -> dict | None:
     return {f: number(v) for f, v in zip(SMI_FIELDS, values, strict=True)}
 
 
-def _timer(device: str):
-    import torch
-
-    def time_one(fn) -> float:
-        if device == "cpu":
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    return time_one
-
-
 def burst_and_sustained(fn, device: str, *, idle_s: float, hold_s: float) -> dict:
     """Median seconds of ``fn`` in a burst after ``idle_s`` idle, and after holding it ``hold_s``."""
     import torch
 
-    time_one = _timer(device)
     if device != "cpu":
         torch.cuda.synchronize()
     time.sleep(idle_s)
     for _ in range(5):
         fn()
-    burst = statistics.median(time_one(fn) for _ in range(20))
+    burst = statistics.median(time_once(fn, device) for _ in range(20))
     t_end = time.perf_counter() + hold_s
     while time.perf_counter() < t_end:  # enqueue in batches so the GPU never waits on Python
         for _ in range(10):
             fn()
         if device != "cpu":
             torch.cuda.synchronize()
-    held = statistics.median(time_one(fn) for _ in range(20))
+    held = statistics.median(time_once(fn, device) for _ in range(20))
     return {"burst_s": burst, "sustained_s": held, "smi_after_hold": smi(device)}
 
 
@@ -146,17 +130,7 @@ def probe(device: str, quick: bool, hold_s: float, shapes: str | None = None) ->
     import torch
 
     scale = 16 if quick or device == "cpu" else 1
-    fp8 = getattr(torch, "float8_e4m3fn", None)
-    fp8_reason = None
-    if fp8 is None or not hasattr(torch, "_scaled_mm"):
-        fp8_reason = f"torch {torch.__version__} has no float8_e4m3fn or _scaled_mm"
-    else:
-        try:
-            a = torch.ones(16, 16, device=device).to(fp8)
-            one = torch.ones((), device=device)
-            torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        except Exception as exc:  # FP8 does not run here: say why, time bf16 only
-            fp8_reason = f"torch._scaled_mm does not run on {device}: {(str(exc).splitlines() or ['?'])[0][:200]}"
+    fp8_reason = fp8_unavailable(device)
     record: dict = {
         "what": "GEMM seconds (median of 20, CUDA events) in a burst after 2 s idle and after holding the "
                 "kernel back to back; bf16 torch.matmul and fp8 e4m3 torch._scaled_mm (per-tensor scales, "
@@ -180,13 +154,7 @@ def probe(device: str, quick: bool, hold_s: float, shapes: str | None = None) ->
                 if precision == "bf16":
                     row.update(burst_and_sustained(lambda x=x, w=w: x @ w.t(), device, idle_s=idle_s, hold_s=hold_s))
                 elif fp8_reason is None:
-                    sx = (x.abs().max().float() / 448.0).clamp(min=1e-12)
-                    sw = (w.abs().max().float() / 448.0).clamp(min=1e-12)
-                    x8, w8 = (x.float() / sx).to(fp8), (w.float() / sw).to(fp8)
-                    row.update(burst_and_sustained(
-                        lambda x8=x8, w8=w8, sx=sx, sw=sw: torch._scaled_mm(
-                            x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16),
-                        device, idle_s=idle_s, hold_s=hold_s))
+                    row.update(burst_and_sustained(fp8_gemm(x, w), device, idle_s=idle_s, hold_s=hold_s))
                 else:
                     continue
                 row["burst_tflops"] = round(flops / row["burst_s"] / 1e12, 2)
