@@ -4,14 +4,16 @@ measured and sent."""
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import warnings
 
 import pytest
 
 from paraplan.traces.decode import decode_trace
 from paraplan.traces.summary import summarize
 from paraplan.traces.tinygpt import TinyConfig
-from paraplan.traces.tinyrun import load_timers, record_runs
+from paraplan.traces.tinyrun import TinyRunCrashed, load_timers, record_runs
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -24,9 +26,17 @@ MODES = ("ddp", "fsdp", "pipeline")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """The three modes in one pair of processes (they start and import torch once): ~20 s."""
+    """The three modes in one pair of processes (they start and import torch once): ~20 s.
+    A process that dies of a signal (gloo aborts natively when a socket fails under a loaded
+    machine: CI saw one SIGABRT in 2026-11) is recorded again once, said as a warning with
+    its mode and Python stack; a second death fails the tests."""
     root = tmp_path_factory.mktemp("runs")
-    record_runs({m: root / m for m in MODES}, nproc=2, active=ACTIVE, num_layers=LAYERS)
+    try:
+        record_runs({m: root / m for m in MODES}, nproc=2, active=ACTIVE, num_layers=LAYERS)
+    except TinyRunCrashed as crash:
+        warnings.warn(f"{crash}; recording again once. Its fault log:\n{crash.fault_log}", stacklevel=1)
+        shutil.rmtree(root)
+        record_runs({m: root / m for m in MODES}, nproc=2, active=ACTIVE, num_layers=LAYERS)
     return {m: root / m for m in MODES}
 
 

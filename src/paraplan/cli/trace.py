@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from paraplan.cli.common import EXIT_CODES, HELP_SETTINGS, err, out, user_errors, write_text
 from paraplan.specs import ConfigError
@@ -92,7 +93,7 @@ def record_command(
 ) -> None:
     """Train a tiny GPT on the CPU over a few processes and record a profiler trace per rank
     (needs torch: pip install 'paraplan[profile]')."""
-    from paraplan.traces.tinyrun import record_run
+    from paraplan.traces.tinyrun import TinyRunCrashed, record_run
 
     with user_errors():
         try:
@@ -100,7 +101,11 @@ def record_command(
         except ImportError:
             raise ConfigError("trace record: needs torch (pip install 'paraplan[profile]')") from None
         model = {"hidden_size": hidden, "num_attention_heads": heads, "seq_length": seq, "micro_batch_size": micro_batch}
-        done = record_run(mode, out_dir, nproc=nproc, active=active, num_layers=layers, force=force, profile=profile,
-                          model=model)
+        try:
+            done = record_run(mode, out_dir, nproc=nproc, active=active, num_layers=layers, force=force,
+                              profile=profile, model=model)
+        except TinyRunCrashed as crash:  # not bad input: one line, exit code 1
+            err.print(f"[bold red]error:[/] {escape(str(crash))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
     err.print(f"wrote {done}/rank*.json.gz and {done}/timers.json" if profile else f"wrote {done}/timers.json",
               highlight=False)

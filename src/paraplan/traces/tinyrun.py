@@ -7,14 +7,19 @@ of every profiled iteration on every rank as the training loop measured it: the 
 trace decoder is checked against. Modes: `ddp` (DistributedDataParallel), `fsdp` (fully_shard,
 FSDP2) and `pipeline` (a GPipe schedule over `nproc` stages, torch.distributed.pipelining).
 torch is imported inside the functions, as everywhere in paraplan.
+
+The processes meet through a file store in a fresh temporary folder (no TCP port to race for)
+and write Python's faulthandler output there: a process that dies of a signal (gloo aborts the
+process when a socket fails under it) raises `TinyRunCrashed` with the rank, the signal, the
+mode it was running and its Python stack, never a bare "process 1 terminated".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
+import shutil
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +28,20 @@ from paraplan.specs import ConfigError
 
 MODES = ("ddp", "fsdp", "pipeline")
 TIMERS_FILE = "timers.json"
+
+
+class TinyRunCrashed(RuntimeError):
+    """A worker process died of a signal: ``rank``, ``signal_name`` and what it had written
+    (the mode it was running, faulthandler's Python stack of every thread) in ``fault_log``."""
+
+    def __init__(self, rank: int, signal_name: str, fault_log: str):
+        self.rank, self.signal_name, self.fault_log = rank, signal_name, fault_log
+        lines = fault_log.splitlines()
+        modes = [line for line in lines if line.startswith("mode ")]
+        crashed = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), len(lines))
+        frame = next((line.strip() for line in lines[crashed:] if line.strip().startswith("File ")), "")
+        super().__init__(f"tiny run: process {rank} died of {signal_name} "
+                         f"({modes[-1] if modes else 'before any mode'}{'; at ' + frame if frame else ''})")
 
 
 def record_run(
@@ -61,8 +80,6 @@ def record_runs(
     processes start and import torch once."""
     import dataclasses
 
-    import torch.multiprocessing as mp
-
     from paraplan.traces.tinygpt import TinyConfig
 
     for mode in runs:
@@ -95,29 +112,48 @@ def record_runs(
           "profile": profile}, str(o))
         for m, o in zip(runs, outs, strict=True)
     ]
-    mp.spawn(_worker, args=(nproc, _free_port(), jobs, cfg), nprocs=nproc, join=True)
+    spawn(_worker, nproc, jobs, cfg)
     return outs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def spawn(worker, nproc: int, *args) -> None:
+    """Run ``worker(rank, nproc, meet, *args)`` in ``nproc`` fresh processes; ``meet`` is a
+    temporary folder for the file store and each rank's ``rank{r}.fault`` (faulthandler's
+    output). A process killed by a signal raises `TinyRunCrashed` with what it wrote there."""
+    import torch.multiprocessing as mp
+
+    meet = Path(tempfile.mkdtemp(prefix="paraplan-tinyrun-"))
+    try:
+        mp.spawn(worker, args=(nproc, str(meet), *args), nprocs=nproc, join=True)
+    except mp.ProcessExitedException as exc:
+        if exc.signal_name is None:
+            raise
+        log = meet / f"rank{exc.error_index}.fault"
+        raise TinyRunCrashed(exc.error_index, exc.signal_name,
+                             log.read_text(errors="replace") if log.exists() else "") from None
+    finally:
+        shutil.rmtree(meet, ignore_errors=True)
 
 
-def _worker(rank: int, world: int, port: int, jobs: list, cfg) -> None:
+def _worker(rank: int, world: int, meet: str, jobs: list, cfg) -> None:
+    import faulthandler
+
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        for settings, out in jobs:
-            _profile_one(rank, world, Path(out), settings, cfg)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    with open(Path(meet) / f"rank{rank}.fault", "w", buffering=1) as fault:
+        faulthandler.enable(fault, all_threads=True)
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{meet}/store", rank=rank, world_size=world)
+        try:
+            for settings, out in jobs:
+                fault.write(f"mode {settings['mode']}\n")
+                _profile_one(rank, world, Path(out), settings, cfg)
+                dist.barrier()
+            fault.write("mode (all done: destroying the process group)\n")
+        finally:
+            dist.destroy_process_group()
+            faulthandler.disable()
 
 
 def _profile_one(rank: int, world: int, out: Path, settings: dict, cfg) -> None:
