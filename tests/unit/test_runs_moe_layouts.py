@@ -85,3 +85,32 @@ def test_a_recompute_granularity_disagreeing_with_the_records_recompute_is_refus
     run["parallel"]["recompute_granularity"] = "selective"
     with pytest.raises(ConfigError, match=r"parallel\.recompute_granularity 'selective' disagrees with recompute 'full'"):
         measured_from_published(run)
+
+
+GB200_RUN = "megatron-docs-deepseek-v3-gb200-256gpu-mxfp8"
+
+
+def _run(run_id: str) -> dict:
+    return next(r for r in _runs() if r["id"] == run_id)
+
+
+def test_a_record_stating_the_gpus_its_placement_keeps_on_one_nvlink_domain_gives_the_cluster_that_domain():
+    from paraplan.validate.records import job_from_record
+
+    run = _run(GB200_RUN)
+    assert run["scale_up_domain"] == 32 and "Every 32 GB200 GPUs (8 nodes)" in run["notes"]
+    assert job_from_record(run).mapping["cluster"]["scale_up_domain"] == 32
+    unstated = {k: v for k, v in run.items() if k != "scale_up_domain"}
+    assert "scale_up_domain" not in job_from_record(unstated).mapping["cluster"]
+
+
+def test_deepseek_v3_on_gb200_runs_its_ep32_all_to_alls_on_nvlink_where_the_racks_72_would_straddle_two():
+    from paraplan.prediction import predict
+
+    run = _run(GB200_RUN)
+    unstated = {k: v for k, v in run.items() if k != "scale_up_domain"}
+    placed, rack = (predict(measured_from_published(r).job) for r in (run, unstated))
+    ep = [[c for c in p.layer_collectives if c.dim == "ep"] for p in (placed, rack)]
+    assert ep[0] and all(c.group_nodes == 1 for c in ep[0])
+    assert all(c.group_nodes > 1 for c in ep[1])  # 32 of a 72-GPU domain: some groups cross racks
+    assert placed.breakdown.ep_communication_s < 0.5 * rack.breakdown.ep_communication_s

@@ -202,6 +202,11 @@ def _cluster(run: dict[str, Any], gpu_name: str, assumed: list[str]) -> dict[str
     per_node = int(run["gpus_per_node"])
     nodes = int(run["num_gpus"]) // per_node
     cluster: dict[str, Any] = {"name": gpu.reference_node, "num_nodes": nodes, "gpus_per_node": per_node}
+    if run.get("scale_up_domain"):
+        # the GPUs the run's placement keeps in one NVLink domain (Megatron-LM's GB200 guide
+        # schedules every 32 GPUs on one rack, `sbatch --segment 8`): its groups of that size
+        # stay on NVLink, where the rack's own 72 would have them straddle two racks
+        cluster["scale_up_domain"] = int(run["scale_up_domain"])
     stated = _NODE_BANDWIDTH.search(str(run.get("interconnect") or ""))
     if stated and nodes > 1:
         raw = load_catalog_entry("clusters", gpu.reference_node)
