@@ -91,6 +91,33 @@ def test_one_gemm_per_expert_is_slower_than_a_grouped_gemm():
     assert predict(job(looped, nodes=1)).iteration_s > predict(job(grouped, nodes=1)).iteration_s
 
 
+def test_a_grouped_gemm_ramps_up_once_per_wave_of_transformer_engines_four_streams():
+    many = {**SMALL_MOE, "num_moe_experts": 16}  # 16 local experts at ep 1: 4 waves of 4
+    te = _ops(job(ModelSpec(**many), nodes=1), "expert_fc1")[0]
+    one_kernel = _ops(job(ModelSpec(**many, moe_grouped_gemm_streams=16), nodes=1), "expert_fc1")[0]
+    looped = _ops(job(ModelSpec(**many, moe_grouped_gemm=False), nodes=1), "expert_fc1")[0]
+    assert (te.launches, one_kernel.launches, looped.launches) == (4, 1, 16)
+    assert te.flops == one_kernel.flops == looped.flops
+
+
+def test_a_grouped_gemm_on_at_most_four_local_experts_is_one_wave_at_their_summed_size():
+    eight = _ops(job(ModelSpec(**SMALL_MOE), nodes=1, ep=2), "expert_fc1")[0]  # 4 local experts
+    assert eight.launches == 1
+
+
+def test_the_grouped_gemms_streams_order_the_prediction_between_one_kernel_and_a_loop():
+    many = {**SMALL_MOE, "num_moe_experts": 16}
+    seconds = [predict(job(ModelSpec(**many, **extra), nodes=1)).iteration_s
+               for extra in ({"moe_grouped_gemm_streams": 16}, {}, {"moe_grouped_gemm": False})]
+    assert seconds[0] < seconds[1] < seconds[2]
+
+
+def test_grouped_gemm_streams_on_a_dense_model_is_refused():
+    dense = {k: v for k, v in SMALL_MOE.items() if not k.startswith("moe_") and k != "num_moe_experts"}
+    with pytest.raises(ValidationError, match="moe_grouped_gemm_streams"):
+        ModelSpec(**dense, moe_grouped_gemm_streams=4)
+
+
 def test_deepseek_v3_stages_mix_dense_and_moe_layers_as_the_model_orders_them():
     j = job("deepseek-v3", nodes=128, pp=16, ep=64, global_batch_size=1024, recompute="full")
     stages = count_job(j).stages

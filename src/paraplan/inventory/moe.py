@@ -33,11 +33,22 @@ from paraplan.inventory.ops import Collective, CollectiveKind, ExpertRouting, Op
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ModelSpec, ParallelPlan, Phase
 
+# Transformer Engine's grouped GEMM (GroupedLinear, Megatron-Core's TEGroupedMLP behind
+# --moe-grouped-gemm): one cuBLAS GEMM per local expert, the i-th on compute stream i % 4
+# (transformer_engine/common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm,
+# `detail::get_compute_stream(i % num_streams)`; include/transformer_engine/gemm.h
+# `constexpr int num_streams = 4`). ModelSpec.moe_grouped_gemm_streams overrides it.
+TE_GROUPED_GEMM_STREAMS = 4
 
-def _expert_gemm(name: str, role: str, x: LocalShape, k: int, n: int, *, grouped: bool) -> Op:
+
+def _expert_gemm(name: str, role: str, x: LocalShape, k: int, n: int, *, grouped: bool,
+                 streams: int = TE_GROUPED_GEMM_STREAMS) -> Op:
     """The local experts' GEMM of ``routed`` rows in all: each expert's weight [k, n] is read
-    once, the rows of all experts together make the FLOPs. A grouped GEMM issues it as one
-    kernel (cuBLAS/CUTLASS grouped GEMM); without it each expert's GEMM is a kernel of its own."""
+    once, the rows of all experts together make the FLOPs. A grouped GEMM runs the experts'
+    GEMMs ``streams`` at a time side by side (Transformer Engine's multi-stream cuBLAS: 4), each
+    such wave filling the GPU as one GEMM of their summed rows: ceil(experts / streams) kernels
+    ramp up (a single-kernel grouped GEMM, CUTLASS's, is ``streams`` >= the local experts);
+    without it each expert's GEMM is a kernel of its own, one after another."""
     e, m, experts = x.e, x.routed, x.experts
     one = gemm(name, role, m, k, n, e, bias=False, saved=e * m * k, fp8=x.fp8_linears)
     operand = 1 if x.fp8_linears else e
@@ -49,7 +60,7 @@ def _expert_gemm(name: str, role: str, x: LocalShape, k: int, n: int, *, grouped
         bwd_weight_bytes=operand * (m * k + m * n) + e * weights,
         params=weights,
         expert=True,
-        launches=1 if grouped else max(1, experts),
+        launches=-(-max(1, experts) // max(1, streams)) if grouped else max(1, experts),
         dims=(*one.dims, ("experts", experts)),
     )
 
@@ -98,7 +109,8 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
     ]
 
 
-def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, grouped: bool) -> list[Op]:
+def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, grouped: bool,
+                      streams: int = TE_GROUPED_GEMM_STREAMS) -> list[Op]:
     """What one rank runs for its local routed experts (``x.experts`` of width ``ffn`` on this
     rank, ``x.routed`` token copies): the permutation of the copies by expert, the up projection
     (gate and up, ``gated``), the ``activation`` kernel, the down projection, and the
@@ -111,11 +123,12 @@ def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, 
         _copy("moe_permute", "permute token copies by expert (gradient: unpermute)", routed_h, e,
               fwd_passes=1.0, bwd_passes=1.0),
         _expert_gemm("expert_fc1", "experts' up projection (grouped GEMM)" if grouped
-                     else "experts' up projection (one GEMM per expert)", x, x.h, up, grouped=grouped),
+                     else "experts' up projection (one GEMM per expert)", x, x.h, up, grouped=grouped,
+                     streams=streams),
         elementwise(activation, OpKind.ELEMENTWISE, "experts' activation", x.routed * ffn, e,
                     reads=2.0 if gated else 1.0, flops_per_element=8.0, saved=e * x.routed * up,
                     dims=(("tokens", x.routed), ("ffn", ffn))),
-        _expert_gemm("expert_fc2", "experts' down projection", x, ffn, x.h, grouped=grouped),
+        _expert_gemm("expert_fc2", "experts' down projection", x, ffn, x.h, grouped=grouped, streams=streams),
         # the unpermutation scales each copy by its router probability and sums a token's copies;
         # the probabilities' gradient needs the experts' outputs, which it keeps
         dataclasses.replace(
@@ -132,7 +145,8 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     hidden_norm = x.b * x.s_norm * x.h
     ops: list[Op] = [norm(model, x, "pre-MLP norm"), *_router(model, x)]
     ops += routed_expert_ops(x, x.moe_ffn, gated=swiglu, activation="swiglu" if swiglu else "gelu",
-                             grouped=bool(model.moe_grouped_gemm))
+                             grouped=bool(model.moe_grouped_gemm),
+                             streams=model.moe_grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS)
     ops += _shared_experts(model, x)
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0))
     return tuple(ops)

@@ -102,7 +102,7 @@ def expert_widths(layer: TracedLayer) -> tuple[int, int, int, bool]:
 def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str) -> tuple[Op, ...]:
     """The traced experts on one rank: ``moe.routed_expert_ops`` at the traced widths, E/ep of
     them, 1/etp of each one's width (``x``)."""
-    from paraplan.inventory.moe import routed_expert_ops
+    from paraplan.inventory.moe import TE_GROUPED_GEMM_STREAMS, routed_expert_ops
 
     e, top_k, inter, gated = expert_widths(layer)
     if e != model.num_moe_experts or top_k != model.moe_router_topk:
@@ -111,7 +111,9 @@ def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str
                           f"give num_moe_experts: {e} and moe_router_topk: {top_k} in the job's model")
     etp = max(1, (model.moe_ffn_hidden_size or inter) // max(1, x.moe_ffn))
     name = ("swiglu" if act.lower() in _GATED_SILU else "geglu") if gated else "gelu"
-    ops = tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name, grouped=bool(model.moe_grouped_gemm)))
+    # the grouped GEMM as the job's framework runs it (the trace gives the shapes, not the kernel)
+    ops = tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name, grouped=bool(model.moe_grouped_gemm),
+                                 streams=model.moe_grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS))
     # the experts' biases (gpt-oss: each expert's up and down projections), held by the up projection
     module = next(o.module for o in layer.ops if o.aten == "grouped_mm" and o.phase == "fwd")
     traced = sum(n for m, n in layer.param_breakdown if m == module or m.startswith(module + "."))

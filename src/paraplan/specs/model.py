@@ -98,6 +98,11 @@ class ModelSpec(BaseModel):
     # one grouped GEMM for a rank's experts (--moe-grouped-gemm, on in every Megatron MoE
     # recipe); off: one GEMM per local expert in a loop (SequentialMLP)
     moe_grouped_gemm: Bool | None = None
+    # the CUDA streams the grouped GEMM runs its per-expert GEMMs on side by side: Transformer
+    # Engine's GroupedLinear (TEGroupedMLP) puts the i-th on stream i % 4 (inventory.moe
+    # TE_GROUPED_GEMM_STREAMS, the default); a single-kernel grouped GEMM (CUTLASS) is at least
+    # the local experts (their summed rows as one GEMM, paraplan's costing before this field)
+    moe_grouped_gemm_streams: Int | None = Field(default=None, ge=1)
     # group-limited routing (Megatron-Core --moe-router-num-groups / --moe-router-group-topk; HF
     # DeepSeek-V2/V3 n_group / topk_group): the experts split into equal groups, each token picks
     # its top group_topk groups and its top-k experts among them. With one group per node
@@ -201,7 +206,7 @@ class ModelSpec(BaseModel):
         moe = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                "moe_layer_freq", "moe_first_k_dense", "moe_router_score_function",
                "moe_expert_capacity_factor", "moe_aux_loss_coeff", "moe_grouped_gemm",
-               "moe_router_num_groups", "moe_router_group_topk")
+               "moe_grouped_gemm_streams", "moe_router_num_groups", "moe_router_group_topk")
         if self.num_moe_experts is None:
             for name in moe:
                 if getattr(self, name) is not None:
