@@ -114,3 +114,17 @@ def test_deepseek_v3_on_gb200_runs_its_ep32_all_to_alls_on_nvlink_where_the_rack
     assert ep[0] and all(c.group_nodes == 1 for c in ep[0])
     assert all(c.group_nodes > 1 for c in ep[1])  # 32 of a 72-GPU domain: some groups cross racks
     assert placed.breakdown.ep_communication_s < 0.5 * rack.breakdown.ep_communication_s
+
+
+def test_a_record_stating_its_reference_nodes_own_fabric_keeps_that_nodes_measured_network():
+    """3200 Gb/s per 8-GPU node is DGX H100's 8 x 400 Gb/s NDR: the nccl-tests efficiency
+    measured on it (0.94) stays; a fabric of another speed was never measured (generic)."""
+    from paraplan.catalog import load_cluster
+    from paraplan.validate.records import job_from_record
+
+    run = next(r for r in _runs() if r["id"] == "megatron-moezoo-qwen3-235b-h100-256gpu-ep32-deepep")
+    assert "3200 Gbps inter-node" in run["interconnect"]
+    assert "inter_node" not in job_from_record(run).mapping["cluster"]
+    slower = {**run, "interconnect": "800 Gbps inter-node"}
+    assert job_from_record(slower).mapping["cluster"]["inter_node"] == {"latency": "10 us", "bandwidth": "12.5 GB/s"}
+    assert load_cluster("dgx-h100").inter_node.efficiency == 0.94

@@ -10,6 +10,7 @@ configuration is read: the measured figures never shape the job.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from paraplan.catalog import load_catalog_entry, load_gpu
 from paraplan.catalog.presets import Preset, apply_model_defaults, apply_preset, preset_for_words
 from paraplan.specs import ConfigError
 from paraplan.specs.pipeline_layout import SPLIT_FIELDS
+from paraplan.units import parse_bandwidth
 
 # A record's framework words name a framework preset (``catalog/frameworks/*.yaml``: each
 # file's ``keywords``, tried in its ``priority`` order); the preset says what that framework
@@ -208,13 +210,15 @@ def _cluster(run: dict[str, Any], gpu_name: str, assumed: list[str]) -> dict[str
         # stay on NVLink, where the rack's own 72 would have them straddle two racks
         cluster["scale_up_domain"] = int(run["scale_up_domain"])
     stated = _NODE_BANDWIDTH.search(str(run.get("interconnect") or ""))
-    if stated and nodes > 1:
-        raw = load_catalog_entry("clusters", gpu.reference_node)
-        node_gbit = float(stated.group(1))
-        # the stated fabric was not measured: the reference node's latency, a generic efficiency
+    raw = load_catalog_entry("clusters", gpu.reference_node) if stated and nodes > 1 else {}
+    per_gpu = float(stated.group(1)) / 8 / per_node * 1e9 if raw else 0.0  # bytes/s
+    if raw and math.isclose(per_gpu, parse_bandwidth(raw["inter_node"]["bandwidth"]), rel_tol=1e-6):
+        pass  # the reference node's own fabric (e.g. 8 x 400 Gb/s NDR on DGX H100): its measured network
+    elif raw:
+        # another fabric, never measured: the reference node's latency, a generic efficiency
         cluster["inter_node"] = {
             "latency": raw["inter_node"].get("latency", "10 us"),
-            "bandwidth": f"{node_gbit / 8 / per_node:g} GB/s",
+            "bandwidth": f"{per_gpu / 1e9:g} GB/s",
         }
     elif nodes > 1:
         assumed.append(f"network of the {gpu.reference_node} reference node (the record states none)")
