@@ -72,6 +72,25 @@ def _ideal_tp_overlap(mapping: Mapping) -> Mapping:
     return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).pop("tp_overlap", None))
 
 
+def _attention_burst(mapping: Mapping) -> Mapping:
+    """Before issue 27: fused attention at the burst rate of its curve, not held at the power
+    limit (``efficiency.sustained.attention_fraction`` removed)."""
+    def edit(raw: dict) -> None:
+        sustained = raw.get("efficiency", {}).get("sustained")
+        if sustained is not None:
+            sustained.pop("attention_fraction", None)
+    return _inline_gpu(mapping, edit)
+
+
+def _attention_flops_curve(mapping: Mapping) -> Mapping:
+    """Before issue 27: every attention kernel on its FLOP curve, never by its tiles (each
+    ``attention_kernels.*.tiles`` removed)."""
+    def edit(raw: dict) -> None:
+        for curve in raw.get("efficiency", {}).get("attention_kernels", {}).values():
+            curve.pop("tiles", None)
+    return _inline_gpu(mapping, edit)
+
+
 # H100's FP8 GEMM curve before issue 27: the BF16 curve x 1.91 / 2 (FBGEMM at 500 W, TE on the H200 NVL)
 FP8_RATIO_191 = {"max_fraction": 0.7656, "half_work": 9.34e9}
 
@@ -215,6 +234,9 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),
     "attention kernel of the framework preset (the GPU's one attention curve instead)": (
         _parallel(attention_kernel=None), contextlib.nullcontext),
+    "attention held at the power limit (H100; burst rate instead)": (_attention_burst, contextlib.nullcontext),
+    "cuDNN attention priced by its tiles (H100; its FLOP curve instead)": (_attention_flops_curve,
+                                                                          contextlib.nullcontext),
 }
 
 

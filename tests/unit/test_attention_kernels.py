@@ -71,9 +71,12 @@ def test_sdpa_is_timed_on_flashattention_2_s_curve():
 def test_each_kernel_times_attention_on_its_own_curve():
     times = {k: _attention_s(resolve_job(_job(k))) for k in ("fa2", "cudnn", "fa3", "triton")}
     assert times["fa2"] == _attention_s(resolve_job(_job()))
-    # the FA3 paper's ordering at seq 4096, head dim 128: FA2 slowest, cuDNN and FA3 ~1.6x faster
+    # the FA3 paper's ordering at seq 4096, head dim 128: FA2 slowest, cuDNN and FA3 faster
     assert times["cudnn"] < times["triton"] < times["fa2"] and times["fa3"] < times["triton"]
-    assert 1.3 < times["fa2"] / times["cudnn"] < 2.0
+    # cuDNN is priced by its tiles as H100 measured it: 8 heads of one sequence are 256 tiles
+    # for 132 SMs, where it keeps less of the paper's 1.6x lead (16k tokens: 2,048 tiles); the
+    # other kernels' curves have no measurement with few tiles
+    assert 1.05 < times["fa2"] / times["cudnn"] < 2.0
 
 
 def test_a_preset_sets_its_kernel_with_a_source_and_an_explicit_one_wins():

@@ -6,7 +6,9 @@ memory time  = (bytes + half_work) / (HBM bandwidth * max_fraction)
 (see ``EfficiencyCurve``: achieved rate rises with the size of the work and saturates).
 The cost model divides a GEMM's compute time by its sustained-clock factor
 (``sustained_gemm_factor``): the curves were calibrated on short bursts, a training step runs
-at the clock the board holds at its power limit.
+at the clock the board holds at its power limit; fused attention by its own held factor
+(``sustained_attention_factor``) where the GPU has one. An attention kernel whose catalog curve
+has ``tiles`` is priced by its tiles (``attention_tile_s``), not by its FLOP curve.
 """
 
 from __future__ import annotations
@@ -68,6 +70,38 @@ def sustained_gemm_factor(cluster: ClusterSpec, precision: Precision = Precision
     return factor
 
 
+def sustained_attention_factor(cluster: ClusterSpec) -> float:
+    """The share of its burst rate fused attention holds under sustained load on ``cluster``'s
+    GPUs: the GPU's measured ``sustained.attention_fraction`` (times the power cap's scaling, as
+    for GEMMs); 1 where unmeasured (attention at the burst rate of its curve, as before)."""
+    sustained = cluster.gpu.efficiency.sustained
+    if sustained is None or sustained.attention_fraction is None:
+        return 1.0
+    factor = sustained.attention_fraction
+    cap, tdp = cluster.power_cap_w, cluster.gpu.tdp_w
+    if cap is not None and tdp is not None and cap < tdp:
+        factor *= (cap / tdp) ** sustained.cap_exponent
+    return factor
+
+
+def attention_tile_s(op: Op, phase: Phase, flops: float, peak: float, curve: EfficiencyCurve) -> float | None:
+    """Compute seconds of a fused attention ``op`` priced by its tiles (``AttentionTiles``), or
+    None when ``curve`` has no tile data or the op carries no head shape. Tiles: ``b h ceil(l /
+    rows)``; the longest one spans all ``l_kv`` keys (causal: the last query tile), or twice the
+    executed share of them for a band narrower than causal (a sliding window)."""
+    tiles = getattr(curve, "tiles", None)
+    dims = dict(op.dims)
+    if tiles is None or flops <= 0.0 or not {"b", "h", "l"} <= dims.keys():
+        return None
+    b, h, length = dims["b"], dims["h"], dims["l"]
+    rate = tiles.fwd if phase in (Phase.FWD, Phase.RECOMPUTE) else tiles.bwd
+    count = b * h * -(-length // tiles.rows)
+    executed = op.exec_fraction
+    longest = flops / (b * h * length * executed) * min(tiles.rows, length) * min(1.0, 2.0 * executed)
+    work = flops + count * rate.tile_work + tiles.sms * (rate.tile_work + longest)
+    return op.launches * work / (peak * rate.max_fraction)
+
+
 def _seconds(work: float, rate: float, curve: EfficiencyCurve, launches: int = 1) -> float:
     """``work`` issued as ``launches`` kernels of equal size (each ramps up on its own)."""
     if work <= 0.0:
@@ -123,6 +157,8 @@ def estimate_op_s(
     n = op.launches
     memory_s = _seconds(traffic, gpu.hbm_bandwidth_bytes_per_s, memory, n)
     compute_s = 0.0 if compute is None else _seconds(flops, peak_flops, compute, n)
+    if op.kind == OpKind.ATTENTION and compute is not None:
+        compute_s = attention_tile_s(op, phase, flops / n, peak_flops, compute) or compute_s
     return (compute_s if compute_s > memory_s else memory_s) + n * eff.kernel_overhead_s
 
 
@@ -158,6 +194,7 @@ class AnalyticalCostModel:
         self.peak_flops = cluster.gpu.flops_for(self._base)
         self._curves = _curve_cache(self.gpu.efficiency)
         self._gemm_factors = {p: sustained_gemm_factor(cluster, p) if sustained else 1.0 for p in Precision}
+        self._attention_factor = sustained_attention_factor(cluster) if sustained else 1.0
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
         """Same as the module's ``estimate_op_s``, with each operator's curves looked up once."""
@@ -175,6 +212,9 @@ class AnalyticalCostModel:
         n = op.launches
         memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory, n)
         compute_s = 0.0 if compute is None else _seconds(flops, self._peaks[precision], compute, n)
+        if op.kind == OpKind.ATTENTION and compute is not None:
+            compute_s = attention_tile_s(op, phase, flops / n, self._peaks[precision], compute) or compute_s
+            compute_s /= self._attention_factor
         factor = self._gemm_factors[precision]
         if factor != 1.0 and COMPUTE_KINDS.get(op.kind) == "gemm":
             compute_s /= factor  # only the compute-bound side: memory time is unchanged

@@ -45,12 +45,41 @@ class EfficiencyCurve(BaseModel):
     held_out_median_err: float | None = Field(default=None, ge=0.0)  # 0.05: 5 %; may pass 1
 
 
+class TileRate(BaseModel):
+    """One direction of a tiled attention kernel: the share of the peak its inner loop reaches
+    and the fixed work of one tile (loading its queries, writing its output), in FLOPs."""
+
+    model_config = _FROZEN
+    max_fraction: Fraction
+    tile_work: Float = Field(ge=0.0)
+
+
+class AttentionTiles(BaseModel):
+    """Attention priced by its tiles (``roofline.attention_tile_s``): a launch of ``b h ceil(s /
+    rows)`` query tiles (key tiles backward) on ``sms`` SMs takes the list-scheduling bound
+    (every tile's work spread over the SMs, plus one longest tile: the tail no other SM can
+    share), time = (FLOPs + tiles * tile_work + sms * (tile_work + longest tile's FLOPs)) /
+    (peak * max_fraction), per direction. A FLOP curve cannot tell 1,024 short tiles from 256
+    long ones of the same FLOPs; measured, the long ones run 25 % slower (few tiles for the SMs)."""
+
+    model_config = _FROZEN
+    rows: int = Field(ge=1)
+    sms: int = Field(ge=1)
+    fwd: TileRate
+    bwd: TileRate
+    fitted: int | None = Field(default=None, ge=1)
+    median_err: float | None = Field(default=None, ge=0.0)  # fit's median |predicted / measured - 1|
+    source: str
+
+
 class KernelCurve(EfficiencyCurve):
     """One attention kernel's curve on one GPU, fitted with ``paraplan calibrate attention`` to
     operator-level points (``source`` names them): how many points were fitted and held out, and
-    the held-out median |error| of the kernels' time."""
+    the held-out median |error| of the kernels' time. ``tiles``, where measured, prices the
+    kernel by its tiles instead of the curve (the curve stays for ops without shapes)."""
 
     source: str
+    tiles: AttentionTiles | None = None
 
 
 class PrecisionCurves(BaseModel):
@@ -90,6 +119,10 @@ class SustainedClock(BaseModel):
     # make it fall faster); ``cap_source`` None means no measured cap sweep backs it
     cap_exponent: float = Field(default=1.0 / 3.0, gt=0.0, le=2.0)
     cap_source: str | None = None
+    # fused attention held at the power limit over its burst rate, where measured (its own
+    # source); None: attention at the burst rate of its curve
+    attention_fraction: Fraction | None = None
+    attention_source: str | None = None
 
 
 class TpOverlap(BaseModel):
