@@ -26,8 +26,16 @@ def test_a_gpu_with_generic_curves_is_marked_uncalibrated_for_each_kernel_kind()
     assert any("memory-bound" in n for n in notes)
 
 
-def test_the_a100_measured_on_gpumodeling_samples_has_no_marks():
-    assert paraplan.predict(job("A100-SXM4-80GB")).uncalibrated == ()
+def test_the_a100_measured_on_gpumodeling_samples_is_marked_only_for_its_unmeasured_held_attention():
+    notes = paraplan.predict(job("A100-SXM4-80GB")).uncalibrated
+    assert notes == ("attention on A100-SXM4-80GB at the burst rate of its calibration data: no sustained-clock "
+                     "attention measurement (its GEMMs are held at the measured factor)",)
+
+
+def test_the_unmeasured_held_attention_leaves_the_a100_in_the_calibrated_interval_regime():
+    from paraplan.uncertainty.regimes import regime_of
+
+    assert regime_of(paraplan.predict(job("A100-SXM4-80GB"))).gpu == "calibrated"
 
 
 def test_an_a100_fp32_job_is_marked_because_only_16_bit_kernels_were_measured():

@@ -90,15 +90,22 @@ def attention_kernel_gaps(job: Job | HeteroJob) -> tuple[str, ...]:
 def power_gaps(cluster: ClusterSpec, precision: Precision = Precision.BF16) -> tuple[str, ...]:
     """What the sustained-clock GEMM effect (``roofline.sustained_gemm_factor``) takes without
     a measurement: no sustained/burst ratio for the GPU (its GEMMs keep the calibration data's
-    burst rate), a ratio measured on another GPU, FP8 (FP4) GEMMs held at the 16-bit ratio where
+    burst rate), no held attention ratio (``roofline.sustained_attention_factor``: attention at
+    burst), a ratio measured on another GPU, FP8 (FP4) GEMMs held at the 16-bit ratio where
     no FP8 one is measured, a power cap below the TDP scaled by the unmeasured dynamic-power
     rule, or a cap on a GPU with no TDP in the catalog (ignored)."""
     gpu, notes = cluster.gpu, []
     sustained = gpu.efficiency.sustained
     if sustained is None:
         notes.append(
-            f"{gpu.name}: no sustained-clock GEMM measurement; GEMMs at the burst rate of its "
-            "calibration data (a training step's power-limited clock may be slower)"
+            f"{gpu.name}: no sustained-clock GEMM measurement; GEMMs and attention at the burst rate of "
+            "its calibration data (a training step's power-limited clock may be slower)"
+        )
+    elif sustained.attention_fraction is None:
+        # not a gap of the GPU's curves (the interval regime reads notes naming the GPU first)
+        notes.append(
+            f"attention on {gpu.name} at the burst rate of its calibration data: no sustained-clock "
+            "attention measurement (its GEMMs are held at the measured factor)"
         )
     elif sustained.transferred_from is not None:
         notes.append(
