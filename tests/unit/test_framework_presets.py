@@ -215,8 +215,9 @@ def test_a_job_file_naming_fms_fsdp_with_pipeline_parallelism_exits_2_with_one_l
 
 def test_fms_fsdp_runs_data_parallelism_only_with_its_code_cited():
     preset = find_preset("fms-fsdp-2024.03")
-    assert {axis: values for axis, (values, _) in preset.runs.items()} == {"tp": (1,), "pp": (1,), "cp": (1,), "ep": (1,)}
-    assert all("fms-fsdp main_training.py" in source for _, source in preset.runs.values())
+    degrees = {axis: preset.runs[axis] for axis in ("tp", "pp", "cp", "ep")}
+    assert {axis: values for axis, (values, _) in degrees.items()} == {"tp": (1,), "pp": (1,), "cp": (1,), "ep": (1,)}
+    assert all("fms-fsdp main_training.py" in source for _, source in degrees.values())
 
 
 def test_a_preset_file_whose_runs_names_no_source_or_an_unknown_axis_is_refused():
@@ -227,3 +228,28 @@ def test_a_preset_file_whose_runs_names_no_source_or_an_unknown_axis_is_refused(
                  {"tp": {"values": [0], "source": "somewhere in its code"}}, {"tp": 1}):
         with pytest.raises(ConfigError, match="runs"):
             _preset({**base, "runs": runs}, "x.yaml")
+
+
+def test_a_job_naming_fms_fsdp_with_per_op_recompute_is_refused_since_it_checkpoints_whole_blocks_only():
+    assert resolve_job(_fms_job(recompute="layer", recompute_every=2)).parallel.recompute.value == "layer"
+    assert resolve_job(_fms_job(recompute="full")).parallel.recompute.value == "full"
+    with pytest.raises(ConfigError) as err:
+        resolve_job(_fms_job(recompute="op"))
+    assert str(err.value) == ("parallel.recompute: fms-fsdp-2024.03 (IBM fms-fsdp (PyTorch FSDP1), 2024-03) runs "
+                              "recompute none or full or layer only, not 'op'")
+
+
+def test_fms_fsdp_s_recompute_policies_cite_its_block_level_checkpointing_code():
+    values, source = find_preset("fms-fsdp-2024.03").runs["recompute"]
+    assert values == ("none", "full", "layer")
+    assert "ac_handler.py" in source and "selective_checkpointing" in source
+
+
+def test_a_preset_file_whose_runs_offers_a_recompute_policy_its_engine_lacks_is_refused():
+    from paraplan.catalog.presets import _preset
+
+    base = {"name": "x", "version": "1", "label": "x"}
+    for engine, values in (("megatron", ["layer"]), ("fsdp", ["selective"]), ("fsdp", [])):
+        with pytest.raises(ConfigError, match=r"runs\.recompute"):
+            _preset({**base, "engine": engine, "runs": {"recompute": {"values": values, "source": "its code, cited"}}},
+                    "x.yaml")
