@@ -253,3 +253,32 @@ def test_a_preset_file_whose_runs_offers_a_recompute_policy_its_engine_lacks_is_
         with pytest.raises(ConfigError, match=r"runs\.recompute"):
             _preset({**base, "engine": engine, "runs": {"recompute": {"values": values, "source": "its code, cited"}}},
                     "x.yaml")
+
+
+def _composer_job(**plan):
+    return {"model": "llama-2-7b", "cluster": {"name": "dgx-a100", "num_nodes": 2}, "precision": "bf16",
+            "parallel": {"framework": "composer-0.17", "micro_batch_size": 2, "global_batch_size": 64, **plan}}
+
+
+def test_composer_0_17_s_defaults_are_its_set_fsdp_default_read_at_v0_17_0():
+    preset = find_preset("composer-0.17")
+    assert {d.field: d.value for d in preset.defaults} == {"zero_stage": 3, "fsdp_version": 1,
+                                                            "grad_reduce_in_fp32": True, "recompute": "none"}
+    assert all("v0.17.0" in d.source for d in preset.defaults)
+    job = resolve_job(_composer_job())
+    assert (job.parallel.zero_stage, job.parallel.fsdp_version, job.parallel.grad_reduce_in_fp32) == (3, 1, True)
+
+
+def test_composer_s_triton_attention_is_recorded_not_timed_on_the_triton_tutorial_kernel_s_curve():
+    job = resolve_job(_composer_job())
+    assert job.preset.recorded == {"attention_kernel": "triton"}
+    assert job.parallel.attention_kernel is None
+    assert "llm-foundry v0.4.0" in find_preset("composer-0.17").recorded["attention_kernel"][1]
+
+
+def test_a_job_naming_composer_with_every_nth_block_recompute_is_refused_naming_what_composer_offers():
+    assert resolve_job(_composer_job(recompute="full")).parallel.recompute.value == "full"
+    for policy in ("layer", "op"):
+        with pytest.raises(ConfigError, match=rf"^parallel\.recompute: composer-0\.17 .* runs recompute none or full "
+                                              rf"only, not '{policy}'$"):
+            resolve_job(_composer_job(recompute=policy))

@@ -287,3 +287,9 @@ def test_a_fms_fsdp_search_asked_for_per_op_recompute_only_exits_2_with_one_line
     assert code == 2
     assert err.strip() == ("error: recompute: fms-fsdp-2024.03 (IBM fms-fsdp (PyTorch FSDP1), 2024-03) runs "
                            "recompute none or full or layer only, not 'op'")
+
+
+def test_a_composer_search_tries_whole_block_recompute_and_none_never_a_per_op_policy():
+    assert [r.value for r in SearchSpace.full(framework="composer-0.17").recompute] == ["none", "full"]
+    with pytest.raises(ConfigError, match="runs recompute none or full only, not 'op'"):
+        SearchSpace(framework="composer-0.17", recompute=("op",))
