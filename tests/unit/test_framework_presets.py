@@ -282,3 +282,15 @@ def test_a_job_naming_composer_with_every_nth_block_recompute_is_refused_naming_
         with pytest.raises(ConfigError, match=rf"^parallel\.recompute: composer-0\.17 .* runs recompute none or full "
                                               rf"only, not '{policy}'$"):
             resolve_job(_composer_job(recompute=policy))
+
+
+def test_pytorch_fsdp_2_4_is_fsdp1_reducing_in_the_parameters_bf16_as_its_constructor_and_mixed_precision_say():
+    preset = find_preset("pytorch-fsdp-2.4")
+    assert {d.field: d.value for d in preset.defaults} == {"zero_stage": 3, "grad_reduce_in_fp32": False,
+                                                            "fsdp_version": 1, "recompute": "none"}
+    assert all("v2.4.0" in d.source for d in preset.defaults)
+    job = resolve_job({"model": "llama-2-7b", "cluster": {"name": "dgx-a100", "num_nodes": 2}, "precision": "bf16",
+                       "parallel": {"framework": "pytorch-fsdp-2.4", "micro_batch_size": 2, "global_batch_size": 64}})
+    # the fsdp engine alone is torchtitan's FSDP2 with fp32 reduction
+    assert (job.parallel.fsdp_version, job.parallel.grad_reduce_in_fp32) == (1, False)
+    assert job.preset.taken["fsdp_version"] == 1
