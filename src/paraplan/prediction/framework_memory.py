@@ -210,7 +210,8 @@ def loss_logits_bytes(job: Job, st: StageInventory) -> float:
         extra = MEGATRON_FUSED_LOSS_EXTRA_BYTES
     else:
         extra = e if e < 4.0 else 0.0
-    return extra * elements
+    # torchtitan's ChunkedLossWrapper: one chunk's logits at a time (``inventory.ends.chunked_loss``)
+    return extra * elements / (job.parallel.loss_chunks or 1)
 
 
 def _by_architecture(sizes: dict[str, float], architecture: str | None) -> float:

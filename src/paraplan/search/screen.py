@@ -124,7 +124,7 @@ SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "sche
                               "cp_comm_type",  # a layer's CP exchange: LayerCost per shard shape
                               "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",  # its EP exchange, alike
                               # the loss's copies of the logits: microbatch_bytes per shard shape
-                              "cross_entropy_loss_fusion", "compile_loss",
+                              "cross_entropy_loss_fusion", "compile_loss", "loss_chunks",
                               "pipeline_keeps_outputs"})  # torch pipelining's kept outputs, per plan in _combine
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
