@@ -147,8 +147,9 @@ class ParallelPlan(BaseModel):
     # (``forward_one_chunk(..., save_forward_output=return_outputs)``) and today's torchtitan
     # trainer calls ``step(..., return_outputs=False)``. None: the framework's default, False
     pipeline_keeps_outputs: Bool | None = None
-    # torchtitan's ChunkedLossWrapper (framework fsdp; torchtitan/components/loss.py, the loss
-    # of its 2026 llama3 recipes, num_chunks 8): the LM head and the loss run on 1/n of the
+    # torchtitan's ChunkedLossWrapper (framework fsdp; torchtitan 0.3.0 components/loss.py, the
+    # loss of its llama3 recipes (models/llama3/config_registry.py) and of the recipe paraplan
+    # exports, num_chunks 8 by default): the LM head and the loss run on 1/n of the
     # tokens at a time, each chunk's backward at once, so one chunk's logits and loss copies
     # are alive, beside an fp32 gradient accumulator and the hidden states' chunk copies
     # (``inventory.ends.chunked_loss``, ``prediction.framework_memory.loss_logits_bytes``).
