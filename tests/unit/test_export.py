@@ -778,3 +778,17 @@ def test_a_tf32_job_exports_as_fp32_training_and_says_tf32_needs_allow_tf32(targ
         assert "bf16" not in config and "fp16" not in config
     else:
         assert torchtitan_config(job)["training"]["mixed_precision_param"] == "float32"
+
+
+def test_the_torchtitan_recipe_chunks_the_loss_as_the_prediction_did_or_says_it_held_the_whole_logits():
+    def titan(**plan):
+        return resolve_job({"model": {"name": "llama-3-8b", "seq_length": 8192}, "precision": "bf16",
+                            "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                            "parallel": {"framework": "fsdp", "micro_batch_size": 1, "global_batch_size": 8, **plan}})
+
+    whole = render_torchtitan(titan(), None)
+    assert "re-predict with loss_chunks: 8" in whole and "num_chunks=" not in whole
+    eight = render_torchtitan(titan(loss_chunks=8), None)
+    assert "loss_chunks" not in eight and "num_chunks=" not in eight  # ChunkedLossWrapper's default
+    four = render_torchtitan(titan(loss_chunks=4), None)
+    assert "num_chunks=4," in four and "loss_chunks" not in four

@@ -15,6 +15,7 @@ from paraplan.inventory import count_job
 from paraplan.prediction import predict
 from paraplan.prediction.framework_memory import dummy_wgrad_bytes, loss_logits_bytes, workspace_bytes
 from paraplan.prediction.memory import StageMemory
+from paraplan.specs import ConfigError
 
 MIB = 2**20
 # Llama 3.2 1B's weight shapes (k, n): q/k/v, attention output, gate+up, down, and the LM head
@@ -151,3 +152,33 @@ def test_a_megatron_bridge_job_takes_the_fused_cross_entropy_from_its_preset_and
     assert job("megatron-bridge").parallel.cross_entropy_loss_fusion is True
     assert "cross_entropy_loss_fusion" in job("megatron-bridge").preset.taken
     assert not job("megatron-core").parallel.cross_entropy_loss_fusion
+
+
+def _titan_8b(**plan):
+    return resolve_job({"model": {"name": "llama-3-8b", "seq_length": 8192}, "precision": "bf16",
+                        "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                        "parallel": {"framework": "torchtitan-0.1", "micro_batch_size": 1, "global_batch_size": 8,
+                                     **plan}})
+
+
+def test_torchtitan_s_chunked_loss_holds_one_chunk_s_logits_beside_an_fp32_accumulator_and_the_chunk_copies():
+    whole, chunked = _titan_8b(), _titan_8b(loss_chunks=8)
+    iw, ic = count_job(whole), count_job(chunked)
+    x, last_w, last_c = iw.shape, iw.stages[-1], ic.stages[-1]
+    saved = {name: next(op.saved_bytes for op in stage.end_ops if op.name == "cross_entropy")
+             for name, stage in (("whole", last_w), ("chunked", last_c))}
+    assert saved["chunked"] == pytest.approx(saved["whole"] / 8 + (x.e + 4.0) * x.b * x.s * x.h)
+    assert loss_logits_bytes(chunked, last_c) == pytest.approx(loss_logits_bytes(whole, last_w) / 8)
+    # Llama-3-8B at 8192 tokens: 3.9 GiB of fp32 softmax and 7.8 GiB of loss copies, whole
+    gib = 2**30
+    assert (predict(whole).memory[0].total - predict(chunked).memory[0].total) / gib > 8.0
+    assert predict(chunked).iteration_s == predict(whole).iteration_s  # the same FLOPs
+
+
+def test_loss_chunks_needs_torchtitan_s_engine_and_one_chunk_is_the_whole_loss():
+    assert predict(_titan_8b(loss_chunks=1)).memory[0].total == predict(_titan_8b()).memory[0].total
+    with pytest.raises(ConfigError, match=r"^parallel\.loss_chunks: torchtitan's ChunkedLossWrapper needs framework "
+                                          r"fsdp, not 'megatron'"):
+        resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1}, "precision": "bf16",
+                     "parallel": {"framework": "megatron", "micro_batch_size": 1, "global_batch_size": 8,
+                                  "loss_chunks": 8}})

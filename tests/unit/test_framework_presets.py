@@ -215,8 +215,9 @@ def test_a_job_file_naming_fms_fsdp_with_pipeline_parallelism_exits_2_with_one_l
 
 def test_fms_fsdp_runs_data_parallelism_only_with_its_code_cited():
     preset = find_preset("fms-fsdp-2024.03")
-    assert {axis: values for axis, (values, _) in preset.runs.items()} == {"tp": (1,), "pp": (1,), "cp": (1,), "ep": (1,)}
-    assert all("fms-fsdp main_training.py" in source for _, source in preset.runs.values())
+    degrees = {axis: preset.runs[axis] for axis in ("tp", "pp", "cp", "ep")}
+    assert {axis: values for axis, (values, _) in degrees.items()} == {"tp": (1,), "pp": (1,), "cp": (1,), "ep": (1,)}
+    assert all("fms-fsdp main_training.py" in source for _, source in degrees.values())
 
 
 def test_a_preset_file_whose_runs_names_no_source_or_an_unknown_axis_is_refused():
@@ -227,3 +228,69 @@ def test_a_preset_file_whose_runs_names_no_source_or_an_unknown_axis_is_refused(
                  {"tp": {"values": [0], "source": "somewhere in its code"}}, {"tp": 1}):
         with pytest.raises(ConfigError, match="runs"):
             _preset({**base, "runs": runs}, "x.yaml")
+
+
+def test_a_job_naming_fms_fsdp_with_per_op_recompute_is_refused_since_it_checkpoints_whole_blocks_only():
+    assert resolve_job(_fms_job(recompute="layer", recompute_every=2)).parallel.recompute.value == "layer"
+    assert resolve_job(_fms_job(recompute="full")).parallel.recompute.value == "full"
+    with pytest.raises(ConfigError) as err:
+        resolve_job(_fms_job(recompute="op"))
+    assert str(err.value) == ("parallel.recompute: fms-fsdp-2024.03 (IBM fms-fsdp (PyTorch FSDP1), 2024-03) runs "
+                              "recompute none or full or layer only, not 'op'")
+
+
+def test_fms_fsdp_s_recompute_policies_cite_its_block_level_checkpointing_code():
+    values, source = find_preset("fms-fsdp-2024.03").runs["recompute"]
+    assert values == ("none", "full", "layer")
+    assert "ac_handler.py" in source and "selective_checkpointing" in source
+
+
+def test_a_preset_file_whose_runs_offers_a_recompute_policy_its_engine_lacks_is_refused():
+    from paraplan.catalog.presets import _preset
+
+    base = {"name": "x", "version": "1", "label": "x"}
+    for engine, values in (("megatron", ["layer"]), ("fsdp", ["selective"]), ("fsdp", [])):
+        with pytest.raises(ConfigError, match=r"runs\.recompute"):
+            _preset({**base, "engine": engine, "runs": {"recompute": {"values": values, "source": "its code, cited"}}},
+                    "x.yaml")
+
+
+def _composer_job(**plan):
+    return {"model": "llama-2-7b", "cluster": {"name": "dgx-a100", "num_nodes": 2}, "precision": "bf16",
+            "parallel": {"framework": "composer-0.17", "micro_batch_size": 2, "global_batch_size": 64, **plan}}
+
+
+def test_composer_0_17_s_defaults_are_its_set_fsdp_default_read_at_v0_17_0():
+    preset = find_preset("composer-0.17")
+    assert {d.field: d.value for d in preset.defaults} == {"zero_stage": 3, "fsdp_version": 1,
+                                                            "grad_reduce_in_fp32": True, "recompute": "none"}
+    assert all("v0.17.0" in d.source for d in preset.defaults)
+    job = resolve_job(_composer_job())
+    assert (job.parallel.zero_stage, job.parallel.fsdp_version, job.parallel.grad_reduce_in_fp32) == (3, 1, True)
+
+
+def test_composer_s_triton_attention_is_recorded_not_timed_on_the_triton_tutorial_kernel_s_curve():
+    job = resolve_job(_composer_job())
+    assert job.preset.recorded == {"attention_kernel": "triton"}
+    assert job.parallel.attention_kernel is None
+    assert "llm-foundry v0.4.0" in find_preset("composer-0.17").recorded["attention_kernel"][1]
+
+
+def test_a_job_naming_composer_with_every_nth_block_recompute_is_refused_naming_what_composer_offers():
+    assert resolve_job(_composer_job(recompute="full")).parallel.recompute.value == "full"
+    for policy in ("layer", "op"):
+        with pytest.raises(ConfigError, match=rf"^parallel\.recompute: composer-0\.17 .* runs recompute none or full "
+                                              rf"only, not '{policy}'$"):
+            resolve_job(_composer_job(recompute=policy))
+
+
+def test_pytorch_fsdp_2_4_is_fsdp1_reducing_in_the_parameters_bf16_as_its_constructor_and_mixed_precision_say():
+    preset = find_preset("pytorch-fsdp-2.4")
+    assert {d.field: d.value for d in preset.defaults} == {"zero_stage": 3, "grad_reduce_in_fp32": False,
+                                                            "fsdp_version": 1, "recompute": "none"}
+    assert all("v2.4.0" in d.source for d in preset.defaults)
+    job = resolve_job({"model": "llama-2-7b", "cluster": {"name": "dgx-a100", "num_nodes": 2}, "precision": "bf16",
+                       "parallel": {"framework": "pytorch-fsdp-2.4", "micro_batch_size": 2, "global_batch_size": 64}})
+    # the fsdp engine alone is torchtitan's FSDP2 with fp32 reduction
+    assert (job.parallel.fsdp_version, job.parallel.grad_reduce_in_fp32) == (1, False)
+    assert job.preset.taken["fsdp_version"] == 1

@@ -219,18 +219,20 @@ def test_deepspeeds_first_stage_keeps_each_in_flight_output_and_a_gradient_buffe
     bucket = framework_buffers(inv, inv.stages[0])[1]
     assert first.in_flight_microbatches == 2
     assert first.buffers == pytest.approx(bucket + 2 * a + a)  # outputs of 2 micro-batches, grad_layer
-    # the last stage: pipe_recv_buf, the received copy beside the forward's clone (one in flight)
-    # and the previous micro-batch's logits left in the other pipeline buffer
+    # the last stage: pipe_recv_buf, the received copy beside the forward's clone (one in flight),
+    # this micro-batch's logits held by its buffer through its backward and the previous
+    # micro-batch's left in the other pipeline buffer
+    assert inv.job.parallel.num_microbatches > 1
     logits = inv.shape.e * logit_elements(inv.stages[1].end_ops)
-    assert last.buffers == pytest.approx(bucket + a + a + logits)
+    assert last.buffers == pytest.approx(bucket + a + a + 2 * logits)
 
 
 def test_deepspeed_partitions_the_pipeline_buffers_over_tensor_parallel_ranks_and_rebuilds_both_for_backward():
     inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, tp=2, recompute="full"))
     a = _boundary(inv)
-    per, once = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 0.0, first=True, last=False)
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 0.0, first=True, last=False, microbatches=4)
     assert (per, once) == (pytest.approx(a / 2), pytest.approx(a / 2 + 2 * a))
-    per, once = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 0.0, first=False, last=False)
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 0.0, first=False, last=False, microbatches=4)
     assert (per, once) == (pytest.approx(a / 2), pytest.approx(a / 2 + a / 2 + 2 * a))
 
 
@@ -238,18 +240,44 @@ def test_with_sequence_parallelism_deepspeeds_pipeline_buffers_are_whole_sequenc
     inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, tp=2, sequence_parallel=True, recompute="full"))
     x = inv.shape
     shard = x.e * x.b * (x.s // 2) * x.h  # this rank's [b, s/tp, h]: pipe_partitioned is off
-    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=True, last=False)
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=True, last=False, microbatches=4)
     assert (per, once) == (pytest.approx(shard), pytest.approx(shard))
-    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=False, last=False)
+    per, once = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=False, last=False, microbatches=4)
     assert (per, once) == (pytest.approx(2 * shard), pytest.approx(2 * shard))
+
+
+def test_deepspeeds_last_stage_holds_the_previous_micro_batch_s_logits_only_when_a_step_has_two_or_more():
+    inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2, recompute="full"))
+    x, logits = inv.shape, 1e9
+    received = deepspeed_pipeline_buffers(inv.job.parallel, x, 0.0, first=False, last=True, microbatches=1)[1]
+    one = deepspeed_pipeline_buffers(inv.job.parallel, x, logits, first=False, last=True, microbatches=1)[1]
+    many = deepspeed_pipeline_buffers(inv.job.parallel, x, logits, first=False, last=True, microbatches=8)[1]
+    # one micro-batch: its own logits, held by buffer 0 through its backward (the previous step's
+    # are released before the loss); two or more: the previous micro-batch's too, in buffer 1
+    assert one - received == pytest.approx(x.e * logits)
+    assert many - received == pytest.approx(2 * x.e * logits)
+
+
+def test_the_screen_and_the_prediction_agree_on_deepspeeds_last_stage_with_one_micro_batch_and_with_several():
+    from test_screen import screen_matches_the_exact_prediction
+
+    from paraplan.catalog.loader import load_cluster, load_model
+    from paraplan.search import SearchSpace
+    from paraplan.specs import Precision
+
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("dgx-a100", num_nodes=1)
+    for gbs in (4, 32):  # dp 4 at pp 2, micro-batch 1: one micro-batch a step, then eight
+        space = SearchSpace(framework="deepspeed", tp=(1,), pp=(2,), zero_stage=(1,), micro_batch_size=(1,))
+        screen_matches_the_exact_prediction((model, cluster, Precision.BF16, gbs, space))
 
 
 def test_only_deepspeeds_pipeline_engine_with_several_stages_keeps_pipeline_buffers():
     inv = count_job(job(framework="deepspeed", zero_stage=1, pp=2))
-    one = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 1e9, first=True, last=True)
+    one = deepspeed_pipeline_buffers(inv.job.parallel, inv.shape, 1e9, first=True, last=True, microbatches=4)
     assert one == (0.0, 0.0)  # one stage: nothing sent or received
     megatron = count_job(job(framework="megatron", pp=2))
-    assert deepspeed_pipeline_buffers(megatron.job.parallel, megatron.shape, 1e9, first=True, last=False) == (0.0, 0.0)
+    assert deepspeed_pipeline_buffers(megatron.job.parallel, megatron.shape, 1e9, first=True, last=False,
+                                      microbatches=4) == (0.0, 0.0)
 
 
 def boundary_bytes(j) -> float:

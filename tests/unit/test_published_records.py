@@ -83,6 +83,7 @@ def test_a_record_without_a_network_takes_the_reference_node_and_says_so():
         ("MosaicML llm-foundry (Composer, FSDP)", "composer-0.17"),
         ("GPT-NeoX (DeepSpeed)", "deepspeed-0.14"),
         ("PyTorch FSDP", "pytorch-fsdp-2.4"),
+        ("Megatron-LM / Megatron-Core (main 1e057005), distributed optimizer, Megatron-FSDP", "megatron-core-0.12"),
     ],
 )
 def test_the_framework_preset_is_read_from_the_record_words(framework, family):

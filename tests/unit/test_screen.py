@@ -23,7 +23,7 @@ from paraplan.schedule.one_f_one_b import DRIFT_BOUND, periodic_short
 from paraplan.schedule.pipeline import batched_short
 from paraplan.search import SearchSpace, search_plans
 from paraplan.search.run import SCREENED_OUT
-from paraplan.search.screen import screen_plans
+from paraplan.search.screen import screen_plans, screenable
 from paraplan.search.space import enumerate_plans, iter_unique
 from paraplan.specs import Job, Precision, Recompute, Schedule
 
@@ -416,3 +416,11 @@ def test_gpt3_175b_over_32_stages_screens_1f1b_and_interleaved_exactly(vpp):
     assert not any(screen.job(i).parallel.overlap_p2p_comm for i in range(len(screen)))
     errors = [screen.iteration_s[i] / predict(screen.job(i)).iteration_s - 1 for i in range(len(screen))]
     assert max(abs(e) for e in errors) < EXACT
+
+
+def test_the_screen_matches_the_exact_prediction_with_torchtitan_s_chunked_loss():
+    space = SearchSpace(framework="fsdp", tp=(1, 2), pp=(1, 2), micro_batch_size=(1, 2), extra={"loss_chunks": 8})
+    assert screenable(space)
+    jobs = screen_matches_the_exact_prediction((load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=1),
+                                                Precision.BF16, 16, space))
+    assert jobs and all(j.parallel.loss_chunks == 8 for j in jobs)

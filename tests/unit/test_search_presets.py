@@ -268,3 +268,28 @@ def test_the_search_and_the_job_validator_agree_on_what_fms_fsdp_runs_over_every
             assert validated == f"parallel.{searched}"
         checked += 1
     assert checked == 16
+
+
+def test_a_fms_fsdp_search_tries_only_the_recompute_policies_fms_fsdp_offers():
+    model, cluster = _small()
+    space = SearchSpace.full(framework="fms-fsdp-2024.03", micro_batch_size=(1, 2))
+    assert [r.value for r in space.recompute] == ["none", "full"]  # torchtitan's engine default adds 'op'
+    assert [r.value for r in SearchSpace(framework="torchtitan-0.1").recompute] == ["none", "full", "op"]
+    result = search_plans(model, cluster, 64, Precision.BF16, space)
+    assert len(result.ranked) > 3
+    assert {p.job.parallel.recompute.value for p in result.ranked} <= {"none", "full"}
+    assert [r.value for r in SearchSpace(framework="fms-fsdp-2024.03", recompute=("layer", "op")).recompute] == [
+        "layer"]
+
+
+def test_a_fms_fsdp_search_asked_for_per_op_recompute_only_exits_2_with_one_line():
+    code, _, err = _run(*_SEARCH, "--framework", "fms-fsdp-2024.03", "--recompute", "op")
+    assert code == 2
+    assert err.strip() == ("error: recompute: fms-fsdp-2024.03 (IBM fms-fsdp (PyTorch FSDP1), 2024-03) runs "
+                           "recompute none or full or layer only, not 'op'")
+
+
+def test_a_composer_search_tries_whole_block_recompute_and_none_never_a_per_op_policy():
+    assert [r.value for r in SearchSpace.full(framework="composer-0.17").recompute] == ["none", "full"]
+    with pytest.raises(ConfigError, match="runs recompute none or full only, not 'op'"):
+        SearchSpace(framework="composer-0.17", recompute=("op",))

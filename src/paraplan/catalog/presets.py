@@ -8,9 +8,10 @@ preset's default the prediction says the user's value was used. What a preset re
 plan has no field for yet (an attention kernel the plan has no choice for, such as Megatron-LM
 2022's unfused softmax, which the model's ``attention`` carries) is listed as recorded, not
 modelled.
-What a framework launches at all (``runs``: fms-fsdp only data parallelism, tp = pp = cp = ep = 1)
-is one rule, ``runs_problem``: a job naming the preset is refused outside it, and the search's
-axes for the preset keep only the values it allows.
+What a framework launches at all (``runs``: fms-fsdp only data parallelism, tp = pp = cp = ep = 1,
+and activation checkpointing of whole blocks only, recompute none | full | layer) is one rule,
+``runs_problem``: a job naming the preset is refused outside it, and the search's axes for the
+preset keep only the values it allows.
 The published-runs reader finds a record's preset by the ``keywords`` of these files.
 """
 
@@ -23,7 +24,8 @@ from importlib import resources
 from typing import Any
 
 from paraplan.catalog.loader import read_catalog_yaml
-from paraplan.specs import PLAN_ALIASES, ConfigError, Framework, ModelSpec, ParallelPlan
+from paraplan.specs import PLAN_ALIASES, ConfigError, Framework, ModelSpec, ParallelPlan, Recompute
+from paraplan.specs.plan import RECOMPUTE_CHOICES
 from paraplan.specs.preset import PresetUse
 
 # When a default applies, read from the plan as the user left it (after the defaults before it):
@@ -49,6 +51,9 @@ MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion
 # The parallel degrees a preset may limit (``runs``), by their short plan names (``ParallelPlan``'s
 # properties and the search's axes).
 RUNS_AXES = ("tp", "pp", "cp", "ep")
+# The plan choices a preset may limit (``runs``): the recompute policies the framework offers (a
+# subset of its engine's ``RECOMPUTE_CHOICES``: fms-fsdp checkpoints whole blocks, no per-op policy).
+RUNS_CHOICES = ("recompute",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +77,9 @@ class Preset:
     recorded: dict[str, tuple[str, str]]  # field -> (value, source)
     # the model fields of ``MODEL_DEFAULTS`` the framework's model code sets (eager kernels)
     model_defaults: tuple[Default, ...] = ()
-    # axis of ``RUNS_AXES`` -> (the values the framework launches, source); an axis absent: any
-    runs: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    # axis of ``RUNS_AXES`` or ``RUNS_CHOICES`` -> (the values the framework launches, source); an
+    # axis absent: any
+    runs: dict[str, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -112,15 +118,25 @@ def _preset(raw: dict[str, Any], where: str) -> Preset:
                               f"({', '.join(MODEL_DEFAULTS)}), not true/false, or no source")
         model_defaults.append(Default(key, spec["value"], "always", spec["source"]))
     runs = {}
+    engine = Framework(raw["engine"])
     for key, spec in (raw.get("runs") or {}).items():
         spec = spec if isinstance(spec, dict) else {}
         values = spec.get("values")
+        if key in RUNS_CHOICES:
+            offered = [r.value for r in RECOMPUTE_CHOICES[engine]]
+            if not spec.get("source") or not isinstance(values, list) or not values or any(
+                    v not in offered for v in values):
+                raise ConfigError(f"{where}: runs.{key}: no source, or values not a list of {engine.value}'s "
+                                  f"recompute policies ({', '.join(offered)})")
+            runs[key] = (tuple(values), spec["source"])
+            continue
         if key not in RUNS_AXES or not spec.get("source") or not isinstance(values, list) or not values or any(
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-            raise ConfigError(f"{where}: runs.{key}: not a parallel degree a preset limits ({', '.join(RUNS_AXES)}), "
+            raise ConfigError(f"{where}: runs.{key}: not a parallel degree or choice a preset limits "
+                              f"({', '.join(RUNS_AXES + RUNS_CHOICES)}), "
                               "no source, or values not a list of positive whole numbers")
         runs[key] = (tuple(values), spec["source"])
-    return Preset(str(raw["name"]), str(raw["version"]), Framework(raw["engine"]), raw["label"],
+    return Preset(str(raw["name"]), str(raw["version"]), engine, raw["label"],
                   tuple(raw.get("keywords") or ()), int(raw.get("priority", 100)), tuple(defaults), recorded,
                   tuple(model_defaults), runs)
 
@@ -255,13 +271,15 @@ def model_billions(model: ModelSpec | dict[str, Any] | None) -> float | None:
     return (layers * (2 * h * h + 2 * h * kv + mlp) + embed) / 1e9
 
 
-def runs_problem(preset: Preset, axis: str, value: int) -> str | None:
-    """Why ``preset`` cannot launch ``axis`` (tp, pp, cp, ep) at ``value`` (None: it can): the one
-    rule the job validator and the search share."""
+def runs_problem(preset: Preset, axis: str, value: Any) -> str | None:
+    """Why ``preset`` cannot launch ``axis`` (tp, pp, cp, ep; recompute) at ``value`` (None: it
+    can): the one rule the job validator and the search share."""
+    value = getattr(value, "value", value)
     if axis not in preset.runs or value in preset.runs[axis][0]:
         return None
     runs = " or ".join(map(str, preset.runs[axis][0]))
-    return f"parallel.{axis}: {preset.id} ({preset.label}) runs {axis} {runs} only, not {value}"
+    shown = repr(value) if isinstance(value, str) else value
+    return f"parallel.{axis}: {preset.id} ({preset.label}) runs {axis} {runs} only, not {shown}"
 
 
 def plan_runs_problem(preset: Preset, plan: dict[str, Any]) -> str | None:
@@ -271,6 +289,12 @@ def plan_runs_problem(preset: Preset, plan: dict[str, Any]) -> str | None:
     for axis in RUNS_AXES:
         value = plan.get(PLAN_ALIASES[axis], ParallelPlan.model_fields[PLAN_ALIASES[axis]].default)
         if isinstance(value, int) and not isinstance(value, bool) and (problem := runs_problem(preset, axis, value)):
+            return problem
+    for choice in RUNS_CHOICES:  # a value that is no policy at all is left to the plan validator
+        value = plan.get(choice, ParallelPlan.model_fields[choice].default)
+        value = getattr(value, "value", value)
+        if isinstance(value, str) and value in {r.value for r in Recompute} and (
+                problem := runs_problem(preset, choice, value)):
             return problem
     return None
 
@@ -287,6 +311,6 @@ def preset_sources(preset: Preset) -> dict[str, str]:
             **{f"runs.{k}": s for k, (_, s) in preset.runs.items()}}
 
 
-__all__ = ["MODEL_DEFAULTS", "RUNS_AXES", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule",
+__all__ = ["MODEL_DEFAULTS", "RUNS_AXES", "RUNS_CHOICES", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule",
            "find_preset", "model_billions", "plan_runs_problem", "preset_for_words", "preset_names", "preset_sources",
            "presets", "runs_problem"]

@@ -83,6 +83,8 @@ if TYPE_CHECKING:
     from paraplan.prediction import Prediction
 
 TORCHTITAN_VERSION = "0.3.0"  # the release the recipe targets (and the tests parse it with)
+# torchtitan/components/loss.py ChunkedLossWrapper.Config.num_chunks, the loss the recipe writes
+LOSS_CHUNKS = 8
 CONFIG_FUNCTION = "paraplan_config"  # the --config name
 CHECKPOINT_EVERY_S = 3600.0  # a checkpoint about every hour of predicted training
 
@@ -163,6 +165,10 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append(f"parallel.recompute: torchtitan {TORCHTITAN_VERSION} has no every-n-th-layer policy; the "
                    "recipe recomputes every layer (FullAC): more recompute than predicted; predict with "
                    "recompute: full for torchtitan's own")
+    if (p.loss_chunks or 1) == 1:  # the recipe's loss is ChunkedLossWrapper (num_chunks 8)
+        out.append(f"parallel.loss_chunks: the recipe computes the LM head and loss in {LOSS_CHUNKS} chunks "
+                   "(ChunkedLossWrapper's num_chunks); the prediction held the whole logits: re-predict with "
+                   f"loss_chunks: {LOSS_CHUNKS} for the recipe's memory")
     if p.fsdp_version == 1:  # a preset of an FSDP1 stack (fms-fsdp, Composer) or a stated one
         out.append("parallel.fsdp_version: the prediction followed FSDP1 (FullyShardedDataParallel: flat "
                    "parameters); torchtitan runs FSDP2 (fully_shard): re-predict with fsdp_version: 2 for its numbers")
@@ -339,6 +345,8 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
         "        model_spec=spec,",
         f'        hf_assets_path="./assets/hf/{PLACEHOLDER}",  # {EDIT} the folder with the tokenizer files',
         "        loss=ChunkedLossWrapper.Config(",
+        *([f"            num_chunks={job.parallel.loss_chunks},"]
+          if (job.parallel.loss_chunks or 1) not in (1, LOSS_CHUNKS) else []),
         "            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec)),",
         "        ),",
         f"        optimizer=default_adamw(lr=3e-4),  # {EDIT} optimiser, schedule and data: placeholders",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from paraplan.inventory.layer import elementwise, gemm, norm
@@ -81,6 +82,24 @@ def count_head_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
             dims=(("b", x.b), ("l", x.s), ("vocab", x.vocab)),
         ),
     )
+
+
+def chunked_loss(plan: ParallelPlan, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` (a last stage's end operators) as torchtitan's ``ChunkedLossWrapper`` runs them
+    (``loss_chunks`` n > 1; torchtitan/components/loss.py): the model stops before the LM head,
+    the hidden states [T, D] are split into n contiguous chunk copies (detached leaves), and
+    each chunk runs the LM head, the loss and its backward at once, its input gradient copied
+    into an fp32 ``GradAccumulator`` of [T, D]; the decoder's backward runs once afterwards.
+    The loss saves one chunk's fp32 softmax (1/n of it) and holds, across the chunks, the
+    copies (e bytes a hidden element) and the accumulator (4), which its saved bytes carry.
+    Under tensor parallelism the chunks are the replicated hidden states, [b x s, h] on every
+    rank. Time is not changed (the same FLOPs in n smaller GEMMs)."""
+    n = plan.loss_chunks or 1
+    if n <= 1:
+        return ops
+    held = (x.e + 4.0) * x.b * x.s * x.h
+    return tuple(dataclasses.replace(op, saved_bytes=op.saved_bytes / n + held) if op.kind is OpKind.LOSS else op
+                 for op in ops)
 
 
 def count_end_collectives(

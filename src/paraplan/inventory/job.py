@@ -7,7 +7,13 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from paraplan.inventory.ends import count_embedding_ops, count_end_collectives, count_head_ops, tied_weight
+from paraplan.inventory.ends import (
+    chunked_loss,
+    count_embedding_ops,
+    count_end_collectives,
+    count_head_ops,
+    tied_weight,
+)
 from paraplan.inventory.fp8 import recipe_costs
 from paraplan.inventory.layer import (
     DUPLICATED_ACROSS_TP,
@@ -568,7 +574,7 @@ def count_end_ops(job: Job, x: LocalShape, *, first: bool, last: bool) -> tuple[
         if has:
             ops = count(job.model, x)
             if count is count_head_ops:
-                ops = dtensor_gathered_inputs(job.parallel, x, ops)
+                ops = chunked_loss(job.parallel, x, dtensor_gathered_inputs(job.parallel, x, ops))
             out += ops + _grad_accumulation(job, _layer_params(ops))
     return out
 

@@ -3,8 +3,8 @@ weights, gradients and optimizer states (``prediction.memory`` adds them to a st
 search's screen calls the same functions on its tables):
 
 - DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output, its send and
-  receive buffers and, on the last stage, the previous micro-batch's logits
-  (``deepspeed_pipeline_buffers``).
+  receive buffers and, on the last stage, a micro-batch's logits through its backward and,
+  with two or more micro-batches a step, the previous one's (``deepspeed_pipeline_buffers``).
 - The loss holds the logits in several precisions at once (``loss_logits_bytes``); under
   torchtitan's tensor parallelism PyTorch's ``loss_parallel`` holds more of them, and the LM
   head saves its all-gathered input (``inventory.layer.dtensor_gathered_inputs``).
@@ -210,7 +210,8 @@ def loss_logits_bytes(job: Job, st: StageInventory) -> float:
         extra = MEGATRON_FUSED_LOSS_EXTRA_BYTES
     else:
         extra = e if e < 4.0 else 0.0
-    return extra * elements
+    # torchtitan's ChunkedLossWrapper: one chunk's logits at a time (``inventory.ends.chunked_loss``)
+    return extra * elements / (job.parallel.loss_chunks or 1)
 
 
 def _by_architecture(sizes: dict[str, float], architecture: str | None) -> float:
@@ -252,7 +253,7 @@ def workspace_bytes(inv: JobInventory, st: StageInventory) -> float:
 
 
 def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float, *, first: bool,
-                               last: bool) -> tuple[float, float]:
+                               last: bool, microbatches: int) -> tuple[float, float]:
     """(bytes per micro-batch in flight, bytes once) that DeepSpeed's ``PipelineEngine`` keeps
     for its sends and receives on a stage of a pipeline (``first``/``last``: the stage's ends;
     none with one stage), beside the layers' checkpointed inputs. ``x`` gives the activation
@@ -275,9 +276,17 @@ def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float,
       it (with tp > 1 on the full tensor rebuilt from the partition, which replaces the copy):
       with tp = 1 a second copy of each in-flight micro-batch's input;
     - the last stage's ``_exec_backward_pass`` returns before it clears
-      ``pipe_buffers['outputs']``, and ``TrainSchedule.num_pipe_buffers`` gives it two buffers
-      (``max(2, min(stages - stage_id, micro_batches))``): the previous micro-batch's logits
-      stay while the next one runs (in the model's dtype; from the second micro-batch on).
+      ``pipe_buffers['outputs']`` (read again in DeepSpeed 0.14.4's engine.py): a micro-batch's
+      logits (in the model's dtype) stay referenced by its buffer through its loss's backward
+      pass, beside the gradient the loss casts back to that dtype (``loss_logits_bytes`` counts
+      one of the two), and until the micro-batch two later replaces them (``_exec_forward_pass``
+      assigns ``pipe_buffers['outputs'][buffer_id]`` after the stage's forward, before the
+      loss). ``TrainSchedule.num_pipe_buffers`` gives the last stage two buffers
+      (``max(2, min(stages - stage_id, micro_batches))``) and micro-batch i the buffer i % 2: with
+      ``microbatches`` >= 2 the previous micro-batch's logits stay in the other buffer through
+      this one's loss and backward; with one micro-batch the step always takes buffer 0, whose
+      logits of the previous step are released before the loss runs (``_reserve_pipe_buffers``
+      only adds slots; nothing empties them between steps), so no earlier logits are held then.
 
     With sequence parallelism each tensor-parallel rank's stage output is its own sequence
     shard, [b, s/tp, h], which ``PartitionedTensor`` cannot split further: Megatron-DeepSpeed
@@ -300,5 +309,7 @@ def deepspeed_pipeline_buffers(plan: ParallelPlan, x: LocalShape, logits: float,
         if not partitioned:
             per_microbatch += boundary  # the received copy beside the forward's clone
     if last:
-        once += x.e * logits  # the previous micro-batch's logits, in the other buffer
+        once += x.e * logits  # this micro-batch's logits, in its buffer through its backward
+        if microbatches > 1:
+            once += x.e * logits  # the previous micro-batch's logits, in the other buffer
     return per_microbatch, once

@@ -331,7 +331,8 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     off = count_offload(inv, st, weights, gradients, optimizer, offloaded)  # what offload moves off the GPU
     gathered, buffers = framework_buffers(inv, st)
     per_microbatch, once = deepspeed_pipeline_buffers(plan, inv.shape, logit_elements(st.end_ops),
-                                                      first=st.index == 0, last=st.index == plan.pp - 1)
+                                                      first=st.index == 0, last=st.index == plan.pp - 1,
+                                                      microbatches=plan.num_microbatches)
     buffers += per_microbatch * flight + once
     if runs_torch_pipelining(plan):
         x = inv.shape

@@ -124,7 +124,7 @@ SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "sche
                               "cp_comm_type",  # a layer's CP exchange: LayerCost per shard shape
                               "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",  # its EP exchange, alike
                               # the loss's copies of the logits: microbatch_bytes per shard shape
-                              "cross_entropy_loss_fusion", "compile_loss",
+                              "cross_entropy_loss_fusion", "compile_loss", "loss_chunks",
                               "pipeline_keeps_outputs"})  # torch pipelining's kept outputs, per plan in _combine
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
@@ -371,7 +371,9 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             row[f"saved{c}"] = end_saved_bytes(stage)
             f, la = flags[c]
             row[f"pipe_mb{c}"], row[f"pipe_once{c}"] = deepspeed_pipeline_buffers(
-                plan, x, logit_elements(stage.end_ops), first=f, last=la)
+                plan, x, logit_elements(stage.end_ops), first=f, last=la, microbatches=1)
+            row[f"pipe_many{c}"] = deepspeed_pipeline_buffers(  # with 2+ micro-batches a step
+                plan, x, logit_elements(stage.end_ops), first=f, last=la, microbatches=2)[1]
             row[f"logits_out{c}"] = logits_output_bytes(stage, x.e)  # torch pipelining's kept outputs
         row["boundary"] = boundary_bytes(x)  # a tensor sent between pipeline stages
         for r in range(len(_RECOMPUTE)):
@@ -634,7 +636,8 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         flight = in_flight(c, p, m, v, sched)
         activations, _ = activations_at_peak(n * held1, work, ends("saved", c), gpipe & ~full, flight)
         # DeepSpeed's pipeline send and receive buffers (``framework_memory.deepspeed_pipeline_buffers``)
-        buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + ends("pipe_once", c)
+        buffers = layout("buffers", c) + ends("pipe_mb", c) * flight + np.where(m > 1, ends("pipe_many", c),
+                                                                                ends("pipe_once", c))
         if torch_pipelining:  # ``estimate_stage_memory``'s terms of torch.distributed.pipelining
             kept, received = torch_pipeline_buffers(shard("boundary"), ends("logits_out", c), m, flight,
                                                     1.0 if c == FIRST else 0.0, chunks, keeps_outputs)

@@ -191,13 +191,18 @@ class SearchSpace:
                 object.__setattr__(self, "shard_nodes", (None,))
 
     def _keep_what_preset_runs(self, preset: Any) -> None:
-        """The tp, pp, cp and ep axes cut to the values the preset launches (its ``runs``, by
-        ``catalog.presets.runs_problem``, the job validator's rule); an axis left to the default
-        is the preset's values, an axis with none of them refused as a job naming it would be."""
+        """The tp, pp, cp, ep and recompute axes cut to the values the preset launches (its
+        ``runs``, by ``catalog.presets.runs_problem``, the job validator's rule); a degree left to
+        the default is the preset's values, the recompute axis left to it the engine's searched
+        policies the preset offers (fms-fsdp: none and full, no per-op policy), and an axis with
+        none of them refused as a job naming it would be."""
         from paraplan.catalog.presets import runs_problem
 
         for axis, (values, _) in preset.runs.items():
             given = getattr(self, axis)
+            if given is None and axis == "recompute":
+                searched = framework_offer(preset.engine).search_recompute
+                given = tuple(r for r in searched if r.value in values) or tuple(Recompute(v) for v in values)
             kept = values if given is None else tuple(v for v in given if runs_problem(preset, axis, v) is None)
             if not kept:
                 raise ConfigError(str(runs_problem(preset, axis, given[0])).removeprefix("parallel."))

@@ -147,6 +147,14 @@ class ParallelPlan(BaseModel):
     # (``forward_one_chunk(..., save_forward_output=return_outputs)``) and today's torchtitan
     # trainer calls ``step(..., return_outputs=False)``. None: the framework's default, False
     pipeline_keeps_outputs: Bool | None = None
+    # torchtitan's ChunkedLossWrapper (framework fsdp; torchtitan 0.3.0 components/loss.py, the
+    # loss of its llama3 recipes (models/llama3/config_registry.py) and of the recipe paraplan
+    # exports, num_chunks 8 by default): the LM head and the loss run on 1/n of the
+    # tokens at a time, each chunk's backward at once, so one chunk's logits and loss copies
+    # are alive, beside an fp32 gradient accumulator and the hidden states' chunk copies
+    # (``inventory.ends.chunked_loss``, ``prediction.framework_memory.loss_logits_bytes``).
+    # None or 1: the whole logits (torchtitan 0.1 and the published runs)
+    loss_chunks: Int | None = Field(default=None, ge=1)
     deepspeed_train_schedule: Bool | None = None
     # gradients accumulated and reduced in fp32 (Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32, FSDP's reduce_dtype=float32); default: megatron
@@ -263,6 +271,9 @@ class ParallelPlan(BaseModel):
         if self.compile_loss and self.framework is not Framework.FSDP:
             raise ValueError("parallel.compile_loss: torchtitan's compiled loss needs framework fsdp, not "
                              f"{self.framework.value!r} (Megatron's fused loss: cross_entropy_loss_fusion)")
+        if (self.loss_chunks or 1) > 1 and self.framework is not Framework.FSDP:
+            raise ValueError("parallel.loss_chunks: torchtitan's ChunkedLossWrapper needs framework fsdp, not "
+                             f"{self.framework.value!r}")
         if self.pipeline_keeps_outputs is not None and self.framework is not Framework.FSDP:
             raise ValueError("parallel.pipeline_keeps_outputs: torch.distributed.pipelining's kept outputs need "
                              f"framework fsdp, not {self.framework.value!r}")
