@@ -209,6 +209,28 @@ def corner_cases():
         extra={"moe_shared_expert_overlap": True})
 
 
+def test_the_screen_times_overlapped_expert_all_to_alls_as_predict_does_and_hides_them_only_in_pairs():
+    """--overlap-moe-expert-parallel-comm on one stage and interleaved (the share of paired passes
+    from pp, vpp and the micro-batches, ``schedule.closed_form.paired_shares``): every plan of
+    the screen agrees with ``predict``, and every plan with more than one micro-batch on one
+    stage, or interleaved, is faster than without the overlap; plain 1F1B with pp > 1 the same."""
+    cluster = load_cluster("dgx-h100", num_nodes=2)
+    model = _load("qwen3-30b-a3b")
+    times = {}
+    for overlap in (False, True):
+        space = SearchSpace(pp=(1, 2), vpp=(1, 2), ep=(8,), zero_stage=(1,), micro_batch_size=(1, 2),
+                            recompute=(Recompute.NONE, Recompute.SELECTIVE),
+                            extra={"overlap_moe_expert_parallel_comm": overlap, "moe_token_dispatcher_type": "alltoall"})
+        jobs = screen_matches_the_exact_prediction((model, cluster, Precision.BF16, 64, space))
+        assert jobs
+        times[overlap] = dict(zip((j.parallel for j in jobs), screen_plans(model, cluster, 64, Precision.BF16,
+                                                                            space).iteration_s, strict=True))
+    for plan, overlapped in times[True].items():
+        alone = times[False][plan.model_copy(update={"overlap_moe_expert_parallel_comm": False})]
+        paired = plan.vpp > 1 or (plan.pp == 1 and plan.num_microbatches > 1)
+        assert overlapped < alone if paired else overlapped == alone
+
+
 def test_the_screen_times_an_eager_rmsnorm_model_as_predict_does_and_slower_than_the_fused_one_on_h100():
     """``rmsnorm_fusion: false`` (the eager kernels, on the memory curve) reaches the screen
     through the same inventory as the prediction: every plan agrees, and each is slower than

@@ -27,7 +27,8 @@ from paraplan.prediction.offload import offload_costs, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
 from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
 from paraplan.schedule import overlapped_s
-from paraplan.specs import Framework, Phase
+from paraplan.schedule.closed_form import paired_share
+from paraplan.specs import Framework, ParallelPlan, Phase
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 _ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
@@ -70,6 +71,9 @@ class LayerCost:
     ep_fwd: float = 0.0
     ep_bwd: float = 0.0
     wgrad_total: float = 0.0  # the weight-gradient operators' part of bwd_total
+    # of ep_fwd and ep_bwd, what a paired step hides (--overlap-moe-expert-parallel-comm)
+    ep_paired_fwd: float = 0.0
+    ep_paired_bwd: float = 0.0
 
     @property
     def comm_fwd(self) -> float:
@@ -89,7 +93,7 @@ class LayerCost:
     def work(self, rc: RecomputeCost) -> PassWork:
         """The layer's seconds per micro-batch as ``stage_work`` sums them, recomputing under ``rc``."""
         return PassWork(self.fwd_total, self.bwd_total, self.wgrad_total, self.comm_fwd, self.comm_bwd,
-                        self.recompute_s(rc))
+                        self.recompute_s(rc), self.ep_paired_fwd, self.ep_paired_bwd)
 
     def recompute_kernels_s(self, rc: RecomputeCost) -> float:
         """The operators' part of ``recompute_s``; the collectives' part is
@@ -113,8 +117,8 @@ class LayerCost:
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
             tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)
-        ep_f, ep_b = _expert_comm(ops, fwd, bwd, ep, comm)
-        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight))
+        ep_f, ep_b, paired_f, paired_b = _expert_comm(ops, fwd, bwd, ep, comm)
+        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight), paired_f, paired_b)
 
 
 def context_comm(attn_f: float, attn_b: float, colls: tuple[Collective, ...], comm: CommCosts) -> tuple[float, float]:
@@ -162,25 +166,60 @@ def context_comm(attn_f: float, attn_b: float, colls: tuple[Collective, ...], co
 
 def _expert_comm(
     ops: tuple[Op, ...], fwd: tuple[float, ...], bwd: tuple[float, ...], colls: tuple[Collective, ...], comm: CommCosts
-) -> tuple[float, float]:
-    """Exposed seconds of a MoE layer's dispatch and combine (forward, backward). Without an
-    overlap they hold the layer up (the experts wait for their tokens). Megatron-Core's
-    --moe-shared-expert-overlap runs the shared experts beside them; its
-    --overlap-moe-expert-parallel-comm (DeepSeek-V3's DualPipe idea, section 3.2.1) runs one
-    micro-batch's all-to-alls beside another micro-batch's computation, the whole layer's."""
+) -> tuple[float, float, float, float]:
+    """Exposed seconds of a MoE layer's dispatch and combine (forward, backward) and, of them,
+    what a paired step hides (forward, backward). Without an overlap they hold the layer up
+    (the experts wait for their tokens). Megatron-Core's --moe-shared-expert-overlap runs the
+    shared experts beside them. Its --overlap-moe-expert-parallel-comm (DeepSeek-V3's DualPipe
+    idea, section 3.2.1) overlaps nothing within a micro-batch: a paired step runs one micro-
+    batch's forward beside another's backward, layer by layer (``paired_expert_comm``), and
+    only the schedule's steady steps are pairs (``schedule.closed_form.paired_share``)."""
     if not colls:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     f, b = comm.total(colls, (Phase.FWD,)), comm.total(colls, BACKWARD)
     plan = comm.plan
     if plan.overlap_moe_expert_parallel_comm:
-        beside_f, beside_b = sum(fwd), sum(bwd)
-    elif plan.moe_shared_expert_overlap:
+        mlp = [is_expert_compute(op) for op in ops]
+        mlp_f = sum(t for e, t in zip(mlp, fwd, strict=True) if e)
+        mlp_b = sum(t for e, t in zip(mlp, bwd, strict=True) if e)
+        pair_f, pair_b = paired_expert_comm(sum(fwd) - mlp_f, mlp_f, sum(bwd) - mlp_b, mlp_b, f, b, comm.slowdown)
+        return f, b, f - pair_f, b - pair_b
+    if plan.moe_shared_expert_overlap:
         shared = [is_shared_expert(op) for op in ops]
         beside_f = sum(t for s, t in zip(shared, fwd, strict=True) if s)
         beside_b = sum(t for s, t in zip(shared, bwd, strict=True) if s)
-    else:
-        return f, b
-    return exposed_beside(beside_f, f, 0.0, comm.slowdown), exposed_beside(beside_b, b, 0.0, comm.slowdown)
+        return (exposed_beside(beside_f, f, 0.0, comm.slowdown), exposed_beside(beside_b, b, 0.0, comm.slowdown),
+                0.0, 0.0)
+    return f, b, 0.0, 0.0
+
+
+def is_expert_compute(op: Op) -> bool:
+    """Whether ``op`` runs in a MoE layer's "mlp" node of Megatron-Core's fine-grained schedule
+    (the routed experts' GEMMs and activation, the shared experts); the rest of the layer is its
+    "attn" node (attention, norms, router, permutations)."""
+    return op.expert or op.role.startswith("experts'") or is_shared_expert(op)
+
+
+def paired_expert_comm(attn_f: float, mlp_f: float, attn_b: float, mlp_b: float, comm_f: float, comm_b: float,
+                       slowdown: float) -> tuple[float, float]:
+    """Exposed seconds of one MoE layer's all-to-alls in a paired step (forward's, backward's):
+    ``comm_f`` forward (dispatch and combine, half each), ``comm_b`` backward, beside the other
+    micro-batch's layer of ``attn_*`` and ``mlp_*`` seconds of computation. Megatron-Core's
+    ``TransformerLayerSchedulePlan.run`` (models/common/model_chunk_schedule_plan.py @ 01cf4fb)
+    puts on the two streams
+
+        comm: combine_bwd | dispatch_fwd -> dispatch_bwd    | combine_fwd
+        comp: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd
+
+    so each all-to-all hides behind one sub-module only: the forward's dispatch behind the
+    backward's experts, its combine behind the backward's attention, the backward's combine
+    behind the forward's attention, its dispatch behind the forward's experts; what is longer
+    than its sub-module stays exposed, the sub-module slowing while it runs (``exposed_beside``).
+    Never more is hidden than the paired computation."""
+    half_f, half_b = comm_f / 2.0, comm_b / 2.0
+    fwd = exposed_beside(mlp_b, half_f, 0.0, slowdown) + exposed_beside(attn_b, half_f, 0.0, slowdown)
+    bwd = exposed_beside(attn_f, half_b, 0.0, slowdown) + exposed_beside(mlp_f, half_b, 0.0, slowdown)
+    return fwd, bwd
 
 
 def layer_costs(inv: JobInventory, cm: CostModel, comm: CommCosts) -> dict[tuple[bool, str], LayerCost]:
@@ -250,6 +289,14 @@ class CommCosts:
         return sum(self.seconds(c) for c in colls if c.phase in phases)
 
 
+def paired_share_of(plan: ParallelPlan) -> float:
+    """Share of the plan's passes that run paired under --overlap-moe-expert-parallel-comm
+    (``schedule.closed_form.paired_share``; 0 without it)."""
+    if not plan.overlap_moe_expert_parallel_comm:
+        return 0.0
+    return paired_share(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+
+
 def stage_optimizer_s(inv: JobInventory, st: StageInventory, cm: CostModel) -> float:
     """The stage's optimizer step: the GPU's, or with optimizer offload the CPU's
     (``offload.optimizer_step_s``). ``stage_timing`` and the plan screen both call it."""
@@ -275,6 +322,7 @@ def stage_timing(
     ends = PassWork(*ops_passes(cm, st.end_ops), tp_f, tp_b)
     blocks = []
     rc_kernels = cp_f = cp_b = ep_f = ep_b = 0.0
+    share = paired_share_of(plan)
     for block in st.blocks:
         k, layer = block.num_layers, layers[block.key]
         rc = recompute_cost(plan, block.ops, inv.shape, k)
@@ -288,6 +336,8 @@ def stage_timing(
         cp_b += k * (layer.cp_bwd + again * layer.cp_fwd)
         ep_f += k * layer.ep_fwd
         ep_b += k * (layer.ep_bwd + _ep_weight(rc) * layer.ep_fwd)
+        ep_f -= share * k * layer.ep_paired_fwd  # the paired steps' hidden part, as ``stage_passes`` takes it
+        ep_b -= share * k * layer.ep_paired_bwd
     work = stage_work(ends, blocks)
     offload = None
     if plan.offloads:  # host copies the computation does not hide
@@ -300,7 +350,7 @@ def stage_timing(
     if st.per_microbatch_dp:
         dp_f, dp_b = comm.total(st.per_microbatch_dp, (Phase.FWD,)), comm.total(st.per_microbatch_dp, BACKWARD)
     passes = stage_passes(work, n, dp_f, dp_b, reduce_s, gather_s, cm.cluster.gpu.efficiency.overlap_slowdown,
-                          plan.overlaps_grad_reduce, offload)
+                          plan.overlaps_grad_reduce, offload, share)
     return StageTiming(
         stage=st.index,
         num_layers=n,

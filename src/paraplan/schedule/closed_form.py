@@ -82,6 +82,45 @@ def stage_in_flight(schedule: Schedule, stage, p, m, vpp):
     return np.minimum(p - stage, m)
 
 
+def paired_share(schedule: Schedule, p, m, vpp):
+    """Share of a stage's forward passes (and as many backward passes) that Megatron-Core's
+    --overlap-moe-expert-parallel-comm runs as a pair, one micro-batch's forward beside another's
+    backward (``combined_1f1b``), for ``m`` micro-batches on ``p`` stages of ``vpp`` chunks:
+    numbers or numpy arrays. The pairs are the schedule's steady 1F1B steps; the warmup's
+    forwards and the cooldown's backwards run alone and their all-to-alls stay exposed.
+
+    - pp = 1 (``combined_1f1b_schedule_for_no_pipelining``): the first micro-batch's forward and
+      the last one's backward run alone, m - 1 pairs;
+    - interleaved (``forward_backward_pipelining_with_interleaving``): of the m vpp chunk passes,
+      rank r runs 2 (p - r - 1) + (vpp - 1) p + 1 forwards first (``get_pp_rank_microbatches``:
+      the usual warmup with a micro-batch group of p, plus one so that every pair's forward and
+      backward are independent), as many backwards last; the mean over the ranks, p - 1 +
+      (vpp - 1) p + 1, is taken for every stage;
+    - any other schedule with pp > 1 (Megatron-LM's plain 1F1B never calls the combined step,
+      and its config asserts vpp when pp > 1): no pairs.
+
+    Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/combined_1f1b.py @ 00caa53,
+    schedules.py ``get_pp_rank_microbatches`` @ 00611e6."""
+    p = np.asarray(p, dtype=np.float64)
+    m = np.asarray(m, dtype=np.float64)
+    if schedule is Schedule.INTERLEAVED:
+        total = m * vpp
+        alone = np.minimum(p - 1 + (vpp - 1) * p + 1, total)
+    else:
+        total, alone = m, np.where(p == 1, np.minimum(1.0, m), m)
+    share = np.where(total > 0, (total - alone) / np.maximum(total, 1.0), 0.0)
+    return float(share) if share.ndim == 0 else share
+
+
+def paired_shares(p, m, v, sched):
+    """``paired_share`` per plan, ``sched`` the plans' schedule codes and ``v`` their
+    ``chunks_per_stage``."""
+    share = np.zeros(len(sched))
+    for code in np.unique(sched).tolist():
+        share = np.where(sched == code, paired_share(SCHEDULES[code], p, m, v), share)
+    return share
+
+
 def in_flight(c: int, p, m, v, sched):
     """``stage_in_flight`` of stage class ``c`` (stage 0, 1 or p - 1) per plan, ``sched`` the
     plans' schedule codes and ``v`` their ``chunks_per_stage``. Stage 1 holds the most of the

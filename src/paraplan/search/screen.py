@@ -86,6 +86,7 @@ from paraplan.schedule.closed_form import (
     chunks_per_stage,
     finish_by_class,
     in_flight,
+    paired_shares,
     runs_where,
 )
 from paraplan.search.space import (
@@ -341,6 +342,8 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             "layer_w": layer.wgrad_total,
             "comm_f": layer.comm_fwd,
             "comm_b": layer.comm_bwd,
+            "pair_f": layer.ep_paired_fwd,  # what a paired step hides (--overlap-moe-expert-parallel-comm)
+            "pair_b": layer.ep_paired_bwd,
             # one layer's recompute under each policy (inventory.recompute, as the prediction)
             **{f"rc_{policy.value}": layer.recompute_s(recompute_cost(plans[r], st.layer_ops, x, 1)) if r in plans
                else 0.0 for r, policy in enumerate(_RECOMPUTE) if r},
@@ -614,7 +617,9 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
 
     # one layer of each plan's shard shape (the W pass costed only when the space has zero-bubble plans)
     layer = PassWork(shard("layer_f"), shard("layer_b"), shard("layer_w") if zero_bubble else 0.0, shard("comm_f"),
-                     shard("comm_b"), np.choose(rc, [np.zeros(len(rc)), *(shard(f"rc_{p.value}") for p in _RECOMPUTE[1:])]))
+                     shard("comm_b"), np.choose(rc, [np.zeros(len(rc)), *(shard(f"rc_{p.value}") for p in _RECOMPUTE[1:])]),
+                     shard("pair_f"), shard("pair_b"))
+    share = paired_shares(p, m, v, sched)  # the passes run paired (0 hidden where pair_f and pair_b are)
     held1 = np.choose(rc, [shard(f"held{r}") for r in range(len(_RECOMPUTE))])
     frag = fragmentation_share()
     f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
@@ -627,7 +632,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         copy = layout("grad_copy", c)  # ZeRO-Offload's gradient copy
         passes = stage_passes(stage_work(ends_work, ((n, layer),)), n, layout("dp_f", c), layout("dp_b", c),
                               layout("reduce", c), layout("gather", c), slowdown, overlap,
-                              OffloadCosts(copy, zero, m) if copy.any() else None)
+                              OffloadCosts(copy, zero, m) if copy.any() else None, share)
         f[c], bw[c], drain_extra[c], opt[c] = passes.fwd_pass, passes.bwd_pass, passes.exposed_sync, layout("optimizer", c)
         if zero_bubble:
             wg[c] = passes.work.wgrad

@@ -207,7 +207,8 @@ class ParallelPlan(BaseModel):
     expert_load_imbalance: Float = Field(default=1.0, ge=1.0, le=64.0)
     # --moe-shared-expert-overlap: the shared experts compute while the dispatch and combine
     # all-to-alls run; --overlap-moe-expert-parallel-comm (Megatron-Core, DeepSeek's DualPipe
-    # idea): one micro-batch's all-to-all runs beside another's computation
+    # idea): one micro-batch's all-to-all runs beside another's computation, in the schedule's
+    # paired steady-state steps only (pp = 1 or interleaved; ``schedule.closed_form.paired_share``)
     moe_shared_expert_overlap: Bool = False
     overlap_moe_expert_parallel_comm: Bool = False
     # --- the token dispatcher (issue 28; Megatron-Core's --moe-token-dispatcher-type and
