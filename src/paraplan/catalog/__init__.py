@@ -6,6 +6,7 @@ from paraplan.catalog.loader import (
     load_catalog_entry,
     load_cluster,
     load_gpu,
+    load_host_launch,
     load_model,
     load_runtime_memory,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "load_catalog_entry",
     "load_cluster",
     "load_gpu",
+    "load_host_launch",
     "load_job",
     "load_model",
     "load_runtime_memory",

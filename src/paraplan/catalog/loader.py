@@ -20,6 +20,7 @@ from paraplan.specs import (
     ConfigError,
     GpuSpec,
     HeteroClusterSpec,
+    HostLaunchSpec,
     LinkSpec,
     ModelSpec,
     RuntimeMemorySpec,
@@ -268,6 +269,13 @@ def load_runtime_memory() -> RuntimeMemorySpec:
     """What a training process holds on a GPU besides its tensors, with sources
     (``catalog/runtime/memory.yaml``)."""
     return _validated(RuntimeMemorySpec, packaged_yaml("runtime", "memory.yaml"), "catalog runtime/memory.yaml")
+
+
+@functools.cache
+def load_host_launch() -> HostLaunchSpec:
+    """The host's CPU seconds per launched kernel, measured in a profiler trace, with its
+    source (``catalog/runtime/host.yaml``; ``benchmarks/fit_host_launch.py``)."""
+    return _validated(HostLaunchSpec, packaged_yaml("runtime", "host.yaml"), "catalog runtime/host.yaml")
 
 
 @functools.cache

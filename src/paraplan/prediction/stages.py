@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraplan.catalog import load_host_launch
 from paraplan.costmodel import CostModel
 from paraplan.inventory import (
     Collective,
@@ -22,6 +23,7 @@ from paraplan.inventory import (
 )
 from paraplan.inventory.moe import is_shared_expert
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
+from paraplan.prediction.host_sync import host_wait_s
 from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.prediction.offload import offload_costs, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
@@ -74,6 +76,9 @@ class LayerCost:
     # of ep_fwd and ep_bwd, what a paired step hides (--overlap-moe-expert-parallel-comm)
     ep_paired_fwd: float = 0.0
     ep_paired_bwd: float = 0.0
+    # of fwd_total, what the host's kernel launches add after a MoE dispatcher's sync
+    # (``prediction.host_sync``; ParallelPlan.moe_host_sync)
+    host_fwd: float = 0.0
 
     @property
     def comm_fwd(self) -> float:
@@ -118,7 +123,12 @@ class LayerCost:
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
             tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)
         ep_f, ep_b, paired_f, paired_b = _expert_comm(ops, fwd, bwd, ep, comm)
-        return cls(fwd, bwd, sum(fwd), sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight), paired_f, paired_b)
+        # the kernels wait for their launches after a MoE dispatcher's sync: part of the
+        # forward's kernel time, from the kernels alone (the collectives' kernels would hide some
+        # launches; leaving them out keeps the network's time apart from the kernels')
+        host_f = host_wait_s(ops, fwd, comm.host_launch_s) if block.moe and comm.host_launch_s else 0.0
+        return cls(fwd, bwd, sum(fwd) + host_f, sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight),
+                   paired_f, paired_b, host_f)
 
 
 def context_comm(attn_f: float, attn_b: float, colls: tuple[Collective, ...], comm: CommCosts) -> tuple[float, float]:
@@ -278,6 +288,9 @@ class CommCosts:
         self.plan = plan
         self.slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
         self.tp_overlap = cm.cluster.gpu.efficiency.tp_overlap
+        # the host's CPU seconds per launched kernel where a MoE dispatcher syncs the host
+        # (``prediction.host_sync``); None where the plan runs a sync-free path
+        self.host_launch_s = load_host_launch().launch_s if plan.moe_host_sync else None
         self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
         self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
 

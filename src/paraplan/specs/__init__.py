@@ -25,7 +25,7 @@ from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
 from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import PLAN_ALIASES, ParallelPlan
-from paraplan.specs.runtime import RuntimeMemorySpec
+from paraplan.specs.runtime import HostLaunchSpec, RuntimeMemorySpec
 
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM",
@@ -41,6 +41,7 @@ __all__ = [
     "GpuSpec",
     "HeteroClusterSpec",
     "HeteroJob",
+    "HostLaunchSpec",
     "HostSpec",
     "InternalError",
     "Job",

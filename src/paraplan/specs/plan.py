@@ -211,6 +211,16 @@ class ParallelPlan(BaseModel):
     # paired steady-state steps only (pp = 1 or interleaved; ``schedule.closed_form.paired_share``)
     moe_shared_expert_overlap: Bool = False
     overlap_moe_expert_parallel_comm: Bool = False
+    # The token dispatcher brings the routing's counts to the host once per MoE layer forward
+    # and the host waits for them: Megatron-Core's alltoall dispatcher synchronizes at its
+    # cuda_sync_point ("before_ep_alltoall" for the all-to-all's split sizes, "before_finish"
+    # for the grouped GEMM's without EP; megatron/core/transformer/moe/token_dispatcher.py at
+    # NVIDIA/Megatron-LM 0014f137), DeepEP's dispatch returns num_recv_tokens_per_expert_list
+    # ("the CPU will wait for GPU's signal to arrive", moe/fused_a2a.py at 02ad939b). After it
+    # the GPU waits while the host launches the next kernels (``prediction.host_sync``). False
+    # for the sync-free paths: --moe-pad-expert-input-to-capacity (cuda_sync_point "no_sync"),
+    # HybridEP given num_permuted_tokens ("we do not need to use sync"), full-iteration CUDA graphs.
+    moe_host_sync: Bool = True
     # --- the token dispatcher (issue 28; Megatron-Core's --moe-token-dispatcher-type and
     # --moe-flex-dispatcher-backend) ---
     # alltoall: each top-k copy of a token sent to its expert's rank (NCCL all-to-all); allgather:

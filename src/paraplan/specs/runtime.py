@@ -32,3 +32,15 @@ class RuntimeMemorySpec(BaseModel):
     cublas_workspace_bytes: dict[str, Bytes]
     te_cublas_workspace_bytes: dict[str, Bytes]
     sources: dict[str, str] = {}
+
+
+class HostLaunchSpec(BaseModel):
+    """The host's CPU seconds per launched kernel (``catalog/runtime/host.yaml``), measured in a
+    profiler trace on ``host``; ``spread_us``: the same measurement on other hosts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    launch_s: Annotated[float, _bounded(_number, 1e-7, 1e-3, "seconds from 1e-7 to 1e-3")]
+    host: str
+    spread_us: dict[str, float] = {}
