@@ -102,10 +102,27 @@ def test_a_cluster_whose_nccl_efficiency_is_a_guess_says_so_for_each_link_it_use
 
 
 def test_an_hgx_h100_cloud_node_takes_the_measured_board_and_flags_only_its_network():
-    notes = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "aws-p5.48xlarge", "num_nodes": 2},
+    notes = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": "azure-nd-h100-v5", "num_nodes": 2},
                               "parallel": {"global_batch_size": 64}}).uncalibrated
     assert not any("intra-node" in n for n in notes)
-    assert any("aws-p5.48xlarge: inter-node collectives at a generic 80%" in n for n in notes)
+    assert any("azure-nd-h100-v5: inter-node collectives at a generic 80%" in n for n in notes)
+
+
+def _link_notes(cluster: str, num_nodes: int) -> list[str]:
+    notes = paraplan.predict({"model": "llama-2-7b", "cluster": {"name": cluster, "num_nodes": num_nodes},
+                              "parallel": {"global_batch_size": 64}}).uncalibrated
+    return [n for n in notes if "collectives at a generic" in n]
+
+
+def test_p5_instances_take_their_measured_efa_all_reduce_and_no_longer_say_generic():
+    assert _link_notes("aws-p5.48xlarge", 4) == []
+
+
+@pytest.mark.parametrize("cluster", ["aws-p4d.24xlarge", "aws-p4de.24xlarge", "azure-nd96amsr-a100-v4"])
+def test_a100_cloud_nodes_take_their_measured_nvswitch_all_reduce_and_flag_only_their_network(cluster):
+    notes = _link_notes(cluster, 2)
+    assert not any("intra-node" in n for n in notes)
+    assert any(f"{cluster}: inter-node collectives at a generic 80%" in n for n in notes)
 
 
 def test_measured_links_carry_no_mark_and_a_single_node_uses_no_network():
@@ -126,3 +143,21 @@ def test_a_link_efficiency_marked_measured_names_its_measurement(name):
         if f"{link}_efficiency" in raw.get("sources", {}):
             assert raw[link].get("efficiency") is not None, (name, link)
             assert len(raw["sources"][f"{link}_efficiency"]) > 20
+
+
+@pytest.mark.parametrize("name", catalog_names("clusters"))
+def test_every_non_generic_link_efficiency_has_a_source_quoting_a_number(name):
+    import re
+
+    from paraplan.catalog import load_catalog_entry
+
+    raw = load_catalog_entry("clusters", name)
+    for link in ("intra_node", "inter_node"):
+        eff = (raw.get(link) or {}).get("efficiency")
+        if eff is None or (eff == 0.8 and f"{link}_efficiency" not in raw.get("sources", {})):
+            continue  # the generic guess, flagged in every prediction by link_gaps
+        source = raw.get("sources", {}).get(f"{link}_efficiency", "")
+        if source.startswith("fitted to"):  # a fit to measured samples: its record is the link's own source line
+            assert re.search(r"median \|err\| \d", raw["sources"][link]), (name, link)
+            continue
+        assert re.search(r"\d+(\.\d+)? ?GB/s", source), (name, link, eff)
