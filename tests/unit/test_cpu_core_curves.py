@@ -41,9 +41,16 @@ def test_the_cpu_core_roofline_of_a_small_operator_is_within_10x_of_a_large_gemm
     # A ratio measured in the same run: a large GEMM, whose time the curve's peak sets, is the
     # yardstick, so a busy machine slows both alike; a GPU-sized per-kernel floor (4 GFLOP of
     # start-up, 30 ms on one core) made a small operator's ratio about 460x the large one's.
-    small = _roofline_over_measured(name, shape)
-    large = _roofline_over_measured("linear1", {"mp": 1, "b": 4, "l": 512, "dim": 512})
-    assert 0.1 < small / large < 10.0, f"{name}: (roofline / measured) over a large GEMM's = {small / large:.3g}"
+    # Up to five tries: a loaded 2-core machine (CI beside other jobs) can stall every median of
+    # one try on time slices (CI saw 0.0107 once); a wrong curve misses in every try.
+    ratios = []
+    for _ in range(5):
+        small = _roofline_over_measured(name, shape)
+        large = _roofline_over_measured("linear1", {"mp": 1, "b": 4, "l": 512, "dim": 512})
+        ratios.append(small / large)
+        if 0.1 < ratios[-1] < 10.0:
+            break
+    assert 0.1 < ratios[-1] < 10.0, f"{name}: (roofline / measured) over a large GEMM's = {ratios}"
 
 
 @pytest.mark.slow
