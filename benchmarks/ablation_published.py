@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import paraplan.costmodel.roofline as roofline
+import paraplan.inventory.job as inventory_job
 import paraplan.inventory.shapes as shapes
 import paraplan.schedule.overlap as overlap
 from paraplan.catalog import load_catalog_entry, load_gpu, resolve_job
@@ -167,6 +168,20 @@ def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
     return out
 
 
+@contextlib.contextmanager
+def _no_fsdp1_kernels() -> Iterator[None]:
+    """FSDP1's kernels around its collectives priced as nothing (the shard casts before each
+    all-gather, the flat gradient's concatenation, the casts and divides around each
+    reduce-scatter: ``inventory.fsdp1``), FSDP1 kept."""
+    real = inventory_job.fsdp1_side_kernels, inventory_job.fsdp1_grad_flatten
+    inventory_job.fsdp1_side_kernels = lambda *args, **kwargs: ()
+    inventory_job.fsdp1_grad_flatten = lambda *args, **kwargs: ()
+    try:
+        yield
+    finally:
+        inventory_job.fsdp1_side_kernels, inventory_job.fsdp1_grad_flatten = real
+
+
 def _reference_network(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
     out["cluster"].pop("inter_node", None)
@@ -229,6 +244,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                                          contextlib.nullcontext),
     "FSDP2's copy-out / copy-in kernels (torchtitan; FSDP1's views instead)": (_no_fsdp2_copies,
                                                                                contextlib.nullcontext),
+    "FSDP1's shard casts, flat-gradient concatenation and reduce divides (fms-fsdp; none instead)": (
+        _same, _no_fsdp1_kernels),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
     "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=True), contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),

@@ -15,6 +15,7 @@ from paraplan.inventory.ends import (
     tied_weight,
 )
 from paraplan.inventory.fp8 import recipe_costs
+from paraplan.inventory.fsdp1 import fsdp1_grad_flatten, fsdp1_side_kernels
 from paraplan.inventory.layer import (
     DUPLICATED_ACROSS_TP,
     count_layer_collectives,
@@ -90,6 +91,9 @@ class StageInventory:
     per_microbatch_dp: tuple[Collective, ...]  # ZeRO-2/3 communication of every micro-batch
     optimizer: Op
     expert_params: float = 0.0
+    # kernels on the data-parallel collectives' streams, in their chain (FSDP1's casts and
+    # divides, ``inventory.fsdp1``): priced with ``per_microbatch_dp``
+    side_kernels: tuple[Op, ...] = ()
 
     @property
     def first(self) -> bool:
@@ -584,6 +588,7 @@ def count_job(job: Job) -> JobInventory:
     model, plan = job.model, job.parallel
     x = local_shape(model, plan, job.precision)
     kinds: dict[bool, tuple[tuple[Op, ...], tuple[Collective, ...], float, float]] = {}
+    param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     for moe, ops in layer_kinds(model, x).items():
         coll = count_moe_collectives(model, plan, x) if _is_moe(moe) else count_layer_collectives(model, plan, x)
         if model.inventory == "traced":
@@ -594,10 +599,9 @@ def count_job(job: Job) -> JobInventory:
         dense_p, expert_p = split_params(ops)
         ops = dtensor_gathered_inputs(plan, x, ops)
         ops += _grad_accumulation(job, dense_p + expert_p) + _fp8_weight_casts(job, ops)
-        ops += _fsdp2_copies(job, dense_p + expert_p)
+        ops += _fsdp2_copies(job, dense_p + expert_p) + fsdp1_grad_flatten(job, dense_p + expert_p, param_e)
         kinds[moe] = (ops, coll, dense_p, expert_p)
     emb_ops, head_ops = count_embedding_ops(model, x), count_head_ops(model, x)
-    param_e, grad_e = param_bytes(job.precision), grad_bytes(job)
     split = count_layers_per_stage(model, plan)
     per_stage = kinds_per_stage(model, plan, x)
     last = plan.pp - 1
@@ -611,7 +615,8 @@ def count_job(job: Job) -> JobInventory:
         seen = alike.get(same)
         if seen is not None:
             stages.append(StageInventory(i, seen.blocks, seen.end_ops, seen.end_collectives, seen.params,
-                                         seen.grad_sync, seen.per_microbatch_dp, seen.optimizer, seen.expert_params))
+                                         seen.grad_sync, seen.per_microbatch_dp, seen.optimizer, seen.expert_params,
+                                         seen.side_kernels))
             continue
         blocks = tuple(
             LayerBlock(counts.get(moe, 0), ops, coll, _is_moe(moe), moe if isinstance(moe, str) else "")
@@ -651,6 +656,7 @@ def count_job(job: Job) -> JobInventory:
                 + _per_microbatch_dp(job, expert_params, grad_e, param_e, ParallelDim.EDP),
                 optimizer=_optimizer_op(updated, grad_e, param_e, adam_state_bytes(job.precision)),
                 expert_params=expert_params,
+                side_kernels=fsdp1_side_kernels(job, params, sum(counts.values()), param_e, grad_e),
             )
         )
         alike[same] = stages[-1]

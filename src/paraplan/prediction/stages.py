@@ -318,6 +318,22 @@ def stage_optimizer_s(inv: JobInventory, st: StageInventory, cm: CostModel) -> f
     return gpu if step is None else step
 
 
+def per_microbatch_dp_s(st: StageInventory, cm: CostModel, comm: CommCosts) -> tuple[float, float]:
+    """Seconds of the stage's data-parallel chain of every micro-batch, forward and backward:
+    ZeRO-3's gathers and ZeRO-2/3's reduce-scatters, with the kernels in their streams' chain
+    (``side_kernels``: FSDP1's shard casts before each all-gather, its gradient casts and divides
+    around each reduce-scatter, ``inventory.fsdp1``). ``stage_timing`` and the plan screen both
+    call it."""
+    if not st.per_microbatch_dp:
+        return 0.0, 0.0
+    dp_f = comm.total(st.per_microbatch_dp, (Phase.FWD,))
+    dp_b = comm.total(st.per_microbatch_dp, BACKWARD)
+    for op in st.side_kernels:
+        dp_f += cm.estimate_op_s(op, Phase.FWD)
+        dp_b += cm.estimate_op_s(op, Phase.BWD_INPUT)
+    return dp_f, dp_b
+
+
 def stage_timing(
     inv: JobInventory, st: StageInventory, cm: CostModel, comm: CommCosts, layers: dict[tuple[bool, str], LayerCost]
 ) -> StageTiming:
@@ -359,9 +375,7 @@ def stage_timing(
     gather_s = comm.total(st.grad_sync, (Phase.OPTIMIZER,))
     # ZeRO-3 prefetches each layer's weights while the previous layer computes, and ZeRO-2/3
     # reduce-scatter gradient buckets while the backward pass goes on (``stage_passes``)
-    dp_f = dp_b = 0.0
-    if st.per_microbatch_dp:
-        dp_f, dp_b = comm.total(st.per_microbatch_dp, (Phase.FWD,)), comm.total(st.per_microbatch_dp, BACKWARD)
+    dp_f, dp_b = per_microbatch_dp_s(st, cm, comm)
     passes = stage_passes(work, n, dp_f, dp_b, reduce_s, gather_s, cm.cluster.gpu.efficiency.overlap_slowdown,
                           plan.overlaps_grad_reduce, offload, share)
     return StageTiming(

@@ -77,7 +77,14 @@ from paraplan.prediction.memory import (
 )
 from paraplan.prediction.offload import OffloadCosts, gradient_copy_s
 from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
-from paraplan.prediction.stages import BACKWARD, CommCosts, LayerCost, ops_seconds, stage_optimizer_s
+from paraplan.prediction.stages import (
+    BACKWARD,
+    CommCosts,
+    LayerCost,
+    ops_seconds,
+    per_microbatch_dp_s,
+    stage_optimizer_s,
+)
 from paraplan.schedule.closed_form import (
     FIRST,
     LAST,
@@ -414,8 +421,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     st.num_layers,
                     comm.total(st.grad_sync, (Phase.BWD_WEIGHT,)),  # reduce
                     comm.total(st.grad_sync, (Phase.OPTIMIZER,)),  # gather
-                    comm.total(st.per_microbatch_dp, (Phase.FWD,)),
-                    comm.total(st.per_microbatch_dp, BACKWARD),
+                    *per_microbatch_dp_s(st, cm, comm),  # dp_f, dp_b
                     stage_optimizer_s(inv, st, cm),  # offload: the CPU step replaces the GPU's
                     mem.persistent,  # static
                     # without the pipelines' per-micro-batch buffers (``_combine`` adds them:
