@@ -8,8 +8,10 @@ import pickle
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from paraplan.catalog import load_cluster, load_job, load_model
+from paraplan.cli.app import app
 from paraplan.prediction import facade, predict
 from paraplan.search import SearchSpace, search_plans
 from paraplan.specs import InternalError, Precision
@@ -74,6 +76,10 @@ def test_a_breakdown_computed_when_read_that_does_not_add_up_is_an_internal_erro
     pred = predict(load_job(EXAMPLES / PIPELINED[0]))  # nothing read yet: nothing to refuse
     with pytest.raises(InternalError, match="breakdown adding up to"):
         pred.breakdown  # noqa: B018
+    # the command still refuses it whole: exit code 3, one line, no part of a table
+    result = CliRunner().invoke(app, ["predict", str(EXAMPLES / PIPELINED[0])], env={"COLUMNS": "80"})
+    assert result.exit_code == 3
+    assert result.output.startswith("internal error: ") and len(result.output.splitlines()) == 1
 
 
 @pytest.mark.parametrize("screen", [True, False])
