@@ -81,7 +81,7 @@ def test_an_impossible_prediction_is_an_internal_error_with_exit_code_3(monkeypa
     from paraplan.prediction import facade
     from paraplan.specs import InternalError
 
-    def impossible(job, *args):
+    def impossible(job, *args, **kwargs):
         raise InternalError("internal error: the prediction for job 'x' is impossible: MFU 120.0 %, above 100 %")
 
     monkeypatch.setattr(facade, "check_possible", impossible)

@@ -26,12 +26,13 @@ from paraplan.prediction.offload import offload_notes
 from paraplan.prediction.result import (
     Breakdown,
     CollectiveEstimate,
+    Deferred,
     OpEstimate,
     Placement,
     Prediction,
     StageTiming,
 )
-from paraplan.prediction.sanity import check_iteration, check_possible
+from paraplan.prediction.sanity import check_breakdown, check_iteration, check_possible
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
 from paraplan.schedule import (
     PipelineResult,
@@ -98,15 +99,19 @@ def assemble_prediction(
     step = [t.optimizer_s for t in timings]
     opt = max(range(plan.pp), key=step.__getitem__)
     iteration = drain[crit] + step[opt]
-    free, compute = network_free_finish(job, timings, pipe)
-    if keep_timeline:
-        pipe = dataclasses.replace(pipe, free_sends_finish=free, compute_finish=compute)
-    parts = stage_parts(job, timings, crit, pipe.finish, free, compute)
-    breakdown = Breakdown(
-        **parts,
-        optimizer_step_s=step[opt],
-    )
     check_iteration(job, iteration)
+    breakdown: Breakdown | Deferred
+    bubble: float | Deferred
+    if keep_timeline or plan.pp == 1:  # the timeline keeps the runs; one stage needs none
+        free, compute = network_free_finish(job, timings, pipe.finish)
+        if keep_timeline:
+            pipe = dataclasses.replace(pipe, free_sends_finish=free, compute_finish=compute)
+        breakdown = critical_breakdown(job, timings, crit, pipe.finish, step[opt], (free, compute))
+        bubble = breakdown.pipeline_bubble_s / iteration
+    else:  # the free-send runs wait for the first read of the breakdown (the search makes none)
+        breakdown = Deferred(functools.partial(checked_breakdown, job, timings, crit, pipe.finish, step[opt],
+                                               iteration))
+        bubble = Deferred(functools.partial(bubble_fraction, breakdown, iteration))
     memory = estimate_memory(inv)
     uncalibrated += offload_notes(job, max(mem.host for mem in memory))
     num_gpus = job.cluster.num_gpus
@@ -120,7 +125,7 @@ def assemble_prediction(
         tflops_per_gpu=inv.model_flops_per_iteration / iteration / num_gpus / 1e12,
         mfu=mfu,
         hfu=hfu,
-        bubble_fraction=breakdown.pipeline_bubble_s / iteration,
+        bubble_fraction=bubble,
         breakdown=breakdown,
         stages=timings,
         memory=memory,
@@ -132,8 +137,38 @@ def assemble_prediction(
         uncalibrated=uncalibrated,
         _explain=functools.partial(explain, inv.stages[crit]),
     )
-    check_possible(prediction, inv, peak_flops_total)
+    check_possible(prediction, inv, peak_flops_total, breakdown=not isinstance(breakdown, Deferred))
     return prediction
+
+
+def critical_breakdown(
+    job: Job,
+    timings: tuple[StageTiming, ...],
+    crit: int,
+    finish: tuple[float, ...],
+    step_s: float,
+    runs: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+) -> Breakdown:
+    """The iteration's breakdown: the critical stage ``crit``'s parts (``stage_parts``) and
+    the slowest optimizer step, ``step_s``. ``runs``: ``network_free_finish``'s, when run."""
+    free, compute = runs if runs is not None else network_free_finish(job, timings, finish)
+    return Breakdown(**stage_parts(job, timings, crit, finish, free, compute), optimizer_step_s=step_s)
+
+
+def checked_breakdown(
+    job: Job, timings: tuple[StageTiming, ...], crit: int, finish: tuple[float, ...], step_s: float,
+    iteration_s: float,
+) -> Breakdown:
+    """``critical_breakdown``, checked as ``check_possible`` checks a prediction's: a
+    prediction's deferred breakdown."""
+    breakdown = critical_breakdown(job, timings, crit, finish, step_s)
+    check_breakdown(job, breakdown, iteration_s)
+    return breakdown
+
+
+def bubble_fraction(breakdown: Deferred, iteration_s: float) -> float:
+    """The pipeline bubble's share of the iteration, from a deferred breakdown."""
+    return breakdown.value().pipeline_bubble_s / iteration_s
 
 
 def run_pipeline(
@@ -161,15 +196,16 @@ def _own_work_mb_s(t: StageTiming) -> float:
 
 
 def network_free_finish(
-    job: Job, timings: tuple[StageTiming, ...], pipe: PipelineResult
+    job: Job, timings: tuple[StageTiming, ...], finish: tuple[float, ...]
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Each stage's finish had every pipeline send been free, and had every collective been
     free as well (the passes their kernels and host copies only): the same schedule, both
-    timed in one walk of its task graph. Only the breakdown needs them (the search's screen
-    never runs them); a single stage's passes run back to back, so there they are ``pipe``'s."""
+    timed in one walk of its task graph. Only the breakdown needs them (the search never runs
+    them: a prediction defers its breakdown until read); a single stage's passes run back to
+    back, so there they are the schedule's ``finish``."""
     plan = job.parallel
     if plan.pp == 1:
-        return pipe.finish, pipe.finish
+        return finish, finish
     passes = ([t.fwd_pass_mb_s for t in timings], [t.bwd_pass_mb_s for t in timings])
     compute = ([t.forward_mb_s + t.offload_fwd_mb_s for t in timings],
                [t.backward_mb_s + t.recompute_mb_s + t.offload_bwd_mb_s for t in timings])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from paraplan.prediction.components import COMPONENTS, Component
 from paraplan.prediction.memory import PlanMemory, StageMemory
@@ -157,6 +158,53 @@ class Placement:
     job: HeteroJob | None = field(default=None, repr=False, compare=False)  # the job predicted
 
 
+class Deferred:
+    """A figure computed when first read: ``compute()``, once. A ``Prediction`` given one for
+    its breakdown or bubble fraction computes it on the first read of the field (the plan
+    search reads neither, and a pipeline's breakdown costs a second run of its schedule).
+    It pickles as what it holds: the function (a module-level one with its arguments), or the
+    value once computed."""
+
+    __slots__ = ("_compute", "_value")
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self._compute: Callable[[], Any] | None = compute
+        self._value: Any = None
+
+    def __getstate__(self) -> tuple:
+        return self._compute, self._value
+
+    def __setstate__(self, state: tuple) -> None:
+        self._compute, self._value = state
+
+    def value(self) -> Any:
+        if self._compute is not None:
+            self._value = self._compute()
+            self._compute = None  # and what it held (the stages, the job) with it
+        return self._value
+
+
+class _OnRead:
+    """A field of a frozen dataclass that may be given as a ``Deferred``: its first read
+    computes it and keeps the value in its place. Read as any other field (``asdict``,
+    ``replace``, ``==`` and ``repr`` read it too); there is no default."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            raise AttributeError(self._name)  # the dataclass then sees no default
+        value = obj.__dict__[self._name]
+        if isinstance(value, Deferred):
+            value = value.value()
+            obj.__dict__[self._name] = value
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:  # the dataclass's __init__ only (frozen)
+        obj.__dict__[self._name] = value
+
+
 @dataclass(frozen=True)
 class Prediction:
     """Everything paraplan predicts for one job. ``to_dict()`` gives the JSON form."""
@@ -168,8 +216,9 @@ class Prediction:
     tflops_per_gpu: float
     mfu: float
     hfu: float
-    bubble_fraction: float
-    breakdown: Breakdown
+    # a pipeline's: given as a ``Deferred``, computed on the first read (``prediction.facade``)
+    bubble_fraction: float = _OnRead()  # type: ignore[assignment]
+    breakdown: Breakdown = _OnRead()  # type: ignore[assignment]
     stages: tuple[StageTiming, ...]
     memory: PlanMemory  # given as the stages' StageMemory, it is wrapped with their GPUs' HBM
     params_total: float
