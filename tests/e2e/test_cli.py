@@ -32,7 +32,7 @@ def test_predict_json_has_the_documented_keys():
         assert key in data
     assert set(data["breakdown"]) == {
         "forward_compute_s", "backward_compute_s", "recompute_s", "tp_communication_s", "cp_communication_s",
-        "ep_communication_s", "dp_communication_s", "pipeline_p2p_s", "offload_s", "optimizer_step_s",
+        "ep_communication_s", "dp_communication_s", "pipeline_p2p_s", "offload_s", "host_wait_s", "optimizer_step_s",
         "pipeline_bubble_s",
     }
     assert data["memory"]["fits"] in (True, False)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from paraplan.catalog import load_host_launch, resolve_job
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
 from paraplan.prediction import predict
+from paraplan.prediction.components import components_of
 from paraplan.prediction.host_sync import launch_bound_s
 from paraplan.prediction.stages import CommCosts, LayerCost
 
@@ -102,3 +104,71 @@ def test_a_moe_prediction_says_its_host_launch_cost_was_measured_on_another_host
     synced = predict(_moe_job(True, 2048))
     assert any("host launch cost 38.9 us" in note and "no measurement" in note for note in synced.uncalibrated)
     assert not any("host launch cost" in note for note in predict(_moe_job(False, 2048)).uncalibrated)
+
+
+# --- the breakdown: waiting for the host is its own component, never compute ---------------
+
+
+def test_a_host_bound_moe_layers_wait_is_host_launch_wait_not_forward_compute():
+    synced, free = predict(_moe_job(True, 64)), predict(_moe_job(False, 64))
+    wait = synced.breakdown.host_wait_s
+    assert wait > 0.05 * synced.iteration_s  # a short sequence: the host's launches hold the GPU
+    # the kernels take as long either way; the iteration's growth is the wait, all of it
+    assert synced.breakdown.forward_compute_s == pytest.approx(free.breakdown.forward_compute_s, rel=1e-12)
+    assert wait == pytest.approx(synced.iteration_s - free.iteration_s, rel=1e-9)
+    assert free.breakdown.host_wait_s == 0.0
+    assert synced.breakdown.total_s == pytest.approx(synced.iteration_s, rel=1e-9)
+    (stage,) = synced.stages
+    m = synced.job.parallel.num_microbatches
+    assert m * stage.host_wait_mb_s == pytest.approx(wait, rel=1e-12)
+    moe_layers = sum(b.num_layers for b in count_job(synced.job).stages[0].blocks if b.moe)
+    assert stage.host_wait_mb_s == pytest.approx(moe_layers * _moe_layer(synced.job).host_fwd, rel=1e-12)
+    assert "host launch wait" in [c.label for c in components_of(synced.job)]
+
+
+def test_a_host_launch_wait_is_named_in_the_table_the_json_and_the_csv():
+    from rich.console import Console
+
+    from paraplan.report.formats import render_csv
+    from paraplan.report.tables import render_prediction
+
+    pred = predict(_moe_job(True, 64))
+    console = Console(width=80, record=True)
+    console.print(render_prediction(pred))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    (row,) = [line for line in text.splitlines() if "host launch wait" in line]
+    assert f"{pred.breakdown.host_wait_s:.4f}" in row
+    data = json.loads(json.dumps(pred.to_dict()))
+    assert data["breakdown"]["host_wait_s"] == pytest.approx(pred.breakdown.host_wait_s)
+    header = render_csv([pred.to_dict()]).splitlines()[0].split(",")
+    assert "breakdown.host_wait_s" in header
+
+
+def test_a_pipelined_moe_stages_host_wait_is_neither_compute_nor_bubble():
+    from paraplan.report.stagebars import stage_bars
+
+    job = resolve_job({"model": {"name": "mixtral-8x7b", "seq_length": 64},
+                       "cluster": {"name": "dgx-h100", "num_nodes": 2},
+                       "parallel": {"tp": 1, "pp": 2, "ep": 8, "micro_batch_size": 1, "global_batch_size": 64,
+                                    "zero_stage": 1}})
+    pred = predict(job, keep_timeline=True)
+    m = job.parallel.num_microbatches
+    waits = [m * t.host_wait_mb_s for t in pred.stages]
+    assert min(waits) > 0
+    for bar in stage_bars(pred):  # every stage's bar names its own wait and adds up to the iteration
+        assert bar.as_dict()["host launch wait"] == pytest.approx(waits[bar.stage], rel=1e-9)
+        assert bar.total_s == pytest.approx(pred.iteration_s, rel=1e-9)
+        if bar.critical:
+            assert pred.breakdown.host_wait_s == pytest.approx(waits[bar.stage], rel=1e-9)
+
+
+def test_a_dense_job_has_no_host_launch_wait_component():
+    dense = resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                         "parallel": {"tp": 2, "micro_batch_size": 1, "global_batch_size": 64}})
+    assert dense.parallel.moe_host_sync  # the flag is on; a dense model has no dispatcher to sync
+    pred = predict(dense)
+    assert pred.breakdown.host_wait_s == 0.0
+    assert all(t.host_wait_mb_s == 0.0 for t in pred.stages)
+    assert "host_wait_s" not in [c.field for c in components_of(dense)]
+    assert "host_wait_s" not in [c.field for c in components_of(_moe_job(False, 64))]

@@ -22,7 +22,7 @@ from paraplan.specs import Job
 class ComponentKind(str, Enum):
     COMPUTE = "compute"  # kernels of the passes (a faster network leaves them unchanged)
     COMMUNICATION = "communication"  # collectives and pipeline sends over the GPUs' links
-    HOST = "host"  # copies between GPU and host memory (offload)
+    HOST = "host"  # waiting for the host: its copies to and from GPU memory (offload), its kernel launches
     OPTIMIZER = "optimizer"  # the optimizer step
     IDLE = "idle"  # waiting for other stages' kernels (pipeline bubble)
 
@@ -53,6 +53,8 @@ COMPONENTS: tuple[Component, ...] = (
     _C("pipeline_p2p_s", "pipeline p2p", _K.COMMUNICATION,
        "what waiting for the sends between pipeline stages costs (the finish less the finish with free sends)"),
     _C("offload_s", "offload copies", _K.HOST, "host-memory copies the passes wait for (offload)"),
+    _C("host_wait_s", "host launch wait", _K.HOST,
+       "GPU idle while the host launches kernels after a host sync (MoE token dispatch)"),
     _C("optimizer_step_s", "optimizer step", _K.OPTIMIZER, "the optimizer step"),
     _C("pipeline_bubble_s", "pipeline bubble (idle)", _K.IDLE,
        "the schedule's own idle time: waiting for other stages' kernels (sends and collectives free)"),
@@ -64,7 +66,8 @@ BY_FIELD = {c.field: c for c in COMPONENTS}
 def components_of(job: Job) -> tuple[Component, ...]:
     """The components a plan can have (a table lists these, and any other that is not zero):
     TP with tp > 1, CP with cp > 1, EP on a mixture of experts split over ranks, DP with data
-    parallelism or ZeRO, p2p and bubble with a pipeline, offload copies with offload."""
+    parallelism or ZeRO, p2p and bubble with a pipeline, offload copies with offload, the host
+    launch wait on a mixture of experts whose token dispatcher syncs the host."""
     plan, model = job.parallel, job.model
     applies = {
         "recompute_s": plan.recompute.value != "none",
@@ -75,5 +78,6 @@ def components_of(job: Job) -> tuple[Component, ...]:
         "pipeline_p2p_s": plan.pp > 1,
         "pipeline_bubble_s": plan.pp > 1,
         "offload_s": plan.offloads,
+        "host_wait_s": model.is_moe and plan.moe_host_sync,
     }
     return tuple(c for c in COMPONENTS if applies.get(c.field, True))

@@ -191,15 +191,15 @@ def run_pipeline(
 
 def _own_work_mb_s(t: StageTiming) -> float:
     """One micro-batch's seconds on stage ``t`` that no network speed changes: its kernels and
-    the host copies it waits for."""
-    return t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.offload_mb_s
+    the host copies and kernel launches it waits for."""
+    return t.forward_mb_s + t.backward_mb_s + t.recompute_mb_s + t.offload_mb_s + t.host_wait_mb_s
 
 
 def network_free_finish(
     job: Job, timings: tuple[StageTiming, ...], finish: tuple[float, ...]
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Each stage's finish had every pipeline send been free, and had every collective been
-    free as well (the passes their kernels and host copies only): the same schedule, both
+    free as well (the passes their kernels and host waits only): the same schedule, both
     timed in one walk of its task graph. Only the breakdown needs them (the search never runs
     them: a prediction defers its breakdown until read); a single stage's passes run back to
     back, so there they are the schedule's ``finish``."""
@@ -207,7 +207,7 @@ def network_free_finish(
     if plan.pp == 1:
         return finish, finish
     passes = ([t.fwd_pass_mb_s for t in timings], [t.bwd_pass_mb_s for t in timings])
-    compute = ([t.forward_mb_s + t.offload_fwd_mb_s for t in timings],
+    compute = ([t.forward_mb_s + t.host_wait_mb_s + t.offload_fwd_mb_s for t in timings],
                [t.backward_mb_s + t.recompute_mb_s + t.offload_bwd_mb_s for t in timings])
     if plan.runs_deepspeed_train_schedule:
         return deepspeed_free_sends_finish(passes, compute, plan.num_microbatches)

@@ -31,6 +31,7 @@ class Breakdown:
     dp_communication_s: float
     pipeline_p2p_s: float
     offload_s: float
+    host_wait_s: float
     optimizer_step_s: float
     pipeline_bubble_s: float
 
@@ -50,7 +51,8 @@ class StageTiming:
     A pass is its kernels' own seconds (``forward_mb_s``, ``backward_mb_s``, ``recompute_mb_s``)
     plus what each kind of communication adds to it on the stage's path (``tp_``, ``cp_``,
     ``ep_``, ``zero_`` and ``offload_`` ``fwd``/``bwd``): the exposed part of a collective and
-    the slowdown of the kernels it overlaps. ``fwd_pass_mb_s`` and ``bwd_pass_mb_s`` are the
+    the slowdown of the kernels it overlaps; the forward also what it waits for the host's
+    kernel launches (``host_wait_mb_s``). ``fwd_pass_mb_s`` and ``bwd_pass_mb_s`` are the
     passes' totals as the pipeline schedule takes them (the parts add up to them)."""
 
     stage: int
@@ -79,6 +81,9 @@ class StageTiming:
     # the weight-gradient operators' share of the backward pass (the W pass of a zero-bubble
     # schedule; everything else of the backward, collectives and recompute included, is B)
     wgrad_mb_s: float = 0.0
+    # what the forward pass waits for the host's kernel launches after a MoE dispatcher's sync
+    # (``prediction.host_sync``): in ``fwd_pass_mb_s``, not in ``forward_mb_s``
+    host_wait_mb_s: float = 0.0
 
     @property
     def p2p_fwd_s(self) -> float:
@@ -104,6 +109,7 @@ class StageTiming:
             "ep_communication_s": self.ep_fwd_mb_s + self.ep_bwd_mb_s,
             "dp_communication_s": self.zero_fwd_mb_s + self.zero_bwd_mb_s,
             "offload_s": self.offload_mb_s,
+            "host_wait_s": self.host_wait_mb_s,
         }
 
 

@@ -62,7 +62,8 @@ def unbalanced(prediction: Prediction, rel: float = 1e-9, *, breakdown: bool = T
     the schedule was given."""
     out = _unbalanced_total(prediction.breakdown, prediction.iteration_s, rel) if breakdown else []
     for t in prediction.stages:
-        fwd = t.forward_mb_s + t.tp_fwd_mb_s + t.cp_fwd_mb_s + t.ep_fwd_mb_s + t.zero_fwd_mb_s + t.offload_fwd_mb_s
+        fwd = (t.forward_mb_s + t.tp_fwd_mb_s + t.cp_fwd_mb_s + t.ep_fwd_mb_s + t.zero_fwd_mb_s + t.offload_fwd_mb_s
+               + t.host_wait_mb_s)
         bwd = (t.backward_mb_s + t.recompute_mb_s + t.tp_bwd_mb_s + t.cp_bwd_mb_s + t.ep_bwd_mb_s + t.zero_bwd_mb_s
                + t.offload_bwd_mb_s)
         for name, parts, whole in (("forward", fwd, t.fwd_pass_mb_s), ("backward", bwd, t.bwd_pass_mb_s)):

@@ -77,7 +77,7 @@ class LayerCost:
     ep_paired_fwd: float = 0.0
     ep_paired_bwd: float = 0.0
     # of fwd_total, what the host's kernel launches add after a MoE dispatcher's sync
-    # (``prediction.host_sync``; ParallelPlan.moe_host_sync)
+    # (``prediction.host_sync``; ParallelPlan.moe_host_sync): the breakdown's host launch wait
     host_fwd: float = 0.0
 
     @property
@@ -350,13 +350,14 @@ def stage_timing(
     tp_b = comm.total(st.end_collectives, BACKWARD)
     ends = PassWork(*ops_passes(cm, st.end_ops), tp_f, tp_b)
     blocks = []
-    rc_kernels = cp_f = cp_b = ep_f = ep_b = 0.0
+    rc_kernels = cp_f = cp_b = ep_f = ep_b = host_f = 0.0
     share = paired_share_of(plan)
     for block in st.blocks:
         k, layer = block.num_layers, layers[block.key]
         rc = recompute_cost(plan, block.ops, inv.shape, k)
         blocks.append((k, layer.work(rc)))
         rc_kernels += k * layer.recompute_kernels_s(rc)
+        host_f += k * layer.host_fwd
         # a recomputed forward's collectives run again in the backward pass
         again = rc.comm_weight
         tp_f += k * layer.tp_fwd
@@ -381,7 +382,9 @@ def stage_timing(
     return StageTiming(
         stage=st.index,
         num_layers=n,
-        forward_mb_s=work.forward,
+        # the forward's wait for the host's launches is in its total (``LayerCost.fwd_total``),
+        # taken out of its kernels' seconds for the breakdown (waiting is never compute)
+        forward_mb_s=work.forward - host_f,
         backward_mb_s=work.backward,
         recompute_mb_s=rc_kernels,
         tp_fwd_mb_s=tp_f,
@@ -403,6 +406,7 @@ def stage_timing(
         optimizer_s=stage_optimizer_s(inv, st, cm),
         p2p_mask_s=comm.seconds(inv.p2p_mask) if inv.p2p_mask is not None else 0.0,
         wgrad_mb_s=work.wgrad,
+        host_wait_mb_s=host_f,
     )
 
 

@@ -34,6 +34,7 @@ _COMPONENT_COLORS = {
     "dp_communication_s": "#c44e52",
     "pipeline_p2p_s": "#8172b3",
     "offload_s": "#ccb974",
+    "host_wait_s": "#8c8c8c",
     "optimizer_step_s": "#937860",
     "pipeline_bubble_s": "#e5e5e5",
 }

@@ -103,7 +103,7 @@ def _task_waits(t: StageTiming, kind: str, seconds: float, chunks: int, split: b
         kernels = t.forward_mb_s
         waits = {"tp_communication_s": t.tp_fwd_mb_s, "cp_communication_s": t.cp_fwd_mb_s,
                  "ep_communication_s": t.ep_fwd_mb_s, "dp_communication_s": t.zero_fwd_mb_s,
-                 "offload_s": t.offload_fwd_mb_s}
+                 "offload_s": t.offload_fwd_mb_s, "host_wait_s": t.host_wait_mb_s}
     else:
         kernels = t.backward_mb_s - (t.wgrad_mb_s if split else 0.0) + t.recompute_mb_s
         waits = {"tp_communication_s": t.tp_bwd_mb_s, "cp_communication_s": t.cp_bwd_mb_s,
