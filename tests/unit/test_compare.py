@@ -149,3 +149,17 @@ def test_csv_and_json_give_the_memory_margin_and_every_memory_part_of_a_and_b(ze
         assert rows[part.key]["b"] == getattr(cmp.b.worst_memory, part.field)
         assert part.key in cmp.to_dict()["difference"]
     assert "memory.margin_bytes" in render_csv(list(rows.values()))
+
+
+def test_a_plan_field_the_json_settings_do_not_show_is_still_named_when_it_differs():
+    cmp = compare_predictions(_pred(), _pred(tp_comm_overlap=True, sequence_parallel=True))
+    differ = {key: (a, b) for key, a, b in cmp.settings}
+    assert differ["parallel.tp_comm_overlap"] == (False, True)
+    assert differ["parallel.sequence_parallel"] == (False, True)
+
+
+def test_two_models_are_named_by_their_names_not_by_every_field():
+    other = predict(resolve_job({"model": "llama-2-13b", "cluster": {"name": "dgx-a100", "num_nodes": 2},
+                                 "parallel": {"tp": 4, "pp": 2, "micro_batch_size": 1, "global_batch_size": 32}}))
+    keys = [key for key, _, _ in compare_predictions(_pred(), other).settings]
+    assert "model" in keys and not any(key.startswith("model.") for key in keys)

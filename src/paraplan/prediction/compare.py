@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 from paraplan.prediction.memory_parts import MEMORY_PARTS
 from paraplan.prediction.result import Prediction
+from paraplan.specs import PLAN_ALIASES
 
 # the summary's figures, in the order they are shown; each is a key of Prediction.to_dict()
 # (``memory.total_bytes``: the worst stage's per GPU; ``memory.margin_bytes``: what it leaves
@@ -96,7 +97,7 @@ def compare_predictions(a: Prediction, b: Prediction) -> Comparison:
                        for f in fields(a.breakdown))
     total = Delta("total_s", a.breakdown.total_s, b.breakdown.total_s)
     memory = tuple(Delta(part.key, _lookup(da, part.key), _lookup(db, part.key)) for part in MEMORY_PARTS)
-    return Comparison(a, b, summary, (*components, total), _settings(da, db), memory)
+    return Comparison(a, b, summary, (*components, total), _settings(da, db) + _spec_settings(a, b, da, db), memory)
 
 
 # the settings of a job, as keys of Prediction.to_dict() (``parallel``: every key of the plan)
@@ -107,6 +108,23 @@ def _settings(da: dict, db: dict) -> tuple[tuple[str, object, object], ...]:
     keys = [*_SETTINGS, *(f"parallel.{k}" for k in {**da["parallel"], **db["parallel"]})]
     pairs = ((key, _get(da, key), _get(db, key)) for key in keys)
     return tuple((key, a, b) for key, a, b in pairs if a != b)
+
+
+def _spec_settings(a: Prediction, b: Prediction, da: dict, db: dict) -> tuple[tuple[str, object, object], ...]:
+    """The model and plan fields the two jobs state differently that the JSON's settings do not
+    show (``parallel.moe_host_sync``, ``parallel.tp_comm_overlap``, ``model.rmsnorm_fusion``,
+    ...): every field of the specs, so no difference is ever called "nothing". Two different
+    models differ in every field: their names say it, their fields are not listed."""
+    shown = {*_SETTINGS, *(f"parallel.{k}" for k in {**da["parallel"], **db["parallel"]})}
+    shown |= {f"parallel.{long}" for short, long in PLAN_ALIASES.items() if f"parallel.{short}" in shown}
+    out = []
+    for part in ("model", "parallel") if da["model"] == db["model"] else ("parallel",):
+        sa, sb = (getattr(p.job, part).model_dump(mode="json") for p in (a, b))
+        for key in sa.keys() | sb.keys():
+            name = f"{part}.{key}"
+            if name not in shown and key not in ("name", "seq_length") and sa.get(key) != sb.get(key):
+                out.append((name, sa.get(key), sb.get(key)))
+    return tuple(sorted(out))
 
 
 def _get(data: dict, key: str) -> object:
