@@ -792,3 +792,12 @@ def test_the_torchtitan_recipe_chunks_the_loss_as_the_prediction_did_or_says_it_
     assert "loss_chunks" not in eight and "num_chunks=" not in eight  # ChunkedLossWrapper's default
     four = render_torchtitan(titan(loss_chunks=4), None)
     assert "num_chunks=4," in four and "loss_chunks" not in four
+
+
+def test_torchtitan_recipe_turns_on_async_tp_in_the_compile_config_where_the_plan_runs_it():
+    job = job_from(LLAMA, framework="fsdp", recompute="op", async_tp=True)
+    calls = titan_recipe(render_torchtitan(job, predict(job)))
+    assert calls["CompileConfig"]["enable_async_tensor_parallel"] is True
+    assert "model" in calls["CompileConfig"]["components"]  # the micro-pipeline pass needs the model compiled
+    plain = titan_recipe(render_torchtitan(job_from(LLAMA, framework="fsdp", recompute="op")))
+    assert "enable_async_tensor_parallel" not in plain.get("CompileConfig", {})

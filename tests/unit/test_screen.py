@@ -446,3 +446,11 @@ def test_the_screen_matches_the_exact_prediction_with_torchtitan_s_chunked_loss(
     jobs = screen_matches_the_exact_prediction((load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=1),
                                                 Precision.BF16, 16, space))
     assert jobs and all(j.parallel.loss_chunks == 8 for j in jobs)
+
+
+def test_the_screen_matches_the_exact_prediction_with_torchtitan_s_async_tp():
+    space = SearchSpace(framework="fsdp", tp=(1, 2, 4), pp=(1, 2), micro_batch_size=(1, 2), extra={"async_tp": True})
+    assert screenable(space)
+    jobs = screen_matches_the_exact_prediction((load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=1),
+                                                Precision.BF16, 16, space))
+    assert any(j.parallel.async_tp and j.parallel.tp > 1 for j in jobs)

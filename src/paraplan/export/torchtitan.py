@@ -156,7 +156,8 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
                    f"parameters sharded, parameters kept gathered from forward to backward): {closest}")
     if p.tp_comm_overlap or p.overlap_p2p_comm:
         out.append("parallel.tp_comm_overlap / overlap_p2p_comm: Megatron-LM's overlaps; torchtitan's async "
-                   "TP is CompileConfig.enable_async_tensor_parallel (with torch.compile), not set here")
+                   "TP is CompileConfig.enable_async_tensor_parallel (with torch.compile), not set here: "
+                   "predict with async_tp: true for it")
     if p.recompute is Recompute.SELECTIVE:
         out.append("parallel.recompute: torchtitan's selective recompute is per-op (saves matmul and attention "
                    "outputs), not Megatron-LM's core-attention recompute the prediction assumed; "
@@ -307,8 +308,10 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
     ]
     if float8:
         imports.append("from torchtitan.components.quantization import Float8LinearConverter")
+    async_tp = _async_tp(job)
     imports.append("from torchtitan.config import " + ", ".join(
-        (["CompileConfig"] if float8 or job.parallel.compile_loss else []) + ["ParallelismConfig", "TrainingConfig"]))
+        (["CompileConfig"] if float8 or async_tp or job.parallel.compile_loss else [])
+        + ["ParallelismConfig", "TrainingConfig"]))
     if ac is not None:
         imports.append(f"from torchtitan.distributed.activation_checkpoint import {ac}")
     imports += [
@@ -364,14 +367,23 @@ def render_torchtitan(job: Job, prediction: Prediction | None = None) -> str:
     ]
     # float8 needs the model compiled; the loss is compiled where the prediction's is (compile_loss:
     # a compiled loss holds fewer copies of the logits, ``prediction.framework_memory.loss_logits_bytes``)
-    components = (["model"] if float8 else []) + (["loss"] if job.parallel.compile_loss else [])
+    # async TP (parallel.async_tp) is inductor's micro-pipeline pass over the compiled model
+    components = (["model"] if float8 or async_tp else []) + (["loss"] if job.parallel.compile_loss else [])
     if components:
-        body.append(f"        compile=CompileConfig(enable=True, components={components!r}),".replace("'", '"'))
+        fused = ", enable_async_tensor_parallel=True" if async_tp else ""
+        body.append(f"        compile=CompileConfig(enable=True, components={components!r}{fused}),".replace("'", '"'))
     body.append("    )")
     quotes = '"' * 3
     docstring = "r" + quotes + "\n".join(head).replace(quotes, "'" * 3) + "\n" + quotes
     parts = [docstring, "\n".join(imports), "\n".join(["def model_spec():", *spec_body]), "\n".join(body)]
     return "\n\n\n".join(parts) + "\n"
+
+
+def _async_tp(job: Job) -> bool:
+    """Whether the recipe turns on async TP (CompileConfig.enable_async_tensor_parallel): the plan's
+    ``async_tp`` where there is TP to fuse (tp > 1, sequence parallel)."""
+    p = job.parallel
+    return bool(p.async_tp) and p.tp > 1 and p.sequence_parallel
 
 
 def _checkpoint_interval(prediction: Prediction | None) -> int:

@@ -23,6 +23,7 @@ from paraplan.inventory import (
 )
 from paraplan.inventory.moe import is_shared_expert
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
+from paraplan.prediction.async_tp import async_tp_layer, runs_async_tp
 from paraplan.prediction.host_sync import host_wait_s
 from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.prediction.offload import offload_costs, optimizer_step_s
@@ -112,12 +113,15 @@ class LayerCost:
         weight = tuple(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
         bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + w for op, w in zip(ops, weight, strict=True))
         tp = tuple(c for c in block.collectives if c.dim is ParallelDim.TP)
+        if runs_async_tp(comm):  # PyTorch's fused all-gather/reduce-scatter matmuls
+            fwd, bwd, tp_f, tp_b = async_tp_layer(ops, fwd, bwd, weight, tp, cm, comm)
+        else:
+            tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
         attn_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind in _ATTENTION_KINDS)
         attn_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind in _ATTENTION_KINDS)
         cp_f, cp_b = context_comm(attn_f, attn_b, cp, comm)
-        tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
         if comm.plan.tp_comm_overlap:
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)

@@ -130,6 +130,7 @@ from paraplan.specs.plan import PP_LAYERS_REASON, pp_layers_problem
 SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "schedule", "expert_load_imbalance",
                               "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "attention_kernel",
                               "cp_comm_type",  # a layer's CP exchange: LayerCost per shard shape
+                              "async_tp",  # PyTorch's fused TP matmuls, alike (prediction.async_tp)
                               "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",  # its EP exchange, alike
                               # the loss's copies of the logits: microbatch_bytes per shard shape
                               "cross_entropy_loss_fusion", "compile_loss", "loss_chunks",

@@ -167,6 +167,13 @@ class ParallelPlan(BaseModel):
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: Bool = False
+    # PyTorch's asynchronous tensor parallelism (torchtitan's enable_async_tensor_parallel, under
+    # torch.compile; framework fsdp): inductor's micro-pipeline pass fuses each sequence-parallel
+    # all-gather and reduce-scatter with its matmuls (torch.ops.symm_mem.fused_all_gather_matmul,
+    # fused_matmul_reduce_scatter), which run in tp steps of 1/tp of the rows beside peer-to-peer
+    # copies over NVLink (``prediction.stages.async_tp_layer``); no effect with tp 1 or without
+    # sequence parallelism (nothing to fuse)
+    async_tp: Bool = False
     # PyTorch FSDP's version (framework fsdp): FSDP2 (fully_shard, torchtitan; the default) copies
     # each gathered unit out of the all-gather buffer and its gradients into the reduce-scatter
     # buffer; FSDP1's flat parameters (fms-fsdp, MosaicML) are views of those buffers
@@ -332,6 +339,16 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 "parallel.tp_comm_overlap: overlaps the sequence-parallel collectives, so it needs "
                 "tensor_model_parallel_size > 1 and sequence_parallel: true"
+            )
+        if self.async_tp and self.framework is not Framework.FSDP:
+            raise ValueError(
+                "parallel.async_tp: PyTorch's asynchronous tensor parallelism (torchtitan, framework fsdp); "
+                f"framework {self.framework.value} overlaps its TP collectives with tp_comm_overlap"
+            )
+        if self.async_tp and self.tp_comm_overlap:
+            raise ValueError(
+                "parallel.async_tp: PyTorch's asynchronous TP and tp_comm_overlap (Transformer Engine's "
+                "userbuffers) are two implementations of the same overlap; set one"
             )
         if self.overlap_p2p_comm and self.schedule is not Schedule.INTERLEAVED:
             raise ValueError(
