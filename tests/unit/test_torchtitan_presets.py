@@ -148,3 +148,23 @@ def test_torchtitan_0_3_s_chunked_loss_holds_less_than_an_eighth_of_0_1_s_whole_
                   ).memory.to_dict()
     assert 0 < new["logits_bytes"] < old["logits_bytes"] / 8
     assert new["total_bytes"] < old["total_bytes"]
+
+
+def test_a_torchtitan_search_screens_its_chunked_loss_and_pipeline_outputs_as_predict_does():
+    from paraplan.catalog import load_cluster, load_model
+    from paraplan.prediction import predict
+    from paraplan.search import SearchSpace
+    from paraplan.search.screen import screen_plans
+    from paraplan.search.space import enumerate_plans, iter_unique
+    from paraplan.specs import Precision
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=2)
+    space = SearchSpace(framework="torchtitan", micro_batch_size=(1,), pp=(1, 2), tp=(1, 2))
+    screen = screen_plans(model, cluster, 32, Precision.BF16, space)
+    jobs = list(iter_unique(enumerate_plans(model, cluster, 32, Precision.BF16, space).jobs))
+    assert len(screen) == len(jobs) and {j.parallel.loss_chunks for j in jobs} == {8}
+    assert any(j.parallel.pp > 1 for j in jobs)
+    for i, job in enumerate(jobs):
+        pred = predict(job)
+        assert screen.memory_bytes[i] == max(m.total for m in pred.memory), job.name
+        assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=0.02), job.name
