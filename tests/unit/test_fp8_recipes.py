@@ -123,12 +123,13 @@ def test_the_more_passes_a_recipe_makes_over_its_tensors_the_slower_its_iteratio
 
 
 def test_presets_set_their_cited_recipe_only_for_fp8_jobs_and_a_stated_one_wins():
-    titan = job(framework="torchtitan", tp=1, sequence_parallel=False)
+    titan = job(framework="torchtitan-0.1", tp=1, sequence_parallel=False)
     assert titan.parallel.fp8_recipe is FP8Recipe.CURRENT
     assert titan.preset.taken["fp8_recipe"] == "current"
+    assert job(framework="torchtitan", tp=1, sequence_parallel=False).preset.taken["fp8_recipe"] == "rowwise"  # 0.3
     assert "fp8_recipe" not in job(framework="torchtitan", precision="bf16", tp=1, sequence_parallel=False).preset.taken
     assert job(framework="nemo-24.07").parallel.fp8_recipe is FP8Recipe.DELAYED
-    stated = job("rowwise", framework="torchtitan", tp=1, sequence_parallel=False)
+    stated = job("rowwise", framework="torchtitan-0.1", tp=1, sequence_parallel=False)
     assert stated.parallel.fp8_recipe is FP8Recipe.ROWWISE
     assert stated.preset.overridden["fp8_recipe"] == ("rowwise", "current")
 

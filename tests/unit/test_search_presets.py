@@ -63,8 +63,14 @@ def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_p
     # parallelism it pins ("with tp > 1"), so megatron-core's default (off) replaces it
     assert space.zero_stage == (0, 1) and len(space.recompute) == 3 and space.sequence_parallel == "off"
     assert SearchSpace(framework="nemo-24.07").sequence_parallel == "with_tp"
-    assert SearchSpace(framework="torchtitan").preset_fields == ("grad_reduce_in_fp32", "fsdp_version", "recompute_every",
-                                                                 "cp_comm_type", "attention_kernel", "fp8_recipe")
+    assert SearchSpace(framework="torchtitan-0.1").preset_fields == ("grad_reduce_in_fp32", "fsdp_version",
+                                                                     "recompute_every", "cp_comm_type",
+                                                                     "attention_kernel", "fp8_recipe")
+    # torchtitan 0.3 pins its sequence parallelism, async TP (off), the uncompiled and chunked loss
+    # and the pipeline's outputs; its recompute stays searched (none, full, op: what it runs)
+    assert SearchSpace(framework="torchtitan").preset_fields == (
+        "sequence_parallel", "tp_comm_overlap", "grad_reduce_in_fp32", "compile_loss", "fsdp_version", "loss_chunks",
+        "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe")
 
 
 def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():
@@ -136,7 +142,7 @@ def test_the_saved_best_plan_names_the_preset_and_predicts_the_same_time(tmp_pat
     assert code == 0
     top = json.loads(out)["plans"][0]
     saved = yaml.safe_load(best.read_text())
-    assert saved["parallel"]["framework"] == "torchtitan-0.1" and "fsdp_version" not in saved["parallel"]
+    assert saved["parallel"]["framework"] == "torchtitan-0.3" and "fsdp_version" not in saved["parallel"]
     code, out, _ = _run("predict", str(best), "-f", "json")
     assert code == 0
     predicted = json.loads(out)

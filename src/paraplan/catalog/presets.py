@@ -12,7 +12,11 @@ What a framework launches at all (``runs``: fms-fsdp only data parallelism, tp =
 and activation checkpointing of whole blocks only, recompute none | full | layer) is one rule,
 ``runs_problem``: a job naming the preset is refused outside it, and the search's axes for the
 preset keep only the values it allows.
-The published-runs reader finds a record's preset by the ``keywords`` of these files.
+The published-runs reader finds a record's preset by the ``keywords`` of these files (a newer
+version's file names its version, ``torchtitan 0.3``, so that a record naming the framework alone
+stays with the version its date ran). Besides the plan fields of the engines, a preset may set the
+loss as the framework's recipes run it (``compile_loss``, ``loss_chunks``) and whether torch's
+pipelining keeps every micro-batch's output (``pipeline_keeps_outputs``, with pp > 1).
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ _WHEN = {
     "layer_recompute": "with recompute 'layer'",
     "fp8": "with precision fp8",
     "context_parallel": "with context parallelism (cp > 1)",
+    "pipeline_parallel": "with pipeline parallelism (pp > 1)",
 }
 # the order defaults are applied in (a later one may depend on an earlier one)
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "overlap_p2p_comm", "scatter_gather_p2p",
-          "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "fsdp_version", "recompute", "recompute_every",
-          "data_parallel_shard_degree", "cp_comm_type", "attention_kernel", "fp8_recipe")
+          "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "compile_loss", "fsdp_version", "recompute",
+          "recompute_every", "loss_chunks", "pipeline_keeps_outputs", "data_parallel_shard_degree", "cp_comm_type",
+          "attention_kernel", "fp8_recipe")
 _RECORDED = ("attention_kernel", "fp8_recipe")
 # Model fields a preset may set (``model_defaults``): how the framework's own model code runs a
 # kernel the model's architecture has, each applying only where the model has it
@@ -239,6 +245,8 @@ def _applies(default: Default, plan: dict[str, Any], num_gpus: int, node: int,
         return tp > 1 and bool(plan.get("sequence_parallel"))
     if default.when == "context_parallel":
         return int(plan.get("context_parallel_size") or 1) > 1
+    if default.when == "pipeline_parallel":
+        return int(plan.get("pipeline_model_parallel_size") or 1) > 1
     if default.when == "layer_recompute":
         return plan.get("recompute") == "layer"
     if default.when == "interleaved":

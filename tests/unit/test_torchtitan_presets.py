@@ -1,0 +1,170 @@
+"""The torchtitan presets: torchtitan-0.3 (the 0.3.0 release `paraplan export torchtitan` targets,
+each default read from its code) is what plain `torchtitan` names; the published torchtitan runs
+of August 2024 stay torchtitan-0.1's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from paraplan.catalog import resolve_job
+from paraplan.catalog.presets import apply_preset, find_preset, preset_sources
+from paraplan.cli.app import app
+from paraplan.specs import ConfigError, FP8Recipe, Framework, Recompute
+from paraplan.validate.records import job_from_record, preset_of
+
+_TITAN = {"model": "llama-3-8b", "cluster": "dgx-h100",
+          "parallel": {"framework": "torchtitan", "micro_batch_size": 1, "global_batch_size": 8}, "precision": "bf16"}
+# torchtitan 0.3.0's default for each field the preset sets, as paraplan names it
+_EXPECTED = {"zero_stage": 3, "sequence_parallel": True, "tp_comm_overlap": False, "grad_reduce_in_fp32": True,
+             "compile_loss": False, "fsdp_version": 2, "recompute": "op", "loss_chunks": 8,
+             "pipeline_keeps_outputs": False, "cp_comm_type": "allgather", "fp8_recipe": "rowwise"}
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_torchtitan_0_3_takes_each_default_from_torchtitan_0_3_0_s_code():
+    preset = find_preset("torchtitan-0.3")
+    assert preset.engine is Framework.FSDP
+    assert {d.field: d.value for d in preset.defaults} == _EXPECTED
+    assert {d.field: d.value for d in preset.model_defaults} == {"swiglu_fusion": False}  # eager silu * w3
+    assert preset.recorded["attention_kernel"][0].startswith("flex")  # no FlexAttention curve: recorded
+    assert preset.runs["recompute"][0] == ("none", "full", "op")  # no every-n-th-block policy in 0.3.0
+    sources = preset_sources(preset)
+    assert set(sources) == {*_EXPECTED, "swiglu_fusion", "attention_kernel", "runs.recompute"}
+    assert all("0.3.0" in source and "torchtitan/" in source for source in sources.values())
+    when = {d.field: d.when for d in preset.defaults}
+    assert when["sequence_parallel"] == when["tp_comm_overlap"] == "tensor_parallel"
+    assert (when["pipeline_keeps_outputs"], when["cp_comm_type"], when["fp8_recipe"]) == (
+        "pipeline_parallel", "context_parallel", "fp8")
+
+
+def test_torchtitan_0_3_s_defaults_are_the_installed_torchtitan_0_3_0_s_dataclass_values():
+    torchtitan = pytest.importorskip("torchtitan", reason="torchtitan is installed with paraplan[frameworks]")
+    from importlib.metadata import version
+
+    if version("torchtitan") != "0.3.0":
+        pytest.skip(f"torchtitan {version('torchtitan')} is installed, the preset reads 0.3.0")
+    from torchtitan.components.loss import ChunkedLossWrapper
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+    from torchtitan.config.configs import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+    from torchtitan.models.llama3.config_registry import llama3_8b
+    from torchtitan.trainer import Trainer
+
+    assert torchtitan is not None
+    par, compile_, train = ParallelismConfig(), CompileConfig(), TrainingConfig()
+    assert (par.data_parallel_shard_degree, par.fsdp_reshard_after_forward) == (-1, "default")  # ZeRO-3
+    assert par.enable_sequence_parallel is _EXPECTED["sequence_parallel"]
+    assert compile_.enable is _EXPECTED["compile_loss"] and compile_.enable_async_tensor_parallel is False
+    assert train.mixed_precision_reduce == "float32" and train.mixed_precision_param == "bfloat16"
+    assert par.pipeline_parallel_schedule == "1F1B"  # paraplan's own default schedule
+    assert ChunkedLossWrapper.Config().num_chunks == _EXPECTED["loss_chunks"]
+    assert isinstance(llama3_8b().loss, ChunkedLossWrapper.Config)
+    assert Float8LinearConverter.Config().recipe_name == _EXPECTED["fp8_recipe"]
+    assert isinstance(Trainer.Config().activation_checkpoint, SelectiveAC.Config)  # per op: recompute op
+
+
+def test_plain_torchtitan_is_the_newest_preset():
+    assert find_preset("torchtitan").id == "torchtitan-0.3"
+    job = resolve_job(_TITAN)
+    assert job.preset.preset == "torchtitan-0.3" and job.parallel.framework is Framework.FSDP
+    assert job.parallel.recompute is Recompute.OP and job.parallel.loss_chunks == 8
+    assert job.model.swiglu_fusion is False and job.preset.model_taken == {"swiglu_fusion": False}
+    older = resolve_job({**_TITAN, "parallel": {**_TITAN["parallel"], "framework": "torchtitan-0.1"}})
+    assert older.parallel.recompute is Recompute.LAYER and older.parallel.loss_chunks is None
+
+
+def test_the_2024_torchtitan_records_are_still_read_as_torchtitan_0_1():
+    assert preset_of({"framework": "torchtitan (FSDP2)"}).id == "torchtitan-0.1"
+    assert preset_of({"framework": "torchtitan 0.3.0 (FSDP2)"}).id == "torchtitan-0.3"
+
+
+@pytest.mark.shared_data
+def test_every_published_torchtitan_run_is_read_as_torchtitan_0_1(published_dir):
+    from paraplan.validate import load_runs
+
+    runs = [r for r in load_runs(published_dir / "runs_dev_modern.json") if "torchtitan" in str(r["framework"]).lower()]
+    assert len(runs) == 8
+    for run in runs:
+        mapped = job_from_record(run)
+        assert mapped.family == "torchtitan-0.1" and mapped.mapping["parallel"]["framework"] == "torchtitan-0.1"
+
+
+def test_torchtitan_0_3_s_conditional_defaults_apply_only_where_their_rule_holds():
+    preset = find_preset("torchtitan")
+    plain, _ = apply_preset({}, preset, num_gpus=16, gpus_per_node=8, precision="bf16")
+    assert not {"sequence_parallel", "tp_comm_overlap", "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe"} & set(plain)
+    split, use = apply_preset({"tp": 2, "pp": 2, "cp": 2}, preset, num_gpus=16, gpus_per_node=8, precision="fp8")
+    assert split["sequence_parallel"] and split["tp_comm_overlap"] is False
+    assert split["pipeline_keeps_outputs"] is False and split["cp_comm_type"] == "allgather"
+    assert use.taken["fp8_recipe"] == "rowwise"
+    job = resolve_job({**_TITAN, "precision": "fp8", "cluster": {"name": "dgx-h100", "num_nodes": 2},
+                       "parallel": {**_TITAN["parallel"], "tp": 2, "pp": 2, "global_batch_size": 16}})
+    assert job.parallel.fp8_recipe is FP8Recipe.ROWWISE and job.parallel.sequence_parallel
+
+
+def test_a_job_naming_torchtitan_with_every_nth_block_recompute_is_refused_naming_what_it_runs():
+    with pytest.raises(ConfigError) as err:
+        resolve_job({**_TITAN, "parallel": {**_TITAN["parallel"], "recompute": "layer"}})
+    message = str(err.value)
+    assert "\n" not in message and "parallel.recompute" in message and "torchtitan-0.3" in message
+    assert "none or full or op" in message
+
+
+def test_the_recipe_paraplan_exports_for_torchtitan_is_what_the_preset_predicted(tmp_path):
+    job = tmp_path / "titan.yaml"
+    job.write_text(yaml.safe_dump(_TITAN))
+    code, out, _ = _run("predict", str(job), "-f", "json")
+    assert code == 0
+    predicted = json.loads(out)
+    assert predicted["framework_preset"]["defaults_taken"]["loss_chunks"] == 8
+    code, recipe, notes = _run("export", "torchtitan", str(job))
+    assert code == 0
+    # the recipe runs what was predicted: per-op selective AC, torchtitan's 8-chunk loss (its
+    # default: no num_chunks written), nothing compiled; so no note says the recipe differs
+    assert "activation_checkpoint=SelectiveAC.Config()" in recipe and "ChunkedLossWrapper.Config(" in recipe
+    assert "num_chunks" not in recipe and "CompileConfig" not in recipe
+    assert "NOTE(paraplan)" not in recipe and "loss_chunks" not in notes and "recompute" not in notes
+    assert "predicted for torchtitan-0.3" in recipe
+    # torchtitan-0.1's every-second-block recompute and whole logits are what 0.3.0 cannot run
+    older = tmp_path / "titan01.yaml"
+    older.write_text(yaml.safe_dump({**_TITAN, "parallel": {**_TITAN["parallel"], "framework": "torchtitan-0.1"}}))
+    code, recipe, notes = _run("export", "torchtitan", str(older))
+    assert code == 0 and "parallel.loss_chunks" in notes and "parallel.recompute" in notes
+
+
+def test_torchtitan_0_3_s_chunked_loss_holds_less_than_an_eighth_of_0_1_s_whole_logits_copies():
+    from paraplan.prediction import predict
+
+    new = predict(resolve_job(_TITAN)).memory.to_dict()
+    old = predict(resolve_job({**_TITAN, "parallel": {**_TITAN["parallel"], "framework": "torchtitan-0.1"}})
+                  ).memory.to_dict()
+    assert 0 < new["logits_bytes"] < old["logits_bytes"] / 8
+    assert new["total_bytes"] < old["total_bytes"]
+
+
+def test_a_torchtitan_search_screens_its_chunked_loss_and_pipeline_outputs_as_predict_does():
+    from paraplan.catalog import load_cluster, load_model
+    from paraplan.prediction import predict
+    from paraplan.search import SearchSpace
+    from paraplan.search.screen import screen_plans
+    from paraplan.search.space import enumerate_plans, iter_unique
+    from paraplan.specs import Precision
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=2)
+    space = SearchSpace(framework="torchtitan", micro_batch_size=(1,), pp=(1, 2), tp=(1, 2))
+    screen = screen_plans(model, cluster, 32, Precision.BF16, space)
+    jobs = list(iter_unique(enumerate_plans(model, cluster, 32, Precision.BF16, space).jobs))
+    assert len(screen) == len(jobs) and {j.parallel.loss_chunks for j in jobs} == {8}
+    assert any(j.parallel.pp > 1 for j in jobs)
+    for i, job in enumerate(jobs):
+        pred = predict(job)
+        assert screen.memory_bytes[i] == max(m.total for m in pred.memory), job.name
+        assert screen.iteration_s[i] == pytest.approx(pred.iteration_s, rel=0.02), job.name
