@@ -69,7 +69,7 @@ def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_p
     # torchtitan 0.3 pins its sequence parallelism, async TP (off), the uncompiled and chunked loss
     # and the pipeline's outputs; its recompute stays searched (none, full, op: what it runs)
     assert SearchSpace(framework="torchtitan").preset_fields == (
-        "sequence_parallel", "tp_comm_overlap", "grad_reduce_in_fp32", "compile_loss", "fsdp_version", "loss_chunks",
+        "sequence_parallel", "async_tp", "grad_reduce_in_fp32", "compile_loss", "fsdp_version", "loss_chunks",
         "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe")
 
 

@@ -19,7 +19,7 @@ from paraplan.validate.records import job_from_record, preset_of
 _TITAN = {"model": "llama-3-8b", "cluster": "dgx-h100",
           "parallel": {"framework": "torchtitan", "micro_batch_size": 1, "global_batch_size": 8}, "precision": "bf16"}
 # torchtitan 0.3.0's default for each field the preset sets, as paraplan names it
-_EXPECTED = {"zero_stage": 3, "sequence_parallel": True, "tp_comm_overlap": False, "grad_reduce_in_fp32": True,
+_EXPECTED = {"zero_stage": 3, "sequence_parallel": True, "async_tp": False, "grad_reduce_in_fp32": True,
              "compile_loss": False, "fsdp_version": 2, "recompute": "op", "loss_chunks": 8,
              "pipeline_keeps_outputs": False, "cp_comm_type": "allgather", "fp8_recipe": "rowwise"}
 
@@ -40,7 +40,7 @@ def test_torchtitan_0_3_takes_each_default_from_torchtitan_0_3_0_s_code():
     assert set(sources) == {*_EXPECTED, "swiglu_fusion", "attention_kernel", "runs.recompute"}
     assert all("0.3.0" in source and "torchtitan/" in source for source in sources.values())
     when = {d.field: d.when for d in preset.defaults}
-    assert when["sequence_parallel"] == when["tp_comm_overlap"] == "tensor_parallel"
+    assert when["sequence_parallel"] == when["async_tp"] == "tensor_parallel"
     assert (when["pipeline_keeps_outputs"], when["cp_comm_type"], when["fp8_recipe"]) == (
         "pipeline_parallel", "context_parallel", "fp8")
 
@@ -100,9 +100,9 @@ def test_every_published_torchtitan_run_is_read_as_torchtitan_0_1(published_dir)
 def test_torchtitan_0_3_s_conditional_defaults_apply_only_where_their_rule_holds():
     preset = find_preset("torchtitan")
     plain, _ = apply_preset({}, preset, num_gpus=16, gpus_per_node=8, precision="bf16")
-    assert not {"sequence_parallel", "tp_comm_overlap", "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe"} & set(plain)
+    assert not {"sequence_parallel", "async_tp", "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe"} & set(plain)
     split, use = apply_preset({"tp": 2, "pp": 2, "cp": 2}, preset, num_gpus=16, gpus_per_node=8, precision="fp8")
-    assert split["sequence_parallel"] and split["tp_comm_overlap"] is False
+    assert split["sequence_parallel"] and split["async_tp"] is False
     assert split["pipeline_keeps_outputs"] is False and split["cp_comm_type"] == "allgather"
     assert use.taken["fp8_recipe"] == "rowwise"
     job = resolve_job({**_TITAN, "precision": "fp8", "cluster": {"name": "dgx-h100", "num_nodes": 2},

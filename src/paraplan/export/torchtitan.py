@@ -31,8 +31,9 @@ ranks round-robin, and CUDA graphs (on by default) refuse pipeline parallelism.
 What torchtitan cannot express, stated in the module's docstring as ``NOTE(paraplan)`` lines:
 
 - ZeRO-1 and ZeRO-2: torchtitan shards data parallelism with FSDP2 or replicates it with DDP.
-  ZeRO-0 is DDP (``data_parallel_replicate_degree = dp``); ZeRO-3 is FSDP resharding after
-  forward (``"always"``); ZeRO-1/2 become FSDP that keeps parameters gathered between forward
+  ZeRO-0 is DDP (``data_parallel_replicate_degree = dp``); ZeRO-3 is FSDP with torchtitan's
+  ``"default"`` resharding (after forward, except with pipeline parallelism, as the memory model
+  takes it); ZeRO-1/2 become FSDP that keeps parameters gathered between forward
   and backward (``"never"``, FSDP's ZeRO-2-like mode): less memory than ZeRO-1, more traffic.
 - selective recompute: torchtitan's per-op policy (``SelectiveAC``) saves matmul and attention
   outputs, close to but not the same as Megatron-LM's "recompute core attention"; every n-th layer
@@ -107,7 +108,8 @@ _MOE_FLAVORS = {
     ("qwen3", "30B-A3B"): (48, 2048, 32, 128, 8, 768, 151936),
     ("qwen3", "235B-A22B"): (94, 4096, 64, 128, 8, 1536, 151936),
 }
-_RESHARD = {0: None, 1: "never", 2: "never", 3: "always"}
+_RESHARD = {0: None, 1: "never", 2: "never", 3: "default"}  # ZeRO-3: torchtitan's default reshards unless pp > 1,
+#  as the memory model takes it (prediction.memory: FSDP with pipeline parallelism keeps the stage gathered)
 
 #: torchtitan 0.3.0's own defaults for the keys the recipe writes (torchtitan/config/configs.py:
 #: TrainingConfig, ParallelismConfig; torchtitan/components/checkpointer/base.py: the checkpoint
