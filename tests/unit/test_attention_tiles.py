@@ -135,3 +135,10 @@ def test_the_fit_script_reproduces_the_catalog_s_tiles_and_held_factor_from_the_
     fraction, rows = fit.held_fraction(H100_DATA)
     assert (len(rows), fraction) == (3, pytest.approx(load_gpu("H100").efficiency.sustained.attention_fraction,
                                                        abs=5e-5))
+
+
+def test_a_head_dim_the_tiles_were_not_measured_at_keeps_the_flop_curve():
+    assert CUDNN.tiles.head_dim == 128
+    at_128, at_64 = _attention(2, 16, 4096, d=128), _attention(2, 16, 4096, d=64)
+    assert attention_tile_s(at_128, Phase.FWD, at_128.work(Phase.FWD)[0], PEAK, CUDNN) is not None
+    assert attention_tile_s(at_64, Phase.FWD, at_64.work(Phase.FWD)[0], PEAK, CUDNN) is None

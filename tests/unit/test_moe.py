@@ -353,3 +353,21 @@ def test_mla_tensor_parallel_ranks_all_reduce_their_duplicated_down_projections_
     assert dup and dup[0].bytes == 4 * per_layer * st.num_layers  # fp32 gradients (bf16 training)
     tp1 = job("deepseek-v3", nodes=128, pp=16, ep=64, global_batch_size=1024)
     assert not [c for c in count_job(tp1).stages[1].grad_sync if c.name == "tp_allreduce_duplicated"]
+
+
+def test_torchtitan_runs_its_experts_as_one_grouped_kernel_and_megatron_in_waves_of_four():
+    """torchtitan's GroupedExperts call torch._grouped_mm (one kernel for the local experts);
+    Megatron-Core's TEGroupedMLP runs one cuBLAS GEMM per expert on Transformer Engine's 4 streams."""
+    from paraplan.catalog import resolve_job
+    from paraplan.inventory import count_job
+
+    def fc1(framework):
+        job = resolve_job({"model": "qwen3-30b-a3b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                           "parallel": {"ep": 8, "global_batch_size": 8, "micro_batch_size": 1,
+                                        "framework": framework}})
+        block = next(b for b in count_job(job).stages[0].blocks if b.moe)
+        return next(op for op in block.ops if op.name == "expert_fc1")
+
+    experts = 128 // 8
+    assert fc1("megatron").launches == experts // 4
+    assert fc1("fsdp").launches == 1

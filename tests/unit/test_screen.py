@@ -213,7 +213,8 @@ def test_the_screen_times_overlapped_expert_all_to_alls_as_predict_does_and_hide
     """--overlap-moe-expert-parallel-comm on one stage and interleaved (the share of paired passes
     from pp, vpp and the micro-batches, ``schedule.closed_form.paired_shares``): every plan of
     the screen agrees with ``predict``, and every plan with more than one micro-batch on one
-    stage, or interleaved, is faster than without the overlap; plain 1F1B with pp > 1 the same."""
+    stage, or interleaved, is faster than without the overlap; plain 1F1B with pp > 1, which
+    Megatron-Core refuses with the overlap, is never a plan of the overlapped space."""
     cluster = load_cluster("dgx-h100", num_nodes=2)
     model = _load("qwen3-30b-a3b")
     times = {}
@@ -225,6 +226,8 @@ def test_the_screen_times_overlapped_expert_all_to_alls_as_predict_does_and_hide
         assert jobs
         times[overlap] = dict(zip((j.parallel for j in jobs), screen_plans(model, cluster, 64, Precision.BF16,
                                                                             space).iteration_s, strict=True))
+    assert not any(plan.pp > 1 and plan.vpp == 1 for plan in times[True])
+    assert any(plan.pp > 1 and plan.vpp == 1 for plan in times[False])
     for plan, overlapped in times[True].items():
         alone = times[False][plan.model_copy(update={"overlap_moe_expert_parallel_comm": False})]
         paired = plan.vpp > 1 or (plan.pp == 1 and plan.num_microbatches > 1)

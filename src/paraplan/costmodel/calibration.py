@@ -157,7 +157,7 @@ def expert_gaps(job: Job) -> tuple[str, ...]:
         return ()
     notes = [
         "experts' GEMMs costed on the dense GEMM curve, each wave of side-by-side GEMMs (model."
-        "moe_grouped_gemm_streams, Transformer Engine's 4 streams) at its summed size (no grouped-GEMM measurements)"
+        "moe_grouped_gemm_streams: Transformer Engine's 4 streams under megatron, torch._grouped_mm's one kernel under fsdp) at its summed size (no grouped-GEMM measurements)"
     ]
     if plan.ep > 1 and plan.expert_load_imbalance == 1.0 and model.moe_expert_capacity_factor is None:
         notes.insert(0, "expert load assumed perfectly balanced over the expert-parallel ranks "

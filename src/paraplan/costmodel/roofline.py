@@ -93,6 +93,8 @@ def attention_tile_s(op: Op, phase: Phase, flops: float, peak: float, curve: Eff
     dims = dict(op.dims)
     if tiles is None or flops <= 0.0 or not {"b", "h", "l"} <= dims.keys():
         return None
+    if tiles.head_dim is not None and dims.get("d", tiles.head_dim) != tiles.head_dim:
+        return None  # measured at one head dim: cuDNN runs other tiles at others
     b, h, length = dims["b"], dims["h"], dims["l"]
     rate = tiles.fwd if phase in (Phase.FWD, Phase.RECOMPUTE) else tiles.bwd
     count = b * h * -(-length // tiles.rows)

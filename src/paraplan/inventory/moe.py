@@ -146,7 +146,7 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     ops: list[Op] = [norm(model, x, "pre-MLP norm"), *_router(model, x)]
     ops += routed_expert_ops(x, x.moe_ffn, gated=swiglu, activation="swiglu" if swiglu else "gelu",
                              grouped=bool(model.moe_grouped_gemm),
-                             streams=model.moe_grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS)
+                             streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS)
     ops += _shared_experts(model, x)
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0))
     return tuple(ops)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Precision
+from paraplan.specs import FP8Recipe, Framework, ModelSpec, ParallelPlan, Precision
 
 # Bytes of one activation element. FP8 training keeps activations in 16-bit between GEMMs.
 _ACTIVATION_BYTES = {Precision.FP32: 4, Precision.TF32: 4, Precision.FP16: 2, Precision.BF16: 2, Precision.FP8: 2}
@@ -45,6 +45,10 @@ class LocalShape:
     shared_ffn: int = 0
     topk: int = 0
     num_experts: int = 0
+    # the per-expert GEMMs a grouped GEMM runs side by side (``inventory.moe``): 0 means the
+    # framework's own default (Transformer Engine's 4 streams under Megatron-Core); 1 << 30 one
+    # kernel for every local expert (torch._grouped_mm, as torchtitan runs its experts)
+    grouped_gemm_streams: int = 0
 
     @property
     def tokens(self) -> int:
@@ -55,6 +59,7 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
     return shard_shape(
         model, plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, precision,
         ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance, fp8_recipe=plan.fp8_recipe,
+        one_kernel_experts=plan.framework is Framework.FSDP,
     )
 
 
@@ -65,6 +70,7 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
 def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
     *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,
+    one_kernel_experts: bool = False,
 ) -> LocalShape:
     """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
 
@@ -88,6 +94,9 @@ def shard_shape(
             "shared_ffn": (model.moe_shared_expert_intermediate_size or 0) // tp,
             "topk": model.moe_router_topk,
             "num_experts": model.num_moe_experts,
+            # torchtitan (framework fsdp) runs its experts through torch._grouped_mm, one kernel
+            # (torchtitan/models/moe/moe.py GroupedExperts); Megatron-Core through Transformer Engine
+            "grouped_gemm_streams": 1 << 30 if one_kernel_experts else 0,
         }
     return LocalShape(
         b=micro_batch,

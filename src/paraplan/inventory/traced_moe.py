@@ -113,7 +113,7 @@ def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str
     name = ("swiglu" if act.lower() in _GATED_SILU else "geglu") if gated else "gelu"
     # the grouped GEMM as the job's framework runs it (the trace gives the shapes, not the kernel)
     ops = tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name, grouped=bool(model.moe_grouped_gemm),
-                                 streams=model.moe_grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS))
+                                 streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS))
     # the experts' biases (gpt-oss: each expert's up and down projections), held by the up projection
     module = next(o.module for o in layer.ops if o.aten == "grouped_mm" and o.phase == "fwd")
     traced = sum(n for m, n in layer.param_breakdown if m == module or m.startswith(module + "."))

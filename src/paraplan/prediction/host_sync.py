@@ -51,8 +51,9 @@ def sync_items(ops: Sequence[Op], fwd: Sequence[float]) -> list[tuple[float, int
         return None
     i = names.index(SYNC_AFTER)
     items: list[tuple[float, int]] = [(fwd[i], 0)]
-    items += [(t, op.launches) for op, t in zip(ops[i + 1:], fwd[i + 1:], strict=True)]
-    items += [(t, op.launches) for op, t in zip(ops[:i], fwd[:i], strict=True)]
+    # an operator with no forward time launches nothing in the forward (a view, a backward-only op)
+    items += [(t, op.launches if t > 0.0 else 0) for op, t in zip(ops[i + 1:], fwd[i + 1:], strict=True)]
+    items += [(t, op.launches if t > 0.0 else 0) for op, t in zip(ops[:i], fwd[:i], strict=True)]
     items.append((0.0, ops[i].launches))  # the next permutation's launch, before its sync
     return items
 
@@ -74,4 +75,5 @@ def host_sync_notes(job) -> tuple[str, ...]:
     spec = load_host_launch()
     return (f"host launch cost {spec.launch_s * 1e6:.1f} us per kernel after each MoE dispatcher sync, "
             f"measured on {spec.host}: this cluster's host has no measurement (catalog runtime/host.yaml; "
-            "parallel.moe_host_sync false for a sync-free dispatcher)",)
+            "parallel.moe_host_sync false for a sync-free dispatcher); the wait is an upper bound (the "
+            "all-to-alls' own time is not counted against the launches)",)

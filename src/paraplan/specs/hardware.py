@@ -65,6 +65,7 @@ class AttentionTiles(BaseModel):
     model_config = _FROZEN
     rows: int = Field(ge=1)
     sms: int = Field(ge=1)
+    head_dim: int | None = Field(default=None, ge=1)  # the head dim it was measured at (others: the FLOP curve)
     fwd: TileRate
     bwd: TileRate
     fitted: int | None = Field(default=None, ge=1)

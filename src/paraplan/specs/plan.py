@@ -350,6 +350,13 @@ class ParallelPlan(BaseModel):
                 "parallel.async_tp: PyTorch's asynchronous TP and tp_comm_overlap (Transformer Engine's "
                 "userbuffers) are two implementations of the same overlap; set one"
             )
+        if (self.overlap_moe_expert_parallel_comm and self.pipeline_model_parallel_size > 1
+                and self.schedule is not Schedule.INTERLEAVED):
+            raise ValueError(
+                "parallel.overlap_moe_expert_parallel_comm: Megatron-Core pairs one micro-batch's "
+                "all-to-alls with another's compute with pp 1 or the interleaved schedule (vpp >= 2; "
+                f"its config asserts it), not pp {self.pipeline_model_parallel_size} with {self.schedule.value!r}"
+            )
         if self.overlap_p2p_comm and self.schedule is not Schedule.INTERLEAVED:
             raise ValueError(
                 "parallel.overlap_p2p_comm: Megatron-LM overlaps p2p communication only in the "

@@ -275,7 +275,12 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
         parallel["expert_model_parallel_size"] = p.get("ep") or 1
         parallel["expert_tensor_parallel_size"] = p.get("etp") or p["tp"]
         assumed.append("expert load perfectly balanced (the record gives no imbalance)")
-    if p.get("moe_a2a_overlap"):
+    if p.get("moe_a2a_overlap") and p["pp"] > 1 and not parallel["vpp"]:
+        # Megatron-Core pairs the all-to-alls only with pp 1 or interleaving; a record overlapping
+        # them at pp > 1 without it ran another schedule (DeepSeek-V3's DualPipe)
+        assumed.append("all-to-alls not overlapped: the record's overlap at pp > 1 without interleaving "
+                       "is another schedule's (DualPipe), not modelled")
+    elif p.get("moe_a2a_overlap"):
         parallel["overlap_moe_expert_parallel_comm"] = True
     _dispatcher(p, parallel, assumed)
     for key in _MEGATRON_SPLIT:  # Megatron-LM's pipeline split and recompute modules, where stated
