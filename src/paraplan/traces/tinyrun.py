@@ -143,16 +143,18 @@ def _worker(rank: int, world: int, meet: str, jobs: list, cfg) -> None:
 
     with open(Path(meet) / f"rank{rank}.fault", "w", buffering=1) as fault:
         faulthandler.enable(fault, all_threads=True)
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{meet}/store", rank=rank, world_size=world)
-        try:
-            for settings, out in jobs:
-                fault.write(f"mode {settings['mode']}\n")
-                _profile_one(rank, world, Path(out), settings, cfg)
-                dist.barrier()
-            fault.write("mode (all done: destroying the process group)\n")
+        try:  # faulthandler is off again before the file closes, however this ends
+            torch.set_num_threads(1)
+            dist.init_process_group("gloo", init_method=f"file://{meet}/store", rank=rank, world_size=world)
+            try:
+                for settings, out in jobs:
+                    fault.write(f"mode {settings['mode']}\n")
+                    _profile_one(rank, world, Path(out), settings, cfg)
+                    dist.barrier()
+                fault.write("mode (all done: destroying the process group)\n")
+            finally:
+                dist.destroy_process_group()
         finally:
-            dist.destroy_process_group()
             faulthandler.disable()
 
 
