@@ -457,3 +457,12 @@ def test_the_screen_matches_the_exact_prediction_with_torchtitan_s_async_tp():
     jobs = screen_matches_the_exact_prediction((load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=1),
                                                 Precision.BF16, 16, space))
     assert any(j.parallel.async_tp and j.parallel.tp > 1 for j in jobs)
+
+
+def test_the_screen_matches_the_exact_prediction_on_an_fsdp_pp_2_space_that_syncs_shards_once_a_step():
+    space = SearchSpace(framework="fsdp", zero_stage=(3,), tp=(1, 2), pp=(2,), micro_batch_size=(1, 2),
+                        recompute=(Recompute.NONE, Recompute.FULL))
+    assert screenable(space)
+    jobs = screen_matches_the_exact_prediction((load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=2),
+                                                Precision.BF16, 32, space))
+    assert any(j.parallel.syncs_shards_once_per_step and j.parallel.zero_shards > 1 for j in jobs)

@@ -245,7 +245,9 @@ def _grad_sync(
 ) -> tuple[Collective, ...]:
     """Once-per-iteration data-parallel communication (ZeRO-2/3 reduce per micro-batch:
     see ``_per_microbatch_dp``) over ``dim``: the data-parallel group, or for the experts'
-    weights the expert data-parallel group."""
+    weights the expert data-parallel group. FSDP2 under a pipeline reduce-scatters ZeRO-2/3's
+    gradients and gathers the weights once a step (``ParallelPlan.syncs_shards_once_per_step``),
+    as ZeRO-1 does: the gather in the step's first forward, beside it."""
     if params <= 0:  # before the group: a dense stage's experts have none
         return ()
     zero, framework = job.parallel.zero_stage, job.parallel.framework
@@ -265,6 +267,9 @@ def _grad_sync(
             reduce = Collective(f"{p}_allreduce", CollectiveKind.ALL_REDUCE, dim, grads, Phase.BWD_WEIGHT)
         else:
             reduce = Collective(f"{p}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, grads, Phase.BWD_WEIGHT)
+        return (reduce, *replicas, gather)
+    if job.parallel.syncs_shards_once_per_step:
+        reduce = Collective(f"{p}_reducescatter", CollectiveKind.REDUCE_SCATTER, dim, grads, Phase.BWD_WEIGHT)
         return (reduce, *replicas, gather)
     return (gather,) if zero == 2 else ()
 
@@ -299,9 +304,10 @@ def _per_microbatch_dp(
 ) -> tuple[Collective, ...]:
     """ZeRO-2 and ZeRO-3 partition gradients, so every micro-batch's backward reduce-scatters
     them (DeepSpeed reduces "after every backward"); ZeRO-3 also all-gathers each layer's
-    weights for the forward and again for the backward pass."""
+    weights for the forward and again for the backward pass. Not FSDP2 under a pipeline,
+    which does both once a step (``_grad_sync``)."""
     plan = job.parallel
-    if plan.zero_stage < 2 or params <= 0:
+    if plan.zero_stage < 2 or params <= 0 or plan.syncs_shards_once_per_step:
         return ()
     group = plan.grad_group if dim is ParallelDim.DP else plan.edp
     if group == 1:
@@ -396,7 +402,9 @@ def _fsdp2_copies(job: Job, layer_params: float) -> tuple[Op, ...]:
     buffer into its parameters (``split_with_sizes_copy``: read and write the unsharded
     weights), in the forward and again in the backward after resharding, and its gradients are
     copied into the reduce-scatter buffer in the reduce dtype (``_chunk_cat``: read them, write
-    them in fp32 or bf16), every micro-batch."""
+    them in fp32 or bf16), every micro-batch. Under a pipeline each is done once a step
+    (``ParallelPlan.syncs_shards_once_per_step``): the copy-out in the first forward, the
+    copy-in at the last backward, each micro-batch carrying 1/m of them."""
     plan = job.parallel
     if plan.framework is not Framework.FSDP or (plan.fsdp_version or 2) != 2:
         return ()
@@ -406,6 +414,9 @@ def _fsdp2_copies(job: Job, layer_params: float) -> tuple[Op, ...]:
     copy_out = 2.0 * e * layer_params
     copy_in = (e + grad_bytes(job)) * layer_params
     role = "FSDP2 copy-out of gathered weights, copy-in of gradients to reduce"
+    if plan.syncs_shards_once_per_step and plan.global_batch_size is not None:
+        m = plan.num_microbatches
+        return (_copy_traffic("fsdp_copy", role + ", once per step", layer_params, copy_out / m, copy_in / m),)
     return (_copy_traffic("fsdp_copy", role, layer_params, copy_out, copy_out + copy_in),)
 
 

@@ -509,6 +509,20 @@ class ParallelPlan(BaseModel):
         return self.framework is Framework.MEGATRON
 
     @property
+    def syncs_shards_once_per_step(self) -> bool:
+        """Whether ZeRO-2/3's data-parallel traffic runs once a step rather than every
+        micro-batch: FSDP2 (``fully_shard``, torchtitan) under a pipeline. torchtitan does not
+        reshard after the forward pass with pp > 1 (torchtitan 0.3.0 ``distributed/fsdp.py``
+        ``get_fsdp_reshard_after_forward_policy``: "default" is ``not pp_enabled``), and torch's
+        pipeline stage (torch 2.13 ``distributed/pipelining/stage.py``) calls
+        ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` before
+        every backward (``backward_maybe_with_nosync``) and reduces once after the last one
+        (``perform_reduce_grad``, scheduled after all micro-batches): each weight is gathered
+        in the step's first forward and kept, each gradient accumulated unsharded and
+        reduce-scattered once. The memory model holds the same (``prediction.memory``)."""
+        return self.framework is Framework.FSDP and self.pp > 1 and (self.fsdp_version or 2) == 2
+
+    @property
     def keeps_pipeline_outputs(self) -> bool:
         """Whether torch.distributed.pipelining keeps every micro-batch's stage output until
         the step ends (``pipeline_keeps_outputs``; default False: today's torchtitan trainer
