@@ -625,9 +625,7 @@ def count_job(job: Job) -> JobInventory:
         same = (tuple(sorted(counts.items(), key=repr)), i == 0, i == last)
         seen = alike.get(same)
         if seen is not None:
-            stages.append(StageInventory(i, seen.blocks, seen.end_ops, seen.end_collectives, seen.params,
-                                         seen.grad_sync, seen.per_microbatch_dp, seen.optimizer, seen.expert_params,
-                                         seen.side_kernels))
+            stages.append(dataclasses.replace(seen, index=i))
             continue
         blocks = tuple(
             LayerBlock(counts.get(moe, 0), ops, coll, _is_moe(moe), moe if isinstance(moe, str) else "")
