@@ -293,8 +293,8 @@ class CommCosts:
         self.slowdown = cm.cluster.gpu.efficiency.overlap_slowdown
         self.tp_overlap = cm.cluster.gpu.efficiency.tp_overlap
         # the host's CPU seconds per launched kernel where a MoE dispatcher syncs the host
-        # (``prediction.host_sync``); None where the plan runs a sync-free path
-        self.host_launch_s = load_host_launch().launch_s if plan.moe_host_sync else None
+        # (``prediction.host_sync``); None for a dense model or a sync-free path (no catalog read)
+        self.host_launch_s = load_host_launch().launch_s if plan.moe_host_sync and inv.job.model.is_moe else None
         self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
         self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
 
