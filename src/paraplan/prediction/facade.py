@@ -101,17 +101,14 @@ def assemble_prediction(
     iteration = drain[crit] + step[opt]
     check_iteration(job, iteration)
     breakdown: Breakdown | Deferred
-    bubble: float | Deferred
     if keep_timeline or plan.pp == 1:  # the timeline keeps the runs; one stage needs none
         free, compute = network_free_finish(job, timings, pipe.finish)
         if keep_timeline:
             pipe = dataclasses.replace(pipe, free_sends_finish=free, compute_finish=compute)
         breakdown = critical_breakdown(job, timings, crit, pipe.finish, step[opt], (free, compute))
-        bubble = breakdown.pipeline_bubble_s / iteration
     else:  # the free-send runs wait for the first read of the breakdown (the search makes none)
         breakdown = Deferred(functools.partial(checked_breakdown, job, timings, crit, pipe.finish, step[opt],
                                                iteration))
-        bubble = Deferred(functools.partial(bubble_fraction, breakdown, iteration))
     memory = estimate_memory(inv)
     uncalibrated += offload_notes(job, max(mem.host for mem in memory))
     num_gpus = job.cluster.num_gpus
@@ -125,7 +122,6 @@ def assemble_prediction(
         tflops_per_gpu=inv.model_flops_per_iteration / iteration / num_gpus / 1e12,
         mfu=mfu,
         hfu=hfu,
-        bubble_fraction=bubble,
         breakdown=breakdown,
         stages=timings,
         memory=memory,
@@ -164,11 +160,6 @@ def checked_breakdown(
     breakdown = critical_breakdown(job, timings, crit, finish, step_s)
     check_breakdown(job, breakdown, iteration_s)
     return breakdown
-
-
-def bubble_fraction(breakdown: Deferred, iteration_s: float) -> float:
-    """The pipeline bubble's share of the iteration, from a deferred breakdown."""
-    return breakdown.value().pipeline_bubble_s / iteration_s
 
 
 def run_pipeline(

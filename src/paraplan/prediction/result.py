@@ -166,7 +166,7 @@ class Placement:
 
 class Deferred:
     """A figure computed when first read: ``compute()``, once. A ``Prediction`` given one for
-    its breakdown or bubble fraction computes it on the first read of the field (the plan
+    its breakdown (and so its bubble fraction) computes it on the first read of the field (the plan
     search reads neither, and a pipeline's breakdown costs a second run of its schedule).
     It pickles as what it holds: the function (a module-level one with its arguments), or the
     value once computed."""
@@ -223,7 +223,6 @@ class Prediction:
     mfu: float
     hfu: float
     # a pipeline's: given as a ``Deferred``, computed on the first read (``prediction.facade``)
-    bubble_fraction: float = _OnRead()  # type: ignore[assignment]
     breakdown: Breakdown = _OnRead()  # type: ignore[assignment]
     stages: tuple[StageTiming, ...]
     memory: PlanMemory  # given as the stages' StageMemory, it is wrapped with their GPUs' HBM
@@ -300,6 +299,12 @@ class Prediction:
     def usd_per_million_tokens(self) -> float | None:
         hourly = self.cost_per_hour_usd
         return None if hourly is None else hourly / 3600.0 / self.tokens_per_s * 1e6
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The pipeline bubble's share of the iteration (from the breakdown: reading it reads
+        a pipeline's deferred breakdown)."""
+        return self.breakdown.pipeline_bubble_s / self.iteration_s
 
     @property
     def time_to_train_s(self) -> float | None:
