@@ -10,20 +10,32 @@ import pytest
 from paraplan.catalog import resolve_job
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import CollectiveKind, ParallelDim, count_job
-from paraplan.prediction import predict
-from paraplan.prediction.async_tp import ASYNC_TP_GEMMS, async_tp_exposed
+from paraplan.prediction import async_tp, predict
+from paraplan.prediction.async_tp import (
+    ASYNC_TP_GEMMS,
+    GATHER_SIDE,
+    REDUCE_SIDE,
+    async_tp_exposed,
+    barrier_s,
+    decomposed,
+    weight_bytes,
+)
 from paraplan.prediction.stages import CommCosts, LayerCost
 from paraplan.specs import Phase
 
 
-def _job(tp=8, **parallel):
-    return resolve_job({
+def _plain(tp=8, **parallel):
+    return {
         "model": "llama-3-8b",
         "cluster": {"name": "dgx-h100", "num_nodes": 1},
         "parallel": {"framework": "fsdp", "tp": tp, "pp": 1, "zero_stage": 3, "sequence_parallel": tp > 1,
                      "micro_batch_size": 2, "global_batch_size": 16 // tp * 2, **parallel},
         "precision": "bf16",
-    })
+    }
+
+
+def _job(tp=8, **parallel):
+    return resolve_job(_plain(tp, **parallel))
 
 
 def _layer(job):
@@ -34,22 +46,66 @@ def _layer(job):
     return block, cm, comm, LayerCost.of(block, cm, comm)
 
 
-def test_async_tp_s_decomposed_matmuls_run_at_the_efficiency_of_1_over_tp_row_gemms():
+def test_async_tp_decomposes_the_forward_gemms_and_only_the_input_gradients_behind_a_gathered_gradient():
     block, cm, _, plain = _layer(_job())
     _, _, _, fused = _layer(_job(async_tp=True))
     seen = 0
     for i, op in enumerate(block.ops):
         if op.name in ASYNC_TP_GEMMS:
-            split = dataclasses.replace(op, launches=8)  # 8 GEMMs of 1/8 of the rows
+            split = decomposed(op, 8)  # 8 GEMMs of 1/8 of the rows, each reading the weight
+            assert split.launches == 8
             assert fused.fwd[i] == pytest.approx(cm.estimate_op_s(split, Phase.FWD))
             assert fused.fwd[i] > plain.fwd[i]  # lower on the GEMM curve than the whole GEMM
             weight = cm.estimate_op_s(op, Phase.BWD_WEIGHT)  # the weight gradient runs whole
-            assert fused.bwd[i] == pytest.approx(cm.estimate_op_s(split, Phase.BWD_INPUT) + weight)
+            if op.name in REDUCE_SIDE:  # dY @ W is the gathered output gradient's consumer
+                assert fused.bwd[i] == pytest.approx(cm.estimate_op_s(split, Phase.BWD_INPUT) + weight)
+                assert fused.bwd[i] > plain.bwd[i]
+            else:  # its input gradient feeds a sum, then an NCCL reduce-scatter: whole
+                assert op.name in GATHER_SIDE
+                assert fused.bwd[i] == plain.bwd[i]
             seen += 1
         else:
             assert (fused.fwd[i], fused.bwd[i]) == (plain.fwd[i], plain.bwd[i])
     assert seen == 4
     assert fused.tp_fwd < plain.tp_fwd and fused.tp_bwd < plain.tp_bwd
+
+
+def test_the_backward_reduce_scatter_of_summed_input_gradients_stays_an_nccl_reduce_scatter():
+    block, cm, comm, fused = _layer(_job(async_tp=True))
+    _, _, _, plain = _layer(_job())
+    tp = [c for c in block.collectives if c.dim is ParallelDim.TP]
+    gather = next(c for c in tp if c.kind is CollectiveKind.ALL_GATHER and c.phase is Phase.BWD_INPUT)
+    scatter = next(c for c in tp if c.kind is CollectiveKind.REDUCE_SCATTER and c.phase is Phase.BWD_INPUT)
+    dgrads = [cm.estimate_op_s(decomposed(op, 8), Phase.BWD_INPUT) for op in block.ops if op.name in REDUCE_SIDE]
+    assert fused.tp_bwd == pytest.approx(async_tp_exposed(dgrads, gather, cm, comm) + comm.seconds(scatter))
+    assert fused.tp_bwd > comm.seconds(scatter) > 0.0
+    assert plain.tp_bwd == pytest.approx(comm.seconds(gather) + comm.seconds(scatter))
+
+
+@pytest.mark.parametrize("precision, per_element", [("bf16", 2), ("fp8", 1)])
+def test_each_decomposed_gemm_reads_the_whole_weight_again(precision, per_element):
+    job = resolve_job({**_plain(), "precision": precision})
+    for op in (o for o in count_job(job).stages[0].blocks[0].ops if o.name in ASYNC_TP_GEMMS):
+        dims = dict(op.dims)
+        assert weight_bytes(op) == per_element * dims["k"] * dims["n"]
+        split = decomposed(op, 8)
+        assert split.bytes - op.bytes == pytest.approx(7 * weight_bytes(op))
+        assert split.work(Phase.BWD_INPUT)[1] - op.work(Phase.BWD_INPUT)[1] == pytest.approx(7 * weight_bytes(op))
+        assert split.work(Phase.BWD_WEIGHT) == op.work(Phase.BWD_WEIGHT)
+
+
+def test_a_fused_call_s_barriers_outside_its_steps_stay_exposed_beside_any_matmul(monkeypatch):
+    block, cm, comm, _ = _layer(_job(async_tp=True))
+    barrier = barrier_s(comm)
+    assert barrier == _job().cluster.intra_node.latency_s > 0.0
+    colls = [c for c in block.collectives if c.dim is ParallelDim.TP]
+    hidden = [async_tp_exposed([1e3] * c.count, c, cm, comm) for c in colls]  # every copy hidden
+    monkeypatch.setattr(async_tp, "barrier_s", lambda comm: 0.0)
+    for coll, exposed in zip(colls, hidden, strict=True):
+        outside = 3 if coll.kind is CollectiveKind.ALL_GATHER else 2  # gather: before, after "mv", end
+        without = async_tp_exposed([1e3] * coll.count, coll, cm, comm)
+        assert exposed - without == pytest.approx(coll.count * outside * barrier)
+        assert without > 0.0  # the local copy or the partials' sum
 
 
 def test_async_tp_never_hides_more_than_its_matmuls():
@@ -85,3 +141,29 @@ def test_async_tp_changes_time_but_not_memory_on_llama_3_8b_tp8():
 def test_async_tp_is_refused_outside_pytorch_and_beside_userbuffers(parallel, words):
     with pytest.raises(Exception, match=words):
         _job(async_tp=True, **parallel)
+
+
+def _titan(model, nodes, local_batch, recompute, async_tp):
+    return resolve_job({
+        "model": model, "cluster": {"name": "dgx-h100", "num_nodes": nodes, "power_cap_w": 500},
+        "parallel": {"framework": "fsdp", "zero_stage": 3, "tp": 8, "pp": 1, "sequence_parallel": True,
+                     "micro_batch_size": local_batch, "global_batch_size": local_batch * nodes,
+                     "recompute": recompute, "async_tp": async_tp},
+        "precision": "bf16",
+    })
+
+
+@pytest.mark.parametrize("model, nodes, local_batch, recompute, before", [
+    ("llama-3.1-70b", 32, 16, "full", 1.179),
+    ("llama-3.1-8b", 8, 12, "op", 1.146),
+])
+def test_async_tp_s_gain_on_torchtitan_s_bf16_benchmarks_stays_below_what_the_unfused_backward_allowed(
+        model, nodes, local_batch, recompute, before):
+    """torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (500 W H100s, bf16)
+    measured 1.09x (70B, FSDP 32 x TP 8, full AC, local batch 16) and 1.10x (8B, FSDP 8 x TP 8,
+    per-op SAC, local batch 12); compared, never fitted. ``before``: the gain predicted while
+    the backward reduce-scatter was taken as fused (it is not: the pass finds no producer matmul).
+    Predicted now: 1.143x and 1.099x."""
+    plain = predict(_titan(model, nodes, local_batch, recompute, False)).iteration_s
+    fused = predict(_titan(model, nodes, local_batch, recompute, True)).iteration_s
+    assert 1.0 < plain / fused < before - 0.03
