@@ -94,18 +94,23 @@ def test_each_decomposed_gemm_reads_the_whole_weight_again(precision, per_elemen
         assert split.work(Phase.BWD_WEIGHT) == op.work(Phase.BWD_WEIGHT)
 
 
-def test_a_fused_call_s_barriers_outside_its_steps_stay_exposed_beside_any_matmul(monkeypatch):
+def test_a_fused_call_s_barriers_outside_its_steps_stay_exposed_and_a_scatter_s_step_barriers_lengthen_its_copies(monkeypatch):
     block, cm, comm, _ = _layer(_job(async_tp=True))
     barrier = barrier_s(comm)
     assert barrier == _job().cluster.intra_node.latency_s > 0.0
     colls = [c for c in block.collectives if c.dim is ParallelDim.TP]
     hidden = [async_tp_exposed([1e3] * c.count, c, cm, comm) for c in colls]  # every copy hidden
+    bare = [async_tp_exposed([0.0] * c.count, c, cm, comm) for c in colls]  # every copy exposed
     monkeypatch.setattr(async_tp, "barrier_s", lambda comm: 0.0)
-    for coll, exposed in zip(colls, hidden, strict=True):
-        outside = 3 if coll.kind is CollectiveKind.ALL_GATHER else 2  # gather: before, after "mv", end
+    for coll, exposed, alone in zip(colls, hidden, bare, strict=True):
+        gathers = coll.kind is CollectiveKind.ALL_GATHER
+        outside = 3 if gathers else 2  # gather: before and after "mv", at the end; scatter: start, end
+        steps = 0 if gathers else 7 * 2  # a scatter's step: a barrier before and after the pull
         without = async_tp_exposed([1e3] * coll.count, coll, cm, comm)
         assert exposed - without == pytest.approx(coll.count * outside * barrier)
         assert without > 0.0  # the local copy or the partials' sum
+        alone_without = async_tp_exposed([0.0] * coll.count, coll, cm, comm)
+        assert alone - alone_without == pytest.approx(coll.count * (outside + steps) * barrier)
 
 
 def test_async_tp_never_hides_more_than_its_matmuls():

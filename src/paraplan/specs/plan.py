@@ -168,11 +168,12 @@ class ParallelPlan(BaseModel):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: Bool = False
     # PyTorch's asynchronous tensor parallelism (torchtitan's enable_async_tensor_parallel, under
-    # torch.compile; framework fsdp): inductor's micro-pipeline pass fuses each sequence-parallel
-    # all-gather and reduce-scatter with its matmuls (torch.ops.symm_mem.fused_all_gather_matmul,
-    # fused_matmul_reduce_scatter), which run in tp steps of 1/tp of the rows beside peer-to-peer
-    # copies over NVLink (``prediction.stages.async_tp_layer``); no effect with tp 1 or without
-    # sequence parallelism (nothing to fuse)
+    # torch.compile; framework fsdp): inductor's micro-pipeline pass fuses the sequence-parallel
+    # all-gathers feeding matmuls and the reduce-scatters of a matmul's output with them
+    # (torch.ops.symm_mem.fused_all_gather_matmul, fused_matmul_reduce_scatter), which run in tp
+    # steps of 1/tp of the rows beside peer-to-peer copies over NVLink; the backward's
+    # reduce-scatter of summed input gradients stays NCCL's (``prediction.async_tp``); no effect
+    # with tp 1 or without sequence parallelism (nothing to fuse)
     async_tp: Bool = False
     # PyTorch FSDP's version (framework fsdp): FSDP2 (fully_shard, torchtitan; the default) copies
     # each gathered unit out of the all-gather buffer and its gradients into the reduce-scatter
