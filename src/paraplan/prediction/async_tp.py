@@ -2,8 +2,9 @@
 ``enable_async_tensor_parallel``).
 
 Which collectives are fused. Under torch.compile, inductor's micro-pipeline pass
-(torch/_inductor/fx_passes/micro_pipeline_tp.py, ``micro_pipeline_tp_pass``) runs on the forward
-and on the backward graph and fuses two patterns only:
+(torch/_inductor/fx_passes/micro_pipeline_tp.py at pytorch/pytorch 5f65158,
+``micro_pipeline_tp_pass``) runs on the forward and on the backward graph and fuses two patterns
+only:
 
 - ``fuse_all_gather_matmul``: an all-gather whose result is the left operand of matmuls
   (``_find_consumer_matmuls``) becomes one ``symm_mem.fused_all_gather_matmul`` over all of
@@ -18,7 +19,8 @@ and on the backward graph and fuses two patterns only:
   input's gradient takes the *sum* of the Q, K, V (gate, up) input gradients, not a matmul: the
   pass leaves it an NCCL reduce-scatter ("no producer matmul found for reduce scatter"; the
   pass's author: "In the backward graph, the reduce-scatters are receiving as input the addition
-  of various scaled_mms, so it's not what we are looking to fuse", pytorch/pytorch PR 149946).
+  of various scaled_mms, so it's not what we are looking to fuse", pytorch/pytorch PR 149946,
+  2025-03: before torchtitan's async-TP benchmark of 2025-06).
 
 How a fused op runs (torch/distributed/_symmetric_memory/__init__.py at pytorch/pytorch
 006b161):
