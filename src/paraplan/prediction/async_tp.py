@@ -48,7 +48,7 @@ the GEMMs are not slowed by them (``overlap_slowdown`` is NCCL kernels' SM conte
 HBM traffic beside the matmuls is not priced (no cited measurement). The two streams' matmuls
 overlapping each other (the code's "computation/computation overlapping") is not modelled: the
 decomposed matmuls are priced one after another. A collective the pass leaves alone runs as
-the NCCL collective it is, exposed as without async TP. Nor modelled: ``_fused_all_gather_matmul``
+the NCCL collective it is, exposed as without async TP. Not modelled: ``_fused_all_gather_matmul``
 takes other paths at small gathered row counts (a multicast all-gather then whole matmuls at
 <= 2048 rows when the gathered input is not returned; an opt-in native kernel at 2049-4096),
 and the layout copy ``force_stride_order`` may add where the producer does not write the
