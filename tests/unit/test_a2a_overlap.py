@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.catalog.loader import load_cluster, load_model
+from paraplan.inventory import count_job
 from paraplan.prediction import predict
-from paraplan.prediction.stages import paired_expert_comm
+from paraplan.prediction.stages import fine_grained_nodes, paired_expert_comm
 from paraplan.schedule.closed_form import SCHEDULES, paired_share, paired_shares
 from paraplan.specs import Job, Schedule
 
@@ -89,3 +90,57 @@ def test_the_paired_share_of_many_plans_is_each_plans_own():
     sched = np.array([SCHEDULES.index(s) for s in names])
     want = [paired_share(s, pi, mi, vi) for s, pi, mi, vi in zip(names, p, m, v, strict=True)]
     assert paired_shares(p, m, v, sched) == pytest.approx(want, abs=0)
+
+
+def _moe_layer_nodes(model: str, dispatcher: dict) -> dict[str, list[str]]:
+    """Each operator name of one MoE layer of ``model`` (8 H100, ep 8) and the fine-grained
+    schedule's nodes it runs in, in order."""
+    j = Job(model=load_model(model), cluster=load_cluster("dgx-h100", num_nodes=1),
+            parallel={"tp": 1, "ep": 8, "micro_batch_size": 1, "global_batch_size": 16,
+                      "overlap_moe_expert_parallel_comm": True, **dispatcher})
+    block = next(b for st in count_job(j).stages for b in st.blocks if b.moe)
+    out: dict[str, list[str]] = {}
+    for op, node in zip(block.ops, fine_grained_nodes(block.ops, j.parallel.dispatcher), strict=True):
+        out.setdefault(op.name, []).append(node)
+    return out
+
+
+def test_each_operator_runs_in_the_node_megatron_core_builds_it_into():
+    """``build_transformer_layer_callables`` (fine_grained_callables.py): DeepEP's only permutation
+    and unpermutation are the dispatcher's ``dispatch_postprocess`` / ``combine_preprocess``, in the
+    experts' node; the alltoall dispatcher's permutation is its ``dispatch_preprocess`` (the
+    attention node) and its unpermutation its ``combine_postprocess``, on the communication stream
+    after the combine; the layer's last residual add (``mlp_bda``) runs there too, the attention's
+    residual add in the attention node."""
+    deepep = _moe_layer_nodes("qwen3-30b-a3b", {"moe_token_dispatcher_type": "flex"})
+    alltoall = _moe_layer_nodes("qwen3-30b-a3b", {"moe_token_dispatcher_type": "alltoall"})
+    assert deepep["moe_permute"] == deepep["moe_unpermute"] == ["mlp"]
+    assert alltoall["moe_permute"] == ["attn"] and alltoall["moe_unpermute"] == ["combine"]
+    for nodes in (deepep, alltoall):
+        assert nodes["res_add"] == ["attn", "combine"]
+        assert nodes["expert_fc1"] == nodes["expert_fc2"] == ["mlp"]
+        assert nodes["router"] == nodes["flash_atten"] == ["attn"]
+
+
+def test_the_shared_experts_run_in_the_attention_node():
+    """``submodule_attn_forward`` calls ``mlp.shared_experts_compute`` after the pre-MLP norm: the
+    shared experts hide the other micro-batch's combine, not its dispatch."""
+    nodes = _moe_layer_nodes("deepseek-v3", {"moe_token_dispatcher_type": "flex"})
+    assert nodes["shared_fc1"] == nodes["shared_fc2"] == ["attn"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(attn=st.floats(0, 1e-2), mlp=st.floats(0, 1e-2), comm=st.floats(0, 2e-2), kernels=st.floats(0, 1e-3),
+       slowdown=st.floats(0, 0.4))
+def test_the_combine_nodes_kernels_lengthen_the_communication_stream(attn, mlp, comm, kernels, slowdown):
+    """The combine node's kernels run after its all-to-all on the communication stream: they never
+    leave less of the all-to-all exposed, nor more than all of it; with no computation beside
+    it the all-to-all is all exposed."""
+    plain = paired_expert_comm(attn, mlp, attn, mlp, comm, comm, slowdown)
+    longer = paired_expert_comm(attn, mlp, attn, mlp, comm, comm, slowdown, combine_kernels_f=kernels,
+                                combine_kernels_b=kernels)
+    tiny = 1e-15
+    for a, b in zip(plain, longer, strict=True):
+        assert a - tiny <= b <= comm + tiny
+    assert paired_expert_comm(0.0, 0.0, 0.0, 0.0, comm, comm, slowdown, combine_kernels_f=kernels,
+                              combine_kernels_b=kernels) == pytest.approx((comm, comm), abs=1e-15)

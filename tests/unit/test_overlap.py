@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from paraplan.catalog import resolve_job
 from paraplan.prediction import predict
-from paraplan.schedule import overlapped_s, sharded_pass_s
+from paraplan.schedule import overlapped_s, sharded_pass_s, with_sharded_traffic
 
 seconds = st.floats(min_value=0.0, max_value=100.0)
 slowdowns = st.floats(min_value=0.0, max_value=1.0)
@@ -60,3 +60,30 @@ def test_contention_makes_an_fsdp_job_slower_than_perfect_overlap_and_the_gather
     # the kernels take as long; what NCCL beside them adds is the traffic's, not compute's
     assert contended.breakdown.forward_compute_s == ideal.breakdown.forward_compute_s
     assert contended.breakdown.dp_communication_s > ideal.breakdown.dp_communication_s
+
+
+@given(seconds, seconds, slowdowns, st.floats(min_value=0.0, max_value=10.0))
+def test_communication_beside_more_computation_is_never_more_exposed(compute, comm, slowdown, beside):
+    """A backward pass's recompute runs inside it (``beside_s``, counted elsewhere): what the
+    communication adds to ``compute`` never grows with it, never falls below what ``compute`` and
+    ``beside`` together leave exposed, and with none beside it the time is the plain pair's."""
+    plain = overlapped_s(compute, comm, slowdown)
+    more = overlapped_s(compute, comm, slowdown, beside)
+    assert overlapped_s(compute, comm, slowdown, 0.0) == plain
+    assert compute - 1e-9 <= more <= plain + 1e-9
+    assert more + beside >= overlapped_s(compute + beside, comm, slowdown) - 1e-9
+
+
+def test_a_checkpointed_units_gathers_and_reduce_scatters_also_hide_behind_its_recompute():
+    """Megatron-FSDP and torch's FSDP reduce-scatter a unit's gradients and prefetch the next unit's
+    weights while a unit's backward runs, its recompute included (the checkpointed forward runs
+    inside the unit's backward): 4 s of backward traffic beside 2 s of backward kernels and 1 s of
+    recompute, 32 units, no contention: 4/32 s exposed and the rest ends 1 s after the kernels,
+    where without the recompute it would end 2 s after them."""
+    _, alone = with_sharded_traffic(1.0, 2.0, 0.0, 0.0, 0.0, 4.0, 32, 0.0, True)
+    _, beside = with_sharded_traffic(1.0, 2.0, 0.0, 0.0, 0.0, 4.0, 32, 0.0, True, recompute_s=1.0)
+    assert alone == pytest.approx(4.0)
+    assert beside == pytest.approx(3.0)
+    # the kernels alone when the traffic is short: the recompute changes nothing
+    assert with_sharded_traffic(1.0, 2.0, 0.0, 0.0, 0.0, 0.32, 32, 0.0, True, recompute_s=1.0)[1] == pytest.approx(
+        with_sharded_traffic(1.0, 2.0, 0.0, 0.0, 0.0, 0.32, 32, 0.0, True)[1])

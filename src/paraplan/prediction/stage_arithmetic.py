@@ -100,11 +100,11 @@ def stage_passes(work: PassWork, layers, dp_fwd, dp_bwd, reduce_s, gather_s, slo
         sharded = np.maximum(dp_fwd, dp_bwd) > 0  # a stage without such traffic keeps its passes as they are
         if sharded.any():
             f, b = with_sharded_traffic(forward, backward, comm_fwd, comm_bwd, dp_fwd, dp_bwd, layers,
-                                        slowdown, overlap)
+                                        slowdown, overlap, work.recompute)
             forward, backward = (f, b) if sharded.all() else (np.where(sharded, f, forward), np.where(sharded, b, backward))
     elif dp_fwd > 0 or dp_bwd > 0:
         forward, backward = map(float, with_sharded_traffic(forward, backward, comm_fwd, comm_bwd, dp_fwd,
-                                                            dp_bwd, layers, slowdown, overlap))
+                                                            dp_bwd, layers, slowdown, overlap, work.recompute))
     sharded_fwd, sharded_bwd = forward, backward
     offload_fwd = offload_bwd = 0.0
     if offload is not None:

@@ -126,7 +126,7 @@ class LayerCost:
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
             tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)
-        ep_f, ep_b, paired_f, paired_b = _expert_comm(ops, fwd, bwd, ep, comm)
+        ep_f, ep_b, paired_f, paired_b = _expert_comm(ops, fwd, bwd, ep, comm, tp_f, tp_b)
         # the kernels wait for their launches after a MoE dispatcher's sync: part of the
         # forward's kernel time, from the kernels alone (the collectives' kernels would hide some
         # launches; leaving them out keeps the network's time apart from the kernels')
@@ -179,7 +179,8 @@ def context_comm(attn_f: float, attn_b: float, colls: tuple[Collective, ...], co
 
 
 def _expert_comm(
-    ops: tuple[Op, ...], fwd: tuple[float, ...], bwd: tuple[float, ...], colls: tuple[Collective, ...], comm: CommCosts
+    ops: tuple[Op, ...], fwd: tuple[float, ...], bwd: tuple[float, ...], colls: tuple[Collective, ...], comm: CommCosts,
+    tp_f: float = 0.0, tp_b: float = 0.0,
 ) -> tuple[float, float, float, float]:
     """Exposed seconds of a MoE layer's dispatch and combine (forward, backward) and, of them,
     what a paired step hides (forward, backward). Without an overlap they hold the layer up
@@ -187,16 +188,20 @@ def _expert_comm(
     shared experts beside them. Its --overlap-moe-expert-parallel-comm (DeepSeek-V3's DualPipe
     idea, section 3.2.1) overlaps nothing within a micro-batch: a paired step runs one micro-
     batch's forward beside another's backward, layer by layer (``paired_expert_comm``), and
-    only the schedule's steady steps are pairs (``schedule.closed_form.paired_share``)."""
+    only the schedule's steady steps are pairs (``schedule.closed_form.paired_share``). The
+    layer's tensor-parallel collectives ``tp_*`` (what they add to its passes) run on the
+    computation stream inside the attention node (``_forward_attention``: sequence parallelism's
+    all-gather and reduce-scatter), beside the other micro-batch's all-to-all."""
     if not colls:
         return 0.0, 0.0, 0.0, 0.0
     f, b = comm.total(colls, (Phase.FWD,)), comm.total(colls, BACKWARD)
     plan = comm.plan
     if plan.overlap_moe_expert_parallel_comm:
-        mlp = [is_expert_compute(op) for op in ops]
-        mlp_f = sum(t for e, t in zip(mlp, fwd, strict=True) if e)
-        mlp_b = sum(t for e, t in zip(mlp, bwd, strict=True) if e)
-        pair_f, pair_b = paired_expert_comm(sum(fwd) - mlp_f, mlp_f, sum(bwd) - mlp_b, mlp_b, f, b, comm.slowdown)
+        nodes = fine_grained_nodes(ops, plan.dispatcher)
+        attn_f, mlp_f, comb_f = (sum(t for n, t in zip(nodes, fwd, strict=True) if n == k) for k in _NODES)
+        attn_b, mlp_b, comb_b = (sum(t for n, t in zip(nodes, bwd, strict=True) if n == k) for k in _NODES)
+        pair_f, pair_b = paired_expert_comm(attn_f + tp_f, mlp_f, attn_b + tp_b, mlp_b, f, b, comm.slowdown,
+                                            combine_kernels_f=comb_f, combine_kernels_b=comb_b)
         return f, b, f - pair_f, b - pair_b
     if plan.moe_shared_expert_overlap:
         shared = [is_shared_expert(op) for op in ops]
@@ -207,15 +212,47 @@ def _expert_comm(
     return f, b, 0.0, 0.0
 
 
-def is_expert_compute(op: Op) -> bool:
-    """Whether ``op`` runs in a MoE layer's "mlp" node of Megatron-Core's fine-grained schedule
-    (the routed experts' GEMMs and activation, the shared experts); the rest of the layer is its
-    "attn" node (attention, norms, router, permutations)."""
-    return op.expert or op.role.startswith("experts'") or is_shared_expert(op)
+_NODES = ("attn", "mlp", "combine")
+_FLEX = ("deepep", "hybridep")
+
+
+def fine_grained_nodes(ops: tuple[Op, ...], dispatcher: str) -> tuple[str, ...]:
+    """The node of Megatron-Core's fine-grained schedule that runs each of a MoE layer's ``ops``
+    (``build_transformer_layer_callables``, megatron/core/models/gpt/fine_grained_callables.py
+    @ 00c58ba): "attn" and "mlp" on the computation stream, "combine" on the communication
+    stream after the combine all-to-all.
+
+    - attn (``submodule_attn_forward``): attention, the pre-MLP norm, the shared experts
+      (``shared_experts_compute``), the router and ``mlp.preprocess``, the dispatcher's
+      ``dispatch_preprocess``: the alltoall dispatcher's first permutation, which paraplan's
+      one permutation stands for;
+    - mlp (``submodule_moe_forward``: ``routed_experts_compute``): the routed experts between
+      the dispatcher's ``dispatch_postprocess`` and ``combine_preprocess``: under the flex
+      dispatcher (DeepEP, HybridEP) these are its only permutation and unpermutation
+      (``get_permuted_hidden_states_by_experts`` / ``get_restored_hidden_states_by_experts``);
+    - combine (``submodule_combine_forward``, on the communication stream): ``mlp.combine``,
+      whose ``combine_postprocess`` is the alltoall dispatcher's unpermutation (the flex
+      dispatcher's only reshapes), then ``mlp_bda``, the layer's last residual add."""
+    flex = dispatcher in _FLEX
+    last_expert = max((i for i, op in enumerate(ops) if op.expert or op.role.startswith("experts'")), default=-1)
+    nodes = []
+    for i, op in enumerate(ops):
+        if op.expert or op.role.startswith("experts'"):
+            nodes.append("mlp")
+        elif op.name == "moe_permute":
+            nodes.append("mlp" if flex else "attn")
+        elif op.name == "moe_unpermute":
+            nodes.append("mlp" if flex else "combine")
+        elif op.name == "res_add" and 0 <= last_expert < i:
+            nodes.append("combine")
+        else:
+            nodes.append("attn")
+    return tuple(nodes)
 
 
 def paired_expert_comm(attn_f: float, mlp_f: float, attn_b: float, mlp_b: float, comm_f: float, comm_b: float,
-                       slowdown: float) -> tuple[float, float]:
+                       slowdown: float, *, combine_kernels_f: float = 0.0,
+                       combine_kernels_b: float = 0.0) -> tuple[float, float]:
     """Exposed seconds of one MoE layer's all-to-alls in a paired step (forward's, backward's):
     ``comm_f`` forward (dispatch and combine, half each), ``comm_b`` backward, beside the other
     micro-batch's layer of ``attn_*`` and ``mlp_*`` seconds of computation. Megatron-Core's
@@ -225,15 +262,34 @@ def paired_expert_comm(attn_f: float, mlp_f: float, attn_b: float, mlp_b: float,
         comm: combine_bwd | dispatch_fwd -> dispatch_bwd    | combine_fwd
         comp: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd
 
-    so each all-to-all hides behind one sub-module only: the forward's dispatch behind the
-    backward's experts, its combine behind the backward's attention, the backward's combine
-    behind the forward's attention, its dispatch behind the forward's experts; what is longer
-    than its sub-module stays exposed, the sub-module slowing while it runs (``exposed_beside``).
+    each node waiting on its micro-batch's event (``ScheduleNode``'s ``stream_acquire_context``,
+    pipeline_parallel/utils.py), so each all-to-all hides behind one sub-module only: the
+    forward's dispatch behind the backward's experts, its combine behind the backward's
+    attention, the backward's combine behind the forward's attention, its dispatch behind the
+    forward's experts; what is longer than its sub-module stays exposed, the sub-module slowing
+    while it runs (``exposed_beside``). The combine node's own kernels (``combine_kernels_*``,
+    ``fine_grained_nodes``: the residual add, the alltoall dispatcher's unpermutation) run on the
+    communication stream after its all-to-all and lengthen it; they are counted as kernels
+    elsewhere, so the combine's exposed part is what it adds to them (``_combine_exposed``).
     Never more is hidden than the paired computation."""
     half_f, half_b = comm_f / 2.0, comm_b / 2.0
-    fwd = exposed_beside(mlp_b, half_f, 0.0, slowdown) + exposed_beside(attn_b, half_f, 0.0, slowdown)
-    bwd = exposed_beside(attn_f, half_b, 0.0, slowdown) + exposed_beside(mlp_f, half_b, 0.0, slowdown)
+    fwd = (exposed_beside(mlp_b, half_f, 0.0, slowdown)
+           + _combine_exposed(attn_b, half_f, combine_kernels_f, slowdown))
+    bwd = (_combine_exposed(attn_f, half_b, combine_kernels_b, slowdown)
+           + exposed_beside(mlp_f, half_b, 0.0, slowdown))
     return fwd, bwd
+
+
+def _combine_exposed(compute_s: float, a2a_s: float, kernels_s: float, slowdown: float) -> float:
+    """The combine all-to-all's exposed seconds beside ``compute_s``, its node's ``kernels_s``
+    after it on the communication stream: what the all-to-all adds to what the kernels alone
+    would leave exposed (the kernels are counted elsewhere, as kernels). It lies between what the
+    all-to-all leaves exposed without them and all of it (``overlapped_s`` grows ever faster with
+    the communication beside the computation)."""
+    if a2a_s <= 0.0:
+        return 0.0
+    return (exposed_beside(compute_s, a2a_s + kernels_s, 0.0, slowdown)
+            - exposed_beside(compute_s, kernels_s, 0.0, slowdown))
 
 
 def layer_costs(inv: JobInventory, cm: CostModel, comm: CommCosts) -> dict[tuple[bool, str], LayerCost]:

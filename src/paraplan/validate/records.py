@@ -65,6 +65,7 @@ _P2P_OVERLAP = re.compile(r"overlap[ _]p2p[ _]comm(unication)?(\s*(on|true|=\s*t
 _HYBRID = re.compile(r"\b(hsdp|hybrid[ _]shard)", re.IGNORECASE)
 _FULL_SHARD = re.compile(r"full[ _]shard", re.IGNORECASE)
 _DIST_OPT = re.compile(r"distributed[ _]optimi[sz]er", re.IGNORECASE)
+_GRAD_BF16 = re.compile(r"grad[ _-]reduce[ _-]in[ _-]bf16", re.IGNORECASE)
 
 
 def _words(run: dict[str, Any]) -> str:
@@ -287,6 +288,7 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
         value = p.get(key, run.get(key))
         if value not in (None, False):
             parallel[key] = value
+    _grad_reduce(run, engine, words, parallel, assumed)
     if preset is not None:
         # what the preset fills in, said as the reader's assumptions
         _, use = apply_preset(parallel, preset, num_gpus=int(run["num_gpus"]), gpus_per_node=node,
@@ -294,6 +296,25 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
                               precision=_precision(str(run["precision"])))
         assumed.extend(f"{k} {_shown(v)} ({preset.id}'s default)" for k, v in use.taken.items())
     return parallel
+
+
+def _grad_reduce(run: dict[str, Any], engine: str, words: str, parallel: dict[str, Any], assumed: list[str]) -> None:
+    """Megatron-LM's gradient reduce dtype: a record stating --grad-reduce-in-bf16 reduces in
+    bf16; otherwise a bf16 (or FP8, which runs with --bf16) model reduces in fp32
+    (megatron/training/arguments.py: ``accumulate_allreduce_grads_in_fp32`` is set for bf16 unless
+    --grad-reduce-in-bf16; training.py ``get_model`` passes it as the DDP config's
+    ``grad_reduce_in_fp32``, Megatron-FSDP's too). Under Megatron-FSDP (ZeRO-3 on the megatron
+    engine) the gradients are reduce-scattered every micro-batch (megatron_fsdp.py ``no_sync``:
+    "for grads shard mode there will actually always be gradient sync"), so there the unstated
+    dtype prices every micro-batch's traffic and is said as an assumption."""
+    if engine != "megatron":
+        return
+    if _GRAD_BF16.search(words):
+        parallel["grad_reduce_in_fp32"] = False
+        return
+    if parallel.get("zero_stage") == 3 and _precision(str(run["precision"])) in ("bf16", "fp8"):
+        assumed.append("gradients reduce-scattered in fp32 every micro-batch (Megatron-LM's default for bf16 "
+                       "without --grad-reduce-in-bf16; the record does not say)")
 
 
 _DISPATCHER = re.compile(r"^\s*(allgather|alltoall|flex)\b(?:\s*\((deepep|hybridep)\))?", re.IGNORECASE)
