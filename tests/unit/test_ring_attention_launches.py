@@ -16,7 +16,7 @@ from paraplan.catalog import load_gpu, resolve_job
 from paraplan.catalog.loader import load_model
 from paraplan.costmodel.roofline import attention_tile_s, with_attention_kernel
 from paraplan.inventory import Op, OpKind, count_job, shard_shape
-from paraplan.inventory.layer import attention_core
+from paraplan.inventory.layer import attention_core, context_parallel_core
 from paraplan.inventory.traced_job import in_job
 from paraplan.specs import AttentionKernel, Phase, Precision
 
@@ -52,6 +52,10 @@ def test_the_ring_s_launches_execute_the_one_launch_s_flops_bytes_and_saved_tens
     for phase in PHASES:
         assert _work(ring, phase) == pytest.approx(whole.work(phase), rel=1e-12)
     assert sum(op.saved_bytes for op in ring) == whole.saved_bytes
+    with_sinks = dataclasses.replace(whole, params=64.0)  # gpt-oss's sinks sit on the core
+    model = MODEL.model_copy(update={"seq_length": 16384})
+    x = shard_shape(model, 1, 4, False, 1, Precision.BF16)
+    assert sum(op.params for op in context_parallel_core(with_sinks, x)) == 64.0
     assert sum(op.kept_under_selective for op in ring) == whole.kept_under_selective
 
 

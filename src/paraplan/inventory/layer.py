@@ -485,7 +485,7 @@ def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
 
     - ring (Transformer Engine's AttnFuncWithCPAndKVP2P, PyTorch's _templated_ring_attention):
       cp launches forward and cp backward, one per K/V chunk. The rank's own chunk is the
-      causal square of s queries and s keys (``op`` at s_kv = s, holding what it saves); each of
+      causal square of s queries and s keys (``op`` at s_kv = s, holding what it saves and any parameters); each of
       the cp - 1 others half of a square run whole, as a second op of cp - 1 launches: a chunk
       from an earlier rank is all queries against its first half (s x s/2), from a later rank
       the second half of the queries against all of it (s/2 x s). Rank 0 runs only the
@@ -514,7 +514,7 @@ def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
         op, role=f"{op.role}: ring steps over the other {steps} chunks",
         flops=steps * op.flops / (2 * cp), bwd_flops=steps * op.bwd_flops / (2 * cp),
         bytes=op.bytes - own.bytes, bwd_bytes=op.bwd_bytes - own.bwd_bytes,
-        saved_bytes=0.0, selective_kept_bytes=0.0, exec_fraction=1.0, launches=steps,
+        saved_bytes=0.0, selective_kept_bytes=0.0, params=0.0, exec_fraction=1.0, launches=steps,
         dims=tuple({**dims, "l": x.s // 2, "l_kv": x.s, "ring": 1}.items()),
     )
     return [own, ring]
