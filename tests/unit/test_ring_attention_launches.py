@@ -18,6 +18,7 @@ from paraplan.costmodel.roofline import attention_tile_s, with_attention_kernel
 from paraplan.inventory import Op, OpKind, count_job, shard_shape
 from paraplan.inventory.layer import attention_core, context_parallel_core
 from paraplan.inventory.traced_job import in_job
+from paraplan.prediction.stages import context_comm
 from paraplan.specs import AttentionKernel, Phase, Precision
 
 MODEL = load_model("llama-3-8b")
@@ -154,3 +155,36 @@ def test_cp_launches_over_chunks_take_longer_than_one_launch_over_all_keys_with_
         one = _tile_s(whole, phase) * whole.launches
         launched = sum(_tile_s(op, phase) * op.launches for op in ring)
         assert launched > one
+
+
+class _Comm:
+    """A stand-in ``CommCosts``: every send takes ``send_s``, overlap slows nothing."""
+
+    def __init__(self, plan, send_s: float) -> None:
+        self.plan, self.slowdown, self.send_s = plan, 0.0, send_s
+
+    def seconds(self, coll) -> float:
+        return self.send_s * coll.count
+
+    def total(self, colls, phases) -> float:
+        return sum(self.seconds(c) for c in colls if c.phase in phases)
+
+
+def _ring_exposed(framework: str, kind: str, own: float, step: float, send: float = 1.0) -> tuple[float, float]:
+    plan = {"cp": 4, "framework": framework, "global_batch_size": 16, "cp_comm_type": kind,
+            **({"zero_stage": 3} if framework == "fsdp" else {})}
+    job = resolve_job({"name": "cp", "model": {"name": "llama-3-8b", "seq_length": 16384},
+                       "cluster": {"name": "dgx-h100", "num_nodes": 2}, "parallel": plan, "precision": "bf16"})
+    colls = tuple(c for c in count_job(job).stages[0].layer_collectives if c.dim.value == "cp")
+    return context_comm((own, 3 * step), (own, 3 * step), colls, _Comm(job.parallel, send))
+
+
+def test_each_send_hides_behind_the_launch_it_runs_beside():
+    # forward: the first send beside the own chunk's launch, the second beside a ring step, the
+    # third step sends nothing: an own launch of 1 s hides its send, ring steps of 0.25 s do not
+    assert _ring_exposed("megatron", "p2p", own=1.0, step=0.25)[0] == pytest.approx(2 * 0.75)
+    # backward: Transformer Engine runs the own chunk last, so its sends see only ring steps
+    # (and the last dK/dV hop is exposed whole); PyTorch's ring runs the own chunk first
+    te = _ring_exposed("megatron", "p2p", own=1.0, step=0.25)[1]
+    torch = _ring_exposed("fsdp", "alltoall", own=1.0, step=0.25)[1]
+    assert te == pytest.approx(3 * 0.75 + 1.0) and torch == pytest.approx(2 * 0.75 + 1.0)
