@@ -511,7 +511,7 @@ def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
     )
     steps = cp - 1
     ring = dataclasses.replace(
-        op, role=f"{op.role}: ring steps over the other {steps} chunks",
+        op, role=f"{op.role}: {steps} ring steps",
         flops=steps * op.flops / (2 * cp), bwd_flops=steps * op.bwd_flops / (2 * cp),
         bytes=op.bytes - own.bytes, bwd_bytes=op.bwd_bytes - own.bwd_bytes,
         saved_bytes=0.0, selective_kept_bytes=0.0, params=0.0, exec_fraction=1.0, launches=steps,
