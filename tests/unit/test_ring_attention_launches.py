@@ -188,3 +188,20 @@ def test_each_send_hides_behind_the_launch_it_runs_beside():
     te = _ring_exposed("megatron", "p2p", own=1.0, step=0.25)[1]
     torch = _ring_exposed("fsdp", "alltoall", own=1.0, step=0.25)[1]
     assert te == pytest.approx(3 * 0.75 + 1.0) and torch == pytest.approx(2 * 0.75 + 1.0)
+
+
+def test_a_latent_attention_core_rings_its_chunks_with_every_head_s_keys_and_values():
+    from paraplan.inventory.layer import attention_block_ops
+
+    model = load_model("deepseek-v3").model_copy(update={"seq_length": 16384})
+
+    def cores(cp: int, kernels: str) -> list[Op]:
+        x = shard_shape(model, 8, cp, False, 1, Precision.BF16, cp_kernels=kernels)
+        return [op for op in attention_block_ops(model, x) if op.kind is OpKind.ATTENTION]
+
+    (whole,), (own, ring) = cores(4, "gathered"), cores(4, "ring")
+    assert [own.launches, ring.launches] == [1, 3]
+    for phase in PHASES:
+        assert _work([own, ring], phase) == pytest.approx(whole.work(phase), rel=1e-12)
+    # q and o once, each chunk's k and v over all 16 heads: the own launch moves 2 of 5 parts
+    assert own.bytes == pytest.approx(whole.bytes * 2 / 5, rel=1e-12)

@@ -475,7 +475,7 @@ def _mla_core(model: ModelSpec, x: LocalShape) -> Op:
     )
 
 
-def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
+def context_parallel_core(op: Op, x: LocalShape, kv_heads: int | None = None) -> list[Op]:
     """The causal fused attention ``op`` of a rank's ``s`` queries against all ``s_kv = cp s``
     keys (one launch, the full-square FLOPs 4 b h s s_kv d, half executed) as context
     parallelism launches it (``x.cp_kernels``); the same list ``[op]`` without it.
@@ -485,8 +485,9 @@ def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
 
     - ring (Transformer Engine's AttnFuncWithCPAndKVP2P, PyTorch's _templated_ring_attention):
       cp launches forward and cp backward, one per K/V chunk. The rank's own chunk is the
-      causal square of s queries and s keys (``op`` at s_kv = s, holding what it saves and any parameters); each of
-      the cp - 1 others half of a square run whole, as a second op of cp - 1 launches: a chunk
+      causal square of s queries and s keys (``op`` at s_kv = s, holding what it saves and any
+      parameters); each of the cp - 1 others half of a square run whole, as a second op of cp - 1
+      launches: a chunk
       from an earlier rank is all queries against its first half (s x s/2), from a later rank
       the second half of the queries against all of it (s/2 x s). Rank 0 runs only the
       latter, rank cp - 1 only the former, and every rank waits on the ring: the dims say
@@ -496,7 +497,10 @@ def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
       against the gathered keys up to their own ends, on two streams side by side: one wave of
       both launches' tiles, ``op`` as it is;
     - heads (Transformer Engine's AttnFuncWithCPAndQKVOA2A, DeepSpeed-Ulysses): one launch over
-      the whole sequence with heads / cp: the same FLOPs at that shape."""
+      the whole sequence with heads / cp: the same FLOPs at that shape.
+
+    ``kv_heads``: the heads of K and V the bytes count (``x.groups``; MLA's keys and values have
+    every head), splitting the bytes between the launches."""
     cp = x.s_kv // x.s
     if cp <= 1 or x.cp_kernels == "gathered":
         return [op]
@@ -506,7 +510,7 @@ def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
         return [dataclasses.replace(op, dims=tuple(dims.items()))]
     own = dataclasses.replace(
         op, flops=op.flops / cp, bwd_flops=op.bwd_flops / cp,
-        bytes=_own_chunk_bytes(op.bytes, x, cp), bwd_bytes=_own_chunk_bytes(op.bwd_bytes, x, cp),
+        bytes=_own_chunk_bytes(op.bytes, x, cp, kv_heads), bwd_bytes=_own_chunk_bytes(op.bwd_bytes, x, cp, kv_heads),
         dims=tuple({**dims, "l_kv": x.s}.items()),
     )
     steps = cp - 1
@@ -520,10 +524,11 @@ def context_parallel_core(op: Op, x: LocalShape) -> list[Op]:
     return [own, ring]
 
 
-def _own_chunk_bytes(traffic: float, x: LocalShape, cp: int) -> float:
+def _own_chunk_bytes(traffic: float, x: LocalShape, cp: int, kv_heads: int | None) -> float:
     """Of a core's ``traffic`` over all cp chunks of K and V (q and o once, each chunk's k and
     v), what the launch over the rank's own chunk moves."""
-    return traffic * (x.heads + x.groups) / (x.heads + cp * x.groups)
+    kv = x.groups if kv_heads is None else kv_heads
+    return traffic * (x.heads + kv) / (x.heads + cp * kv)
 
 
 def attention_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
@@ -535,7 +540,7 @@ def attention_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     fp8 = x.fp8_linears
     if model.multi_latent_attention:
         ops += _mla_projections(model, x)
-        ops.extend(context_parallel_core(_mla_core(model, x), x))
+        ops.extend(context_parallel_core(_mla_core(model, x), x, kv_heads=x.heads))
         out_width = x.heads * model.v_head_dim
     else:
         ops += _mha_projections(model, x, qkv_out, hidden_norm)
