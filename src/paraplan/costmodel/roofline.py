@@ -87,8 +87,11 @@ def sustained_attention_factor(cluster: ClusterSpec) -> float:
 def attention_tile_s(op: Op, phase: Phase, flops: float, peak: float, curve: EfficiencyCurve) -> float | None:
     """Compute seconds of a fused attention ``op`` priced by its tiles (``AttentionTiles``), or
     None when ``curve`` has no tile data or the op carries no head shape. Tiles: ``b h ceil(l /
-    rows)``; the longest one spans all ``l_kv`` keys (causal: the last query tile), or twice the
-    executed share of them for a band narrower than causal (a sliding window)."""
+    rows)`` query tiles forward, ``b h ceil(l_kv / rows)`` key tiles backward; the longest one
+    spans all keys (queries backward; causal: the last query tile, the first key tile), or
+    twice the executed share of them for a band narrower than causal (a sliding window). A ring
+    step of context parallelism (dims ``ring``, ``inventory.layer.context_parallel_core``)
+    takes the slower of its shape and the transpose another rank runs beside it."""
     tiles = getattr(curve, "tiles", None)
     dims = dict(op.dims)
     if tiles is None or flops <= 0.0 or not {"b", "h", "l"} <= dims.keys():
@@ -96,12 +99,18 @@ def attention_tile_s(op: Op, phase: Phase, flops: float, peak: float, curve: Eff
     if tiles.head_dim is not None and dims.get("d", tiles.head_dim) != tiles.head_dim:
         return None  # measured at one head dim: cuDNN runs other tiles at others
     b, h, length = dims["b"], dims["h"], dims["l"]
-    rate = tiles.fwd if phase in (Phase.FWD, Phase.RECOMPUTE) else tiles.bwd
-    count = b * h * -(-length // tiles.rows)
+    keys = dims.get("l_kv", length)
+    forward = phase in (Phase.FWD, Phase.RECOMPUTE)
+    rate = tiles.fwd if forward else tiles.bwd
     executed = op.exec_fraction
-    longest = flops / (b * h * length * executed) * min(tiles.rows, length) * min(1.0, 2.0 * executed)
-    work = flops + count * rate.tile_work + tiles.sms * (rate.tile_work + longest)
-    return op.launches * work / (peak * rate.max_fraction)
+
+    def work(n: int) -> float:  # n rows of tiles, each row spanning the other side
+        count = b * h * -(-n // tiles.rows)
+        longest = flops / (b * h * n * executed) * min(tiles.rows, n) * min(1.0, 2.0 * executed)
+        return flops + count * rate.tile_work + tiles.sms * (rate.tile_work + longest)
+
+    tiled = max(work(length), work(keys)) if dims.get("ring") else work(length if forward else keys)
+    return op.launches * tiled / (peak * rate.max_fraction)
 
 
 def _seconds(work: float, rate: float, curve: EfficiencyCurve, launches: int = 1) -> float:

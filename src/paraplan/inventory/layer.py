@@ -322,7 +322,7 @@ def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
     if model.attention == "flash":
         traffic = x.e * (2 * q_elems + 2 * kv_elems)
         lse = 4.0 * x.b * x.heads * x.s
-        return [
+        return context_parallel_core(
             Op(
                 name="flash_atten",
                 kind=OpKind.ATTENTION,
@@ -336,8 +336,9 @@ def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
                 selective_kept_bytes=x.e * (q_elems + 2 * kv_kept),
                 exec_fraction=0.5,
                 dims=head_dims,
-            )
-        ]
+            ),
+            x,
+        )
     scores = x.b * x.heads * x.s * x.s_kv
     half = core_flops / 2.0
     dropout = model.attention_dropout > 0
@@ -474,6 +475,62 @@ def _mla_core(model: ModelSpec, x: LocalShape) -> Op:
     )
 
 
+def context_parallel_core(op: Op, x: LocalShape, kv_heads: int | None = None) -> list[Op]:
+    """The causal fused attention ``op`` of a rank's ``s`` queries against all ``s_kv = cp s``
+    keys (one launch, the full-square FLOPs 4 b h s s_kv d, half executed) as context
+    parallelism launches it (``x.cp_kernels``); the same list ``[op]`` without it.
+
+    The sequence is cut into 2 cp chunks of s / 2, rank r holding chunks r and 2cp - 1 - r
+    (causal load balancing):
+
+    - ring (Transformer Engine's AttnFuncWithCPAndKVP2P, PyTorch's _templated_ring_attention):
+      cp launches forward and cp backward, one per K/V chunk. The rank's own chunk is the
+      causal square of s queries and s keys (``op`` at s_kv = s, holding what it saves and any
+      parameters); each of the cp - 1 others half of a square run whole, as a second op of cp - 1
+      launches: a chunk
+      from an earlier rank is all queries against its first half (s x s/2), from a later rank
+      the second half of the queries against all of it (s/2 x s). Rank 0 runs only the
+      latter, rank cp - 1 only the former, and every rank waits on the ring: the dims say
+      s/2 x s and carry ``ring``, and the cost model prices each launch as the slower of the
+      shape and its transpose (``roofline.attention_tile_s``). FLOPs and bytes add up to ``op``'s;
+    - gathered (Transformer Engine's AttnFuncWithCPAndKVAllGather): the two query chunks
+      against the gathered keys up to their own ends, on two streams side by side: one wave of
+      both launches' tiles, ``op`` as it is;
+    - heads (Transformer Engine's AttnFuncWithCPAndQKVOA2A, DeepSpeed-Ulysses): one launch over
+      the whole sequence with heads / cp: the same FLOPs at that shape.
+
+    ``kv_heads``: the heads of K and V the bytes count (``x.groups``; MLA's keys and values have
+    every head), splitting the bytes between the launches."""
+    cp = x.s_kv // x.s
+    if cp <= 1 or x.cp_kernels == "gathered":
+        return [op]
+    dims = dict(op.dims)
+    if x.cp_kernels == "heads":
+        dims.update(h=dims["h"] // cp, l=x.s_kv, l_kv=x.s_kv)
+        return [dataclasses.replace(op, dims=tuple(dims.items()))]
+    own = dataclasses.replace(
+        op, flops=op.flops / cp, bwd_flops=op.bwd_flops / cp,
+        bytes=_own_chunk_bytes(op.bytes, x, cp, kv_heads), bwd_bytes=_own_chunk_bytes(op.bwd_bytes, x, cp, kv_heads),
+        dims=tuple({**dims, "l_kv": x.s}.items()),
+    )
+    steps = cp - 1
+    ring = dataclasses.replace(
+        op, role=f"{op.role}: {steps} ring steps",
+        flops=steps * op.flops / (2 * cp), bwd_flops=steps * op.bwd_flops / (2 * cp),
+        bytes=op.bytes - own.bytes, bwd_bytes=op.bwd_bytes - own.bwd_bytes,
+        saved_bytes=0.0, selective_kept_bytes=0.0, params=0.0, exec_fraction=1.0, launches=steps,
+        dims=tuple({**dims, "l": x.s // 2, "l_kv": x.s, "ring": 1}.items()),
+    )
+    return [own, ring]
+
+
+def _own_chunk_bytes(traffic: float, x: LocalShape, cp: int, kv_heads: int | None) -> float:
+    """Of a core's ``traffic`` over all cp chunks of K and V (q and o once, each chunk's k and
+    v), what the launch over the rank's own chunk moves."""
+    kv = x.groups if kv_heads is None else kv_heads
+    return traffic * (x.heads + kv) / (x.heads + cp * kv)
+
+
 def attention_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     """The input norm, the attention and its residual add, in execution order."""
     e, tokens, bias = x.e, x.tokens, model.add_bias_linear
@@ -483,7 +540,7 @@ def attention_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     fp8 = x.fp8_linears
     if model.multi_latent_attention:
         ops += _mla_projections(model, x)
-        ops.append(_mla_core(model, x))
+        ops.extend(context_parallel_core(_mla_core(model, x), x, kv_heads=x.heads))
         out_width = x.heads * model.v_head_dim
     else:
         ops += _mha_projections(model, x, qkv_out, hidden_norm)

@@ -49,6 +49,12 @@ class LocalShape:
     # framework's own default (Transformer Engine's 4 streams under Megatron-Core); 1 << 30 one
     # kernel for every local expert (torch._grouped_mm, as torchtitan runs its experts)
     grouped_gemm_streams: int = 0
+    # how the attention kernels of context parallelism (s_kv = cp s) are launched
+    # (``layer.context_parallel_core``): "ring" one launch per K/V chunk (Transformer Engine's
+    # p2p, PyTorch's ring attention in either rotation), "gathered" Transformer Engine's
+    # all-gather (two query chunks against the gathered keys, side by side), "heads" the
+    # all-to-all (whole sequences of heads / cp)
+    cp_kernels: str = "ring"
 
     @property
     def tokens(self) -> int:
@@ -59,8 +65,18 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
     return shard_shape(
         model, plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, precision,
         ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance, fp8_recipe=plan.fp8_recipe,
-        one_kernel_experts=plan.framework is Framework.FSDP,
+        one_kernel_experts=plan.framework is Framework.FSDP, cp_kernels=cp_kernels_of(plan),
     )
+
+
+def cp_kernels_of(plan: ParallelPlan) -> str:
+    """``LocalShape.cp_kernels`` for ``plan``: "ring" unless context parallelism gathers K/V
+    in Transformer Engine ("gathered") or all-to-alls the heads ("heads")."""
+    if plan.cp > 1 and plan.cp_comm == "a2a":
+        return "heads"
+    if plan.cp > 1 and plan.cp_comm == "allgather" and plan.framework is not Framework.FSDP:
+        return "gathered"
+    return "ring"
 
 
 # A plan search asks for the same few shapes with every Job it counts (each ``count_job`` asks
@@ -70,7 +86,7 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
 def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
     *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,
-    one_kernel_experts: bool = False,
+    one_kernel_experts: bool = False, cp_kernels: str = "ring",
 ) -> LocalShape:
     """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
 
@@ -114,5 +130,6 @@ def shard_shape(
         fp8_linears=precision is Precision.FP8,
         # the default recipe stays None so that its shapes (and cached inventories) are today's
         fp8_recipe=fp8_recipe if precision is Precision.FP8 and fp8_recipe is not FP8Recipe.DELAYED else None,
+        cp_kernels=cp_kernels,
         **moe,
     )

@@ -16,7 +16,8 @@ every per-token operator is the rank's share; the attention core then attends it
 queries to all seq keys (ring attention, Megatron-Core's ``p2p``, or the all-gather variants):
 its FLOPs grow by cp and it reads every chunk's keys and values, as the hand-written core
 (``layer.attention_core``: 4 b h s s_kv d, bytes e (2 q + 2 kv)), keeping its own chunk's q, k
-and v. The CP collectives are the hand-written ones (``layer.count_layer_collectives``).
+and v, launched as the plan's context parallelism launches it (``layer.context_parallel_core``:
+one launch per K/V chunk for a ring). The CP collectives are the hand-written ones (``layer.count_layer_collectives``).
 
 Nothing here imports torch.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from paraplan.inventory.layer import fp8_casts, gemm, recipe_gemm
+from paraplan.inventory.layer import context_parallel_core, fp8_casts, gemm, recipe_gemm
 from paraplan.inventory.ops import Op, OpKind
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ConfigError
@@ -34,7 +35,8 @@ from paraplan.specs import ConfigError
 def in_job(ops: tuple[Op, ...], x: LocalShape) -> tuple[Op, ...]:
     """One traced layer's (sharded) operators in the job's FP8 recipe and context parallelism."""
     if x.s_kv != x.s:
-        ops = tuple(_ring_attention(op, x) if op.kind is OpKind.ATTENTION else op for op in ops)
+        ops = tuple(out for op in ops
+                    for out in (context_parallel_core(_ring_attention(op, x), x) if op.kind is OpKind.ATTENTION else (op,)))
     if x.fp8_linears:
         ops = traced_fp8(ops, x)
     return ops

@@ -119,9 +119,7 @@ class LayerCost:
             tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
-        attn_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind in _ATTENTION_KINDS)
-        attn_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind in _ATTENTION_KINDS)
-        cp_f, cp_b = context_comm(attn_f, attn_b, cp, comm)
+        cp_f, cp_b = context_comm(attention_steps(ops, fwd), attention_steps(ops, bwd), cp, comm)
         if comm.plan.tp_comm_overlap:
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
@@ -135,19 +133,37 @@ class LayerCost:
                    paired_f, paired_b, host_f)
 
 
-def context_comm(attn_f: float, attn_b: float, colls: tuple[Collective, ...], comm: CommCosts) -> tuple[float, float]:
+def attention_steps(ops: tuple[Op, ...], seconds: tuple[float, ...]) -> tuple[float, float]:
+    """(the attention over the rank's own K/V chunk, all the ring steps over the others) of one
+    layer, in seconds: a ring's second core (dims ``ring``, ``inventory.layer.context_parallel_core``)
+    is the ring steps; without one (unfused or gathered attention) all of it is the first."""
+    own = ring = 0.0
+    for op, t in zip(ops, seconds, strict=True):
+        if op.kind in _ATTENTION_KINDS:
+            if dict(op.dims).get("ring"):
+                ring += t
+            else:
+                own += t
+    return own, ring
+
+
+def context_comm(attn_f: tuple[float, float], attn_b: tuple[float, float], colls: tuple[Collective, ...],
+                 comm: CommCosts) -> tuple[float, float]:
     """Exposed seconds of one layer's context-parallel communication (forward, backward), as
     ``plan.cp_comm`` runs it (``inventory.layer.context_parallel_collectives`` lists it).
+    ``attn_f`` and ``attn_b``: the attention's seconds (``attention_steps``), over the rank's
+    own chunk and over the ring steps.
 
     The attention of a rank's queries against the whole sequence runs in cp steps, one K/V chunk
-    each; causal load balancing (each rank holds chunks i and 2cp-1-i) gives every step the
-    same work, 1/cp of the attention (step 0 the local causal half-square, the others a full
-    half-square). What a step's transfer does not hide is exposed, attention slowing while it
-    runs (``exposed_beside``):
+    each (causal load balancing, each rank holding chunks i and 2cp-1-i: the own chunk's causal
+    square, then half-squares; ``inventory.layer.context_parallel_core`` prices them as their
+    own launches; an attention not split so, unfused, counts as cp equal steps). What a step's
+    transfer does not hide is exposed, attention slowing while it runs (``exposed_beside``):
 
     - p2p: step i's attention runs beside the send of step i+1's chunk (cp - 1 of them; the last
-      step has nothing to send); backward alike, and the last dK/dV hop back to its owner has no
-      step after it;
+      step has nothing to send), step 0 the own chunk's; backward alike, and the last dK/dV hop
+      back to its owner has no step after it. Transformer Engine runs the backward in reverse,
+      the own chunk last (its sends beside ring steps only), PyTorch in the forward's order;
     - allgather, Transformer Engine: the gathers and the dK/dV reduce-scatter are exposed
       ("KV all-gather between CP ranks is exposed", Llama 3 section 3.3.2); PyTorch's ring
       (torchtitan) issues the gather before step 0 and waits for it at step 1, and rotates
@@ -158,24 +174,34 @@ def context_comm(attn_f: float, attn_b: float, colls: tuple[Collective, ...], co
         return 0.0, 0.0
     plan, slow = comm.plan, comm.slowdown
     steps = plan.cp
-    step_f, step_b = attn_f / steps, attn_b / steps
+    (own_f, step_f), (own_b, step_b) = (_steps(*attn_f, steps), _steps(*attn_b, steps))
 
     def each(name: str, phases: tuple[Phase, ...]) -> float:  # seconds of one call
         return sum(comm.seconds(c) / c.count for c in colls if c.name == name and c.phase in phases)
 
     kind = plan.cp_comm
     if kind == "p2p":
-        fwd = (steps - 1) * exposed_beside(step_f, each("cp_p2p", (Phase.FWD,)), 0.0, slow)
-        bwd = ((steps - 1) * exposed_beside(step_b, each("cp_p2p", BACKWARD), 0.0, slow)
+        send_f, send_b = each("cp_p2p", (Phase.FWD,)), each("cp_p2p", BACKWARD)
+        fwd = exposed_beside(own_f, send_f, 0.0, slow) + (steps - 2) * exposed_beside(step_f, send_f, 0.0, slow)
+        first_b = step_b if plan.framework is not Framework.FSDP else own_b  # TE: own chunk last
+        bwd = (exposed_beside(first_b, send_b, 0.0, slow) + (steps - 2) * exposed_beside(step_b, send_b, 0.0, slow)
                + each("cp_p2p_dkv_last", BACKWARD))
         return fwd, bwd
     if kind == "allgather" and plan.framework is Framework.FSDP:
         hop = each("cp_dkv_ring", BACKWARD)
-        fwd = exposed_beside(step_f, each("cp_allgather", (Phase.FWD,)), 0.0, slow)
-        bwd = (exposed_beside(step_b, each("cp_allgather", BACKWARD), 0.0, slow)
+        fwd = exposed_beside(own_f, each("cp_allgather", (Phase.FWD,)), 0.0, slow)
+        bwd = (exposed_beside(own_b, each("cp_allgather", BACKWARD), 0.0, slow)
                + (steps - 1) * exposed_beside(step_b, hop, 0.0, slow) + hop)
         return fwd, bwd
     return comm.total(colls, (Phase.FWD,)), comm.total(colls, BACKWARD)
+
+
+def _steps(own: float, ring: float, steps: int) -> tuple[float, float]:
+    """(the own chunk's step, one ring step) in seconds: cp equal steps where no ring steps
+    were priced apart."""
+    if ring <= 0.0 or steps <= 1:
+        return own / steps, own / steps
+    return own, ring / (steps - 1)
 
 
 def _expert_comm(
