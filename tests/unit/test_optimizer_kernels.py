@@ -89,3 +89,20 @@ def test_megatron_jobs_keep_the_fused_step_they_had():
     st = count_job(job).stages[0]
     updated = st.optimizer.dims[0][1]
     assert st.optimizer.bytes == pytest.approx(updated * (2 * 4 + 2 * 12 + 2), rel=1e-6)
+
+
+def test_the_installed_torchs_adamw_over_fsdp1_flat_parameters_defaults_to_foreach_and_its_clip_always_scales():
+    torch = pytest.importorskip("torch")
+    import inspect
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp._flat_param import FlatParameter
+    from torch.optim.optimizer import _foreach_supported_types
+
+    flat = FlatParameter(torch.zeros(4))
+    assert type(flat) in _foreach_supported_types  # an nn.Parameter: foreach-eligible on CUDA
+    defaults = torch.optim.AdamW([flat]).defaults
+    assert defaults["foreach"] is None and defaults["fused"] is None  # left to torch: foreach
+    clip = inspect.getsource(FullyShardedDataParallel.clip_grad_norm_)
+    # every gradient times the clamped coefficient, with no branch on its value (a host sync)
+    assert "clip_coef_clamped = torch.clamp(clip_coef, max=1.0)" in clip and "grad.mul_(clip_coef_clamped" in clip
