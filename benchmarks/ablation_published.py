@@ -246,6 +246,10 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                                contextlib.nullcontext),
     "FSDP1's shard casts, flat-gradient concatenation and reduce divides (fms-fsdp; none instead)": (
         _same, _no_fsdp1_kernels),
+    "torch's foreach AdamW (fms-fsdp, torchtitan 0.1; fused instead)": (_parallel(optimizer_impl="fused"),
+                                                                        contextlib.nullcontext),
+    "clip_grad_norm_ scaling every gradient each step (fms-fsdp, torchtitan; norm alone instead)": (
+        _parallel(grad_clip_scale=False), contextlib.nullcontext),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
     "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=True), contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),

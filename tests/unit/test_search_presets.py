@@ -64,13 +64,14 @@ def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_p
     assert space.zero_stage == (0, 1) and len(space.recompute) == 3 and space.sequence_parallel == "off"
     assert SearchSpace(framework="nemo-24.07").sequence_parallel == "with_tp"
     assert SearchSpace(framework="torchtitan-0.1").preset_fields == ("grad_reduce_in_fp32", "fsdp_version",
+                                                                     "optimizer_impl", "grad_clip_scale",
                                                                      "recompute_every", "cp_comm_type",
                                                                      "attention_kernel", "fp8_recipe")
     # torchtitan 0.3 pins its sequence parallelism, async TP (off), the uncompiled and chunked loss
     # and the pipeline's outputs; its recompute stays searched (none, full, op: what it runs)
     assert SearchSpace(framework="torchtitan").preset_fields == (
-        "sequence_parallel", "async_tp", "grad_reduce_in_fp32", "compile_loss", "fsdp_version", "loss_chunks",
-        "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe")
+        "sequence_parallel", "async_tp", "grad_reduce_in_fp32", "compile_loss", "fsdp_version", "optimizer_impl",
+        "grad_clip_scale", "loss_chunks", "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe")
 
 
 def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():
@@ -223,6 +224,7 @@ def test_a_torchtitan_export_of_an_fsdp1_preset_job_names_the_preset_and_says_to
     assert code == 0
     assert "predicted for fms-fsdp-2024.03" in out and "fsdp_version 1" in out
     assert "NOTE(paraplan): parallel.fsdp_version: the prediction followed FSDP1" in out
+    assert "NOTE(paraplan): parallel.optimizer_impl: the prediction ran torch's foreach AdamW" in out
 
 
 def test_the_screen_matches_the_exact_prediction_on_interleaved_plans_that_overlap_their_sends():

@@ -4,6 +4,7 @@ of August 2024 stay torchtitan-0.1's."""
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -20,7 +21,8 @@ _TITAN = {"model": "llama-3-8b", "cluster": "dgx-h100",
           "parallel": {"framework": "torchtitan", "micro_batch_size": 1, "global_batch_size": 8}, "precision": "bf16"}
 # torchtitan 0.3.0's default for each field the preset sets, as paraplan names it
 _EXPECTED = {"zero_stage": 3, "sequence_parallel": True, "async_tp": False, "grad_reduce_in_fp32": True,
-             "compile_loss": False, "fsdp_version": 2, "recompute": "op", "loss_chunks": 8,
+             "compile_loss": False, "fsdp_version": 2, "optimizer_impl": "fused", "grad_clip_scale": True,
+             "recompute": "op", "loss_chunks": 8,
              "pipeline_keeps_outputs": False, "cp_comm_type": "allgather", "fp8_recipe": "rowwise"}
 
 
@@ -69,6 +71,12 @@ def test_torchtitan_0_3_s_defaults_are_the_installed_torchtitan_0_3_0_s_dataclas
     assert isinstance(llama3_8b().loss, ChunkedLossWrapper.Config)
     assert Float8LinearConverter.Config().recipe_name == _EXPECTED["fp8_recipe"]
     assert isinstance(Trainer.Config().activation_checkpoint, SelectiveAC.Config)  # per op: recompute op
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer
+    from torchtitan.distributed import utils as dist_utils
+
+    assert OptimizersContainer.Config().implementation == _EXPECTED["optimizer_impl"]
+    # its clip scales every gradient through torch's clip_grads_with_norm_ (clamped coefficient)
+    assert "clip_grads_with_norm_" in inspect.getsource(dist_utils.clip_grad_norm_) and _EXPECTED["grad_clip_scale"]
 
 
 def test_plain_torchtitan_is_the_newest_preset():

@@ -175,6 +175,10 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     if p.fsdp_version == 1:  # a preset of an FSDP1 stack (fms-fsdp, Composer) or a stated one
         out.append("parallel.fsdp_version: the prediction followed FSDP1 (FullyShardedDataParallel: flat "
                    "parameters); torchtitan runs FSDP2 (fully_shard): re-predict with fsdp_version: 2 for its numbers")
+    if p.optimizer_impl == "foreach":  # a preset of a 2024 stack (fms-fsdp, torchtitan 0.1) or a stated one
+        out.append("parallel.optimizer_impl: the prediction ran torch's foreach AdamW (eight passes over the "
+                   "shards); the recipe's optimizer is fused (OptimizersContainer implementation \"fused\"): "
+                   "re-predict with optimizer_impl: fused for its step")
     if p.grad_reduce_in_fp32 is False and not job.precision.full_width:
         out.append("parallel.grad_reduce_in_fp32: torchtitan reduces gradients in float32 "
                    "(training.mixed_precision_reduce takes \"float32\" only); the prediction reduced them in bf16")

@@ -15,7 +15,7 @@ from paraplan.inventory.ends import (
     tied_weight,
 )
 from paraplan.inventory.fp8 import recipe_costs
-from paraplan.inventory.fsdp1 import fsdp1_grad_flatten, fsdp1_side_kernels
+from paraplan.inventory.fsdp1 import fsdp1_grad_flatten, fsdp1_side_kernels, runs_fsdp1
 from paraplan.inventory.layer import (
     DUPLICATED_ACROSS_TP,
     count_layer_collectives,
@@ -25,6 +25,7 @@ from paraplan.inventory.layer import (
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
 from paraplan.inventory.mtp import count_mtp_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
+from paraplan.inventory.optimizer import optimizer_op
 from paraplan.inventory.partition import (
     count_layers_per_stage,
     count_marked_layers_per_stage,
@@ -420,24 +421,13 @@ def _fsdp2_copies(job: Job, layer_params: float) -> tuple[Op, ...]:
     return (_copy_traffic("fsdp_copy", role, layer_params, copy_out, copy_out + copy_in),)
 
 
-def _optimizer_op(params_updated: float, grad_e: float, param_e: float, state_e: float) -> Op:
-    """Adam step over the parameters this rank owns: reads the gradient, reads and writes the
-    fp32 state (moments, and the master weight in mixed precision), writes the weight. Before
-    it, gradient clipping reads the gradients once for their norm (Megatron-LM's
-    ``--clip-grad 1.0``, GPT-NeoX's ``gradient_clipping 1.0``, torchtitan's ``max_norm 1.0``
-    and FSDP's ``clip_grad_norm_`` are all on by default; the all-reduce of the norm is a few
-    bytes)."""
-    traffic = params_updated * (2 * grad_e + 2 * state_e + param_e)
-    return Op(
-        name="optimizer",
-        kind=OpKind.OPTIMIZER,
-        role="gradient norm and Adam step (fused, mixed precision)",
-        flops=12.0 * params_updated,
-        bytes=traffic,
-        bwd_flops=0.0,
-        bwd_bytes=0.0,
-        dims=(("params", int(params_updated)),),
-    )
+def _weight_tensors(job: Job, blocks: tuple[LayerBlock, ...], ends: bool) -> int:
+    """Tensors in the optimizer's lists on a stage (what its per-tensor and multi-tensor kernels
+    launch by): FSDP1's flat parameters, one per transformer block and one for the root's
+    embedding, final norm and head; otherwise one per weighted operator of each layer and the ends."""
+    if runs_fsdp1(job):
+        return sum(b.num_layers for b in blocks) + (1 if ends else 0)
+    return sum(b.num_layers * sum(1 for op in b.ops if op.params) for b in blocks) + (2 if ends else 0)
 
 
 def _unsharded(job: Job) -> LocalShape:
@@ -663,7 +653,9 @@ def count_job(job: Job) -> JobInventory:
                 grad_sync=grad_sync,
                 per_microbatch_dp=_per_microbatch_dp(job, params, grad_e, param_e)
                 + _per_microbatch_dp(job, expert_params, grad_e, param_e, ParallelDim.EDP),
-                optimizer=_optimizer_op(updated, grad_e, param_e, adam_state_bytes(job.precision)),
+                optimizer=optimizer_op(updated, grad_e, param_e, adam_state_bytes(job.precision),
+                                       impl=plan.optimizer_impl, clip_scale=plan.grad_clip_scale,
+                                       fsdp1=runs_fsdp1(job), tensors=_weight_tensors(job, blocks, i in (0, last))),
                 expert_params=expert_params,
                 side_kernels=fsdp1_side_kernels(job, params, sum(counts.values()), param_e, grad_e),
             )

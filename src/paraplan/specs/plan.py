@@ -179,6 +179,17 @@ class ParallelPlan(BaseModel):
     # each gathered unit out of the all-gather buffer and its gradients into the reduce-scatter
     # buffer; FSDP1's flat parameters (fms-fsdp, MosaicML) are views of those buffers
     fsdp_version: Int | None = Field(default=None, ge=1, le=2)
+    # The optimizer step's Adam (framework fsdp: torch.optim.AdamW over the fp32 sharded
+    # parameters): fused (one kernel; torch's fused=True, Apex / Transformer Engine FusedAdam) or
+    # foreach (torch.optim's default when a script passes neither foreach nor fused: eight
+    # _foreach passes over the shard, about three times the bytes; ``inventory.optimizer``).
+    # Unset: fused. Framework presets set it (fms-fsdp, torchtitan 0.1: foreach).
+    optimizer_impl: Literal["fused", "foreach"] | None = None
+    # The gradient clipping multiplies every gradient by min(1, max_norm / norm) every step,
+    # clipping or not (torch's clip_grad_norm_ and FSDP1's FullyShardedDataParallel.clip_grad_norm_,
+    # which avoid a host sync on the coefficient): one more read and write of the gradients.
+    # False: the norm alone (Megatron-LM scales only when the norm exceeds --clip-grad).
+    grad_clip_scale: Bool = False
     # the fused attention kernel (FlashAttention-2/-3, cuDNN, Triton, PyTorch SDPA's flash
     # backend): its own curve on the GPU where the catalog has one; unset, the GPU's attention
     # curve (FlashAttention-2 where calibrated). Framework presets set it.
@@ -378,6 +389,11 @@ class ParallelPlan(BaseModel):
         if self.fsdp_version is not None and self.framework is not Framework.FSDP:
             raise ValueError(
                 f"parallel.fsdp_version: only with framework 'fsdp', not {self.framework.value!r}"
+            )
+        if self.optimizer_impl == "foreach" and self.framework is not Framework.FSDP:
+            raise ValueError(
+                "parallel.optimizer_impl: foreach is torch.optim's AdamW over PyTorch FSDP's fp32 shards "
+                f"(framework 'fsdp'), not {self.framework.value!r}, whose optimizer is fused"
             )
         choices = RECOMPUTE_CHOICES[self.framework]
         if self.recompute not in choices:
