@@ -49,6 +49,13 @@ class LocalShape:
     # framework's own default (Transformer Engine's 4 streams under Megatron-Core); 1 << 30 one
     # kernel for every local expert (torch._grouped_mm, as torchtitan runs its experts)
     grouped_gemm_streams: int = 0
+    # the Megatron-Core token dispatcher ('alltoall', 'deepep', ...; "" for another framework's
+    # MoE) and the groups its kernels depend on (``inventory.moe_kernels``): EP, the experts' TP,
+    # the router's TP x CP
+    dispatcher: str = ""
+    ep: int = 1
+    etp: int = 1
+    tp_cp: int = 1
 
     @property
     def tokens(self) -> int:
@@ -60,6 +67,7 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
         model, plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, precision,
         ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance, fp8_recipe=plan.fp8_recipe,
         one_kernel_experts=plan.framework is Framework.FSDP,
+        dispatcher=plan.dispatcher if plan.framework is Framework.MEGATRON else "",
     )
 
 
@@ -70,7 +78,7 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
 def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
     *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,
-    one_kernel_experts: bool = False,
+    one_kernel_experts: bool = False, dispatcher: str = "",
 ) -> LocalShape:
     """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
 
@@ -81,7 +89,7 @@ def shard_shape(
     factor when tokens over it are dropped."""
     s = model.seq_length // cp
     s_norm = s // tp if sequence_parallel else s
-    moe: dict[str, int] = {}
+    moe: dict[str, int | str] = {}
     if model.num_moe_experts is not None:
         etp = etp or tp
         load = imbalance
@@ -97,6 +105,7 @@ def shard_shape(
             # torchtitan (framework fsdp) runs its experts through torch._grouped_mm, one kernel
             # (torchtitan/models/moe/moe.py GroupedExperts); Megatron-Core through Transformer Engine
             "grouped_gemm_streams": 1 << 30 if one_kernel_experts else 0,
+            "dispatcher": dispatcher, "ep": ep, "etp": etp, "tp_cp": tp * cp,
         }
     return LocalShape(
         b=micro_batch,
