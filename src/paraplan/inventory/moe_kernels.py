@@ -151,7 +151,8 @@ def dispatch(c: MoeKernelConfig) -> Kernels:
     deepep (_DeepepManager): the routing map and probabilities expanded over ETP (two copies
     when ETP > 1), torch.topk of the probabilities to indices, FusedDispatch's
     get_dispatch_layout, notify_dispatch and dispatch kernels, the indices back to a multihot map
-    (fused_indices_to_multihot; eager: zeros x2, compare, boolean index x2, arange, sum,
+    (megatron/core/fusions/fused_indices_converter.py IndicesToMultihot: one Triton kernel each
+    way; eager _indices_to_multihot: zeros x2, compare, boolean index x2, arange, sum,
     repeat_interleave (3), two index_put and a cast: 18) and the permute. Backward: the permute's,
     the multihot's, DeepEP's combine (cached notify and combine), topk's scatter (zeros, scatter),
     the ETP expansion's sum and the probabilities' two gradients summed."""
