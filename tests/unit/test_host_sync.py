@@ -179,8 +179,8 @@ def test_an_operator_with_no_forward_time_launches_nothing_after_the_sync():
 
     from paraplan.prediction.host_sync import sync_items
 
-    def _op(name, launches):  # sync_items reads an operator's name and kernel count only
-        return SimpleNamespace(name=name, launches=launches)
+    def _op(name, launches):  # sync_items reads an operator's name and forward launches only
+        return SimpleNamespace(name=name, forward_host_launches=launches)
 
     ops = [_op("attention", 2), _op("moe_permute", 1), _op("qkv_split", 3), _op("expert_fc1", 4)]
     items = sync_items(ops, [1e-3, 1e-4, 0.0, 2e-3])

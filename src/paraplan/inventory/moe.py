@@ -29,6 +29,7 @@ from paraplan.inventory.layer import (
     norm,
     with_fp8_casts,
 )
+from paraplan.inventory.moe_kernels import Kernels, MoeKernelConfig, moe_kernels
 from paraplan.inventory.ops import Collective, CollectiveKind, ExpertRouting, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import ModelSpec, ParallelPlan, Phase
@@ -65,6 +66,27 @@ def _expert_gemm(name: str, role: str, x: LocalShape, k: int, n: int, *, grouped
     )
 
 
+def megatron_kernels(model: ModelSpec, x: LocalShape) -> dict[str, Kernels] | None:
+    """The kernels per MoE operator Megatron-Core's code launches for this model and rank
+    (``inventory.moe_kernels``); None for another framework's MoE or the allgather dispatcher
+    (not counted: one kernel per operator, as before)."""
+    if x.dispatcher not in ("alltoall", "deepep", "hybridep"):
+        return None
+    return moe_kernels(MoeKernelConfig(
+        router_fusion=bool(model.moe_router_fusion), permute_fusion=bool(model.moe_permute_fusion),
+        score_function=model.moe_router_score_function or "softmax",
+        group_limited=bool(model.moe_router_group_topk), aux_loss=bool(model.moe_aux_loss_coeff),
+        dispatcher=x.dispatcher, ep=x.ep, etp=x.etp, tp_cp=x.tp_cp, local_experts=max(1, x.experts),
+        grouped_gemm=bool(model.moe_grouped_gemm)))
+
+
+def _launching(op: Op, kernels: dict[str, Kernels] | None, key: str | None = None) -> Op:
+    """``op`` with the forward kernels its code launches (``kernels``, by operator name)."""
+    if kernels is None:
+        return op
+    return dataclasses.replace(op, host_launches=kernels[key or op.name].fwd)
+
+
 def _router(model: ModelSpec, x: LocalShape) -> list[Op]:
     """The router on the rank's own tokens (sequence-parallel layout): scores, top-k and the
     auxiliary loss's statistics over [tokens, experts]. The router keeps the pre-MLP norm's
@@ -80,7 +102,8 @@ def _router(model: ModelSpec, x: LocalShape) -> list[Op]:
     if model.moe_aux_loss_coeff:
         ops.append(elementwise("moe_aux_loss", OpKind.ELEMENTWISE, "auxiliary load-balancing loss",
                                scores, e, flops_per_element=2.0, dims=dims))
-    return ops
+    kernels = megatron_kernels(model, x)
+    return [_launching(op, kernels) for op in ops]
 
 
 _SHARED = "shared experts"  # the roles of the shared experts' operators begin with it
@@ -110,16 +133,17 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
 
 
 def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, grouped: bool,
-                      streams: int = TE_GROUPED_GEMM_STREAMS) -> list[Op]:
+                      streams: int = TE_GROUPED_GEMM_STREAMS, kernels: dict[str, Kernels] | None = None) -> list[Op]:
     """What one rank runs for its local routed experts (``x.experts`` of width ``ffn`` on this
     rank, ``x.routed`` token copies): the permutation of the copies by expert, the up projection
     (gate and up, ``gated``), the ``activation`` kernel, the down projection, and the
     unpermutation weighted by the router's probabilities. The hand-written MoE layer and a traced
-    one (``inventory.traced_moe``, its widths from the model's own experts) both build them here."""
+    one (``inventory.traced_moe``, its widths from the model's own experts) both build them here.
+    ``kernels``: what each launches in Megatron-Core (``megatron_kernels``)."""
     e = x.e
     routed_h = float(x.b * x.s_norm * x.topk) * x.h  # this rank's copies, before dispatch and after combine
     up = ffn * (2 if gated else 1)
-    return [
+    ops = [
         _copy("moe_permute", "permute token copies by expert (gradient: unpermute)", routed_h, e,
               fwd_passes=1.0, bwd_passes=1.0),
         _expert_gemm("expert_fc1", "experts' up projection (grouped GEMM)" if grouped
@@ -137,6 +161,7 @@ def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, 
             saved_bytes=e * routed_h,
         ),
     ]
+    return [_launching(op, kernels, "activation" if i == 2 else None) for i, op in enumerate(ops)]
 
 
 def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
@@ -146,7 +171,8 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     ops: list[Op] = [norm(model, x, "pre-MLP norm"), *_router(model, x)]
     ops += routed_expert_ops(x, x.moe_ffn, gated=swiglu, activation="swiglu" if swiglu else "gelu",
                              grouped=bool(model.moe_grouped_gemm),
-                             streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS)
+                             streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS,
+                             kernels=megatron_kernels(model, x))
     ops += _shared_experts(model, x)
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0))
     return tuple(ops)

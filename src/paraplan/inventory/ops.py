@@ -67,6 +67,15 @@ class Op:
     # kernels of equal size the work is issued as (the local experts' GEMMs one by one,
     # without a grouped GEMM): each pays its own ramp-up and launch
     launches: int = 1
+    # the kernels the host launches for the forward, where more than ``launches`` (a MoE
+    # operator's small kernels, copies to the host and communication kernels as the framework's
+    # code launches them: ``inventory.moe_kernels``); None: ``launches``
+    host_launches: int | None = None
+
+    @property
+    def forward_host_launches(self) -> int:
+        """Kernels the host launches for this operator's forward (``prediction.host_sync``)."""
+        return self.launches if self.host_launches is None else self.host_launches
 
     @property
     def kept_under_selective(self) -> float:

@@ -55,6 +55,13 @@ class LocalShape:
     # all-gather (two query chunks against the gathered keys, side by side), "heads" the
     # all-to-all (whole sequences of heads / cp)
     cp_kernels: str = "ring"
+    # the Megatron-Core token dispatcher ('alltoall', 'deepep', ...; "" for another framework's
+    # MoE) and the groups its kernels depend on (``inventory.moe_kernels``): EP, the experts' TP,
+    # the router's TP x CP
+    dispatcher: str = ""
+    ep: int = 1
+    etp: int = 1
+    tp_cp: int = 1
 
     @property
     def tokens(self) -> int:
@@ -66,6 +73,7 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
         model, plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size, precision,
         ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance, fp8_recipe=plan.fp8_recipe,
         one_kernel_experts=plan.framework is Framework.FSDP, cp_kernels=cp_kernels_of(plan),
+        dispatcher=plan.dispatcher if plan.framework is Framework.MEGATRON else "",
     )
 
 
@@ -86,7 +94,7 @@ def cp_kernels_of(plan: ParallelPlan) -> str:
 def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
     *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,
-    one_kernel_experts: bool = False, cp_kernels: str = "ring",
+    one_kernel_experts: bool = False, cp_kernels: str = "ring", dispatcher: str = "",
 ) -> LocalShape:
     """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
 
@@ -97,7 +105,7 @@ def shard_shape(
     factor when tokens over it are dropped."""
     s = model.seq_length // cp
     s_norm = s // tp if sequence_parallel else s
-    moe: dict[str, int] = {}
+    moe: dict[str, int | str] = {}
     if model.num_moe_experts is not None:
         etp = etp or tp
         load = imbalance
@@ -113,6 +121,7 @@ def shard_shape(
             # torchtitan (framework fsdp) runs its experts through torch._grouped_mm, one kernel
             # (torchtitan/models/moe/moe.py GroupedExperts); Megatron-Core through Transformer Engine
             "grouped_gemm_streams": 1 << 30 if one_kernel_experts else 0,
+            "dispatcher": dispatcher, "ep": ep, "etp": etp, "tp_cp": tp * cp,
         }
     return LocalShape(
         b=micro_batch,

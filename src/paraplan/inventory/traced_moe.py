@@ -59,7 +59,21 @@ def layer_on_rank(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dic
     sharded = tuple(_shared(op) if "shared_expert" in module else op
                     for op, module in zip(sharded, rest_modules, strict=True))
     experts = routed_experts(model, x, layer, act)
-    return sharded[:at] + experts + sharded[at:], coll
+    return _router_launching(model, x, sharded[:at] + experts + sharded[at:]), coll
+
+
+def _router_launching(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` with the traced router's GEMM launching what Megatron-Core's router does (its GEMM,
+    top-k and aux loss: ``moe.megatron_kernels``) in place of the hand-written layer's three
+    operators; the traced router's own softmax and top-k kernels launch theirs besides."""
+    from paraplan.inventory.moe import megatron_kernels
+
+    kernels = megatron_kernels(model, x)
+    at = next((i for i, op in enumerate(ops) if op.kind is OpKind.GEMM and "router" in op.role.lower()), None)
+    if kernels is None or at is None:
+        return ops
+    launches = sum(kernels[name].fwd for name in ("router", "router_topk", "moe_aux_loss"))
+    return (*ops[:at], dataclasses.replace(ops[at], host_launches=launches), *ops[at + 1:])
 
 
 def _keep_every_parameter(layer: TracedLayer, ops: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -102,7 +116,7 @@ def expert_widths(layer: TracedLayer) -> tuple[int, int, int, bool]:
 def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str) -> tuple[Op, ...]:
     """The traced experts on one rank: ``moe.routed_expert_ops`` at the traced widths, E/ep of
     them, 1/etp of each one's width (``x``)."""
-    from paraplan.inventory.moe import TE_GROUPED_GEMM_STREAMS, routed_expert_ops
+    from paraplan.inventory.moe import TE_GROUPED_GEMM_STREAMS, megatron_kernels, routed_expert_ops
 
     e, top_k, inter, gated = expert_widths(layer)
     if e != model.num_moe_experts or top_k != model.moe_router_topk:
@@ -113,7 +127,8 @@ def routed_experts(model: ModelSpec, x: LocalShape, layer: TracedLayer, act: str
     name = ("swiglu" if act.lower() in _GATED_SILU else "geglu") if gated else "gelu"
     # the grouped GEMM as the job's framework runs it (the trace gives the shapes, not the kernel)
     ops = tuple(routed_expert_ops(x, inter // etp, gated=gated, activation=name, grouped=bool(model.moe_grouped_gemm),
-                                 streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS))
+                                 streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS,
+                                 kernels=megatron_kernels(model, x)))
     # the experts' biases (gpt-oss: each expert's up and down projections), held by the up projection
     module = next(o.module for o in layer.ops if o.aten == "grouped_mm" and o.phase == "fwd")
     traced = sum(n for m, n in layer.param_breakdown if m == module or m.startswith(module + "."))

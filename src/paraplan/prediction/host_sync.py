@@ -52,9 +52,9 @@ def sync_items(ops: Sequence[Op], fwd: Sequence[float]) -> list[tuple[float, int
     i = names.index(SYNC_AFTER)
     items: list[tuple[float, int]] = [(fwd[i], 0)]
     # an operator with no forward time launches nothing in the forward (a view, a backward-only op)
-    items += [(t, op.launches if t > 0.0 else 0) for op, t in zip(ops[i + 1:], fwd[i + 1:], strict=True)]
-    items += [(t, op.launches if t > 0.0 else 0) for op, t in zip(ops[:i], fwd[:i], strict=True)]
-    items.append((0.0, ops[i].launches))  # the next permutation's launch, before its sync
+    items += [(t, op.forward_host_launches if t > 0.0 else 0) for op, t in zip(ops[i + 1:], fwd[i + 1:], strict=True)]
+    items += [(t, op.forward_host_launches if t > 0.0 else 0) for op, t in zip(ops[:i], fwd[:i], strict=True)]
+    items.append((0.0, ops[i].forward_host_launches))  # the next permutation's launch, before its sync
     return items
 
 

@@ -103,6 +103,12 @@ class ModelSpec(BaseModel):
     # TE_GROUPED_GEMM_STREAMS, the default); a single-kernel grouped GEMM (CUTLASS) is at least
     # the local experts (their summed rows as one GEMM, paraplan's costing before this field)
     moe_grouped_gemm_streams: Int | None = Field(default=None, ge=1)
+    # Megatron-Core's --moe-router-fusion (Transformer Engine's fused top-k and aux-loss kernels)
+    # and --moe-permute-fusion (TE's fused permute, unpermute and chunk sort): how many kernels
+    # the router and the dispatcher launch (inventory.moe_kernels). Unset: off, Megatron-LM's
+    # default (megatron/training/arguments.py, store_true); the MoE recipes turn both on
+    moe_router_fusion: Bool | None = None
+    moe_permute_fusion: Bool | None = None
     # group-limited routing (Megatron-Core --moe-router-num-groups / --moe-router-group-topk; HF
     # DeepSeek-V2/V3 n_group / topk_group): the experts split into equal groups, each token picks
     # its top group_topk groups and its top-k experts among them. With one group per node
@@ -206,7 +212,8 @@ class ModelSpec(BaseModel):
         moe = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                "moe_layer_freq", "moe_first_k_dense", "moe_router_score_function",
                "moe_expert_capacity_factor", "moe_aux_loss_coeff", "moe_grouped_gemm",
-               "moe_grouped_gemm_streams", "moe_router_num_groups", "moe_router_group_topk")
+               "moe_grouped_gemm_streams", "moe_router_num_groups", "moe_router_group_topk",
+               "moe_router_fusion", "moe_permute_fusion")
         if self.num_moe_experts is None:
             for name in moe:
                 if getattr(self, name) is not None:

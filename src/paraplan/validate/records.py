@@ -126,7 +126,7 @@ _MOE_KEYS = ("num_experts", "num_moe_experts", "moe_num_experts", "experts")
 # the record's model fields that are ModelSpec's own (Megatron-LM names), copied when given
 _MODEL_FIELDS = ("kv_channels", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                  "moe_router_score_function", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
-                 "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+                 "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "moe_router_fusion", "moe_permute_fusion")
 _LAYER_RUN = re.compile(r"\[([01])\]\s*\*\s*(\d+)")
 
 

@@ -1,0 +1,225 @@
+"""How many kernels Megatron-Core's MoE layer launches per operator, read from its code.
+
+A mixture-of-experts layer launches many small kernels besides its GEMMs: the router's top-k
+and auxiliary loss, the token dispatcher's bookkeeping, copies to the host and communication
+kernels, the permutations. After the dispatcher's host sync (``prediction.host_sync``) the GPU
+waits for each of them to be launched, so what matters there is how many the host launches.
+Each count below is the code's, for Megatron-Core 0.13-0.14 (``megatron/core/transformer/moe``:
+``router.py`` TopKRouter.routing / _apply_aux_loss / attach_and_log_load_balancing_loss,
+``moe_utils.py`` topk_routing_with_score_function / compute_routing_scores_for_aux_loss /
+switch_load_balancing_loss_func / save_to_aux_losses_tracker / permute / unpermute /
+sort_chunks_by_idxs / RouterGatingLinearFunction, ``token_dispatcher.py`` MoEAlltoAllTokenDispatcher
+and MoEFlexTokenDispatcher's _DeepepManager (NVIDIA/Megatron-LM 0014f137), ``fused_a2a.py``
+FusedDispatch / FusedCombine (02ad939b), ``experts.py`` TEGroupedMLP.forward) with Transformer
+Engine 2.5-2.8 (``pytorch/router.py`` fused_topk_with_score_function,
+fused_compute_score_for_moe_aux_loss, fused_moe_aux_loss: one kernel each way;
+``pytorch/triton/permutation.py`` make_row_id_map: three passes, permute_with_mask_map /
+unpermute_with_mask_map / make_chunk_sort_map / sort_chunks_by_map: one each;
+``common/gemm/cublaslt_gemm.cu`` multi_stream_cublas_gemm: one cuBLAS GEMM per expert) and
+DeepEP (``deep_ep.cpp`` Buffer::get_dispatch_layout, intranode/internode notify_dispatch + dispatch,
+cached_notify_combine + combine). A count includes the collectives' kernels an operator's code
+launches (NCCL's all-to-all, the token counts' all-gather, the aux loss's all-reduce) and its
+copies to the host: each is a launch the host makes, one after another.
+
+What the counts assume, where the code branches on more than paraplan's fields say: the router
+in fp32 (``--moe-router-dtype fp32``, every recipe; DeepEP needs it), dropless routing (no
+capacity factor), the aux loss micro-batch level (``aux_loss``; ``seq_aux_loss`` adds a division),
+no z-loss, no expert bias update, ``--enable-experimental`` with the permute fusion (the recipes set
+both; DeepEP's multihot conversion is then TE's fused kernel), the fused SwiGLU with probabilities
+(``--bias-swiglu-fusion``, Megatron's default). HybridEP (``flex`` with backend hybridep) is
+counted as DeepEP (its code was not read). A PyTorch op that is a view (reshape, unsqueeze, a
+split) launches nothing; an out-of-place ``scatter`` is a copy and the scatter (2), a
+``masked_select`` and boolean indexing a nonzero count and the gather (3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """Kernels one operator launches per micro-batch: ``fwd`` in the forward (what the host
+    launches after the dispatcher's sync), ``bwd`` in the backward."""
+
+    fwd: int
+    bwd: int
+
+
+@dataclass(frozen=True, slots=True)
+class MoeKernelConfig:
+    """What the counts depend on: Megatron-Core's ``--moe-router-fusion`` and
+    ``--moe-permute-fusion``, the score function, group-limited routing, whether an aux loss is
+    on, the dispatcher ('alltoall', 'deepep', 'hybridep'), the expert-parallel and expert
+    tensor-parallel sizes (the dispatcher's ``tp_size`` is the experts' TP), the router's
+    reduce group (attention TP x CP), the rank's local experts, the grouped GEMM."""
+
+    router_fusion: bool = False
+    permute_fusion: bool = False
+    score_function: str = "softmax"
+    group_limited: bool = False
+    aux_loss: bool = True
+    dispatcher: str = "alltoall"
+    ep: int = 1
+    etp: int = 1
+    tp_cp: int = 1
+    local_experts: int = 1
+    grouped_gemm: bool = True
+
+
+def router_gemm(c: MoeKernelConfig) -> Kernels:
+    """RouterGatingLinearFunction: forward one GEMM (Transformer Engine's general_gemm, bf16 in,
+    fp32 out); backward the input and weight GEMMs on fp32 copies of the weight and input, each
+    gradient cast back to bf16: 2 GEMMs + 4 casts."""
+    return Kernels(1, 6)
+
+
+def router_topk(c: MoeKernelConfig) -> Kernels:
+    """topk_routing_with_score_function. Fused: TE's fused_topk_with_score_function, one kernel
+    each way. Unfused softmax: torch.topk, softmax, the probabilities scattered into a zero
+    [tokens, experts] (zeros, copy, scatter) and the routing map (zeros, int cast, copy, scatter,
+    bool cast): 10; backward the gather, softmax backward and topk's scatter (zeros, scatter): 4.
+    Sigmoid: sigmoid, top-k, the gather of the chosen scores, their normalisation (sum, + eps,
+    divide) instead of the softmax: 13 (backward 6); group-limited top-k (group_limited_topk)
+    replaces the one top-k by ten kernels (top-k in groups, sum, top-k of groups, zeros,
+    scatter_, the mask's expand copy, bool cast, not, masked_fill, top-k)."""
+    if c.router_fusion:
+        return Kernels(1, 1)
+    fwd, bwd = (13, 6) if c.score_function == "sigmoid" else (10, 4)
+    if c.group_limited:
+        fwd, bwd = fwd + 9, bwd + 2
+    return Kernels(fwd, bwd)
+
+
+def aux_loss(c: MoeKernelConfig) -> Kernels:
+    """TopKRouter._apply_aux_loss (training, coefficient > 0). The scores for the loss
+    (compute_routing_scores_for_aux_loss; fused: one kernel, unfused: softmax or sigmoid's four,
+    top-k and the routing map's five), the tokens per expert (routing_map.sum) and their
+    all-reduce over the router's TP x CP group (reduce_from_tensor_model_parallel_region, when it
+    is larger than 1), the loss (switch_load_balancing_loss_func; fused: one kernel, unfused: sum,
+    multiply, sum, scale) and its logging (save_to_aux_losses_tracker: the division by the
+    coefficient and ``values[layer] += loss``, an add and its copy back). Backward:
+    MoEAuxLossAutoScaler's ones_like x scale (2), the loss's and the scores' backward (fused one
+    each, unfused 2 and 1) and the logits' two gradients summed (1)."""
+    if not c.aux_loss:
+        return Kernels(0, 0)
+    reduce = 1 if c.tp_cp > 1 else 0
+    if c.router_fusion:
+        return Kernels(1 + 1 + reduce + 1 + 3, 2 + 1 + 1 + 1)
+    scores = 4 if c.score_function == "sigmoid" else 1
+    return Kernels(scores + 1 + 5 + 1 + reduce + 4 + 3, 2 + 2 + 1 + 1)
+
+
+def _permute(c: MoeKernelConfig) -> Kernels:
+    """moe_utils.permute with the probabilities. Fused (TE moe_permute_with_probs, mask map):
+    make_row_id_map's three passes and the permute kernel; backward the unpermute kernel.
+    Unfused: the routing map's transpose copy, arange, masked_select of the token indices (3),
+    the probabilities' transpose copy and masked_select (4), index_select: 10; backward the
+    index_select's scatter-add (zeros, index_add) and the masked_select's (zeros, masked_scatter): 4."""
+    return Kernels(4, 1) if c.permute_fusion else Kernels(10, 4)
+
+
+def _unpermute(c: MoeKernelConfig) -> Kernels:
+    """moe_utils.unpermute weighted by the probabilities. Fused (TE moe_unpermute, mask map):
+    one kernel each way. Unfused: the probabilities' and routing map's transpose copies, the
+    masked_select (3), the multiply, zeros, scatter_add_ and the cast back: 9; backward the
+    gather of the gradient, the multiply's two gradients and the probabilities' masked_scatter: 5."""
+    return Kernels(1, 1) if c.permute_fusion else Kernels(9, 5)
+
+
+def _sort_chunks(c: MoeKernelConfig) -> Kernels:
+    """sort_chunks_by_idxs (alltoall with more than one local expert). Fused: TE's
+    make_chunk_sort_map and sort_chunks_by_map (probabilities in the same kernel); backward
+    sort_chunks_by_map. Unfused: torch.split (views) and one cat per tensor."""
+    return Kernels(2, 1) if c.permute_fusion else Kernels(1, 1)
+
+
+def dispatch(c: MoeKernelConfig) -> Kernels:
+    """From the router's output to the experts' input (the ``moe_permute`` operator): the
+    dispatcher's preprocessing, the permutation, the dispatch communication and the sort by
+    local expert.
+
+    alltoall (MoEAlltoAllTokenDispatcher.preprocess / dispatch_preprocess / token_dispatch /
+    dispatch_postprocess): routing_map.sum; with EP or ETP the send counts' reshape-sum, the
+    all-gather of the counts over the ETP x EP group, the local experts' slice (contiguous) and
+    its three sums; the copies to the host at ``before_permutation_1`` (tokens per expert, input,
+    output and ETP splits; the per-expert counts too without the permute fusion); the permute;
+    the tokens' and probabilities' all-to-alls (EP > 1); their all-gathers over ETP; the sort by
+    local expert (tokens and probabilities; backward their mirror images and the probabilities'
+    two gradients summed).
+
+    deepep (_DeepepManager): the routing map and probabilities expanded over ETP (two copies
+    when ETP > 1), torch.topk of the probabilities to indices, FusedDispatch's
+    get_dispatch_layout, notify_dispatch and dispatch kernels, the indices back to a multihot map
+    (megatron/core/fusions/fused_indices_converter.py IndicesToMultihot: one Triton kernel each
+    way; eager _indices_to_multihot: zeros x2, compare, boolean index x2, arange, sum,
+    repeat_interleave (3), two index_put and a cast: 18) and the permute. Backward: the permute's,
+    the multihot's, DeepEP's combine (cached notify and combine), topk's scatter (zeros, scatter),
+    the ETP expansion's sum and the probabilities' two gradients summed."""
+    permute = _permute(c)
+    if c.dispatcher in ("deepep", "hybridep"):
+        expand = 2 if c.etp > 1 else 0
+        multihot = Kernels(1, 1) if c.permute_fusion else Kernels(18, 2)
+        fwd = expand + 1 + 3 + multihot.fwd + permute.fwd
+        bwd = permute.bwd + multihot.bwd + 2 + 2 + (1 if c.etp > 1 else 0) + 1
+        return Kernels(fwd, bwd)
+    comm = c.ep > 1 or c.etp > 1
+    preprocess = 1 + (6 if comm else 0)
+    to_host = (4 if comm else 1) + (1 if c.local_experts > 1 and not c.permute_fusion else 0)
+    a2a = 2 if c.ep > 1 else 0
+    gather = 2 if c.etp > 1 else 0
+    sort = _sort_chunks(c) if c.local_experts > 1 else Kernels(0, 0)
+    fwd = preprocess + to_host + permute.fwd + a2a + gather + sort.fwd
+    bwd = permute.bwd + a2a + gather + sort.bwd + 1
+    return Kernels(fwd, bwd)
+
+
+def combine(c: MoeKernelConfig) -> Kernels:
+    """From the experts' output back to the tokens (the ``moe_unpermute`` operator).
+
+    alltoall (combine_preprocess / token_combine / combine_postprocess): the sort back by
+    local expert (fused: the chunk map and the sort; unfused: a cat), the reduce-scatter over ETP
+    in the probabilities' fp32 (cast, reduce-scatter, cast back), the all-to-all (EP > 1), the
+    unpermute weighted by the router's probabilities. Backward the mirror images.
+
+    deepep: the unpermute (get_restored_hidden_states_by_experts) and FusedCombine's
+    cached_notify_combine and combine kernels; backward the unpermute's and DeepEP's cached
+    dispatch (cached notify and dispatch)."""
+    unpermute = _unpermute(c)
+    if c.dispatcher in ("deepep", "hybridep"):
+        return Kernels(unpermute.fwd + 2, unpermute.bwd + 2)
+    sort = _sort_chunks(c) if c.local_experts > 1 else Kernels(0, 0)
+    scatter = 3 if c.etp > 1 else 0
+    a2a = 1 if c.ep > 1 else 0
+    return Kernels(sort.fwd + scatter + a2a + unpermute.fwd, sort.bwd + scatter + a2a + unpermute.bwd)
+
+
+def expert_gemm(c: MoeKernelConfig) -> Kernels:
+    """One of the experts' linear layers. TEGroupedMLP's GroupedLinear: one cuBLAS GEMM per
+    local expert (multi_stream_cublas_gemm, each call with its own heuristic query and launch);
+    backward the input and weight gradients of each (weight gradients accumulated into
+    main_grad by the GEMM). SequentialMLP: the same GEMMs, one TE linear layer per expert."""
+    return Kernels(c.local_experts, 2 * c.local_experts)
+
+
+def activation(c: MoeKernelConfig) -> Kernels:
+    """The experts' activation weighted by the probabilities (TEGroupedMLP with
+    --bias-swiglu-fusion: weighted_bias_swiglu_impl, one fused kernel; backward the input's and
+    the probabilities' gradients, 2); SequentialMLP runs it once per expert."""
+    n = 1 if c.grouped_gemm else c.local_experts
+    return Kernels(n, 2 * n)
+
+
+def moe_kernels(c: MoeKernelConfig) -> dict[str, Kernels]:
+    """Kernels per MoE operator, by the inventory's operator names (``inventory.moe``)."""
+    gemm = expert_gemm(c)
+    return {
+        "router": router_gemm(c),
+        "router_topk": router_topk(c),
+        "moe_aux_loss": aux_loss(c),
+        "moe_permute": dispatch(c),
+        "expert_fc1": gemm,
+        "activation": activation(c),
+        "expert_fc2": gemm,
+        "moe_unpermute": combine(c),
+    }
