@@ -5,15 +5,28 @@ the framework presets that run it (NeMo's MLPerf v3.0 GPT-3, Megatron-Core) set 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from paraplan.catalog import load_cluster, load_model, resolve_job
 from paraplan.catalog.presets import presets
+from paraplan.costmodel import AnalyticalCostModel
 from paraplan.costmodel.collectives import estimate_collective_s, latency_bound_all_reduce_s
-from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim, group_layout
-from paraplan.inventory.fp8 import amax_reductions
+from paraplan.inventory import (
+    Collective,
+    CollectiveKind,
+    GroupLayout,
+    ParallelDim,
+    count_job,
+    count_layer_collectives,
+    group_layout,
+    local_shape,
+)
+from paraplan.inventory.fp8 import amax_reductions, is_amax_reduction
 from paraplan.prediction import predict
-from paraplan.specs import FP8Recipe, ParallelPlan, Phase
+from paraplan.prediction.stages import CommCosts, LayerCost
+from paraplan.specs import FP8Recipe, ParallelPlan, Phase, Precision
 
 _MLPERF = {  # MLPerf v3.0 GPT-3 175B on 512 H100 (NVIDIA's config_DGXH100_64x8x128x4x8_mbs1.sh)
     "model": "gpt3-175b",
@@ -97,3 +110,38 @@ def test_the_mlperf_gpt3_prediction_slows_by_its_amax_reductions_latency():
     added = predict(job).iteration_s - predict(off).iteration_s
     expected = 128 * 12 * 2 * (47.504e-6 + 6.42e-6)
     assert 0.9 < added / expected < 1.1
+
+
+def _layer_amax(recipe: str | None, **kw) -> list[tuple[Phase, int]]:
+    plan = _plan(fp8_recipe=recipe, **kw)
+    x = local_shape(load_model("gpt3-175b"), plan, Precision.FP8)
+    return [(c.phase, c.count) for c in count_layer_collectives(load_model("gpt3-175b"), plan, x)
+            if is_amax_reduction(c)]
+
+
+def test_current_scaling_all_reduces_each_sequence_parallel_inputs_amax_over_tp_forward_and_backward():
+    # the column-parallel inputs (QKV, the MLP's first linear) forward, the row-parallel outputs'
+    # gradients backward: one fp32 each over the tp group
+    assert _layer_amax("current") == [(Phase.FWD, 2), (Phase.BWD_INPUT, 2)]
+    assert _layer_amax("nvfp4") == [(Phase.FWD, 2), (Phase.BWD_INPUT, 2)]
+    assert _layer_amax("current", sequence_parallel=False) == []  # each rank quantizes the whole input
+    assert _layer_amax("delayed") == [] and _layer_amax("mxfp8") == []
+    assert _layer_amax("current", framework="fsdp", data_parallel_size=16, pipeline_model_parallel_size=1,
+                       virtual_pipeline_model_parallel_size=None) == []
+
+
+def test_an_amax_all_reduce_stays_exposed_under_tp_comm_overlap():
+    """Transformer Engine's userbuffers hide the sequence-parallel gathers behind the GEMMs; the
+    quantizer's amax all-reduce waits between its amax kernel and its cast on the compute stream."""
+    job = resolve_job({**_MLPERF, "parallel": {**_MLPERF["parallel"], "fp8_recipe": "current",
+                                               "tp_comm_overlap": True}})
+    inv = count_job(job)
+    cm = AnalyticalCostModel(job.cluster, job.precision)
+    comm = CommCosts(inv, cm)
+    block = inv.stages[0].blocks[0]
+    amax = tuple(c for c in block.collectives if is_amax_reduction(c))
+    plain = dataclasses.replace(block, collectives=tuple(c for c in block.collectives if not is_amax_reduction(c)))
+    with_amax, without = LayerCost.of(block, cm, comm), LayerCost.of(plain, cm, comm)
+    assert with_amax.tp_fwd - without.tp_fwd == pytest.approx(comm.total(amax, (Phase.FWD,)))
+    assert with_amax.tp_bwd - without.tp_bwd == pytest.approx(comm.total(amax, (Phase.BWD_INPUT,)))
+    assert comm.total(amax, (Phase.FWD,)) == pytest.approx(2 * 6.42e-6)

@@ -194,5 +194,23 @@ def amax_reductions(model: ModelSpec, plan: ParallelPlan, recipe: FP8Recipe | No
     return tuple(out)
 
 
+def current_amax_reductions(halves: int) -> tuple[Collective, ...]:
+    """The per-tensor amax all-reduces a sequence-parallel layer makes under Transformer Engine
+    2.x's current scaling (``current``, Megatron-LM ``--fp8-recipe tensorwise``) and NVFP4: a
+    column-parallel linear's input is quantized before its all-gather, so its amax is first
+    max-all-reduced over the tp group (``Linear._customize_quantizers_float8_current_scaling``
+    and ``_customize_quantizers_nvfp4``: ``sequence_parallel and parallel_mode == "column"`` ->
+    the input quantizer's ``with_amax_reduction = True``, ``amax_reduction_group = tp_group``),
+    and a row-parallel linear's output gradient likewise in the backward (``parallel_mode ==
+    "row"`` -> the grad-output quantizer's). One fp32 each, inside the quantization (the amax
+    kernel, the all-reduce, then the cast), on the compute stream. ``halves``: the layer's
+    column-parallel inputs (QKV and the MLP's first linear; 1 for a MoE layer's attention
+    alone), the same number of row-parallel outputs."""
+    return (Collective(f"{AMAX_REDUCTION}_current", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0, Phase.FWD, halves,
+                       latency_bound=True),
+            Collective(f"{AMAX_REDUCTION}_current", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0, Phase.BWD_INPUT,
+                       halves, latency_bound=True))
+
+
 __all__ = ["AMAX_HISTORY_LEN", "AMAX_REDUCTION", "NVFP4_COPY", "RECIPES", "RHT_FLOPS", "RecipeCosts",
-           "amax_history_bytes", "amax_reductions", "is_amax_reduction", "recipe_costs"]
+           "amax_history_bytes", "amax_reductions", "current_amax_reductions", "is_amax_reduction", "recipe_costs"]
