@@ -26,7 +26,7 @@ from paraplan.inventory import (
 from paraplan.inventory.fp8 import amax_reductions, is_amax_reduction
 from paraplan.prediction import predict
 from paraplan.prediction.stages import CommCosts, LayerCost
-from paraplan.specs import FP8Recipe, ParallelPlan, Phase, Precision
+from paraplan.specs import ConfigError, FP8Recipe, ParallelPlan, Phase, Precision
 
 _MLPERF = {  # MLPerf v3.0 GPT-3 175B on 512 H100 (NVIDIA's config_DGXH100_64x8x128x4x8_mbs1.sh)
     "model": "gpt3-175b",
@@ -145,3 +145,9 @@ def test_an_amax_all_reduce_stays_exposed_under_tp_comm_overlap():
     assert with_amax.tp_fwd - without.tp_fwd == pytest.approx(comm.total(amax, (Phase.FWD,)))
     assert with_amax.tp_bwd - without.tp_bwd == pytest.approx(comm.total(amax, (Phase.BWD_INPUT,)))
     assert comm.total(amax, (Phase.FWD,)) == pytest.approx(2 * 6.42e-6)
+
+
+def test_amax_reduction_in_a_bf16_job_is_an_error_naming_the_field():
+    stated = {**_MLPERF, "precision": "bf16", "parallel": {**_MLPERF["parallel"], "fp8_amax_reduce": "tp_dp"}}
+    with pytest.raises(ConfigError, match=r"parallel\.fp8_amax_reduce: tp_dp .* precision is bf16"):
+        resolve_job(stated)
