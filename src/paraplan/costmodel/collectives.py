@@ -35,34 +35,35 @@ def _intra_bus(link: LinkSpec, group_per_node: int, gpus_per_node: int) -> float
     return bus
 
 
-# NCCL's tuning model of its LL protocol (NVIDIA/nccl src/graph/tuning.cc @ 01afd20, microseconds):
-# baseLat (tree, ring), hwLat over NVLink and over the network (tree, ring), and the factor on the
-# intra-node hop when the communicator spans nodes ("if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat
-# *= 1.8"). NCCL picks the algorithm and protocol of least modelled time; at a few hundred bytes
+# NCCL's tuning model of its LL protocol (NVIDIA/nccl src/graph/tuning.cc @ b647562, microseconds):
+# baseLat (tree, ring), hwLat over NVLink and over the network (tree, ring), and the network post
+# overhead an inter-node ring pays on every step (getNetOverhead: 1 us on an x86 Intel host, the
+# default). NCCL picks the algorithm and protocol of least modelled time; at a few hundred bytes
 # that is LL, its time the latency.
-_LL_BASE_US = (4.4, 3.6)
-_LL_NVLINK_US = (0.52, 0.47)
+_LL_BASE_US = (6.8, 6.6)
+_LL_NVLINK_US = (0.6, 0.6)
 _LL_NET_US = (5.0, 2.7)
-_LL_INTRA_ACROSS_NODES = 1.8
+_NET_OVERHEAD_US = 1.0
 
 
 def latency_bound_all_reduce_s(layout: GroupLayout) -> float:
     """Seconds of an all-reduce of a few bytes on ``layout`` as NCCL's tuner models it with its
     LL protocol, the lesser of its two algorithms (``ncclTopoTuneModel``): a tree, base + 2 x
-    ((ranks per node - 1) intra-node hops + log2(nodes) network hops), and a ring, base +
-    (2(n-1) - 2(nodes-1)) intra-node hops + 2(nodes-1) network hops. The alpha-beta ring of
-    ``estimate_collective_s`` takes 2(n-1) whole link latencies, and the intra-node curves'
-    extrapolation to a small message a fixed ~40 us (fit on messages >= 1 MiB): both overprice a
-    message this small (64 ranks on 8 nodes: 1.26 ms as an alpha-beta ring, 47.5 us here). NCCL's
-    NVLink constants stand for every intra-node link."""
+    ((ranks per node - 1) NVLink hops + log2(nodes) network hops), and a ring, base + (2(n-1) -
+    2 nodes) intra-node steps (each at least the network post overhead across nodes) + 2 nodes
+    network steps (none on one node). The alpha-beta ring of ``estimate_collective_s`` takes
+    2(n-1) whole link latencies, and the intra-node curves' extrapolation to a small message a
+    fixed ~40 us (fit on messages >= 1 MiB): both overprice a message this small (64 ranks on 8
+    nodes: 1.26 ms as an alpha-beta ring, 45.2 us here). NCCL's NVLink constants stand for
+    every intra-node link."""
     n, nodes = layout.size, layout.nodes
     if n <= 1:
         return 0.0
-    scale = _LL_INTRA_ACROSS_NODES if nodes > 1 else 1.0
-    intra_tree, intra_ring = (lat * scale for lat in _LL_NVLINK_US)
-    tree = _LL_BASE_US[0] + 2.0 * ((layout.per_node - 1) * intra_tree + math.floor(math.log2(nodes)) * _LL_NET_US[0])
-    inter_steps = 2 * (nodes - 1)
-    ring = _LL_BASE_US[1] + (2 * (n - 1) - inter_steps) * intra_ring + inter_steps * _LL_NET_US[1]
+    tree = _LL_BASE_US[0] + 2.0 * ((layout.per_node - 1) * _LL_NVLINK_US[0]
+                                   + math.floor(math.log2(nodes)) * _LL_NET_US[0])
+    inter_steps = 2 * nodes if nodes > 1 else 0
+    intra = max(_LL_NVLINK_US[1], _NET_OVERHEAD_US) if nodes > 1 else _LL_NVLINK_US[1]
+    ring = _LL_BASE_US[1] + (2 * (n - 1) - inter_steps) * intra + inter_steps * _LL_NET_US[1]
     return min(tree, ring) * 1e-6
 
 
