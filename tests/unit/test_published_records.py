@@ -168,3 +168,17 @@ def test_a_published_record_becomes_a_measured_run_with_its_source_and_assumptio
     assert run.measured_iteration_s == pytest.approx(192 * 4096 / (7500 * 96))
     assert run.components == () and run.assumed
     assert measured_from_record(copy.deepcopy(_FSDP_RUN)) == run
+
+
+def test_the_fp8_recipe_a_record_states_is_read_and_keeps_the_delayed_recipes_amax_reduction_away():
+    run = copy.deepcopy(_FSDP_RUN)
+    run["framework"] = "Megatron-LM / Megatron-Core dev"
+    run["gpu"] = "B200"
+    run["precision"] = "MXFP8 (--fp8-recipe mxfp8, e4m3, fp8 param gather)"
+    plan = resolve_job(job_from_record(run).mapping).parallel
+    assert (plan.fp8_recipe.value, plan.fp8_amax_reduce) == ("mxfp8", "none")
+    run["precision"] = "FP8 (--fp8-recipe tensorwise)"
+    assert resolve_job(job_from_record(run).mapping).parallel.fp8_recipe.value == "current"
+    run["precision"] = "FP8 hybrid (Transformer Engine)"
+    plan = resolve_job(job_from_record(run).mapping).parallel
+    assert (plan.fp8_recipe.value, plan.fp8_amax_reduce) == ("delayed", "tp_dp")

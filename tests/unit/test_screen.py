@@ -466,3 +466,21 @@ def test_the_screen_matches_the_exact_prediction_on_an_fsdp_pp_2_space_that_sync
     jobs = screen_matches_the_exact_prediction((load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=2),
                                                 Precision.BF16, 32, space))
     assert any(j.parallel.syncs_shards_once_per_step and j.parallel.zero_shards > 1 for j in jobs)
+
+
+def test_the_screen_times_the_fp8_amax_reductions_per_model_chunk_as_predict_does():
+    """DelayedScaling's amax all-reduces (``parallel.fp8_amax_reduce``, NeMo MLPerf's preset):
+    one per model chunk per micro-batch over the stage's tp x dp ranks, whose time the screen
+    takes from its layouts and counts by each plan's vpp; every plan agrees with ``predict``,
+    and each with a group of more than one rank is slower than without the reductions."""
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("dgx-h100", num_nodes=4)
+    times = {}
+    for reduce in ("none", "tp_dp_then_tp"):
+        space = SearchSpace(framework="nemo-mlperf-3.0", pp=(1, 2, 4), vpp=(1, 2), micro_batch_size=(1,),
+                            recompute=(Recompute.NONE,), zero_stage=(1,), extra={"fp8_amax_reduce": reduce})
+        jobs = screen_matches_the_exact_prediction((model, cluster, Precision.FP8, 64, space))
+        assert jobs and {j.parallel.fp8_amax_reduce for j in jobs} == {reduce}
+        times[reduce] = dict(zip((j.parallel.model_copy(update={"fp8_amax_reduce": "none"}) for j in jobs),
+                                 screen_plans(model, cluster, 64, Precision.FP8, space).iteration_s, strict=True))
+    assert times["none"].keys() == times["tp_dp_then_tp"].keys()
+    assert all(times["tp_dp_then_tp"][plan] > alone for plan, alone in times["none"].items())

@@ -41,6 +41,7 @@ _WHEN = {
     "sharded_over_nodes": "when ZeRO shards over whole nodes",
     "layer_recompute": "with recompute 'layer'",
     "fp8": "with precision fp8",
+    "fp8_delayed": "with precision fp8 and the delayed recipe",
     "context_parallel": "with context parallelism (cp > 1)",
     "pipeline_parallel": "with pipeline parallelism (pp > 1)",
 }
@@ -49,7 +50,7 @@ _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "async_tp", "ove
           "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "compile_loss", "fsdp_version", "optimizer_impl",
           "grad_clip_scale", "recompute",
           "recompute_every", "loss_chunks", "pipeline_keeps_outputs", "data_parallel_shard_degree", "cp_comm_type",
-          "attention_kernel", "fp8_recipe")
+          "attention_kernel", "fp8_recipe", "fp8_amax_reduce")
 _RECORDED = ("attention_kernel", "fp8_recipe")
 # Model fields a preset may set (``model_defaults``): how the framework's own model code runs a
 # kernel the model's architecture has, each applying only where the model has it
@@ -196,7 +197,10 @@ def apply_preset(parallel: dict[str, Any], preset: Preset, *, num_gpus: int, gpu
     taken: dict[str, Any] = {}
     overridden: dict[str, tuple[Any, Any]] = {}
     for default in preset.defaults:
-        if default.when == "fp8" and str(getattr(precision, "value", precision)).lower() != "fp8":
+        if default.when in ("fp8", "fp8_delayed") and str(getattr(precision, "value", precision)).lower() != "fp8":
+            continue
+        if default.when == "fp8_delayed" and str(getattr(plan.get("fp8_recipe"), "value",
+                                                         plan.get("fp8_recipe")) or "delayed") != "delayed":
             continue
         if not _applies(default, plan, num_gpus, gpus_per_node, model, params_billion):
             continue

@@ -11,6 +11,8 @@ its own NIC share, so the bus bandwidth is min(intra-node, k * per-GPU network b
 
 from __future__ import annotations
 
+import math
+
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout
 from paraplan.inventory.moe import expected_units_touched
 from paraplan.specs import ClusterSpec, LinkSpec
@@ -33,11 +35,45 @@ def _intra_bus(link: LinkSpec, group_per_node: int, gpus_per_node: int) -> float
     return bus
 
 
+# NCCL's tuning model of its LL protocol (NVIDIA/nccl src/graph/tuning.cc @ b647562, microseconds):
+# baseLat (tree, ring), hwLat over NVLink and over the network (tree, ring), and the network post
+# overhead an inter-node ring pays on every step (getNetOverhead: 1 us on an x86 Intel host, the
+# default). NCCL picks the algorithm and protocol of least modelled time; at a few hundred bytes
+# that is LL, its time the latency.
+_LL_BASE_US = (6.8, 6.6)
+_LL_NVLINK_US = (0.6, 0.6)
+_LL_NET_US = (5.0, 2.7)
+_NET_OVERHEAD_US = 1.0
+
+
+def latency_bound_all_reduce_s(layout: GroupLayout) -> float:
+    """Seconds of an all-reduce of a few bytes on ``layout`` as NCCL's tuner models it with its
+    LL protocol, the lesser of its two algorithms (``ncclTopoTuneModel``): a tree, base + 2 x
+    ((ranks per node - 1) NVLink hops + log2(nodes) network hops), and a ring, base + (2(n-1) -
+    2 nodes) intra-node steps (each at least the network post overhead across nodes) + 2 nodes
+    network steps (none on one node). The alpha-beta ring of ``estimate_collective_s`` takes
+    2(n-1) whole link latencies, and the intra-node curves' extrapolation to a small message a
+    fixed ~40 us (fit on messages >= 1 MiB): both overprice a message this small (64 ranks on 8
+    nodes: 1.26 ms as an alpha-beta ring, 45.2 us here). NCCL's NVLink constants stand for
+    every intra-node link."""
+    n, nodes = layout.size, layout.nodes
+    if n <= 1:
+        return 0.0
+    tree = _LL_BASE_US[0] + 2.0 * ((layout.per_node - 1) * _LL_NVLINK_US[0]
+                                   + math.floor(math.log2(nodes)) * _LL_NET_US[0])
+    inter_steps = 2 * nodes if nodes > 1 else 0
+    intra = max(_LL_NVLINK_US[1], _NET_OVERHEAD_US) if nodes > 1 else _LL_NVLINK_US[1]
+    ring = _LL_BASE_US[1] + (2 * (n - 1) - inter_steps) * intra + inter_steps * _LL_NET_US[1]
+    return min(tree, ring) * 1e-6
+
+
 def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float:
     """Seconds for one call of ``coll`` on a group laid out as ``layout``."""
     n = layout.size
     if n <= 1 or coll.bytes <= 0.0:
         return 0.0
+    if coll.latency_bound and coll.kind is CollectiveKind.ALL_REDUCE:
+        return latency_bound_all_reduce_s(layout)
     intra, inter = cluster.intra_node, cluster.inter_node
     if coll.kind is CollectiveKind.SEND_RECV:
         link = inter if layout.crosses_nodes else intra

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from paraplan.inventory.fp8 import amax_reductions
 from paraplan.inventory.layer import elementwise, gemm, norm
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
@@ -126,6 +127,8 @@ def count_end_collectives(
         from paraplan.inventory.mtp import count_mtp_collectives
 
         out = out + tuple(count_mtp_collectives(model, plan, x))
+    if x.fp8_linears:  # DelayedScaling's amax reductions, per model chunk (``inventory.fp8``)
+        out = out + amax_reductions(model, plan, x.fp8_recipe)
     return out
 
 

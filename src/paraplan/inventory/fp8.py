@@ -77,9 +77,11 @@ peak, marked transferred (every nvfp4 prediction says so).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from paraplan.specs import FP8Recipe
+from paraplan.inventory.ops import Collective, CollectiveKind, ParallelDim
+from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Phase
 
 # one E8M0 scale byte per block of 32 elements (MXFP8), per copy
 _MX_SCALE = 1.0 / 32.0
@@ -140,4 +142,75 @@ def amax_history_bytes(fp8_gemms: int, recipe: FP8Recipe | None) -> float:
     return 4.0 * recipe_costs(recipe).amax_history * _HISTORIES_PER_GEMM * fp8_gemms
 
 
-__all__ = ["AMAX_HISTORY_LEN", "NVFP4_COPY", "RECIPES", "RHT_FLOPS", "RecipeCosts", "amax_history_bytes", "recipe_costs"]
+# the linear GEMMs of a dense transformer layer Transformer Engine runs in FP8 (QKV, output
+# projection, the MLP's two), whose amaxes an autocast region's reduction carries
+_FP8_GEMMS_PER_LAYER = 4
+# fp32 amaxes per FP8 GEMM in the forward's reduction (input, weight, output) and the backward's
+# (output gradient, input gradient): TE's fp8_meta["scaling_fwd"] and ["scaling_bwd"]
+_AMAXES_FWD, _AMAXES_BWD = 3, 2
+#: the name of the amax all-reduces (``amax_reductions``; the TE 0.x one over tp adds "_tp")
+AMAX_REDUCTION = "fp8_amax_allreduce"
+
+
+def is_amax_reduction(coll: Collective) -> bool:
+    """Whether ``coll`` is one of ``amax_reductions``' all-reduces (the plan screen times them
+    per model chunk, apart from a stage's other end collectives)."""
+    return coll.name.startswith(AMAX_REDUCTION)
+
+
+def amax_reductions(model: ModelSpec, plan: ParallelPlan, recipe: FP8Recipe | None) -> tuple[Collective, ...]:
+    """The all-reduces of DelayedScaling's amaxes one stage makes per micro-batch
+    (``parallel.fp8_amax_reduce``), from Transformer Engine's code as Megatron and NeMo call it.
+
+    Megatron-Core's TransformerBlock.forward and NeMo's ParallelTransformer.forward (2023) wrap
+    their layers in one ``fp8_autocast(fp8_group=parallel_state.get_amax_reduction_group())``,
+    so a stage runs one autocast region per model chunk (vpp of them) per micro-batch. At the
+    region's exit TE concatenates the amaxes of its modules into one buffer and max-all-reduces
+    it over ``fp8_group`` (TE 0.x ``fp8_autocast``'s finally: ``_amax_forward_global_reduce_
+    func()`` -> ``global_amax_reduction``; TE 1.x ``FP8GlobalStateManager.fp8_autocast_exit``
+    -> ``reduce_and_update_fp8_tensors(forward=True)``); the region's backward does the same at
+    the end of its first module's backward (TE 0.x ``post_backward`` / ``_prepare_backward``'s
+    exit when ``fp8_meta["first_module"]``). The call is ``torch.distributed.all_reduce(...,
+    async_op=False)``: the compute stream waits for it, so it is exposed. The group is the
+    stage's tp x cp x dp ranks (Megatron-LM / apex ``parallel_state``: ``amax_group_size =
+    tensor_model_parallel_size * data_parallel_size`` consecutive ranks). TE 0.x reduces the
+    buffer a second time over the tp group under sequence parallelism (``global_amax_reduction
+    (fp8_meta, reduce_amax_across_tp_group=self.sequence_parallel, tp_group)``):
+    ``tp_dp_then_tp``. A buffer of a few hundred bytes (3 fp32 amaxes per FP8 GEMM forward, 2
+    backward): its time is the all-reduce's latency (``Collective.latency_bound``). Not counted:
+    the cat/split and amax-and-scale update kernels around it, a recomputed forward's region
+    (TE skips the reduction in its recompute phase), the ranks' skew the all-reduce waits out."""
+    if plan.fp8_amax_reduce == "none" or (recipe or FP8Recipe.DELAYED) is not FP8Recipe.DELAYED:
+        return ()
+    regions = plan.vpp
+    layers = -(-model.num_layers // (plan.pp * regions))
+    gemms = _FP8_GEMMS_PER_LAYER * layers
+    out = [Collective(AMAX_REDUCTION, CollectiveKind.ALL_REDUCE, ParallelDim.TP_DP, 4.0 * _AMAXES_FWD * gemms,
+                      Phase.FWD, regions, latency_bound=True),
+           Collective(AMAX_REDUCTION, CollectiveKind.ALL_REDUCE, ParallelDim.TP_DP, 4.0 * _AMAXES_BWD * gemms,
+                      Phase.BWD_INPUT, regions, latency_bound=True)]
+    if plan.fp8_amax_reduce == "tp_dp_then_tp" and plan.sequence_parallel and plan.tp > 1:
+        out += [dataclasses.replace(c, name=f"{AMAX_REDUCTION}_tp", dim=ParallelDim.TP) for c in out]
+    return tuple(out)
+
+
+def current_amax_reductions(halves: int) -> tuple[Collective, ...]:
+    """The per-tensor amax all-reduces a sequence-parallel layer makes under Transformer Engine
+    2.x's current scaling (``current``, Megatron-LM ``--fp8-recipe tensorwise``) and NVFP4: a
+    column-parallel linear's input is quantized before its all-gather, so its amax is first
+    max-all-reduced over the tp group (``Linear._customize_quantizers_float8_current_scaling``
+    and ``_customize_quantizers_nvfp4``: ``sequence_parallel and parallel_mode == "column"`` ->
+    the input quantizer's ``with_amax_reduction = True``, ``amax_reduction_group = tp_group``),
+    and a row-parallel linear's output gradient likewise in the backward (``parallel_mode ==
+    "row"`` -> the grad-output quantizer's). One fp32 each, inside the quantization (the amax
+    kernel, the all-reduce, then the cast), on the compute stream. ``halves``: the layer's
+    column-parallel inputs (QKV and the MLP's first linear; 1 for a MoE layer's attention
+    alone), the same number of row-parallel outputs."""
+    return (Collective(f"{AMAX_REDUCTION}_current", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0, Phase.FWD, halves,
+                       latency_bound=True),
+            Collective(f"{AMAX_REDUCTION}_current", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0, Phase.BWD_INPUT,
+                       halves, latency_bound=True))
+
+
+__all__ = ["AMAX_HISTORY_LEN", "AMAX_REDUCTION", "NVFP4_COPY", "RECIPES", "RHT_FLOPS", "RecipeCosts",
+           "amax_history_bytes", "amax_reductions", "current_amax_reductions", "is_amax_reduction", "recipe_costs"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from paraplan.inventory.fp8 import recipe_costs
+from paraplan.inventory.fp8 import current_amax_reductions, recipe_costs
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import FP8Recipe, Framework, ModelSpec, ParallelPlan, Phase
@@ -76,6 +76,9 @@ def dtensor_gathered_inputs(plan: ParallelPlan, x: LocalShape, ops: tuple[Op, ..
 # Linear layers whose FP8 input the preceding norm writes itself (Transformer Engine's
 # LayerNormLinear / LayerNormMLP): only the transpose for the weight gradient is extra.
 _NORM_FED = frozenset({"linear1", "linear3"})
+# the recipes whose sequence-parallel quantizers all-reduce a tensor's amax over tp first
+# (``inventory.fp8.current_amax_reductions``; Transformer Engine's, framework megatron)
+_TP_AMAX_RECIPES = frozenset({FP8Recipe.CURRENT, FP8Recipe.NVFP4})
 
 
 def _eager_swiglu(fused: Op, elements: float, e: int) -> Op:
@@ -752,6 +755,8 @@ def count_layer_collectives(
             ]
             if model.multi_latent_attention:
                 out = _mla_gathers(model, x, out, halves)
+            if x.fp8_linears and x.fp8_recipe in _TP_AMAX_RECIPES and plan.framework is Framework.MEGATRON:
+                out += current_amax_reductions(halves)  # Transformer Engine's, before the FP8 all-gather
         else:
             out += [
                 Collective(

@@ -116,6 +116,9 @@ class ParallelDim(str, Enum):
     EP = "ep"  # expert parallelism: the all-to-all of token dispatch and combine
     ETP = "etp"  # expert tensor parallelism: one expert's MLP split over ranks
     EDP = "edp"  # expert data parallelism: the ranks holding the same experts
+    # a stage's tp x cp x dp ranks (Megatron-Core's get_amax_reduction_group(with_context_parallel=
+    # True), apex's _AMAX_REDUCTION_GROUP): the FP8 amax reduction's group (``inventory.fp8``)
+    TP_DP = "tp_dp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +151,6 @@ class Collective:
     # an EP all-to-all a flex dispatcher runs: ``bytes`` is still the top-k copies' buffer (the
     # alltoall dispatcher's), the cost model sends each token once per node and rank from it
     routing: ExpertRouting | None = None
+    # a few bytes whose time is the collective's latency alone, as NCCL's tuner prices a small
+    # all-reduce (``costmodel.collectives.latency_bound_all_reduce_s``)
+    latency_bound: bool = False

@@ -31,7 +31,7 @@ def _stride(dim: ParallelDim, plan: ParallelPlan) -> int:
     """Megatron-Core orders a stage's ranks tp-cp-dp for attention and, folding the expert
     groups into the same ranks, etp-ep-edp for the experts (``expert_tensor_model_pipeline``
     order ``tp-ep-dp-pp``): expert parallelism stays within a node first."""
-    if dim is ParallelDim.TP or dim is ParallelDim.ETP:
+    if dim is ParallelDim.TP or dim is ParallelDim.ETP or dim is ParallelDim.TP_DP:
         return 1
     if dim is ParallelDim.EP:
         return plan.etp
@@ -63,6 +63,8 @@ def _size(dim: ParallelDim, plan: ParallelPlan) -> int:
         return plan.ep
     if dim is ParallelDim.ETP:
         return plan.etp
+    if dim is ParallelDim.TP_DP:
+        return plan.tp * plan.cp * plan.dp
     return plan.edp
 
 

@@ -21,6 +21,7 @@ from paraplan.inventory import (
     StageInventory,
     group_layout,
 )
+from paraplan.inventory.fp8 import is_amax_reduction
 from paraplan.inventory.moe import is_shared_expert
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
 from paraplan.prediction.async_tp import async_tp_layer, runs_async_tp
@@ -112,7 +113,9 @@ class LayerCost:
         fwd = tuple(cm.estimate_op_s(op, Phase.FWD) for op in ops)
         weight = tuple(cm.estimate_op_s(op, Phase.BWD_WEIGHT) for op in ops)
         bwd = tuple(cm.estimate_op_s(op, Phase.BWD_INPUT) + w for op, w in zip(ops, weight, strict=True))
-        tp = tuple(c for c in block.collectives if c.dim is ParallelDim.TP)
+        tp = tuple(c for c in block.collectives if c.dim is ParallelDim.TP and not is_amax_reduction(c))
+        # an FP8 quantizer's amax all-reduce waits on the compute stream, never overlapped
+        amax = tuple(c for c in block.collectives if is_amax_reduction(c))
         if runs_async_tp(comm):  # PyTorch's fused all-gather/reduce-scatter matmuls
             fwd, bwd, tp_f, tp_b = async_tp_layer(ops, fwd, bwd, weight, tp, cm, comm)
         else:
@@ -125,6 +128,8 @@ class LayerCost:
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
             tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)
         ep_f, ep_b, paired_f, paired_b = _expert_comm(ops, fwd, bwd, ep, comm, tp_f, tp_b)
+        # the amax all-reduces block the compute stream (async_op=False): never paired or hidden
+        tp_f, tp_b = tp_f + comm.total(amax, (Phase.FWD,)), tp_b + comm.total(amax, BACKWARD)
         # the kernels wait for their launches after a MoE dispatcher's sync: part of the
         # forward's kernel time, from the kernels alone (the collectives' kernels would hide some
         # launches; leaving them out keeps the network's time apart from the kernels')

@@ -53,8 +53,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from paraplan.costmodel import AnalyticalCostModel
-from paraplan.inventory import JobInventory, count_job
+from paraplan.inventory import JobInventory, StageInventory, count_job
 from paraplan.inventory.ends import count_end_collectives
+from paraplan.inventory.fp8 import is_amax_reduction
 from paraplan.inventory.job import count_end_ops
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.prediction.framework_memory import (
@@ -134,7 +135,8 @@ SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "sche
                               "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",  # its EP exchange, alike
                               # the loss's copies of the logits: microbatch_bytes per shard shape
                               "cross_entropy_loss_fusion", "compile_loss", "loss_chunks",
-                              "pipeline_keeps_outputs"})  # torch pipelining's kept outputs, per plan in _combine
+                              "pipeline_keeps_outputs",  # torch pipelining's kept outputs, per plan in _combine
+                              "fp8_amax_reduce"})  # the FP8 amax all-reduces: one chunk's per layout (_layout_table)
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
 # full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)
@@ -370,7 +372,9 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
             else:
                 ends[c], end_colls[c] = inv.stages[own[c]].end_ops, inv.stages[own[c]].end_collectives
         for c, ops in ends.items():
-            colls = end_colls[c]
+            # the FP8 amax reductions run once per model chunk: ``_layout_table`` times one
+            # region's, ``_combine`` counts each plan's chunks
+            colls = tuple(coll for coll in end_colls[c] if not is_amax_reduction(coll))
             row[f"end_f{c}"] = ops_seconds(cm, ops, (Phase.FWD,))
             row[f"end_b{c}"] = ops_seconds(cm, ops, BACKWARD)
             row[f"end_w{c}"] = ops_seconds(cm, ops, (Phase.BWD_WEIGHT,)) if wgrad else 0.0
@@ -403,13 +407,21 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
     return {k: np.array([r[k] for r in rows]) for k in rows[0]}
 
 
+def amax_region_s(st: StageInventory, comm: CommCosts) -> tuple[float, float]:
+    """Seconds of one autocast region's FP8 amax all-reduces on stage ``st`` (forward, backward):
+    its end collectives' ``is_amax_reduction`` ones, each over its count (the plan's chunks)."""
+    colls = [c for c in st.end_collectives if is_amax_reduction(c)]
+    return (sum(comm.seconds(c) / c.count for c in colls if c.phase is Phase.FWD),
+            sum(comm.seconds(c) / c.count for c in colls if c.phase in BACKWARD))
+
+
 def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list[CommCosts]) -> dict[str, np.ndarray]:
     """Per layout and stage class: layers, DP communication, optimizer step, and the memory
     that does not depend on the micro-batch: persistent (weights, gradients, optimizer
     states), transient (gathered weights, communication buffers) and outside the allocator
     (``comms``: each layout's ``CommCosts``)."""
     keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "gathered", "buffers", "runtime",
-            "grad_copy")
+            "grad_copy", "amax_f", "amax_b")
     out = np.zeros((len(keys), len(invs), 3))
     for j, (inv, comm) in enumerate(zip(invs, comms, strict=True)):
         pp = len(inv.stages)
@@ -430,6 +442,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     *framework_buffers(inv, st),
                     mem.runtime,
                     gradient_copy_s(inv, st),
+                    *amax_region_s(st, comm),  # amax_f, amax_b: one model chunk's
                 )
             out[:, j, c] = rows[s]
     return dict(zip(keys, out, strict=True))
@@ -634,8 +647,10 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
         # each stage class's time and memory with the prediction's arithmetic (``stage_passes``,
         # ``activations_at_peak``, ``stage_peak_bytes``), its terms read from the tables
         n = layout("layers", c)
+        regions = np.maximum(vpp, 1)  # the FP8 amax reductions: one per model chunk (``inventory.fp8``)
         ends_work = PassWork(ends("end_f", c), ends("end_b", c), ends("end_w", c) if zero_bubble else 0.0,
-                             ends("endc_f", c), ends("endc_b", c))
+                             ends("endc_f", c) + regions * layout("amax_f", c),
+                             ends("endc_b", c) + regions * layout("amax_b", c))
         copy = layout("grad_copy", c)  # ZeRO-Offload's gradient copy
         passes = stage_passes(stage_work(ends_work, ((n, layer),)), n, layout("dp_f", c), layout("dp_b", c),
                               layout("reduce", c), layout("gather", c), slowdown, overlap,

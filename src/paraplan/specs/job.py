@@ -142,6 +142,9 @@ class Job(BaseModel):
                 f"precision: GPU {c.gpu.name} has no {self.precision.value} peak (it has: {have})"
             )
         _check_fp8_recipe(p.fp8_recipe, self.precision, c.gpu)
+        if p.fp8_amax_reduce != "none" and self.precision is not Precision.FP8:
+            raise ValueError(f"parallel.fp8_amax_reduce: {p.fp8_amax_reduce} reduces FP8 amaxes, but the job's "
+                             f"precision is {self.precision.value} (set precision: fp8, or fp8_amax_reduce: none)")
         if p is not self.parallel:
             object.__setattr__(self, "parallel", p)
         return self

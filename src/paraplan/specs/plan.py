@@ -164,6 +164,16 @@ class ParallelPlan(BaseModel):
     # delayed | current (tensorwise) | rowwise | mxfp8 | nvfp4; None: delayed (Transformer
     # Engine's DelayedScaling, Megatron-LM's default); only with precision fp8
     fp8_recipe: FP8Recipe | None = None
+    # Transformer Engine DelayedScaling's amax reduction (``reduce_amax``, on by default) as the
+    # framework's fp8_autocast runs it: at the exit of every autocast region (one per model
+    # chunk per micro-batch: Megatron-Core's and NeMo's transformer forward) the region's amaxes
+    # are max-all-reduced over ``fp8_group`` (Megatron/apex ``get_amax_reduction_group``: the
+    # stage's tp x cp x dp ranks), and again at the end of its backward; the compute stream
+    # waits for each (``async_op=False``). "tp_dp": that one all-reduce each time (TE 1.x);
+    # "tp_dp_then_tp": a second one over the tp group under sequence parallelism (TE 0.x's
+    # ``global_amax_reduction(..., reduce_amax_across_tp_group=sequence_parallel)``); "none":
+    # not reduced (or not priced). Only with the delayed recipe (``inventory.fp8.amax_reductions``)
+    fp8_amax_reduce: Literal["none", "tp_dp", "tp_dp_then_tp"] = "none"
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: Bool = False
@@ -351,6 +361,11 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 "parallel.tp_comm_overlap: overlaps the sequence-parallel collectives, so it needs "
                 "tensor_model_parallel_size > 1 and sequence_parallel: true"
+            )
+        if self.fp8_amax_reduce != "none" and self.fp8_recipe not in (None, FP8Recipe.DELAYED):
+            raise ValueError(
+                f"parallel.fp8_amax_reduce: {self.fp8_amax_reduce!r} reduces Transformer Engine DelayedScaling's "
+                f"amax histories; fp8_recipe {self.fp8_recipe.value} keeps none (set fp8_amax_reduce: none)"
             )
         if self.async_tp and self.framework is not Framework.FSDP:
             raise ValueError(

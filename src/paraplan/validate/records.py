@@ -66,6 +66,8 @@ _HYBRID = re.compile(r"\b(hsdp|hybrid[ _]shard)", re.IGNORECASE)
 _FULL_SHARD = re.compile(r"full[ _]shard", re.IGNORECASE)
 _DIST_OPT = re.compile(r"distributed[ _]optimi[sz]er", re.IGNORECASE)
 _GRAD_BF16 = re.compile(r"grad[ _-]reduce[ _-]in[ _-]bf16", re.IGNORECASE)
+_FP8_RECIPE = re.compile(r"--fp8-recipe\s+(\w+)", re.IGNORECASE)
+_MEGATRON_RECIPES = {"tensorwise": "current"}  # Megatron-LM's names of paraplan's recipes where they differ
 
 
 def _words(run: dict[str, Any]) -> str:
@@ -289,6 +291,9 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
         if value not in (None, False):
             parallel[key] = value
     _grad_reduce(run, engine, words, parallel, assumed)
+    recipe = _FP8_RECIPE.search(str(run.get("precision") or ""))
+    if recipe:  # Megatron-LM's --fp8-recipe as the record states it (tensorwise: current scaling)
+        parallel["fp8_recipe"] = _MEGATRON_RECIPES.get(recipe.group(1).lower(), recipe.group(1).lower())
     if preset is not None:
         # what the preset fills in, said as the reader's assumptions
         _, use = apply_preset(parallel, preset, num_gpus=int(run["num_gpus"]), gpus_per_node=node,
