@@ -36,8 +36,7 @@ The cost of fewer SMs follows from the GEMM model: a GEMM on ``sms - n`` of ``sm
 ``(sms - n) / sms`` of its rate. Collectives and copies are priced by the network model (a chunk
 as 1/n of its collective); the copy engines' and communication kernels' HBM traffic beside the
 GEMMs is not priced (no cited measurement), nor the three compute streams' chunks overlapping
-one another. The all-gather buffers are priced in the activation precision: TE's later releases
-gather FP8 inputs (``fp8_buf``), which the release_v0.8-era code read here does not show.
+one another. In an FP8 job the all-gathers move the FP8 copies (``_as_sent``).
 """
 
 from __future__ import annotations
@@ -95,22 +94,22 @@ def userbuffers_layer(ops: tuple[Op, ...], fwd: Seconds, bwd: Seconds, weight: S
     cfg = load_userbuffers(str(comm.plan.tp_comm_overlap_cfg))
     f, b, w = list(fwd), list(bwd), list(weight)
     index = {op.name: i for i, op in enumerate(ops) if op.kind is OpKind.GEMM}
-    calls = _calls(tp_colls, comm)
+    calls = _calls(tp_colls)
     exposed = {False: 0.0, True: 0.0}
     for name, (op_name, phase, kind, counted) in UB_GEMMS.items():
         backward = phase in _BACKWARD
         queue = calls.get((kind, backward), [])
         if op_name not in index or (counted and not queue):
             continue
-        each = queue.pop(0) if counted else _first(tp_colls, comm, kind)
-        if each is None:
+        call = queue.pop(0) if counted else _first(tp_colls, kind)
+        if call is None:
             continue
         gemm = cfg.gemm(name)
         if (gemm.method, kind) not in _RUNS:
             raise ConfigError(f"parallel.tp_comm_overlap_cfg: {cfg.name}'s {name} runs {gemm.method}, which "
                               f"Transformer Engine {cfg.te_version} does not run beside a {kind.value}")
         i = index[op_name]
-        seconds, extra = _priced(ops[i], phase, gemm, each, cm, comm)
+        seconds, extra = _priced(ops[i], phase, gemm, comm.seconds(_as_sent(call, ops[i])), cm, comm)
         if phase is Phase.FWD:
             f[i] = seconds
         elif phase is Phase.BWD_INPUT:
@@ -120,24 +119,36 @@ def userbuffers_layer(ops: tuple[Op, ...], fwd: Seconds, bwd: Seconds, weight: S
             w[i] = seconds
         exposed[backward] += extra
     for (_, backward), left in calls.items():  # collectives no configured GEMM took
-        exposed[backward] += sum(left)
+        exposed[backward] += sum(comm.seconds(c) for c in left)
     return tuple(f), tuple(b), tuple(w), exposed[False], exposed[True]
 
 
-def _calls(tp_colls: tuple[Collective, ...], comm: CommCosts) -> dict[tuple[CollectiveKind, bool], list[float]]:
-    """The layer's TP collectives as single calls, by (kind, backward): each call's seconds."""
-    out: dict[tuple[CollectiveKind, bool], list[float]] = {}
+def _calls(tp_colls: tuple[Collective, ...]) -> dict[tuple[CollectiveKind, bool], list[Collective]]:
+    """The layer's TP collectives as single calls, by (kind, backward)."""
+    out: dict[tuple[CollectiveKind, bool], list[Collective]] = {}
     for c in tp_colls:
-        out.setdefault((c.kind, c.phase in _BACKWARD), []).extend([comm.seconds(c) / c.count] * c.count)
+        out.setdefault((c.kind, c.phase in _BACKWARD), []).extend([dataclasses.replace(c, count=1)] * c.count)
     return out
 
 
-def _first(tp_colls: tuple[Collective, ...], comm: CommCosts, kind: CollectiveKind) -> float | None:
-    """Seconds of one forward call of ``kind`` (the size of the norm output's re-gather)."""
+def _first(tp_colls: tuple[Collective, ...], kind: CollectiveKind) -> Collective | None:
+    """One forward call of ``kind`` (the size of the norm output's re-gather)."""
     for c in tp_colls:
         if c.kind is kind and c.phase is Phase.FWD:
-            return comm.seconds(c) / c.count
+            return dataclasses.replace(c, count=1)
     return None
+
+
+def _as_sent(call: Collective, gemm: Op) -> Collective:
+    """``call`` as userbuffers sends it: an all-gather feeding an FP8 GEMM gathers the FP8 copy
+    (TE writes the norm's FP8 output, or the cast output gradient, into the userbuffer and gathers
+    that: ``ln_out = ub_obj_lnout.get_ubuf_output(0)`` before ``_apply_normalization(..., fp8)``;
+    the backward re-gather copies the saved FP8 ``ln_out``), one byte an element where the
+    inventory counts the activation precision (two bytes in an FP8 job, ``inventory.shapes``);
+    reduce-scatters carry the GEMM's 16-bit output."""
+    if call.kind is _AG and gemm.fp8:
+        return dataclasses.replace(call, bytes=call.bytes / 2)
+    return call
 
 
 def _priced(op: Op, phase: Phase, gemm: UserbuffersGemm, coll_s: float, cm: CostModel,
