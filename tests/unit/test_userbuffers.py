@@ -104,11 +104,19 @@ def test_a_pipelined_gemm_runs_on_the_sms_its_communication_leaves():
 def test_a_ring_exchange_hides_every_copy_shorter_than_its_gemm_chunk(gemm, coll, tp, aggregate):
     exposed = ring_exposed(gemm, coll, tp, aggregate)
     assert 0.0 <= exposed <= coll + 1e-12
-    if not aggregate or tp < 4:
+    if not aggregate:
         shard = coll / (tp - 1)
         assert exposed == pytest.approx(max(0.0, shard - gemm / tp) * (tp - 1))
-    else:  # the first exchange before any GEMM is exposed
+    else:  # the first exchange before any GEMM is exposed (with tp 2, the whole gather)
         assert exposed >= coll / (tp - 1) - 1e-12
+
+
+def test_an_aggregated_ring_waits_for_its_first_exchange():
+    # tp 4: one shard (1/3 of the gather) before the first GEMM, then two-shard copies beside
+    # GEMMs of half the rows; tp 2: the whole gather comes first (one step, nothing beside it)
+    assert ring_exposed(1.0, 0.3, 4, True) == pytest.approx(0.1)
+    assert ring_exposed(1.0, 0.3, 2, True) == pytest.approx(0.3)
+    assert ring_exposed(1.0, 0.3, 4, False) == 0.0
 
 
 def test_a_pipelined_reduce_scatter_leaves_its_last_chunk_exposed():

@@ -190,7 +190,7 @@ def ring_exposed(gemm_s: float, coll_s: float, tp: int, aggregate: bool) -> floa
     GEMM chunk, the next chunk waiting for it; ``aggregate``: the first one-shard exchange
     exposed, then tp/2 - 1 copies of two shards beside GEMMs of two."""
     shard = coll_s / (tp - 1)
-    if aggregate and tp >= 4:
+    if aggregate:
         steps = tp // 2
         return shard + (steps - 1) * max(0.0, 2.0 * shard - gemm_s / steps)
     return (tp - 1) * max(0.0, shard - gemm_s / tp)
