@@ -89,8 +89,8 @@ def userbuffers_layer(ops: tuple[Op, ...], fwd: Seconds, bwd: Seconds, weight: S
     """One layer under userbuffers: its operators' forward, backward and weight-gradient seconds
     (``weight``: the weight-gradient part of ``bwd``) with each overlapped GEMM as the method
     runs it (chunked, on fewer SMs), and the exposed seconds of its TP communication forward
-    and backward. A collective of the inventory no configured GEMM takes (a layer without one of the four
-    linears) stays exposed whole."""
+    and backward. A collective of the inventory no configured GEMM takes (a layer without one
+    of the four linears) stays exposed whole."""
     cfg = load_userbuffers(str(comm.plan.tp_comm_overlap_cfg))
     f, b, w = list(fwd), list(bwd), list(weight)
     index = {op.name: i for i, op in enumerate(ops) if op.kind is OpKind.GEMM}
