@@ -9,6 +9,7 @@ from paraplan.catalog.loader import (
     load_host_launch,
     load_model,
     load_runtime_memory,
+    load_userbuffers,
 )
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "load_job",
     "load_model",
     "load_runtime_memory",
+    "load_userbuffers",
     "resolve_job",
 ]

@@ -24,6 +24,7 @@ from paraplan.specs import (
     LinkSpec,
     ModelSpec,
     RuntimeMemorySpec,
+    UserbuffersSpec,
     format_validation_error,
     short_repr,
 )
@@ -276,6 +277,22 @@ def load_host_launch() -> HostLaunchSpec:
     """The host's CPU seconds per launched kernel, measured in a profiler trace, with its
     source (``catalog/runtime/host.yaml``; ``benchmarks/fit_host_launch.py``)."""
     return _validated(HostLaunchSpec, packaged_yaml("runtime", "host.yaml"), "catalog runtime/host.yaml")
+
+
+def userbuffers_names() -> tuple[str, ...]:
+    """The userbuffers configurations of the catalog (``catalog/userbuffers/*.yaml``), by name."""
+    folder = resources.files("paraplan.catalog") / "userbuffers"
+    return tuple(sorted(e.name.rsplit(".", 1)[0] for e in folder.iterdir() if e.name.endswith(".yaml")))
+
+
+@functools.cache
+def load_userbuffers(name: str) -> UserbuffersSpec:
+    """The Transformer Engine userbuffers configuration ``name`` (``parallel.tp_comm_overlap_cfg``),
+    with its source; a ConfigError naming the field and the configurations there are."""
+    if name not in userbuffers_names():
+        raise ConfigError(f"parallel.tp_comm_overlap_cfg: no userbuffers configuration {name!r} in the catalog "
+                          f"(there are: {', '.join(userbuffers_names())})")
+    return _validated(UserbuffersSpec, packaged_yaml("userbuffers", f"{name}.yaml"), f"catalog userbuffers/{name}")
 
 
 @functools.cache

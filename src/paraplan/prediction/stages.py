@@ -30,6 +30,7 @@ from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.prediction.offload import offload_costs, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
 from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
+from paraplan.prediction.userbuffers import runs_userbuffers, userbuffers_layer
 from paraplan.schedule import overlapped_s
 from paraplan.schedule.closed_form import paired_share
 from paraplan.specs import Framework, ParallelPlan, Phase
@@ -123,7 +124,9 @@ class LayerCost:
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
         cp_f, cp_b = context_comm(attention_steps(ops, fwd), attention_steps(ops, bwd), cp, comm)
-        if comm.plan.tp_comm_overlap:
+        if runs_userbuffers(comm):  # Transformer Engine's userbuffers as its configuration runs them
+            fwd, bwd, weight, tp_f, tp_b = userbuffers_layer(ops, fwd, bwd, weight, tp, cm, comm)
+        elif comm.plan.tp_comm_overlap:
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
             tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)

@@ -109,7 +109,7 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
             # what LayerCost.of reads: the layer's operators and collectives, where the TP/CP
             # groups lie (tp, cp) and how TP and CP traffic overlaps
             p, st0 = job.parallel, inv.stages[0]
-            shape = (g, crossing, st0.layer_ops, st0.layer_collectives, p.tp, p.cp, p.tp_comm_overlap, p.async_tp, p.cp_comm)
+            shape = (g, crossing, st0.layer_ops, st0.layer_collectives, p.tp, p.cp, p.tp_comm_overlap, p.tp_comm_overlap_cfg, p.async_tp, p.cp_comm)
             if layer_costs is None or shape not in layer_costs:
                 layer = cost_layers(inv, cm, comm)
                 if layer_costs is not None:

@@ -310,8 +310,9 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
 #: Fields a framework preset sets that no axis of the space varies and the screen times through
 #: its representative Jobs, so that a job file's own value is kept (``SearchSpace.preset_stated``);
 #: recompute_every is not among them (the screen takes it linear in the layers).
-PRESET_STATED = ("tp_comm_overlap", "async_tp", "overlap_p2p_comm", "scatter_gather_p2p", "grad_reduce_in_fp32", "fsdp_version",
-                 "optimizer_impl", "grad_clip_scale", "attention_kernel", "cp_comm_type")
+PRESET_STATED = ("tp_comm_overlap", "tp_comm_overlap_cfg", "async_tp", "overlap_p2p_comm", "scatter_gather_p2p",
+                 "grad_reduce_in_fp32", "fsdp_version", "optimizer_impl", "grad_clip_scale", "attention_kernel",
+                 "cp_comm_type")
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices

@@ -25,7 +25,7 @@ from paraplan.specs.hetero import HeteroClusterSpec, HeteroJob
 from paraplan.specs.job import DEFAULT_MEMORY_HEADROOM, Job
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import PLAN_ALIASES, ParallelPlan
-from paraplan.specs.runtime import HostLaunchSpec, RuntimeMemorySpec
+from paraplan.specs.runtime import HostLaunchSpec, RuntimeMemorySpec, UserbuffersGemm, UserbuffersSpec
 
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM",
@@ -57,6 +57,8 @@ __all__ = [
     "Schedule",
     "SustainedClock",
     "TpOverlap",
+    "UserbuffersGemm",
+    "UserbuffersSpec",
     "format_validation_error",
     "positive_value",
     "short_repr",

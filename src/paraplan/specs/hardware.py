@@ -301,6 +301,10 @@ class GpuSpec(BaseModel):
     # dev runs on one architecture say nothing certain about another's errors (an interval's
     # regime, ``uncertainty.regimes``); None: unknown, the GPU's name stands for it
     architecture: str | None = None
+    # streaming multiprocessors: what a kernel launched on fewer of them (Transformer Engine
+    # userbuffers' GEMMs beside their communication kernels, ``prediction.userbuffers``) loses;
+    # None: not in the catalog
+    sms: int | None = Field(default=None, ge=1)
     sources: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("peak_flops", mode="before")

@@ -177,6 +177,12 @@ class ParallelPlan(BaseModel):
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: Bool = False
+    # which GEMM overlaps which collective by which method under tp_comm_overlap: a Transformer
+    # Engine userbuffers configuration of the catalog (``catalog/userbuffers``, Megatron-LM's
+    # --tp-comm-overlap-cfg, NeMo's ub_tp_comm_overlap_cfg), priced from its methods and SMs
+    # (``prediction.userbuffers``); None: the chunked overlap with the GPU's measured fused-kernel
+    # floor (``prediction.stages.tp_overlapped``); unused without tp_comm_overlap
+    tp_comm_overlap_cfg: str | None = None
     # PyTorch's asynchronous tensor parallelism (torchtitan's enable_async_tensor_parallel, under
     # torch.compile; framework fsdp): inductor's micro-pipeline pass fuses the sequence-parallel
     # all-gathers feeding matmuls and the reduce-scatters of a matmul's output with them
