@@ -9,9 +9,16 @@ The cost model divides a GEMM's compute time by its sustained-clock factor
 at the clock the board holds at its power limit; fused attention by its own held factor
 (``sustained_attention_factor``) where the GPU has one. An attention kernel whose catalog curve
 has ``tiles`` is priced by its tiles (``attention_tile_s``), not by its FLOP curve.
+
+One arithmetic, ``roofline_s``, serves both entry points: the module's ``estimate_op_s`` (burst:
+what calibration fits curves through) and ``AnalyticalCostModel.estimate_op_s`` (held: what a
+prediction runs); they differ only in what they price an operator with (``_at_burst``,
+``_held``), each looked up once per operator. A new effect on an operator's time goes there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
 from paraplan.costmodel.scan_rooflines import SCAN_KINDS, scan_op_s, scan_source
@@ -113,13 +120,6 @@ def attention_tile_s(op: Op, phase: Phase, flops: float, peak: float, curve: Eff
     return op.launches * tiled / (peak * rate.max_fraction)
 
 
-def _seconds(work: float, rate: float, curve: EfficiencyCurve, launches: int = 1) -> float:
-    """``work`` issued as ``launches`` kernels of equal size (each ramps up on its own)."""
-    if work <= 0.0:
-        return 0.0
-    return (work + launches * curve.half_work) / (rate * curve.max_fraction)
-
-
 def compute_precision(op: Op, job_precision: Precision) -> Precision:
     """The precision ``op``'s kernels run in: FP8 GEMMs at FP8 (NVFP4 ones at FP4), everything
     else of an FP8 job in BF16, of any other job in its own precision."""
@@ -153,38 +153,93 @@ def op_curves(
     return compute, memory, special is not None
 
 
-def estimate_op_s(
-    op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float, precision: Precision = Precision.BF16
-) -> float:
-    """Seconds one rank spends on ``op`` in ``phase`` on ``gpu`` at ``peak_flops``, with the
-    curves of ``precision``."""
+# What an operator's compute side is priced with: (compute curve or None for memory-bound kinds,
+# memory curve, compute peak FLOP/s, held factor dividing the compute time: 1 at burst).
+Priced = tuple[EfficiencyCurve | None, EfficiencyCurve, float, float]
+
+
+def roofline_s(op: Op, phase: Phase, gpu: GpuSpec, tensor_peak: float,
+               price: Callable[[Op, Phase], Priced]) -> float:
+    """The one roofline arithmetic of both entry points (the module's ``estimate_op_s`` at burst,
+    ``AnalyticalCostModel.estimate_op_s`` held): seconds one rank spends on ``op`` in ``phase`` on
+    ``gpu``, its curves, peak and held factor from ``price`` (asked only for work the roofline
+    times); the scan kinds at ``tensor_peak`` (``scan_op_s``). ``n`` launches of equal size each
+    ramp up on their own: ``(work + n half_work) / (rate max_fraction)`` per side; attention with
+    tile data is priced by its tiles (``attention_tile_s``); the held factor divides only the
+    compute side (memory time is unchanged)."""
     flops, traffic = op.work(phase)
     if flops <= 0.0 and traffic <= 0.0:
         return 0.0
     if op.kind in SCAN_KINDS:
-        return scan_op_s(op, phase, gpu, peak_flops)
-    eff = gpu.efficiency
-    compute, memory, _ = op_curves(op, phase, eff, precision)
+        return scan_op_s(op, phase, gpu, tensor_peak)
+    compute, memory, peak, held = price(op, phase)
     n = op.launches
-    memory_s = _seconds(traffic, gpu.hbm_bandwidth_bytes_per_s, memory, n)
-    compute_s = 0.0 if compute is None else _seconds(flops, peak_flops, compute, n)
-    if op.kind == OpKind.ATTENTION and compute is not None:
-        compute_s = attention_tile_s(op, phase, flops / n, peak_flops, compute) or compute_s
-    return (compute_s if compute_s > memory_s else memory_s) + n * eff.kernel_overhead_s
+    memory_s = 0.0 if traffic <= 0.0 else (traffic + n * memory.half_work) / (
+        gpu.hbm_bandwidth_bytes_per_s * memory.max_fraction)
+    compute_s = 0.0
+    if compute is not None:
+        if flops > 0.0:
+            compute_s = (flops + n * compute.half_work) / (peak * compute.max_fraction)
+        if op.kind is OpKind.ATTENTION:
+            compute_s = attention_tile_s(op, phase, flops / n, peak, compute) or compute_s
+        compute_s /= held
+    return (compute_s if compute_s > memory_s else memory_s) + n * gpu.efficiency.kernel_overhead_s
 
 
-# Curves per efficiency spec, shared by every cost model of the same (catalog) GPU. The spec
-# is kept in the value so that its id cannot be reused while the entry exists.
-_CURVE_CACHES: dict[int, tuple[EfficiencySpec, dict]] = {}
+def estimate_op_s(
+    op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float, precision: Precision = Precision.BF16
+) -> float:
+    """Seconds one rank spends on ``op`` in ``phase`` on ``gpu`` at ``peak_flops``, with the
+    curves of ``precision``, at the burst rate of the curves (what operator samples time)."""
+    return roofline_s(op, phase, gpu, peak_flops, _pricer(_at_burst, gpu, peak_flops, precision))
 
 
-def _curve_cache(eff: EfficiencySpec) -> dict[tuple[str, OpKind, Phase, Precision], tuple]:
-    hit = _CURVE_CACHES.get(id(eff))
-    if hit is None or hit[0] is not eff:
-        if len(_CURVE_CACHES) > 64:
-            _CURVE_CACHES.clear()
-        hit = _CURVE_CACHES[id(eff)] = (eff, {})
-    return hit[1]
+def _at_burst(op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float, precision: Precision) -> Priced:
+    """``op``'s curves in ``precision`` at ``peak_flops``, nothing held."""
+    compute, memory, _ = op_curves(op, phase, gpu.efficiency, precision)
+    return compute, memory, peak_flops, 1.0
+
+
+def _held(op: Op, phase: Phase, gpu: GpuSpec, base: Precision, gemm_factors: tuple[tuple[Precision, float], ...],
+          attention_factor: float) -> Priced:
+    """``op``'s curves in the precision its kernels run in (its FP8 or FP4, else the job's
+    ``base``), that precision's peak, and the factor its kind is held at under load: fused
+    attention's, a GEMM's of its precision (``gemm_factors``), 1 for everything else."""
+    precision = (Precision.FP4 if op.fp4 else Precision.FP8) if op.fp8 else base
+    compute, memory, _ = op_curves(op, phase, gpu.efficiency, precision)
+    if compute is None:  # memory-bound: no compute rate is read
+        return compute, memory, 0.0, 1.0
+    kind = COMPUTE_KINDS.get(op.kind)
+    held = attention_factor if kind == "attention" else dict(gemm_factors)[precision] if kind == "gemm" else 1.0
+    return compute, memory, gpu.peak_flops[precision], held
+
+
+# Pricers per (how they price, GPU's id, the rest of what they price with), shared by every cost
+# model of the same (catalog) GPU and cluster, and by the burst calls of one calibration trial.
+# The GPU is kept in the value so that its id cannot be reused while the entry exists.
+_PRICERS: dict[tuple, tuple[GpuSpec, Callable[[Op, Phase], Priced]]] = {}
+
+
+def _pricer(make: Callable[..., Priced], gpu: GpuSpec, *args: object) -> Callable[[Op, Phase], Priced]:
+    """The ``price`` of ``roofline_s`` that asks ``make(op, phase, gpu, *args)`` once per
+    operator name, kind, phase and FP8/FP4 (all its curves and rates depend on)."""
+    key = (make, id(gpu), *args)
+    hit = _PRICERS.get(key)
+    if hit is not None and hit[0] is gpu:
+        return hit[1]
+    prices: dict[tuple, Priced] = {}
+
+    def price(op: Op, phase: Phase) -> Priced:
+        name = (op.name, op.kind, phase, op.fp8, op.fp4)
+        priced = prices.get(name)
+        if priced is None:
+            priced = prices[name] = make(op, phase, gpu, *args)
+        return priced
+
+    if len(_PRICERS) > 64:
+        _PRICERS.clear()
+    _PRICERS[key] = (gpu, price)
+    return price
 
 
 class AnalyticalCostModel:
@@ -200,36 +255,16 @@ class AnalyticalCostModel:
         self.cluster = cluster
         self.gpu = with_attention_kernel(cluster.gpu, attention_kernel)
         self.precision = precision
-        self._peaks = {p: cluster.gpu.peak_flops[p] for p in cluster.gpu.peak_flops}
-        self._base = compute_precision_of_job(precision)  # what non-FP8 kernels run in
-        self.peak_flops = cluster.gpu.flops_for(self._base)
-        self._curves = _curve_cache(self.gpu.efficiency)
-        self._gemm_factors = {p: sustained_gemm_factor(cluster, p) if sustained else 1.0 for p in Precision}
-        self._attention_factor = sustained_attention_factor(cluster) if sustained else 1.0
+        base = compute_precision_of_job(precision)  # what non-FP8 kernels run in
+        self.peak_flops = cluster.gpu.flops_for(base)
+        gemm = tuple((p, sustained_gemm_factor(cluster, p) if sustained else 1.0) for p in Precision)
+        attention = sustained_attention_factor(cluster) if sustained else 1.0
+        self._price = _pricer(_held, self.gpu, base, gemm, attention)
 
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
-        """Same as the module's ``estimate_op_s``, with each operator's curves looked up once."""
-        flops, traffic = op.work(phase)
-        if flops <= 0.0 and traffic <= 0.0:
-            return 0.0
-        if op.kind in SCAN_KINDS:
-            return scan_op_s(op, phase, self.gpu, self.peak_flops)
-        precision = (Precision.FP4 if op.fp4 else Precision.FP8) if op.fp8 else self._base
-        key = (op.name, op.kind, phase, precision)
-        curves = self._curves.get(key)
-        if curves is None:
-            curves = self._curves[key] = op_curves(op, phase, self.gpu.efficiency, precision)
-        compute, memory, _ = curves
-        n = op.launches
-        memory_s = _seconds(traffic, self.gpu.hbm_bandwidth_bytes_per_s, memory, n)
-        compute_s = 0.0 if compute is None else _seconds(flops, self._peaks[precision], compute, n)
-        if op.kind == OpKind.ATTENTION and compute is not None:
-            compute_s = attention_tile_s(op, phase, flops / n, self._peaks[precision], compute) or compute_s
-            compute_s /= self._attention_factor
-        factor = self._gemm_factors[precision]
-        if factor != 1.0 and COMPUTE_KINDS.get(op.kind) == "gemm":
-            compute_s /= factor  # only the compute-bound side: memory time is unchanged
-        return (compute_s if compute_s > memory_s else memory_s) + n * self.gpu.efficiency.kernel_overhead_s
+        """The module's ``estimate_op_s`` (``roofline_s``) at the clock held under load, each
+        operator's curves, peak and held factor looked up once."""
+        return roofline_s(op, phase, self.gpu, self.peak_flops, self._price)
 
     def estimate_collective_s(self, coll: Collective, layout: GroupLayout) -> float:
         return _collective_s(coll, layout, self.cluster)
