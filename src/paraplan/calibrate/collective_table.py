@@ -7,14 +7,17 @@ to 2 GiB (``network_throughput_bytes_per_sec`` is the algorithm bandwidth of
 bandwidth of each group size and one half size S_1/2 shared by the group sizes, so that
 bus(S) = B_n S / (S + S_1/2), with ``estimate_collective_s`` computing the time from it
 (``CollectiveCurve``), by least squares on log time over the messages of at least
-``min_bytes``; a random share of the rows is held out and scored. The collective-permute rows
-are not fitted (their times scatter by 30-50 % around any size curve).
+``min_bytes``; a random share of the rows is held out and scored. Below those sizes the curve
+takes each group size's measured small call (``small_s``: the median time of the messages of at
+most 64 KiB, where the table's times are flat in size, as NCCL's LL protocol's are). The
+collective-permute rows are not fitted (their times scatter by 30-50 % around any size curve).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +26,7 @@ from paraplan.costmodel import estimate_collective_s
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim
 from paraplan.specs import ClusterSpec, CollectiveCurve, ConfigError, Phase
 
+SMALL_BYTES = 2.0**16  # the small calls: up to 64 KiB, where NCCL's measured time is flat
 _OPCODES = {"all-reduce": CollectiveKind.ALL_REDUCE, "all-gather": CollectiveKind.ALL_GATHER,
             "reduce-scatter": CollectiveKind.REDUCE_SCATTER}
 
@@ -48,7 +52,9 @@ class CollectiveTableFit:
         lines = [f"collectives:                # paraplan calibrate collective-table ({self.source})"]
         for fit in self.fits:
             bus = ", ".join(f"{n}: {b / 1e9:.0f} GB/s" for n, b in sorted(fit.curve.bus_bytes_per_s.items()))
-            lines.append(f"  {fit.kind.value}: {{bus_bytes_per_s: {{{bus}}}, half_bytes: {fit.curve.half_bytes:.3g}}}")
+            small = ", ".join(f"{n}: {t * 1e6:.1f} us" for n, t in sorted(fit.curve.small_s.items()))
+            lines.append(f"  {fit.kind.value}: {{bus_bytes_per_s: {{{bus}}}, half_bytes: {fit.curve.half_bytes:.3g}, "
+                         f"fit_bytes: {fit.curve.fit_bytes:.0f}, small_s: {{{small}}}}}")
         return "\n".join(lines) + "\n"
 
 
@@ -58,6 +64,14 @@ def _node(cluster: ClusterSpec, curve: CollectiveCurve, kind: CollectiveKind) ->
     return cluster.model_copy(update={"intra_node": link})
 
 
+def small_call_s(rows: Any, small_bytes: float = SMALL_BYTES) -> dict[int, float]:
+    """The median seconds per group size of the table ``rows``' calls of at most ``small_bytes``
+    (nccl-tests' size): NCCL's small calls take about the same time whatever their size (LL)."""
+    small = rows[rows.xla_tensor_bytes <= small_bytes]
+    seconds = small.xla_tensor_bytes / small.network_throughput_bytes_per_sec
+    return {int(n): float(seconds[small.devices_per_group == n].median()) for n in sorted(small.devices_per_group.unique())}
+
+
 def fit_collective_table(
     path: Path, gpu_key: str, cluster: ClusterSpec, *, min_bytes: float = 2**20, seed: int = 0, holdout: float = 0.2
 ) -> CollectiveTableFit:
@@ -65,8 +79,9 @@ def fit_collective_table(
     pd = import_extra("pandas")
     least_squares = import_extra("scipy.optimize").least_squares
     table = pd.read_csv(path)
-    rows = table[(table.gpu_key == gpu_key) & (table.network_throughput_bytes_per_sec > 0)
-                 & (table.xla_tensor_bytes >= min_bytes) & table.opcode.isin(list(_OPCODES))]
+    usable = table[(table.gpu_key == gpu_key) & (table.network_throughput_bytes_per_sec > 0)
+                   & table.opcode.isin(list(_OPCODES))]
+    rows = usable[usable.xla_tensor_bytes >= min_bytes]
     if rows.empty:
         raise ConfigError(f"--gpu-key: no all-reduce/all-gather/reduce-scatter rows for {gpu_key} in {path}")
     if cluster.intra_node is None or rows.devices_per_group.max() > cluster.domain_size:
@@ -82,7 +97,7 @@ def fit_collective_table(
 
         def curve(p: np.ndarray, groups=groups) -> CollectiveCurve:
             return CollectiveCurve(bus_bytes_per_s={n: 10 ** p[1 + i] for i, n in enumerate(groups)},
-                                   half_bytes=10 ** p[0])
+                                   half_bytes=10 ** p[0], fit_bytes=float(min_bytes))
 
         def predict(p: np.ndarray, index: np.ndarray, kind=kind, calls=calls, curve=curve) -> np.ndarray:
             node = _node(cluster, curve(p), kind)
@@ -93,6 +108,40 @@ def fit_collective_table(
                                np.log(predict(p, train) / seconds[train]), [7.0] + [11.5] * len(groups))
         score = err_stats(predict(result.x, test), seconds[test]) if len(test) else \
             err_stats(predict(result.x, train), seconds[train])
-        fits.append(CollectiveFit(kind, curve(result.x), len(calls), len(train), score))
-    source = f"{Path(path).name} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB"
+        fitted = curve(result.x).model_copy(update={"small_s": small_call_s(usable[usable.opcode == opcode])})
+        fits.append(CollectiveFit(kind, fitted, len(calls), len(train), score))
+    source = (f"{Path(path).name} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB; small_s: the median call of "
+              f"<= {SMALL_BYTES / 2**10:g} KiB")
     return CollectiveTableFit(gpu_key, tuple(fits), source)
+
+
+def small_call_table(path: Path, gpu_key: str, cluster: ClusterSpec, *, seed: int = 0, holdout: float = 0.2) -> Any:
+    """The held-out calls below the fitted sizes of ``cluster``'s intra-node curves, one row each
+    (opcode, n, bytes, measured_s), priced three ways: ``curve_s`` the curve's extrapolation
+    (moved / bus(S)), ``nccl_s`` NCCL's LL latency (``nccl_ll_latency_s``), ``small_s`` the curve
+    with its small-call times fitted on the other rows (a seeded draw of whole message sizes
+    held out per collective)."""
+    from paraplan.costmodel.collectives import bus_factor, nccl_ll_latency_s
+
+    pd = import_extra("pandas")
+    table = pd.read_csv(path)
+    table = table[(table.gpu_key == gpu_key) & (table.network_throughput_bytes_per_sec > 0)]
+    if cluster.intra_node is None:
+        raise ConfigError(f"--cluster {cluster.name}: no intra-node link")
+    out = []
+    for opcode, kind in _OPCODES.items():
+        curve = cluster.intra_node.collectives.get(kind.value)
+        rows = table[table.opcode == opcode]
+        if curve is None or rows.empty:
+            continue
+        held = split_mask(list(rows.xla_tensor_bytes), holdout, seed)
+        trained = curve.model_copy(update={"small_s": small_call_s(rows[~held])})
+        for r in rows[held & (rows.xla_tensor_bytes < curve.fit_bytes)].itertuples():
+            n, size = int(r.devices_per_group), float(r.xla_tensor_bytes)
+            moved = bus_factor(kind, n) * size
+            out.append({"opcode": opcode, "n": n, "bytes": size,
+                        "measured_s": size / r.network_throughput_bytes_per_sec,
+                        "curve_s": moved / curve.bus_for(n, size),
+                        "nccl_s": nccl_ll_latency_s(kind, GroupLayout(n, 1, n)),
+                        "small_s": trained.seconds(n, size, moved)})
+    return pd.DataFrame(out)

@@ -39,41 +39,93 @@ def _intra_bus(link: LinkSpec, group_per_node: int, gpus_per_node: int) -> float
 # baseLat (tree, ring), hwLat over NVLink and over the network (tree, ring), and the network post
 # overhead an inter-node ring pays on every step (getNetOverhead: 1 us on an x86 Intel host, the
 # default). NCCL picks the algorithm and protocol of least modelled time; at a few hundred bytes
-# that is LL, its time the latency.
+# that is LL, its time the latency. LL carries a quarter of the ring's bus bandwidth (all-reduce,
+# or any ring across nodes), a third otherwise; the tree's LL 0.92 / 3.8 of it, at half the
+# algorithm bandwidth (llMaxBw's cap is not modelled).
 _LL_BASE_US = (6.8, 6.6)
 _LL_NVLINK_US = (0.6, 0.6)
 _LL_NET_US = (5.0, 2.7)
 _NET_OVERHEAD_US = 1.0
+_LL_TREE_SHARE = 0.92 / 3.8 * 0.5
+
+
+def _ll_latencies_us(kind: CollectiveKind, layout: GroupLayout) -> tuple[float, float | None] | None:
+    """(ring, tree or None) LL latencies in microseconds of ``nccl_ll_latency_s``."""
+    n, nodes = layout.size, layout.nodes
+    if kind is CollectiveKind.BROADCAST:
+        return _LL_BASE_US[1] + n * (_LL_NET_US[1] if nodes > 1 else _LL_NVLINK_US[1]), None
+    if kind is CollectiveKind.ALL_REDUCE:
+        steps, inter_steps = 2 * (n - 1), (2 * nodes if nodes > 1 else 0)
+    elif kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+        steps, inter_steps = n - 1, nodes - 1
+    else:
+        return None
+    intra = max(_LL_NVLINK_US[1], _NET_OVERHEAD_US) if nodes > 1 else _LL_NVLINK_US[1]
+    ring = _LL_BASE_US[1] + (steps - inter_steps) * intra + inter_steps * _LL_NET_US[1]
+    if kind is not CollectiveKind.ALL_REDUCE:
+        return ring, None
+    tree = _LL_BASE_US[0] + 2.0 * ((layout.per_node - 1) * _LL_NVLINK_US[0]
+                                   + math.floor(math.log2(nodes)) * _LL_NET_US[0])
+    return ring, tree
+
+
+def nccl_ll_latency_s(kind: CollectiveKind, layout: GroupLayout) -> float | None:
+    """Seconds of a call of a few bytes of ``kind`` on ``layout`` as NCCL's tuner models it with
+    its LL protocol (``ncclTopoTuneModel``); None for a kind it has no model of (all-to-all and
+    send/recv are NCCL point-to-point calls). A ring takes base + (nsteps - inter-node steps)
+    intra-node steps (each at least the network post overhead across nodes) + its inter-node
+    steps, with nsteps 2(n-1) for an all-reduce (2 x nodes of them across nodes), n-1 for an
+    all-gather or reduce-scatter (nodes - 1 across nodes); a broadcast's ring base + n hops of
+    the group's slowest link; an all-reduce may also take the tree, base + 2 x ((ranks per node
+    - 1) NVLink hops + log2(nodes) network hops), the lesser. NCCL's NVLink constants stand for
+    every intra-node link."""
+    if layout.size <= 1:
+        return 0.0
+    lat = _ll_latencies_us(kind, layout)
+    if lat is None:
+        return None
+    ring, tree = lat
+    return (ring if tree is None else min(ring, tree)) * 1e-6
 
 
 def latency_bound_all_reduce_s(layout: GroupLayout) -> float:
-    """Seconds of an all-reduce of a few bytes on ``layout`` as NCCL's tuner models it with its
-    LL protocol, the lesser of its two algorithms (``ncclTopoTuneModel``): a tree, base + 2 x
-    ((ranks per node - 1) NVLink hops + log2(nodes) network hops), and a ring, base + (2(n-1) -
-    2 nodes) intra-node steps (each at least the network post overhead across nodes) + 2 nodes
-    network steps (none on one node). The alpha-beta ring of ``estimate_collective_s`` takes
-    2(n-1) whole link latencies, and the intra-node curves' extrapolation to a small message a
-    fixed ~40 us (fit on messages >= 1 MiB): both overprice a message this small (64 ranks on 8
-    nodes: 1.26 ms as an alpha-beta ring, 45.2 us here). NCCL's NVLink constants stand for
-    every intra-node link."""
-    n, nodes = layout.size, layout.nodes
-    if n <= 1:
-        return 0.0
-    tree = _LL_BASE_US[0] + 2.0 * ((layout.per_node - 1) * _LL_NVLINK_US[0]
-                                   + math.floor(math.log2(nodes)) * _LL_NET_US[0])
-    inter_steps = 2 * nodes if nodes > 1 else 0
-    intra = max(_LL_NVLINK_US[1], _NET_OVERHEAD_US) if nodes > 1 else _LL_NVLINK_US[1]
-    ring = _LL_BASE_US[1] + (2 * (n - 1) - inter_steps) * intra + inter_steps * _LL_NET_US[1]
-    return min(tree, ring) * 1e-6
+    """Seconds of an all-reduce of a few bytes on ``layout`` as NCCL's tuner models it (LL).
+    The alpha-beta ring takes 2(n-1) whole link latencies, the intra-node curves' extrapolation
+    to a small message a fixed ~40 us (fit on messages >= 1 MiB): both overprice a message this
+    small where nothing was measured (64 ranks on 8 nodes: 1.26 ms as an alpha-beta ring,
+    45.2 us here)."""
+    t = nccl_ll_latency_s(CollectiveKind.ALL_REDUCE, layout)
+    assert t is not None
+    return t
+
+
+def _nccl_ll_s(coll: Collective, layout: GroupLayout, moved: float, bus: float) -> float | None:
+    """NCCL's LL time of ``coll``: its latency plus its bytes at LL's share of the bus bandwidth
+    ``bus`` (ring: moved bytes; tree: the message at its algorithm bandwidth), or None where NCCL
+    has no model of the kind."""
+    lat = _ll_latencies_us(coll.kind, layout)
+    if lat is None:
+        return None
+    ring, tree = lat
+    ar = coll.kind is CollectiveKind.ALL_REDUCE
+    share = 0.25 if layout.nodes > 1 or ar else 1.0 / 3.0
+    t = ring * 1e-6 + moved / (bus * share)
+    if tree is not None:
+        t = min(t, tree * 1e-6 + coll.bytes / (bus * _LL_TREE_SHARE))
+    return t
 
 
 def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float:
-    """Seconds for one call of ``coll`` on a group laid out as ``layout``."""
+    """Seconds for one call of ``coll`` on a group laid out as ``layout``.
+
+    Inside a node with a measured curve for the kind: the curve, and for messages below its
+    fitted sizes the measured small-call time of the group size. Everywhere else (across nodes,
+    no curve, a group below every measured small-call size) the lesser of the alpha-beta time
+    and NCCL's LL model (``nccl_ll_latency_s``), as NCCL's tuner picks the protocol of least
+    modelled time: no tiny collective pays 2(n-1) whole link latencies."""
     n = layout.size
     if n <= 1 or coll.bytes <= 0.0:
         return 0.0
-    if coll.latency_bound and coll.kind is CollectiveKind.ALL_REDUCE:
-        return latency_bound_all_reduce_s(layout)
     intra, inter = cluster.intra_node, cluster.inter_node
     if coll.kind is CollectiveKind.SEND_RECV:
         link = inter if layout.crosses_nodes else intra
@@ -88,8 +140,12 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
     steps = 2 * (n - 1) if coll.kind is CollectiveKind.ALL_REDUCE else n - 1
     curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
     if curve is not None:
-        # measured bus bandwidth against message size (its half size holds the latency)
-        return moved / curve.bus_for(n, coll.bytes)
+        measured = curve.seconds(n, coll.bytes, moved)
+        if measured is not None:
+            return measured
+        ll = _nccl_ll_s(coll, layout, moved, curve.peak_for(n))
+        t = moved / curve.bus_for(n, coll.bytes)
+        return t if ll is None else min(t, ll)
     if layout.crosses_nodes and coll.kind is CollectiveKind.ALL_TO_ALL:
         return _all_to_all_across_nodes_s(coll.bytes, layout, cluster)
     if layout.crosses_nodes:
@@ -102,7 +158,9 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
         assert intra is not None
         bus = _intra_bus(intra, layout.per_node, cluster.gpus_per_node)
         latency = intra.latency_s
-    return steps * latency + moved / bus
+    t = steps * latency + moved / bus
+    ll = _nccl_ll_s(coll, layout, moved, bus)
+    return t if ll is None else min(t, ll)
 
 
 def _all_to_all_across_nodes_s(size: float, layout: GroupLayout, cluster: ClusterSpec) -> float:

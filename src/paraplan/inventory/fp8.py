@@ -177,7 +177,7 @@ def amax_reductions(model: ModelSpec, plan: ParallelPlan, recipe: FP8Recipe | No
     buffer a second time over the tp group under sequence parallelism (``global_amax_reduction
     (fp8_meta, reduce_amax_across_tp_group=self.sequence_parallel, tp_group)``):
     ``tp_dp_then_tp``. A buffer of a few hundred bytes (3 fp32 amaxes per FP8 GEMM forward, 2
-    backward): its time is the all-reduce's latency (``Collective.latency_bound``). Not counted:
+    backward): the cost model prices it as a small call (``estimate_collective_s``). Not counted:
     the cat/split and amax-and-scale update kernels around it, a recomputed forward's region
     (TE skips the reduction in its recompute phase), the ranks' skew the all-reduce waits out."""
     if plan.fp8_amax_reduce == "none" or (recipe or FP8Recipe.DELAYED) is not FP8Recipe.DELAYED:
@@ -186,9 +186,9 @@ def amax_reductions(model: ModelSpec, plan: ParallelPlan, recipe: FP8Recipe | No
     layers = -(-model.num_layers // (plan.pp * regions))
     gemms = _FP8_GEMMS_PER_LAYER * layers
     out = [Collective(AMAX_REDUCTION, CollectiveKind.ALL_REDUCE, ParallelDim.TP_DP, 4.0 * _AMAXES_FWD * gemms,
-                      Phase.FWD, regions, latency_bound=True),
+                      Phase.FWD, regions),
            Collective(AMAX_REDUCTION, CollectiveKind.ALL_REDUCE, ParallelDim.TP_DP, 4.0 * _AMAXES_BWD * gemms,
-                      Phase.BWD_INPUT, regions, latency_bound=True)]
+                      Phase.BWD_INPUT, regions)]
     if plan.fp8_amax_reduce == "tp_dp_then_tp" and plan.sequence_parallel and plan.tp > 1:
         out += [dataclasses.replace(c, name=f"{AMAX_REDUCTION}_tp", dim=ParallelDim.TP) for c in out]
     return tuple(out)
@@ -206,10 +206,9 @@ def current_amax_reductions(halves: int) -> tuple[Collective, ...]:
     kernel, the all-reduce, then the cast), on the compute stream. ``halves``: the layer's
     column-parallel inputs (QKV and the MLP's first linear; 1 for a MoE layer's attention
     alone), the same number of row-parallel outputs."""
-    return (Collective(f"{AMAX_REDUCTION}_current", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0, Phase.FWD, halves,
-                       latency_bound=True),
+    return (Collective(f"{AMAX_REDUCTION}_current", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0, Phase.FWD, halves),
             Collective(f"{AMAX_REDUCTION}_current", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 4.0, Phase.BWD_INPUT,
-                       halves, latency_bound=True))
+                       halves))
 
 
 __all__ = ["AMAX_HISTORY_LEN", "AMAX_REDUCTION", "NVFP4_COPY", "RECIPES", "RHT_FLOPS", "RecipeCosts",

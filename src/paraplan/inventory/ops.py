@@ -151,6 +151,3 @@ class Collective:
     # an EP all-to-all a flex dispatcher runs: ``bytes`` is still the top-k copies' buffer (the
     # alltoall dispatcher's), the cost model sends each token once per node and rank from it
     routing: ExpertRouting | None = None
-    # a few bytes whose time is the collective's latency alone, as NCCL's tuner prices a small
-    # all-reduce (``costmodel.collectives.latency_bound_all_reduce_s``)
-    latency_bound: bool = False

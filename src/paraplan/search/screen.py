@@ -569,8 +569,10 @@ def screen_plans(
                           frozenset(plans["recompute"].tolist()),
                           bool(runs_where(sched, "splits_backward").any()))
     # the experts' parameters per rank and their gradient sync over the expert data-parallel group
+    # FP8: a model chunk's amax all-reduce carries the chunk's amaxes, priced by its bytes
+    chunks = _codes(plans["vpp"]) if precision is Precision.FP8 else _codes(np.zeros_like(plans["vpp"]))
     layout_key = _mix(_codes(tp), _codes(cp), _codes(pp), _codes(zero), _codes(plans["offload"]), *experts,
-                _codes(plans["shard"]))  # hybrid sharding: the ZeRO shards and the replicas' all-reduce
+                      _codes(plans["shard"]), chunks)  # hybrid sharding: the ZeRO shards and the replicas' all-reduce
     # a shard shape's representative stands for its layout where it can: counted once for both
     shard_rep = np.zeros(len(layout_key), dtype=bool)
     shard_rep[shard_reps] = True

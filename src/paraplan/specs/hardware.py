@@ -208,17 +208,47 @@ class CollectiveCurve(BaseModel):
     """One collective's bus bandwidth on a link, measured against message size S (nccl-tests'
     size and bus-bandwidth conventions): bus(S) = bus_bytes_per_s[n] * S / (S + half_bytes),
     n the group size (the largest measured one not above it). half_bytes holds the per-call
-    latency: a call of S bytes takes moved(S) / bus(S)."""
+    latency: a call of S bytes takes moved(S) / bus(S), fitted on messages of at least
+    ``fit_bytes``. ``small_s`` is the measured time of a small call (the median over messages of
+    at most ``small_bytes``) per group size: below ``small_bytes`` a call takes it, between
+    ``small_bytes`` and ``fit_bytes`` the straight line to the curve, never less than it."""
 
     model_config = _FROZEN
     bus_bytes_per_s: dict[int, Bandwidth]
     half_bytes: HalfWork
+    fit_bytes: HalfWork = 2.0**20
+    small_bytes: HalfWork = 2.0**16
+    small_s: dict[int, Seconds] = Field(default_factory=dict)
 
-    def bus_for(self, group: int, size_bytes: float) -> float:
+    def peak_for(self, group: int) -> float:
+        """The asymptotic bus bandwidth of the largest measured group size not above ``group``
+        (the smallest measured one below them all)."""
         sizes = sorted(self.bus_bytes_per_s)
         fitting = [n for n in sizes if n <= group]
-        peak = self.bus_bytes_per_s[fitting[-1] if fitting else sizes[0]]
-        return peak * size_bytes / (size_bytes + self.half_bytes)
+        return self.bus_bytes_per_s[fitting[-1] if fitting else sizes[0]]
+
+    def bus_for(self, group: int, size_bytes: float) -> float:
+        return self.peak_for(group) * size_bytes / (size_bytes + self.half_bytes)
+
+    def small_for(self, group: int) -> float | None:
+        """The measured small-call time of the largest measured group size not above ``group``;
+        None below every measured group size (or with no small calls measured)."""
+        fitting = [n for n in sorted(self.small_s) if n <= group]
+        return self.small_s[fitting[-1]] if fitting else None
+
+    def seconds(self, group: int, size_bytes: float, moved_bytes: float) -> float | None:
+        """Seconds of one call moving ``moved_bytes`` of a ``size_bytes`` message; None where
+        the message is below the fitted sizes and no small call of the group was measured."""
+        curve = moved_bytes / self.bus_for(group, size_bytes)
+        floor = self.small_for(group)
+        if size_bytes >= self.fit_bytes:
+            return curve if floor is None else max(curve, floor)
+        if floor is None:
+            return None
+        if size_bytes <= self.small_bytes:
+            return floor
+        at_fit = max(floor, moved_bytes / size_bytes * self.fit_bytes / self.bus_for(group, self.fit_bytes))
+        return floor + (at_fit - floor) * (size_bytes - self.small_bytes) / (self.fit_bytes - self.small_bytes)
 
 
 class LinkSpec(BaseModel):
