@@ -123,3 +123,23 @@ def test_a_gelu_model_has_no_gate_to_run_apart_and_says_so():
     with pytest.raises(ConfigError, match="gate_up_fusion: only a gated MLP"):
         resolve_job({"model": {**LLAMA3_8B, "activation": "gelu", "gate_up_fusion": False},
                      "cluster": {"name": "dgx-h100", "num_nodes": 1}, "parallel": {"global_batch_size": 8}})
+
+
+def test_torchtitan_s_experts_run_gate_and_up_as_two_grouped_gemms_with_the_same_work():
+    from paraplan.inventory.moe import count_moe_layer_ops
+
+    moe = {**LLAMA3_8B, "num_moe_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 2048,
+           "moe_shared_expert_intermediate_size": 2048}
+    ops = {}
+    for fused in (True, False):
+        spec = ModelSpec(**{**moe, "gate_up_fusion": fused})
+        ops[fused] = count_moe_layer_ops(spec, shard_shape(spec, 1, 1, False, 1, Precision.BF16))
+    for name, widths in (("expert_fc1", [2048, 2048]), ("shared_fc1", [2048, 2048])):
+        split = [op for op in ops[False] if op.name == name]
+        whole = [op for op in ops[True] if op.name == name]
+        assert [dict(op.dims)["n"] for op in split] == widths and dict(whole[0].dims)["n"] == 4096
+        assert sum(op.flops for op in split) == pytest.approx(whole[0].flops)
+        assert sum(op.params for op in split) == pytest.approx(whole[0].params)
+    assert sum(op.saved_bytes for op in ops[False]) == pytest.approx(sum(op.saved_bytes for op in ops[True]))
+    assert [op.role for op in ops[False] if op.name == "grad_sum"] == [
+        "experts' input gradients summed", "shared experts input gradients summed"]  # q, k, v stay fused

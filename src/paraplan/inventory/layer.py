@@ -266,20 +266,25 @@ def separate_gemms(name: str, parts: tuple[tuple[str, int], ...], summed: str, m
     every part)."""
     ops = [gemm(name, role, m, k, n, e, bias=bias, saved=saved if i == 0 else 0.0, fp8=fp8)
            for i, (role, n) in enumerate(parts)]
-    adds = len(parts) - 1
-    elements = float(m) * k
-    ops.append(Op(
+    ops.append(input_gradient_sum(summed, float(m) * k, e, adds=len(parts) - 1))
+    return ops
+
+
+def input_gradient_sum(role: str, elements: float, e: int, *, adds: int) -> Op:
+    """Autograd's sum of the input gradients of ``adds + 1`` GEMMs that read one tensor of
+    ``elements``: ``adds`` add kernels in the backward pass (each reads two gradients and writes
+    one), nothing forward."""
+    return Op(
         name="grad_sum",
         kind=OpKind.ELEMENTWISE,
-        role=summed,
+        role=role,
         flops=0.0,
         bytes=0.0,
         bwd_flops=adds * elements,
-        bwd_bytes=adds * 3.0 * e * elements,  # each add reads two gradients, writes one
+        bwd_bytes=adds * 3.0 * e * elements,
         dims=(("elements", int(elements)), ("adds", adds)),
         launches=adds,
-    ))
-    return ops
+    )
 
 
 def _dropout(x: LocalShape, elements: float, role: str, *, selective: bool) -> Op:

@@ -26,7 +26,9 @@ from paraplan.inventory.layer import (
     count_layer_collectives,
     elementwise,
     gemm,
+    input_gradient_sum,
     norm,
+    separate_gemms,
     with_fp8_casts,
 )
 from paraplan.inventory.ops import Collective, CollectiveKind, ExpertRouting, Op, OpKind, ParallelDim
@@ -98,9 +100,14 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
     e, tokens, fp8 = x.e, x.tokens, x.fp8_linears
     swiglu = model.activation == "swiglu"
     up = x.shared_ffn * (2 if swiglu else 1)
+    if swiglu and not model.gate_up_fusion:  # torchtitan's shared FeedForward: w1 and w3 apart
+        ups = separate_gemms("shared_fc1", ((f"{_SHARED} gate projection", x.shared_ffn),
+                                            (f"{_SHARED} up projection", x.shared_ffn)),
+                             f"{_SHARED} input gradients summed", tokens, x.h, e, bias=False, saved=0.0, fp8=fp8)
+    else:
+        ups = [gemm("shared_fc1", f"{_SHARED} up projection", tokens, x.h, up, e, bias=False, saved=0.0, fp8=fp8)]
     return [
-        gemm("shared_fc1", f"{_SHARED} up projection", tokens, x.h, up, e, bias=False,
-             saved=0.0, fp8=fp8),
+        *ups,
         elementwise("swiglu" if swiglu else "gelu", OpKind.ELEMENTWISE, f"{_SHARED} activation",
                     tokens * x.shared_ffn, e, reads=2.0 if swiglu else 1.0, flops_per_element=8.0,
                     saved=e * tokens * up, dims=(("l", x.s), ("b", x.b), ("ffn", x.shared_ffn))),
@@ -110,21 +117,32 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
 
 
 def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, grouped: bool,
-                      streams: int = TE_GROUPED_GEMM_STREAMS) -> list[Op]:
+                      streams: int = TE_GROUPED_GEMM_STREAMS, fused_up: bool = True) -> list[Op]:
     """What one rank runs for its local routed experts (``x.experts`` of width ``ffn`` on this
     rank, ``x.routed`` token copies): the permutation of the copies by expert, the up projection
     (gate and up, ``gated``), the ``activation`` kernel, the down projection, and the
     unpermutation weighted by the router's probabilities. The hand-written MoE layer and a traced
-    one (``inventory.traced_moe``, its widths from the model's own experts) both build them here."""
+    one (``inventory.traced_moe``, its widths from the model's own experts) both build them here.
+    ``fused_up`` false (``model.gate_up_fusion``; torchtitan's GroupedExperts runs ``w1`` and
+    ``w3`` as two grouped GEMMs): the gated up projection as a gate GEMM and an up GEMM of ``ffn``
+    each, the second keeping no input of its own, and autograd's sum of their input gradients."""
     e = x.e
     routed_h = float(x.b * x.s_norm * x.topk) * x.h  # this rank's copies, before dispatch and after combine
     up = ffn * (2 if gated else 1)
+    how = "(grouped GEMM)" if grouped else "(one GEMM per expert)"
+    if gated and not fused_up:
+        ups = [_expert_gemm("expert_fc1", f"experts' gate projection {how}", x, x.h, ffn, grouped=grouped,
+                            streams=streams),
+               dataclasses.replace(_expert_gemm("expert_fc1", f"experts' up projection {how}", x, x.h, ffn,
+                                                grouped=grouped, streams=streams), saved_bytes=0.0),
+               input_gradient_sum("experts' input gradients summed", float(x.routed) * x.h, e, adds=1)]
+    else:
+        ups = [_expert_gemm("expert_fc1", f"experts' up projection {how}", x, x.h, up, grouped=grouped,
+                            streams=streams)]
     return [
         _copy("moe_permute", "permute token copies by expert (gradient: unpermute)", routed_h, e,
               fwd_passes=1.0, bwd_passes=1.0),
-        _expert_gemm("expert_fc1", "experts' up projection (grouped GEMM)" if grouped
-                     else "experts' up projection (one GEMM per expert)", x, x.h, up, grouped=grouped,
-                     streams=streams),
+        *ups,
         elementwise(activation, OpKind.ELEMENTWISE, "experts' activation", x.routed * ffn, e,
                     reads=2.0 if gated else 1.0, flops_per_element=8.0, saved=e * x.routed * up,
                     dims=(("tokens", x.routed), ("ffn", ffn))),
@@ -146,7 +164,8 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     ops: list[Op] = [norm(model, x, "pre-MLP norm"), *_router(model, x)]
     ops += routed_expert_ops(x, x.moe_ffn, gated=swiglu, activation="swiglu" if swiglu else "gelu",
                              grouped=bool(model.moe_grouped_gemm),
-                             streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS)
+                             streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS,
+                             fused_up=model.gate_up_fusion)
     ops += _shared_experts(model, x)
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0))
     return tuple(ops)
