@@ -160,6 +160,17 @@ _fused_swiglu = _fused("swiglu_fusion", "activation", "swiglu")
 _fused_rmsnorm = _fused("rmsnorm_fusion", "normalization", "rmsnorm")
 
 
+def _fused_projections(mapping: Mapping) -> Mapping:
+    """The job with q, k, v as one GEMM and a gated MLP's gate and up as one (Megatron-Core's
+    linear_qkv and linear_fc1), stated over the preset's separate ones (torchtitan, fms-fsdp)."""
+    out = copy.deepcopy(mapping)
+    if isinstance(out["model"], dict):
+        out["model"]["qkv_fusion"] = True
+        if out["model"].get("activation") == "swiglu":
+            out["model"]["gate_up_fusion"] = True
+    return out
+
+
 def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
     job = resolve_job(mapping)
@@ -242,6 +253,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "eager SwiGLU (torchtitan, fms-fsdp; fused instead)": (_fused_swiglu, contextlib.nullcontext),
     "eager RMSNorm as the frameworks ran it (torchtitan 2024, fms-fsdp; fused instead)": (_fused_rmsnorm,
                                                                                          contextlib.nullcontext),
+    "separate q/k/v and gate/up GEMMs (torchtitan 2024, fms-fsdp; one fused GEMM each instead)": (
+        _fused_projections, contextlib.nullcontext),
     "FSDP2's copy-out / copy-in kernels (torchtitan; FSDP1's views instead)": (_no_fsdp2_copies,
                                                                                contextlib.nullcontext),
     "FSDP1's shard casts, flat-gradient concatenation and reduce divides (fms-fsdp; none instead)": (

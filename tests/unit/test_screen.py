@@ -451,6 +451,15 @@ def test_the_screen_matches_the_exact_prediction_with_torchtitan_s_chunked_loss(
     assert jobs and all(j.parallel.loss_chunks == 8 for j in jobs)
 
 
+def test_the_screen_times_separate_q_k_v_and_gate_up_gemms_as_predict_does():
+    """``qkv_fusion`` / ``gate_up_fusion`` false (torchtitan's and fms' nn.Linear each) reach the
+    screen through the inventory the prediction reads: every plan agrees, async TP's too."""
+    model = load_model("llama-3-8b").model_copy(update={"qkv_fusion": False, "gate_up_fusion": False})
+    space = SearchSpace(framework="fsdp", tp=(1, 2), pp=(1, 2), micro_batch_size=(1, 2), extra={"async_tp": True})
+    jobs = screen_matches_the_exact_prediction((model, load_cluster("dgx-h100", num_nodes=1), Precision.BF16, 16, space))
+    assert jobs and all(not j.model.qkv_fusion and not j.model.gate_up_fusion for j in jobs)
+
+
 def test_the_screen_matches_the_exact_prediction_with_torchtitan_s_async_tp():
     space = SearchSpace(framework="fsdp", tp=(1, 2, 4), pp=(1, 2), micro_batch_size=(1, 2), extra={"async_tp": True})
     assert screenable(space)

@@ -55,7 +55,8 @@ _RECORDED = ("attention_kernel", "fp8_recipe")
 # Model fields a preset may set (``model_defaults``): how the framework's own model code runs a
 # kernel the model's architecture has, each applying only where the model has it
 # (field -> (the architecture field, its value)).
-MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion": ("activation", "swiglu")}
+MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion": ("activation", "swiglu"),
+                  "qkv_fusion": ("multi_latent_attention", False), "gate_up_fusion": ("activation", "swiglu")}
 # The parallel degrees a preset may limit (``runs``), by their short plan names (``ParallelPlan``'s
 # properties and the search's axes).
 RUNS_AXES = ("tp", "pp", "cp", "ep")

@@ -152,6 +152,23 @@ def fused_rmsnorm_note(job: Job, target: str) -> list[str]:
             "and time than predicted; re-predict with rmsnorm_fusion: true for its numbers"]
 
 
+def projections_note(job: Job, target: str, *, qkv: bool, gate_up: bool) -> list[str]:
+    """Where the job's projections (``qkv_fusion``, ``gate_up_fusion``) are not what ``target``'s
+    model code runs (``qkv``, ``gate_up``: whether it fuses them), say which way the run differs."""
+    m = job.model
+    parts = []
+    if not m.multi_latent_attention and m.qkv_fusion != qkv:
+        parts.append(f"q, k and v as {'one GEMM' if qkv else 'three GEMMs'} (the prediction ran "
+                     f"{'one' if m.qkv_fusion else 'three'}; model.qkv_fusion)")
+    if m.activation == "swiglu" and m.gate_up_fusion != gate_up:
+        parts.append(f"the MLP's gate and up projections as {'one GEMM' if gate_up else 'two GEMMs'} (the "
+                     f"prediction ran {'one' if m.gate_up_fusion else 'two'}; model.gate_up_fusion)")
+    if not parts:
+        return []
+    return [f"{target} runs " + " and ".join(parts) + "; separate GEMMs are thinner and each reads the layer "
+            "input: re-predict with its values for its numbers"]
+
+
 def tf32_note() -> str:
     """No framework has a TF32 switch: the recipe trains in fp32, and the matmuls reach the
     TF32 peak the prediction used only where PyTorch lets cuBLAS use TF32."""

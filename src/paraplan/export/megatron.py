@@ -85,6 +85,7 @@ from paraplan.export._common import (
     layer_split,
     layers_per_virtual_stage,
     micro_batches,
+    projections_note,
     refuse_zero_bubble,
     train_iterations,
 )
@@ -109,6 +110,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     """What Megatron-LM will do differently from the plan paraplan predicted."""
     m, p = job.model, job.parallel
     out = common_notes(job, prediction) + fused_rmsnorm_note(job, "Megatron-LM (Transformer Engine)")
+    out += projections_note(job, "Megatron-LM (linear_qkv, linear_fc1)", qkv=True, gate_up=True)
     if m.parallel_residual:
         out.append("model.parallel_residual: Megatron-LM's GPT has no parallel-residual flag; "
                    "it runs sequential attention -> MLP (same FLOPs and parameters, different model)")

@@ -76,6 +76,7 @@ from paraplan.export._common import (
     header_lines,
     layer_split,
     layers_per_virtual_stage,
+    projections_note,
     train_iterations,
 )
 from paraplan.specs import ConfigError, FP8Recipe, Framework, Job, Precision, Recompute, Schedule
@@ -141,6 +142,8 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
     m, p = job.model, job.parallel
     out = common_notes(job, prediction) + framework_notes(job, Framework.FSDP)
     out += fused_rmsnorm_note(job, "torchtitan (F.rms_norm)")
+    # torchtitan 0.3.0's Llama 3: FusedQKVLinear (fuse_qkv=True), FeedForward's w1 and w3 apart
+    out += projections_note(job, "torchtitan 0.3 (wqkv; w1, w3)", qkv=True, gate_up=False)
     if p.schedule is Schedule.ZB_H1:
         out.append("parallel.schedule: zb-h1 runs as InterleavedZeroBubble with one model part per rank "
                    "(PyTorch's one-chunk order is ZB-H1's); a release that wants two parts per rank "

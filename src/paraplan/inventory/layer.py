@@ -255,6 +255,41 @@ def _eager_rmsnorm(fused: Op, elements: float, e: int) -> Op:
     )
 
 
+def separate_gemms(name: str, parts: tuple[tuple[str, int], ...], summed: str, m: int, k: int, e: int, *,
+                   bias: bool, saved: float, fp8: bool) -> list[Op]:
+    """The projections a fused GEMM of ``sum(widths)`` columns would run, as model code with an
+    ``nn.Linear`` each runs them (torchtitan's ``wq``/``wk``/``wv`` and ``w1``/``w3``, IBM fms'
+    ``query``/``key``/``value`` and ``wg``/``w1``, Hugging Face's ``q_proj``/``k_proj``/``v_proj``
+    and ``gate_proj``/``up_proj``): one GEMM per part, each reading the whole input ``[m, k]``
+    and, in the backward pass, writing its own input gradient; then autograd's sums of those
+    gradients (``len(parts) - 1`` adds of ``[m, k]``: torch's ``InputBuffer::accumulate``), whose
+    role is ``summed``. ``parts``: (role, columns) of each GEMM. FLOPs and parameters are the fused
+    GEMM's; the input is one tensor, saved once (by the first part). Each part keeps ``name`` (the
+    fused GEMM's: the sequence-parallel gather, float8 and async-TP rules that name it hold for
+    every part)."""
+    ops = [gemm(name, role, m, k, n, e, bias=bias, saved=saved if i == 0 else 0.0, fp8=fp8)
+           for i, (role, n) in enumerate(parts)]
+    ops.append(input_gradient_sum(summed, float(m) * k, e, adds=len(parts) - 1))
+    return ops
+
+
+def input_gradient_sum(role: str, elements: float, e: int, *, adds: int) -> Op:
+    """Autograd's sum of the input gradients of ``adds + 1`` GEMMs that read one tensor of
+    ``elements``: ``adds`` add kernels in the backward pass (each reads two gradients and writes
+    one), nothing forward."""
+    return Op(
+        name="grad_sum",
+        kind=OpKind.ELEMENTWISE,
+        role=role,
+        flops=0.0,
+        bytes=0.0,
+        bwd_flops=adds * elements,
+        bwd_bytes=adds * 3.0 * e * elements,
+        dims=(("elements", int(elements)), ("adds", adds)),
+        launches=adds,
+    )
+
+
 def _dropout(x: LocalShape, elements: float, role: str, *, selective: bool) -> Op:
     # Saves a one-byte mask per element (Korthikanti et al. count it as 1 byte).
     return elementwise(
@@ -591,14 +626,20 @@ def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm:
     # Transformer Engine's epilogue): parameters, gradients and optimizer states count it; its
     # FLOPs (one add per output) stay inside the kernel's 2mkn, as in the sampled GPT-NeoX linear1
     # the GPU curves were fitted on.
-    ops = [
-        gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=model.add_qkv_bias,
-             saved=e * hidden_norm, fp8=x.fp8_linears)
-    ]
-    # q, k and v are views of the projection's output; backward joins their gradients (cat)
-    ops.append(
-        _copy("qkv_split", "split of the QKV output (gradient: cat)", tokens * qkv_out, e, fwd_passes=0.0, bwd_passes=1.0)
-    )
+    if model.qkv_fusion:
+        ops = [
+            gemm("linear1", "QKV projection", tokens, x.h, qkv_out, e, bias=model.add_qkv_bias,
+                 saved=e * hidden_norm, fp8=x.fp8_linears)
+        ]
+        # q, k and v are views of the projection's output; backward joins their gradients (cat)
+        ops.append(
+            _copy("qkv_split", "split of the QKV output (gradient: cat)", tokens * qkv_out, e, fwd_passes=0.0, bwd_passes=1.0)
+        )
+    else:
+        parts = (("query projection", x.heads * x.d), ("key projection", x.groups * x.d),
+                 ("value projection", x.groups * x.d))
+        ops = separate_gemms("linear1", parts, "q, k, v input gradients summed", tokens, x.h, e,
+                             bias=model.add_qkv_bias, saved=e * hidden_norm, fp8=x.fp8_linears)
     if model.qk_layernorm:
         ops.append(_qk_norm(x, x.heads, x.groups, x.d))
     if model.position_embedding == "rotary":
@@ -647,9 +688,14 @@ def mlp_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     ops.append(norm(model, x, "pre-MLP norm"))
     swiglu = model.activation == "swiglu"
     up_width = x.ffn * (2 if swiglu else 1)
-    ops.append(
-        gemm("linear3", "MLP up projection", tokens, x.h, up_width, e, bias=mlp_bias, saved=e * hidden_norm, fp8=fp8)
-    )
+    if model.gate_up_fusion:
+        ops.append(
+            gemm("linear3", "MLP up projection", tokens, x.h, up_width, e, bias=mlp_bias, saved=e * hidden_norm, fp8=fp8)
+        )
+    else:
+        parts = (("MLP gate projection", x.ffn), ("MLP up projection", x.ffn))
+        ops += separate_gemms("linear3", parts, "MLP input gradients summed", tokens, x.h, e,
+                              bias=mlp_bias, saved=e * hidden_norm, fp8=fp8)
     if mlp_bias:  # applied by the fused bias-GELU kernel, or by an add of its own
         own = not model.bias_gelu_fusion
         ops.append(_bias("MLP up projection bias", tokens * up_width, up_width, e, own_kernel=own))

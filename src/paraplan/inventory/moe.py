@@ -26,7 +26,9 @@ from paraplan.inventory.layer import (
     count_layer_collectives,
     elementwise,
     gemm,
+    input_gradient_sum,
     norm,
+    separate_gemms,
     with_fp8_casts,
 )
 from paraplan.inventory.moe_kernels import Kernels, MoeKernelConfig, moe_kernels
@@ -81,10 +83,11 @@ def megatron_kernels(model: ModelSpec, x: LocalShape) -> dict[str, Kernels] | No
 
 
 def _launching(op: Op, kernels: dict[str, Kernels] | None, key: str | None = None) -> Op:
-    """``op`` with the forward kernels its code launches (``kernels``, by operator name)."""
-    if kernels is None:
-        return op
-    return dataclasses.replace(op, host_launches=kernels[key or op.name].fwd)
+    """``op`` with the forward kernels its code launches (``kernels``, by operator name); an
+    operator Megatron-Core's MoE layer does not run (autograd's sum of split gate and up input
+    gradients) keeps its own launch."""
+    counted = kernels.get(key or op.name) if kernels is not None else None
+    return op if counted is None else dataclasses.replace(op, host_launches=counted.fwd)
 
 
 def _router(model: ModelSpec, x: LocalShape) -> list[Op]:
@@ -121,9 +124,14 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
     e, tokens, fp8 = x.e, x.tokens, x.fp8_linears
     swiglu = model.activation == "swiglu"
     up = x.shared_ffn * (2 if swiglu else 1)
+    if swiglu and not model.gate_up_fusion:  # torchtitan's shared FeedForward: w1 and w3 apart
+        ups = separate_gemms("shared_fc1", ((f"{_SHARED} gate projection", x.shared_ffn),
+                                            (f"{_SHARED} up projection", x.shared_ffn)),
+                             f"{_SHARED} input gradients summed", tokens, x.h, e, bias=False, saved=0.0, fp8=fp8)
+    else:
+        ups = [gemm("shared_fc1", f"{_SHARED} up projection", tokens, x.h, up, e, bias=False, saved=0.0, fp8=fp8)]
     return [
-        gemm("shared_fc1", f"{_SHARED} up projection", tokens, x.h, up, e, bias=False,
-             saved=0.0, fp8=fp8),
+        *ups,
         elementwise("swiglu" if swiglu else "gelu", OpKind.ELEMENTWISE, f"{_SHARED} activation",
                     tokens * x.shared_ffn, e, reads=2.0 if swiglu else 1.0, flops_per_element=8.0,
                     saved=e * tokens * up, dims=(("l", x.s), ("b", x.b), ("ffn", x.shared_ffn))),
@@ -133,22 +141,34 @@ def _shared_experts(model: ModelSpec, x: LocalShape) -> list[Op]:
 
 
 def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, grouped: bool,
-                      streams: int = TE_GROUPED_GEMM_STREAMS, kernels: dict[str, Kernels] | None = None) -> list[Op]:
+                      streams: int = TE_GROUPED_GEMM_STREAMS, kernels: dict[str, Kernels] | None = None,
+                      fused_up: bool = True) -> list[Op]:
     """What one rank runs for its local routed experts (``x.experts`` of width ``ffn`` on this
     rank, ``x.routed`` token copies): the permutation of the copies by expert, the up projection
     (gate and up, ``gated``), the ``activation`` kernel, the down projection, and the
     unpermutation weighted by the router's probabilities. The hand-written MoE layer and a traced
     one (``inventory.traced_moe``, its widths from the model's own experts) both build them here.
+    ``fused_up`` false (``model.gate_up_fusion``; torchtitan's GroupedExperts runs ``w1`` and
+    ``w3`` as two grouped GEMMs): the gated up projection as a gate GEMM and an up GEMM of ``ffn``
+    each, the second keeping no input of its own, and autograd's sum of their input gradients.
     ``kernels``: what each launches in Megatron-Core (``megatron_kernels``)."""
     e = x.e
     routed_h = float(x.b * x.s_norm * x.topk) * x.h  # this rank's copies, before dispatch and after combine
     up = ffn * (2 if gated else 1)
+    how = "(grouped GEMM)" if grouped else "(one GEMM per expert)"
+    if gated and not fused_up:
+        ups = [_expert_gemm("expert_fc1", f"experts' gate projection {how}", x, x.h, ffn, grouped=grouped,
+                            streams=streams),
+               dataclasses.replace(_expert_gemm("expert_fc1", f"experts' up projection {how}", x, x.h, ffn,
+                                                grouped=grouped, streams=streams), saved_bytes=0.0),
+               input_gradient_sum("experts' input gradients summed", float(x.routed) * x.h, e, adds=1)]
+    else:
+        ups = [_expert_gemm("expert_fc1", f"experts' up projection {how}", x, x.h, up, grouped=grouped,
+                            streams=streams)]
     ops = [
         _copy("moe_permute", "permute token copies by expert (gradient: unpermute)", routed_h, e,
               fwd_passes=1.0, bwd_passes=1.0),
-        _expert_gemm("expert_fc1", "experts' up projection (grouped GEMM)" if grouped
-                     else "experts' up projection (one GEMM per expert)", x, x.h, up, grouped=grouped,
-                     streams=streams),
+        *ups,
         elementwise(activation, OpKind.ELEMENTWISE, "experts' activation", x.routed * ffn, e,
                     reads=2.0 if gated else 1.0, flops_per_element=8.0, saved=e * x.routed * up,
                     dims=(("tokens", x.routed), ("ffn", ffn))),
@@ -161,7 +181,8 @@ def routed_expert_ops(x: LocalShape, ffn: int, *, gated: bool, activation: str, 
             saved_bytes=e * routed_h,
         ),
     ]
-    return [_launching(op, kernels, "activation" if i == 2 else None) for i, op in enumerate(ops)]
+    # the gate and up GEMMs apart (stated against Megatron-Core's fused fc1): each as fc1's launches
+    return [_launching(op, kernels, "activation" if op.name == activation else None) for op in ops]
 
 
 def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
@@ -172,7 +193,7 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     ops += routed_expert_ops(x, x.moe_ffn, gated=swiglu, activation="swiglu" if swiglu else "gelu",
                              grouped=bool(model.moe_grouped_gemm),
                              streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS,
-                             kernels=megatron_kernels(model, x))
+                             kernels=megatron_kernels(model, x), fused_up=model.gate_up_fusion)
     ops += _shared_experts(model, x)
     ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0))
     return tuple(ops)

@@ -57,6 +57,13 @@ class ModelSpec(BaseModel):
     # hidden_states.to(input_dtype)``) runs it as separate aten operators and keeps the float32
     # copy of its input and the normalized 16-bit tensor (``inventory.layer.norm``)
     rmsnorm_fusion: Bool = True
+    # Megatron-Core projects q, k and v with one GEMM (``linear_qkv``) and a gated MLP's gate and
+    # up halves with one (``linear_fc1``, 2 x ffn wide); torchtitan's, IBM fms' and Hugging Face's
+    # Llama code run an ``nn.Linear`` each (``wq``/``wk``/``wv``, ``w1``/``w3``): thinner GEMMs,
+    # each reading the layer input, and autograd summing their input gradients
+    # (``inventory.layer``). The framework presets say which their model code runs.
+    qkv_fusion: Bool = True
+    gate_up_fusion: Bool = True
     # Megatron-LM fuses the bias of the row-parallel projections into the dropout-residual
     # kernel (default on); GPT-NeoX's bias_dropout_fusion defaults to off: one more add each.
     bias_dropout_fusion: Bool = True
@@ -164,6 +171,13 @@ class ModelSpec(BaseModel):
                 f"rmsnorm_fusion: only an RMSNorm model runs its norm fused or eagerly "
                 f"(normalization is {self.normalization})"
             )
+        if not self.gate_up_fusion and self.activation != "swiglu":
+            raise ValueError(
+                f"gate_up_fusion: only a gated MLP (activation swiglu) has a gate and an up projection "
+                f"(activation is {self.activation})"
+            )
+        if not self.qkv_fusion and self.multi_latent_attention:
+            raise ValueError("qkv_fusion: multi-head latent attention has its own projections (no q, k, v GEMMs)")
         if self.num_query_groups is None:
             fields["num_query_groups"] = self.num_attention_heads
         if self.kv_channels is None:
