@@ -217,25 +217,39 @@ def _held(op: Op, phase: Phase, gpu: GpuSpec, base: Precision, gemm_factors: tup
 # Pricers per (how they price, GPU's id, the rest of what they price with), shared by every cost
 # model of the same (catalog) GPU and cluster, and by the burst calls of one calibration trial.
 # The GPU is kept in the value so that its id cannot be reused while the entry exists.
-_PRICERS: dict[tuple, tuple[GpuSpec, Callable[[Op, Phase], Priced]]] = {}
+_PRICERS: dict[tuple, tuple[GpuSpec, _Pricer]] = {}
 
 
-def _pricer(make: Callable[..., Priced], gpu: GpuSpec, *args: object) -> Callable[[Op, Phase], Priced]:
+class _Pricer:
     """The ``price`` of ``roofline_s`` that asks ``make(op, phase, gpu, *args)`` once per
-    operator name, kind, phase and FP8/FP4 (all its curves and rates depend on)."""
+    operator name, kind, phase and FP8/FP4 (all its curves and rates depend on). A class, not a
+    closure, so that a cost model (and a prediction holding one) pickles: the search's process
+    executor and Ray send predictions between processes; the cache is rebuilt there."""
+
+    __slots__ = ("args", "gpu", "make", "prices")
+
+    def __init__(self, make: Callable[..., Priced], gpu: GpuSpec, args: tuple[object, ...]) -> None:
+        self.make, self.gpu, self.args = make, gpu, args
+        self.prices: dict[tuple, Priced] = {}
+
+    def __call__(self, op: Op, phase: Phase) -> Priced:
+        name = (op.name, op.kind, phase, op.fp8, op.fp4)
+        priced = self.prices.get(name)
+        if priced is None:
+            priced = self.prices[name] = self.make(op, phase, self.gpu, *self.args)
+        return priced
+
+    def __reduce__(self):
+        return (_Pricer, (self.make, self.gpu, self.args))
+
+
+def _pricer(make: Callable[..., Priced], gpu: GpuSpec, *args: object) -> _Pricer:
+    """The shared ``_Pricer`` of ``make`` on ``gpu`` with ``args`` (one per GPU and settings)."""
     key = (make, id(gpu), *args)
     hit = _PRICERS.get(key)
     if hit is not None and hit[0] is gpu:
         return hit[1]
-    prices: dict[tuple, Priced] = {}
-
-    def price(op: Op, phase: Phase) -> Priced:
-        name = (op.name, op.kind, phase, op.fp8, op.fp4)
-        priced = prices.get(name)
-        if priced is None:
-            priced = prices[name] = make(op, phase, gpu, *args)
-        return priced
-
+    price = _Pricer(make, gpu, args)
     if len(_PRICERS) > 64:
         _PRICERS.clear()
     _PRICERS[key] = (gpu, price)
