@@ -197,10 +197,12 @@ def test_a_graphed_host_bound_layer_waits_less_for_the_host():
 @pytest.mark.parametrize("parallel, reason", [
     ({"framework": "fsdp", "cuda_graph_scope": ["attn"]}, "Megatron-Core"),
     ({"cuda_graph_scope": ["attn", "moe_preprocess"]}, "needs moe_router"),
-], ids=["another-framework", "preprocess-without-router"])
+    ({"cuda_graph_scope": ["moe_router"], "model": "llama-2-7b"}, "has no experts"),
+], ids=["another-framework", "preprocess-without-router", "router-of-a-dense-model"])
 def test_a_cuda_graph_scope_megatron_would_not_run_is_a_one_line_error(parallel, reason):
+    model = load_model(parallel.pop("model", "mixtral-8x7b"))
     with pytest.raises(ValidationError, match=f"parallel.cuda_graph_scope: .*{reason}"):
-        Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100", num_nodes=1),
+        Job(model=model, cluster=load_cluster("dgx-h100", num_nodes=1),
             parallel={"micro_batch_size": 1, "global_batch_size": 8, **parallel})
 
 

@@ -333,6 +333,7 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
          "Megatron-LM derives it)", par),
         (f"batch ({micro_batches(job)} per iteration)", batch),
         ("recompute and precision", memory),
+        ("partial CUDA graphs (parallel.cuda_graph_scope)", _cuda_graph_flags(job)),
         (f"training length: {job.train_tokens:.4g} tokens = {iterations} iterations" if iterations else "", length),
     ]
 
@@ -389,7 +390,6 @@ def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
         par.append(["--moe-shared-expert-overlap"])
     if p.overlap_moe_expert_parallel_comm:  # NVIDIA's DeepSeek-V3 / Qwen3 scripts give both
         par += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
-    par += _cuda_graph_flags(job)
     title = (f"experts: ep={p.ep} x etp={p.etp} fold into each stage's tp*cp*dp = {p.tp * p.cp * p.dp} ranks "
              f"(expert data-parallel size {p.edp}; Megatron-LM derives it)")
     if why:

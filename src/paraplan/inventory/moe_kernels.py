@@ -254,18 +254,21 @@ def attention_kernels(c: AttentionKernelConfig) -> dict[str, int]:
     Transformer Engine 2.5-2.8:
 
     - the input norm: the norm kernel of TELayerNormColumnParallelLinear (TE
-      ``_LayerNormLinear.forward`` apply_normalization), 1;
+      pytorch/module/layernorm_linear.py ``_LayerNormLinear.forward``, apply_normalization), 1;
     - ``linear1`` (linear_qkv): its GEMM, and with sequence parallelism over TP > 1 the
-      all-gather of the norm's output before it (``gather_along_first_dim``): 1 or 2;
+      all-gather of the norm's output before it (same function, ``gather_along_first_dim``;
+      without sequence parallelism the column-parallel input needs nothing forward): 1 or 2;
     - ``qkv_split``: views (SelfAttention.get_query_key_value_tensors; TE SplitAlongDim), 0;
     - ``qk_norm``: q_layernorm and k_layernorm, a TENorm each, 2;
     - ``RoPE``: apply_rotary_pos_emb on the query and the key: TE's fused_apply_rotary_pos_emb,
       one kernel each (2), or ``UNFUSED_ROPE_KERNELS`` each; ``rotary_concat`` is in that count;
     - ``flash_atten`` (TEDotProductAttention, cuDNN fused attention): TE's fused_attn_fwd
       (pytorch/csrc/extensions/attention.cpp) launches ``unpack`` for the RNG state and the
-      cuDNN graph: 2;
+      cuDNN graph: 2 (q, k and v go in as strided views of their layout, get_qkv_layout, no
+      copy: TE's ``.contiguous()`` of q, k, v is on its inference KV-cache path);
     - ``linear2`` (linear_proj, TERowParallelLinear): its GEMM and, with TP > 1, the
-      reduce-scatter (sequence parallelism) or all-reduce of its output: 1 or 2;
+      reduce-scatter (sequence parallelism) or all-reduce of its output (TE pytorch/module/
+      linear.py ``_Linear.forward``, reduce_scatter_along_first_dim / allreduce): 1 or 2;
     - ``bias_add`` / ``dropout`` / ``res_add``: TransformerLayer's self_attn_bda
       (megatron/core/fusions/fused_bias_dropout.py get_bias_dropout_add): fused, one kernel for
       bias, dropout and residual (on ``res_add``); unfused, the bias add, dropout and add each.
