@@ -222,3 +222,17 @@ def test_context_parallelisms_ring_steps_keep_their_own_launches():
     j = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100", num_nodes=4), parallel=parallel)
     cores = [op for op in _moe_ops(j) if op.name == "flash_atten"]
     assert [op.forward_host_launches for op in cores] == [2, cores[1].launches] and cores[1].launches >= 1
+
+
+@pytest.mark.parametrize("recipe, expert_casts", [("delayed", 1), ("current", 2)])
+def test_an_fp8_layer_launches_its_inputs_quantization_with_each_gemm(recipe, expert_casts):
+    parallel = {"tp": 2, "sequence_parallel": True, "pp": 4, "ep": 4, "micro_batch_size": 1, "global_batch_size": 64,
+                "moe_token_dispatcher_type": "flex", "fp8_recipe": recipe}
+    j = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100", num_nodes=4), parallel=parallel,
+            precision="fp8")
+    ops = {op.name: op.forward_host_launches for op in _moe_ops(j)}
+    # 2 local experts: their GEMMs, then the grouped input's quantization (one fused kernel only
+    # under delayed scaling); the QKV projection's input comes quantized from its fused norm
+    assert ops["expert_fc1"] == 2 + expert_casts and ops["expert_fc2"] == 2 + expert_casts
+    assert (ops["linear1"], ops["linear2"]) == (2, 3)
+    assert ops["fp8_cast"] == 0  # counted with the GEMMs

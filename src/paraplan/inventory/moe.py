@@ -35,11 +35,12 @@ from paraplan.inventory.moe_kernels import (
     MoeKernelConfig,
     attention_kernels,
     dispatch_preprocess,
+    fp8_input_casts,
     moe_kernels,
 )
 from paraplan.inventory.ops import Collective, CollectiveKind, ExpertRouting, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import ModelSpec, ParallelPlan, Phase
+from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Phase
 
 # Transformer Engine's grouped GEMM (GroupedLinear, Megatron-Core's TEGroupedMLP behind
 # --moe-grouped-gemm): one cuBLAS GEMM per local expert, the i-th on compute stream i % 4
@@ -199,10 +200,26 @@ def count_moe_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     attention = attention_block_ops(model, x)
     moe = moe_block_ops(model, x)
     config = megatron_kernel_config(model, x)
-    if config is not None:
-        attention = megatron_attention(model, x, attention)
-        attention, moe = graphed(x, config, attention, moe)
-    return with_fp8_casts(attention + moe, x)
+    if config is None:
+        return with_fp8_casts(attention + moe, x)
+    attention = megatron_attention(model, x, attention)
+    if x.fp8_linears:
+        attention, moe = fp8_launching(x, config, attention), fp8_launching(x, config, moe)
+    attention, moe = graphed(x, config, attention, moe)
+    ops = with_fp8_casts(attention + moe, x)
+    if not x.fp8_linears:
+        return ops
+    # the casts' kernels are launched with their GEMMs (``fp8_launching``)
+    return (*ops[:-1], dataclasses.replace(ops[-1], host_launches=0))
+
+
+def fp8_launching(x: LocalShape, config: MoeKernelConfig, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` with each FP8 GEMM launching the quantization of its input as well
+    (``moe_kernels.fp8_input_casts``)."""
+    delayed = x.fp8_recipe is None or x.fp8_recipe is FP8Recipe.DELAYED
+    return tuple(dataclasses.replace(op, host_launches=op.forward_host_launches
+                                     + fp8_input_casts(op.name, config.local_experts, delayed))
+                 if op.fp8 else op for op in ops)
 
 
 def megatron_attention(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:

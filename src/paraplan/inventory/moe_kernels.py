@@ -295,6 +295,28 @@ def attention_kernels(c: AttentionKernelConfig) -> dict[str, int]:
     }
 
 
+#: The FP8 GEMMs whose input a fused norm writes already quantized (TE's LayerNormLinear:
+#: ``_LayerNormLinear.forward`` hands the input quantizer to the norm): the QKV projection, the
+#: dense MLP's up projection, multi-latent attention's up projections (Megatron-Core's MLA layer
+#: spec: TELayerNormColumnParallelLinear with --qk-layernorm).
+NORM_FED_FP8 = frozenset({"linear1", "linear3", "q_up", "kv_up"})
+
+
+def fp8_input_casts(name: str, local_experts: int, delayed: bool) -> int:
+    """Kernels that quantize one FP8 GEMM's input in the forward (Transformer Engine 2.5-2.8).
+    A TE Linear quantizes its input (``_Linear.forward``, its input quantizer): 1; under a
+    fused norm (``NORM_FED_FP8``) 0. The experts' GroupedLinear splits and quantizes its input
+    per expert (``split_quantize``, pytorch/csrc/extensions/cast.cpp ``multi_quantize_impl``:
+    "Currently only have fused kernel for FP8 delayed scaling"): one kernel under delayed
+    scaling, one per local expert under the other recipes. Current scaling's amax passes and
+    their reductions are not counted."""
+    if name in NORM_FED_FP8:
+        return 0
+    if name in ("expert_fc1", "expert_fc2"):
+        return 1 if delayed else local_experts
+    return 1
+
+
 def moe_kernels(c: MoeKernelConfig) -> dict[str, Kernels]:
     """Kernels per MoE operator, by the inventory's operator names (``inventory.moe``)."""
     gemm = expert_gemm(c)
