@@ -802,3 +802,26 @@ def test_torchtitan_recipe_turns_on_async_tp_in_the_compile_config_where_the_pla
     assert "model" in calls["CompileConfig"]["components"]  # the micro-pipeline pass needs the model compiled
     plain = titan_recipe(render_torchtitan(job_from(LLAMA, framework="fsdp", recompute="op")))
     assert "enable_async_tensor_parallel" not in plain.get("CompileConfig", {})
+
+
+def test_megatron_arguments_graph_the_attention_and_say_the_moe_graph_scopes_the_parser_lacks():
+    attn = parse_megatron(render_megatron(moe_job(ep=8, cuda_graph_scope=["attn"])))
+    assert (attn.cuda_graph_impl, attn.cuda_graph_scope) == ("transformer_engine", "attn")
+    job = moe_job(ep=8, cuda_graph_scope=["attn", "moe_router", "moe_preprocess"])
+    args = parse_megatron(render_megatron(job))
+    assert (args.cuda_graph_impl, args.cuda_graph_scope) == ("transformer_engine", "attn")
+    assert any(n.startswith("parallel.cuda_graph_scope: moe_router moe_preprocess is not")
+               for n in export_notes("megatron", job))
+    assert parse_megatron(render_megatron(moe_job(ep=8))).cuda_graph_impl == "none"
+
+
+def test_megatron_arguments_turn_rope_fusion_off_only_when_the_model_does():
+    off = parse_megatron(render_megatron(moe_job({"name": "mixtral-8x7b", "rope_fusion": False})))
+    assert not off.apply_rope_fusion and parse_megatron(render_megatron(moe_job())).apply_rope_fusion
+
+
+def test_a_dense_model_graphs_its_attention_in_megatron_too():
+    job = resolve_job({"model": "llama-2-7b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                       "parallel": {"tp": 2, "micro_batch_size": 1, "global_batch_size": 8, "cuda_graph_scope": ["attn"]}})
+    args = parse_megatron(render_megatron(job))
+    assert (args.cuda_graph_impl, args.cuda_graph_scope) == ("transformer_engine", "attn")

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from paraplan.catalog.loader import load_cluster, load_model
 from paraplan.inventory import count_job
+from paraplan.inventory import moe_kernels as mk
 from paraplan.inventory.moe_kernels import Kernels, MoeKernelConfig, moe_kernels
 from paraplan.prediction import predict
 from paraplan.specs import Job, ModelSpec
@@ -88,7 +89,8 @@ def test_the_inventory_carries_the_codes_forward_kernels_on_each_moe_operator():
     assert ops["moe_permute"].forward_host_launches == 2 + 9
     assert ops["moe_unpermute"].forward_host_launches == 3
     assert ops["swiglu"].forward_host_launches == 1
-    assert ops["linear1"].host_launches is None  # the attention's operators are left as they were
+    # the attention's, as Megatron-Core launches them: TP2 with sequence parallelism
+    assert ops["linear1"].forward_host_launches == 2 and ops["linear2"].forward_host_launches == 2
 
 
 def test_a_torchtitan_moe_is_not_counted_as_megatron_cores():
@@ -129,3 +131,108 @@ def test_a_published_record_stating_the_fusions_gives_them_to_the_model():
            "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch_size": 1, "global_batch_size": 8}}
     model = job_from_record(run).mapping["model"]
     assert model["moe_router_fusion"] is True and model["moe_permute_fusion"] is True
+
+
+def test_megatrons_attention_block_launches_its_collectives_norms_rope_and_fused_attention():
+    qwen3 = mk.attention_kernels(mk.AttentionKernelConfig(tp=4, sp=True, qk_layernorm=True))
+    # input norm, all-gather + QKV GEMM, q and k norms, fused RoPE on q and k, TE's RNG unpack +
+    # cuDNN attention, output GEMM + reduce-scatter, bias-dropout-add
+    assert [qwen3[n] for n in ("RMSlayernorm", "linear1", "qkv_split", "qk_norm", "RoPE", "flash_atten",
+                               "linear2", "res_add")] == [1, 2, 0, 2, 2, 2, 2, 1]
+    alone = mk.attention_kernels(mk.AttentionKernelConfig())
+    assert (alone["linear1"], alone["linear2"]) == (1, 1)  # no tensor parallelism: no collectives
+    assert mk.attention_kernels(mk.AttentionKernelConfig(rope_fusion=False))["RoPE"] == 2 * mk.UNFUSED_ROPE_KERNELS
+
+
+def test_without_rope_fusion_the_layer_waits_longer_for_the_host():
+    def rope_launches(**fields) -> int:
+        return next(op for op in _moe_ops(_job(**fields)) if op.name == "RoPE").forward_host_launches
+
+    assert rope_launches() == 2 and rope_launches(rope_fusion=False) == 24
+
+
+def test_a_dense_megatron_layer_keeps_one_launch_per_operator():
+    m = load_model("llama-2-7b")
+    j = Job(model=m, cluster=load_cluster("dgx-h100", num_nodes=1),
+            parallel={"tp": 2, "sequence_parallel": True, "micro_batch_size": 1, "global_batch_size": 8})
+    assert all(op.host_launches is None for op in count_job(j).stages[0].blocks[0].ops)
+
+
+def _graphed_job(scope, **parallel) -> Job:
+    j = _job(moe_router_fusion=True, moe_permute_fusion=True)
+    return j.model_copy(update={"parallel": j.parallel.model_copy(update={"cuda_graph_scope": scope, **parallel})})
+
+
+def test_cuda_graphs_leave_one_launch_for_the_attention_router_and_preprocessing():
+    ops = _moe_ops(_graphed_job(("attn", "moe_router", "moe_preprocess")))
+    permute = next(i for i, op in enumerate(ops) if op.name == "moe_permute")
+    assert sum(op.forward_host_launches for op in ops[:permute]) == 1  # one graph replay
+    eager = {op.name: op for op in _moe_ops(_job(moe_router_fusion=True, moe_permute_fusion=True))}
+    # DeepEP with ETP 2: the expansion's two copies and the top-k are in the graph
+    assert mk.dispatch_preprocess(MoeKernelConfig(dispatcher="deepep", etp=2)) == 3
+    assert ops[permute].forward_host_launches == eager["moe_permute"].forward_host_launches - 3
+    assert {op.name: op.forward_host_launches for op in ops[permute + 1:] if op.name.startswith("expert")} == {
+        "expert_fc1": 2, "expert_fc2": 2}  # the experts stay launched one by one
+
+
+def test_graphing_the_attention_alone_leaves_the_router_launched():
+    ops = {op.name: op for op in _moe_ops(_graphed_job(("attn",)))}
+    assert ops["router_topk"].forward_host_launches == 1 and ops["moe_aux_loss"].forward_host_launches == 7
+
+
+def test_a_graphed_host_bound_layer_waits_less_for_the_host():
+    small = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=2048, vocab_size=32000,
+                      activation="swiglu", normalization="rmsnorm", position_embedding="rotary",
+                      add_bias_linear=False, num_moe_experts=64, moe_router_topk=8, moe_ffn_hidden_size=512)
+
+    def wait(scope) -> float:
+        j = Job(model=small, cluster=load_cluster("dgx-h100", num_nodes=2),
+                parallel={"tp": 2, "sequence_parallel": True, "ep": 8, "micro_batch_size": 1,
+                          "global_batch_size": 64, "moe_token_dispatcher_type": "alltoall", "cuda_graph_scope": scope})
+        return predict(j).breakdown.host_wait_s
+
+    assert 0.0 < wait(["attn", "moe_router", "moe_preprocess"]) < wait(["attn"]) < wait(None)
+
+
+@pytest.mark.parametrize("parallel, reason", [
+    ({"framework": "fsdp", "cuda_graph_scope": ["attn"]}, "Megatron-Core"),
+    ({"cuda_graph_scope": ["attn", "moe_preprocess"]}, "needs moe_router"),
+    ({"cuda_graph_scope": ["moe_router"], "model": "llama-2-7b"}, "has no experts"),
+], ids=["another-framework", "preprocess-without-router", "router-of-a-dense-model"])
+def test_a_cuda_graph_scope_megatron_would_not_run_is_a_one_line_error(parallel, reason):
+    model = load_model(parallel.pop("model", "mixtral-8x7b"))
+    with pytest.raises(ValidationError, match=f"parallel.cuda_graph_scope: .*{reason}"):
+        Job(model=model, cluster=load_cluster("dgx-h100", num_nodes=1),
+            parallel={"micro_batch_size": 1, "global_batch_size": 8, **parallel})
+
+
+def test_the_gb200_record_gives_its_cuda_graph_scope_to_the_plan():
+    import json
+    from pathlib import Path
+
+    runs = json.loads((Path(__file__).parents[2] / "benchmarks/data/runs_moe_dev.json").read_text())
+    run = next(r for r in runs if r["id"] == "megatron-docs-deepseek-v3-gb200-256gpu-mxfp8")
+    parallel = job_from_record(run).mapping["parallel"]
+    assert parallel["cuda_graph_scope"] == ["attn", "moe_router", "moe_preprocess"]
+
+
+def test_context_parallelisms_ring_steps_keep_their_own_launches():
+    parallel = {"tp": 2, "sequence_parallel": True, "cp": 2, "ep": 4, "micro_batch_size": 1, "global_batch_size": 64,
+                "moe_token_dispatcher_type": "flex"}
+    j = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100", num_nodes=4), parallel=parallel)
+    cores = [op for op in _moe_ops(j) if op.name == "flash_atten"]
+    assert [op.forward_host_launches for op in cores] == [2, cores[1].launches] and cores[1].launches >= 1
+
+
+@pytest.mark.parametrize("recipe, expert_casts", [("delayed", 1), ("current", 2)])
+def test_an_fp8_layer_launches_its_inputs_quantization_with_each_gemm(recipe, expert_casts):
+    parallel = {"tp": 2, "sequence_parallel": True, "pp": 4, "ep": 4, "micro_batch_size": 1, "global_batch_size": 64,
+                "moe_token_dispatcher_type": "flex", "fp8_recipe": recipe}
+    j = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100", num_nodes=4), parallel=parallel,
+            precision="fp8")
+    ops = {op.name: op.forward_host_launches for op in _moe_ops(j)}
+    # 2 local experts: their GEMMs, then the grouped input's quantization (one fused kernel only
+    # under delayed scaling); the QKV projection's input comes quantized from its fused norm
+    assert ops["expert_fc1"] == 2 + expert_casts and ops["expert_fc2"] == 2 + expert_casts
+    assert (ops["linear1"], ops["linear2"]) == (2, 3)
+    assert ops["fp8_cast"] == 0  # counted with the GEMMs

@@ -144,6 +144,7 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
         out.append(f"model.padded_vocab_size: the prediction used {m.padded_vocab_size} rows; Megatron-LM "
                    f"pads the tokenizer's vocabulary to {_megatron_padded_vocab(job)} "
                    f"(--make-vocab-size-divisible-by {m.make_vocab_size_divisible_by} x tp)")
+    out += _cuda_graph_note(job)
     split = layer_split(job)
     if p.pp > 1 and len(set(split)) > 1 and _first_last(split) is None and (p.layers_per_stage or not split_given(p)):
         out.append("parallel.layers_per_stage: expressed with --pipeline-model-parallel-layout, "
@@ -225,6 +226,8 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
         model.append(["--rotary-percent", f"{m.rotary_percent:g}"])
     if m.rope_theta is not None and round(m.rope_theta) != 10000:  # --rotary-base: an int, default 10000
         model.append(["--rotary-base", f"{m.rope_theta:.0f}"])
+    if m.position_embedding == "rotary" and not m.rope_fusion:  # --no-rope-fusion: fused by default
+        model.append(["--no-rope-fusion"])
     if m.normalization == "rmsnorm":  # default LayerNorm
         model.append(["--normalization", "RMSNorm"])
     if m.activation == "swiglu":
@@ -332,6 +335,7 @@ def _groups(job: Job) -> list[tuple[str, list[list[str]]]]:
          "Megatron-LM derives it)", par),
         (f"batch ({micro_batches(job)} per iteration)", batch),
         ("recompute and precision", memory),
+        ("partial CUDA graphs (parallel.cuda_graph_scope)", _cuda_graph_flags(job)),
         (f"training length: {job.train_tokens:.4g} tokens = {iterations} iterations" if iterations else "", length),
     ]
 
@@ -393,6 +397,27 @@ def _experts(job: Job) -> list[tuple[str, list[list[str]]]]:
     if why:
         title += f"; {dispatcher} dispatcher: " + "; ".join(why)
     return [("mixture of experts", model), (title, par)]
+
+
+def _cuda_graph_flags(job: Job) -> list[list[str]]:
+    """parallel.cuda_graph_scope as Megatron-LM's flags: the attention's graphs are
+    ``--cuda-graph-impl transformer_engine --cuda-graph-scope attn``, which the parser at
+    :data:`CHECKED_AT` accepts (one scope of full | attn | full_iteration); its moe_router and
+    moe_preprocess scopes (``--cuda-graph-scope attn moe_router moe_preprocess``, a list in later
+    Megatron-LM, as NVIDIA's DeepSeek-V3 GB200 guide runs it) are said in ``notes``."""
+    scope = job.parallel.cuda_graph_scope or ()
+    if "attn" not in scope:
+        return []
+    return [["--cuda-graph-impl", "transformer_engine"], ["--cuda-graph-scope", "attn"]]
+
+
+def _cuda_graph_note(job: Job) -> list[str]:
+    moe = [s for s in job.parallel.cuda_graph_scope or () if s != "attn"]
+    if not moe:
+        return []
+    return [f"parallel.cuda_graph_scope: {' '.join(moe)} is not a --cuda-graph-scope of Megatron-LM at "
+            f"{CHECKED_AT} (one of full | attn | full_iteration); newer Megatron-LM takes "
+            f"--cuda-graph-impl transformer_engine --cuda-graph-scope {' '.join(job.parallel.cuda_graph_scope or ())}"]
 
 
 def moe_layer_freq(job: Job) -> str:

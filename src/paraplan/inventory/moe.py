@@ -31,10 +31,18 @@ from paraplan.inventory.layer import (
     separate_gemms,
     with_fp8_casts,
 )
-from paraplan.inventory.moe_kernels import Kernels, MoeKernelConfig, moe_kernels
+from paraplan.inventory.moe_kernels import (
+    AttentionKernelConfig,
+    Kernels,
+    MoeKernelConfig,
+    attention_kernels,
+    dispatch_preprocess,
+    fp8_input_casts,
+    moe_kernels,
+)
 from paraplan.inventory.ops import Collective, CollectiveKind, ExpertRouting, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import ModelSpec, ParallelPlan, Phase
+from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Phase
 
 # Transformer Engine's grouped GEMM (GroupedLinear, Megatron-Core's TEGroupedMLP behind
 # --moe-grouped-gemm): one cuBLAS GEMM per local expert, the i-th on compute stream i % 4
@@ -72,14 +80,21 @@ def megatron_kernels(model: ModelSpec, x: LocalShape) -> dict[str, Kernels] | No
     """The kernels per MoE operator Megatron-Core's code launches for this model and rank
     (``inventory.moe_kernels``); None for another framework's MoE or the allgather dispatcher
     (not counted: one kernel per operator, as before)."""
+    config = megatron_kernel_config(model, x)
+    return None if config is None else moe_kernels(config)
+
+
+def megatron_kernel_config(model: ModelSpec, x: LocalShape) -> MoeKernelConfig | None:
+    """What Megatron-Core's MoE kernel counts depend on, for this model and rank; None where
+    ``megatron_kernels`` counts nothing."""
     if x.dispatcher not in ("alltoall", "deepep", "hybridep"):
         return None
-    return moe_kernels(MoeKernelConfig(
+    return MoeKernelConfig(
         router_fusion=bool(model.moe_router_fusion), permute_fusion=bool(model.moe_permute_fusion),
         score_function=model.moe_router_score_function or "softmax",
         group_limited=bool(model.moe_router_group_topk), aux_loss=bool(model.moe_aux_loss_coeff),
         dispatcher=x.dispatcher, ep=x.ep, etp=x.etp, tp_cp=x.tp_cp, local_experts=max(1, x.experts),
-        grouped_gemm=bool(model.moe_grouped_gemm)))
+        grouped_gemm=bool(model.moe_grouped_gemm))
 
 
 def _launching(op: Op, kernels: dict[str, Kernels] | None, key: str | None = None) -> Op:
@@ -201,8 +216,90 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
 
 @functools.lru_cache(maxsize=256)
 def count_moe_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
-    """Every operator of one mixture-of-experts layer, in execution order."""
-    return with_fp8_casts(attention_block_ops(model, x) + moe_block_ops(model, x), x)
+    """Every operator of one mixture-of-experts layer, in execution order; under Megatron-Core
+    with the kernels the host launches for each (``megatron_attention``, ``graphed``)."""
+    attention = attention_block_ops(model, x)
+    moe = moe_block_ops(model, x)
+    config = megatron_kernel_config(model, x)
+    if config is None:
+        return with_fp8_casts(attention + moe, x)
+    attention = megatron_attention(model, x, attention)
+    if x.fp8_linears:
+        attention, moe = fp8_launching(x, config, attention), fp8_launching(x, config, moe)
+    attention, moe = graphed(x, config, attention, moe)
+    ops = with_fp8_casts(attention + moe, x)
+    if not x.fp8_linears:
+        return ops
+    # the casts' kernels are launched with their GEMMs (``fp8_launching``)
+    return (*ops[:-1], dataclasses.replace(ops[-1], host_launches=0))
+
+
+def fp8_launching(x: LocalShape, config: MoeKernelConfig, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` with each FP8 GEMM launching the quantization of its input as well
+    (``moe_kernels.fp8_input_casts``)."""
+    delayed = x.fp8_recipe is None or x.fp8_recipe is FP8Recipe.DELAYED
+    return tuple(dataclasses.replace(op, host_launches=op.forward_host_launches
+                                     + fp8_input_casts(op.name, config.local_experts, delayed))
+                 if op.fp8 else op for op in ops)
+
+
+def megatron_attention(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """The attention block's operators with the forward kernels Megatron-Core launches for each
+    (``moe_kernels.attention_kernels``: the norms, the GEMMs with their tensor- and
+    sequence-parallel collectives, q/k norms, RoPE, TE's fused attention, bias-dropout-add)."""
+    counts = attention_kernels(AttentionKernelConfig(
+        tp=x.tp, sp=x.tp > 1 and x.s_norm != x.s, qk_layernorm=bool(model.qk_layernorm),
+        rotary=model.position_embedding == "rotary", rope_fusion=bool(model.rope_fusion),
+        bias_dropout_fusion=bool(model.bias_dropout_fusion)))
+    seen: set[str] = set()
+    out = []
+    for op in ops:
+        # the first of a name: context parallelism's ring steps follow the own chunk's attention
+        # under the same name and keep their own launches
+        first = op.name in counts and op.name not in seen
+        out.append(dataclasses.replace(op, host_launches=counts[op.name]) if first else op)
+        seen.add(op.name)
+    return tuple(out)
+
+
+def graphed(x: LocalShape, config: MoeKernelConfig, attention: tuple[Op, ...],
+            moe: tuple[Op, ...]) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """The layer's operators with what Megatron-Core's partial CUDA graphs (``x.cuda_graph_scope``)
+    leave the host to launch: a graph replays all it captured with one launch. ``attn``: the
+    attention block (input norm to the bias-dropout-add); ``moe_router``: the pre-MLP norm, the
+    router, top-k and aux loss, and the shared experts unless they overlap the dispatch
+    (TransformerLayer's CUDA graph outputs: ``shared_expert_output`` without
+    moe_shared_expert_overlap); ``moe_preprocess``: the dispatcher's dispatch_preprocess
+    (``moe_kernels.dispatch_preprocess``; with moe_router). Graphed parts next to each other are
+    one graph (one replay per layer and micro-batch, on its first operator); the input copies into
+    a graph's static buffers are not counted."""
+    scope = set(x.cuda_graph_scope)
+    if not scope:
+        return attention, moe
+    router_ops = {"router", "router_topk", "moe_aux_loss"}
+    out: list[Op] = []
+    open_graph = False  # the previous operator ended inside a graph
+    for i, op in enumerate(attention + moe):
+        if is_shared_expert(op):  # listed after the combine, replayed in the router's graph
+            graph = "moe_router" in scope and not x.shared_expert_overlap
+            out.append(dataclasses.replace(op, host_launches=0) if graph else op)
+            continue
+        if i < len(attention):
+            captured = "attn" in scope
+        elif op.name == "moe_permute":
+            captured = "moe_preprocess" in scope
+        else:  # the pre-MLP norm opens the MoE block
+            captured = "moe_router" in scope and (i == len(attention) or op.name in router_ops)
+        if not captured:
+            out.append(op)
+            open_graph = False
+            continue
+        launches = 0 if open_graph else 1
+        if op.name == "moe_permute":
+            launches += op.forward_host_launches - dispatch_preprocess(config)
+        out.append(dataclasses.replace(op, host_launches=launches))
+        open_graph = op.name != "moe_permute"
+    return tuple(out[:len(attention)]), tuple(out[len(attention):])
 
 
 def expert_routing(model: ModelSpec, plan: ParallelPlan) -> ExpertRouting | None:

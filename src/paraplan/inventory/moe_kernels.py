@@ -210,6 +210,113 @@ def activation(c: MoeKernelConfig) -> Kernels:
     return Kernels(n, 2 * n)
 
 
+def dispatch_preprocess(c: MoeKernelConfig) -> int:
+    """Of ``dispatch``'s forward kernels, those the dispatcher's ``dispatch_preprocess`` runs,
+    which a CUDA graph of scope ``moe_preprocess`` captures (Megatron-Core dev, transformer/moe/
+    token_dispatcher.py; its ``cudagraph_attrs`` are what leaves the graph). alltoall: preprocess
+    (the counts, their all-gather and sums) and the permute; with the graph the copies to the host
+    move to ``before_ep_alltoall`` (``cuda_dtoh_point``), after the graph, so they stay launched.
+    deepep / hybridep: _DeepepManager.setup_metadata (the ETP expansion and the top-k to
+    indices); the layout, notify, dispatch, multihot and permute run after the graph."""
+    if c.dispatcher in ("deepep", "hybridep"):
+        return (2 if c.etp > 1 else 0) + 1
+    comm = c.ep > 1 or c.etp > 1
+    return 1 + (6 if comm else 0) + _permute(c).fwd
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionKernelConfig:
+    """What the attention block's forward launches depend on in Megatron-Core's TE layer spec:
+    tensor parallelism and sequence parallelism (the collectives of the QKV and output
+    projections), --qk-layernorm, rotary embedding and --no-rope-fusion (``apply_rope_fusion``,
+    on by default: megatron/training/arguments.py ``--no-rope-fusion`` store_false), the
+    rotary share, --no-bias-dropout-fusion."""
+
+    tp: int = 1
+    sp: bool = False
+    qk_layernorm: bool = False
+    rotary: bool = True
+    rope_fusion: bool = True
+    bias_dropout_fusion: bool = True
+
+
+#: Kernels of one unfused rotary embedding of one tensor (Megatron-Core
+#: models/common/embeddings/rope_utils.py ``_apply_rotary_pos_emb_bshd``, 0.13-0.14): cos, the
+#: mscale multiply and the cast to the input dtype (3), the same for sin (3), ``t * cos_`` (1),
+#: ``_rotate_half``'s negation and cat (2), the multiply by ``sin_`` (1), the sum (1) and the
+#: final ``torch.cat((t, t_pass))`` (1, a copy even when t_pass is empty).
+UNFUSED_ROPE_KERNELS = 12
+
+
+def attention_kernels(c: AttentionKernelConfig) -> dict[str, int]:
+    """Forward kernels per attention-block operator (``inventory.layer.attention_block_ops``
+    names) as Megatron-Core 0.13-0.14's TransformerLayer and SelfAttention launch them with
+    Transformer Engine 2.5-2.8:
+
+    - the input norm: the norm kernel of TELayerNormColumnParallelLinear (TE
+      pytorch/module/layernorm_linear.py ``_LayerNormLinear.forward``, apply_normalization), 1;
+    - ``linear1`` (linear_qkv): its GEMM, and with sequence parallelism over TP > 1 the
+      all-gather of the norm's output before it (same function, ``gather_along_first_dim``;
+      without sequence parallelism the column-parallel input needs nothing forward): 1 or 2;
+    - ``qkv_split``: views (SelfAttention.get_query_key_value_tensors; TE SplitAlongDim), 0;
+    - ``qk_norm``: q_layernorm and k_layernorm, a TENorm each, 2;
+    - ``RoPE``: apply_rotary_pos_emb on the query and the key: TE's fused_apply_rotary_pos_emb,
+      one kernel each (2), or ``UNFUSED_ROPE_KERNELS`` each; ``rotary_concat`` is in that count;
+    - ``flash_atten`` (TEDotProductAttention, cuDNN fused attention): TE's fused_attn_fwd
+      (pytorch/csrc/extensions/attention.cpp) launches ``unpack`` for the RNG state and the
+      cuDNN graph: 2 (q, k and v go in as strided views of their layout, get_qkv_layout, no
+      copy: TE's ``.contiguous()`` of q, k, v is on its inference KV-cache path);
+    - ``linear2`` (linear_proj, TERowParallelLinear): its GEMM and, with TP > 1, the
+      reduce-scatter (sequence parallelism) or all-reduce of its output (TE pytorch/module/
+      linear.py ``_Linear.forward``, reduce_scatter_along_first_dim / allreduce): 1 or 2;
+    - ``bias_add`` / ``dropout`` / ``res_add``: TransformerLayer's self_attn_bda
+      (megatron/core/fusions/fused_bias_dropout.py get_bias_dropout_add): fused, one kernel for
+      bias, dropout and residual (on ``res_add``); unfused, the bias add, dropout and add each.
+
+    A name not here launches its ``Op.launches`` (multi-latent attention's projections and
+    latent norms one each: MLASelfAttention's latent all-gathers under sequence parallelism are
+    not counted; context parallelism's attention steps as ``context_parallel_core`` counts them;
+    the FP8 casts as ``fp8_casts`` counts them)."""
+    comm = c.tp > 1
+    unfused_bda = 0 if c.bias_dropout_fusion else 1
+    return {
+        "RMSlayernorm": 1,
+        "layernorm": 1,
+        "linear1": 1 + (1 if comm and c.sp else 0),
+        "qkv_split": 0,
+        "qk_norm": 2,
+        "RoPE": 2 if c.rope_fusion else 2 * UNFUSED_ROPE_KERNELS,
+        "rotary_concat": 0,
+        "flash_atten": 2,
+        "linear2": 1 + (1 if comm else 0),
+        "bias_add": unfused_bda,
+        "dropout": unfused_bda,
+        "res_add": 1,
+    }
+
+
+#: The FP8 GEMMs whose input a fused norm writes already quantized (TE's LayerNormLinear:
+#: ``_LayerNormLinear.forward`` hands the input quantizer to the norm): the QKV projection, the
+#: dense MLP's up projection, multi-latent attention's up projections (Megatron-Core's MLA layer
+#: spec: TELayerNormColumnParallelLinear with --qk-layernorm).
+NORM_FED_FP8 = frozenset({"linear1", "linear3", "q_up", "kv_up"})
+
+
+def fp8_input_casts(name: str, local_experts: int, delayed: bool) -> int:
+    """Kernels that quantize one FP8 GEMM's input in the forward (Transformer Engine 2.5-2.8).
+    A TE Linear quantizes its input (``_Linear.forward``, its input quantizer): 1; under a
+    fused norm (``NORM_FED_FP8``) 0. The experts' GroupedLinear splits and quantizes its input
+    per expert (``split_quantize``, pytorch/csrc/extensions/cast.cpp ``multi_quantize_impl``:
+    "Currently only have fused kernel for FP8 delayed scaling"): one kernel under delayed
+    scaling, one per local expert under the other recipes. Current scaling's amax passes and
+    their reductions are not counted."""
+    if name in NORM_FED_FP8:
+        return 0
+    if name in ("expert_fc1", "expert_fc2"):
+        return 1 if delayed else local_experts
+    return 1
+
+
 def moe_kernels(c: MoeKernelConfig) -> dict[str, Kernels]:
     """Kernels per MoE operator, by the inventory's operator names (``inventory.moe``)."""
     gemm = expert_gemm(c)

@@ -62,6 +62,11 @@ class LocalShape:
     ep: int = 1
     etp: int = 1
     tp_cp: int = 1
+    # Megatron-Core's partial CUDA graphs (ParallelPlan.cuda_graph_scope; () for none or another
+    # framework) and --moe-shared-expert-overlap (the shared experts then run outside the router's
+    # graph): what the host launches per MoE layer (``inventory.moe``)
+    cuda_graph_scope: tuple[str, ...] = ()
+    shared_expert_overlap: bool = False
 
     @property
     def tokens(self) -> int:
@@ -74,6 +79,8 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
         ep=plan.ep, etp=plan.etp, imbalance=plan.expert_load_imbalance, fp8_recipe=plan.fp8_recipe,
         one_kernel_experts=plan.framework is Framework.FSDP, cp_kernels=cp_kernels_of(plan),
         dispatcher=plan.dispatcher if plan.framework is Framework.MEGATRON else "",
+        cuda_graph_scope=tuple(plan.cuda_graph_scope or ()) if plan.framework is Framework.MEGATRON else (),
+        shared_expert_overlap=plan.moe_shared_expert_overlap,
     )
 
 
@@ -95,6 +102,7 @@ def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
     *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,
     one_kernel_experts: bool = False, cp_kernels: str = "ring", dispatcher: str = "",
+    cuda_graph_scope: tuple[str, ...] = (), shared_expert_overlap: bool = False,
 ) -> LocalShape:
     """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
 
@@ -105,7 +113,7 @@ def shard_shape(
     factor when tokens over it are dropped."""
     s = model.seq_length // cp
     s_norm = s // tp if sequence_parallel else s
-    moe: dict[str, int | str] = {}
+    moe: dict[str, int | str | bool | tuple[str, ...]] = {}
     if model.num_moe_experts is not None:
         etp = etp or tp
         load = imbalance
@@ -122,6 +130,7 @@ def shard_shape(
             # (torchtitan/models/moe/moe.py GroupedExperts); Megatron-Core through Transformer Engine
             "grouped_gemm_streams": 1 << 30 if one_kernel_experts else 0,
             "dispatcher": dispatcher, "ep": ep, "etp": etp, "tp_cp": tp * cp,
+            "cuda_graph_scope": cuda_graph_scope, "shared_expert_overlap": shared_expert_overlap,
         }
     return LocalShape(
         b=micro_batch,

@@ -11,7 +11,10 @@ the CPU). From the sync to the next layer's sync the host launches every kernel 
 the GPU runs each kernel once it is launched and the previous one is done. The cycle takes
 max(GPU time, host launch time) and more where the two interleave (``launch_bound_s``); a layer
 whose kernels outlast the host's launches loses nothing, and halving the GPU time of a
-host-bound layer does not halve it. The backward pass has no sync (its split sizes are kept from
+host-bound layer does not halve it. What each operator launches is the inventory's
+(``Op.forward_host_launches``: Megatron-Core's counts in ``inventory.moe_kernels``), where the
+parts a partial CUDA graph captures (``ParallelPlan.cuda_graph_scope``) are one launch, the
+graph's replay (``inventory.moe.graphed``). The backward pass has no sync (its split sizes are kept from
 the forward), so it is left as it is.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from paraplan.specs._types import Count, Headroom
-from paraplan.specs.enums import FP8Recipe, Precision, Schedule
+from paraplan.specs.enums import FP8Recipe, Framework, Precision, Schedule
 from paraplan.specs.hardware import ClusterSpec, GpuSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.pipeline_layout import split_given, stage_grid
@@ -145,6 +145,7 @@ class Job(BaseModel):
         if p.fp8_amax_reduce != "none" and self.precision is not Precision.FP8:
             raise ValueError(f"parallel.fp8_amax_reduce: {p.fp8_amax_reduce} reduces FP8 amaxes, but the job's "
                              f"precision is {self.precision.value} (set precision: fp8, or fp8_amax_reduce: none)")
+        _check_cuda_graph_scope(p, m.is_moe)
         if p is not self.parallel:
             object.__setattr__(self, "parallel", p)
         return self
@@ -260,3 +261,17 @@ def _check_divisible(field: str, what: str, value: int, by: int) -> None:
         raise ValueError(f"{field}: {what}={value} is not divisible by {by}")
 
 
+def _check_cuda_graph_scope(p, moe: bool) -> None:
+    """Megatron-Core's partial CUDA graphs (``parallel.cuda_graph_scope``): Megatron only, the
+    MoE scopes for a mixture of experts, and moe_preprocess only with moe_router (CudaGraphScope's
+    own rule)."""
+    scope = p.cuda_graph_scope or ()
+    if scope and p.framework is not Framework.MEGATRON:
+        raise ValueError(f"parallel.cuda_graph_scope: Megatron-Core's partial CUDA graphs, but the framework is "
+                         f"{p.framework.value} (use framework: megatron, or leave it unset)")
+    if not moe and any(s != "attn" for s in scope):
+        raise ValueError("parallel.cuda_graph_scope: moe_router and moe_preprocess graph a mixture-of-experts "
+                         "layer's router and dispatcher, and the model has no experts (use attn)")
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        raise ValueError("parallel.cuda_graph_scope: moe_preprocess needs moe_router (Megatron-Core captures the "
+                         "dispatcher's preprocessing in the router's graph)")

@@ -67,6 +67,11 @@ class ModelSpec(BaseModel):
     # Megatron-LM fuses the bias of the row-parallel projections into the dropout-residual
     # kernel (default on); GPT-NeoX's bias_dropout_fusion defaults to off: one more add each.
     bias_dropout_fusion: Bool = True
+    # Megatron-Core's fused rotary embedding (Transformer Engine's fused_apply_rotary_pos_emb, one
+    # kernel per tensor); off with --no-rope-fusion (megatron/training/arguments.py, store_false
+    # dest apply_rope_fusion: on by default). Only the kernels the host launches depend on it
+    # (``inventory.moe_kernels.attention_kernels``).
+    rope_fusion: Bool = True
     attention_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
     hidden_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
     # Qwen3's and OLMo 2's RMSNorm of each query and key head (Megatron-LM --qk-layernorm)

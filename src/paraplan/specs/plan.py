@@ -256,6 +256,14 @@ class ParallelPlan(BaseModel):
     # for the sync-free paths: --moe-pad-expert-input-to-capacity (cuda_sync_point "no_sync"),
     # HybridEP given num_permuted_tokens ("we do not need to use sync"), full-iteration CUDA graphs.
     moe_host_sync: Bool = True
+    # Megatron-Core's partial CUDA graphs (--cuda-graph-impl transformer_engine --cuda-graph-scope
+    # ...; megatron/core/transformer/enums.py CudaGraphScope, transformer_layer.py and
+    # moe/moe_utils.py MoECudaGraphPartialCaptureSignal at NVIDIA/Megatron-LM dev): each layer's
+    # attention ("attn"), its pre-MLP norm, router and (without --moe-shared-expert-overlap) shared
+    # experts ("moe_router"), and the token dispatcher's dispatch_preprocess ("moe_preprocess",
+    # needs moe_router) replay as one graph, which the host launches once instead of each kernel
+    # (``prediction.host_sync``; the kernels' GPU time is unchanged). Unset: no graphs.
+    cuda_graph_scope: tuple[Literal["attn", "moe_router", "moe_preprocess"], ...] | None = None
     # --- the token dispatcher (issue 28; Megatron-Core's --moe-token-dispatcher-type and
     # --moe-flex-dispatcher-backend) ---
     # alltoall: each top-k copy of a token sent to its expert's rank (NCCL all-to-all); allgather:

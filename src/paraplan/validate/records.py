@@ -286,6 +286,8 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
     elif p.get("moe_a2a_overlap"):
         parallel["overlap_moe_expert_parallel_comm"] = True
     _dispatcher(p, parallel, assumed)
+    if p.get("cuda_graph_scope"):  # Megatron-Core's --cuda-graph-scope, as the record's command gives it
+        parallel["cuda_graph_scope"] = list(p["cuda_graph_scope"])
     for key in _MEGATRON_SPLIT:  # Megatron-LM's pipeline split and recompute modules, where stated
         value = p.get(key, run.get(key))
         if value not in (None, False):
