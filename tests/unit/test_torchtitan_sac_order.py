@@ -121,3 +121,43 @@ def test_paraplan_reruns_the_matmuls_torchtitan_s_selective_ac_reruns(framework,
     ours = [op.role for op, w in zip(ops, op_policy_weights(ops), strict=True) if op.kind is OpKind.GEMM and w]
     # the count starts again in every block: both blocks re-run the same projections
     assert _torchtitan_reruns(fused_qkv, monkeypatch) == [ours, ours]
+
+
+@pytest.mark.slow
+def test_a_matmul_on_tensor_subclasses_reaches_the_policy_as_aten_mm_not_as_the_kernel_it_runs():
+    """torchao's float8 linears multiply float8 tensor subclasses with ``torch.mm``; the subclass
+    then runs ``torch._scaled_mm``. The checkpoint's dispatch mode sees the ``aten.mm`` first (and
+    not the kernel the subclass runs inside), so a float8 linear counts in torchtitan's matmul
+    count like a bf16 one. Here a subclass whose mm runs ``aten.addmm`` stands in for it."""
+    from torch.utils._pytree import tree_map
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    class Wrapped(torch.Tensor):
+        @staticmethod
+        def __new__(cls, t):
+            return torch.Tensor._make_wrapper_subclass(cls, t.shape, dtype=t.dtype)
+
+        def __init__(self, t):
+            self.t = t
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            plain = tree_map(lambda a: a.t if isinstance(a, Wrapped) else a, args)
+            if func is torch.ops.aten.mm.default:
+                return torch.ops.aten.addmm.default(torch.zeros(1), *plain)
+            return func(*plain, **(kwargs or {}))
+
+    seen = []
+
+    def policy(ctx, func, *args, **kwargs):
+        seen.append(func)
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    w = torch.randn(DIM, DIM, requires_grad=True)
+
+    def block(x):
+        return torch.mm(Wrapped(x.detach()), Wrapped(w.detach())) + x @ w
+
+    checkpoint(block, torch.randn(4, DIM, requires_grad=True), use_reentrant=False,
+               context_fn=lambda: create_selective_checkpoint_contexts(policy))
+    assert seen.count(torch.ops.aten.mm.default) == 2 and torch.ops.aten.addmm.default not in seen
