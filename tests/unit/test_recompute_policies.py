@@ -120,6 +120,20 @@ def test_torchtitan_op_policy_on_llama_3_8b_keeps_what_half_of_every_gemm_and_q_
     assert held == pytest.approx(2 * tokens * (4096 + 43008 / 2 + 6144) + lse, rel=1e-12)
 
 
+def test_torchtitan_op_policy_with_sequence_parallel_also_keeps_the_two_reduce_scatters_outputs():
+    """torchtitan's save set holds ``reduce_scatter_tensor``: the row-parallel projections'
+    outputs, reduce-scattered to [b, s/tp, h], are kept besides the GEMM outputs."""
+    def kept_over_input(j):
+        held, x = _op_policy_held(j)
+        return held / (x.e * x.b * x.s_norm * x.h), x
+    sp, x = kept_over_input(job("op", "torchtitan-0.1", tp=2, sequence_parallel=True))
+    no_sp, _ = kept_over_input(job("op", "torchtitan-0.1", tp=2, sequence_parallel=False))
+    # per token of the layer input, the GEMM and attention outputs are the same columns either way
+    # (whole sequence, tp's share of the columns), over an input of s / 2 tokens with SP
+    assert sp == pytest.approx(2 * (no_sp - 1) + 1 + 2, rel=1e-9)
+    assert x.s_norm == x.s // 2
+
+
 def test_torchtitan_op_policy_reruns_a_moe_layer_s_router_and_routed_experts_and_counts_its_shared_experts():
     """torchtitan 0.3.0: the router's GEMM is re-run by its shape, uncounted
     (``force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``), the routed experts'

@@ -116,7 +116,15 @@ def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers:
         return RecomputeCost((again / n,) * len(ops), again / n, held, saved)
     weights = op_policy_weights(ops)
     kept = layer_input + _op_policy_kept(ops, weights, x.e)
+    if plan.tp > 1 and plan.sequence_parallel:
+        # the reduce-scatters after the row-parallel output and down projections are saved
+        # (``_c10d_functional.reduce_scatter_tensor`` in the save set): [b, s/tp, h] each
+        kept += sum(op.name in _ROW_PARALLEL for op in ops) * x.e * x.b * x.s_norm * x.h
     return RecomputeCost(weights, 0.0, layers * kept, saved - kept)
+
+
+# the row-parallel GEMMs whose output tensor parallelism reduce-scatters (sequence parallel)
+_ROW_PARALLEL = frozenset({"linear2", "linear4"})
 
 
 def op_policy_weights(ops: tuple[Op, ...]) -> tuple[float, ...]:
@@ -138,9 +146,11 @@ def op_policy_weights(ops: tuple[Op, ...]) -> tuple[float, ...]:
     ``aten.mm`` before the subclass runs ``torch._scaled_mm``, which the policy never sees).
 
     Saved besides (0.3.0 ``_get_default_save_ops``; 2024 ``_save_list``): the attention kernels
-    (SDPA flash / efficient / cuDNN, FlexAttention), the reduce-scatters, ``aten.max`` (an FP8
-    amax, a scalar; 2025 on). Re-run: every other operator, norms, RoPE, the activation, the
-    residual adds, the FP8 casts. A mixture-of-experts layer (0.3.0 ``models/common/moe.py``)
+    (SDPA flash / efficient / cuDNN, FlexAttention), the tensor-parallel reduce-scatters,
+    ``aten.max`` (an FP8 amax, a scalar; 2025 on), the all-to-alls (0.3.0). Re-run: every other
+    operator, norms, RoPE, the activation, the residual adds, the FP8 casts, and the
+    tensor-parallel all-gathers (``all_gather_into_tensor`` is in neither list; not timed:
+    the recompute's collectives are priced by one ``comm_weight``, 0 here). A mixture-of-experts layer (0.3.0 ``models/common/moe.py``)
     re-runs its router GEMM without counting it (``force_recompute_mm_shapes_by_fqns =
     ["moe.router.gate"]``) and its routed experts' GEMMs (``torch._grouped_mm``, outside the
     save set and the count); its shared experts' ``w1 w3 w2`` are counted after the attention's."""
