@@ -14,9 +14,10 @@ The policies are the frameworks' own:
 - ``layer``: every ``recompute_every``-th layer is checkpointed whole, the others keep all
   (torchtitan ``activation_checkpoint.mode = "selective"`` with ``selective_ac_option = N``;
   IBM fms-fsdp's selective checkpointing of every n-th block).
-- ``op``: torchtitan's per-op policy (``selective_ac_option = "op"``): the outputs of matmuls
-  are saved except every second one, and attention's; everything else (norms, RoPE,
-  activations, the other half of the matmuls) is recomputed from them in the backward pass.
+- ``op``: torchtitan's per-op policy (``selective_ac_option = "op"``; 0.3.0 ``SelectiveAC``):
+  of each block's matmuls in forward order the 1st, 3rd, ... keep their outputs and the 2nd,
+  4th, ... are re-run, attention keeps its output and logsumexp; everything else (norms, RoPE,
+  activations, FP8 casts) is re-run in the backward pass. See :func:`op_policy_weights`.
 
 ``RecomputeCost`` is the one source for the recompute time (``prediction``), the activation
 memory (``memory``) and the hardware FLOPs (``inventory.job``).
@@ -113,13 +114,75 @@ def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers:
         again = layers / plan.checkpoint_every
         held = again * layer_input + (layers - again) * saved
         return RecomputeCost((again / n,) * len(ops), again / n, held, saved)
-    # Recompute.OP: matmul outputs kept but every second one, attention's kept, rest re-run
-    weights = tuple(0.5 if op.kind in _GEMMS else 0.0 if op.kind in _ATTENTION else 1.0 for op in ops)
-    kept = layer_input + sum(
-        0.5 * _gemm_output(op, x.e) if op.kind in _GEMMS else op.saved_bytes if op.kind in _ATTENTION else 0.0
-        for op in ops
-    )
+    weights = op_policy_weights(ops)
+    kept = layer_input + _op_policy_kept(ops, weights, x.e)
+    if plan.tp > 1 and plan.sequence_parallel:
+        # the reduce-scatters after the row-parallel output and down projections are saved
+        # (``_c10d_functional.reduce_scatter_tensor`` in the save set): [b, s/tp, h] each
+        kept += sum(op.name in _ROW_PARALLEL for op in ops) * x.e * x.b * x.s_norm * x.h
     return RecomputeCost(weights, 0.0, layers * kept, saved - kept)
+
+
+# the row-parallel GEMMs whose output tensor parallelism reduce-scatters (sequence parallel)
+_ROW_PARALLEL = frozenset({"linear2", "linear4"})
+
+
+def op_policy_weights(ops: tuple[Op, ...]) -> tuple[float, ...]:
+    """torchtitan's per-op policy (``Recompute.OP``) for one layer's ``ops`` (in forward order):
+    1.0 for each operator the backward pass re-runs, 0.0 for each whose output it keeps.
+
+    torchtitan's policy counts the ``aten.mm`` calls of one block's forward and re-runs the
+    even ones (0.3.0 torchtitan/distributed/activation_checkpoint.py ``SelectiveAC._wrap_block``:
+    ``meta = {"forward_mm_count": 0, ...}`` made afresh by ``_get_custom_policy()`` each time
+    the block's ``context_fn`` runs, ``PREFER_RECOMPUTE`` when ``meta[...] % 2 == 0``; 2024's
+    train/parallelize_llama.py the same with ``meta = defaultdict(int)`` per
+    ``selective_checkpointing_context_fn``). The count starts again in every block. So the GEMMs
+    re-run are the 2nd, 4th, ... of a layer in the order its forward calls them, which is the
+    inventory's order: torchtitan 0.1's ``wq wk wv wo w1 w3 w2`` (``self.w2(F.silu(self.w1(x)) *
+    self.w3(x))`` calls w1 first) re-runs K, the output projection and w3 (the up projection);
+    0.3.0's ``wqkv wo w1 w3 w2`` re-runs the output projection and w3; one QKV and one gate/up
+    GEMM re-run the output and down projections. A torchao float8 linear counts as a matmul
+    (its ``torch.mm`` on float8 tensor subclasses reaches the policy's dispatch mode as
+    ``aten.mm`` before the subclass runs ``torch._scaled_mm``, which the policy never sees).
+
+    Saved besides (0.3.0 ``_get_default_save_ops``; 2024 ``_save_list``): the attention kernels
+    (SDPA flash / efficient / cuDNN, FlexAttention), the tensor-parallel reduce-scatters,
+    ``aten.max`` (an FP8 amax, a scalar; 2025 on), the all-to-alls (0.3.0). Re-run: every other
+    operator, norms, RoPE, the activation, the residual adds, the FP8 casts, and the
+    tensor-parallel all-gathers (``all_gather_into_tensor`` is in neither list; not timed:
+    the recompute's collectives are priced by one ``comm_weight``, 0 here). A mixture-of-experts layer (0.3.0 ``models/common/moe.py``)
+    re-runs its router GEMM without counting it (``force_recompute_mm_shapes_by_fqns =
+    ["moe.router.gate"]``) and its routed experts' GEMMs (``torch._grouped_mm``, outside the
+    save set and the count); its shared experts' ``w1 w3 w2`` are counted after the attention's."""
+    weights, count = [], 0
+    for op in ops:
+        if op.kind in _ATTENTION:
+            weights.append(0.0)
+        elif op.kind not in _GEMMS or op.expert or op.name == "router":
+            weights.append(1.0)
+        else:
+            count += 1
+            weights.append(1.0 if count % 2 == 0 else 0.0)
+    return tuple(weights)
+
+
+def _op_policy_kept(ops: tuple[Op, ...], weights: tuple[float, ...], e: int) -> float:
+    """What one layer keeps under the per-op policy besides its input: the output of each GEMM
+    it does not re-run and the attention kernel's outputs (its output and logsumexp: FlashAttention's
+    ``saved_bytes`` less the q, k, v it saves for its own backward, ``selective_kept_bytes``;
+    q and k come again from the re-run RoPE, v is the kept V projection's output). The
+    attention's output is the output projection's input (``linear2``)."""
+    kept = sum(_gemm_output(op, e) for op, w in zip(ops, weights, strict=True) if op.kind in _GEMMS and w == 0.0)
+    for op in ops:
+        if op.kind is OpKind.ATTENTION:
+            kept += op.saved_bytes - op.selective_kept_bytes
+        elif op.kind in _ATTENTION:
+            kept += op.saved_bytes
+    attention_out = next((op for op in ops if op.name == "linear2" and op.kind in _GEMMS), None)
+    if attention_out is not None and any(op.kind is OpKind.ATTENTION for op in ops):
+        dims = dict(attention_out.dims)
+        kept += e * dims["m"] * dims["k"]
+    return kept
 
 
 # Megatron-Core's recompute modules (TransformerConfig.recompute_modules; transformer_layer.py,
