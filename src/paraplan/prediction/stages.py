@@ -29,6 +29,7 @@ from paraplan.prediction.host_sync import host_wait_s
 from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.prediction.offload import offload_costs, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
+from paraplan.prediction.sp_backward import async_linears_backward, runs_async_linears
 from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
 from paraplan.prediction.userbuffers import runs_userbuffers, userbuffers_layer
 from paraplan.schedule import overlapped_s
@@ -121,6 +122,10 @@ class LayerCost:
             fwd, bwd, tp_f, tp_b = async_tp_layer(ops, fwd, bwd, weight, tp, cm, comm)
         else:
             tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
+        beside_b = 0.0  # Megatron's and TE's linears: backward collectives beside their own GEMMs
+        if runs_async_linears(comm):
+            beside_b, rest = async_linears_backward(ops, bwd, weight, tp, comm)
+            tp_b = beside_b + comm.total(rest, BACKWARD)
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
         cp_f, cp_b = context_comm(attention_steps(ops, fwd), attention_steps(ops, bwd), cp, comm)
@@ -129,7 +134,7 @@ class LayerCost:
         elif comm.plan.tp_comm_overlap:
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
-            tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)
+            tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), beside_b + tp_overlapped(gemm_b, tp_b - beside_b, comm)
         ep_f, ep_b, paired_f, paired_b = _expert_comm(ops, fwd, bwd, ep, comm, tp_f, tp_b)
         # the amax all-reduces block the compute stream (async_op=False): never paired or hidden
         tp_f, tp_b = tp_f + comm.total(amax, (Phase.FWD,)), tp_b + comm.total(amax, BACKWARD)
