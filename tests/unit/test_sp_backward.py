@@ -51,6 +51,24 @@ def test_torchtitans_dtensor_linears_keep_the_gathered_input_and_gather_nothing_
     assert t_qkv.saved_bytes == pytest.approx(8 * m_qkv.saved_bytes)
 
 
+def test_torchtitans_per_op_checkpointing_gathers_again_what_it_does_not_save():
+    # its save list keeps mm, attention and reduce_scatter_tensor outputs, not the all-gather's
+    from paraplan.inventory.recompute import recompute_cost
+
+    j = job(framework="torchtitan", recompute="op")
+    inv = count_job(j)
+    cm = make_cost_model(j, "analytical")
+    block = inv.stages[0].blocks[0]
+    layer = LayerCost.of(block, cm, CommCosts(inv, cm))
+    rc = recompute_cost(j.parallel, block.ops, inv.shape, 1)
+    gathers = CommCosts(inv, cm).total(tuple(_named(block, "tp_allgather", Phase.FWD)), (Phase.FWD,))
+    assert rc.gather_weight == 1.0 and gathers > 0 and layer.tp_gather_fwd == pytest.approx(gathers)
+    assert layer.recompute_s(rc) == pytest.approx(layer.recompute_kernels_s(rc) + gathers)
+    off = recompute_cost(job(sequence_parallel=False, framework="torchtitan", recompute="op").parallel,
+                         block.ops, inv.shape, 1)
+    assert off.gather_weight == 0.0
+
+
 def test_without_sequence_parallelism_nothing_is_gathered_again():
     assert not _named(_block(job(sequence_parallel=False)), SAVED_REGATHER, Phase.BWD_INPUT)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from paraplan.inventory.ops import Op, OpKind
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import ParallelPlan, Recompute
+from paraplan.specs import Framework, ParallelPlan, Recompute
 
 _GEMMS = (OpKind.GEMM,)
 _ATTENTION = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
@@ -49,6 +49,9 @@ class RecomputeCost:
     # the same as ``comm_weight`` for the layer's expert-parallel collectives (None: comm_weight);
     # Megatron-Core's "moe" recompute module re-runs the dispatch and combine
     ep_comm_weight: float | None = None
+    # how often the layer's forward TP all-gathers alone re-run (beyond ``comm_weight``):
+    # torchtitan's per-op policy recomputes the sequence-parallel gathers it does not save
+    gather_weight: float = 0.0
 
 
 def _layer_input(x: LocalShape, plan: ParallelPlan) -> float:
@@ -88,7 +91,8 @@ def _recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, laye
     if all(op.recomputable for op in ops):
         return cost
     weights = tuple(w if op.recomputable else 0.0 for op, w in zip(ops, cost.op_weights, strict=True))
-    return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes, cost.ep_comm_weight)
+    return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes, cost.ep_comm_weight,
+                         cost.gather_weight)
 
 
 def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
@@ -119,7 +123,20 @@ def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers:
         0.5 * _gemm_output(op, x.e) if op.kind in _GEMMS else op.saved_bytes if op.kind in _ATTENTION else 0.0
         for op in ops
     )
-    return RecomputeCost(weights, 0.0, layers * kept, saved - kept)
+    return RecomputeCost(weights, 0.0, layers * kept, saved - kept, gather_weight=_op_regathers(plan))
+
+
+def _op_regathers(plan: ParallelPlan) -> float:
+    """1 where torchtitan's per-op policy gathers the sequence-parallel inputs again: its save
+    list (torchtitan ``activation_checkpoint.py`` ``_save_list``, 0.1 through 0.3: ``aten.mm``,
+    the SDPA kernels, ``_c10d_functional.reduce_scatter_tensor``, ``aten.max``) keeps the
+    reduce-scatters' outputs but not ``all_gather_into_tensor``'s, so the backward pass
+    recomputes the gathered input the linears need (``kept`` above holds none of it either).
+    With async TP too: the policy tags the joint graph's ``all_gather_into_tensor`` before
+    inductor's micro-pipelining pass runs; a recomputed gather it then fuses with a recomputed
+    matmul would hide partly, which is not priced (the re-gather counts as the plain one)."""
+    dtensor = plan.framework is Framework.FSDP
+    return 1.0 if dtensor and plan.tp > 1 and plan.sequence_parallel else 0.0
 
 
 # Megatron-Core's recompute modules (TransformerConfig.recompute_modules; transformer_layer.py,

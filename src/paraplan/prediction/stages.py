@@ -13,6 +13,7 @@ from paraplan.catalog import load_host_launch
 from paraplan.costmodel import CostModel
 from paraplan.inventory import (
     Collective,
+    CollectiveKind,
     JobInventory,
     LayerBlock,
     Op,
@@ -83,6 +84,8 @@ class LayerCost:
     # of fwd_total, what the host's kernel launches add after a MoE dispatcher's sync
     # (``prediction.host_sync``; ParallelPlan.moe_host_sync): the breakdown's host launch wait
     host_fwd: float = 0.0
+    # of tp_fwd, the all-gathers' (a recompute re-running them alone: ``RecomputeCost.gather_weight``)
+    tp_gather_fwd: float = 0.0
 
     @property
     def comm_fwd(self) -> float:
@@ -97,6 +100,7 @@ class LayerCost:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
         collectives' forward, each as often as the policy re-runs it)."""
         return (self.recompute_kernels_s(rc) + rc.comm_weight * (self.tp_fwd + self.cp_fwd)
+                + rc.gather_weight * self.tp_gather_fwd
                 + _ep_weight(rc) * self.ep_fwd)
 
     def work(self, rc: RecomputeCost) -> PassWork:
@@ -142,8 +146,9 @@ class LayerCost:
         # forward's kernel time, from the kernels alone (the collectives' kernels would hide some
         # launches; leaving them out keeps the network's time apart from the kernels')
         host_f = host_wait_s(ops, fwd, comm.host_launch_s) if block.moe and comm.host_launch_s else 0.0
+        gather_f = comm.total(tuple(c for c in tp if c.kind is CollectiveKind.ALL_GATHER), (Phase.FWD,))
         return cls(fwd, bwd, sum(fwd) + host_f, sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight),
-                   paired_f, paired_b, host_f)
+                   paired_f, paired_b, host_f, min(gather_f, tp_f))
 
 
 def attention_steps(ops: tuple[Op, ...], seconds: tuple[float, ...]) -> tuple[float, float]:
@@ -460,7 +465,7 @@ def stage_timing(
         # a recomputed forward's collectives run again in the backward pass
         again = rc.comm_weight
         tp_f += k * layer.tp_fwd
-        tp_b += k * (layer.tp_bwd + again * layer.tp_fwd)
+        tp_b += k * (layer.tp_bwd + again * layer.tp_fwd + rc.gather_weight * layer.tp_gather_fwd)
         cp_f += k * layer.cp_fwd
         cp_b += k * (layer.cp_bwd + again * layer.cp_fwd)
         ep_f += k * layer.ep_fwd
