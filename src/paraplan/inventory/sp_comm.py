@@ -26,8 +26,10 @@ four collectives of Korthikanti et al. 2022's f/g operators (``inventory.layer``
   gather (``TransformerEngineBaseModule.grad_output_preprocess``: ``cast_to_fp8`` then
   ``gather_along_first_dim(grad_output_c, ...)``; 2.x the grad-output quantizer with
   ``amax_reduction_group = tp_group`` under current scaling). One byte an element for per-tensor
-  delayed and current scaling; block-scaled recipes (MXFP8, NVFP4) stay at the activation
-  precision here (their gathers' scale layout is not read). torchao's float8 tensor parallelism
+  delayed and current scaling. Block-scaled recipes (MXFP8, NVFP4) stay at the activation
+  precision here, an overestimate: TE 2.x hands them the quantizer too (the backward re-gather
+  with ``set_usage(rowwise=False, columnwise=True)``), but their data-plus-scales layout per
+  TE version is not read. torchao's float8 tensor parallelism
   (``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``, torchtitan's
   ``enable_float8_tensorwise_tp``: tensorwise scaling only) casts the input to float8 before
   ``redistribute`` to ``Replicate()``: the forward gathers one byte; rowwise float8 keeps plain
