@@ -168,7 +168,8 @@ def test_async_tp_s_gain_on_torchtitan_s_bf16_benchmarks_stays_below_what_the_un
     measured 1.09x (70B, FSDP 32 x TP 8, full AC, local batch 16) and 1.10x (8B, FSDP 8 x TP 8,
     per-op SAC, local batch 12); compared, never fitted. ``before``: the gain predicted while
     the backward reduce-scatter was taken as fused (it is not: the pass finds no producer matmul).
-    Predicted now: 1.143x and 1.099x."""
+    Predicted now: 1.143x and 1.093x (per-op SAC gathers the sequence-parallel inputs again in
+    the backward pass, fused or not: ``inventory.recompute._op_regathers``)."""
     plain = predict(_titan(model, nodes, local_batch, recompute, False)).iteration_s
     fused = predict(_titan(model, nodes, local_batch, recompute, True)).iteration_s
     assert 1.0 < plain / fused < before - 0.03

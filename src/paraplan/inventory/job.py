@@ -33,6 +33,7 @@ from paraplan.inventory.partition import (
 )
 from paraplan.inventory.recompute import recompute_cost
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
+from paraplan.inventory.sp_comm import traced_as_run
 from paraplan.specs import FP8Recipe, Framework, Job, ModelSpec, ParallelPlan, Phase, Precision, Recompute
 
 
@@ -595,7 +596,7 @@ def count_job(job: Job) -> JobInventory:
         if model.inventory == "traced":
             from paraplan.inventory.traced import traced_layers
 
-            coll = traced_layers(model, x)[moe][1] + tuple(
+            coll = traced_as_run(plan, x, traced_layers(model, x)[moe][1]) + tuple(
                 c for c in coll if c.dim is not ParallelDim.TP or c.name == "tp_allgather_checkpoint")
         dense_p, expert_p = split_params(ops)
         ops = dtensor_gathered_inputs(plan, x, ops)

@@ -13,6 +13,7 @@ import functools
 from paraplan.inventory.fp8 import current_amax_reductions, recipe_costs
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
+from paraplan.inventory.sp_comm import gather_bytes, saved_shard_regathers
 from paraplan.specs import FP8Recipe, Framework, ModelSpec, ParallelPlan, Phase
 
 
@@ -772,8 +773,9 @@ def count_layer_collectives(
         halves = 2 if dense_mlp else 1
         fwd_reductions = 1 if model.parallel_residual else halves
         if plan.sequence_parallel:
+            gathered, gathered_grad = gather_bytes(plan, x, backward=False), gather_bytes(plan, x, backward=True)
             out += [
-                Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, size, Phase.FWD, halves),
+                Collective("tp_allgather", CollectiveKind.ALL_GATHER, ParallelDim.TP, gathered, Phase.FWD, halves),
                 Collective(
                     "tp_reducescatter",
                     CollectiveKind.REDUCE_SCATTER,
@@ -786,7 +788,7 @@ def count_layer_collectives(
                     "tp_allgather",
                     CollectiveKind.ALL_GATHER,
                     ParallelDim.TP,
-                    size,
+                    gathered_grad,
                     Phase.BWD_INPUT,
                     fwd_reductions,
                 ),
@@ -799,6 +801,8 @@ def count_layer_collectives(
                     halves,
                 ),
             ]
+            # Megatron's and TE's column-parallel linears gather their saved input shard again
+            out += saved_shard_regathers(model, plan, x, halves, gathered)
             if model.multi_latent_attention:
                 out = _mla_gathers(model, x, out, halves)
             if x.fp8_linears and x.fp8_recipe in _TP_AMAX_RECIPES and plan.framework is Framework.MEGATRON:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from paraplan.inventory.ops import Op, OpKind
 from paraplan.inventory.shapes import LocalShape
-from paraplan.specs import ParallelPlan, Recompute
+from paraplan.specs import Framework, ParallelPlan, Recompute
 
 _GEMMS = (OpKind.GEMM,)
 _ATTENTION = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
@@ -50,6 +50,9 @@ class RecomputeCost:
     # the same as ``comm_weight`` for the layer's expert-parallel collectives (None: comm_weight);
     # Megatron-Core's "moe" recompute module re-runs the dispatch and combine
     ep_comm_weight: float | None = None
+    # how often the layer's forward TP all-gathers alone re-run (beyond ``comm_weight``):
+    # torchtitan's per-op policy recomputes the sequence-parallel gathers it does not save
+    gather_weight: float = 0.0
 
 
 def _layer_input(x: LocalShape, plan: ParallelPlan) -> float:
@@ -89,7 +92,8 @@ def _recompute_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, laye
     if all(op.recomputable for op in ops):
         return cost
     weights = tuple(w if op.recomputable else 0.0 for op, w in zip(ops, cost.op_weights, strict=True))
-    return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes, cost.ep_comm_weight)
+    return RecomputeCost(weights, cost.comm_weight, cost.held_bytes, cost.working_bytes, cost.ep_comm_weight,
+                         cost.gather_weight)
 
 
 def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers: int) -> RecomputeCost:
@@ -120,7 +124,20 @@ def _policy_cost(plan: ParallelPlan, ops: tuple[Op, ...], x: LocalShape, layers:
         # the reduce-scatters after the row-parallel output and down projections are saved
         # (``_c10d_functional.reduce_scatter_tensor`` in the save set): [b, s/tp, h] each
         kept += sum(op.name in _ROW_PARALLEL for op in ops) * x.e * x.b * x.s_norm * x.h
-    return RecomputeCost(weights, 0.0, layers * kept, saved - kept)
+    return RecomputeCost(weights, 0.0, layers * kept, saved - kept, gather_weight=_op_regathers(plan))
+
+
+def _op_regathers(plan: ParallelPlan) -> float:
+    """1 where torchtitan's per-op policy gathers the sequence-parallel inputs again: its save
+    list (torchtitan ``activation_checkpoint.py`` ``_save_list``, 0.1 through 0.3: ``aten.mm``,
+    the SDPA kernels, ``_c10d_functional.reduce_scatter_tensor``, ``aten.max``) keeps the
+    reduce-scatters' outputs but not ``all_gather_into_tensor``'s, so the backward pass
+    recomputes the gathered input the linears need (``kept`` above holds none of it either).
+    With async TP too: the policy tags the joint graph's ``all_gather_into_tensor`` before
+    inductor's micro-pipelining pass runs; a recomputed gather it then fuses with a recomputed
+    matmul would hide partly, which is not priced (the re-gather counts as the plain one)."""
+    dtensor = plan.framework is Framework.FSDP
+    return 1.0 if dtensor and plan.tp > 1 and plan.sequence_parallel else 0.0
 
 
 # the row-parallel GEMMs whose output tensor parallelism reduce-scatters (sequence parallel)
@@ -149,8 +166,9 @@ def op_policy_weights(ops: tuple[Op, ...]) -> tuple[float, ...]:
     (SDPA flash / efficient / cuDNN, FlexAttention), the tensor-parallel reduce-scatters,
     ``aten.max`` (an FP8 amax, a scalar; 2025 on), the all-to-alls (0.3.0). Re-run: every other
     operator, norms, RoPE, the activation, the residual adds, the FP8 casts, and the
-    tensor-parallel all-gathers (``all_gather_into_tensor`` is in neither list; not timed:
-    the recompute's collectives are priced by one ``comm_weight``, 0 here). A mixture-of-experts layer (0.3.0 ``models/common/moe.py``)
+    tensor-parallel all-gathers (``all_gather_into_tensor`` is in neither list; timed through
+    ``RecomputeCost.gather_weight``, ``_op_regathers``). A mixture-of-experts layer (0.3.0
+    ``models/common/moe.py``)
     re-runs its router GEMM without counting it (``force_recompute_mm_shapes_by_fqns =
     ["moe.router.gate"]``) and its routed experts' GEMMs (``torch._grouped_mm``, outside the
     save set and the count); its shared experts' ``w1 w3 w2`` are counted after the attention's."""

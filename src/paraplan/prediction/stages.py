@@ -13,6 +13,7 @@ from paraplan.catalog import load_host_launch
 from paraplan.costmodel import CostModel
 from paraplan.inventory import (
     Collective,
+    CollectiveKind,
     JobInventory,
     LayerBlock,
     Op,
@@ -29,6 +30,7 @@ from paraplan.prediction.host_sync import host_wait_s
 from paraplan.prediction.memory import activations_per_microbatch
 from paraplan.prediction.offload import offload_costs, optimizer_step_s
 from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTiming
+from paraplan.prediction.sp_backward import async_linears_backward, runs_async_linears
 from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
 from paraplan.prediction.userbuffers import runs_userbuffers, userbuffers_layer
 from paraplan.schedule import overlapped_s
@@ -82,6 +84,8 @@ class LayerCost:
     # of fwd_total, what the host's kernel launches add after a MoE dispatcher's sync
     # (``prediction.host_sync``; ParallelPlan.moe_host_sync): the breakdown's host launch wait
     host_fwd: float = 0.0
+    # of tp_fwd, the all-gathers' (a recompute re-running them alone: ``RecomputeCost.gather_weight``)
+    tp_gather_fwd: float = 0.0
 
     @property
     def comm_fwd(self) -> float:
@@ -96,6 +100,7 @@ class LayerCost:
         """Seconds one layer spends recomputing under ``rc`` (its operators' and
         collectives' forward, each as often as the policy re-runs it)."""
         return (self.recompute_kernels_s(rc) + rc.comm_weight * (self.tp_fwd + self.cp_fwd)
+                + rc.gather_weight * self.tp_gather_fwd
                 + _ep_weight(rc) * self.ep_fwd)
 
     def work(self, rc: RecomputeCost) -> PassWork:
@@ -121,6 +126,10 @@ class LayerCost:
             fwd, bwd, tp_f, tp_b = async_tp_layer(ops, fwd, bwd, weight, tp, cm, comm)
         else:
             tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
+        beside_b = 0.0  # Megatron's and TE's linears: backward collectives beside their own GEMMs
+        if runs_async_linears(comm):
+            beside_b, rest = async_linears_backward(ops, bwd, weight, tp, comm)
+            tp_b = beside_b + comm.total(rest, BACKWARD)
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
         cp_f, cp_b = context_comm(attention_steps(ops, fwd), attention_steps(ops, bwd), cp, comm)
@@ -129,7 +138,7 @@ class LayerCost:
         elif comm.plan.tp_comm_overlap:
             gemm_f = sum(t for op, t in zip(ops, fwd, strict=True) if op.kind is OpKind.GEMM)
             gemm_b = sum(t for op, t in zip(ops, bwd, strict=True) if op.kind is OpKind.GEMM)
-            tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), tp_overlapped(gemm_b, tp_b, comm)
+            tp_f, tp_b = tp_overlapped(gemm_f, tp_f, comm), beside_b + tp_overlapped(gemm_b, tp_b - beside_b, comm)
         ep_f, ep_b, paired_f, paired_b = _expert_comm(ops, fwd, bwd, ep, comm, tp_f, tp_b)
         # the amax all-reduces block the compute stream (async_op=False): never paired or hidden
         tp_f, tp_b = tp_f + comm.total(amax, (Phase.FWD,)), tp_b + comm.total(amax, BACKWARD)
@@ -137,8 +146,9 @@ class LayerCost:
         # forward's kernel time, from the kernels alone (the collectives' kernels would hide some
         # launches; leaving them out keeps the network's time apart from the kernels')
         host_f = host_wait_s(ops, fwd, comm.host_launch_s) if block.moe and comm.host_launch_s else 0.0
+        gather_f = comm.total(tuple(c for c in tp if c.kind is CollectiveKind.ALL_GATHER), (Phase.FWD,))
         return cls(fwd, bwd, sum(fwd) + host_f, sum(bwd), tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, sum(weight),
-                   paired_f, paired_b, host_f)
+                   paired_f, paired_b, host_f, min(gather_f, tp_f))
 
 
 def attention_steps(ops: tuple[Op, ...], seconds: tuple[float, ...]) -> tuple[float, float]:
@@ -455,7 +465,7 @@ def stage_timing(
         # a recomputed forward's collectives run again in the backward pass
         again = rc.comm_weight
         tp_f += k * layer.tp_fwd
-        tp_b += k * (layer.tp_bwd + again * layer.tp_fwd)
+        tp_b += k * (layer.tp_bwd + again * layer.tp_fwd + rc.gather_weight * layer.tp_gather_fwd)
         cp_f += k * layer.cp_fwd
         cp_b += k * (layer.cp_bwd + again * layer.cp_fwd)
         ep_f += k * layer.ep_fwd

@@ -11,9 +11,9 @@ Which GEMM overlaps which collective (TE ``module/base.py`` ``initialize_ub`` an
 - backward: the all-gather of the output gradient feeds the input gradient of the attention
   output and the MLP's second linear (``proj_dgrad``, ``fc2_dgrad``); the norm's output, kept as
   the rank's shard, is all-gathered again beside QKV's and fc1's input gradient
-  (``qkv_dgrad``, ``fc1_dgrad``: not in the inventory, which counts Megatron's four backward
-  collectives), and those input gradients are reduce-scattered beside QKV's and fc1's weight
-  gradient (``qkv_wgrad``, ``fc1_wgrad``).
+  (``qkv_dgrad``, ``fc1_dgrad``: the inventory's ``inventory.sp_comm.SAVED_REGATHER``), and
+  those input gradients are reduce-scattered beside QKV's and fc1's weight gradient
+  (``qkv_wgrad``, ``fc1_wgrad``).
 
 How each method runs (TE ``pytorch/csrc/comm_gemm_overlap.h`` of 2023, release_v0.8's era,
 ``UbufCommOverlap`` and ``UbufP2PCommOverlap``):
@@ -36,7 +36,8 @@ The cost of fewer SMs follows from the GEMM model: a GEMM on ``sms - n`` of ``sm
 ``(sms - n) / sms`` of its rate. Collectives and copies are priced by the network model (a chunk
 as 1/n of its collective); the copy engines' and communication kernels' HBM traffic beside the
 GEMMs is not priced (no cited measurement), nor the three compute streams' chunks overlapping
-one another. In an FP8 job the all-gathers move the FP8 copies (``_as_sent``).
+one another. In an FP8 job the all-gathers move the FP8 copies (the inventory sizes them so:
+``inventory.sp_comm.gather_bytes``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING
 from paraplan.catalog import load_userbuffers
 from paraplan.costmodel import CostModel
 from paraplan.inventory import Collective, CollectiveKind, Op, OpKind
+from paraplan.inventory.sp_comm import SAVED_REGATHER
 from paraplan.prediction.async_tp import decomposed
 from paraplan.specs import ConfigError, Phase, UserbuffersGemm
 
@@ -55,18 +57,18 @@ if TYPE_CHECKING:
 
 _AG, _RS = CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER
 #: userbuffers' GEMM -> (the layer's GEMM operator, its pass, the collective beside it, whether
-#: the inventory counts that collective: the backward re-gathers of the norm's output it does not)
+#: that collective is the backward re-gather of the norm's saved output, ``SAVED_REGATHER``)
 UB_GEMMS: dict[str, tuple[str, Phase, CollectiveKind, bool]] = {
-    "qkv_fprop": ("linear1", Phase.FWD, _AG, True),
-    "fc1_fprop": ("linear3", Phase.FWD, _AG, True),
-    "proj_fprop": ("linear2", Phase.FWD, _RS, True),
-    "fc2_fprop": ("linear4", Phase.FWD, _RS, True),
-    "proj_dgrad": ("linear2", Phase.BWD_INPUT, _AG, True),
-    "fc2_dgrad": ("linear4", Phase.BWD_INPUT, _AG, True),
-    "qkv_dgrad": ("linear1", Phase.BWD_INPUT, _AG, False),
-    "fc1_dgrad": ("linear3", Phase.BWD_INPUT, _AG, False),
-    "qkv_wgrad": ("linear1", Phase.BWD_WEIGHT, _RS, True),
-    "fc1_wgrad": ("linear3", Phase.BWD_WEIGHT, _RS, True),
+    "qkv_fprop": ("linear1", Phase.FWD, _AG, False),
+    "fc1_fprop": ("linear3", Phase.FWD, _AG, False),
+    "proj_fprop": ("linear2", Phase.FWD, _RS, False),
+    "fc2_fprop": ("linear4", Phase.FWD, _RS, False),
+    "proj_dgrad": ("linear2", Phase.BWD_INPUT, _AG, False),
+    "fc2_dgrad": ("linear4", Phase.BWD_INPUT, _AG, False),
+    "qkv_dgrad": ("linear1", Phase.BWD_INPUT, _AG, True),
+    "fc1_dgrad": ("linear3", Phase.BWD_INPUT, _AG, True),
+    "qkv_wgrad": ("linear1", Phase.BWD_WEIGHT, _RS, False),
+    "fc1_wgrad": ("linear3", Phase.BWD_WEIGHT, _RS, False),
 }
 #: the methods the code read here runs for each collective (release_v0.8: ring exchange gathers,
 #: the pipelined GEMM reduce-scatters; bulk either, beside a backward GEMM)
@@ -96,20 +98,18 @@ def userbuffers_layer(ops: tuple[Op, ...], fwd: Seconds, bwd: Seconds, weight: S
     index = {op.name: i for i, op in enumerate(ops) if op.kind is OpKind.GEMM}
     calls = _calls(tp_colls)
     exposed = {False: 0.0, True: 0.0}
-    for name, (op_name, phase, kind, counted) in UB_GEMMS.items():
+    for name, (op_name, phase, kind, regather) in UB_GEMMS.items():
         backward = phase in _BACKWARD
-        queue = calls.get((kind, backward), [])
-        if op_name not in index or (counted and not queue):
+        queue = calls.get((kind, backward, regather), [])
+        if op_name not in index or not queue:
             continue
-        call = queue.pop(0) if counted else _first(tp_colls, kind)
-        if call is None:
-            continue
+        call = queue.pop(0)
         gemm = cfg.gemm(name)
         if (gemm.method, kind) not in _RUNS:
             raise ConfigError(f"parallel.tp_comm_overlap_cfg: {cfg.name}'s {name} runs {gemm.method}, which "
                               f"Transformer Engine {cfg.te_version} does not run beside a {kind.value}")
         i = index[op_name]
-        seconds, extra = _priced(ops[i], phase, gemm, comm.seconds(_as_sent(call, ops[i])), cm, comm)
+        seconds, extra = _priced(ops[i], phase, gemm, comm.seconds(call), cm, comm)
         if phase is Phase.FWD:
             f[i] = seconds
         elif phase is Phase.BWD_INPUT:
@@ -118,37 +118,18 @@ def userbuffers_layer(ops: tuple[Op, ...], fwd: Seconds, bwd: Seconds, weight: S
             b[i] += seconds - w[i]
             w[i] = seconds
         exposed[backward] += extra
-    for (_, backward), left in calls.items():  # collectives no configured GEMM took
+    for (_, backward, _), left in calls.items():  # collectives no configured GEMM took
         exposed[backward] += sum(comm.seconds(c) for c in left)
     return tuple(f), tuple(b), tuple(w), exposed[False], exposed[True]
 
 
-def _calls(tp_colls: tuple[Collective, ...]) -> dict[tuple[CollectiveKind, bool], list[Collective]]:
-    """The layer's TP collectives as single calls, by (kind, backward)."""
-    out: dict[tuple[CollectiveKind, bool], list[Collective]] = {}
+def _calls(tp_colls: tuple[Collective, ...]) -> dict[tuple[CollectiveKind, bool, bool], list[Collective]]:
+    """The layer's TP collectives as single calls, by (kind, backward, the saved shard's re-gather)."""
+    out: dict[tuple[CollectiveKind, bool, bool], list[Collective]] = {}
     for c in tp_colls:
-        out.setdefault((c.kind, c.phase in _BACKWARD), []).extend([dataclasses.replace(c, count=1)] * c.count)
+        key = (c.kind, c.phase in _BACKWARD, c.name == SAVED_REGATHER)
+        out.setdefault(key, []).extend([dataclasses.replace(c, count=1)] * c.count)
     return out
-
-
-def _first(tp_colls: tuple[Collective, ...], kind: CollectiveKind) -> Collective | None:
-    """One forward call of ``kind`` (the size of the norm output's re-gather)."""
-    for c in tp_colls:
-        if c.kind is kind and c.phase is Phase.FWD:
-            return dataclasses.replace(c, count=1)
-    return None
-
-
-def _as_sent(call: Collective, gemm: Op) -> Collective:
-    """``call`` as userbuffers sends it: an all-gather feeding an FP8 GEMM gathers the FP8 copy
-    (TE writes the norm's FP8 output, or the cast output gradient, into the userbuffer and gathers
-    that: ``ln_out = ub_obj_lnout.get_ubuf_output(0)`` before ``_apply_normalization(..., fp8)``;
-    the backward re-gather copies the saved FP8 ``ln_out``), one byte an element where the
-    inventory counts the activation precision (two bytes in an FP8 job, ``inventory.shapes``);
-    reduce-scatters carry the GEMM's 16-bit output."""
-    if call.kind is _AG and gemm.fp8:
-        return dataclasses.replace(call, bytes=call.bytes / 2)
-    return call
 
 
 def _priced(op: Op, phase: Phase, gemm: UserbuffersGemm, coll_s: float, cm: CostModel,
