@@ -40,7 +40,11 @@ def main(path: Path) -> None:
             print(f"{key:12s} {op:18s} all {len(g):3d} calls: " + "   ".join(_err(g, w) for w in WAYS))
     every = pd.concat(frames)
     for op, part in every.groupby("opcode"):
-        for name, band in (("<= 64 KiB", part[part.bytes <= SMALL_BYTES]), ("> 64 KiB", part[part.bytes > SMALL_BYTES])):
+        bands = (("<= 64 KiB", part.bytes <= SMALL_BYTES), ("> 64 KiB", part.bytes > SMALL_BYTES),
+                 ("64 KiB - 1 MiB", (part.bytes > SMALL_BYTES) & (part.bytes <= 2**20)),
+                 ("1 - 64 MiB", (part.bytes > 2**20) & (part.bytes <= 2**26)), ("> 64 MiB", part.bytes > 2**26))
+        for name, mask in bands:
+            band = part[mask]
             print(f"all keys {op} {name} ({len(band)} held-out calls): "
                   + ", ".join(f"{w.removesuffix('_s')} {_err(band, w)}" for w in WAYS))
 
