@@ -3,12 +3,11 @@ enable_async_tensor_parallel) costed as torch's fused symmetric-memory operators
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from paraplan.catalog import resolve_job
 from paraplan.costmodel import AnalyticalCostModel
+from paraplan.costmodel.collectives import link_p2p_s
 from paraplan.inventory import CollectiveKind, ParallelDim, count_job
 from paraplan.prediction import async_tp, predict
 from paraplan.prediction.async_tp import (
@@ -117,8 +116,8 @@ def test_async_tp_never_hides_more_than_its_matmuls():
     block, _, _, _ = _layer(_job(async_tp=True))
     _, cm, comm, _ = _layer(_job(async_tp=True))
     for coll in (c for c in block.collectives if c.dim is ParallelDim.TP):
-        step = dataclasses.replace(coll, kind=CollectiveKind.SEND_RECV, bytes=coll.bytes / 8, count=1)
-        copies = 7 * comm.seconds(step)
+        # copy-engine copies at the link's p2p rate (not NCCL: never the send/recv curve)
+        copies = 7 * link_p2p_s(coll.bytes / 8, comm.layouts[coll.dim], cm.cluster)
         for matmul in (0.0, copies / 2, copies, 10 * copies):
             exposed = async_tp_exposed([matmul] * coll.count, coll, cm, comm)
             assert exposed >= coll.count * (copies - matmul) - 1e-12
@@ -173,3 +172,15 @@ def test_async_tp_s_gain_on_torchtitan_s_bf16_benchmarks_stays_below_what_the_un
     plain = predict(_titan(model, nodes, local_batch, recompute, False)).iteration_s
     fused = predict(_titan(model, nodes, local_batch, recompute, True)).iteration_s
     assert 1.0 < plain / fused < before - 0.03
+
+
+def test_async_tp_copies_take_the_links_rate_not_the_nccl_send_recv_curve():
+    job = _job(async_tp=True)
+    assert "send_recv" in job.cluster.intra_node.collectives  # XLA's measured permutes on H100
+    link = job.cluster.intra_node.model_copy(update={"collectives": {
+        k: c for k, c in job.cluster.intra_node.collectives.items() if k != "send_recv"}})
+    bare = job.model_copy(update={"cluster": job.cluster.model_copy(update={"intra_node": link})})
+    with_curve, without = _layer(job), _layer(bare)
+    coll = next(c for c in with_curve[0].collectives if c.dim is ParallelDim.TP)
+    assert async_tp_exposed([0.0] * coll.count, coll, with_curve[1], with_curve[2]) == pytest.approx(
+        async_tp_exposed([0.0] * coll.count, coll, without[1], without[2]))

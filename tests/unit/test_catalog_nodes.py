@@ -80,8 +80,10 @@ def test_an_instinct_node_is_eight_gpus_on_a_fully_connected_mesh_with_measured_
     cluster = load_cluster(node)
     assert (cluster.gpu.name, cluster.gpus_per_node, cluster.intra_node.topology) == (gpu, 8, "mesh")
     curves = cluster.intra_node.collectives
-    assert set(curves) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert set(curves) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     assert cluster.intra_node.source and "collective-table" in cluster.intra_node.source
+    # one send/recv of a pair reaches at most its one direct link
+    assert curves["send_recv"].bus_bytes_per_s[2] < cluster.intra_node.bandwidth_bytes_per_s / 7
     # a direct-link mesh: a pair of GPUs reaches one link, all eight reach most of the seven
     bus = curves["all_reduce"].bus_bytes_per_s
     link = cluster.intra_node.bandwidth_bytes_per_s

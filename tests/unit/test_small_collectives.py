@@ -80,6 +80,9 @@ _CASES = [(name, lay) for name, lays in (
     ("dgx-a100", [GroupLayout(4, 1, 4), GroupLayout(32, 4, 8), GroupLayout(8, 8, 1)]),
     ("gb200-nvl72", [GroupLayout(2, 1, 2), GroupLayout(24, 1, 24), GroupLayout(72, 1, 72), GroupLayout(144, 2, 72)]),
     ("azure-nd-mi300x-v5", [GroupLayout(2, 1, 2), GroupLayout(8, 1, 8), GroupLayout(16, 2, 8)]),
+    ("dgx-b200", [GroupLayout(2, 1, 2), GroupLayout(8, 1, 8)]),
+    ("gb300-nvl72", [GroupLayout(2, 1, 2), GroupLayout(36, 1, 36), GroupLayout(72, 1, 72)]),
+    ("crusoe-mi355x", [GroupLayout(2, 1, 2), GroupLayout(4, 1, 4)]),
 ) for lay in lays]
 
 

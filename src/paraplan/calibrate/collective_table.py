@@ -1,16 +1,20 @@
 """Fit a link's collective curves to XLA's collective performance table.
 
-``shared/data/xla_perf_tables/collectives.csv`` holds, per GPU key, all-reduce, all-gather and
-reduce-scatter timed on 1x8, 2x4 and 4x2 groups of one 8-GPU node over message sizes of 1 KiB
-to 2 GiB (``network_throughput_bytes_per_sec`` is the algorithm bandwidth of
+``shared/data/xla_perf_tables/collectives.csv`` holds, per GPU key, all-reduce, all-gather,
+reduce-scatter and all-to-all timed on 1x8, 2x4 and 4x2 groups of one 8-GPU node (groups of 4
+to 72 of an NVL72 rack) over message sizes of 1 KiB to 2 GiB (288 B to 32 GiB), and
+collective-permutes (``network_throughput_bytes_per_sec`` is the algorithm bandwidth of
 ``xla_tensor_bytes``, the nccl-tests size). Per collective, the fit finds the asymptotic bus
 bandwidth of each group size and one half size S_1/2 shared by the group sizes, so that
 bus(S) = B_n S / (S + S_1/2), with ``estimate_collective_s`` computing the time from it
 (``CollectiveCurve``), by least squares on log time over the messages of at least
 ``min_bytes``; a random share of the rows is held out and scored. Below those sizes the curve
 takes each group size's measured small call (``small_s``: the median time of the messages of at
-most 64 KiB, where the table's times are flat in size, as NCCL's LL protocol's are). The
-collective-permute rows are not fitted (their times scatter by 30-50 % around any size curve).
+most 64 KiB, where the table's times are flat in size, as NCCL's LL protocol's are).
+All-to-all is fitted the same way (bus factor (n-1)/n). The collective-permute rows (a one-way
+half swap, mutual pairs, a ring: every rank sends its whole message to one peer) are one
+send/recv per rank: they are fitted as a single curve of the pair (group size 2, bus factor 1),
+every pattern pooled (their times scatter by 30-50 % around any size curve, the patterns alike).
 """
 
 from __future__ import annotations
@@ -28,7 +32,19 @@ from paraplan.specs import ClusterSpec, CollectiveCurve, ConfigError, Phase
 
 SMALL_BYTES = 2.0**16  # the small calls: up to 64 KiB, where NCCL's measured time is flat
 _OPCODES = {"all-reduce": CollectiveKind.ALL_REDUCE, "all-gather": CollectiveKind.ALL_GATHER,
-            "reduce-scatter": CollectiveKind.REDUCE_SCATTER}
+            "reduce-scatter": CollectiveKind.REDUCE_SCATTER, "all-to-all": CollectiveKind.ALL_TO_ALL,
+            "collective-permute": CollectiveKind.SEND_RECV}
+PAIR = 2  # a collective-permute's rows: one send/recv per rank, the curve of a pair
+
+
+def _read(path: Path, gpu_key: str) -> Any:
+    """The table's usable rows of ``gpu_key`` (a measured time), collective-permutes as pairs."""
+    pd = import_extra("pandas")
+    table = pd.read_csv(path)
+    table = table[(table.gpu_key == gpu_key) & (table.network_throughput_bytes_per_sec > 0)
+                  & table.opcode.isin(list(_OPCODES))].copy()
+    table.loc[table.opcode == "collective-permute", "devices_per_group"] = PAIR
+    return table
 
 
 @dataclass(frozen=True)
@@ -75,20 +91,28 @@ def small_call_s(rows: Any, small_bytes: float = SMALL_BYTES) -> dict[int, float
 def fit_collective_table(
     path: Path, gpu_key: str, cluster: ClusterSpec, *, min_bytes: float = 2**20, seed: int = 0, holdout: float = 0.2
 ) -> CollectiveTableFit:
-    """Curves of all-reduce, all-gather and reduce-scatter inside one node of ``cluster``."""
-    pd = import_extra("pandas")
+    """Curves of all-reduce, all-gather, reduce-scatter, all-to-all and send/recv (the table's
+    collective-permutes) inside one node of ``cluster``: those the table has rows of."""
+    return fit_collective_rows(_read(path, gpu_key), gpu_key, cluster, source=Path(path).name,
+                               min_bytes=min_bytes, seed=seed, holdout=holdout)
+
+
+def fit_collective_rows(
+    usable: Any, gpu_key: str, cluster: ClusterSpec, *, source: str, min_bytes: float = 2**20, seed: int = 0,
+    holdout: float = 0.2
+) -> CollectiveTableFit:
+    """``fit_collective_table`` on the table's rows ``usable`` (``_read``'s frame)."""
     least_squares = import_extra("scipy.optimize").least_squares
-    table = pd.read_csv(path)
-    usable = table[(table.gpu_key == gpu_key) & (table.network_throughput_bytes_per_sec > 0)
-                   & table.opcode.isin(list(_OPCODES))]
     rows = usable[usable.xla_tensor_bytes >= min_bytes]
     if rows.empty:
-        raise ConfigError(f"--gpu-key: no all-reduce/all-gather/reduce-scatter rows for {gpu_key} in {path}")
+        raise ConfigError(f"--gpu-key: no collective rows of at least {min_bytes:g} bytes for {gpu_key} in {source}")
     if cluster.intra_node is None or rows.devices_per_group.max() > cluster.domain_size:
         raise ConfigError(f"--cluster {cluster.name}: the table's groups do not fit in one of its scale-up domains")
     fits = []
     for opcode, kind in _OPCODES.items():
         part = rows[rows.opcode == opcode]
+        if part.empty:
+            continue
         groups = sorted(int(n) for n in part.devices_per_group.unique())
         calls = [(Collective("c", kind, ParallelDim.TP, float(r.xla_tensor_bytes), Phase.FWD),
                   GroupLayout(int(r.devices_per_group), 1, int(r.devices_per_group))) for r in part.itertuples()]
@@ -110,7 +134,7 @@ def fit_collective_table(
             err_stats(predict(result.x, train), seconds[train])
         fitted = curve(result.x).model_copy(update={"small_s": small_call_s(usable[usable.opcode == opcode])})
         fits.append(CollectiveFit(kind, fitted, len(calls), len(train), score))
-    source = (f"{Path(path).name} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB; small_s: the median call of "
+    source = (f"{source} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB; small_s: the median call of "
               f"<= {SMALL_BYTES / 2**10:g} KiB")
     return CollectiveTableFit(gpu_key, tuple(fits), source)
 
@@ -129,7 +153,7 @@ def small_call_table(path: Path, gpu_key: str, cluster: ClusterSpec, *, seed: in
     if cluster.intra_node is None:
         raise ConfigError(f"--cluster {cluster.name}: no intra-node link")
     out = []
-    for opcode, kind in _OPCODES.items():
+    for opcode, kind in list(_OPCODES.items())[:3]:  # the kinds NCCL's LL model prices
         curve = cluster.intra_node.collectives.get(kind.value)
         rows = table[table.opcode == opcode]
         if curve is None or rows.empty:
@@ -144,4 +168,38 @@ def small_call_table(path: Path, gpu_key: str, cluster: ClusterSpec, *, seed: in
                         "curve_s": moved / curve.bus_for(n, size),
                         "nccl_s": nccl_ll_latency_s(kind, GroupLayout(n, 1, n)),
                         "small_s": trained.seconds(n, size, moved)})
+    return pd.DataFrame(out)
+
+
+def held_out_table(path: Path, gpu_key: str, cluster: ClusterSpec, opcodes: tuple[str, ...], *,
+                   seed: int = 0, holdout: float = 0.2) -> Any:
+    """The table's held-out calls of ``opcodes`` (a seeded draw of whole message sizes per
+    opcode), one row each (opcode, n, bytes, measured_s), priced before (``before_s``:
+    ``cluster`` without its curve of the kind, the alpha-beta link) and after (``after_s``:
+    the curve and its small-call times fitted as ``fit_collective_table`` fits them, on the
+    other rows, at the catalog curve's fitted sizes, or 1 MiB)."""
+    pd = import_extra("pandas")
+    if cluster.intra_node is None:
+        raise ConfigError(f"--cluster {cluster.name}: no intra-node link")
+    table = _read(path, gpu_key)
+    out = []
+    for opcode in opcodes:
+        kind = _OPCODES[opcode]
+        rows = table[table.opcode == opcode]
+        if rows.empty:
+            continue
+        held = split_mask(list(rows.xla_tensor_bytes), holdout, seed)
+        known = cluster.intra_node.collectives.get(kind.value)
+        fit = fit_collective_rows(rows[~held], gpu_key, cluster, source=Path(path).name, holdout=0.0,
+                                  min_bytes=known.fit_bytes if known else 2.0**20)
+        others = {k: c for k, c in cluster.intra_node.collectives.items() if k != kind.value}
+        before = cluster.model_copy(update={"intra_node": cluster.intra_node.model_copy(update={"collectives": others})})
+        after = _node(cluster, fit.fits[0].curve, kind)
+        for r in rows[held].itertuples():
+            n, size = int(r.devices_per_group), float(r.xla_tensor_bytes)
+            call = (Collective("c", kind, ParallelDim.TP, size, Phase.FWD), GroupLayout(n, 1, n))
+            out.append({"opcode": opcode, "n": n, "bytes": size,
+                        "measured_s": size / r.network_throughput_bytes_per_sec,
+                        "before_s": estimate_collective_s(*call, before),
+                        "after_s": estimate_collective_s(*call, after)})
     return pd.DataFrame(out)

@@ -196,8 +196,9 @@ def collective_table_command(
     min_mib: Annotated[float, typer.Option(help="Fit messages of at least this many MiB.")] = 1.0,
     seed: Seed = 0, holdout: Holdout = 0.2,
 ) -> None:
-    """Fit an intra-node link's all-reduce / all-gather / reduce-scatter curves (bus bandwidth
-    against message and group size) to XLA's measured collective table."""
+    """Fit an intra-node link's all-reduce / all-gather / reduce-scatter / all-to-all curves (bus
+    bandwidth against message and group size) and its send/recv curve (XLA's collective-permutes,
+    one pair each) to XLA's measured collective table."""
     from paraplan.calibrate.collective_table import fit_collective_table
     from paraplan.catalog import load_cluster
     from paraplan.report.calibration import render_collective_table

@@ -119,7 +119,9 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
     """Seconds for one call of ``coll`` on a group laid out as ``layout``.
 
     Inside a node with a measured curve for the kind: the curve, and for messages below its
-    fitted sizes the measured small-call time of the group size. Everywhere else (across nodes,
+    fitted sizes the measured small-call time of the group size (a send/recv: the pair's curve,
+    whatever the group; an all-to-all with routing, DeepEP's or HybridEP's dispatch, keeps its
+    own model, ``_flex_dispatch_s``). Everywhere else (across nodes,
     no curve, a group below every measured small-call size) the lesser of the alpha-beta time
     and NCCL's LL model (``nccl_ll_latency_s``), as NCCL's tuner picks the protocol of least
     modelled time: no tiny collective pays 2(n-1) whole link latencies."""
@@ -128,12 +130,11 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
         return 0.0
     intra, inter = cluster.intra_node, cluster.inter_node
     if coll.kind is CollectiveKind.SEND_RECV:
-        link = inter if layout.crosses_nodes else intra
-        assert link is not None
-        rate = link.p2p_bytes_per_s
-        if not layout.crosses_nodes and link.topology == "mesh" and cluster.gpus_per_node > 2:
-            rate /= cluster.gpus_per_node - 1  # only the direct link to that one peer
-        return link.latency_s + coll.bytes / rate
+        pair = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
+        measured = None if pair is None else pair.seconds(2, coll.bytes, coll.bytes)
+        if measured is not None:
+            return measured  # the pair's measured curve (XLA's collective-permutes) inside a node
+        return link_p2p_s(coll.bytes, layout, cluster)
     if coll.routing is not None and coll.kind is CollectiveKind.ALL_TO_ALL:
         return _flex_dispatch_s(coll, layout, cluster)
     moved = bus_factor(coll.kind, n) * coll.bytes
@@ -161,6 +162,19 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
     t = steps * latency + moved / bus
     ll = _nccl_ll_s(coll, layout, moved, bus)
     return t if ll is None else min(t, ll)
+
+
+def link_p2p_s(size: float, layout: GroupLayout, cluster: ClusterSpec) -> float:
+    """One copy of ``size`` bytes to one peer over the link ``layout`` spans, at the link's
+    point-to-point rate after one latency (on a direct-link mesh only the link to that peer):
+    a send/recv where no measured curve prices it, and the copies that are not NCCL calls
+    (async TP's symmetric-memory copies)."""
+    link = cluster.inter_node if layout.crosses_nodes else cluster.intra_node
+    assert link is not None
+    rate = link.p2p_bytes_per_s
+    if not layout.crosses_nodes and link.topology == "mesh" and cluster.gpus_per_node > 2:
+        rate /= cluster.gpus_per_node - 1  # only the direct link to that one peer
+    return link.latency_s + size / rate
 
 
 def _all_to_all_across_nodes_s(size: float, layout: GroupLayout, cluster: ClusterSpec) -> float:

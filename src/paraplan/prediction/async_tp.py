@@ -61,6 +61,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from paraplan.costmodel import CostModel
+from paraplan.costmodel.collectives import link_p2p_s
 from paraplan.inventory import Collective, CollectiveKind, Op, OpKind
 from paraplan.specs import Phase
 
@@ -175,9 +176,10 @@ def async_tp_exposed(matmuls_s: list[float], coll: Collective, cm: CostModel, co
         local = _memory_s(cm, "async_tp_reduce_partials", coll.bytes + shard)
     else:  # not fused: runs as the collective it is
         return comm.seconds(coll)
-    step = Collective(coll.name + "_p2p", CollectiveKind.SEND_RECV, coll.dim, shard, coll.phase)
+    # a symmetric-memory copy, not an NCCL send/recv: the link's rate, never the send/recv curve
+    step = link_p2p_s(shard, comm.layouts[coll.dim], comm.cm.cluster)
     barrier = barrier_s(comm)
-    copies = (tp - 1) * (comm.seconds(step) + _STEP_BARRIERS[coll.kind] * barrier)
+    copies = (tp - 1) * (step + _STEP_BARRIERS[coll.kind] * barrier)
     local += _EXPOSED_BARRIERS[coll.kind] * barrier
     n = coll.count
     each = matmuls_s if len(matmuls_s) == n else [sum(matmuls_s) / n] * n

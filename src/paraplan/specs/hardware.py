@@ -272,8 +272,10 @@ class LinkSpec(BaseModel):
     p2p_efficiency: Fraction | None = None
     topology: Literal["switch", "mesh"] = "switch"
     source: str | None = None  # where the efficiency was measured (None: a generic guess)
-    # measured curves that replace ``efficiency`` for these collectives inside a node
-    collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter"], CollectiveCurve] = Field(
+    # measured curves that replace ``efficiency`` (``p2p_efficiency`` and ``latency_s`` for
+    # send_recv, keyed by the pair: group size 2) for these collectives inside a node
+    collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"],
+                      CollectiveCurve] = Field(
         default_factory=dict
     )
 
