@@ -80,7 +80,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from paraplan.inventory.ops import Collective, CollectiveKind, ParallelDim
+from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Phase
 
 # one E8M0 scale byte per block of 32 elements (MXFP8), per copy
@@ -194,6 +194,74 @@ def amax_reductions(model: ModelSpec, plan: ParallelPlan, recipe: FP8Recipe | No
     return tuple(out)
 
 
+# Transformer Engine 0.x's FP8 modules in one transformer layer as NeMo 1.17 (MLPerf v3.0 GPT-3,
+# transformer_engine: True) builds it: AutocastTransformerLayer is TE's TransformerLayer, whose
+# LayerNormLinear (QKV), Linear (projection) and LayerNormMLP (fc1 and fc2) keep each their own
+# fp8_meta; DotProductAttention keeps none
+TE0_MODULES_PER_LAYER = 3
+# fp32 amax-history columns per FP8 GEMM in TE 0.x's set_meta_tensor: forward input and weight
+# ("num_gemms * 2"), backward output gradient ("num_gemms")
+_TE0_TENSORS_FWD, _TE0_TENSORS_BWD = 2, 1
+# amax_and_scale_update's kernels per module and direction, the default recipe (amax_compute_algo
+# "max", no scaling_factor_compute_algo): torch.max over the history's rows, torch.roll of the
+# whole history, the fill_ of its new row, and _default_sf_compute's elementwise chain (one
+# TorchScript-fused kernel)
+_TE0_UPDATE_KERNELS = 4
+
+
+def te0_meta_kernels(plan: ParallelPlan) -> int:
+    """Kernels one Transformer Engine 0.x FP8 module runs per micro-batch in its forward and,
+    as many, in its backward to update its DelayedScaling state (``parallel.te_fp8_bookkeeping:
+    te0``); 0 when not priced.
+
+    From TE's code before FP8GlobalStateManager (transformer_engine/pytorch/fp8.py and the
+    module base's pre_forward / pre_backward, the structure release_v0.8 ships; the nearest
+    commit read: module.py 008f399): each module's forward (``pre_forward``, after the
+    previous iteration set ``update_amax_and_scale_fwd``) and backward (``pre_backward``) run
+    ``copy_amax_from_global_buffer`` (``amax_history[0] = reduced buffer slice``: one copy
+    kernel, only when ``reduce_amax``) and ``amax_and_scale_update`` -> the TorchScript
+    ``fused_amax_and_scale_update``: ``_default_get_amax`` (``torch.max(amax_history,
+    dim=0)``, ``update_amax_history``: ``torch.roll(amax_history, -1, 0)`` and
+    ``amax_history[0].fill_(0.0)``) and ``_default_sf_compute`` (floor, log2, pow, round and
+    three wheres, fused). ``add_amax_to_global_buffer`` appends a view (no kernel); the
+    region's ``torch.cat`` before its all-reduce and the split after it (views) are per model
+    chunk, not per layer, and not timed here (one kernel per region and direction)."""
+    if plan.te_fp8_bookkeeping != "te0" or (plan.fp8_recipe or FP8Recipe.DELAYED) is not FP8Recipe.DELAYED:
+        return 0
+    return _TE0_UPDATE_KERNELS + (plan.fp8_amax_reduce != "none")
+
+
+def te0_meta_update(kernels: int, history: int = AMAX_HISTORY_LEN, gemms: int = _FP8_GEMMS_PER_LAYER) -> Op:
+    """The FP8 bookkeeping of one transformer layer's Transformer Engine 0.x modules per
+    micro-batch (``te0_meta_kernels``: ``kernels`` per module and direction), as small memory-
+    bound kernels on the compute stream: each of ``TE0_MODULES_PER_LAYER`` modules' forward
+    and backward launches ``kernels``, each kernel priced by the cost model's launch floor (the
+    memory curve's ``half_work`` plus the GPU's ``kernel_overhead_s``) and its bytes. Bytes of
+    a module's history of ``n`` columns and ``history`` rows (fp32): the max reads it (L n),
+    the roll reads and writes it (2 L n), the fill writes a row (n), the scale update reads
+    amax and scale and writes the scale (3 n), the copy reads and writes a row (2 n). TE's
+    recompute phase swaps stashed tensors instead (``get_old_fp8_meta_tensors_for_recompute``):
+    not recomputable. ``history``: ``amax_history_len`` (MLPerf GPT-3's FP8_AMAX_HISTORY=1024,
+    mlcommons/training_results_v3.1 NVIDIA gpt3 config_fp8.sh; v3.0's own copy is not stored)."""
+    copy = kernels > _TE0_UPDATE_KERNELS
+
+    def traffic(columns: int) -> float:
+        return 4.0 * columns * (3 * history + 4 + (2 if copy else 0))
+
+    return Op(
+        name="fp8_meta_update",
+        kind=OpKind.ELEMENTWISE,
+        role="Transformer Engine 0.x amax history and scale updates of the layer's FP8 modules",
+        flops=0.0,
+        bytes=traffic(_TE0_TENSORS_FWD * gemms),
+        bwd_flops=0.0,
+        bwd_bytes=traffic(_TE0_TENSORS_BWD * gemms),
+        recomputable=False,
+        launches=TE0_MODULES_PER_LAYER * kernels,
+        dims=(("modules", TE0_MODULES_PER_LAYER), ("history", history)),
+    )
+
+
 def current_amax_reductions(halves: int) -> tuple[Collective, ...]:
     """The per-tensor amax all-reduces a sequence-parallel layer makes under Transformer Engine
     2.x's current scaling (``current``, Megatron-LM ``--fp8-recipe tensorwise``) and NVFP4: a
@@ -211,5 +279,6 @@ def current_amax_reductions(halves: int) -> tuple[Collective, ...]:
                        halves))
 
 
-__all__ = ["AMAX_HISTORY_LEN", "AMAX_REDUCTION", "NVFP4_COPY", "RECIPES", "RHT_FLOPS", "RecipeCosts",
-           "amax_history_bytes", "amax_reductions", "current_amax_reductions", "is_amax_reduction", "recipe_costs"]
+__all__ = ["AMAX_HISTORY_LEN", "AMAX_REDUCTION", "NVFP4_COPY", "RECIPES", "RHT_FLOPS", "TE0_MODULES_PER_LAYER",
+           "RecipeCosts", "amax_history_bytes", "amax_reductions", "current_amax_reductions",
+           "is_amax_reduction", "recipe_costs", "te0_meta_kernels", "te0_meta_update"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from paraplan.inventory.fp8 import current_amax_reductions, recipe_costs
+from paraplan.inventory.fp8 import current_amax_reductions, recipe_costs, te0_meta_update
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
 from paraplan.inventory.sp_comm import gather_bytes, saved_shard_regathers
@@ -430,8 +430,10 @@ def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
 @functools.lru_cache(maxsize=256)
 def count_layer_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     """Every operator of one dense transformer layer, in execution order (a mixture-of-experts
-    layer: ``inventory.moe.count_moe_layer_ops``)."""
-    return with_fp8_casts(attention_block_ops(model, x) + mlp_block_ops(model, x), x)
+    layer: ``inventory.moe.count_moe_layer_ops``). Transformer Engine 0.x's FP8 bookkeeping
+    (``LocalShape.fp8_meta_kernels``) comes last, one operator for the layer's modules."""
+    ops = with_fp8_casts(attention_block_ops(model, x) + mlp_block_ops(model, x), x)
+    return (*ops, te0_meta_update(x.fp8_meta_kernels)) if x.fp8_meta_kernels else ops
 
 
 def with_fp8_casts(ops: tuple[Op, ...], x: LocalShape) -> tuple[Op, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from paraplan.inventory.fp8 import te0_meta_kernels
 from paraplan.specs import FP8Recipe, Framework, ModelSpec, ParallelPlan, Precision
 
 # Bytes of one activation element. FP8 training keeps activations in 16-bit between GEMMs.
@@ -36,6 +37,10 @@ class LocalShape:
     fp8_linears: bool = False
     # how the FP8 linears scale their tensors (``inventory.fp8``); None: delayed, today's default
     fp8_recipe: FP8Recipe | None = None
+    # kernels each Transformer Engine 0.x FP8 module runs per micro-batch in its forward and again
+    # in its backward to update its amax history and scales (``inventory.fp8.te0_meta_kernels``);
+    # 0: not priced (``parallel.te_fp8_bookkeeping: none``)
+    fp8_meta_kernels: int = 0
     # mixture of experts on this rank: ``experts`` local experts of ``moe_ffn`` width each
     # (1/etp of it), ``routed`` token copies they process (the busiest rank's), ``shared_ffn``
     # the shared experts' width (1/tp of it), ``topk`` experts per token, ``num_experts`` all
@@ -81,6 +86,7 @@ def local_shape(model: ModelSpec, plan: ParallelPlan, precision: Precision) -> L
         dispatcher=plan.dispatcher if plan.framework is Framework.MEGATRON else "",
         cuda_graph_scope=tuple(plan.cuda_graph_scope or ()) if plan.framework is Framework.MEGATRON else (),
         shared_expert_overlap=plan.moe_shared_expert_overlap,
+        fp8_meta_kernels=te0_meta_kernels(plan) if precision is Precision.FP8 else 0,
     )
 
 
@@ -102,7 +108,7 @@ def shard_shape(
     model: ModelSpec, tp: int, cp: int, sequence_parallel: bool, micro_batch: int, precision: Precision,
     *, ep: int = 1, etp: int | None = None, imbalance: float = 1.0, fp8_recipe: FP8Recipe | None = None,
     one_kernel_experts: bool = False, cp_kernels: str = "ring", dispatcher: str = "",
-    cuda_graph_scope: tuple[str, ...] = (), shared_expert_overlap: bool = False,
+    cuda_graph_scope: tuple[str, ...] = (), shared_expert_overlap: bool = False, fp8_meta_kernels: int = 0,
 ) -> LocalShape:
     """The shape for explicit degrees (``tp = cp = 1`` gives the unsharded model).
 
@@ -149,5 +155,6 @@ def shard_shape(
         # the default recipe stays None so that its shapes (and cached inventories) are today's
         fp8_recipe=fp8_recipe if precision is Precision.FP8 and fp8_recipe is not FP8Recipe.DELAYED else None,
         cp_kernels=cp_kernels,
+        fp8_meta_kernels=fp8_meta_kernels if precision is Precision.FP8 else 0,
         **moe,
     )

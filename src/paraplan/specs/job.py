@@ -145,6 +145,10 @@ class Job(BaseModel):
         if p.fp8_amax_reduce != "none" and self.precision is not Precision.FP8:
             raise ValueError(f"parallel.fp8_amax_reduce: {p.fp8_amax_reduce} reduces FP8 amaxes, but the job's "
                              f"precision is {self.precision.value} (set precision: fp8, or fp8_amax_reduce: none)")
+        if p.te_fp8_bookkeeping != "none" and self.precision is not Precision.FP8:
+            raise ValueError(f"parallel.te_fp8_bookkeeping: {p.te_fp8_bookkeeping} prices FP8 amax and scale "
+                             f"updates, but the job's precision is {self.precision.value} (set precision: fp8, "
+                             "or te_fp8_bookkeeping: none)")
         _check_cuda_graph_scope(p, m.is_moe)
         if p is not self.parallel:
             object.__setattr__(self, "parallel", p)

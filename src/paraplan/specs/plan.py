@@ -174,6 +174,15 @@ class ParallelPlan(BaseModel):
     # ``global_amax_reduction(..., reduce_amax_across_tp_group=sequence_parallel)``); "none":
     # not reduced (or not priced). Only with the delayed recipe (``inventory.fp8.amax_reductions``)
     fp8_amax_reduce: Literal["none", "tp_dp", "tp_dp_then_tp"] = "none"
+    # Transformer Engine's per-module FP8 bookkeeping kernels as the framework's TE version runs
+    # them (``inventory.fp8.te0_meta_update``): "te0": TE 0.x (release_v0.8, NeMo MLPerf v3.0),
+    # whose every FP8 module updates its amax history and scales in its forward and backward of
+    # every micro-batch (small kernels on the compute stream); "none": not priced (TE >= 1.x
+    # updates every history of an autocast region at its reduction, FP8GlobalStateManager.
+    # reduce_and_update_fp8_tensors: torch.cat, the all-reduce, then one multi-tensor
+    # tex.fused_amax_and_scale_update_after_reduction: two kernels per region, not timed). Only
+    # with the delayed recipe
+    te_fp8_bookkeeping: Literal["none", "te0"] = "none"
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: Bool = False
@@ -380,6 +389,12 @@ class ParallelPlan(BaseModel):
             raise ValueError(
                 f"parallel.fp8_amax_reduce: {self.fp8_amax_reduce!r} reduces Transformer Engine DelayedScaling's "
                 f"amax histories; fp8_recipe {self.fp8_recipe.value} keeps none (set fp8_amax_reduce: none)"
+            )
+        if self.te_fp8_bookkeeping != "none" and self.fp8_recipe not in (None, FP8Recipe.DELAYED):
+            raise ValueError(
+                f"parallel.te_fp8_bookkeeping: {self.te_fp8_bookkeeping!r} updates Transformer Engine "
+                f"DelayedScaling's amax histories; fp8_recipe {self.fp8_recipe.value} keeps none "
+                "(set te_fp8_bookkeeping: none)"
             )
         if self.async_tp and self.framework is not Framework.FSDP:
             raise ValueError(
