@@ -12,7 +12,7 @@ import pytest
 from paraplan.catalog import load_cluster, load_model, resolve_job
 from paraplan.catalog.presets import presets
 from paraplan.costmodel import AnalyticalCostModel
-from paraplan.costmodel.collectives import estimate_collective_s, latency_bound_all_reduce_s
+from paraplan.costmodel.collectives import estimate_collective_s, nccl_ll_latency_s
 from paraplan.inventory import (
     Collective,
     CollectiveKind,
@@ -44,18 +44,22 @@ def _plan(**kw) -> ParallelPlan:
     return ParallelPlan(**{**base, **kw})
 
 
+def _ll_all_reduce_s(layout):
+    return nccl_ll_latency_s(CollectiveKind.ALL_REDUCE, layout)
+
+
 def test_a_few_bytes_all_reduced_cost_nccls_ll_latency_far_below_the_alpha_beta_ring():
     cluster = load_cluster("dgx-h100", num_nodes=8)
     across = GroupLayout(size=64, nodes=8, per_node=8)
     # NCCL's tree: 6.8 + 2 x (7 x 0.6 + log2(8) x 5.0) us
-    assert latency_bound_all_reduce_s(across) == pytest.approx(45.2e-6)
+    assert _ll_all_reduce_s(across) == pytest.approx(45.2e-6)
     # one node of 4: the ring, 6.6 + 6 x 0.6 us
-    assert latency_bound_all_reduce_s(GroupLayout(size=4, nodes=1, per_node=4)) == pytest.approx(10.2e-6)
-    assert latency_bound_all_reduce_s(GroupLayout(size=256, nodes=32, per_node=8)) > \
-        latency_bound_all_reduce_s(across)
-    assert latency_bound_all_reduce_s(GroupLayout(size=1, nodes=1, per_node=1)) == 0.0
+    assert _ll_all_reduce_s(GroupLayout(size=4, nodes=1, per_node=4)) == pytest.approx(10.2e-6)
+    assert _ll_all_reduce_s(GroupLayout(size=256, nodes=32, per_node=8)) > \
+        _ll_all_reduce_s(across)
+    assert _ll_all_reduce_s(GroupLayout(size=1, nodes=1, per_node=1)) == 0.0
     small = Collective("amax", CollectiveKind.ALL_REDUCE, ParallelDim.TP_DP, 48.0, Phase.FWD)
-    assert estimate_collective_s(small, across, cluster) == pytest.approx(latency_bound_all_reduce_s(across), rel=1e-3)
+    assert estimate_collective_s(small, across, cluster) == pytest.approx(_ll_all_reduce_s(across), rel=1e-3)
     alpha_beta = 2 * 63 * cluster.inter_node.latency_s  # 2(n-1) whole link latencies: 1.26 ms
     assert alpha_beta > 20 * estimate_collective_s(small, across, cluster)
 

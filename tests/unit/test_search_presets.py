@@ -177,6 +177,30 @@ def test_a_job_file_s_own_value_of_a_field_the_preset_sets_is_kept_over_the_pres
     assert code == 0 and json.loads(out)["iteration_s"] == pytest.approx(data["plans"][0]["iteration_s"], rel=1e-12)
 
 
+def test_a_job_file_s_fp8_amax_reduction_off_is_kept_over_the_nemo_preset_s_in_every_plan(tmp_path):
+    job, best = tmp_path / "job.yaml", tmp_path / "best.yaml"
+    job.write_text(yaml.safe_dump({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 2},
+                                   "precision": "fp8",
+                                   "parallel": {"framework": "nemo-24.07", "fp8_amax_reduce": "none",
+                                                "global_batch_size": 64}}))
+    code, out, err = _run("search", str(job), "--mbs", "1", "--save-best", str(best), "-f", "json")
+    assert code == 0 and "fp8_amax_reduce" not in err  # kept, not "neither varies nor keeps"
+    assert yaml.safe_load(best.read_text())["parallel"]["fp8_amax_reduce"] == "none"
+    code, out2, _ = _run("predict", str(best), "-f", "json")
+    assert code == 0 and json.loads(out2)["iteration_s"] == pytest.approx(json.loads(out)["plans"][0]["iteration_s"],
+                                                                           rel=1e-12)
+
+
+def test_every_field_a_preset_sets_is_an_axis_of_the_search_or_kept_from_the_job_file():
+    from paraplan.search.space import PRESET_STATED
+
+    axes = {"zero_stage", "sequence_parallel", "recompute", "data_parallel_shard_degree"}
+    # recompute_every: the screen takes it linear in the layers; fp8_recipe: the job's precision's
+    kept_otherwise = {"recompute_every", "fp8_recipe"}
+    fields = {d.field for p in presets().values() for d in p.defaults}
+    assert fields - axes - kept_otherwise <= set(PRESET_STATED)
+
+
 def test_an_unknown_preset_in_a_search_is_one_line_and_exit_2():
     code, _, err = _run(*_SEARCH, "--framework", "nemo-99.01")
     assert code == 2

@@ -88,17 +88,6 @@ def nccl_ll_latency_s(kind: CollectiveKind, layout: GroupLayout) -> float | None
     return (ring if tree is None else min(ring, tree)) * 1e-6
 
 
-def latency_bound_all_reduce_s(layout: GroupLayout) -> float:
-    """Seconds of an all-reduce of a few bytes on ``layout`` as NCCL's tuner models it (LL).
-    The alpha-beta ring takes 2(n-1) whole link latencies, the intra-node curves' extrapolation
-    to a small message a fixed ~40 us (fit on messages >= 1 MiB): both overprice a message this
-    small where nothing was measured (64 ranks on 8 nodes: 1.26 ms as an alpha-beta ring,
-    45.2 us here)."""
-    t = nccl_ll_latency_s(CollectiveKind.ALL_REDUCE, layout)
-    assert t is not None
-    return t
-
-
 def _nccl_ll_s(coll: Collective, layout: GroupLayout, moved: float, bus: float) -> float | None:
     """NCCL's LL time of ``coll``: its latency plus its bytes at LL's share of the bus bandwidth
     ``bus`` (ring: moved bytes; tree: the message at its algorithm bandwidth), or None where NCCL
