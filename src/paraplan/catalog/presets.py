@@ -56,7 +56,10 @@ _RECORDED = ("attention_kernel", "fp8_recipe")
 # kernel the model's architecture has, each applying only where the model has it
 # (field -> (the architecture field, its value)).
 MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion": ("activation", "swiglu"),
-                  "qkv_fusion": ("multi_latent_attention", False), "gate_up_fusion": ("activation", "swiglu")}
+                  "qkv_fusion": ("multi_latent_attention", False), "gate_up_fusion": ("activation", "swiglu"),
+                  "rope_impl": ("position_embedding", "rotary"), "gqa_expand": ("multi_latent_attention", False)}
+# The values a preset may give a model default that is not true/false (ModelSpec's choices).
+_MODEL_DEFAULT_CHOICES = {"rope_impl": ("kernel", "complex", "rotation"), "gqa_expand": ("none", "copy")}
 # The parallel degrees a preset may limit (``runs``), by their short plan names (``ParallelPlan``'s
 # properties and the search's axes).
 RUNS_AXES = ("tp", "pp", "cp", "ep")
@@ -122,9 +125,11 @@ def _preset(raw: dict[str, Any], where: str) -> Preset:
         recorded[key] = (str(spec["value"]), spec["source"])
     model_defaults = []
     for key, spec in (raw.get("model_defaults") or {}).items():
-        if key not in MODEL_DEFAULTS or not isinstance(spec.get("value"), bool) or not spec.get("source"):
+        value = spec.get("value")
+        allowed = value in _MODEL_DEFAULT_CHOICES[key] if key in _MODEL_DEFAULT_CHOICES else isinstance(value, bool)
+        if key not in MODEL_DEFAULTS or not allowed or not spec.get("source"):
             raise ConfigError(f"{where}: model_defaults.{key}: not a model field a preset sets "
-                              f"({', '.join(MODEL_DEFAULTS)}), not true/false, or no source")
+                              f"({', '.join(MODEL_DEFAULTS)}), not one of its values, or no source")
         model_defaults.append(Default(key, spec["value"], "always", spec["source"]))
     runs = {}
     engine = Framework(raw["engine"])
