@@ -92,7 +92,7 @@ def test_the_defaults_keep_one_rope_on_the_sampled_curve_and_grouped_kv():
 
 
 @pytest.mark.parametrize(("preset", "rope", "expand"), [
-    ("fms-fsdp-2024.03", "rotation", "copy"), ("torchtitan-0.1", "complex", None), ("torchtitan-0.3", "complex", None),
+    ("fms-fsdp-2024.03", "rotation", "copy"), ("torchtitan-0.1", "complex", "copy"), ("torchtitan-0.3", "complex", None),
     ("megatron-core-0.12", None, None), ("nemo-24.07", None, None)])
 def test_each_preset_says_how_its_model_code_rotates_and_repeats_with_a_source(preset, rope, expand):
     defaults = {d.field: d for d in find_preset(preset).model_defaults}

@@ -196,10 +196,6 @@ def _model(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> di
         **({"swiglu_fusion": False} if preset is not None and preset.name in _EAGER and activation == "swiglu" else {}),
         **({"rmsnorm_fusion": False} if preset is not None and preset.name in _EAGER
            and arch["normalization"] == "rmsnorm" else {}),
-        # and its Attention.forward repeated grouped K and V to every head before SDPA (PyTorch
-        # 2.4's SDPA had no enable_gqa): keys = repeat_kv(xk, self.n_rep), unsqueeze(3).expand(
-        # ...).reshape(...), a copy (models/llama/model.py of 2024-08)
-        **({"gqa_expand": "copy"} if preset is not None and preset.name in _EAGER else {}),
         **_experts(run, assumed),
     }
 
