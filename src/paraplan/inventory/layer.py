@@ -87,10 +87,12 @@ def _eager_swiglu(fused: Op, elements: float, e: int) -> Op:
     writes its activation, the multiply reads both and writes the product (5 passes over
     [tokens, ffn] against the fused kernel's 3); backward, the multiply's two gradients (read
     2, write 1 each) and silu's (read 2, write 1): 9 passes against 4. It keeps the silu output
-    for the backward as well (3 tensors against 2)."""
+    for the backward as well (3 tensors against 2). Two kernels forward (``Op.launches``; its
+    backward runs three: the multiply's two gradients and silu's)."""
     return dataclasses.replace(
         fused,
         role="MLP activation (eager: silu, then multiply)",
+        launches=2,
         bytes=5.0 * e * elements,
         bwd_bytes=9.0 * e * elements,
         saved_bytes=3.0 * e * elements,
