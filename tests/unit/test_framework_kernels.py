@@ -139,6 +139,7 @@ def test_eager_swiglu_moves_the_bytes_of_silu_then_multiply():
     assert eager.bytes / fused.bytes == pytest.approx(5 / 3)
     assert eager.bwd_bytes / fused.bwd_bytes == pytest.approx(9 / 4)
     assert eager.saved_bytes > fused.saved_bytes
+    assert (fused.launches, eager.launches) == (1, 2)  # silu, then the multiply
 
 
 def test_hf_eager_rmsnorm_keeps_a_float32_copy_of_its_input_and_moves_each_operators_bytes():

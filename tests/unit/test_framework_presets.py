@@ -148,8 +148,9 @@ def test_the_fms_fsdp_preset_runs_its_model_codes_eager_rmsnorm_and_swiglu_and_s
     job = resolve_job(_FMS)
     assert (job.model.rmsnorm_fusion, job.model.swiglu_fusion) == (False, False)
     assert job.preset.model_taken == {"rmsnorm_fusion": False, "swiglu_fusion": False, "qkv_fusion": False,
-                                      "gate_up_fusion": False}
+                                      "gate_up_fusion": False, "rope_impl": "rotation", "gqa_expand": "copy"}
     assert "rmsnorm_fusion false" in job.preset.lines()[1]
+    assert "rope_impl rotation" in job.preset.lines()[1]
     mapping = job_mapping(job)
     assert mapping["model"] == "llama-2-7b"
     assert resolve_job(mapping) == job
@@ -164,7 +165,8 @@ def test_a_model_field_the_user_states_wins_over_the_preset_and_is_said():
 
 def test_a_preset_model_default_applies_only_to_a_model_with_that_kernel():
     job = resolve_job({**_FMS, "model": "gpt3-1.3b"})  # LayerNorm and GELU: no norm, gate or SwiGLU to set
-    assert job.model.rmsnorm_fusion is True and job.preset.model_taken == {"qkv_fusion": False}
+    assert job.model.rmsnorm_fusion is True
+    assert job.preset.model_taken == {"qkv_fusion": False, "gqa_expand": "copy"}  # no rotary: no rope_impl
 
 
 def test_a_preset_model_default_that_is_not_a_model_field_a_preset_sets_is_refused_naming_it():

@@ -65,6 +65,22 @@ def test_the_frameworks_that_ran_rmsnorm_as_eager_pytorch_get_the_eager_norm_and
     assert model.swiglu_fusion is not eager
 
 
+@pytest.mark.parametrize(
+    ("framework", "rope", "expand"),
+    [
+        ("IBM fms-fsdp (PyTorch FSDP + SDPA FlashAttention-2)", "rotation", "copy"),  # fms positions/attention
+        ("torchtitan (FSDP2)", "complex", "copy"),  # 2024-08 apply_rotary_emb, repeat_kv before SDPA
+        ("NVIDIA NeMo 24.07 (Megatron-Core)", "kernel", "none"),  # fused RoPE, grouped K/V to the kernel
+    ],
+)
+def test_the_frameworks_that_ran_eager_attention_code_get_its_rope_and_kv_repeat(framework, rope, expand):
+    run = copy.deepcopy(_FSDP_RUN)
+    run["framework"] = framework
+    run["model"] = {**run["model"], "num_kv_heads": 8}
+    model = resolve_job(job_from_record(run).mapping).model
+    assert (model.rope_impl, model.gqa_expand) == (rope, expand)
+
+
 def test_a_record_without_a_network_takes_the_reference_node_and_says_so():
     run = copy.deepcopy(_FSDP_RUN)
     run["interconnect"] = None

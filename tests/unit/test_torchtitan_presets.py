@@ -35,13 +35,13 @@ def test_torchtitan_0_3_takes_each_default_from_torchtitan_0_3_0_s_code():
     preset = find_preset("torchtitan-0.3")
     assert preset.engine is Framework.FSDP
     assert {d.field: d.value for d in preset.defaults} == _EXPECTED
-    # eager silu * w3; w1 and w3 two GEMMs; q, k, v one (FusedQKVLinear)
+    # eager silu * w3; w1 and w3 two GEMMs; q, k, v one (FusedQKVLinear); ComplexRoPE in float32
     assert {d.field: d.value for d in preset.model_defaults} == {
-        "qkv_fusion": True, "gate_up_fusion": False, "swiglu_fusion": False}
+        "qkv_fusion": True, "gate_up_fusion": False, "swiglu_fusion": False, "rope_impl": "complex"}
     assert preset.recorded["attention_kernel"][0].startswith("flex")  # no FlexAttention curve: recorded
     assert preset.runs["recompute"][0] == ("none", "full", "op")  # no every-n-th-block policy in 0.3.0
     sources = preset_sources(preset)
-    assert set(sources) == {*_EXPECTED, "swiglu_fusion", "qkv_fusion", "gate_up_fusion", "attention_kernel",
+    assert set(sources) == {*_EXPECTED, "swiglu_fusion", "qkv_fusion", "gate_up_fusion", "rope_impl", "attention_kernel",
                             "runs.recompute"}
     assert all("0.3.0" in source and "torchtitan/" in source for source in sources.values())
     when = {d.field: d.when for d in preset.defaults}
@@ -88,7 +88,9 @@ def test_plain_torchtitan_is_the_newest_preset():
     assert job.preset.preset == "torchtitan-0.3" and job.parallel.framework is Framework.FSDP
     assert job.parallel.recompute is Recompute.OP and job.parallel.loss_chunks == 8
     assert job.model.swiglu_fusion is False and job.model.gate_up_fusion is False and job.model.qkv_fusion
-    assert job.preset.model_taken == {"qkv_fusion": True, "gate_up_fusion": False, "swiglu_fusion": False}
+    assert job.preset.model_taken == {"qkv_fusion": True, "gate_up_fusion": False, "swiglu_fusion": False,
+                                      "rope_impl": "complex"}
+    assert job.model.gqa_expand == "none"  # 0.3.0 passes enable_gqa to the kernel: no repeat_kv copy
     older = resolve_job({**_TITAN, "parallel": {**_TITAN["parallel"], "framework": "torchtitan-0.1"}})
     assert older.parallel.recompute is Recompute.LAYER and older.parallel.loss_chunks is None
 

@@ -25,7 +25,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from paraplan.catalog.loader import read_catalog_yaml
 from paraplan.specs import PLAN_ALIASES, ConfigError, Framework, ModelSpec, ParallelPlan, Recompute
@@ -56,7 +56,8 @@ _RECORDED = ("attention_kernel", "fp8_recipe")
 # kernel the model's architecture has, each applying only where the model has it
 # (field -> (the architecture field, its value)).
 MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion": ("activation", "swiglu"),
-                  "qkv_fusion": ("multi_latent_attention", False), "gate_up_fusion": ("activation", "swiglu")}
+                  "qkv_fusion": ("multi_latent_attention", False), "gate_up_fusion": ("activation", "swiglu"),
+                  "rope_impl": ("position_embedding", "rotary"), "gqa_expand": ("multi_latent_attention", False)}
 # The parallel degrees a preset may limit (``runs``), by their short plan names (``ParallelPlan``'s
 # properties and the search's axes).
 RUNS_AXES = ("tp", "pp", "cp", "ep")
@@ -107,6 +108,15 @@ def presets() -> dict[str, Preset]:
     return out
 
 
+def _model_value(field_name: str, value: Any) -> bool:
+    """Whether ``value`` is one ModelSpec's ``field_name`` takes: one of its choices (a Literal
+    field: ``rope_impl``, ``gqa_expand``), else true or false."""
+    annotation = ModelSpec.model_fields[field_name].annotation
+    if get_origin(annotation) is Literal:
+        return value in get_args(annotation)
+    return isinstance(value, bool)
+
+
 def _preset(raw: dict[str, Any], where: str) -> Preset:
     defaults = []
     for key, spec in (raw.get("defaults") or {}).items():
@@ -122,9 +132,9 @@ def _preset(raw: dict[str, Any], where: str) -> Preset:
         recorded[key] = (str(spec["value"]), spec["source"])
     model_defaults = []
     for key, spec in (raw.get("model_defaults") or {}).items():
-        if key not in MODEL_DEFAULTS or not isinstance(spec.get("value"), bool) or not spec.get("source"):
+        if key not in MODEL_DEFAULTS or not _model_value(key, spec.get("value")) or not spec.get("source"):
             raise ConfigError(f"{where}: model_defaults.{key}: not a model field a preset sets "
-                              f"({', '.join(MODEL_DEFAULTS)}), not true/false, or no source")
+                              f"({', '.join(MODEL_DEFAULTS)}), not one of its values, or no source")
         model_defaults.append(Default(key, spec["value"], "always", spec["source"]))
     runs = {}
     engine = Framework(raw["engine"])

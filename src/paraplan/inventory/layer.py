@@ -87,10 +87,12 @@ def _eager_swiglu(fused: Op, elements: float, e: int) -> Op:
     writes its activation, the multiply reads both and writes the product (5 passes over
     [tokens, ffn] against the fused kernel's 3); backward, the multiply's two gradients (read
     2, write 1 each) and silu's (read 2, write 1): 9 passes against 4. It keeps the silu output
-    for the backward as well (3 tensors against 2)."""
+    for the backward as well (3 tensors against 2). Two kernels forward (``Op.launches``; its
+    backward runs three: the multiply's two gradients and silu's)."""
     return dataclasses.replace(
         fused,
         role="MLP activation (eager: silu, then multiply)",
+        launches=2,
         bytes=5.0 * e * elements,
         bwd_bytes=9.0 * e * elements,
         saved_bytes=3.0 * e * elements,
@@ -352,10 +354,17 @@ def _bmm(name: str, role: str, flops: float, traffic: float, *, saved: float, ke
     )
 
 
+def kernel_kv_heads(model: ModelSpec, x: LocalShape) -> int:
+    """The K and V heads the attention kernel reads and keeps: the query heads where the model
+    code repeats grouped K and V to every head first (``gqa_expand: copy``), else the groups."""
+    return x.heads if model.gqa_expand == "copy" else x.groups
+
+
 def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
+    kv_heads = kernel_kv_heads(model, x)
     q_elems = x.b * x.s * x.heads * x.d
-    kv_elems = x.b * x.s_kv * x.groups * x.d  # K and V a rank attends to (all chunks under CP)
-    kv_kept = x.b * x.s * x.groups * x.d  # its own chunk: context parallelism re-gathers the rest
+    kv_elems = x.b * x.s_kv * kv_heads * x.d  # K and V a rank attends to (all chunks under CP)
+    kv_kept = x.b * x.s * kv_heads * x.d  # its own chunk: context parallelism re-gathers the rest
     core_flops = 4.0 * x.b * x.heads * x.s * x.s_kv * x.d  # QK^T and PV, full square
     head_dims = (("b", x.b), ("h", x.heads), ("l", x.s), ("l_kv", x.s_kv), ("d", x.d))
     if model.attention == "flash":
@@ -377,6 +386,7 @@ def attention_core(model: ModelSpec, x: LocalShape) -> list[Op]:
                 dims=head_dims,
             ),
             x,
+            kv_heads=kv_heads,
         )
     scores = x.b * x.heads * x.s * x.s_kv
     half = core_flops / 2.0
@@ -645,7 +655,9 @@ def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm:
                              bias=model.add_qkv_bias, saved=e * hidden_norm, fp8=x.fp8_linears)
     if model.qk_layernorm:
         ops.append(_qk_norm(x, x.heads, x.groups, x.d))
-    if model.position_embedding == "rotary":
+    if model.position_embedding == "rotary" and model.rope_impl != "kernel":
+        ops.append(eager_rope(model, x))
+    elif model.position_embedding == "rotary":
         rotated = tokens * (x.heads + x.groups) * x.d * model.rotary_percent
         ops.append(
             elementwise(
@@ -680,7 +692,72 @@ def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm:
                     bwd_passes=3.5,
                 )
             )
+    if model.gqa_expand == "copy" and x.groups < x.heads:
+        ops.append(kv_repeat(x))
     return ops
+
+
+#: The eager rotary embeddings' names: no GPU has an ``efficiency.ops`` curve of them, so their
+#: kernels are timed on the GPU's generic ``memory`` curve (the ``RoPE`` curves time GPT-NeoX's
+#: rotary embedding as sampled, against its own bytes).
+EAGER_ROPE = {"complex": "RoPE_complex", "rotation": "RoPE_rotation"}
+#: Per rotated element of q and k, (forward bytes beyond the 2e of reading and writing it in the
+#: model's precision, backward bytes beyond 2e, kernels of each tensor each way), from the code:
+#: ``complex`` (torchtitan models/llama/model.py ``apply_rotary_emb``): ``xq.float()`` (read e,
+#: write 4), the complex64 multiply by the broadcast ``freqs_cis`` (read 4, write 4),
+#: ``type_as`` (read 4, write e); its backward the same three: the cast of the gradient to
+#: float32, the multiply by the conjugate, the cast back. ``rotation`` (ibm-fms 0.0.3/0.0.4
+#: fms/modules/positions.py ``RotaryEmbedding.adjusted_qk``): ``q.float()`` (read e, write 4),
+#: ``freqs.mul(q_.unsqueeze(-2))`` broadcasting each pair against its 2 x 2 float32 matrix (read
+#: 4, write 8), ``.sum(5)`` (read 8, write 4), ``type_as`` (read 4, write e); its backward the
+#: cast, the multiply of the expanded gradient by the matrices (read 4, write 8), their sum over
+#: the pair (read 8, write 4) and the cast back.
+_EAGER_ROPE_COSTS = {"complex": (16.0, 16.0, 3), "rotation": (32.0, 32.0, 4)}
+
+
+def eager_rope(model: ModelSpec, x: LocalShape) -> Op:
+    """The rotary embedding of q and k as eager model code runs it (``model.rope_impl``:
+    ``_EAGER_ROPE_COSTS``), float32 in between, timed on the memory curve by its own bytes.
+    ``rotation`` gathers the float32 matrices of each token's position first (``cached_freqs[
+    position_ids]``: 2 x d floats a token, read and written) and the multiplies keep them for the
+    backward pass (q's and k's share one tensor); ``complex`` keeps a view of the ``freqs_cis``
+    buffer (nothing new)."""
+    e, d_rot = x.e, max(1, round(x.d * model.rotary_percent))
+    rotated = x.tokens * (x.heads + x.groups) * d_rot
+    fwd, bwd, kernels = _EAGER_ROPE_COSTS[model.rope_impl]
+    matrices = 4.0 * 2 * d_rot * x.tokens if model.rope_impl == "rotation" else 0.0
+    return Op(
+        name=EAGER_ROPE[model.rope_impl],
+        kind=OpKind.ELEMENTWISE,
+        role=f"rotary embedding of q and k (eager, {model.rope_impl}, float32)",
+        flops=3.0 * rotated,
+        bytes=(fwd + 2.0 * e) * rotated + 2.0 * matrices,
+        bwd_flops=6.0 * rotated,
+        bwd_bytes=(bwd + 2.0 * e) * rotated,
+        saved_bytes=matrices,
+        launches=2 * kernels + (1 if matrices else 0),
+        dims=(("l", x.s), ("b", x.b), ("h", x.heads), ("g", x.groups), ("d", x.d), ("d_rot", d_rot)),
+    )
+
+
+def kv_repeat(x: LocalShape) -> Op:
+    """K and V repeated from their groups to every query head before the attention kernel
+    (``gqa_expand: copy``): forward one copy each, reading the group's heads and writing every
+    head (``expand`` then ``reshape``/``flatten``: a clone); backward the expand's gradient, a
+    sum over the repeats (reading every head's gradient, writing the group's). It saves nothing:
+    the attention kernel keeps the repeated K and V (``attention_core``)."""
+    moved = 2.0 * x.e * x.tokens * (x.groups + x.heads) * x.d  # K and V
+    return Op(
+        name="kv_repeat",
+        kind=OpKind.ELEMENTWISE,
+        role="K and V repeated to every query head (GQA, eager)",
+        flops=0.0,
+        bytes=moved,
+        bwd_flops=x.tokens * 2.0 * x.heads * x.d,
+        bwd_bytes=moved,
+        launches=2,
+        dims=(("l", x.s), ("b", x.b), ("h", x.heads), ("g", x.groups), ("d", x.d)),
+    )
 
 
 def mlp_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:

@@ -72,6 +72,21 @@ class ModelSpec(BaseModel):
     # dest apply_rope_fusion: on by default). Only the kernels the host launches depend on it
     # (``inventory.moe_kernels.attention_kernels``).
     rope_fusion: Bool = True
+    # how the model code rotates q and k: ``kernel``, one RoPE operator timed on the GPU's RoPE
+    # curve (Megatron-Core, Transformer Engine, NeMo); ``complex``, Meta's Llama reference code as
+    # torchtitan runs it eagerly (``torch.view_as_complex(xq.float().reshape(...)) * freqs_cis``,
+    # ``view_as_real``, ``type_as``: a float32 cast, a complex multiply and a cast back per
+    # tensor); ``rotation``, IBM fms' ``RotaryEmbedding.adjusted_qk`` (a float32 cast, a multiply
+    # by gathered 2 x 2 float32 rotation matrices into a doubled tensor, a sum over it and a cast
+    # back per tensor). The eager forms are timed from their own bytes (``inventory.layer``).
+    rope_impl: Literal["kernel", "complex", "rotation"] = "kernel"
+    # grouped-query attention's K and V as the attention kernel gets them: ``none``, grouped (the
+    # kernel reads each K/V head for its query heads: Transformer Engine, flash-attn, SDPA with
+    # enable_gqa); ``copy``, repeated to every query head first (torchtitan 2024's ``repeat_kv``,
+    # ``unsqueeze(3).expand(...).reshape(...)``; IBM fms' ``unsqueeze(2).expand(...).flatten(1,
+    # 2)``): a copy of each forward, a sum over the repeats backward, and the attention kernel
+    # reads and keeps K and V at every head. No copy for a model without GQA.
+    gqa_expand: Literal["none", "copy"] = "none"
     attention_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
     hidden_dropout: Float = Field(default=0.0, ge=0, lt=1.0)
     # Qwen3's and OLMo 2's RMSNorm of each query and key head (Megatron-LM --qk-layernorm)
@@ -169,6 +184,11 @@ class ModelSpec(BaseModel):
         if self.rope_theta is not None and self.position_embedding != "rotary":
             raise ValueError(
                 f"rope_theta: only rotary position embeddings have a base frequency "
+                f"(position_embedding is {self.position_embedding})"
+            )
+        if self.rope_impl != "kernel" and self.position_embedding != "rotary":
+            raise ValueError(
+                f"rope_impl: only rotary position embeddings rotate q and k "
                 f"(position_embedding is {self.position_embedding})"
             )
         if not self.rmsnorm_fusion and self.normalization != "rmsnorm":
