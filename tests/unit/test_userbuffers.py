@@ -147,3 +147,32 @@ def test_an_all_gather_feeding_an_fp8_gemm_moves_its_fp8_copy_and_a_reduce_scatt
     # the saved norm output's again) one byte an element, the reduce-scatters two
     assert {b for (kind, _), b in sizes.items() if kind is CollectiveKind.ALL_GATHER} == {rs / 2}
     assert (CollectiveKind.ALL_GATHER, "tp_allgather_saved") in sizes
+
+
+def test_a_userbuffers_configuration_beside_separate_projections_is_a_one_line_error_naming_both(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": {"name": "gpt3-175b", "qkv_fusion": False}, "cluster": {"name": "dgx-h100", "num_nodes": 64},
+        "precision": "fp8",
+        "parallel": {"framework": "nemo-mlperf-3.0", "tp": 4, "pp": 8, "sequence_parallel": True,
+                     "micro_batch_size": 1, "global_batch_size": 256}}))
+    result = CliRunner().invoke(app, ["predict", str(job)], env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    line = result.stderr.strip()
+    assert "\n" not in line and "tp_comm_overlap_cfg" in line and "model.qkv_fusion" in line
+
+
+def test_the_megatron_export_says_which_userbuffers_file_the_prediction_priced():
+    from paraplan.catalog import resolve_job
+    from paraplan.export.megatron import notes
+
+    job = resolve_job({"model": "gpt3-175b", "cluster": {"name": "dgx-h100", "num_nodes": 64}, "precision": "fp8",
+                       "parallel": {"framework": "nemo-mlperf-3.0", "tp": 4, "pp": 8, "sequence_parallel": True,
+                                    "micro_batch_size": 1, "global_batch_size": 256}})
+    assert job.parallel.tp_comm_overlap_cfg
+    assert any("--tp-comm-overlap-cfg" in n and job.parallel.tp_comm_overlap_cfg in n for n in notes(job))

@@ -145,6 +145,10 @@ def notes(job: Job, prediction: Prediction | None = None) -> list[str]:
                    f"pads the tokenizer's vocabulary to {_megatron_padded_vocab(job)} "
                    f"(--make-vocab-size-divisible-by {m.make_vocab_size_divisible_by} x tp)")
     out += _cuda_graph_note(job)
+    if p.tp_comm_overlap and p.tp_comm_overlap_cfg:
+        out.append(f"parallel.tp_comm_overlap_cfg: the prediction priced Transformer Engine's userbuffers as "
+                   f"catalog/userbuffers/{p.tp_comm_overlap_cfg}.yaml configures them; pass that file's "
+                   "methods as --tp-comm-overlap-cfg <yaml> (without it TE runs its default methods)")
     split = layer_split(job)
     if p.pp > 1 and len(set(split)) > 1 and _first_last(split) is None and (p.layers_per_stage or not split_given(p)):
         out.append("parallel.layers_per_stage: expressed with --pipeline-model-parallel-layout, "

@@ -150,6 +150,11 @@ class Job(BaseModel):
                              f"updates, but the job's precision is {self.precision.value} (set precision: fp8, "
                              "or te_fp8_bookkeeping: none)")
         _check_cuda_graph_scope(p, m.is_moe)
+        if p.tp_comm_overlap and p.tp_comm_overlap_cfg and not (m.qkv_fusion and m.gate_up_fusion):
+            split = "qkv_fusion" if not m.qkv_fusion else "gate_up_fusion"
+            raise ValueError(f"parallel.tp_comm_overlap_cfg: Transformer Engine's userbuffers overlap the fused QKV "
+                             f"and fc1 GEMMs (linear_qkv, linear_fc1), but model.{split} is false (set it true, "
+                             "or tp_comm_overlap_cfg: null)")
         if p is not self.parallel:
             object.__setattr__(self, "parallel", p)
         return self
