@@ -139,13 +139,18 @@ def decomposed(op: Op, tp: int) -> Op:
     return dataclasses.replace(op, launches=op.launches * tp, bytes=op.bytes + again, bwd_bytes=op.bwd_bytes + again)
 
 
-def weight_bytes(op: Op) -> float:
-    """Bytes of one read of a GEMM's weight [k, n] (``inventory.layer.gemm``: an FP8 GEMM reads
-    one-byte operands; otherwise its traffic is e (mk + kn + mn))."""
+def operand_bytes(op: Op) -> float:
+    """Bytes per operand element of a GEMM (``inventory.layer.gemm``: an FP8 GEMM reads one-byte
+    operands, an FP4 one half a byte; otherwise its traffic is e (mk + kn + mn))."""
     dims = dict(op.dims)
     m, k, n = dims["m"], dims["k"], dims["n"]
-    per_element = 0.5 if op.fp4 else 1.0 if op.fp8 else op.bytes / (m * k + k * n + m * n)
-    return per_element * k * n
+    return 0.5 if op.fp4 else 1.0 if op.fp8 else op.bytes / (m * k + k * n + m * n)
+
+
+def weight_bytes(op: Op) -> float:
+    """Bytes of one read of a GEMM's weight [k, n]."""
+    dims = dict(op.dims)
+    return operand_bytes(op) * dims["k"] * dims["n"]
 
 
 def barrier_s(comm: CommCosts) -> float:

@@ -49,7 +49,7 @@ from paraplan.catalog import load_userbuffers
 from paraplan.costmodel import CostModel
 from paraplan.inventory import Collective, CollectiveKind, Op, OpKind
 from paraplan.inventory.sp_comm import SAVED_REGATHER
-from paraplan.prediction.async_tp import decomposed
+from paraplan.prediction.async_tp import decomposed, operand_bytes
 from paraplan.specs import ConfigError, Phase, UserbuffersGemm
 
 if TYPE_CHECKING:
@@ -202,6 +202,5 @@ def split_columns(op: Op, splits: int) -> Op:
     output columns, each reading the whole input again (``split_overlap_rs`` splits the weight's
     rows and keeps B whole)."""
     dims = dict(op.dims)
-    per_element = 0.5 if op.fp4 else 1.0 if op.fp8 else op.bytes / (dims["m"] * dims["k"] + dims["k"] * dims["n"] + dims["m"] * dims["n"])
-    again = (splits - 1) * per_element * dims["m"] * dims["k"]
+    again = (splits - 1) * operand_bytes(op) * dims["m"] * dims["k"]
     return dataclasses.replace(op, launches=op.launches * splits, bytes=op.bytes + again)
