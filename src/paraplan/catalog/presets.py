@@ -51,7 +51,7 @@ _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "tp_comm_overlap
           "optimizer_impl", "grad_clip_scale", "recompute",
           "recompute_every", "loss_chunks", "pipeline_keeps_outputs", "data_parallel_shard_degree", "cp_comm_type",
           "attention_kernel", "fp8_recipe", "fp8_amax_reduce", "te_fp8_bookkeeping")
-_RECORDED = ("attention_kernel", "fp8_recipe")
+_RECORDED = ("attention_kernel", "fp8_recipe", "tp_comm_overlap_cfg")
 # Model fields a preset may set (``model_defaults``): how the framework's own model code runs a
 # kernel the model's architecture has, each applying only where the model has it
 # (field -> (the architecture field, its value)).

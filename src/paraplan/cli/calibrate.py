@@ -193,7 +193,7 @@ def collective_table_command(
     table: Annotated[Path, typer.Argument(metavar="CSV", help="XLA's collective table (xla_perf_tables/collectives.csv).", show_default=False)],
     gpu_key: Annotated[str, typer.Option(help="The table's GPU key, e.g. sm_90.", show_default=False)],
     cluster: Annotated[str, typer.Option(help="Catalog cluster whose node the key measured, e.g. dgx-h100.", show_default=False)],
-    min_mib: Annotated[float, typer.Option(help="Fit messages of at least this many MiB.")] = 1.0,
+    min_mib: Annotated[float, typer.Option(help="Fit messages of at least this many MiB.", min=0.0)] = 1.0,
     seed: Seed = 0, holdout: Holdout = 0.2,
 ) -> None:
     """Fit an intra-node link's all-reduce / all-gather / reduce-scatter / all-to-all curves (bus

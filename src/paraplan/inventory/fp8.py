@@ -143,7 +143,8 @@ def amax_history_bytes(fp8_gemms: int, recipe: FP8Recipe | None) -> float:
 
 
 # the linear GEMMs of a dense transformer layer Transformer Engine runs in FP8 (QKV, output
-# projection, the MLP's two), whose amaxes an autocast region's reduction carries
+# projection, the MLP's two), whose amaxes an autocast region's reduction carries; a MoE layer's
+# experts carry more, which leaves the call's time alone (a few hundred bytes: latency-bound)
 _FP8_GEMMS_PER_LAYER = 4
 # fp32 amaxes per FP8 GEMM in the forward's reduction (input, weight, output) and the backward's
 # (output gradient, input gradient): TE's fp8_meta["scaling_fwd"] and ["scaling_bwd"]
