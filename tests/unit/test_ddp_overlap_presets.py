@@ -105,3 +105,18 @@ def test_a_2021_megatron_record_with_local_ddp_reduces_after_the_pipeline_drains
     torch_ddp = predict_any(resolve_job(job_from_record(
         {**copy.deepcopy(_RECORD), "framework": "Megatron-LM (2021; DDP-impl=torch)"}).mapping)).iteration_s
     assert local > torch_ddp
+
+
+def test_a_search_keeps_the_job_file_s_overlap_over_megatron_core_s_default():
+    from paraplan.catalog.loader import load_cluster, load_model
+    from paraplan.search.space import SearchSpace, enumerate_plans
+    from paraplan.specs import Precision
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=2)
+
+    def overlaps(**stated) -> set[bool]:
+        space = SearchSpace(framework="megatron-core-0.12", micro_batch_size=(1,), preset_stated=stated)
+        return {j.parallel.overlaps_grad_reduce for j in enumerate_plans(model, cluster, 64, Precision.BF16, space).jobs}
+
+    assert overlaps() == {False}
+    assert overlaps(overlap_grad_reduce=True) == {True}
