@@ -222,7 +222,7 @@ def _fp8_everywhere() -> Iterator[None]:
 @contextlib.contextmanager
 def _no_exposed_units() -> Iterator[None]:
     sharded = overlap.sharded_pass_s  # the stages call it through schedule.overlap.with_sharded_traffic
-    overlap.sharded_pass_s = lambda compute, comm, units, slowdown: overlapped_s(compute, comm, slowdown)
+    overlap.sharded_pass_s = lambda compute, comm, units, slowdown, beside=0.0: overlapped_s(compute, comm, slowdown, beside)
     try:
         yield
     finally:
@@ -264,7 +264,10 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "clip_grad_norm_ scaling every gradient each step (fms-fsdp, torchtitan; norm alone instead)": (
         _parallel(grad_clip_scale=False), contextlib.nullcontext),
     "hybrid sharding (fms-fsdp 7B/13B)": (_parallel(data_parallel_shard_degree=None), contextlib.nullcontext),
-    "bf16 gradient reduction (fms-fsdp)": (_parallel(grad_reduce_in_fp32=True), contextlib.nullcontext),
+    "bf16 gradient reduction (fms-fsdp, MLPerf v3.0's grad_sync_dtype)": (_parallel(grad_reduce_in_fp32=True),
+                                                                           contextlib.nullcontext),
+    "DP gradient reduction after the pipeline drains (Megatron-LM 2021-22 local DDP; overlapped instead)": (
+        _parallel(overlap_grad_reduce=True), contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),
     "attention kernel of the framework preset (the GPU's one attention curve instead)": (
         _parallel(attention_kernel=None), contextlib.nullcontext),

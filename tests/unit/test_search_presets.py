@@ -83,7 +83,7 @@ def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():
     zero0 = next(j for j in jobs if j.parallel.zero_stage == 0)
     assert zero0.preset.overridden["zero_stage"] == (0, 1) and "zero_stage" not in zero0.preset.taken
     # what the search does not vary is the preset's
-    assert zero0.preset.taken == {"grad_reduce_in_fp32": True, "attention_kernel": "cudnn"}
+    assert zero0.preset.taken == {"overlap_grad_reduce": True, "grad_reduce_in_fp32": True, "attention_kernel": "cudnn"}
 
 
 def test_a_plain_engine_search_takes_no_preset():

@@ -47,7 +47,7 @@ _WHEN = {
 }
 # the order defaults are applied in (a later one may depend on an earlier one)
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "tp_comm_overlap_cfg", "async_tp", "overlap_p2p_comm",
-          "scatter_gather_p2p", "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "compile_loss", "fsdp_version",
+          "scatter_gather_p2p", "overlap_grad_reduce", "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "compile_loss", "fsdp_version",
           "optimizer_impl", "grad_clip_scale", "recompute",
           "recompute_every", "loss_chunks", "pipeline_keeps_outputs", "data_parallel_shard_degree", "cp_comm_type",
           "attention_kernel", "fp8_recipe", "fp8_amax_reduce", "te_fp8_bookkeeping")

@@ -311,9 +311,9 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
 #: its representative Jobs, so that a job file's own value is kept (``SearchSpace.preset_stated``);
 #: recompute_every is not among them (the screen takes it linear in the layers).
 PRESET_STATED = ("tp_comm_overlap", "tp_comm_overlap_cfg", "async_tp", "overlap_p2p_comm", "scatter_gather_p2p",
-                 "grad_reduce_in_fp32", "fsdp_version", "optimizer_impl", "grad_clip_scale", "attention_kernel",
-                 "cp_comm_type", "fp8_amax_reduce", "te_fp8_bookkeeping", "cross_entropy_loss_fusion",
-                 "compile_loss", "loss_chunks", "pipeline_keeps_outputs")
+                 "overlap_grad_reduce", "grad_reduce_in_fp32", "fsdp_version", "optimizer_impl", "grad_clip_scale",
+                 "attention_kernel", "cp_comm_type", "fp8_amax_reduce", "te_fp8_bookkeeping",
+                 "cross_entropy_loss_fusion", "compile_loss", "loss_chunks", "pipeline_keeps_outputs")
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices

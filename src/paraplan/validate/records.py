@@ -65,6 +65,12 @@ _P2P_OVERLAP = re.compile(r"overlap[ _]p2p[ _]comm(unication)?(\s*(on|true|=\s*t
 _HYBRID = re.compile(r"\b(hsdp|hybrid[ _]shard)", re.IGNORECASE)
 _FULL_SHARD = re.compile(r"full[ _]shard", re.IGNORECASE)
 _DIST_OPT = re.compile(r"distributed[ _]optimi[sz]er", re.IGNORECASE)
+# a record stating its data-parallel gradient reduction overlaps the backward: Megatron-LM's
+# --overlap-grad-reduce (a YAML config's "--overlap-grad-reduce: true"), NeMo's optim
+# overlap_grad_sync, or Megatron-LM 2021-22's --DDP-impl torch (torch DDP's bucketed hooks; its
+# schedules.py runs all but the last micro-batch under model.no_sync())
+_GRAD_OVERLAP = re.compile(r"--overlap-grad-reduce(?![\w-])(?!\s*[:=]\s*false)|overlap[ _]grad[ _]sync\s*[:=]\s*true"
+                           r"|ddp[ _-]impl\s*[:=]?\s*torch", re.IGNORECASE)
 _GRAD_BF16 = re.compile(r"grad[ _-]reduce[ _-]in[ _-]bf16", re.IGNORECASE)
 _FP8_RECIPE = re.compile(r"--fp8-recipe\s+(\w+)", re.IGNORECASE)
 _MEGATRON_RECIPES = {"tensorwise": "current"}  # Megatron-LM's names of paraplan's recipes where they differ
@@ -292,6 +298,8 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
         value = p.get(key, run.get(key))
         if value not in (None, False):
             parallel[key] = value
+    if engine == "megatron" and _GRAD_OVERLAP.search(words):
+        parallel["overlap_grad_reduce"] = True
     _grad_reduce(run, engine, words, parallel, assumed)
     recipe = _FP8_RECIPE.search(str(run.get("precision") or ""))
     if recipe:  # Megatron-LM's --fp8-recipe as the record states it (tensorwise: current scaling)
