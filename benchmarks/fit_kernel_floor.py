@@ -9,7 +9,8 @@ traces of HolisticTraceAnalysis's test data (E1_diff_control_a100x8, A_vit128_sa
 A100-SXM4-80GB. For each: the kernels launched alone by a streaming operator (element-wise,
 copy, fill) that moved at most 1 MiB (``calibrate.kernel_floor``), their durations, the
 catalog's memory curve at their bytes, and the fitted overhead (median of measured - curve),
-with the catalog line. Kernel durations only: no iteration time is read.
+with the catalog line, and the gaps between back-to-back queued kernels (reported, not
+fitted). Kernel durations only: no iteration time is read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from paraplan.calibrate.kernel_floor import NEGLIGIBLE_BYTES, KernelFloor, fit_kernel_floor
+import numpy as np
+
+from paraplan.calibrate.kernel_floor import NEGLIGIBLE_BYTES, KernelFloor, fit_kernel_floor, queued_gaps
 from paraplan.catalog.loader import load_gpu
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +63,11 @@ def main() -> None:
             print(f"{name}: {files[0] if files else 'no trace'} is not present: skipped")
             continue
         print("\n".join(describe(fit_kernel_floor(present, load_gpu(name)))))
+        gaps = [g for f in present for g in queued_gaps(f)]
+        if gaps:
+            lo, med = min(gaps) * 1e6, float(np.median(gaps)) * 1e6
+            print(f"  not fitted: GPU idle between back-to-back queued kernels on one stream: {len(gaps)} gaps, "
+                  f"min {lo:.2f} us, median {med:.2f} us (in no kernel's duration; part may be the profiler's)")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from paraplan.calibrate.kernel_floor import (
     fit_kernel_floor,
     kernel_bytes,
     memory_curve_s,
+    queued_gaps,
 )
 from paraplan.catalog.loader import load_gpu
 from paraplan.specs import ConfigError
@@ -102,3 +103,19 @@ def test_an_a100_training_traces_tiny_kernels_run_several_microseconds():
     floor = fit_kernel_floor([hta_trace("E1_diff_control_a100x8")], load_gpu("A100-SXM4-80GB"))
     assert floor.kernels > 1000 and floor.resolution_s == 1e-6
     assert 2e-6 <= np.median(floor.seconds) <= 4e-6
+
+
+def test_the_gap_between_queued_kernels_is_read_only_where_the_next_was_launched_before_the_first_ended(tmp_path):
+    events = (_call("aten::add", 0, ((64,), (64,)), 1, [50.0])  # kernel 100..150
+              + _call("aten::add", 10, ((64,), (64,)), 2, [2.0]))  # launched at 11 (queued); its kernel at 100 -> moved
+    events[-1]["ts"] = 151.5  # the second kernel starts 1.5 us after the first ends
+    events += _call("aten::add", 500, ((64,), (64,)), 3, [2.0])  # launched after the second ended: an idle GPU
+    assert queued_gaps(write_trace(events, tmp_path / "t.json.gz")) == [pytest.approx(1.5e-6)]
+
+
+def test_our_h100s_queued_kernels_wait_about_a_microsecond_and_a_half_between_them():
+    if not H100_TRACE.exists():
+        pytest.skip("the H100 trace is not in this checkout")
+    gaps = queued_gaps(H100_TRACE)
+    assert len(gaps) > 1000
+    assert 0.9e-6 < min(gaps) and 1.0e-6 < float(np.median(gaps)) < 2.0e-6

@@ -18,6 +18,7 @@ time is looked at.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ from paraplan.costmodel import estimate_op_s
 from paraplan.inventory import Op, OpKind
 from paraplan.specs import ConfigError, GpuSpec, Phase, Precision
 from paraplan.traces.ops import ELEMENT_BYTES, MEMORY_OPS, KernelCall, operator_kernels
+from paraplan.traces.reader import iter_events
+from paraplan.traces.rules import RUNTIME_CATEGORIES
 
 #: Streaming operators whose kernels' bytes the shapes give: the element-wise ones the memory
 #: curve prices, and fills (which write their output and read nothing).
@@ -115,3 +118,35 @@ def fit_kernel_floor(files: Sequence[Path], gpu: GpuSpec, limit: float = NEGLIGI
     shapes = len({(call.op, call.dims, call.dtype) for call, _ in points})
     return KernelFloor(gpu.name, files, len(points), shapes, tuple(seconds.tolist()), float(np.median(curve)),
                        overhead, gpu.efficiency.kernel_overhead_s, 1e-6 if whole_us else 1e-9)
+
+
+#: A kernel counts as queued when its launch call returned this long before the previous
+#: kernel on its stream ended: the GPU had it in hand, so the gap between them is the GPU's.
+QUEUED_MARGIN_S = 5e-6
+
+
+def queued_gaps(path: Path) -> list[float]:
+    """Seconds between the end of a kernel and the start of the next on the same stream, for
+    every next kernel already queued (its launch call returned ``QUEUED_MARGIN_S`` before the
+    previous kernel ended): the GPU-side time between back-to-back kernels, which no kernel's
+    duration holds (under a profiler: CUPTI's own per-kernel work may be part of it)."""
+    returned: dict[object, float] = {}
+    streams: dict[object, list[tuple[float, float, object]]] = {}
+    for ev in iter_events(path):
+        if ev.get("ph") != "X" or "dur" not in ev:
+            continue
+        args = ev.get("args") or {}
+        corr = args.get("correlation")
+        if ev.get("cat") in RUNTIME_CATEGORIES and corr is not None:
+            returned[corr] = (float(ev["ts"]) + float(ev["dur"])) * 1e-6
+        elif ev.get("cat") == "kernel":
+            streams.setdefault(args.get("stream"), []).append(
+                (float(ev["ts"]) * 1e-6, float(ev["dur"]) * 1e-6, corr))
+    gaps = []
+    for kernels in streams.values():
+        kernels.sort(key=lambda k: k[0])
+        for (ts, dur, _), (nts, _, corr) in itertools.pairwise(kernels):
+            back = returned.get(corr)
+            if back is not None and back < ts + dur - QUEUED_MARGIN_S:
+                gaps.append(nts - (ts + dur))
+    return gaps
