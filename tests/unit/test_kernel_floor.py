@@ -119,3 +119,14 @@ def test_our_h100s_queued_kernels_wait_about_a_microsecond_and_a_half_between_th
     gaps = queued_gaps(H100_TRACE)
     assert len(gaps) > 1000
     assert 0.9e-6 < min(gaps) and 1.0e-6 < float(np.median(gaps)) < 2.0e-6
+
+
+def test_the_a100_catalogs_overhead_is_the_fixed_point_of_that_traces_floor():
+    """The A100's curves were refitted with the overhead fixed (calibrate operators
+    --kernel-overhead-us 3.0); the trace's tiny kernels then read the same overhead again."""
+    gpu = load_gpu("A100-SXM4-80GB")
+    floor = fit_kernel_floor([hta_trace("E1_diff_control_a100x8")], gpu)
+    assert floor.overhead_s == pytest.approx(gpu.efficiency.kernel_overhead_s, abs=0.01e-6)
+    assert "E1_diff_control_a100x8" in gpu.sources["kernel_overhead_s"]
+    for transferred in ("A100-SXM4-40GB", "A100-PCIE-80GB"):
+        assert load_gpu(transferred).efficiency.kernel_overhead_s == gpu.efficiency.kernel_overhead_s
