@@ -66,11 +66,13 @@ def _phase(name: str) -> Phase:
 
 
 def tile_seconds(ops: list[Op], phases: list[str], curve: KernelCurve) -> np.ndarray:
-    peak = load_gpu(GPU).flops_for(Precision.BF16)
+    """The tiles' time plus the GPU's per-kernel overhead, as ``roofline_s`` prices one launch."""
+    gpu = load_gpu(GPU)
+    peak, overhead = gpu.flops_for(Precision.BF16), gpu.efficiency.kernel_overhead_s
     out = []
     for op, name in zip(ops, phases, strict=True):
         phase = _phase(name)
-        out.append(attention_tile_s(op, phase, op.work(phase)[0], peak, curve))
+        out.append(attention_tile_s(op, phase, op.work(phase)[0], peak, curve) + overhead)
     return np.array(out)
 
 

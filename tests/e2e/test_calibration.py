@@ -55,14 +55,15 @@ def test_perlmutter_links_are_the_catalogs(gpumodeling_dir):
 def test_a100_efficiency_curves_are_the_catalogs(gpumodeling_dir):
     """The fit stops when the loss improves by less than scipy's ftol (1e-8 of itself; status 2
     after ~12 evaluations), which leaves the loss's flat directions unsettled in the last digit
-    the catalog prints: bmm:fwd's max_fraction comes out 0.5745 or 0.5747, the kernel overhead
-    0.46 or 0.47 us, a small half_work a few percent apart, with the numpy/scipy build. What the
+    the catalog prints: a max_fraction can come out 1e-4 apart (the kernel overhead is fixed at
+    the 3.0 us an A100 trace's tiny kernels measure: calibrate.kernel_floor), a small half_work a few percent apart, with the numpy/scipy build. What the
     samples do settle is what the curves predict: the refit and the catalog predict every sample
     within 0.2 % (0.08 % at most measured), and each max_fraction agrees within 0.1 %. A curve
     fitted to other data or edited by hand moves its operators' predictions by percents."""
     folder = gpumodeling_dir / "operators_A100"
     result = runner.invoke(
-        app, ["calibrate", "operators", str(folder), "--gpu", "A100-SXM4-80GB", "--compare", "off"],
+        app, ["calibrate", "operators", str(folder), "--gpu", "A100-SXM4-80GB", "--kernel-overhead-us", "3.0",
+              "--compare", "off"],
         env={"COLUMNS": "80"},
     )
     assert result.exit_code == 0, result.output
@@ -81,7 +82,7 @@ def test_a100_efficiency_curves_are_the_catalogs(gpumodeling_dir):
     peak = gpu.flops_for(Precision.FP16)
     moved = np.abs(np.log(predict_ops(samples, refit, peak) / predict_ops(samples, gpu, peak)))
     assert moved.max() < 2e-3, (moved.max(), samples.ops[int(moved.argmax())].name)
-    assert "20% hold-out (seed 0) median |err| 8.9%, mean |err| 13.5%" in fitted.source
+    assert "20% hold-out (seed 0) median |err| 8.9%, mean |err| 13.4%" in fitted.source
 
 
 @pytest.mark.parametrize(

@@ -61,12 +61,14 @@ def test_the_h100s_rmsnorm_curves_are_its_own_measurement_and_predict_its_sample
         assert np.median(np.abs(err)) <= 0.05 and np.abs(err).max() <= 0.10, phase
 
 
-def test_the_h100s_rmsnorm_curve_refitted_without_each_record_predicts_that_record_within_8_percent(
+def test_the_h100s_rmsnorm_curve_refitted_without_each_record_predicts_that_record_within_10_percent(
         fit, samples, gpu):
-    for phase, expected in (("fwd", 0.5854), ("bwd", 0.3185)):
+    """Within 8 % before the H100 had its own kernel overhead (1.29 us, calibrate.kernel_floor);
+    with it kept, the forward's worst record is 9.5 % off."""
+    for phase, expected in (("fwd", 0.5970), ("bwd", 0.3185)):
         report = fit.fit_report(samples, gpu, f"RMSlayernorm:{phase}")
         assert report["curve"].max_fraction == pytest.approx(expected, abs=5e-4)  # the catalog's numbers
-        assert np.abs(report["loo"]).max() <= 0.08, phase
+        assert np.abs(report["loo"]).max() <= 0.10, phase
 
 
 def test_the_curves_left_transferred_from_gh200_agree_with_the_h100s_samples_above_the_floor_within_5_percent(

@@ -142,10 +142,42 @@ def trace_operators(path: Path) -> TraceOps:
     return TraceOps(tuple(out), len(kernels), linked, shaped, len(info))
 
 
-def _link(path: Path, *, by_launch: bool = True):
+@dataclass(frozen=True, slots=True)
+class KernelCall:
+    """One GPU kernel launched by a timed operator with shapes: the operator, its inputs' shapes
+    and element type, the kernel's own seconds, and how many kernels that operator launched."""
+
+    op: str
+    dims: tuple[tuple[int, ...], ...]
+    dtype: str
+    seconds: float
+    kernel: str
+    siblings: int  # kernels the same operator call launched (this one included)
+
+
+def operator_kernels(path: Path, names: frozenset[str]) -> list[KernelCall]:
+    """Every kernel of one rank's trace launched by an operator named in ``names`` that recorded
+    its input shapes, one row per kernel (not summed per operator as ``trace_operators`` does),
+    linked as ``trace_operators`` links them."""
+    kernels, owners, info, _ = _link(path, classify=lambda n: ("memory", False) if n in names else None)
+    launched: dict[int, int] = defaultdict(int)
+    for op in owners:
+        if op is not None:
+            launched[op] += 1
+    out = []
+    for (_, _, seconds, kernel), op in zip(kernels, owners, strict=True):
+        if op is not None and op in info:
+            name, _, _, dims, dtype, _ = info[op]
+            out.append(KernelCall(name, dims, dtype, seconds, kernel, launched[op]))
+    return out
+
+
+def _link(path: Path, *, by_launch: bool = True, classify=None):
     """The kernels (correlation, External id, seconds, name), the index of the cpu_op each belongs to
     (None when unlinked), the timed leaf operators by index, and the number of operators with
-    shapes. ``by_launch=False`` links by External id alone (the linking before issue 25)."""
+    shapes. ``by_launch=False`` links by External id alone (the linking before issue 25);
+    ``classify`` (default ``op_class``) says which operators are timed and their curve class."""
+    classify = classify or op_class
     threads: dict[tuple, _Thread] = {}
     info: dict[int, tuple[str, str, bool, tuple, str, float]] = {}  # op index -> timed leaf op
     by_ext: dict[object, int] = {}
@@ -175,7 +207,7 @@ def _link(path: Path, *, by_launch: bool = True):
             if not dims:
                 continue
             shaped += 1
-            verdict = op_class(ev.get("name") or "")
+            verdict = classify(ev.get("name") or "")
             if verdict is not None:
                 info[i] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6)
     parent: dict[object, int] = {}
