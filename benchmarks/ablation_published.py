@@ -171,6 +171,21 @@ def _fused_projections(mapping: Mapping) -> Mapping:
     return out
 
 
+def _fused_rope_no_repeat(mapping: Mapping) -> Mapping:
+    """The job with RoPE as one kernel and grouped K/V read in place (Megatron-Core's fused RoPE,
+    SDPA's enable_gqa), stated over the preset's eager forms (torchtitan 2024, fms-fsdp)."""
+    out = copy.deepcopy(mapping)
+    if isinstance(out["model"], dict) and out["model"].get("position_embedding", "rotary") == "rotary":
+        out["model"]["rope_impl"] = "kernel"
+        out["model"]["gqa_expand"] = "none"
+    return out
+
+
+def _no_kernel_floor(mapping: Mapping) -> Mapping:
+    """The GPU's measured kernel floor (``kernel_overhead_s``) set to 0, its curves kept."""
+    return _inline_gpu(mapping, lambda raw: raw.setdefault("efficiency", {}).update(kernel_overhead_s=0.0))
+
+
 def _no_fsdp2_copies(mapping: Mapping) -> Mapping:
     out = copy.deepcopy(mapping)
     job = resolve_job(mapping)
@@ -268,6 +283,16 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                            contextlib.nullcontext),
     "DP gradient reduction after the pipeline drains (Megatron-LM 2021-22 local DDP; overlapped instead)": (
         _parallel(overlap_grad_reduce=True), contextlib.nullcontext),
+    "Transformer Engine's FP8 amax all-reduce (MLPerf; none instead)": (_parallel(fp8_amax_reduce="none"),
+                                                                         contextlib.nullcontext),
+    "MLPerf's own TE userbuffers configuration (the Flux floor instead)": (_parallel(tp_comm_overlap_cfg=None),
+                                                                           contextlib.nullcontext),
+    "TE 0.x per-module FP8 bookkeeping kernels (MLPerf; none instead)": (_parallel(te_fp8_bookkeeping="none"),
+                                                                         contextlib.nullcontext),
+    "eager RoPE and repeated K/V (torchtitan 2024, fms-fsdp; one RoPE kernel, no copy instead)": (
+        _fused_rope_no_repeat, contextlib.nullcontext),
+    "kernel floor from real traces (H100 1.29 us, A100 3.00 us; 0 instead)": (_no_kernel_floor,
+                                                                             contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),
     "attention kernel of the framework preset (the GPU's one attention curve instead)": (
         _parallel(attention_kernel=None), contextlib.nullcontext),
