@@ -76,6 +76,16 @@ def test_traced_experts_run_one_eighth_of_the_experts_and_send_the_hand_written_
     assert a2a and a2a == [c for c in hand.stages[0].layer_collectives if c.name == "ep_alltoall"]
 
 
+def test_a_traced_megatron_moe_layer_launches_as_many_kernels_as_the_hand_written_one():
+    from paraplan.inventory import count_job
+
+    def launches(inv):
+        block = next(b for b in count_job(_job("qwen3-30b-a3b", inv, tp=2, ep=8)).stages[0].blocks if b.moe)
+        return sum(op.forward_host_launches for op in block.ops)
+
+    assert launches("traced") == launches("hand") > 100
+
+
 def test_traced_experts_do_the_traced_grouped_gemm_flops():
     from paraplan.catalog.hf import model_from_hf_config
     from paraplan.inventory import shard_shape

@@ -59,7 +59,8 @@ def layer_on_rank(model: ModelSpec, x: LocalShape, layer: TracedLayer, plan: dic
     sharded = tuple(_shared(op) if "shared_expert" in module else op
                     for op, module in zip(sharded, rest_modules, strict=True))
     experts = routed_experts(model, x, layer, act)
-    return _router_launching(model, x, sharded[:at] + experts + sharded[at:]), coll
+    ops = _router_launching(model, x, sharded[:at] + experts + sharded[at:])
+    return _attention_launching(model, x, ops), coll
 
 
 def _router_launching(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -74,6 +75,25 @@ def _router_launching(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -> t
         return ops
     launches = sum(kernels[name].fwd for name in ("router", "router_topk", "moe_aux_loss"))
     return (*ops[:at], dataclasses.replace(ops[at], host_launches=launches), *ops[at + 1:])
+
+
+def _attention_launching(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` with the traced layer's operators before its router (the attention block and the
+    pre-MLP norm) launching, together, what Megatron-Core launches for the hand-written ones
+    (``moe.megatron_attention``: its norms, GEMMs with their sequence-parallel collectives, q/k
+    norms, RoPE, fused attention, bias-dropout-add), all on the first: the host launch wait after
+    the dispatcher's sync counts a layer's launches, not which operator holds them. Other
+    frameworks' traced layers keep one launch per traced kernel."""
+    from paraplan.inventory.layer import attention_block_ops
+    from paraplan.inventory.moe import megatron_attention, megatron_kernel_config
+
+    at = next((i for i, op in enumerate(ops) if op.kind is OpKind.GEMM and "router" in op.role.lower()), None)
+    if at is None or at == 0 or megatron_kernel_config(model, x) is None:
+        return ops
+    hand = megatron_attention(model, x, attention_block_ops(model, x))
+    launches = sum(op.forward_host_launches for op in hand) + 1  # and the pre-MLP norm's kernel
+    first = dataclasses.replace(ops[0], host_launches=launches)
+    return (first, *(dataclasses.replace(op, host_launches=0) for op in ops[1:at]), *ops[at:])
 
 
 def _keep_every_parameter(layer: TracedLayer, ops: tuple[Op, ...]) -> tuple[Op, ...]:
