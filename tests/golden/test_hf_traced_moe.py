@@ -3,9 +3,10 @@ spread and its tokens dispatched as the hand-written MoE layer does (``inventory
 
 Measured (32 H100 of aws-p5.48xlarge, sequence 4,096, micro-batch 1, global batch 256, ZeRO-1,
 selective recompute, bf16, sequence parallelism with tp 2), traced / hand-written - 1:
-Mixtral-8x7B +0.19 % (tp 1, ep 1), +0.22 % (tp 1, ep 8), +0.17 % (tp 2, ep 1), +0.16 % (tp 2,
-ep 8), allgather +0.20 %, flex +0.22 %; Qwen3-30B-A3B +0.28 %, +0.31 %, +0.12 %, +0.09 %,
-+0.30 %, +0.33 %; DeepSeek-V3 +0.57 % (ep 1), +0.77 % (ep 8) (+3.7 % and +5.0 % before the fused
+Mixtral-8x7B +0.20 % (tp 1, ep 1), +0.19 % (tp 1, ep 8), +0.13 % (tp 2, ep 1), +0.13 % (tp 2,
+ep 8), allgather +0.17 %, flex +0.20 %; Qwen3-30B-A3B +0.12 %, +0.23 %, +0.04 %, +0.07 %,
++0.27 %, +0.24 %; DeepSeek-V3 +0.52 % (ep 1), +0.78 % (ep 8) (2026-11-27, with Megatron-Core's
+kernel launches counted for both layers; +3.7 % and +5.0 % before the fused
 costing dropped MLA's q/k concatenations, which Megatron's fused MLA RoPE writes whole, and named
 the latent norms as the hand-written MLA does). The rest is the router, traced as HF's code runs
 it (DeepSeek-V3's in float32, as its Megatron recipes' moe_router_dtype fp32; softmax and top-k
