@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from paraplan.inventory import Collective, CollectiveKind, Op, OpKind
 from paraplan.inventory.sp_comm import SAVED_REGATHER, saves_shard
 from paraplan.inventory.tp_plan import COLWISE
-from paraplan.schedule import overlapped_s
+from paraplan.schedule import exposed_beside
 from paraplan.specs import Phase
 
 if TYPE_CHECKING:
@@ -74,12 +74,12 @@ def async_linears_backward(ops: tuple[Op, ...], bwd: tuple[float, ...], weight: 
             if c.name == SAVED_REGATHER and regathers < len(linears):
                 dgrad, _ = linears[regathers]
                 regathers += 1
-                exposed += _beside(dgrad, each, comm.slowdown)
+                exposed += exposed_beside(dgrad, each, 0.0, comm.slowdown)
             elif (c.name == _DGRAD_RS and c.kind is CollectiveKind.REDUCE_SCATTER
                   and rscatters < len(linears)):
                 _, wgrad = linears[rscatters]
                 rscatters += 1
-                exposed += _beside(wgrad, each, comm.slowdown)
+                exposed += exposed_beside(wgrad, each, 0.0, comm.slowdown)
             else:
                 others.append(dataclasses.replace(c, count=1))
     return exposed, tuple(others)
@@ -102,11 +102,6 @@ def _column_groups(ops: tuple[Op, ...], bwd: tuple[float, ...],
         elif style and style.group(1) in COLWISE and style.group(1) != "local_colwise":
             groups.setdefault(op.name.rsplit(".", 1)[0], []).append(i)
     return [(sum(bwd[i] - weight[i] for i in ix), sum(weight[i] for i in ix)) for ix in groups.values()]
-
-
-def _beside(gemm_s: float, coll_s: float, slowdown: float) -> float:
-    """What a collective of ``coll_s`` seconds launched beside a GEMM of ``gemm_s`` adds to it."""
-    return float(overlapped_s(gemm_s, coll_s, slowdown)) - gemm_s
 
 
 __all__ = ["async_linears_backward", "runs_async_linears"]

@@ -33,7 +33,7 @@ from paraplan.prediction.result import CollectiveEstimate, OpEstimate, StageTimi
 from paraplan.prediction.sp_backward import async_linears_backward, runs_async_linears
 from paraplan.prediction.stage_arithmetic import PassWork, stage_passes, stage_work
 from paraplan.prediction.userbuffers import runs_userbuffers, userbuffers_layer
-from paraplan.schedule import overlapped_s
+from paraplan.schedule import exposed_beside
 from paraplan.schedule.closed_form import paired_share
 from paraplan.specs import Framework, ParallelPlan, Phase
 
@@ -372,15 +372,6 @@ def exposed_measured(compute_s: float, comm_s: float, exposed_fraction: float) -
     if comm_s <= 0.0:
         return 0.0
     return min(comm_s, max(exposed_fraction * comm_s, comm_s - compute_s))
-
-
-def exposed_beside(compute_s: float, comm_s: float, exposed_share: float, slowdown: float) -> float:
-    """What ``comm_s`` adds to ``compute_s`` when all but ``exposed_share`` of it overlaps
-    the computation (which slows while it runs: ``schedule.overlapped_s``)."""
-    if comm_s <= 0.0:
-        return 0.0
-    hidden = comm_s * (1.0 - exposed_share)
-    return float(overlapped_s(compute_s, hidden, slowdown)) - compute_s + comm_s * exposed_share
 
 
 class CommCosts:

@@ -30,6 +30,15 @@ def overlapped_s(compute_s, comm_s, slowdown, beside_s=0.0):
     return np.maximum(comm_s - beside_s, compute_s + shared * slowdown / (1.0 + slowdown))
 
 
+def exposed_beside(compute_s: float, comm_s: float, exposed_share: float, slowdown: float) -> float:
+    """What ``comm_s`` adds to ``compute_s`` when all but ``exposed_share`` of it overlaps
+    the computation (which slows while it runs: ``schedule.overlapped_s``)."""
+    if comm_s <= 0.0:
+        return 0.0
+    hidden = comm_s * (1.0 - exposed_share)
+    return float(overlapped_s(compute_s, hidden, slowdown)) - compute_s + comm_s * exposed_share
+
+
 def sharded_pass_s(compute_s, comm_s, units, slowdown, beside_s=0.0):
     """One forward or backward pass under ZeRO-3 / FSDP: each of ``units`` wrapped blocks
     gathers its weights (and, backward, reduce-scatters its gradients) while its neighbour
