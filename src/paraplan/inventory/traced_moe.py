@@ -70,7 +70,7 @@ def _router_launching(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -> t
     from paraplan.inventory.moe import megatron_kernels
 
     kernels = megatron_kernels(model, x)
-    at = next((i for i, op in enumerate(ops) if op.kind is OpKind.GEMM and "router" in op.role.lower()), None)
+    at = _router_at(ops)
     if kernels is None or at is None:
         return ops
     launches = sum(kernels[name].fwd for name in ("router", "router_topk", "moe_aux_loss"))
@@ -87,13 +87,18 @@ def _attention_launching(model: ModelSpec, x: LocalShape, ops: tuple[Op, ...]) -
     from paraplan.inventory.layer import attention_block_ops
     from paraplan.inventory.moe import megatron_attention, megatron_kernel_config
 
-    at = next((i for i, op in enumerate(ops) if op.kind is OpKind.GEMM and "router" in op.role.lower()), None)
+    at = _router_at(ops)
     if at is None or at == 0 or megatron_kernel_config(model, x) is None:
         return ops
     hand = megatron_attention(model, x, attention_block_ops(model, x))
     launches = sum(op.forward_host_launches for op in hand) + 1  # and the pre-MLP norm's kernel
     first = dataclasses.replace(ops[0], host_launches=launches)
     return (first, *(dataclasses.replace(op, host_launches=0) for op in ops[1:at]), *ops[at:])
+
+
+def _router_at(ops: tuple[Op, ...]) -> int | None:
+    """The index of a traced MoE layer's router GEMM (its role names the router), or None."""
+    return next((i for i, op in enumerate(ops) if op.kind is OpKind.GEMM and "router" in op.role.lower()), None)
 
 
 def _keep_every_parameter(layer: TracedLayer, ops: tuple[Op, ...]) -> tuple[Op, ...]:

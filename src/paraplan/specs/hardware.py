@@ -204,6 +204,11 @@ class EfficiencySpec(BaseModel):
         return kind in self.model_fields_set and getattr(self, kind).transferred_from is None
 
 
+def _largest_not_above(sizes: dict[int, float], group: int) -> int | None:
+    """The largest measured group size of ``sizes`` not above ``group``; None below them all."""
+    return max((n for n in sizes if n <= group), default=None)
+
+
 class CollectiveCurve(BaseModel):
     """One collective's bus bandwidth on a link, measured against message size S (nccl-tests'
     size and bus-bandwidth conventions): bus(S) = bus_bytes_per_s[n] * S / (S + half_bytes),
@@ -223,9 +228,8 @@ class CollectiveCurve(BaseModel):
     def peak_for(self, group: int) -> float:
         """The asymptotic bus bandwidth of the largest measured group size not above ``group``
         (the smallest measured one below them all)."""
-        sizes = sorted(self.bus_bytes_per_s)
-        fitting = [n for n in sizes if n <= group]
-        return self.bus_bytes_per_s[fitting[-1] if fitting else sizes[0]]
+        n = _largest_not_above(self.bus_bytes_per_s, group)
+        return self.bus_bytes_per_s[min(self.bus_bytes_per_s) if n is None else n]
 
     def bus_for(self, group: int, size_bytes: float) -> float:
         return self.peak_for(group) * size_bytes / (size_bytes + self.half_bytes)
@@ -233,8 +237,8 @@ class CollectiveCurve(BaseModel):
     def small_for(self, group: int) -> float | None:
         """The measured small-call time of the largest measured group size not above ``group``;
         None below every measured group size (or with no small calls measured)."""
-        fitting = [n for n in sorted(self.small_s) if n <= group]
-        return self.small_s[fitting[-1]] if fitting else None
+        n = _largest_not_above(self.small_s, group)
+        return None if n is None else self.small_s[n]
 
     def seconds(self, group: int, size_bytes: float, moved_bytes: float) -> float | None:
         """Seconds of one call moving ``moved_bytes`` of a ``size_bytes`` message; None where
