@@ -2,8 +2,8 @@
 
 Run: python benchmarks/ablation_published.py [path/to/shared/data]
 Prints a markdown table (README, "Validation"): per set (runs_dev.json, runs_dev_modern.json,
-the Perlmutter runs) the signed median and the median |error| as shipped and with each effect
-switched off, in both directions, so that a reader sees why the numbers moved. The effects come
+the Perlmutter runs, benchmarks/data/runs_moe_dev.json's predictable runs as "MoE") the signed
+median and the median |error| as shipped and with each effect switched off, in both directions, so that a reader sees why the numbers moved. The effects come
 from operator- and link-level measurements and the frameworks' code; the runs are only
 compared with, nothing is fitted or chosen by them.
 """
@@ -25,6 +25,7 @@ import paraplan.schedule.overlap as overlap
 from paraplan.catalog import load_catalog_entry, load_gpu, resolve_job
 from paraplan.prediction import predict
 from paraplan.schedule import overlapped_s
+from paraplan.specs import ConfigError
 from paraplan.validate import load_runs
 from paraplan.validate.gpumodeling import job_mapping_from_run
 from paraplan.validate.published import measured_iteration_s
@@ -94,6 +95,15 @@ def _attention_flops_curve(mapping: Mapping) -> Mapping:
 
 # H100's FP8 GEMM curve before issue 27: the BF16 curve x 1.91 / 2 (FBGEMM at 500 W, TE on the H200 NVL)
 FP8_RATIO_191 = {"max_fraction": 0.7656, "half_work": 9.34e9}
+
+
+def _grouped_gemm_four_streams(mapping: Mapping) -> Mapping:
+    """Before issue 27's MoE pass: Transformer Engine's grouped GEMM as its 4 streams' GEMMs
+    filling the GPU together (the GPU's measured ``efficiency.grouped_gemm`` removed)."""
+    gpu = mapping["cluster"].get("gpu") or load_catalog_entry("clusters", mapping["cluster"]["name"])["gpu"]
+    if "grouped_gemm" not in load_catalog_entry("gpus", load_gpu(gpu).name).get("efficiency", {}):
+        return mapping
+    return _inline_gpu(mapping, lambda raw: raw["efficiency"].pop("grouped_gemm", None))
 
 
 def _fp8_ratio_191(mapping: Mapping) -> Mapping:
@@ -294,6 +304,8 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "kernel floor from real traces (H100 1.29 us, A100 3.00 us; 0 instead)": (_no_kernel_floor,
                                                                              contextlib.nullcontext),
     "the network a record states (reference node's instead)": (_reference_network, contextlib.nullcontext),
+    "TE grouped GEMM at its measured concurrency (H100 1.60; 4 streams filling the GPU instead)": (
+        _grouped_gemm_four_streams, contextlib.nullcontext),
     "attention kernel of the framework preset (the GPU's one attention curve instead)": (
         _parallel(attention_kernel=None), contextlib.nullcontext),
     "attention held at the power limit (H100; burst rate instead)": (_attention_burst, contextlib.nullcontext),
@@ -307,6 +319,8 @@ def _group(run: dict) -> str:
     source = str(run["id"]).split("-")[0]
     if source == "ibm":
         return f"ibm {'H100' if 'h100' in run['id'] else 'A100'}"
+    if run.get("model", {}).get("num_moe_experts"):
+        return "MoE"
     return {"mlperf": "MLPerf H100 FP8", "torchtitan": "torchtitan A100"}.get(source, source)
 
 
@@ -319,6 +333,16 @@ def _errors(runs, to_mapping, measured, change, context) -> dict[str, list[float
     return groups
 
 
+def _predictable(runs: list[dict]) -> list[dict]:
+    """The runs whose record makes a job (``validate runs`` skips the others, naming why)."""
+    out = []
+    for run in runs:
+        with contextlib.suppress(ConfigError):
+            resolve_job(job_from_record(run).mapping)
+            out.append(run)
+    return out
+
+
 def main() -> None:
     published = lambda r: job_from_record(r).mapping  # noqa: E731
     sets = [
@@ -326,6 +350,8 @@ def main() -> None:
         (load_runs(DATA / "published" / "runs_dev_modern.json"), published, measured_iteration_s),
         ([dict(r, id=f"Perlmutter-{r['id']}") for r in load_runs(DATA / "gpumodeling" / "runs_perlmutter.json")],
          job_mapping_from_run, lambda r: r["measured"]["iteration_time_s"]["min"]),
+        (_predictable(load_runs(Path(__file__).resolve().parent / "data" / "runs_moe_dev.json")), published,
+         measured_iteration_s),
     ]
     rows = []
     for name, (change, context) in SWITCHES.items():

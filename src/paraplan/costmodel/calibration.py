@@ -151,14 +151,19 @@ def expert_gaps(job: Job) -> tuple[str, ...]:
     """What a mixture-of-experts prediction assumes without a measurement: the router's
     balance (the busiest expert-parallel rank sets each MoE layer's time, and the default is
     the auxiliary loss's ideal, a perfectly even split) and the experts' GEMMs, costed on the
-    GPU's dense GEMM curve (no grouped-GEMM measurements in the catalog)."""
+    GPU's dense GEMM curve (side by side as the GPU's ``efficiency.grouped_gemm`` measured, or
+    as the streams' GEMMs filling the GPU together where it has none)."""
     model, plan = job.model, job.parallel
     if not model.is_moe:
         return ()
-    notes = [
-        "experts' GEMMs costed on the dense GEMM curve, each wave of side-by-side GEMMs (model."
-        "moe_grouped_gemm_streams: Transformer Engine's 4 streams under megatron, torch._grouped_mm's one kernel under fsdp) at its summed size (no grouped-GEMM measurements)"
-    ]
+    measured = job.cluster.gpu.efficiency.grouped_gemm
+    side_by_side = (f"at their measured concurrency on this GPU ({measured.concurrency:.2f} of Transformer "
+                    "Engine's streams' GEMMs side by side; torch._grouped_mm's one kernel under fsdp)"
+                    if measured is not None else
+                    "each wave of side-by-side GEMMs (model.moe_grouped_gemm_streams: Transformer Engine's 4 "
+                    "streams under megatron, torch._grouped_mm's one kernel under fsdp) at its summed size "
+                    "(no grouped-GEMM measurements for this GPU)")
+    notes = [f"experts' GEMMs costed on the dense GEMM curve, {side_by_side}"]
     if plan.ep > 1 and plan.expert_load_imbalance == 1.0 and model.moe_expert_capacity_factor is None:
         notes.insert(0, "expert load assumed perfectly balanced over the expert-parallel ranks "
                      "(parallel.expert_load_imbalance 1.0); give the busiest rank's tokens over the mean")

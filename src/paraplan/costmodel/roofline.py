@@ -164,7 +164,7 @@ def roofline_s(op: Op, phase: Phase, gpu: GpuSpec, tensor_peak: float,
     ``AnalyticalCostModel.estimate_op_s`` held): seconds one rank spends on ``op`` in ``phase`` on
     ``gpu``, its curves, peak and held factor from ``price`` (asked only for work the roofline
     times); the scan kinds at ``tensor_peak`` (``scan_op_s``). ``n`` launches of equal size each
-    ramp up on their own: ``(work + n half_work) / (rate max_fraction)`` per side; attention with
+    ramp up on their own (``ramps``: a multi-stream grouped GEMM's at its measured concurrency): ``(work + n half_work) / (rate max_fraction)`` per side; attention with
     tile data is priced by its tiles (``attention_tile_s``); the held factor divides only the
     compute side (memory time is unchanged)."""
     flops, traffic = op.work(phase)
@@ -173,7 +173,7 @@ def roofline_s(op: Op, phase: Phase, gpu: GpuSpec, tensor_peak: float,
     if op.kind in SCAN_KINDS:
         return scan_op_s(op, phase, gpu, tensor_peak)
     compute, memory, peak, held = price(op, phase)
-    n = op.launches
+    n = ramps(op, gpu)
     memory_s = 0.0 if traffic <= 0.0 else (traffic + n * memory.half_work) / (
         gpu.hbm_bandwidth_bytes_per_s * memory.max_fraction)
     compute_s = 0.0
@@ -184,6 +184,17 @@ def roofline_s(op: Op, phase: Phase, gpu: GpuSpec, tensor_peak: float,
             compute_s = attention_tile_s(op, phase, flops / n, peak, compute) or compute_s
         compute_s /= held
     return (compute_s if compute_s > memory_s else memory_s) + n * gpu.efficiency.kernel_overhead_s
+
+
+def ramps(op: Op, gpu: GpuSpec) -> float:
+    """How many lone kernels' ramp-up and launch ``op``'s time pays: its ``launches``, and for a
+    multi-stream grouped GEMM (Transformer Engine's) on a GPU where it was measured
+    (``efficiency.grouped_gemm``) its GEMMs over their measured concurrency, when that is fewer
+    side by side than its streams (``launches`` waves prices them as filling the GPU together)."""
+    measured = gpu.efficiency.grouped_gemm
+    if not op.multi_stream_gemms or measured is None:
+        return op.launches
+    return max(float(op.launches), op.multi_stream_gemms / measured.concurrency)
 
 
 def estimate_op_s(

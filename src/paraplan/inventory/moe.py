@@ -72,6 +72,9 @@ def _expert_gemm(name: str, role: str, x: LocalShape, k: int, n: int, *, grouped
         params=weights,
         expert=True,
         launches=-(-max(1, experts) // max(1, streams)) if grouped else max(1, experts),
+        # Transformer Engine's 4 streams, as measured (``EfficiencySpec.grouped_gemm``); another
+        # count stated (``ModelSpec.moe_grouped_gemm_streams``; torch._grouped_mm's one kernel) keeps its waves
+        multi_stream_gemms=experts if grouped and experts > 1 and streams == TE_GROUPED_GEMM_STREAMS else 0,
         dims=(*one.dims, ("experts", experts)),
     )
 

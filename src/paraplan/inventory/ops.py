@@ -67,6 +67,10 @@ class Op:
     # kernels of equal size the work is issued as (the local experts' GEMMs one by one,
     # without a grouped GEMM): each pays its own ramp-up and launch
     launches: int = 1
+    # the GEMMs of a multi-stream grouped GEMM (Transformer Engine's, ``launches`` waves of
+    # them side by side): the cost model ramps up as many lone GEMMs as the GPU's measured
+    # concurrency leaves (``EfficiencySpec.grouped_gemm``); 0: not one
+    multi_stream_gemms: int = 0
     # the kernels the host launches for the forward, where more than ``launches`` (a MoE
     # operator's small kernels, copies to the host and communication kernels as the framework's
     # code launches them: ``inventory.moe_kernels``); None: ``launches``

@@ -9,6 +9,9 @@ from paraplan.inventory.fp8 import te0_meta_kernels
 from paraplan.specs import FP8Recipe, Framework, ModelSpec, ParallelPlan, Precision
 
 # Bytes of one activation element. FP8 training keeps activations in 16-bit between GEMMs.
+# ``LocalShape.grouped_gemm_streams`` of a grouped GEMM that is one kernel (torch._grouped_mm)
+ONE_KERNEL_STREAMS = 1 << 30
+
 _ACTIVATION_BYTES = {Precision.FP32: 4, Precision.TF32: 4, Precision.FP16: 2, Precision.BF16: 2, Precision.FP8: 2}
 
 
@@ -134,7 +137,7 @@ def shard_shape(
             "num_experts": model.num_moe_experts,
             # torchtitan (framework fsdp) runs its experts through torch._grouped_mm, one kernel
             # (torchtitan/models/moe/moe.py GroupedExperts); Megatron-Core through Transformer Engine
-            "grouped_gemm_streams": 1 << 30 if one_kernel_experts else 0,
+            "grouped_gemm_streams": ONE_KERNEL_STREAMS if one_kernel_experts else 0,
             "dispatcher": dispatcher, "ep": ep, "etp": etp, "tp_cp": tp * cp,
             "cuda_graph_scope": cuda_graph_scope, "shared_expert_overlap": shared_expert_overlap,
         }

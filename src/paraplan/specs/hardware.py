@@ -126,6 +126,19 @@ class SustainedClock(BaseModel):
     attention_source: str | None = None
 
 
+class GroupedGemm(BaseModel):
+    """How many of Transformer Engine's multi-stream grouped GEMM's per-expert cuBLAS GEMMs
+    (``GroupedLinear``: the i-th on stream i % 4) run side by side in effect, measured at
+    operator level on this GPU: ``concurrency`` = local experts / the number of lone GEMMs of
+    the summed work the measured time prices (``calibrate.grouped_gemm``). 4 would be four
+    GEMMs filling the GPU as one; 1 each expert's GEMM one after another. Never fitted to
+    end-to-end runs."""
+
+    model_config = _FROZEN
+    concurrency: Float = Field(gt=0.0, le=64.0)
+    source: str
+
+
 class TpOverlap(BaseModel):
     """What a GEMM with its sequence-parallel collective pipelined beside it (Megatron-LM's
     --tp-comm-overlap, Transformer Engine userbuffers; fused all-gather + GEMM and GEMM +
@@ -172,6 +185,9 @@ class EfficiencySpec(BaseModel):
     # measured at operator level (None: not measured for this GPU; --tp-comm-overlap then
     # exposes one of tp chunks, the GEMMs slowed by ``overlap_slowdown``, with no floor)
     tp_overlap: TpOverlap | None = None
+    # Transformer Engine's multi-stream grouped GEMM as measured on this GPU (None: not
+    # measured; its streams' GEMMs priced as filling the GPU together, one GEMM per wave)
+    grouped_gemm: GroupedGemm | None = None
     precisions: dict[Precision, PrecisionCurves] = Field(default_factory=dict)
     # sustained-clock GEMM throughput (None: not measured for this GPU, GEMMs at the
     # calibration data's burst rate)
