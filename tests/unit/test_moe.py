@@ -59,6 +59,16 @@ def test_the_busiest_ranks_load_slows_the_layer_and_grows_its_memory():
     assert estimate_memory(count_job(skewed))[0].activations > estimate_memory(count_job(even))[0].activations
 
 
+def test_the_busiest_ranks_load_multiplies_its_experts_gemms_and_its_all_to_alls_not_its_attention():
+    even, skewed = job(pp=4, ep=8), job(pp=4, ep=8, expert_load_imbalance=1.5)
+    for name in ("expert_fc1", "expert_fc2"):
+        assert _ops(skewed, name)[0].flops == pytest.approx(1.5 * _ops(even, name)[0].flops, rel=1e-6)
+    a2a = [[c.bytes for st in count_job(j).stages[:1] for c in st.blocks[0].collectives
+            if c.kind is CollectiveKind.ALL_TO_ALL] for j in (even, skewed)]
+    assert a2a[1] == pytest.approx([1.5 * b for b in a2a[0]], rel=1e-6)
+    assert _ops(skewed, "linear1")[0].flops == _ops(even, "linear1")[0].flops  # the QKV projection
+
+
 def test_a_capacity_factor_caps_the_busiest_ranks_load():
     capped = ModelSpec(**SMALL_MOE, moe_expert_capacity_factor=1.25)
     a = _ops(job(capped, nodes=1, ep=8, expert_load_imbalance=3.0), "expert_fc1")[0]
