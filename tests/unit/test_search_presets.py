@@ -65,13 +65,15 @@ def test_the_engine_s_searched_axes_stay_searched_and_its_pinned_ones_take_the_p
     assert SearchSpace(framework="nemo-24.07").sequence_parallel == "with_tp"
     assert SearchSpace(framework="torchtitan-0.1").preset_fields == ("grad_reduce_in_fp32", "fsdp_version",
                                                                      "optimizer_impl", "grad_clip_scale",
-                                                                     "recompute_every", "cp_comm_type",
+                                                                     "recompute_every", "grads_set_to_none",
+                                                                     "cp_comm_type",
                                                                      "attention_kernel", "fp8_recipe")
     # torchtitan 0.3 pins its sequence parallelism, async TP (off), the uncompiled and chunked loss
     # and the pipeline's outputs; its recompute stays searched (none, full, op: what it runs)
     assert SearchSpace(framework="torchtitan").preset_fields == (
         "sequence_parallel", "async_tp", "grad_reduce_in_fp32", "compile_loss", "fsdp_version", "optimizer_impl",
-        "grad_clip_scale", "loss_chunks", "pipeline_keeps_outputs", "cp_comm_type", "fp8_recipe")
+        "grad_clip_scale", "loss_chunks", "pipeline_keeps_outputs", "grads_set_to_none", "cp_comm_type",
+        "fp8_recipe")
 
 
 def test_a_field_the_search_varies_is_searched_not_pinned_by_the_preset():

@@ -16,7 +16,8 @@ The published-runs reader finds a record's preset by the ``keywords`` of these f
 version's file names its version, ``torchtitan 0.3``, so that a record naming the framework alone
 stays with the version its date ran). Besides the plan fields of the engines, a preset may set the
 loss as the framework's recipes run it (``compile_loss``, ``loss_chunks``) and whether torch's
-pipelining keeps every micro-batch's output (``pipeline_keeps_outputs``, with pp > 1).
+pipelining keeps every micro-batch's output (``pipeline_keeps_outputs``, with pp > 1), and whether the
+trainer frees the gradients between steps (``grads_set_to_none``: the memory timeline's).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _WHEN = {
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "tp_comm_overlap_cfg", "async_tp", "overlap_p2p_comm",
           "scatter_gather_p2p", "overlap_grad_reduce", "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "compile_loss", "fsdp_version",
           "optimizer_impl", "grad_clip_scale", "recompute",
-          "recompute_every", "loss_chunks", "pipeline_keeps_outputs", "data_parallel_shard_degree", "cp_comm_type",
+          "recompute_every", "loss_chunks", "pipeline_keeps_outputs", "grads_set_to_none", "data_parallel_shard_degree", "cp_comm_type",
           "attention_kernel", "fp8_recipe", "fp8_amax_reduce", "te_fp8_bookkeeping")
 _RECORDED = ("attention_kernel", "fp8_recipe", "tp_comm_overlap_cfg")
 # Model fields a preset may set (``model_defaults``): how the framework's own model code runs a

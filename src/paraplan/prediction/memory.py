@@ -36,7 +36,7 @@ arrays for many plans in the search's screen.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -84,17 +84,25 @@ class StageMemory:
     runtime: float = 0.0  # CUDA context and NCCL buffers, outside the caching allocator
     fragmentation_share: float = 0.0  # of the memory reserved for the transient tensors, what is left in holes
     workspaces: float = 0.0  # cuBLAS / Transformer Engine workspaces and cached dummy weight gradients
+    moment: str = ""  # the moment of the step the peak is at (``MOMENTS``), whose tensors the parts are
+    gradients_freed: bool = False  # the gradients are freed between steps (transient, not persistent)
 
     @property
     def persistent(self) -> float:
-        """Tensors allocated once and kept: weights, gradient buffers, optimizer states and the
-        framework's workspaces."""
-        return self.weights + self.gradients + self.optimizer_states + self.workspaces
+        """Tensors allocated once and kept: weights, gradient buffers (unless the trainer frees
+        them between steps), optimizer states and the framework's workspaces."""
+        kept = 0.0 if self.gradients_freed else self.gradients
+        return self.weights + kept + self.optimizer_states + self.workspaces
 
     @property
     def transient(self) -> float:
         """Tensors allocated and freed within the iteration (what fragments the allocator)."""
-        return transient_bytes(self.activations, self.logits, self.gathered_params, self.buffers)
+        return transient_bytes(self.activations, self.logits, self.gathered_params, self._step_buffers)
+
+    @property
+    def _step_buffers(self) -> float:
+        """The communication buffers with the gradients the trainer frees between steps."""
+        return self.buffers + (self.gradients if self.gradients_freed else 0.0)
 
     @property
     def allocated(self) -> float:
@@ -116,8 +124,8 @@ class StageMemory:
 
     @property
     def total(self) -> float:
-        return stage_peak_bytes(self.persistent, self.activations, self.logits, self.gathered_params, self.buffers,
-                                self.runtime, self.fragmentation_share)
+        return stage_peak_bytes(self.persistent, self.activations, self.logits, self.gathered_params,
+                                self._step_buffers, self.runtime, self.fragmentation_share)
 
 
 def transient_bytes(activations, logits, gathered, buffers):
@@ -155,6 +163,39 @@ def stage_peak_bytes(persistent, activations, logits, gathered, buffers, runtime
     arrays): the persistent tensors, the transient ones (``transient_bytes``) with what the
     allocator reserves around them, and the runtime's (``peak_bytes``)."""
     return peak_bytes(persistent, transient_bytes(activations, logits, gathered, buffers), runtime, fragmentation)
+
+
+#: The moments of a step ``step_peak_bytes`` compares, in its order: the loss at the end of the
+#: (last micro-batch's) forward pass, the first layers of the backward pass (every activation
+#: still saved, the backward's buffers allocated), and the end of the backward pass before the
+#: optimizer step (every gradient, and the first layer's backward working bytes).
+MOMENTS = ("loss", "backward start", "backward end")
+
+
+def step_peak_bytes(persistent, gradients_freed, grads_at_forward, activations, logits, layer_working, gathered,
+                    buffers, backward_buffers, runtime, fragmentation: float):
+    """The peak of a step's memory timeline: the largest of ``stage_peak_bytes`` at each of the
+    ``MOMENTS``, with the tensors alive at that moment (numbers or numpy arrays: the search's
+    screen; a tuple of the three totals). ``persistent`` holds the tensors kept between steps;
+    ``gradients_freed`` the gradient bytes the trainer frees between steps
+    (``ParallelPlan.frees_gradients``), which exist at the loss only where ``grads_at_forward``
+    (more than one micro-batch a step: the earlier ones' gradients) and always at the end of the
+    backward; ``activations`` and ``logits`` as ``activations_at_peak`` and ``microbatch_bytes``
+    give them (the layers' working bytes are the backward's, the loss's extra copies the
+    forward's beyond them; ``layer_working`` is the one layer's working bytes the last backward
+    pass, the first layer's, holds beside nearly every gradient); ``buffers`` held all step, ``backward_buffers`` only in the backward
+    (FSDP's unsharded gradient and reduce-scatter input). The gradients of the units done early
+    in the backward are left out of its first moment (a unit's shard, against the activations it
+    frees); between the first layers and the end both change linearly with the layers done, so
+    the larger of the two ends bounds the backward."""
+    early = np.where(grads_at_forward, gradients_freed, 0.0) if isinstance(grads_at_forward, np.ndarray) else (
+        gradients_freed if grads_at_forward else 0.0)
+    loss = stage_peak_bytes(persistent, activations, logits, gathered, buffers + early, runtime, fragmentation)
+    backward = stage_peak_bytes(persistent, activations, 0.0, gathered, buffers + backward_buffers + early, runtime,
+                                fragmentation)
+    end = stage_peak_bytes(persistent, layer_working, 0.0, gathered, buffers + backward_buffers + gradients_freed,
+                           runtime, fragmentation)
+    return loss, backward, end
 
 
 def peak_bytes(persistent, transient, runtime, fragmentation: float):
@@ -260,9 +301,11 @@ def deepspeed_reduce_buckets(plan: ParallelPlan, pb: float, gb: float, bucket_el
 
 
 
-def framework_buffers(inv: JobInventory, st: StageInventory) -> tuple[float, float]:
-    """(gathered weights, communication buffers) one GPU of ``st`` holds at its peak beyond its
-    shards (see the module docstring)."""
+def framework_buffers(inv: JobInventory, st: StageInventory) -> tuple[float, float, float]:
+    """(gathered weights, communication buffers, backward-only buffers) one GPU of ``st`` holds
+    beyond its shards (see the module docstring): the buffers held all step, and those only a
+    backward pass holds (FSDP's unsharded gradient and reduce-scatter input of one unit, without
+    pipeline parallelism), which ``step_peak_bytes`` places in the backward's moments only."""
     job = inv.job
     plan = job.parallel
     pb, gb = inv.param_bytes, inv.grad_bytes
@@ -274,22 +317,30 @@ def framework_buffers(inv: JobInventory, st: StageInventory) -> tuple[float, flo
         if plan.zero_stage >= 3 and sharded:
             live = max(unit, min(rt.deepspeed_stage3_max_live_parameters, unit + rt.deepspeed_stage3_prefetch_bucket_size))
             gathered = pb * min(stage, live)
-        return gathered, deepspeed_reduce_buckets(plan, pb, gb, rt.deepspeed_reduce_bucket_size) if sharded else 0.0
+        return gathered, deepspeed_reduce_buckets(plan, pb, gb, rt.deepspeed_reduce_bucket_size) if sharded else 0.0, 0.0
     if plan.framework is Framework.FSDP and plan.pp > 1 and sharded:
         # torchtitan with pipeline parallelism: unsharded weights (ZeRO-3) and gradients
         # accumulated in the reduce dtype (ZeRO-2/3) across the micro-batches, and the
         # reduce-scatter input of one unit at the last one
         gathered = pb * stage if plan.zero_stage >= 3 else 0.0
         accumulated = gb * stage + gb * unit if plan.zero_stage >= 2 else 0.0
-        return gathered, accumulated
+        return gathered, accumulated, 0.0
     # ZeRO-3: the unit in use and the next, prefetched; ZeRO-2/3: the unit's unsharded
-    # gradient and its reduce-scatter input (Megatron's distributed optimizer, ZeRO-1, reduces
-    # its contiguous gradient buffer in place)
+    # gradient and its reduce-scatter input, in the backward pass only (Megatron's distributed
+    # optimizer, ZeRO-1, reduces its contiguous gradient buffer in place)
     gathered = 2.0 * pb * unit if plan.zero_stage >= 3 and sharded else 0.0
-    return gathered, (pb + gb) * unit if plan.zero_stage >= 2 and sharded else 0.0
+    return gathered, 0.0, (pb + gb) * unit if plan.zero_stage >= 2 and sharded else 0.0
 
 
 def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
+    """One GPU of ``st`` at the moment of its step's peak (``at_peak_moment``)."""
+    return at_peak_moment(*step_memory(inv, st))
+
+
+def step_memory(inv: JobInventory, st: StageInventory) -> tuple[StageMemory, float, bool, float]:
+    """(every tensor of the step on one GPU of ``st``, its gradients whole; the backward-only
+    buffers; whether freed gradients exist at the loss; one layer's backward working bytes):
+    ``at_peak_moment``'s arguments, which the search's screen reads too."""
     plan = inv.job.parallel
     dp, zero, edp = plan.zero_shards, plan.zero_stage, plan.edp
     params, experts = st.params, st.expert_params
@@ -329,7 +380,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         # one rank nothing is sharded: the run is ZeRO 0's, ``search.space.runs_as_zero``)
         weights, optimizer = sharded(4.0, 3), sharded(adam_state_bytes(inv.job.precision) - 4.0, 1)
     off = count_offload(inv, st, weights, gradients, optimizer, offloaded)  # what offload moves off the GPU
-    gathered, buffers = framework_buffers(inv, st)
+    gathered, buffers, backward_buffers = framework_buffers(inv, st)
     per_microbatch, once = deepspeed_pipeline_buffers(plan, inv.shape, logit_elements(st.end_ops),
                                                       first=st.index == 0, last=st.index == plan.pp - 1,
                                                       microbatches=plan.num_microbatches)
@@ -341,7 +392,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
                                                 float(plan.num_microbatches), flight, 1.0 if st.index == 0 else 0.0,
                                                 chunks, plan.keeps_pipeline_outputs)
         activations, buffers = activations + kept, buffers + received
-    return StageMemory(
+    mem = StageMemory(
         stage=st.index,
         weights=weights - off.weights + fp8_copies,
         gradients=gradients - off.gradients,
@@ -355,7 +406,28 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
         runtime=runtime_bytes(plan),
         fragmentation_share=fragmentation_share(),
         workspaces=workspace_bytes(inv, st),
+        gradients_freed=plan.frees_gradients,
     )
+    return mem, backward_buffers, plan.num_microbatches > 1, working - end_saved_bytes(st)
+
+
+def at_peak_moment(mem: StageMemory, backward_buffers: float, grads_at_forward: bool,
+                   layer_working: float) -> StageMemory:
+    """``mem`` (every tensor of the step, the gradients whole) cut to the moment of its step's
+    peak (``step_peak_bytes``): its parts are then the tensors alive at that moment, and
+    ``moment`` names it."""
+    freed = mem.gradients if mem.gradients_freed else 0.0
+    totals = step_peak_bytes(mem.persistent, freed, grads_at_forward, mem.activations, mem.logits, layer_working,
+                             mem.gathered_params, mem.buffers, backward_buffers, mem.runtime, mem.fragmentation_share)
+    at = max(range(len(MOMENTS)), key=lambda i: (totals[i], -i))  # the first of equal peaks
+    early = freed if grads_at_forward else 0.0
+    kept = mem.gradients - freed
+    parts = (
+        {"logits": mem.logits, "gradients": kept + early},
+        {"logits": 0.0, "gradients": kept + early, "buffers": mem.buffers + backward_buffers},
+        {"logits": 0.0, "activations": layer_working, "buffers": mem.buffers + backward_buffers},
+    )[at]
+    return replace(mem, moment=MOMENTS[at], **parts)
 
 
 def estimate_memory(inv: JobInventory) -> tuple[StageMemory, ...]:
@@ -483,6 +555,7 @@ class PlanMemory:
         w = self.worst
         return {
             "worst_stage": w.stage,
+            "peak_moment": w.moment,
             **{f"{p.field}_bytes": getattr(w, p.field) for p in MEMORY_PARTS},
             "allocated_bytes": w.allocated,
             "reserved_bytes": w.reserved,

@@ -96,7 +96,7 @@ def reported_figures(prediction: Prediction, *, breakdown: bool = True) -> list[
     for st in p.stages:
         figures += [(f"stages[{st.stage}].{k}", float(v)) for k, v in _fields(st)]
     for mem in p.memory:
-        figures += [(f"memory[{mem.stage}].{k}", float(v)) for k, v in _fields(mem)]
+        figures += [(f"memory[{mem.stage}].{k}", float(v)) for k, v in _fields(mem) if not isinstance(v, str)]
         figures.append((f"memory[{mem.stage}].total", mem.total))
     for name in ("cost_per_hour_usd", "usd_per_million_tokens", "time_to_train_s", "cost_to_train_usd"):
         value = getattr(p, name)

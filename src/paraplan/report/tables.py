@@ -202,7 +202,8 @@ def render_memory(pred: Prediction) -> Table:
     the GPU's memory, and the margin left after the headroom."""
     memory = pred.memory
     worst = memory.worst
-    mem = Table(title=f"Memory per GPU (worst stage: {worst.stage})", title_justify="left")
+    peak = f", peak at {worst.moment}" if worst.moment else ""  # the step's moment whose tensors these are
+    mem = Table(title=f"Memory per GPU (worst stage {worst.stage}{peak})", title_justify="left")
     mem.add_column("part")
     mem.add_column("size", justify="right")
     for part in memory_parts_of([worst]):

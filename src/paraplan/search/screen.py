@@ -24,7 +24,7 @@ combined with arrays by the prediction's own stage arithmetic: each stage class'
 from the tables, go through the functions ``prediction.stage_timing`` and
 ``memory.estimate_stage_memory`` call for one stage (``stage_arithmetic.stage_work`` and
 ``stage_passes``: layers and ends summed, ZeRO-2/3 overlap, ZeRO-Offload's gradient copy, the
-exposed gradient sync; ``memory.activations_at_peak`` and ``stage_peak_bytes``), with the
+exposed gradient sync; ``memory.activations_at_peak`` and ``step_peak_bytes``), with the
 micro-batches in flight of ``schedule.closed_form`` and the optimizer step of
 ``stages.stage_optimizer_s``. Memory is the exact formula: the same bytes as ``estimate_memory``
 (tests check it, hence the same verdict). Time equals ``predict``'s to
@@ -69,11 +69,11 @@ from paraplan.prediction.framework_memory import (
 from paraplan.prediction.memory import (
     activations_at_peak,
     end_saved_bytes,
-    estimate_stage_memory,
     fragmentation_share,
     framework_buffers,
     microbatch_bytes,
-    stage_peak_bytes,
+    step_memory,
+    step_peak_bytes,
     usable_hbm_bytes,
 )
 from paraplan.prediction.offload import OffloadCosts, gradient_copy_s
@@ -420,8 +420,8 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
     that does not depend on the micro-batch: persistent (weights, gradients, optimizer
     states), transient (gathered weights, communication buffers) and outside the allocator
     (``comms``: each layout's ``CommCosts``)."""
-    keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "gathered", "buffers", "runtime",
-            "grad_copy", "amax_f", "amax_b")
+    keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "grads_freed", "gathered", "buffers",
+            "bwd_buffers", "runtime", "grad_copy", "amax_f", "amax_b")
     out = np.zeros((len(keys), len(invs), 3))
     for j, (inv, comm) in enumerate(zip(invs, comms, strict=True)):
         pp = len(inv.stages)
@@ -429,7 +429,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
         for c, s in ((FIRST, 0), (MID, min(1, pp - 1)), (LAST, pp - 1)):
             if s not in rows:
                 st = inv.stages[s]
-                mem = estimate_stage_memory(inv, st)
+                mem = step_memory(inv, st)[0]
                 rows[s] = (
                     st.num_layers,
                     comm.total(st.grad_sync, (Phase.BWD_WEIGHT,)),  # reduce
@@ -437,6 +437,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     *per_microbatch_dp_s(st, cm, comm),  # dp_f, dp_b
                     stage_optimizer_s(inv, st, cm),  # offload: the CPU step replaces the GPU's
                     mem.persistent,  # static
+                    mem.gradients if mem.gradients_freed else 0.0,  # grads_freed (set to None between steps)
                     # without the pipelines' per-micro-batch buffers (``_combine`` adds them:
                     # DeepSpeed's engine and torch.distributed.pipelining)
                     *framework_buffers(inv, st),
@@ -647,7 +648,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
     f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
     for c in classes:
         # each stage class's time and memory with the prediction's arithmetic (``stage_passes``,
-        # ``activations_at_peak``, ``stage_peak_bytes``), its terms read from the tables
+        # ``activations_at_peak``, ``step_peak_bytes``), its terms read from the tables
         n = layout("layers", c)
         regions = np.maximum(vpp, 1)  # the FP8 amax reductions: one per model chunk (``inventory.fp8``)
         ends_work = PassWork(ends("end_f", c), ends("end_b", c), ends("end_w", c) if zero_bubble else 0.0,
@@ -672,8 +673,11 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
                                                     1.0 if c == FIRST else 0.0, chunks, keeps_outputs)
             activations = activations + np.where(single, 0.0, kept)
             buffers = buffers + np.where(single, 0.0, received)
-        mem[c] = stage_peak_bytes(layout("static", c), activations, logits, layout("gathered", c),
-                                  buffers, layout("runtime", c), frag)
+        # the step's timeline (``memory.step_peak_bytes``): the loss, the backward's first and last layers
+        moments = step_peak_bytes(layout("static", c), layout("grads_freed", c), m > 1, activations, logits,
+                                  work - ends("saved", c), layout("gathered", c), buffers, layout("bwd_buffers", c),
+                                  layout("runtime", c), frag)
+        mem[c] = np.maximum.reduce(moments)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
     neg = -np.inf
     drain = np.max([np.where(exists[c], finish[c] + drain_extra[c], neg) for c in classes], axis=0)

@@ -313,7 +313,7 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
 PRESET_STATED = ("tp_comm_overlap", "tp_comm_overlap_cfg", "async_tp", "overlap_p2p_comm", "scatter_gather_p2p",
                  "overlap_grad_reduce", "grad_reduce_in_fp32", "fsdp_version", "optimizer_impl", "grad_clip_scale",
                  "attention_kernel", "cp_comm_type", "fp8_amax_reduce", "te_fp8_bookkeeping",
-                 "cross_entropy_loss_fusion", "compile_loss", "loss_chunks", "pipeline_keeps_outputs")
+                 "cross_entropy_loss_fusion", "compile_loss", "loss_chunks", "pipeline_keeps_outputs", "grads_set_to_none")
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices

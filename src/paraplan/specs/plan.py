@@ -147,6 +147,13 @@ class ParallelPlan(BaseModel):
     # (``forward_one_chunk(..., save_forward_output=return_outputs)``) and today's torchtitan
     # trainer calls ``step(..., return_outputs=False)``. None: the framework's default, False
     pipeline_keeps_outputs: Bool | None = None
+    # whether the trainer frees the gradients between steps (``optimizer.zero_grad()`` with
+    # ``set_to_none=True``, torch.optim's default since PyTorch 2.0, pytorch/pytorch#92731):
+    # they are allocated again in each backward pass and do not exist at a single micro-batch's
+    # forward/loss peak (``prediction.memory.step_peak_bytes``). Megatron's DDP keeps a contiguous
+    # gradient buffer (``zero_grad_buffer`` zeroes it in place) and cannot. None: the engine's
+    # default (``ParallelPlan.frees_gradients``: fsdp True, megatron and deepspeed False)
+    grads_set_to_none: Bool | None = None
     # torchtitan's ChunkedLossWrapper (framework fsdp; torchtitan 0.3.0 components/loss.py, the
     # loss of its llama3 recipes (models/llama3/config_registry.py) and of the recipe paraplan
     # exports, num_chunks 8 by default): the LM head and the loss run on 1/n of the
@@ -337,6 +344,9 @@ class ParallelPlan(BaseModel):
         if (self.loss_chunks or 1) > 1 and self.framework is not Framework.FSDP:
             raise ValueError("parallel.loss_chunks: torchtitan's ChunkedLossWrapper needs framework fsdp, not "
                              f"{self.framework.value!r}")
+        if self.grads_set_to_none and self.framework is Framework.MEGATRON:
+            raise ValueError("parallel.grads_set_to_none: Megatron's DDP accumulates into a contiguous gradient "
+                             "buffer kept for the whole run (zero_grad_buffer zeroes it in place); it frees none")
         if self.pipeline_keeps_outputs is not None and self.framework is not Framework.FSDP:
             raise ValueError("parallel.pipeline_keeps_outputs: torch.distributed.pipelining's kept outputs need "
                              f"framework fsdp, not {self.framework.value!r}")
@@ -582,6 +592,16 @@ class ParallelPlan(BaseModel):
         in the step's first forward and kept, each gradient accumulated unsharded and
         reduce-scattered once. The memory model holds the same (``prediction.memory``)."""
         return self.framework is Framework.FSDP and self.pp > 1 and (self.fsdp_version or 2) == 2
+
+    @property
+    def frees_gradients(self) -> bool:
+        """Whether the gradients are freed between steps (``grads_set_to_none``; by default
+        True under PyTorch FSDP, whose trainers call torch.optim's ``zero_grad()``, set_to_none
+        by default since PyTorch 2.0; False under Megatron, whose DDP keeps a contiguous
+        gradient buffer, and DeepSpeed, whose ZeRO gradient partitions are not read here)."""
+        if self.grads_set_to_none is not None:
+            return bool(self.grads_set_to_none)
+        return self.framework is Framework.FSDP
 
     @property
     def keeps_pipeline_outputs(self) -> bool:

@@ -1,0 +1,83 @@
+"""The step's memory timeline (``prediction.memory.step_peak_bytes``): each candidate moment holds
+the tensors the framework's code has alive then, and the peak is the largest of them."""
+
+import pytest
+
+from paraplan.catalog import resolve_job
+from paraplan.prediction import predict
+from paraplan.prediction.memory import MOMENTS, step_peak_bytes
+from paraplan.specs import ConfigError
+
+
+def _job(framework: str, model: str = "llama-2-7b", **parallel):
+    plan = {"framework": framework, "micro_batch_size": 1, "global_batch_size": 8, "recompute": "none", **parallel}
+    return resolve_job({"model": model, "cluster": {"name": "dgx-a100", "num_nodes": 1}, "parallel": plan})
+
+
+def test_with_set_to_none_the_gradient_shard_is_not_in_the_forward_peak():
+    memory = predict(_job("torchtitan-0.1", "llama-3-8b")).memory.worst  # 128k vocabulary: the loss peaks
+    assert memory.moment == MOMENTS[0] and memory.gradients_freed
+    assert memory.gradients == 0 and memory.logits > 0
+
+
+def test_the_loss_and_the_reduce_scatter_buffers_are_never_in_the_same_moment():
+    for recompute in ("none", "full"):
+        m = predict(_job("torchtitan-0.1", recompute=recompute)).memory.worst
+        assert m.logits == 0 or m.buffers == 0, recompute
+
+
+def test_gradients_kept_between_steps_are_in_every_moment_and_predict_more():
+    freed = predict(_job("torchtitan-0.1")).memory
+    kept = predict(_job("torchtitan-0.1", grads_set_to_none=False)).memory
+    assert kept.worst.gradients > 0 and not kept.worst.gradients_freed
+    assert kept.total > freed.total
+
+
+def test_megatron_s_contiguous_grad_buffer_is_in_the_forward_peak():
+    m = predict(_job("megatron-core-0.12", zero_stage=1, recompute="full")).memory.worst
+    assert not m.gradients_freed and m.gradients > 0
+
+
+def test_megatron_cannot_free_its_contiguous_gradient_buffer():
+    with pytest.raises((ConfigError, ValueError), match="grads_set_to_none"):
+        _job("megatron", grads_set_to_none=True)
+
+
+def test_a_second_micro_batch_s_forward_sees_the_first_one_s_gradients():
+    one = predict(_job("torchtitan-0.1")).memory.worst
+    two = predict(_job("torchtitan-0.1", global_batch_size=16)).memory.worst
+    assert one.gradients == 0 and two.gradients > 0
+
+
+def test_the_peak_is_the_largest_moment_and_the_end_of_backward_holds_every_gradient():
+    # tiny activations: every freed gradient at the end of the backward outweighs them
+    loss, backward, end = step_peak_bytes(10.0, 8.0, False, 3.0, 1.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0)
+    assert (loss, backward, end) == (14.0, 15.0, 20.5)
+    # large activations: the loss (its copies of the logits beyond the layer's working bytes) wins
+    loss, backward, end = step_peak_bytes(10.0, 8.0, False, 30.0, 4.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0)
+    assert loss == max(loss, backward, end) == 44.0
+
+
+def test_the_timeline_is_the_same_on_numbers_and_on_the_screen_s_arrays():
+    import numpy as np
+
+    args = (np.array([10.0, 10.0]), np.array([8.0, 0.0]), np.array([False, True]), np.array([3.0, 30.0]),
+            np.array([1.0, 4.0]), np.array([0.5, 0.5]), np.array([0.2, 0.2]), np.array([0.0, 1.0]),
+            np.array([2.0, 2.0]), np.array([1.0, 1.0]))
+    arrays = step_peak_bytes(*args, 0.15)
+    for i in range(2):
+        one = step_peak_bytes(*(float(a[i]) if a.dtype != bool else bool(a[i]) for a in args), 0.15)
+        assert [float(m[i]) for m in arrays] == pytest.approx(one)
+
+
+def test_the_report_names_the_moment_of_the_peak():
+    pred = predict(_job("torchtitan-0.1"))
+    assert pred.memory.to_dict()["peak_moment"] == pred.memory.worst.moment
+
+
+def test_the_memory_table_names_the_moment_of_the_peak_within_80_columns():
+    from paraplan.report.tables import render_memory
+    from readable import assert_readable
+
+    pred = predict(_job("torchtitan-0.1", "llama-3-8b"))
+    assert f"peak at {pred.memory.worst.moment}" in " ".join(assert_readable(render_memory(pred))[80].split())
