@@ -18,6 +18,7 @@ from paraplan.specs.hardware import (
     KernelCurve,
     LinkSpec,
     PrecisionCurves,
+    QueuedGap,
     SustainedClock,
     TpOverlap,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "Phase",
     "Precision",
     "PrecisionCurves",
+    "QueuedGap",
     "Recompute",
     "RuntimeMemorySpec",
     "Schedule",
