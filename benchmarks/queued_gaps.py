@@ -5,7 +5,7 @@
 For each trace (our H100 trace, benchmarks/data/gpu/h100-2026-11-27; HolisticTraceAnalysis's test
 traces under ../shared/data/traces/hta, README there): on each stream, the time from a kernel's
 end to the next kernel's start, for every next kernel whose launch call returned at least
-``QUEUED_MARGIN_S`` before the previous kernel ended (the GPU had it in hand). Timestamps are
+``calibrate.kernel_floor.QUEUED_MARGIN_S`` (5 us) before the previous kernel ended (the GPU had it in hand). Timestamps are
 read exactly (decimals, not floats: an epoch-based trace's microseconds lose a quarter of a
 microsecond in a float). Per trace: median and quartiles; by the kind of the kernel before the
 gap and by the next kernel's duration; and HolisticTraceAnalysis's idle-time classes for the same
@@ -16,20 +16,16 @@ timestamps, 30 ns since; other: the rest). Kernel events only: no iteration time
 
 from __future__ import annotations
 
-import gzip
-import itertools
-import json
 import sys
-from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 
+from paraplan.calibrate.kernel_floor import kernel_boundaries
+
 HERE = Path(__file__).resolve().parent
 DATA = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parents[1] / "shared" / "data"
 H100_TRACE = HERE / "data" / "gpu" / "h100-2026-11-27" / "run2" / "gpucheck" / "trace" / "rank0.json.gz"
-RUNTIME = {"cuda_runtime", "cuda_driver", "runtime", "hip_runtime", "hip_driver"}
-QUEUED_MARGIN_US = 5.0
 GPU_OF = {"A_vit128_sampled": "A100", "B_resnet_nccl_a100": "A100", "C_dfindex_v100": "V100",
           "E1_diff_control_a100x8": "A100", "F_ns_resolution_v100": "V100", "I_amd_mi250": "MI250",
           "J_gpu_user_annotation": "A100"}
@@ -50,37 +46,20 @@ def kind(name: str) -> str:
 
 def gaps_of(path: Path) -> tuple[list[tuple[float, str, float]], dict[str, float]]:
     """(gap us, kind of the kernel before, next kernel's duration us) for every queued boundary,
-    and HTA's idle classes (us) over all boundaries of the kernel streams."""
-    with gzip.open(path, "rt") as f:
-        doc = json.load(f, parse_float=Decimal)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    returned: dict[object, Decimal] = {}
-    streams: dict[object, list[tuple[Decimal, Decimal, object, str]]] = {}
-    for ev in events:
-        if ev.get("ph") != "X" or "dur" not in ev:
-            continue
-        args = ev.get("args") or {}
-        corr = args.get("correlation", args.get("External id") if ev.get("cat") == "kernel" else None)
-        if ev.get("cat") in RUNTIME and args.get("correlation") is not None:
-            returned[args["correlation"]] = Decimal(ev["ts"]) + Decimal(ev["dur"])
-        elif ev.get("cat") == "kernel":
-            streams.setdefault(args.get("stream"), []).append(
-                (Decimal(ev["ts"]), Decimal(ev["dur"]), corr, ev.get("name", "")))
+    and HTA's idle classes (us) over all boundaries of the kernel streams (the boundaries read by
+    ``calibrate.kernel_floor.kernel_boundaries``, timestamps exact)."""
     out, hta = [], {"host wait": 0.0, "kernel wait (30 us)": 0.0, "kernel wait (30 ns)": 0.0, "other": 0.0}
-    for kernels in streams.values():
-        kernels.sort(key=lambda k: k[0])
-        for (ts, dur, _, name), (nts, ndur, corr, _) in itertools.pairwise(kernels):
-            end, back = ts + dur, returned.get(corr)
-            gap = float(nts - end)
-            if gap > 0:
-                if back is not None and back > end:
-                    hta["host wait"] += gap
-                else:
-                    hta["kernel wait (30 us)"] += gap if gap < 30 else 0.0
-                    hta["kernel wait (30 ns)"] += gap if gap < 0.03 else 0.0
-                    hta["other"] += gap if gap >= 30 else 0.0
-            if back is not None and float(end - back) > QUEUED_MARGIN_US:
-                out.append((gap, kind(name), float(ndur)))
+    for b in kernel_boundaries(path):
+        gap = round(b.gap_s * 1e6, 6)  # us, to the picosecond: a 30 us gap stays 30 (bins' edges)
+        if gap > 0:
+            if b.ahead_s is not None and b.ahead_s < 0:
+                hta["host wait"] += gap
+            else:
+                hta["kernel wait (30 us)"] += gap if gap < 30 else 0.0
+                hta["kernel wait (30 ns)"] += gap if gap < 0.03 else 0.0
+                hta["other"] += gap if gap >= 30 else 0.0
+        if b.queued:
+            out.append((gap, kind(b.before), round(b.next_s * 1e6, 6)))
     return out, hta
 
 

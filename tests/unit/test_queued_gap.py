@@ -4,19 +4,26 @@ in real traces (catalog ``efficiency.queued_gap``), added per kernel only under
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from test_screen import screen_matches_the_exact_prediction
 from tests.hta_traces import hta_trace
+from typer.testing import CliRunner
 
 from paraplan.calibrate.kernel_floor import queued_gaps
-from paraplan.catalog import load_gpu, resolve_job
+from paraplan.catalog import load_cluster, load_gpu, load_model, resolve_job
 from paraplan.catalog.loader import load_catalog_entry
+from paraplan.cli.app import app
 from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import Op, OpKind
 from paraplan.prediction import predict
-from paraplan.specs import Phase, Precision
+from paraplan.search import SearchSpace
+from paraplan.search.screen import screen_plans, screenable
+from paraplan.specs import Phase, Precision, Recompute
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_TRACE = ROOT / "benchmarks" / "data" / "gpu" / "h100-2026-11-27" / "run2" / "gpucheck" / "trace" / "rank0.json.gz"
@@ -79,3 +86,37 @@ def test_the_a100_catalog_gap_is_the_median_of_htas_nanosecond_a100_traces_queue
     assert len(gaps) > 500
     assert float(np.median(gaps)) == pytest.approx(load_gpu("A100-SXM4-80GB").efficiency.queued_gap.seconds,
                                                    abs=0.03e-6)
+
+
+def test_the_screen_times_the_gap_as_predict_does_on_every_plan_and_each_plan_is_slower_with_it():
+    model, cluster = load_model("llama-3-8b"), load_cluster("dgx-h100", num_nodes=1)
+    times = {}
+    for on in (False, True):
+        space = SearchSpace(pp=(1, 2), micro_batch_size=(1, 2), recompute=(Recompute.NONE, Recompute.SELECTIVE),
+                            extra={"queued_kernel_gap": on})
+        assert screenable(space, model) and space.queued_kernel_gap is on
+        assert screen_matches_the_exact_prediction((model, cluster, Precision.BF16, 32, space))
+        times[on] = screen_plans(model, cluster, 32, Precision.BF16, space).iteration_s
+    assert len(times[True]) == len(times[False])
+    assert all(1.0 < t / f < 1.05 for t, f in zip(times[True], times[False], strict=True))
+
+
+def _search(job: Path, *flags: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["search", str(job), "--mbs", "1", "-f", "json", *flags], env={"COLUMNS": "80"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_job_file_that_switches_the_gap_on_is_searched_with_it_and_its_best_plan_predicts_the_same_time(tmp_path):
+    job, best = tmp_path / "job.yaml", tmp_path / "best.yaml"
+    top = {}
+    for on in (False, True):
+        job.write_text(yaml.safe_dump({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                                       "parallel": {"queued_kernel_gap": on, "global_batch_size": 32}}))
+        code, out, err = _search(job, "--save-best", str(best), "--force")
+        assert code == 0 and "queued_kernel_gap" not in err, err  # kept, not "neither varies nor keeps"
+        top[on] = json.loads(out)["plans"][0]["iteration_s"]
+    assert yaml.safe_load(best.read_text())["parallel"]["queued_kernel_gap"] is True
+    result = CliRunner().invoke(app, ["predict", str(best), "-f", "json"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["iteration_s"] == pytest.approx(top[True], rel=1e-12)
+    assert top[True] > top[False]

@@ -19,6 +19,7 @@ prediction runs); they differ only in what they price an operator with (``_at_bu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
 from paraplan.costmodel.scan_rooflines import SCAN_KINDS, scan_op_s, scan_source
@@ -307,6 +308,14 @@ class AnalyticalCostModel:
         attention = sustained_attention_factor(cluster) if sustained else 1.0
         self._price = _pricer(_held, self.gpu, base, gemm, attention)
 
+
+    @classmethod
+    def of_plan(cls, cluster: ClusterSpec, precision: Precision, plan: Any) -> AnalyticalCostModel:
+        """The roofline for the kernel settings of ``plan``: a ``ParallelPlan``, or a search space
+        all of whose plans share them (``SearchSpace``: its ``attention_kernel`` and
+        ``queued_kernel_gap``). Prediction and the search's screen both build it here, so a
+        plan-wide kernel setting is read in one place."""
+        return cls(cluster, precision, attention_kernel=plan.attention_kernel, queued_gap=plan.queued_kernel_gap)
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
         """The module's ``estimate_op_s`` (``roofline_s``) at the clock held under load, each
         operator's curves, peak and held factor looked up once."""

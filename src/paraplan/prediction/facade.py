@@ -50,9 +50,8 @@ from paraplan.specs import Job
 def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
     """Predict one training iteration of ``job`` (analytical backend unless one is given)."""
     inv = count_job(job)
-    cm = cost_model if cost_model is not None else AnalyticalCostModel(
-        job.cluster, job.precision, attention_kernel=job.parallel.attention_kernel,
-        queued_gap=job.parallel.queued_kernel_gap)
+    cm = cost_model if cost_model is not None else AnalyticalCostModel.of_plan(job.cluster, job.precision,
+                                                                               job.parallel)
     prepare = getattr(cm, "prepare", None)
     if prepare is not None:  # batched backends estimate the whole job's operators at once
         prepare(inv)
