@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from tests.hta_traces import hta_trace, write_trace
 from paraplan.calibrate.kernel_floor import (
     NEGLIGIBLE_BYTES,
     fit_kernel_floor,
+    kernel_boundaries,
     kernel_bytes,
     memory_curve_s,
     queued_gaps,
@@ -20,6 +23,7 @@ from paraplan.calibrate.kernel_floor import (
 from paraplan.catalog.loader import load_gpu
 from paraplan.specs import ConfigError
 from paraplan.traces.ops import KernelCall
+from paraplan.traces.reader import iter_events
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_TRACE = ROOT / "benchmarks" / "data" / "gpu" / "h100-2026-11-27" / "run2" / "gpucheck" / "trace" / "rank0.json.gz"
@@ -111,6 +115,28 @@ def test_the_gap_between_queued_kernels_is_read_only_where_the_next_was_launched
     events[-1]["ts"] = 151.5  # the second kernel starts 1.5 us after the first ends
     events += _call("aten::add", 500, ((64,), (64,)), 3, [2.0])  # launched after the second ended: an idle GPU
     assert queued_gaps(write_trace(events, tmp_path / "t.json.gz")) == [pytest.approx(1.5e-6)]
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["ijson", "json"])
+def test_an_epoch_based_traces_gap_is_read_to_the_nanosecond_where_a_float_keeps_a_quarter_microsecond(
+        tmp_path, monkeypatch, streamed):
+    """Kineto's timestamps since 1970 in microseconds (~1.7e15) hold a fraction a float cannot:
+    1.1 us after a kernel's end reads 1.1 us, not 1.0 or 1.25, streamed or read whole."""
+    monkeypatch.setattr("paraplan.traces.reader._has_ijson", lambda: streamed)
+    epoch = 1_700_000_000_000_000
+    events = (_call("aten::add", 0, ((64,), (64,)), 1, [50.0])  # kernel 100..150, launch returned at 2
+              + _call("aten::add", 10, ((64,), (64,)), 2, [2.0]))
+    for ev in events:
+        ev["ts"] = f"@{epoch + ev['ts']}@"
+    events[-1]["ts"] = f"@{epoch + 151}.1@"  # the second kernel starts 1.1 us after the first ends
+    text = json.dumps({"traceEvents": events}).replace('"@', "").replace('@"', "")
+    path = tmp_path / "epoch.json"
+    path.write_text(text)
+    assert float(epoch + 151.1) - float(epoch + 150) != pytest.approx(1.1)  # what a float reads
+    assert queued_gaps(path) == [pytest.approx(1.1e-6, rel=1e-9)]
+    assert [b.gap_s for b in kernel_boundaries(path)] == [pytest.approx(1.1e-6, rel=1e-9)]
+    kernels = [ev for ev in iter_events(path, exact=True) if ev.get("cat") == "kernel"]
+    assert kernels[-1]["ts"] == Decimal(f"{epoch + 151}.1")
 
 
 def test_our_h100s_queued_kernels_wait_about_a_microsecond_and_a_half_between_them():

@@ -145,6 +145,8 @@ def draw_case(choose: Callable[[Sequence], object], long_runs: bool = False):
         extra["compile_loss" if axes["framework"] == "fsdp" else "cross_entropy_loss_fusion"] = choose((False, True))
     if axes["framework"] == "fsdp" and choose((False, True)):  # torch pipelining's kept outputs (drawn last, as above)
         extra["pipeline_keeps_outputs"] = choose((False, True))
+    if choose((False, True)):  # each kernel's idle gap between queued kernels (drawn last, as above)
+        extra["queued_kernel_gap"] = choose((False, True))
     space = SearchSpace(**axes, extra=extra)
     return model, cluster, precision, gbs, space
 
@@ -260,7 +262,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
     seen: dict[str, set] = {}
     walk = (*(draw_case(random.Random(seed).choice, long_runs=True) for seed in WALK_SEEDS), *corner_cases())
     for case in walk:
-        model, _, precision, _, space = case
+        model, cluster, precision, _, space = case
         for job in screen_matches_the_exact_prediction(case):
             q = job.parallel
             values = {
@@ -274,6 +276,9 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
                 "tolerance": "exact" if time_tolerance(job) == EXACT else "steady" if short_runs(q) else "bracket",
                 "deepspeed 1f1b": q.pp > 1 and q.runs_deepspeed_train_schedule,
                 **{key: space.extra.get(key) for key in ("overlap_grad_reduce", "scatter_gather_p2p")},
+                # a GPU with a measured gap (efficiency.queued_gap), so that on adds it
+                "queued_kernel_gap": space.extra.get("queued_kernel_gap") if cluster.gpu.efficiency.queued_gap
+                else "not measured",
                 "cp_comm": q.cp_comm if q.cp > 1 else "cp1",
                 "loss": (q.framework.value, q.compile_loss if q.framework.value == "fsdp" else q.cross_entropy_loss_fusion),
                 "dispatcher": q.dispatcher if model.is_moe and q.ep > 1 else "no ep",
@@ -292,6 +297,7 @@ def test_screen_and_predict_agree_on_every_plan_of_seeded_spaces_that_walk_every
         "hybrid shard": {False, True}, "tolerance": {"exact", "bracket", "steady"},
         "deepspeed 1f1b": {False, True},
         "overlap_grad_reduce": {None, False, True}, "scatter_gather_p2p": {None, False, True},
+        "queued_kernel_gap": {None, False, True},
         "cp_comm": {"cp1", "p2p", "a2a", "allgather"},
         "loss": {(framework, fused) for framework in ("megatron", "fsdp") for fused in (None, False, True)}
         | {("deepspeed", None)},

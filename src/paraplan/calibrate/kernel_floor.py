@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -125,28 +126,53 @@ def fit_kernel_floor(files: Sequence[Path], gpu: GpuSpec, limit: float = NEGLIGI
 QUEUED_MARGIN_S = 5e-6
 
 
-def queued_gaps(path: Path) -> list[float]:
-    """Seconds between the end of a kernel and the start of the next on the same stream, for
-    every next kernel already queued (its launch call returned ``QUEUED_MARGIN_S`` before the
-    previous kernel ended): the GPU-side time between back-to-back kernels, which no kernel's
-    duration holds (under a profiler: CUPTI's own per-kernel work may be part of it)."""
-    returned: dict[object, float] = {}
-    streams: dict[object, list[tuple[float, float, object]]] = {}
-    for ev in iter_events(path):
+@dataclasses.dataclass(frozen=True)
+class KernelBoundary:
+    """Two kernels one after the other on one stream: the idle time between them and whether
+    the GPU already had the second when the first ended."""
+
+    gap_s: float  # the second's start - the first's end (timestamps subtracted exactly)
+    before: str  # the first kernel's name
+    next_s: float  # the second kernel's duration
+    # how long before the first kernel ended the second's launch call returned (negative: after
+    # it, the GPU waited on the host); None where the trace has no launch call for the second
+    ahead_s: float | None
+
+    @property
+    def queued(self) -> bool:
+        """The second kernel was launched at least ``QUEUED_MARGIN_S`` before the first ended."""
+        return self.ahead_s is not None and self.ahead_s > QUEUED_MARGIN_S
+
+
+def kernel_boundaries(path: Path) -> list[KernelBoundary]:
+    """Every pair of consecutive kernels on each stream of the trace ``path``, by stream then
+    start. Timestamps are read exactly (``iter_events(exact=True)``): an epoch-based trace's
+    microseconds lose a quarter of a microsecond in a float, as much as the gaps it holds."""
+    returned: dict[object, Decimal] = {}
+    streams: dict[object, list[tuple[Decimal, Decimal, object, str]]] = {}
+    for ev in iter_events(path, exact=True):
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
         args = ev.get("args") or {}
         corr = args.get("correlation")
         if ev.get("cat") in RUNTIME_CATEGORIES and corr is not None:
-            returned[corr] = (float(ev["ts"]) + float(ev["dur"])) * 1e-6
+            returned[corr] = Decimal(ev["ts"]) + Decimal(ev["dur"])
         elif ev.get("cat") == "kernel":
             streams.setdefault(args.get("stream"), []).append(
-                (float(ev["ts"]) * 1e-6, float(ev["dur"]) * 1e-6, corr))
-    gaps = []
+                (Decimal(ev["ts"]), Decimal(ev["dur"]), corr, str(ev.get("name", ""))))
+    out = []
     for kernels in streams.values():
         kernels.sort(key=lambda k: k[0])
-        for (ts, dur, _), (nts, _, corr) in itertools.pairwise(kernels):
+        for (ts, dur, _, name), (nts, ndur, corr, _) in itertools.pairwise(kernels):
             back = returned.get(corr)
-            if back is not None and back < ts + dur - QUEUED_MARGIN_S:
-                gaps.append(nts - (ts + dur))
-    return gaps
+            out.append(KernelBoundary(float(nts - ts - dur) * 1e-6, name, float(ndur) * 1e-6,
+                                      None if back is None else float(ts + dur - back) * 1e-6))
+    return out
+
+
+def queued_gaps(path: Path) -> list[float]:
+    """Seconds between the end of a kernel and the start of the next on the same stream, for
+    every next kernel already queued (its launch call returned ``QUEUED_MARGIN_S`` before the
+    previous kernel ended): the GPU-side time between back-to-back kernels, which no kernel's
+    duration holds (under a profiler: CUPTI's own per-kernel work may be part of it)."""
+    return [b.gap_s for b in kernel_boundaries(path) if b.queued]

@@ -9,7 +9,17 @@ from paraplan.costmodel.calibration import (
     power_gaps,
 )
 from paraplan.costmodel.collectives import estimate_collective_s
-from paraplan.costmodel.roofline import AnalyticalCostModel, estimate_op_s
+from paraplan.costmodel.roofline import AnalyticalCostModel, estimate_op_s, queued_gap_notes
 
-__all__ = ["AnalyticalCostModel", "CostModel", "attention_kernel_gaps", "calibration_gaps", "estimate_collective_s", "estimate_op_s", "expert_gaps", "link_gaps",
-           "power_gaps"]
+__all__ = [
+    "AnalyticalCostModel",
+    "CostModel",
+    "attention_kernel_gaps",
+    "calibration_gaps",
+    "estimate_collective_s",
+    "estimate_op_s",
+    "expert_gaps",
+    "link_gaps",
+    "power_gaps",
+    "queued_gap_notes",
+]

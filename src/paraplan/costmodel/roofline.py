@@ -19,6 +19,7 @@ prediction runs); they differ only in what they price an operator with (``_at_bu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
 from paraplan.costmodel.scan_rooflines import SCAN_KINDS, scan_op_s, scan_source
@@ -37,6 +38,7 @@ COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "att
 
 
 _KERNEL_GPUS: dict[tuple[int, AttentionKernel], tuple[GpuSpec, GpuSpec]] = {}
+_GAP_GPUS: dict[int, tuple[GpuSpec, GpuSpec]] = {}
 
 
 def with_attention_kernel(gpu: GpuSpec, kernel: AttentionKernel | None) -> GpuSpec:
@@ -58,6 +60,35 @@ def with_attention_kernel(gpu: GpuSpec, kernel: AttentionKernel | None) -> GpuSp
         _KERNEL_GPUS.clear()
     _KERNEL_GPUS[(id(gpu), kernel)] = (gpu, out)
     return out
+
+
+def with_queued_gap(gpu: GpuSpec, on: bool) -> GpuSpec:
+    """``gpu`` with each kernel also paying its measured idle gap between back-to-back queued
+    kernels (``efficiency.queued_gap``, folded into ``kernel_overhead_s``: the roofline adds it
+    once per launch) when ``on`` (``parallel.queued_kernel_gap``); ``gpu`` itself when off or
+    not measured for this GPU (``queued_gap_notes`` says so). The same object for the same GPU."""
+    gap = gpu.efficiency.queued_gap
+    if not on or gap is None:
+        return gpu
+    hit = _GAP_GPUS.get(id(gpu))
+    if hit is not None and hit[0] is gpu:
+        return hit[1]
+    eff = gpu.efficiency
+    out = gpu.model_copy(update={"efficiency": eff.model_copy(
+        update={"kernel_overhead_s": eff.kernel_overhead_s + gap.seconds})})
+    if len(_GAP_GPUS) > 64:
+        _GAP_GPUS.clear()
+    _GAP_GPUS[id(gpu)] = (gpu, out)
+    return out
+
+
+def queued_gap_notes(job) -> tuple[str, ...]:
+    """What a prediction with ``parallel.queued_kernel_gap`` on takes without a measurement: the
+    GPU has no measured gap between queued kernels, so none is added."""
+    if not job.parallel.queued_kernel_gap or job.cluster.gpu.efficiency.queued_gap is not None:
+        return ()
+    return (f"parallel.queued_kernel_gap: {job.cluster.gpu.name} has no measured idle gap between queued "
+            "kernels (efficiency.queued_gap): none added",)
 
 
 def sustained_gemm_factor(cluster: ClusterSpec, precision: Precision = Precision.BF16) -> float:
@@ -273,12 +304,14 @@ class AnalyticalCostModel:
     name = "analytical"
 
     def __init__(self, cluster: ClusterSpec, precision: Precision, *, sustained: bool = True,
-                 attention_kernel: AttentionKernel | None = None) -> None:
+                 attention_kernel: AttentionKernel | None = None, queued_gap: bool = False) -> None:
         """``sustained=False`` times GEMMs at the burst rate of the calibration data (the
         regime operator samples are timed in; fitting against them uses it). ``attention_kernel``
-        (the plan's) times fused attention on that kernel's curve where the GPU has one."""
+        (the plan's) times fused attention on that kernel's curve where the GPU has one.
+        ``queued_gap`` (the plan's ``queued_kernel_gap``) adds the GPU's measured idle gap
+        between queued kernels to each kernel (``with_queued_gap``)."""
         self.cluster = cluster
-        self.gpu = with_attention_kernel(cluster.gpu, attention_kernel)
+        self.gpu = with_queued_gap(with_attention_kernel(cluster.gpu, attention_kernel), queued_gap)
         self.precision = precision
         base = compute_precision_of_job(precision)  # what non-FP8 kernels run in
         self.peak_flops = cluster.gpu.flops_for(base)
@@ -286,6 +319,14 @@ class AnalyticalCostModel:
         attention = sustained_attention_factor(cluster) if sustained else 1.0
         self._price = _pricer(_held, self.gpu, base, gemm, attention)
 
+
+    @classmethod
+    def of_plan(cls, cluster: ClusterSpec, precision: Precision, plan: Any) -> AnalyticalCostModel:
+        """The roofline for the kernel settings of ``plan``: a ``ParallelPlan``, or a search space
+        all of whose plans share them (``SearchSpace``: its ``attention_kernel`` and
+        ``queued_kernel_gap``). Prediction and the search's screen both build it here, so a
+        plan-wide kernel setting is read in one place."""
+        return cls(cluster, precision, attention_kernel=plan.attention_kernel, queued_gap=plan.queued_kernel_gap)
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
         """The module's ``estimate_op_s`` (``roofline_s``) at the clock held under load, each
         operator's curves, peak and held factor looked up once."""

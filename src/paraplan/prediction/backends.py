@@ -42,7 +42,7 @@ def make_cost_model(job: Job, backend: str, models: ModelSet | None = None) -> C
     """The cost model for ``job``: the roofline, or learned residuals on top of it."""
     check_backend(backend)
     if backend == "analytical":
-        return AnalyticalCostModel(job.cluster, job.precision, attention_kernel=job.parallel.attention_kernel)
+        return AnalyticalCostModel.of_plan(job.cluster, job.precision, job.parallel)
     if models is None:
         raise ConfigError("models: the learned backend needs a models file (paraplan fit ... --out FILE)")
     from paraplan.costmodel.learned import LearnedCostModel

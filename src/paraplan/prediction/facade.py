@@ -18,6 +18,7 @@ from paraplan.costmodel import (
     expert_gaps,
     link_gaps,
     power_gaps,
+    queued_gap_notes,
 )
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
 from paraplan.prediction.host_sync import host_sync_notes
@@ -49,8 +50,8 @@ from paraplan.specs import Job
 def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: bool = False) -> Prediction:
     """Predict one training iteration of ``job`` (analytical backend unless one is given)."""
     inv = count_job(job)
-    cm = cost_model if cost_model is not None else AnalyticalCostModel(
-        job.cluster, job.precision, attention_kernel=job.parallel.attention_kernel)
+    cm = cost_model if cost_model is not None else AnalyticalCostModel.of_plan(job.cluster, job.precision,
+                                                                               job.parallel)
     prepare = getattr(cm, "prepare", None)
     if prepare is not None:  # batched backends estimate the whole job's operators at once
         prepare(inv)
@@ -64,6 +65,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     gaps += expert_gaps(job)
     gaps += attention_kernel_gaps(job)
     gaps += host_sync_notes(job)
+    gaps += queued_gap_notes(job)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )

@@ -53,8 +53,7 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
     def cost(g: int, crossing: bool) -> dict:
         key = (g, crossing)
         if key not in costs:
-            cm = AnalyticalCostModel(job.cluster.view(g, crossing), job.precision,
-                                     attention_kernel=job.parallel.attention_kernel)
+            cm = AnalyticalCostModel.of_plan(job.cluster.view(g, crossing), job.precision, job.parallel)
             comm = CommCosts(inv, cm)
             costs[key] = {"cm": cm, "comm": comm, "layers": layer_costs(inv, cm, comm)}
         return costs[key]

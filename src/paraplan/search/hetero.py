@@ -104,7 +104,7 @@ def _lines(job: HeteroJob, layer_costs: dict | None = None):
                 for table in (time_lines, once, p2p):
                     table[g, True] = table[g, False]
                 continue
-            cm = AnalyticalCostModel(view, job.precision)
+            cm = AnalyticalCostModel.of_plan(view, job.precision, job.parallel)
             comm = CommCosts(inv, cm)
             # what LayerCost.of reads: the layer's operators and collectives, where the TP/CP
             # groups lie (tp, cp) and how TP and CP traffic overlaps

@@ -137,7 +137,7 @@ class SearchRequest:
         gbs = base.parallel.global_batch_size if gbs is None else gbs
         space = search_space(f.space, f, framework=framework, memory_headroom=base.memory_headroom,
                              batches=batches if batches and len(batches) > 1 else None,
-                             preset_stated=_preset_stated(framework, given))
+                             preset_stated=_preset_stated(framework, given), extra=_job_stated(given))
         # the job file's plan fields the space has no axis for (apply_overrides gave the long names)
         ignored = sorted(set(given) - space.plan_fields() - set(space.preset_stated))
         notes = ()
@@ -237,9 +237,19 @@ def _preset_stated(framework: str, given: dict[str, Any]) -> dict[str, Any]:
     return {d.field: given[d.field] for d in preset.defaults if d.field in PRESET_STATED and d.field in given}
 
 
+def _job_stated(given: dict[str, Any]) -> dict[str, Any]:
+    """The job file's values of the plan fields no preset sets and no axis varies that every
+    plan keeps (``search.space.JOB_STATED``)."""
+    from paraplan.search.space import JOB_STATED
+
+    return {k: given[k] for k in JOB_STATED if k in given}
+
+
 def search_space(name: str, f: SearchFlags, *, framework: str, batches: list[int] | None,
-                 memory_headroom: float | None = None, preset_stated: dict[str, Any] | None = None) -> SearchSpace:
-    """The SearchSpace of ``--space`` with the axes the list flags of ``f`` give."""
+                 memory_headroom: float | None = None, preset_stated: dict[str, Any] | None = None,
+                 extra: dict[str, Any] | None = None) -> SearchSpace:
+    """The SearchSpace of ``--space`` with the axes the list flags of ``f`` give; ``extra``: plan
+    fields every plan keeps."""
     from paraplan.search.space import SearchSpace
     from paraplan.specs import Recompute
 
@@ -290,6 +300,8 @@ def search_space(name: str, f: SearchFlags, *, framework: str, batches: list[int
     common = dict(framework=framework, allow_tp_across_nodes=f.allow_tp_across_nodes, uneven_layers=f.uneven_layers)
     if preset_stated:
         common["preset_stated"] = preset_stated
+    if extra:
+        common["extra"] = extra
     if memory_headroom is not None:
         common["memory_headroom"] = memory_headroom
     if name == "full":

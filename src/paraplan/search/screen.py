@@ -136,7 +136,8 @@ SCREENABLE_EXTRA = frozenset({"overlap_grad_reduce", "scatter_gather_p2p", "sche
                               # the loss's copies of the logits: microbatch_bytes per shard shape
                               "cross_entropy_loss_fusion", "compile_loss", "loss_chunks",
                               "pipeline_keeps_outputs",  # torch pipelining's kept outputs, per plan in _combine
-                              "fp8_amax_reduce"})  # the FP8 amax all-reduces: one chunk's per layout (_layout_table)
+                              "fp8_amax_reduce",  # the FP8 amax all-reduces: one chunk's per layout (_layout_table)
+                              "queued_kernel_gap"})  # each kernel's idle gap: the cost model's (of_plan)
 
 # every policy's recompute and saved activations are linear in a stage's layers (``inventory.recompute``:
 # full recompute with recompute_num_layers is not, and takes the exact path through ``extra``)
@@ -537,7 +538,7 @@ def screen_plans(
     if len(keep) == 0:
         empty = np.zeros(0)
         return Screen(*args, plans, empty, empty, excluded, considered)
-    cm = AnalyticalCostModel(cluster, precision, attention_kernel=space.attention_kernel)
+    cm = AnalyticalCostModel.of_plan(cluster, precision, space)  # the space's plan-wide kernel settings
     # a MoE layer's dispatch, experts and their activations follow ep and etp too
     shard_key = _mix(_codes(tp), _codes(cp), sp_on.astype(np.int64), _codes(mbs), *experts)
     if not fused or precision is Precision.FP8:

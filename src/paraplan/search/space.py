@@ -217,6 +217,12 @@ class SearchSpace:
             value = next(d.value for d in find_space_preset(self.preset).defaults if d.field == "attention_kernel")
         return None if value is None else AttentionKernel(value)
 
+    @property
+    def queued_kernel_gap(self) -> bool:
+        """Whether every plan of the space waits the GPU's idle gap between queued kernels
+        (``parallel.queued_kernel_gap``: ``extra``'s, a job file's through ``JOB_STATED``)."""
+        return bool(self.extra.get("queued_kernel_gap", False))
+
     def plan_fields(self) -> frozenset[str]:
         """The plan fields (``ParallelPlan``'s long names) this space varies or keeps: those its
         axes cover, those derived from them, and ``extra``'s; a job file's other plan fields
@@ -314,6 +320,11 @@ PRESET_STATED = ("tp_comm_overlap", "tp_comm_overlap_cfg", "async_tp", "overlap_
                  "overlap_grad_reduce", "grad_reduce_in_fp32", "fsdp_version", "optimizer_impl", "grad_clip_scale",
                  "attention_kernel", "cp_comm_type", "fp8_amax_reduce", "te_fp8_bookkeeping",
                  "cross_entropy_loss_fusion", "compile_loss", "loss_chunks", "pipeline_keeps_outputs", "grads_set_to_none")
+
+#: Plan fields no preset sets and no axis varies that the screen times (``screen.SCREENABLE_EXTRA``,
+#: through the cost model: ``AnalyticalCostModel.of_plan``): a job file's value is kept on every
+#: plan of ``paraplan search``, as ``SearchSpace.extra`` (``search.request``).
+JOB_STATED = ("queued_kernel_gap",)
 
 SEQUENCE_PARALLEL = ("with_tp", "both", "off")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's offload_optimizer devices

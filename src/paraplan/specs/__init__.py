@@ -19,6 +19,7 @@ from paraplan.specs.hardware import (
     KernelCurve,
     LinkSpec,
     PrecisionCurves,
+    QueuedGap,
     SustainedClock,
     TpOverlap,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Phase",
     "Precision",
     "PrecisionCurves",
+    "QueuedGap",
     "Recompute",
     "RuntimeMemorySpec",
     "Schedule",

@@ -139,6 +139,19 @@ class GroupedGemm(BaseModel):
     source: str
 
 
+class QueuedGap(BaseModel):
+    """The GPU's idle time between two kernels of one stream when the second was already queued
+    (the host ahead): the front end's work between grids (the finished grid's completion, the
+    next one's launch), in no kernel's measured duration. Read from profiler traces, where CUPTI's
+    own timestamps may hold part of it (``parallel.queued_kernel_gap`` switches it on)."""
+
+    model_config = _FROZEN
+    seconds: Seconds
+    source: str
+    # the GPU the gap was measured on when this GPU has no trace of its own
+    transferred_from: str | None = None
+
+
 class TpOverlap(BaseModel):
     """What a GEMM with its sequence-parallel collective pipelined beside it (Megatron-LM's
     --tp-comm-overlap, Transformer Engine userbuffers; fused all-gather + GEMM and GEMM +
@@ -178,6 +191,9 @@ class EfficiencySpec(BaseModel):
     # several kernels (an unfused norm) reach a different share of the peaks than one kernel.
     ops: dict[str, EfficiencyCurve] = Field(default_factory=dict)
     kernel_overhead_s: Seconds = 4e-6
+    # the idle gap between back-to-back queued kernels (None: not measured for this GPU); added
+    # per kernel only under ``parallel.queued_kernel_gap`` (``costmodel.roofline``)
+    queued_gap: QueuedGap | None = None
     # Compute slowdown while NCCL kernels run beside it (their SMs and HBM traffic): Lee et al.
     # 2025, arXiv 2507.03114, average over A100, H100, MI250 and MI210 (40 % at most).
     overlap_slowdown: Float = Field(default=0.189, ge=0.0, le=2.0)

@@ -190,6 +190,11 @@ class ParallelPlan(BaseModel):
     # tex.fused_amax_and_scale_update_after_reduction: two kernels per region, not timed). Only
     # with the delayed recipe
     te_fp8_bookkeeping: Literal["none", "te0"] = "none"
+    # Each kernel on the compute stream also waits the GPU's idle gap between back-to-back
+    # queued kernels (``efficiency.queued_gap``: 1.41 us median on our H100 trace, 1.15 us on
+    # an A100 one). Off: every trace that shows it ran under CUPTI, whose per-kernel timestamps
+    # may make part of it, and none was timed without a profiler (docs/validation.md)
+    queued_kernel_gap: Bool = False
     # Megatron-LM --tp-comm-overlap (Transformer Engine userbuffers, NeMo tp_comm_overlap):
     # the sequence-parallel all-gathers / reduce-scatters pipelined with the layer's GEMMs
     tp_comm_overlap: Bool = False

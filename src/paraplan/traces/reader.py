@@ -12,6 +12,7 @@ import json
 import re
 import zlib
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -81,34 +82,40 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def iter_events(path: Path) -> Iterator[dict[str, Any]]:
-    """Every event of the trace, in file order. Raises TraceFileError when the file is bad."""
+def iter_events(path: Path, *, exact: bool = False) -> Iterator[dict[str, Any]]:
+    """Every event of the trace, in file order. Raises TraceFileError when the file is bad.
+    ``exact``: every number with a fraction as the ``Decimal`` the file writes, not a float (an
+    epoch-based trace's microsecond timestamps, ~1.7e15, keep only a quarter of a microsecond
+    in a float: differences of such timestamps need it)."""
     path = Path(path)
     _check_start(path)
     if not _has_ijson():
-        yield from _whole_events(path)
+        yield from _whole_events(path, exact)
         return
     import ijson
 
     prefix = "item" if _check_start(path) == b"[" else "traceEvents.item"
-    count = 0
-    try:
-        with _guarded(path, fast=True), _open(path) as f:
-            tail = _Tail(f)
-            for event in ijson.items(tail, prefix, use_float=True):
-                count += _checked(path, event)
-                yield event
-    except _BigInteger:
-        # ijson's C backend with use_float=True parses integers into a C long long and refuses
-        # any above 2^63 (ICRAR/ijson#153), yet real traces hold such ids (HTA PR #324). Read on
-        # from the same event without use_float: integers of any size, decimals turned to floats.
+    count, slow = 0, exact  # slow: ijson's own numbers (Decimals for fractions, integers of any size)
+    if not exact:
+        try:
+            with _guarded(path, fast=True), _open(path) as f:
+                tail = _Tail(f)
+                for event in ijson.items(tail, prefix, use_float=True):
+                    count += _checked(path, event)
+                    yield event
+        except _BigInteger:
+            # ijson's C backend with use_float=True parses integers into a C long long and refuses
+            # any above 2^63 (ICRAR/ijson#153), yet real traces hold such ids (HTA PR #324). Read on
+            # from the same event without use_float: integers of any size, decimals turned to floats.
+            slow = True
+    if slow:
         done = count
         with _guarded(path), _open(path) as f:
             tail = _Tail(f)
             for n, event in enumerate(ijson.items(tail, prefix)):
                 if n >= done:
                     count += _checked(path, event)
-                    yield _floats(event)
+                    yield event if exact else _floats(event)
     if count == 0:
         _no_events(path)
     _TRAILERS[_key(path)] = _parse_trailer(tail.bytes())
@@ -244,9 +251,9 @@ def _no_events(path: Path) -> None:
     raise TraceFileError(f"{path}: the trace holds no events")
 
 
-def _load_whole(path: Path) -> dict[str, Any]:
+def _load_whole(path: Path, exact: bool = False) -> dict[str, Any]:
     with _guarded(path), _open(path) as f:
-        data = json.load(f)
+        data = json.load(f, parse_float=Decimal) if exact else json.load(f)
     if isinstance(data, list):
         return {"traceEvents": data}
     if not isinstance(data, dict) or "traceEvents" not in data:
@@ -254,8 +261,8 @@ def _load_whole(path: Path) -> dict[str, Any]:
     return data
 
 
-def _whole_events(path: Path) -> Iterator[dict[str, Any]]:
-    whole = _load_whole(path)
+def _whole_events(path: Path, exact: bool = False) -> Iterator[dict[str, Any]]:
+    whole = _load_whole(path, exact)
     _TRAILERS[_key(path)] = {k: v for k, v in whole.items() if k != "traceEvents"}
     events = whole["traceEvents"]
     if not events:
