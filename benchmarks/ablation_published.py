@@ -253,6 +253,15 @@ def _megatron_dropout(mapping: Mapping) -> Mapping:
     return out
 
 
+def _mlperf_fa2(mapping: Mapping) -> Mapping:
+    """MLPerf v3.0's runs with FlashAttention-2's curve (their flash-attn 1.0.5 instead)."""
+    if (mapping.get("parallel") or {}).get("framework") != "nemo-mlperf-3.0":
+        return mapping
+    out = copy.deepcopy(mapping)
+    out["parallel"]["attention_kernel"] = "fa2"
+    return out
+
+
 def _same(mapping: Mapping) -> Mapping:
     return mapping
 
@@ -298,6 +307,7 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                            contextlib.nullcontext),
     "MLPerf v3.0's dropout 0.0 (its model config; Megatron-LM's 0.1 instead)": (_megatron_dropout,
                                                                               contextlib.nullcontext),
+    "MLPerf v3.0's FlashAttention 1.0.5 (FA2's H100 curve instead)": (_mlperf_fa2, contextlib.nullcontext),
     "TE 0.x per-module FP8 bookkeeping kernels (MLPerf; none instead)": (_parallel(te_fp8_bookkeeping="none"),
                                                                          contextlib.nullcontext),
     "eager RoPE and repeated K/V (torchtitan 2024, fms-fsdp; one RoPE kernel, no copy instead)": (
