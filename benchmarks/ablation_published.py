@@ -263,6 +263,24 @@ def _no_exposed_units() -> Iterator[None]:
         overlap.sharded_pass_s = sharded
 
 
+def _megatron_dropout(mapping: Mapping) -> Mapping:
+    """MLPerf v3.0's runs with Megatron-LM's GPT dropout of 0.1 (their config states 0.0)."""
+    if (mapping.get("parallel") or {}).get("framework") != "nemo-mlperf-3.0":
+        return mapping
+    out = copy.deepcopy(mapping)
+    out["model"].update(attention_dropout=0.1, hidden_dropout=0.1)
+    return out
+
+
+def _mlperf_fa2(mapping: Mapping) -> Mapping:
+    """MLPerf v3.0's runs with FlashAttention-2's curve (their flash-attn 1.0.5 instead)."""
+    if (mapping.get("parallel") or {}).get("framework") != "nemo-mlperf-3.0":
+        return mapping
+    out = copy.deepcopy(mapping)
+    out["parallel"]["attention_kernel"] = "fa2"
+    return out
+
+
 def _same(mapping: Mapping) -> Mapping:
     return mapping
 
@@ -306,6 +324,9 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
                                                                          contextlib.nullcontext),
     "MLPerf's own TE userbuffers configuration (the Flux floor instead)": (_parallel(tp_comm_overlap_cfg=None),
                                                                            contextlib.nullcontext),
+    "MLPerf v3.0's dropout 0.0 (its model config; Megatron-LM's 0.1 instead)": (_megatron_dropout,
+                                                                              contextlib.nullcontext),
+    "MLPerf v3.0's FlashAttention 1.0.5 (FA2's H100 curve instead)": (_mlperf_fa2, contextlib.nullcontext),
     "TE 0.x per-module FP8 bookkeeping kernels (MLPerf; none instead)": (_parallel(te_fp8_bookkeeping="none"),
                                                                          contextlib.nullcontext),
     "eager RoPE and repeated K/V (torchtitan 2024, fms-fsdp; one RoPE kernel, no copy instead)": (

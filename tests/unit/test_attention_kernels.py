@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from paraplan.calibrate.curves import fit_curve, load_attention_points
+from paraplan.calibrate.curves import fit_curve, load_attention_points, predict_points
 from paraplan.catalog import load_catalog_entry, load_gpu, resolve_job
 from paraplan.catalog.presets import find_preset, preset_sources
 from paraplan.cli.app import app
@@ -42,12 +42,14 @@ def _attention_s(job) -> float:
     return sum(cm.estimate_op_s(op, phase) for op in ops for phase in (Phase.FWD, Phase.BWD_INPUT))
 
 
-@pytest.mark.parametrize("kernel, csv", [("fa2", "flash_attention2_h100.csv"), ("cudnn", "cudnn_attention_h100.csv"),
-                                         ("fa3", "flash_attention3_h100.csv"), ("triton", "triton_attention_h100.csv")])
-def test_each_h100_kernel_curve_is_the_catalog_s_refit_of_the_points_its_source_names(kernel, csv):
+@pytest.mark.parametrize("kernel, csv, paper", [
+    ("fa2", "flash_attention2_h100.csv", "2407.08608"), ("cudnn", "cudnn_attention_h100.csv", "2407.08608"),
+    ("fa3", "flash_attention3_h100.csv", "2407.08608"), ("triton", "triton_attention_h100.csv", "2407.08608"),
+    ("fa1", "flash_attention1_h100.csv", "2307.08691")])
+def test_each_h100_kernel_curve_is_the_catalog_s_refit_of_the_points_its_source_names(kernel, csv, paper):
     gpu = load_gpu("H100-SXM5-80GB")
     curve = gpu.efficiency.attention_kernels[AttentionKernel(kernel)]
-    assert csv in curve.source and "2407.08608" in curve.source
+    assert csv in curve.source and paper in curve.source and paper in (DATA / csv).read_text().splitlines()[0]
     points = load_attention_points(DATA / csv)
     assert curve.fitted + curve.held_out == len(points.ops)
     fit = fit_curve(points, gpu, seed=0, holdout=0.2)
@@ -90,10 +92,58 @@ def test_a_preset_sets_its_kernel_with_a_source_and_an_explicit_one_wins():
     assert predict(nemo).iteration_s < predict(resolve_job(_job())).iteration_s
 
 
-def test_a_preset_whose_kernel_is_not_stated_takes_none_and_records_what_it_knows():
-    mlperf = find_preset("nemo-mlperf-3.0")
-    assert "attention_kernel" in mlperf.recorded and all(d.field != "attention_kernel" for d in mlperf.defaults)
-    assert resolve_job(_job(framework="nemo-mlperf-3.0")).parallel.attention_kernel is None
+def test_a_preset_whose_kernel_is_no_plan_choice_records_it_and_sets_none():
+    megatron = find_preset("megatron-lm-2022")
+    assert megatron.recorded["attention_kernel"][0] == "unfused"
+    assert all(d.field != "attention_kernel" for d in megatron.defaults)
+
+
+def test_fwd_bwd_points_are_timed_as_one_forward_plus_its_backward(tmp_path):
+    """A fwd+bwd bar (the FA2 paper's H100 figure) is FA's 3.5x forward FLOPs over the summed
+    time, and the fit predicts it as the forward plus the input backward on the curve."""
+    rows = "phase,head_dim,causal,seq_len,tflops,tokens,hidden\n"
+    for phase in ("fwd", "bwd", "fwd+bwd"):
+        (tmp_path / f"{phase}.csv").write_text(rows + f"{phase},128,1,2048,100,16384,2048\n")
+    fwd, bwd, both = (load_attention_points(tmp_path / f"{p}.csv") for p in ("fwd", "bwd", "fwd+bwd"))
+    assert both.phases == [(Phase.FWD, Phase.BWD_INPUT)]
+    assert both.seconds[0] == pytest.approx(fwd.seconds[0] + bwd.seconds[0]) == pytest.approx(3.5 * fwd.seconds[0])
+    gpu = load_gpu("H100-SXM5-80GB")
+    curve = gpu.efficiency.attention
+    apart = predict_points(fwd, gpu, curve, [0])[0] + predict_points(bwd, gpu, curve, [0])[0]
+    assert predict_points(both, gpu, curve, [0])[0] == pytest.approx(apart)
+
+
+def test_an_attention_table_with_an_unknown_phase_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "points.csv"
+    path.write_text("phase,head_dim,causal,seq_len,tflops,tokens,hidden\nfwdbwd,128,1,2048,100,16384,2048\n")
+    result = CliRunner().invoke(app, ["calibrate", "attention", "--gpu", "H100-SXM5-80GB", str(path)],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    err = result.stderr.strip()
+    assert err.count("\n") == 0 and "'fwdbwd'" in err and "fwd+bwd" in err
+
+
+def test_mlperf_v3_gpt3_times_attention_on_flashattention_1_where_the_gpu_has_it():
+    """NVIDIA's MLPerf Training v3.0 GPT-3 ran flash-attn 1.0.5 inside Transformer Engine 0.8: the
+    preset sets fa1 with that source, and on H100 attention takes FA1's curve (the FA2 paper's
+    H100 bars: FA1 at 0.35-0.74x FA2's rate), so it costs more than FA2's curve prices it."""
+    mlperf = resolve_job(_job(framework="nemo-mlperf-3.0"))
+    assert mlperf.parallel.attention_kernel is AttentionKernel.FA1 and mlperf.preset.taken["attention_kernel"] == "fa1"
+    assert "flash_attn==1.0.5" in preset_sources(find_preset("nemo-mlperf-3.0"))["attention_kernel"]
+    fa1, fa2 = (_attention_s(resolve_job(_job(k))) for k in ("fa1", "fa2"))
+    assert 1.35 < fa1 / fa2 < 2.9
+    assert not any("attention_kernel" in n for n in predict(mlperf).uncalibrated)
+
+
+def test_a_gpu_without_a_flashattention_1_curve_says_so_and_keeps_its_attention_curve():
+    plain = predict(resolve_job(_job(cluster="dgx-a100")))
+    mlperf = predict(resolve_job(_job(cluster="dgx-a100", framework="nemo-mlperf-3.0")))
+    fa1 = predict(resolve_job(_job("fa1", cluster="dgx-a100")))
+    assert fa1.iteration_s == plain.iteration_s
+    note = ["A100-SXM4-80GB: uncalibrated FlashAttention-1 (parallel.attention_kernel fa1): no operator-level "
+            "measurements of it on this GPU; its attention curve (45% of peak at most) is used"]
+    assert [n for n in fa1.uncalibrated if "attention_kernel" in n] == note
+    assert [n for n in mlperf.uncalibrated if "attention_kernel" in n] == note
 
 
 def test_a_kernel_without_data_on_the_gpu_keeps_its_curve_and_says_uncalibrated():

@@ -9,8 +9,9 @@ exactly what ``estimate_op_s`` does with them:
   describe that GPU (XLA's sm_90 FP8 rows reach 2,620 TFLOP/s against H100's 1,979).
 - ``load_attention_points``: attention benchmarks as the FlashAttention papers print them
   (``phase, head_dim, causal, seq_len, tflops, tokens, hidden``; FLOPs counted as FA counts
-  them: 4 s^2 d heads batch forward, halved when causal, 2.5x backward), e.g. the package's
-  ``calibrate/data/flash_attention2_h100.csv``.
+  them: 4 s^2 d heads batch forward, halved when causal, 2.5x backward; a ``fwd+bwd`` row is
+  one forward and its backward over their summed time, 3.5x the forward's FLOPs), e.g. the
+  package's ``calibrate/data/flash_attention2_h100.csv``.
 
 ``fit_curve`` fits ``max_fraction`` and ``half_work`` by least squares on log(predicted /
 measured) on a random share of the rows and scores the rest.
@@ -35,16 +36,19 @@ from paraplan.specs import ConfigError, EfficiencyCurve, GpuSpec, ModelSpec, Pha
 
 FP8_DTYPES = ("f8e4m3fn", "f8e5m2", "f8e4m3fnuz", "f8e5m2fnuz")
 ATTENTION_POINTS = Path(__file__).parent / "data" / "flash_attention2_h100.csv"
+#: an attention table's phases: a forward, a backward, or both timed together
+ATTENTION_PHASES = {"fwd": (Phase.FWD,), "bwd": (Phase.BWD_INPUT,), "fwd+bwd": (Phase.FWD, Phase.BWD_INPUT)}
 
 
 @dataclass(frozen=True)
 class KernelPoints:
-    """Measured kernels as inventory operators: op i ran ``seconds[i]`` in ``phases[i]``."""
+    """Measured kernels as inventory operators: op i ran ``seconds[i]`` in ``phases[i]`` (a
+    tuple of phases: one run of each, timed together)."""
 
     kind: str  # "gemm" or "attention": the curve they fit
     precision: Precision
     ops: list[Op]
-    phases: list[Phase]
+    phases: list[Phase | tuple[Phase, ...]]
     seconds: np.ndarray
     source: str
 
@@ -124,10 +128,12 @@ def load_attention_points(path: Path = ATTENTION_POINTS) -> KernelPoints:
                        tp=1, e=2)
         model = ModelSpec(num_layers=1, hidden_size=hidden, num_attention_heads=heads, seq_length=s, vocab_size=1)
         op = dataclasses.replace(attention_core(model, x)[0], exec_fraction=0.5 if row["causal"] == "1" else 1.0)
-        phase = Phase.FWD if row["phase"] == "fwd" else Phase.BWD_INPUT
+        if row["phase"] not in ATTENTION_PHASES:
+            raise ConfigError(f"{path}: phase {row['phase']!r}: not one of {', '.join(ATTENTION_PHASES)}")
+        steps = ATTENTION_PHASES[row["phase"]]
         ops.append(op)
-        phases.append(phase)
-        seconds.append(op.work(phase)[0] / (float(row["tflops"]) * 1e12))
+        phases.append(steps if len(steps) > 1 else steps[0])
+        seconds.append(sum(op.work(p)[0] for p in steps) / (float(row["tflops"]) * 1e12))
     if not ops:
         raise ConfigError(f"{path}: no attention points")
     title = comments[0].split(":")[0] if comments else Path(path).name
@@ -153,7 +159,12 @@ def with_curve(
 def predict_points(points: KernelPoints, gpu: GpuSpec, curve: EfficiencyCurve, index: Sequence[int]) -> np.ndarray:
     trial = with_curve(gpu, points.kind, points.precision, curve)
     peak = gpu.flops_for(points.precision)
-    return np.array([estimate_op_s(points.ops[i], points.phases[i], trial, peak, points.precision) for i in index])
+    return np.array([sum(estimate_op_s(points.ops[i], p, trial, peak, points.precision) for p in _steps(points.phases[i]))
+                     for i in index])
+
+
+def _steps(phase: Phase | tuple[Phase, ...]) -> tuple[Phase, ...]:
+    return phase if isinstance(phase, tuple) else (phase,)
 
 
 #: The smallest half_work the fits consider (log10): no start-up cost beyond the kernel overhead.

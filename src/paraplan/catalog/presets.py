@@ -58,7 +58,10 @@ _RECORDED = ("attention_kernel", "fp8_recipe", "tp_comm_overlap_cfg")
 # (field -> (the architecture field, its value)).
 MODEL_DEFAULTS = {"rmsnorm_fusion": ("normalization", "rmsnorm"), "swiglu_fusion": ("activation", "swiglu"),
                   "qkv_fusion": ("multi_latent_attention", False), "gate_up_fusion": ("activation", "swiglu"),
-                  "rope_impl": ("position_embedding", "rotary"), "gqa_expand": ("multi_latent_attention", False)}
+                  "rope_impl": ("position_embedding", "rotary"), "gqa_expand": ("multi_latent_attention", False),
+                  # the dropout probabilities the framework's own model configuration runs (every
+                  # model has the sites: no architecture field)
+                  "attention_dropout": (None, None), "hidden_dropout": (None, None)}
 # The parallel degrees a preset may limit (``runs``), by their short plan names (``ParallelPlan``'s
 # properties and the search's axes).
 RUNS_AXES = ("tp", "pp", "cp", "ep")
@@ -115,7 +118,19 @@ def _model_value(field_name: str, value: Any) -> bool:
     annotation = ModelSpec.model_fields[field_name].annotation
     if get_origin(annotation) is Literal:
         return value in get_args(annotation)
+    if MODEL_DEFAULTS[field_name][0] is None:  # a probability (dropout)
+        return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1
     return isinstance(value, bool)
+
+
+def model_default_applies(model: ModelSpec | dict[str, Any], field_name: str) -> bool:
+    """Whether ``model`` has what the preset's model default ``field_name`` describes (an
+    RMSNorm for ``rmsnorm_fusion``; always for a field with no architecture field: dropout)."""
+    arch, value = MODEL_DEFAULTS[field_name]
+    if arch is None:
+        return True
+    has = getattr(model, arch) if isinstance(model, ModelSpec) else model.get(arch, ModelSpec.model_fields[arch].default)
+    return bool(has == value)
 
 
 def _preset(raw: dict[str, Any], where: str) -> Preset:
@@ -238,9 +253,7 @@ def apply_model_defaults(model: ModelSpec | dict[str, Any], preset: Preset
     taken: dict[str, Any] = {}
     overridden: dict[str, tuple[Any, Any]] = {}
     for default in preset.model_defaults:
-        arch, value = MODEL_DEFAULTS[default.field]
-        has = getattr(model, arch) if spec else model.get(arch, ModelSpec.model_fields[arch].default)
-        if has != value:
+        if not model_default_applies(model, default.field):
             continue
         if default.field in stated:
             mine = getattr(model, default.field) if spec else model[default.field]

@@ -64,7 +64,7 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
     return tuple(gaps.values()) + scan_gaps(gpu, ops) + attention_variant_gaps(gpu, ops)
 
 
-_KERNEL_NAMES = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention",
+_KERNEL_NAMES = {"fa1": "FlashAttention-1", "fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention",
                  "triton": "Triton flash attention", "sdpa": "PyTorch SDPA flash (FlashAttention-2)"}
 
 

@@ -292,7 +292,7 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
     ``precision`` decides the defaults that hold for one precision only (an FP8 recipe)."""
     if space.preset is None:
         return plan, None
-    from paraplan.catalog.presets import MODEL_DEFAULTS, apply_preset
+    from paraplan.catalog.presets import apply_preset, model_default_applies
 
     preset = find_space_preset(space.preset)
     left = set(space.preset_fields or ())
@@ -304,8 +304,7 @@ def with_preset(plan: dict[str, Any], model: ModelSpec, cluster: Any, space: Sea
     _, use = apply_preset(stated, preset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
                           model=model, precision=precision)
     # the model fields the preset sets that the (``preset_model``) model runs at its value
-    applies = {d.field for d in preset.model_defaults if getattr(model, MODEL_DEFAULTS[d.field][0])
-               == MODEL_DEFAULTS[d.field][1]}
+    applies = {d.field for d in preset.model_defaults if model_default_applies(model, d.field)}
     model_taken = {d.field: d.value for d in preset.model_defaults
                    if d.field in applies and getattr(model, d.field) == d.value}
     if model_taken:

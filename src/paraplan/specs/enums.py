@@ -83,6 +83,7 @@ class AttentionKernel(str, Enum):
     own efficiency curve per GPU where operator-level data exists (``efficiency.attention_kernels``
     in the GPU's catalog file); unset, the GPU's one ``attention`` curve is used."""
 
+    FA1 = "fa1"  # FlashAttention (Dao et al. 2022), the flash-attn 1.x package
     FA2 = "fa2"  # FlashAttention-2 (Dao 2023)
     FA3 = "fa3"  # FlashAttention-3 (Shah et al. 2024; Hopper)
     CUDNN = "cudnn"  # cuDNN fused attention (Transformer Engine's FusedAttention)

@@ -172,8 +172,10 @@ def _model(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> di
     activation = m.get("activation", "gelu")
     arch = dict(_ARCHITECTURES[activation])
     if _engine(preset) == "megatron" and activation == "gelu":
-        # Megatron-LM's GPT: dropout 0.1 on attention and hidden states (its defaults).
-        arch.update(attention_dropout=0.1, hidden_dropout=0.1)
+        # Megatron-LM's GPT: dropout 0.1 on attention and hidden states (its defaults), unless
+        # the preset states its own configuration's (the job takes those from the preset)
+        own = {d.field for d in preset.model_defaults} if preset is not None else set()
+        arch.update({k: 0.1 for k in ("attention_dropout", "hidden_dropout") if k not in own})
     # the preset's attention kernel, where the model has it (Megatron-LM of 2021-22 ran its own
     # fused softmax on the full score matrix)
     kernel = preset.recorded.get("attention_kernel", ("",))[0] if preset is not None else ""
