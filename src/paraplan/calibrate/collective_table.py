@@ -35,6 +35,9 @@ _OPCODES = {"all-reduce": CollectiveKind.ALL_REDUCE, "all-gather": CollectiveKin
             "reduce-scatter": CollectiveKind.REDUCE_SCATTER, "all-to-all": CollectiveKind.ALL_TO_ALL,
             "collective-permute": CollectiveKind.SEND_RECV}
 PAIR = 2  # a collective-permute's rows: one send/recv per rank, the curve of a pair
+# the kinds whose measured times are kept beside the curve (``CollectiveCurve.points``), interpolated
+# where measured: the collective-permutes change regime near 128 MiB, which one curve cannot follow
+POINTED = ("all-to-all", "collective-permute")
 
 
 def _read(path: Path, gpu_key: str) -> Any:
@@ -69,8 +72,13 @@ class CollectiveTableFit:
         for fit in self.fits:
             bus = ", ".join(f"{n}: {b / 1e9:.0f} GB/s" for n, b in sorted(fit.curve.bus_bytes_per_s.items()))
             small = ", ".join(f"{n}: {t * 1e6:.1f} us" for n, t in sorted(fit.curve.small_s.items()))
+            points = ""
+            if fit.curve.points:
+                points = ", points: {" + ", ".join(
+                    f"{n}: {{" + ", ".join(f"{size}: {t * 1e6:.4g} us" for size, t in by_size.items()) + "}"
+                    for n, by_size in fit.curve.points.items()) + "}"
             lines.append(f"  {fit.kind.value}: {{bus_bytes_per_s: {{{bus}}}, half_bytes: {fit.curve.half_bytes:.3g}, "
-                         f"fit_bytes: {fit.curve.fit_bytes:.0f}, small_s: {{{small}}}}}")
+                         f"fit_bytes: {fit.curve.fit_bytes:.0f}, small_s: {{{small}}}{points}}}")
         return "\n".join(lines) + "\n"
 
 
@@ -88,6 +96,17 @@ def small_call_s(rows: Any, small_bytes: float = SMALL_BYTES) -> dict[int, float
     return {int(n): float(seconds[small.devices_per_group == n].median()) for n in sorted(small.devices_per_group.unique())}
 
 
+def measured_points(rows: Any) -> dict[int, dict[int, float]]:
+    """The median seconds of the table ``rows``' calls per group size and message size (nccl-tests'
+    size; a collective-permute's patterns pooled), for the group sizes measured at two sizes or more."""
+    seconds = rows.xla_tensor_bytes / rows.network_throughput_bytes_per_sec
+    medians = seconds.groupby([rows.devices_per_group, rows.xla_tensor_bytes]).median()
+    points: dict[int, dict[int, float]] = {}
+    for (n, size), t in medians.items():
+        points.setdefault(int(n), {})[int(size)] = float(t)
+    return {n: dict(sorted(p.items())) for n, p in sorted(points.items()) if len(p) >= 2}
+
+
 def fit_collective_table(
     path: Path, gpu_key: str, cluster: ClusterSpec, *, min_bytes: float = 2**20, seed: int = 0, holdout: float = 0.2
 ) -> CollectiveTableFit:
@@ -99,9 +118,11 @@ def fit_collective_table(
 
 def fit_collective_rows(
     usable: Any, gpu_key: str, cluster: ClusterSpec, *, source: str, min_bytes: float = 2**20, seed: int = 0,
-    holdout: float = 0.2
+    holdout: float = 0.2, pointed: tuple[str, ...] = POINTED
 ) -> CollectiveTableFit:
-    """``fit_collective_table`` on the table's rows ``usable`` (``_read``'s frame)."""
+    """``fit_collective_table`` on the table's rows ``usable`` (``_read``'s frame). The kinds of
+    ``pointed`` keep their measured times of at least ``min_bytes`` (``measured_points``: all the
+    rows' in the curve, the training rows' where the held-out rows are scored)."""
     least_squares = import_extra("scipy.optimize").least_squares
     rows = usable[usable.xla_tensor_bytes >= min_bytes]
     if rows.empty:
@@ -130,12 +151,19 @@ def fit_collective_rows(
         train, test = np.flatnonzero(~held), np.flatnonzero(held)
         result = least_squares(lambda p, train=train, seconds=seconds, predict=predict:
                                np.log(predict(p, train) / seconds[train]), [7.0] + [11.5] * len(groups))
-        score = err_stats(predict(result.x, test), seconds[test]) if len(test) else \
-            err_stats(predict(result.x, train), seconds[train])
         fitted = curve(result.x).model_copy(update={"small_s": small_call_s(usable[usable.opcode == opcode])})
+        trained = fitted
+        if opcode in pointed:
+            trained = fitted.model_copy(update={"points": measured_points(part[~held])})
+            fitted = fitted.model_copy(update={"points": measured_points(part)})
+        scored = test if len(test) else train
+        node = _node(cluster, trained.model_copy(update={"small_s": {}}), kind)
+        score = err_stats(np.array([estimate_collective_s(*calls[i], node) for i in scored]), seconds[scored])
         fits.append(CollectiveFit(kind, fitted, len(calls), len(train), score))
     source = (f"{source} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB; small_s: the median call of "
-              f"<= {SMALL_BYTES / 2**10:g} KiB")
+              f"<= {SMALL_BYTES / 2**10:g} KiB"
+              + ("; points (" + ", ".join(pointed) + "): the median call per size, log-log between sizes, "
+                 "extrapolated along the curve beyond the last" if pointed else ""))
     return CollectiveTableFit(gpu_key, tuple(fits), source)
 
 
