@@ -64,7 +64,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     gaps += power_gaps(job.cluster, job.precision)
     gaps += expert_gaps(job)
     gaps += attention_kernel_gaps(job)
-    gaps += host_sync_notes(job) + cuda_graph_notes(job) + unused_cfg_notes(job)
+    gaps += host_sync_notes(job) + cuda_graph_notes(job) + unused_cfg_notes(job) + comm.extrapolated_notes(inv)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )
