@@ -46,7 +46,9 @@ def test_an_a100_fp32_job_is_marked_because_only_16_bit_kernels_were_measured():
 def test_h100_gemms_and_their_sustained_clock_are_measured_and_its_memory_curves_come_from_gh200():
     for precision in ("bf16", "fp8"):
         notes = paraplan.predict(job("H100-SXM5-80GB", precision)).uncalibrated
-        assert notes == ("H100-SXM5-80GB: memory-bound kernels timed with curves measured on GH200-120GB",)
+        # beside the one 30 GiB gradient all-reduce of 8 GPUs, past XLA's largest measured 2 GiB
+        kernels = tuple(n for n in notes if not n.startswith("all-reduce: calls larger than"))
+        assert kernels == ("H100-SXM5-80GB: memory-bound kernels timed with curves measured on GH200-120GB",)
 
 
 def test_an_fp8_gemm_on_a_gpu_without_an_fp8_curve_says_so():

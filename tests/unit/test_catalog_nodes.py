@@ -175,8 +175,12 @@ def test_the_instinct_collective_curves_are_what_the_collective_table_command_fi
     for kind, curve in curves.items():
         bus = ", ".join(f"{n}: {b / 1e9:.0f} GB/s" for n, b in sorted(curve.bus_bytes_per_s.items()))
         small = ", ".join(f"{n}: {t * 1e6:.1f} us" for n, t in sorted(curve.small_s.items()))
+        points = ", ".join(f"{n}: {{" + ", ".join(f"{size}: {t * 1e6:.4g} us" for size, t in by_size.items()) + "}"
+                           for n, by_size in curve.points.items())
+        points = f", points: {{{points}}}" if points else ""
+        assert curve.points, kind  # every kind keeps its measured times
         assert (f"{kind}: {{bus_bytes_per_s: {{{bus}}}, half_bytes: {curve.half_bytes:.3g}, "
-                f"fit_bytes: {curve.fit_bytes:.0f}, small_s: {{{small}}}}}") in result.stdout.replace("\n", "")
+                f"fit_bytes: {curve.fit_bytes:.0f}, small_s: {{{small}}}{points}}}") in result.stdout.replace("\n", "")
 
 
 def test_an_instinct_gpu_named_on_another_instinct_node_gets_its_own_fabric_or_the_same_one():

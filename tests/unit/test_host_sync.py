@@ -185,3 +185,22 @@ def test_an_operator_with_no_forward_time_launches_nothing_after_the_sync():
     ops = [_op("attention", 2), _op("moe_permute", 1), _op("qkv_split", 3), _op("expert_fc1", 4)]
     items = sync_items(ops, [1e-3, 1e-4, 0.0, 2e-3])
     assert items == [(1e-4, 0), (0.0, 0), (2e-3, 4), (1e-3, 2), (0.0, 1)]
+
+
+def test_partial_cuda_graphs_stated_for_a_dense_model_are_said_to_be_ignored_and_a_moes_are_not():
+    def dense(**parallel):
+        return resolve_job({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                            "parallel": {"tp": 2, "micro_batch_size": 1, "global_batch_size": 8, **parallel}})
+
+    def ignored(job):
+        return [n for n in predict(job).uncalibrated if n.startswith("parallel.cuda_graph_scope")]
+
+    graphed = predict(dense(cuda_graph_scope=["attn"]))
+    assert [n for n in graphed.uncalibrated if n.startswith("parallel.cuda_graph_scope")] == [
+        "parallel.cuda_graph_scope attn ignored: a dense model's kernel launches run ahead of the GPU (no "
+        "dispatcher sync waits for them), so a graph saves no priced time"]
+    assert graphed.iteration_s == predict(dense()).iteration_s  # what the note says
+    assert ignored(dense()) == []
+    moe = _moe_job(True, 64)
+    assert ignored(moe.model_copy(update={"parallel": moe.parallel.model_copy(
+        update={"cuda_graph_scope": ("attn", "moe_router")})})) == []

@@ -176,3 +176,30 @@ def test_the_megatron_export_says_which_userbuffers_file_the_prediction_priced()
                                     "micro_batch_size": 1, "global_batch_size": 256}})
     assert job.parallel.tp_comm_overlap_cfg
     assert any("--tp-comm-overlap-cfg" in n and job.parallel.tp_comm_overlap_cfg in n for n in notes(job))
+
+
+def _ignored(pred) -> list[str]:
+    return [n for n in pred.uncalibrated if n.startswith("parallel.tp_comm_overlap_cfg")]
+
+
+def test_a_configuration_the_user_states_without_the_overlap_is_said_to_be_ignored():
+    pred = predict(job(tp_comm_overlap=False))
+    assert _ignored(pred) == [f"parallel.tp_comm_overlap_cfg {MLPERF} ignored: Transformer Engine's userbuffers "
+                              "run only with parallel.tp_comm_overlap true"]
+    # priced as no configuration at all, and quiet where the overlap runs it
+    assert pred.iteration_s == predict(job(cfg=None, tp_comm_overlap=False)).iteration_s
+    assert _ignored(predict(job())) == []
+
+
+def test_a_configuration_a_preset_fills_in_stays_quiet_without_the_overlap_and_a_stated_one_does_not():
+    def preset_job(**parallel):
+        return resolve_job({"model": {"name": "gpt3-175b", "num_layers": 8},
+                            "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                            "parallel": {"framework": "nemo-mlperf-3.0", "tp": 4, "pp": 2, "sequence_parallel": True,
+                                         "micro_batch_size": 1, "global_batch_size": 16, "tp_comm_overlap": False,
+                                         **parallel}, "precision": "fp8"})
+
+    filled = preset_job()
+    assert filled.preset.taken["tp_comm_overlap_cfg"] == MLPERF and not filled.parallel.tp_comm_overlap
+    assert _ignored(predict(filled)) == []
+    assert len(_ignored(predict(preset_job(tp_comm_overlap_cfg=MLPERF)))) == 1

@@ -35,6 +35,11 @@ _OPCODES = {"all-reduce": CollectiveKind.ALL_REDUCE, "all-gather": CollectiveKin
             "reduce-scatter": CollectiveKind.REDUCE_SCATTER, "all-to-all": CollectiveKind.ALL_TO_ALL,
             "collective-permute": CollectiveKind.SEND_RECV}
 PAIR = 2  # a collective-permute's rows: one send/recv per rank, the curve of a pair
+# the kinds whose measured times are kept beside the curve (``CollectiveCurve.points``), interpolated
+# where measured: the collective-permutes change regime near 128 MiB, which one curve cannot follow,
+# and every kind's curve misses its measured times by 12-15 % (median) beyond 1 GiB, where the
+# points miss the held-out sizes by 1-1.5 % (benchmarks/pointed_collectives.py)
+POINTED = tuple(_OPCODES)
 
 
 def _read(path: Path, gpu_key: str) -> Any:
@@ -69,8 +74,13 @@ class CollectiveTableFit:
         for fit in self.fits:
             bus = ", ".join(f"{n}: {b / 1e9:.0f} GB/s" for n, b in sorted(fit.curve.bus_bytes_per_s.items()))
             small = ", ".join(f"{n}: {t * 1e6:.1f} us" for n, t in sorted(fit.curve.small_s.items()))
+            points = ""
+            if fit.curve.points:
+                points = ", points: {" + ", ".join(
+                    f"{n}: {{" + ", ".join(f"{size}: {t * 1e6:.4g} us" for size, t in by_size.items()) + "}"
+                    for n, by_size in fit.curve.points.items()) + "}"
             lines.append(f"  {fit.kind.value}: {{bus_bytes_per_s: {{{bus}}}, half_bytes: {fit.curve.half_bytes:.3g}, "
-                         f"fit_bytes: {fit.curve.fit_bytes:.0f}, small_s: {{{small}}}}}")
+                         f"fit_bytes: {fit.curve.fit_bytes:.0f}, small_s: {{{small}}}{points}}}")
         return "\n".join(lines) + "\n"
 
 
@@ -88,6 +98,17 @@ def small_call_s(rows: Any, small_bytes: float = SMALL_BYTES) -> dict[int, float
     return {int(n): float(seconds[small.devices_per_group == n].median()) for n in sorted(small.devices_per_group.unique())}
 
 
+def measured_points(rows: Any) -> dict[int, dict[int, float]]:
+    """The median seconds of the table ``rows``' calls per group size and message size (nccl-tests'
+    size; a collective-permute's patterns pooled), for the group sizes measured at two sizes or more."""
+    seconds = rows.xla_tensor_bytes / rows.network_throughput_bytes_per_sec
+    medians = seconds.groupby([rows.devices_per_group, rows.xla_tensor_bytes]).median()
+    points: dict[int, dict[int, float]] = {}
+    for (n, size), t in medians.items():
+        points.setdefault(int(n), {})[int(size)] = float(t)
+    return {n: dict(sorted(p.items())) for n, p in sorted(points.items()) if len(p) >= 2}
+
+
 def fit_collective_table(
     path: Path, gpu_key: str, cluster: ClusterSpec, *, min_bytes: float = 2**20, seed: int = 0, holdout: float = 0.2
 ) -> CollectiveTableFit:
@@ -99,9 +120,11 @@ def fit_collective_table(
 
 def fit_collective_rows(
     usable: Any, gpu_key: str, cluster: ClusterSpec, *, source: str, min_bytes: float = 2**20, seed: int = 0,
-    holdout: float = 0.2
+    holdout: float = 0.2, pointed: tuple[str, ...] = POINTED
 ) -> CollectiveTableFit:
-    """``fit_collective_table`` on the table's rows ``usable`` (``_read``'s frame)."""
+    """``fit_collective_table`` on the table's rows ``usable`` (``_read``'s frame). The kinds of
+    ``pointed`` keep their measured times of at least ``min_bytes`` (``measured_points``: all the
+    rows' in the curve, the training rows' where the held-out rows are scored)."""
     least_squares = import_extra("scipy.optimize").least_squares
     rows = usable[usable.xla_tensor_bytes >= min_bytes]
     if rows.empty:
@@ -130,12 +153,20 @@ def fit_collective_rows(
         train, test = np.flatnonzero(~held), np.flatnonzero(held)
         result = least_squares(lambda p, train=train, seconds=seconds, predict=predict:
                                np.log(predict(p, train) / seconds[train]), [7.0] + [11.5] * len(groups))
-        score = err_stats(predict(result.x, test), seconds[test]) if len(test) else \
-            err_stats(predict(result.x, train), seconds[train])
         fitted = curve(result.x).model_copy(update={"small_s": small_call_s(usable[usable.opcode == opcode])})
+        trained = fitted
+        if opcode in pointed:
+            trained = fitted.model_copy(update={"points": measured_points(part[~held])})
+            fitted = fitted.model_copy(update={"points": measured_points(part)})
+        scored = test if len(test) else train
+        node = _node(cluster, trained.model_copy(update={"small_s": {}}), kind)
+        score = err_stats(np.array([estimate_collective_s(*calls[i], node) for i in scored]), seconds[scored])
         fits.append(CollectiveFit(kind, fitted, len(calls), len(train), score))
     source = (f"{source} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB; small_s: the median call of "
-              f"<= {SMALL_BYTES / 2**10:g} KiB")
+              f"<= {SMALL_BYTES / 2**10:g} KiB"
+              + ("; points" + ("" if set(pointed) == set(_OPCODES) else " (" + ", ".join(pointed) + ")")
+                 + ": the median call per size, log-log between sizes, extrapolated along the curve beyond the last"
+                 if pointed else ""))
     return CollectiveTableFit(gpu_key, tuple(fits), source)
 
 
@@ -171,6 +202,15 @@ def small_call_table(path: Path, gpu_key: str, cluster: ClusterSpec, *, seed: in
     return pd.DataFrame(out)
 
 
+def _opcode_rows(path: Path, gpu_key: str, cluster: ClusterSpec, opcodes: tuple[str, ...]) -> Any:
+    """(opcode, kind, the table's usable rows of it) for each of ``opcodes``, on a node with an intra-node link."""
+    if cluster.intra_node is None:
+        raise ConfigError(f"--cluster {cluster.name}: no intra-node link")
+    table = _read(path, gpu_key)
+    for opcode in opcodes:
+        yield opcode, _OPCODES[opcode], table[table.opcode == opcode]
+
+
 def held_out_table(path: Path, gpu_key: str, cluster: ClusterSpec, opcodes: tuple[str, ...], *,
                    seed: int = 0, holdout: float = 0.2) -> Any:
     """The table's held-out calls of ``opcodes`` (a seeded draw of whole message sizes per
@@ -179,13 +219,8 @@ def held_out_table(path: Path, gpu_key: str, cluster: ClusterSpec, opcodes: tupl
     the curve and its small-call times fitted as ``fit_collective_table`` fits them, on the
     other rows, at the catalog curve's fitted sizes, or 1 MiB)."""
     pd = import_extra("pandas")
-    if cluster.intra_node is None:
-        raise ConfigError(f"--cluster {cluster.name}: no intra-node link")
-    table = _read(path, gpu_key)
     out = []
-    for opcode in opcodes:
-        kind = _OPCODES[opcode]
-        rows = table[table.opcode == opcode]
+    for opcode, kind, rows in _opcode_rows(path, gpu_key, cluster, opcodes):
         if rows.empty:
             continue
         held = split_mask(list(rows.xla_tensor_bytes), holdout, seed)
@@ -202,4 +237,31 @@ def held_out_table(path: Path, gpu_key: str, cluster: ClusterSpec, opcodes: tupl
                         "measured_s": size / r.network_throughput_bytes_per_sec,
                         "before_s": estimate_collective_s(*call, before),
                         "after_s": estimate_collective_s(*call, after)})
+    return pd.DataFrame(out)
+
+
+def pointed_held_out_table(path: Path, gpu_key: str, cluster: ClusterSpec, opcodes: tuple[str, ...], *,
+                           seed: int = 0, holdout: float = 0.2) -> Any:
+    """The table's held-out calls of ``opcodes`` at ``cluster``'s curves' fitted sizes or larger (a
+    seeded draw of whole message sizes per opcode), one row each (opcode, n, bytes, measured_s),
+    priced by the curve fitted on the other rows alone (``before_s``) and with those rows'
+    measured points (``after_s``): a held-out size lies between two measured ones or beyond the
+    last, never on its own rows."""
+    pd = import_extra("pandas")
+    out = []
+    for opcode, kind, rows in _opcode_rows(path, gpu_key, cluster, opcodes):
+        known = cluster.intra_node.collectives.get(kind.value)
+        if rows.empty or known is None:
+            continue
+        held = split_mask(list(rows.xla_tensor_bytes), holdout, seed)
+        nodes = {way: _node(cluster, fit_collective_rows(rows[~held], gpu_key, cluster, source=Path(path).name,
+                                                         holdout=0.0, min_bytes=known.fit_bytes,
+                                                         pointed=pointed).fits[0].curve, kind)
+                 for way, pointed in (("before_s", ()), ("after_s", (opcode,)))}
+        for r in rows[held & (rows.xla_tensor_bytes >= known.fit_bytes)].itertuples():
+            n, size = int(r.devices_per_group), float(r.xla_tensor_bytes)
+            call = (Collective("c", kind, ParallelDim.TP, size, Phase.FWD), GroupLayout(n, 1, n))
+            out.append({"opcode": opcode, "n": n, "bytes": size,
+                        "measured_s": size / r.network_throughput_bytes_per_sec,
+                        **{way: estimate_collective_s(*call, node) for way, node in nodes.items()}})
     return pd.DataFrame(out)

@@ -153,6 +153,23 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
     return t if ll is None else min(t, ll)
 
 
+def beyond_measured(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float | None:
+    """The largest message size the intra-node curve pricing ``coll`` measured on its group
+    (``CollectiveCurve.points``), where ``coll`` is larger, so that ``estimate_collective_s``
+    carries the last measured time along the fitted curve; None for a call inside the measured
+    sizes, across nodes, or priced without measured points."""
+    intra = cluster.intra_node
+    if intra is None or not intra.collectives or layout.size <= 1 or layout.crosses_nodes:
+        return None
+    if coll.routing is not None and coll.kind is CollectiveKind.ALL_TO_ALL:
+        return None  # DeepEP's or HybridEP's own model
+    curve = intra.collectives.get(coll.kind.value)
+    group = 2 if coll.kind is CollectiveKind.SEND_RECV else layout.size
+    if curve is None or not curve.extrapolated(group, coll.bytes):
+        return None
+    return float(max(curve.points[group]))
+
+
 def link_p2p_s(size: float, layout: GroupLayout, cluster: ClusterSpec) -> float:
     """One copy of ``size`` bytes to one peer over the link ``layout`` spans, at the link's
     point-to-point rate after one latency (on a direct-link mesh only the link to that peer):

@@ -21,7 +21,7 @@ from paraplan.costmodel import (
     queued_gap_notes,
 )
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
-from paraplan.prediction.host_sync import host_sync_notes
+from paraplan.prediction.host_sync import cuda_graph_notes, host_sync_notes
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.offload import offload_notes
 from paraplan.prediction.result import (
@@ -35,6 +35,7 @@ from paraplan.prediction.result import (
 )
 from paraplan.prediction.sanity import check_breakdown, check_iteration, check_possible
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
+from paraplan.prediction.userbuffers import unused_cfg_notes
 from paraplan.schedule import (
     PipelineResult,
     deepspeed_free_sends_finish,
@@ -64,7 +65,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     gaps += power_gaps(job.cluster, job.precision)
     gaps += expert_gaps(job)
     gaps += attention_kernel_gaps(job)
-    gaps += host_sync_notes(job)
+    gaps += host_sync_notes(job) + cuda_graph_notes(job) + unused_cfg_notes(job) + comm.extrapolated_notes(inv)
     gaps += queued_gap_notes(job)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps

@@ -19,8 +19,10 @@ import functools
 from paraplan.costmodel import AnalyticalCostModel, attention_kernel_gaps, calibration_gaps, link_gaps
 from paraplan.inventory import count_job
 from paraplan.prediction.facade import all_ops, assemble_prediction
+from paraplan.prediction.host_sync import cuda_graph_notes
 from paraplan.prediction.result import Placement, Prediction
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
+from paraplan.prediction.userbuffers import unused_cfg_notes
 from paraplan.specs import HeteroJob
 
 
@@ -80,7 +82,7 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
     gaps = tuple(dict.fromkeys(
         [n for g in job.cluster.node_groups for n in calibration_gaps(g.gpu, job.precision, ops)]
         + [n for g in groups for n in link_gaps(job.cluster.view(g, len(groups) > 1))]
-        + list(attention_kernel_gaps(job))
+        + list(attention_kernel_gaps(job)) + list(cuda_graph_notes(job)) + list(unused_cfg_notes(job))
     ))
     return assemble_prediction(
         job.view_job(stage_groups[0][0]), inv, tuple(timings), "analytical", peak,

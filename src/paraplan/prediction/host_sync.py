@@ -80,3 +80,14 @@ def host_sync_notes(job) -> tuple[str, ...]:
             f"measured on {spec.host}: this cluster's host has no measurement (catalog runtime/host.yaml; "
             "parallel.moe_host_sync false for a sync-free dispatcher); the wait is an upper bound (the "
             "all-to-alls' own time is not counted against the launches)",)
+
+
+def cuda_graph_notes(job) -> tuple[str, ...]:
+    """Partial CUDA graphs (``parallel.cuda_graph_scope``) stated for a dense model, said in the
+    prediction: a graph saves host launches, and only a MoE layer's dispatcher sync makes the GPU
+    wait for them (``host_wait_s``), so the scope changes nothing priced."""
+    scope = job.parallel.cuda_graph_scope
+    if not scope or job.model.is_moe:
+        return ()
+    return (f"parallel.cuda_graph_scope {' '.join(scope)} ignored: a dense model's kernel launches run ahead of "
+            "the GPU (no dispatcher sync waits for them), so a graph saves no priced time",)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from paraplan.catalog import load_host_launch
 from paraplan.costmodel import CostModel
+from paraplan.costmodel.collectives import beyond_measured
 from paraplan.inventory import (
     Collective,
     CollectiveKind,
@@ -36,6 +37,7 @@ from paraplan.prediction.userbuffers import runs_userbuffers, userbuffers_layer
 from paraplan.schedule import exposed_beside
 from paraplan.schedule.closed_form import paired_share
 from paraplan.specs import Framework, ParallelPlan, Phase
+from paraplan.units import format_bytes
 
 BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 _ATTENTION_KINDS = (OpKind.ATTENTION, OpKind.BMM, OpKind.SOFTMAX)
@@ -395,6 +397,37 @@ class CommCosts:
 
     def total(self, colls: tuple[Collective, ...], phases: tuple[Phase, ...]) -> float:
         return sum(self.seconds(c) for c in colls if c.phase in phases)
+
+    def extrapolated_notes(self, inv: JobInventory) -> tuple[str, ...]:
+        """One note per collective kind with a call beyond the sizes the intra-node curve measured
+        on its group (``costmodel.collectives.beyond_measured``), naming the largest of those
+        measured sizes; none where the cost model prices collectives its own way (a learned one's source says it)."""
+        if hasattr(self.cm, "collective_source"):
+            return ()
+        cluster = self.cm.cluster
+        if cluster.intra_node is None:
+            return ()
+        # the smallest last measured size per kind: a call not above it is inside every group's points
+        floor = {kind: min(max(p) for p in curve.points.values())
+                 for kind, curve in cluster.intra_node.collectives.items() if curve.points}
+        if not floor:
+            return ()
+        calls = {id(c): c for st in inv.stages
+                 for c in (*(c for b in st.blocks for c in b.collectives), *st.per_microbatch_dp, *st.grad_sync)}
+        calls.update({id(c): c for c in (inv.p2p, inv.p2p_mask) if c is not None})
+        last_by_kind: dict[str, float] = {}
+        for c in calls.values():
+            if c.bytes <= floor.get(c.kind.value, float("inf")):
+                continue
+            layout = self.pair if c.dim is ParallelDim.PP else self.layouts[c.dim]
+            last = beyond_measured(c, layout, cluster)
+            if last is not None:
+                last_by_kind[c.kind.value] = max(last, last_by_kind.get(c.kind.value, 0.0))
+        # the same words for every plan of a search (its notes are pooled): no call's own size
+        return tuple(
+            f"{kind.replace('_', '/' if kind == 'send_recv' else '-')}: calls larger than the "
+            f"{format_bytes(last)} XLA's collective table measured on their group are extrapolated along "
+            "the fitted curve" for kind, last in last_by_kind.items())
 
 
 def paired_share_of(plan: ParallelPlan) -> float:

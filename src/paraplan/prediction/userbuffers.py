@@ -76,6 +76,21 @@ _RUNS = {("ring_exchange", _AG), ("pipeline", _RS), ("bulk", _AG), ("bulk", _RS)
 _BACKWARD = (Phase.BWD_INPUT, Phase.BWD_WEIGHT)
 
 
+def unused_cfg_notes(job) -> tuple[str, ...]:
+    """A userbuffers configuration the user stated that nothing runs (``tp_comm_overlap`` off:
+    Transformer Engine builds its userbuffers only with it), said in the prediction; one a
+    framework preset filled in (beside sequence parallelism, whether or not the overlap is on)
+    stays quiet, as the preset's own default."""
+    plan = job.parallel
+    if not plan.tp_comm_overlap_cfg or plan.tp_comm_overlap:
+        return ()
+    preset = getattr(job, "preset", None)
+    if preset is not None and "tp_comm_overlap_cfg" in preset.taken:
+        return ()
+    return (f"parallel.tp_comm_overlap_cfg {plan.tp_comm_overlap_cfg} ignored: Transformer Engine's userbuffers "
+            "run only with parallel.tp_comm_overlap true",)
+
+
 def runs_userbuffers(comm: CommCosts) -> bool:
     """Whether the plan's TP overlap is priced from a userbuffers configuration."""
     plan = comm.plan

@@ -184,7 +184,17 @@ def render_collective_table(fit: Any, cluster: str) -> Group:
     for f in fit.fits:
         bus = [f"{f.curve.bus_bytes_per_s[n] / 1e9:.0f}" if n in f.curve.bus_bytes_per_s else "-" for n in groups]
         table.add_row(f.kind.value.replace("_", "-"), *bus, f"{f.curve.half_bytes / 1e6:.1f}", str(f.rows), *_stats(f.holdout))
-    return Group(table, Text("errors on the held-out rows; the catalog block follows", style="dim"))
+    ranges = [f"{f.kind.value.replace('_', '-')} n={n} {_mib(min(p))}-{_mib(max(p))}"
+              for f in fit.fits for n, p in f.curve.points.items()]
+    lines = ["errors on the held-out rows; the catalog block follows"]
+    if ranges:
+        lines.insert(0, "measured points, log-log between sizes (beyond the last: extrapolated along the curve): "
+                     + ", ".join(ranges))
+    return Group(table, *(Text(line, style="dim") for line in lines))
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**30:g} GiB" if size >= 2**30 else f"{size / 2**20:g} MiB"
 
 
 def render_trace_calibration(result: Any) -> Group:

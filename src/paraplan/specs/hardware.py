@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -248,7 +249,14 @@ class CollectiveCurve(BaseModel):
     latency: a call of S bytes takes moved(S) / bus(S), fitted on messages of at least
     ``fit_bytes``. ``small_s`` is the measured time of a small call (the median over messages of
     at most ``small_bytes``) per group size: below ``small_bytes`` a call takes it, between
-    ``small_bytes`` and ``fit_bytes`` the straight line to the curve, never less than it."""
+    ``small_bytes`` and ``fit_bytes`` the straight line to the curve, never less than it.
+    ``points`` are measured times per group size and message size (the median call of each size
+    in the table the curve was fitted to): from ``fit_bytes`` up, a call of a group size with
+    points takes the log-log interpolation between the two measured sizes around it (the curve
+    cannot follow a regime change, such as XLA's collective-permutes reaching 292 GB/s from
+    256 MiB on H100 after 110-120 GB/s up to 64 MiB); beyond the last measured size it is
+    extrapolated along the fitted curve from that last point (``extrapolated``), below the first
+    one the curve."""
 
     model_config = _FROZEN
     bus_bytes_per_s: dict[int, Bandwidth]
@@ -256,6 +264,42 @@ class CollectiveCurve(BaseModel):
     fit_bytes: HalfWork = 2.0**20
     small_bytes: HalfWork = 2.0**16
     small_s: dict[int, Seconds] = Field(default_factory=dict)
+    points: dict[int, dict[int, Seconds]] = Field(default_factory=dict)
+
+    @field_validator("points")
+    @classmethod
+    def _sorted_points(cls, points: dict[int, dict[int, float]]) -> dict[int, dict[int, float]]:
+        """Each group's points in increasing message size (``measured_s`` walks them in order)."""
+        for n, by_size in points.items():
+            if len(by_size) < 2:
+                raise ValueError(f"group {n} needs at least two measured message sizes")
+        return {n: dict(sorted(by_size.items())) for n, by_size in points.items()}
+
+    def extrapolated(self, group: int, size_bytes: float) -> bool:
+        """Whether a call of ``size_bytes`` on ``group`` lies beyond the group's last measured point."""
+        sizes = self.points.get(group)
+        return bool(sizes) and size_bytes > max(sizes)
+
+    def measured_s(self, group: int, size_bytes: float) -> float | None:
+        """Seconds of a ``size_bytes`` call on ``group`` from its measured ``points``: log-log
+        between the two measured sizes around it, beyond the last one the last point carried
+        along the fitted curve (time x (S + S_1/2) / (S_last + S_1/2)); None for a group without
+        points or below its first measured size."""
+        by_size = self.points.get(group)
+        if by_size is None:
+            return None
+        below = None
+        for size, t in by_size.items():
+            if size >= size_bytes:
+                if below is None:
+                    return t if size == size_bytes else None
+                s0, t0 = below
+                share = math.log(size_bytes / s0) / math.log(size / s0)
+                return t0 * (t / t0) ** share
+            below = size, t
+        assert below is not None
+        s0, t0 = below
+        return t0 * (size_bytes + self.half_bytes) / (s0 + self.half_bytes)
 
     def peak_for(self, group: int) -> float:
         """The asymptotic bus bandwidth of the largest measured group size not above ``group``
@@ -272,18 +316,23 @@ class CollectiveCurve(BaseModel):
         n = _largest_not_above(self.small_s, group)
         return None if n is None else self.small_s[n]
 
+    def _large_s(self, group: int, size_bytes: float, moved_bytes: float) -> float:
+        """A call of at least ``fit_bytes``: its measured points where the group has them, else the curve."""
+        measured = self.measured_s(group, size_bytes) if self.points else None
+        return moved_bytes / self.bus_for(group, size_bytes) if measured is None else measured
+
     def seconds(self, group: int, size_bytes: float, moved_bytes: float) -> float | None:
         """Seconds of one call moving ``moved_bytes`` of a ``size_bytes`` message; None where
         the message is below the fitted sizes and no small call of the group was measured."""
-        curve = moved_bytes / self.bus_for(group, size_bytes)
         floor = self.small_for(group)
         if size_bytes >= self.fit_bytes:
-            return curve if floor is None else max(curve, floor)
+            large = self._large_s(group, size_bytes, moved_bytes)
+            return large if floor is None else max(large, floor)
         if floor is None:
             return None
         if size_bytes <= self.small_bytes:
             return floor
-        at_fit = max(floor, moved_bytes / size_bytes * self.fit_bytes / self.bus_for(group, self.fit_bytes))
+        at_fit = max(floor, self._large_s(group, self.fit_bytes, moved_bytes / size_bytes * self.fit_bytes))
         return floor + (at_fit - floor) * (size_bytes - self.small_bytes) / (self.fit_bytes - self.small_bytes)
 
 
