@@ -20,6 +20,7 @@ from paraplan.costmodel import (
     power_gaps,
 )
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
+from paraplan.inventory.placement import straddle_notes
 from paraplan.prediction.host_sync import host_sync_notes
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.offload import offload_notes
@@ -64,6 +65,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     gaps += expert_gaps(job)
     gaps += attention_kernel_gaps(job)
     gaps += host_sync_notes(job)
+    gaps += straddle_notes(job.parallel, job.cluster.domain_size, job.cluster.num_gpus, job.model.is_moe)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )
