@@ -82,3 +82,40 @@ def group_layout(
         # and the slowest group, with the fewest ranks on one side, sets the collective's time
         per_node = min(per_node, max(1, math.gcd(span, gpus_per_node) // stride))
     return GroupLayout(size=n, nodes=-(-n // per_node), per_node=per_node)
+
+
+# the groups whose straddling a prediction reports (PP's neighbour pairs and the amax group
+# follow from these)
+_STRADDLE_DIMS = (ParallelDim.TP, ParallelDim.CP, ParallelDim.EP, ParallelDim.ETP, ParallelDim.DP,
+                  ParallelDim.EDP, ParallelDim.DP_REPLICATE)
+
+
+def straddle_notes(plan: ParallelPlan, domain: int, world: int, moe: bool = False) -> tuple[str, ...]:
+    """One note per parallel group that straddles a scale-up domain of ``domain`` GPUs under the
+    rank order (a span of consecutive ranks that neither tiles the domain nor is tiled by it:
+    64 of a 72-GPU NVL72 rack), with how many of its groups do (one period of the layout) and
+    the link it is priced at (``group_layout``: the inter-domain link, the slowest group's
+    fewest ranks on one side). None on a single-domain cluster or where groups tile domains;
+    the expert groups only for a mixture-of-experts model (``moe``)."""
+    if world <= domain:
+        return ()
+    notes = []
+    for dim in _STRADDLE_DIMS:
+        if not moe and dim in (ParallelDim.EP, ParallelDim.ETP, ParallelDim.EDP):
+            continue
+        n, stride = _size(dim, plan), _stride(dim, plan)
+        span = n * stride
+        if n < 2 or stride >= domain or not (span % domain and domain % span):
+            continue
+        period = math.lcm(span, domain)
+        blocks = [(b * span, b * span + span - 1) for b in range(period // span)]
+        crossing = sum(1 for lo, hi in blocks if lo // domain != hi // domain)
+        side = group_layout(dim, plan, domain).per_node
+        notes.append(
+            f"{dim.value.upper()} group of {n} GPUs straddles the {domain}-GPU scale-up domain: in the rank "
+            f"order {'tp-ep-dp-pp' if dim in (ParallelDim.EP, ParallelDim.ETP, ParallelDim.EDP) else 'tp-cp-dp-pp'} "
+            f"{crossing} of every {len(blocks)} blocks of {span} consecutive ranks cross two domains, so its "
+            f"collectives are priced at the inter-domain link with {side} GPUs on the smaller side (a "
+            f"launcher placing each group inside one domain would keep it on the scale-up link)"
+        )
+    return tuple(notes)

@@ -21,6 +21,7 @@ from paraplan.costmodel import (
     queued_gap_notes,
 )
 from paraplan.inventory import JobInventory, Op, StageInventory, count_job
+from paraplan.inventory.placement import straddle_notes
 from paraplan.prediction.host_sync import cuda_graph_notes, host_sync_notes
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.offload import offload_notes
@@ -67,6 +68,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     gaps += attention_kernel_gaps(job)
     gaps += host_sync_notes(job) + cuda_graph_notes(job) + unused_cfg_notes(job) + comm.extrapolated_notes(inv)
     gaps += queued_gap_notes(job)
+    gaps += straddle_notes(job.parallel, job.cluster.domain_size, job.cluster.num_gpus, job.model.is_moe)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
     )

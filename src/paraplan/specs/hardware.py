@@ -391,6 +391,10 @@ class HostSpec(BaseModel):
     )
 
 
+# block-scaled operand formats a GPU's tensor cores may read in hardware (GpuSpec.block_scaled_formats)
+BlockScaledFormat = Literal["mxfp8", "mxfp6", "mxfp4", "nvfp4"]
+
+
 class GpuSpec(BaseModel):
     """One accelerator: peak dense FLOP/s per precision, HBM size and bandwidth."""
 
@@ -410,10 +414,11 @@ class GpuSpec(BaseModel):
     reference_node: str | None = None  # catalog cluster whose links a job naming only the GPU gets
     # the board's default power limit (datasheet TDP): a cluster's ``power_cap_w`` below it slows GEMMs
     tdp_w: Watts | None = None
-    # tensor cores that read per-block scales with their operands (OCP MX formats: MXFP8's one
-    # E8M0 scale per 32 elements, NVFP4's E4M3 per 16; NVIDIA Blackwell's 5th-generation tensor
-    # cores): the block-scaled FP8 recipes (``parallel.fp8_recipe: mxfp8``) need them
-    block_scaled_tensor_cores: bool = False
+    # the block-scaled formats the GPU's tensor (matrix) cores read with their per-block scales
+    # in hardware (OCP MX: MXFP8 / MXFP6 / MXFP4, one E8M0 scale per 32 elements; NVIDIA's
+    # NVFP4, one E4M3 scale per 16): ``parallel.fp8_recipe: mxfp8`` needs mxfp8 here, nvfp4
+    # needs nvfp4 (and an fp4 peak). Empty: none (per-tensor and rowwise FP8 only)
+    block_scaled_formats: tuple[BlockScaledFormat, ...] = ()
     # the GPU's architecture as its maker names it (Ampere, Hopper, Blackwell, CDNA 3, ...):
     # dev runs on one architecture say nothing certain about another's errors (an interval's
     # regime, ``uncertainty.regimes``); None: unknown, the GPU's name stands for it

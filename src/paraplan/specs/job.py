@@ -166,19 +166,24 @@ class Job(BaseModel):
 
 def _check_fp8_recipe(recipe: FP8Recipe | None, precision: Precision, gpu: GpuSpec) -> None:
     """An FP8 recipe belongs to an FP8 job, and a block-scaled one to a GPU whose tensor cores
-    read block scales (``GpuSpec.block_scaled_tensor_cores``: Blackwell)."""
+    read that format's block scales in hardware (``GpuSpec.block_scaled_formats``, catalog data)."""
     if recipe is None:
         return
     if precision is not Precision.FP8:
         raise ValueError(f"parallel.fp8_recipe: {recipe.value} is an FP8 recipe, but the job's precision is "
                          f"{precision.value} (set precision: fp8, or leave fp8_recipe out)")
-    if recipe is FP8Recipe.NVFP4 and (not gpu.block_scaled_tensor_cores or Precision.FP4 not in gpu.peak_flops):
-        raise ValueError(f"parallel.fp8_recipe: nvfp4 needs FP4 tensor cores that read block scales (Blackwell: "
-                         f"B200, B300, GB200, GB300); GPU {gpu.name} has no fp4 peak in the catalog, choose "
-                         f"delayed | current | rowwise{' | mxfp8' if gpu.block_scaled_tensor_cores else ''}")
-    if recipe is FP8Recipe.MXFP8 and not gpu.block_scaled_tensor_cores:
-        raise ValueError(f"parallel.fp8_recipe: mxfp8 needs tensor cores that read block scales (Blackwell: "
-                         f"B200, B300, GB200, GB300); GPU {gpu.name} runs delayed | current | rowwise")
+    formats = gpu.block_scaled_formats
+    runs = " | ".join(["delayed", "current", "rowwise"] + [f for f in ("mxfp8", "nvfp4") if f in formats
+                                                          and (f != "nvfp4" or Precision.FP4 in gpu.peak_flops)])
+    reads = ", ".join(formats) if formats else "none"
+    if recipe is FP8Recipe.NVFP4 and ("nvfp4" not in formats or Precision.FP4 not in gpu.peak_flops):
+        lacks = "no fp4 peak" if "nvfp4" in formats else f"block-scaled formats in the catalog: {reads}"
+        raise ValueError(f"parallel.fp8_recipe: nvfp4 needs FP4 tensor cores that read NVFP4 block scales; GPU "
+                         f"{gpu.name} has {lacks} (block_scaled_formats), choose {runs}")
+    if recipe is FP8Recipe.MXFP8 and "mxfp8" not in formats:
+        raise ValueError(f"parallel.fp8_recipe: mxfp8 needs tensor cores that read MXFP8 block scales; GPU "
+                         f"{gpu.name} has block-scaled formats in the catalog: {reads} (block_scaled_formats), "
+                         f"choose {runs}")
 
 
 def _check_experts(m: ModelSpec, p: ParallelPlan) -> None:
