@@ -11,6 +11,14 @@ copy, fill) that moved at most 1 MiB (``calibrate.kernel_floor``), their duratio
 catalog's memory curve at their bytes, and the fitted overhead (median of measured - curve),
 with the catalog line, and the gaps between back-to-back queued kernels (reported, not
 fitted). Kernel durations only: no iteration time is read.
+
+    python benchmarks/fit_kernel_floor.py --memory [TRACE --gpu NAME]
+
+fits the GPU's kind-level ``memory`` curve instead (``calibrate.memory_kernels``): one sample
+per distinct streaming kernel (fill, copy, cast, element-wise run by PyTorch's vectorized
+kernel; its unrolled and strided kernels apart) at its true bytes, above the launch floor (``calibrate.operators.above_launch_floor``
+per class), the catalog's curve and the fitted one per class, leave-one-out errors, and the
+catalog line. Default: our H100 trace.
 """
 
 from __future__ import annotations
@@ -21,6 +29,15 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.calibrate.kernel_floor import NEGLIGIBLE_BYTES, KernelFloor, fit_kernel_floor, queued_gaps
+from paraplan.calibrate.memory_kernels import (
+    STREAMING,
+    curve_errors,
+    fit_memory_curve,
+    leave_one_out,
+    stream_samples,
+    with_memory_curve,
+)
+from paraplan.calibrate.operators import above_launch_floor
 from paraplan.catalog.loader import load_gpu
 
 HERE = Path(__file__).resolve().parent
@@ -51,11 +68,55 @@ def describe(floor: KernelFloor) -> list[str]:
     ]
 
 
+def memory_report(trace: Path, name: str) -> list[str]:
+    """The kind-level memory curve fitted to ``trace``'s streaming kernels, per class."""
+    gpu = load_gpu(name)
+    every = stream_samples(trace)
+    kept = every.subset(above_launch_floor(every))
+    tags = np.asarray(kept.tag)
+    fit = kept.subset(np.isin(tags, STREAMING))
+    curve = fit_memory_curve(fit, gpu)
+    mine = with_memory_curve(gpu, curve)
+    loo = leave_one_out(fit, gpu)
+    pct = lambda a: f"{100 * float(np.median(a)):+.1f}"  # noqa: E731
+    lines = [f"{name} memory curve: {trace.parent.parent.name}/{trace.parent.name}/{trace.name}",
+             f"  {len(every)} distinct streaming kernels, {len(kept)} above the launch floor, {len(fit)} fitted "
+             f"({', '.join(STREAMING)})",
+             f"  {'class':12} {'n':>3} {'rate/HBM':>13} {'catalog %':>10} {'fitted %':>9}"]
+    for cls in dict.fromkeys(kept.tag):
+        m = tags == cls
+        sub = kept.subset(m)
+        rate = np.array([op.bytes for op in sub.ops]) / np.asarray(sub.measured) / gpu.hbm_bandwidth_bytes_per_s
+        lines.append(f"  {cls:12} {int(m.sum()):3d} {rate.min():6.2f}-{rate.max():.2f} {pct(curve_errors(sub, gpu)):>10} "
+                     f"{pct(curve_errors(sub, mine)):>9}")
+    after = np.abs(curve_errors(fit, mine))
+    lines += [f"  fitted: max_fraction {curve.max_fraction:.4f}, half_work {curve.half_work:.4g} bytes: |err| median "
+              f"{100 * np.median(after):.1f} %; leave-one-out |err| median {100 * np.median(np.abs(loo)):.1f} %, "
+              f"max {100 * np.abs(loo).max():.1f} %",
+              "  fitted apart (not in the catalog: one kind-level curve prices them all):"]
+    parts = {"fills and element-wise": np.isin(tags, ("fill", "copy", "elementwise")), "casts": tags == "cast",
+             "unrolled": tags == "unrolled", "strided": tags == "strided"}
+    for label, m in parts.items():
+        if m.sum() >= 3:
+            sub = kept.subset(m)
+            c, loo_part = fit_memory_curve(sub, gpu), np.abs(leave_one_out(sub, gpu))
+            lines.append(f"    {label:24} n {int(m.sum()):2d}: max_fraction {c.max_fraction:.3f}, half_work "
+                         f"{c.half_work:.3g}, leave-one-out |err| median {100 * np.median(loo_part):.1f} %, "
+                         f"max {100 * loo_part.max():.1f} %")
+    lines += [f"  catalog line: memory: {{max_fraction: {curve.max_fraction:.4f}, half_work: {curve.half_work:.4g}, "
+              f"fitted: {len(fit)}}}"]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path, help="rank traces of one GPU (default: see above)")
     parser.add_argument("--gpu", default="H100-SXM5-80GB")
+    parser.add_argument("--memory", action="store_true", help="fit the kind-level memory curve instead")
     args = parser.parse_args()
+    if args.memory:
+        print("\n".join(memory_report(args.traces[0] if args.traces else H100_TRACE, args.gpu)))
+        return
     jobs = [(args.gpu, tuple(args.traces))] if args.traces else DEFAULTS
     for name, files in jobs:
         present = tuple(f for f in files if f.exists())
