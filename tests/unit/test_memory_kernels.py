@@ -13,6 +13,7 @@ from tests.hta_traces import write_trace
 from paraplan.calibrate import memory_kernels as mk
 from paraplan.calibrate.operators import above_launch_floor
 from paraplan.catalog.loader import load_gpu
+from paraplan.specs import MemoryKernel
 from paraplan.traces.ops import KernelCall
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,14 +97,43 @@ def test_our_h100_traces_vectorized_streaming_kernels_give_the_catalogs_memory_c
     assert "fit_kernel_floor.py --memory" in gpu.efficiency.memory.source
 
 
-def test_the_h100s_unrolled_and_strided_kernels_run_well_below_the_kind_curve():
-    """What the one kind-level curve cannot follow: PyTorch's non-vectorized kernels take at
-    least a third more time than it gives (the curve prices them fast)."""
+def _h100_kept():
     if not H100_TRACE.exists():
         pytest.skip("the H100 trace is not in this checkout")
-    gpu = load_gpu("H100-SXM5-80GB")
     every = mk.stream_samples(H100_TRACE)
-    kept = every.subset(above_launch_floor(every))
+    return every.subset(above_launch_floor(every))
+
+
+def test_the_h100s_unrolled_and_strided_kernels_run_well_below_the_generic_curve():
+    """What the one generic (vectorized) curve cannot follow: PyTorch's non-vectorized kernels
+    take at least a third more time than it gives (it prices them fast)."""
+    kept = _h100_kept()
+    generic = mk.without_kind_curves(load_gpu("H100-SXM5-80GB"))
     for cls in ("unrolled", "strided"):
-        err = mk.curve_errors(kept.subset(np.asarray(kept.tag) == cls), gpu)
+        err = mk.curve_errors(kept.subset(np.asarray(kept.tag) == cls), generic)
         assert np.median(err) < -0.3
+
+
+@pytest.mark.parametrize("kind", [MemoryKernel.UNROLLED, MemoryKernel.STRIDED])
+def test_each_kind_curve_of_the_h100_prices_the_traces_kernels_of_that_kind_within_its_held_out_error(kind):
+    kept = _h100_kept()
+    gpu = load_gpu("H100-SXM5-80GB")
+    curve = gpu.efficiency.memory_kernels[kind]
+    mine = mk.kind_samples(kept, kind)
+    assert len(mine) == curve.fitted
+    err = mk.curve_errors(mine, gpu)  # each sample names its kind: the catalog's kind curve times it
+    assert np.median(np.abs(err)) <= curve.held_out_median_err
+    assert abs(np.median(err)) < 0.05
+    assert curve.transferred_from is None and "fit_kernel_floor.py --memory" in curve.source
+
+
+@pytest.mark.parametrize("kind", [MemoryKernel.UNROLLED, MemoryKernel.STRIDED])
+def test_each_kind_curve_of_the_h100_is_the_fit_to_that_kinds_kernels(kind):
+    kept = _h100_kept()
+    gpu = load_gpu("H100-SXM5-80GB")
+    mine = mk.kind_samples(kept, kind)
+    curve = mk.fit_memory_curve(mine, gpu)
+    catalog = gpu.efficiency.memory_kernels[kind]
+    assert curve.max_fraction == pytest.approx(catalog.max_fraction, abs=0.001)
+    assert curve.half_work == pytest.approx(catalog.half_work, rel=0.01)
+    assert np.median(np.abs(mk.leave_one_out(mine, gpu))) == pytest.approx(catalog.held_out_median_err, abs=0.001)

@@ -24,7 +24,8 @@ from paraplan.calibrate.kernel_floor import FILL_OPS, FLOOR_OPS
 from paraplan.calibrate.operators import FWD, OpSamples, predict_ops
 from paraplan.calibrate.params import ParamLayout
 from paraplan.inventory import Op, OpKind
-from paraplan.specs import EfficiencyCurve, GpuSpec, Precision
+from paraplan.inventory.kernel_mixes import SINGLE
+from paraplan.specs import EfficiencyCurve, GpuSpec, MemoryKernel, Precision
 from paraplan.traces.ops import ELEMENT_BYTES, KernelCall, operator_kernels
 
 COPY_OPS = frozenset({"aten::copy_"})
@@ -33,6 +34,10 @@ STRIDED_KERNEL = "at::native::elementwise_kernel<"
 #: PyTorch's contiguous kernel without vector loads (a cast it cannot vectorize, mixed types).
 UNROLLED_KERNEL = "at::native::unrolled_elementwise_kernel<"
 CLASSES = ("fill", "copy", "cast", "elementwise", "unrolled", "strided")
+#: The kind of streaming kernel (``MemoryKernel``) each class is: what ``efficiency.memory_kernels``
+#: keys its curves by, and what the inventory's operators name (``inventory.kernel_mixes``).
+KIND = {"fill": MemoryKernel.VECTORIZED, "copy": MemoryKernel.VECTORIZED, "cast": MemoryKernel.VECTORIZED,
+        "elementwise": MemoryKernel.VECTORIZED, "unrolled": MemoryKernel.UNROLLED, "strided": MemoryKernel.STRIDED}
 
 
 def kernel_class(call: KernelCall) -> str:
@@ -82,9 +87,10 @@ def stream_samples(path: Path, ops: frozenset[str] = FLOOR_OPS) -> OpSamples:
         traffic = traffic_bytes(call)
         if traffic is None:
             continue
+        cls = kernel_class(call)
         op = Op(name=call.op.removeprefix("aten::"), kind=OpKind.ELEMENTWISE, role="stream", flops=0.0,
-                bytes=traffic, bwd_flops=0.0, bwd_bytes=0.0)
-        samples.add(kernel_class(call), FWD, op, key, float(np.median(seconds)))
+                bytes=traffic, bwd_flops=0.0, bwd_bytes=0.0, memory_kernels=SINGLE[KIND[cls]])
+        samples.add(cls, FWD, op, key, float(np.median(seconds)))
     return samples
 
 
@@ -95,10 +101,20 @@ STREAMING = ("fill", "copy", "cast", "elementwise")
 def fit_memory_curve(samples: OpSamples, gpu: GpuSpec, loss: str = "soft_l1") -> EfficiencyCurve:
     """``gpu``'s kind-level memory curve fitted to ``samples`` (``calibrate.efficiency.fit_efficiency``:
     least squares on log(pred / measured) through ``estimate_op_s``, each class weighing the
-    same, the GPU's kernel overhead and other curves kept)."""
+    same, the GPU's kernel overhead and other curves kept). Its per-kind curves are set aside
+    while fitting, so that every sample is timed on the curve fitted: fitted to one kind's
+    samples, it is that kind's curve (``efficiency.memory_kernels``)."""
+    gpu = without_kind_curves(gpu)
     spec, _ = fit_efficiency(samples, gpu, gpu.flops_for(Precision.BF16), gpu.efficiency, loss=loss, max_nfev=400,
                              layout=ParamLayout(), fix_overhead=True)
     return spec.memory
+
+
+def without_kind_curves(gpu: GpuSpec) -> GpuSpec:
+    """``gpu`` with every streaming kernel timed on its generic ``memory`` curve."""
+    if not gpu.efficiency.memory_kernels:
+        return gpu
+    return gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"memory_kernels": {}})})
 
 
 def with_memory_curve(gpu: GpuSpec, curve: EfficiencyCurve) -> GpuSpec:
@@ -111,10 +127,21 @@ def curve_errors(samples: OpSamples, gpu: GpuSpec) -> np.ndarray:
 
 
 def leave_one_out(samples: OpSamples, gpu: GpuSpec, loss: str = "soft_l1") -> np.ndarray:
-    """Each sample's error on the curve fitted without it."""
-    out = []
+    """Each sample's error on the curve fitted without it (every sample on that one curve)."""
+    out, gpu = [], without_kind_curves(gpu)
     for i in range(len(samples)):
         alone = np.arange(len(samples)) == i
         fitted = with_memory_curve(gpu, fit_memory_curve(samples.subset(~alone), gpu, loss))
         out.append(float(curve_errors(samples.subset(alone), fitted)[0]))
     return np.array(out)
+
+
+#: The kinds fitted apart into ``efficiency.memory_kernels`` (the vectorized kernels are the
+#: generic curve's ``STREAMING`` samples).
+KIND_CLASSES = {MemoryKernel.UNROLLED: ("unrolled",), MemoryKernel.STRIDED: ("strided",)}
+
+
+def kind_samples(samples: OpSamples, kind: MemoryKernel) -> OpSamples:
+    """The samples of ``kind``'s classes."""
+    classes = KIND_CLASSES.get(kind, STREAMING)
+    return samples.subset(np.isin(np.asarray(samples.tag), classes))
