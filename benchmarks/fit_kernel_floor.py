@@ -14,12 +14,12 @@ fitted). Kernel durations only: no iteration time is read.
 
     python benchmarks/fit_kernel_floor.py --memory [TRACE --gpu NAME]
 
-fits the GPU's memory curves instead (``calibrate.memory_kernels``): one sample per distinct
-streaming kernel at its true bytes, above the launch floor (``calibrate.operators.above_launch_floor``
-per class); the generic ``memory`` curve on the kernels PyTorch ran vectorized (fill, copy, cast,
-element-wise), one ``memory_kernels`` curve per other kind (unrolled, strided); the catalog's
-curves and the fitted ones per class, leave-one-out errors, and the catalog lines. Default: our
-H100 trace.
+fits the GPU's memory curves per kernel kind instead (``calibrate.memory_kernels``): one sample
+per distinct streaming kernel at its true bytes, above the launch floor
+(``calibrate.operators.above_launch_floor`` per class); one ``memory_kernels`` curve per kind
+(vectorized: fill, copy, cast, element-wise; unrolled; strided); the catalog's curves and the
+fitted ones per class, leave-one-out errors, and the catalog lines. The generic ``memory`` curve
+(operators whose kernels' kind is not known) is not fitted here. Default: our H100 trace.
 """
 
 from __future__ import annotations
@@ -73,23 +73,35 @@ def describe(floor: KernelFloor) -> list[str]:
 
 
 def memory_report(trace: Path, name: str) -> list[str]:
-    """The memory curves fitted to ``trace``'s streaming kernels: the generic (vectorized) one
-    and one per other kind (``efficiency.memory_kernels``), with each class's errors."""
+    """The memory curves fitted to ``trace``'s streaming kernels, one per kind
+    (``efficiency.memory_kernels``), with each class's errors."""
     gpu = load_gpu(name)
     generic = without_kind_curves(gpu)
     every = stream_samples(trace)
     kept = every.subset(above_launch_floor(every))
     tags = np.asarray(kept.tag)
-    fit = kept.subset(np.isin(tags, STREAMING))
-    curve = fit_memory_curve(fit, gpu)
-    mine = with_memory_curve(generic, curve)
-    loo = leave_one_out(fit, gpu)
     pct = lambda a: f"{100 * float(np.median(a)):+.1f}"  # noqa: E731
+    fitted: dict = {}
+    kinds: list[str] = []
+    for kind in KIND_CLASSES:
+        sub = kind_samples(kept, kind)
+        if len(sub) < 3:
+            kinds.append(f"    {kind.value}: {len(sub)} kernels, not fitted")
+            continue
+        c, loo_kind = fit_memory_curve(sub, gpu), np.abs(leave_one_out(sub, gpu))
+        fitted[kind] = c
+        ins = np.abs(curve_errors(sub, with_memory_curve(generic, c)))
+        kinds += [f"    {kind.value:10} n {len(sub):2d}: max_fraction {c.max_fraction:.4f}, half_work {c.half_work:.4g}: "
+                  f"|err| median {100 * np.median(ins):.1f} %; leave-one-out median {100 * np.median(loo_kind):.1f} %, "
+                  f"max {100 * loo_kind.max():.1f} %",
+                  f"      catalog line: {kind.value}: {{max_fraction: {c.max_fraction:.4f}, half_work: {c.half_work:.4g}, "
+                  f"fitted: {len(sub)}, held_out: {len(sub)}, held_out_median_err: {np.median(loo_kind):.3f}}}"]
+    mine = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"memory_kernels": fitted})})
     lines = [f"{name} memory curves: {trace.parent.parent.name}/{trace.parent.name}/{trace.name}",
-             f"  {len(every)} distinct streaming kernels, {len(kept)} above the launch floor, {len(fit)} fitted "
-             f"to the generic curve ({', '.join(STREAMING)})",
-             "  median error per class: on the catalog's generic curve alone, on the catalog's curves of each",
-             "  kernel's kind, on the generic curve fitted here",
+             f"  {len(every)} distinct streaming kernels, {len(kept)} above the launch floor; vectorized: "
+             f"{', '.join(STREAMING)}",
+             "  median error per class: on the catalog's generic memory curve alone (operators of unknown",
+             "  kinds), on the catalog's curve of each kernel's kind, on the kind curves fitted here",
              f"  {'class':12} {'n':>3} {'rate/HBM':>13} {'generic %':>10} {'by kind %':>10} {'fitted %':>9}"]
     for cls in dict.fromkeys(kept.tag):
         m = tags == cls
@@ -97,26 +109,8 @@ def memory_report(trace: Path, name: str) -> list[str]:
         rate = np.array([op.bytes for op in sub.ops]) / np.asarray(sub.measured) / gpu.hbm_bandwidth_bytes_per_s
         lines.append(f"  {cls:12} {int(m.sum()):3d} {rate.min():6.2f}-{rate.max():.2f} {pct(curve_errors(sub, generic)):>10} "
                      f"{pct(curve_errors(sub, gpu)):>10} {pct(curve_errors(sub, mine)):>9}")
-    after = np.abs(curve_errors(fit, mine))
-    lines += [f"  generic (vectorized): max_fraction {curve.max_fraction:.4f}, half_work {curve.half_work:.4g} bytes: "
-              f"|err| median {100 * np.median(after):.1f} %; leave-one-out |err| median "
-              f"{100 * np.median(np.abs(loo)):.1f} %, max {100 * np.abs(loo).max():.1f} %",
-              f"  catalog line: memory: {{max_fraction: {curve.max_fraction:.4f}, half_work: {curve.half_work:.4g}, "
-              f"fitted: {len(fit)}}}",
-              "  per kind (efficiency.memory_kernels):"]
-    for kind in KIND_CLASSES:
-        sub = kind_samples(kept, kind)
-        if len(sub) < 3:
-            lines.append(f"    {kind.value}: {len(sub)} kernels, not fitted")
-            continue
-        c, loo_kind = fit_memory_curve(sub, gpu), np.abs(leave_one_out(sub, gpu))
-        ins = np.abs(curve_errors(sub, with_memory_curve(generic, c)))
-        lines += [f"    {kind.value:9} n {len(sub):2d}: max_fraction {c.max_fraction:.4f}, half_work {c.half_work:.4g}: "
-                  f"|err| median {100 * np.median(ins):.1f} %; leave-one-out median {100 * np.median(loo_kind):.1f} %, "
-                  f"max {100 * loo_kind.max():.1f} %",
-                  f"      catalog line: {kind.value}: {{max_fraction: {c.max_fraction:.4f}, half_work: {c.half_work:.4g}, "
-                  f"fitted: {len(sub)}, held_out: {len(sub)}, held_out_median_err: {np.median(loo_kind):.3f}}}"]
-    lines.append("  fitted apart, for reference (in the generic curve):")
+    lines += ["  per kind (efficiency.memory_kernels):", *kinds,
+              "  fitted apart, for reference (in the vectorized curve):"]
     parts = {"fills and element-wise": np.isin(tags, ("fill", "copy", "elementwise")), "casts": tags == "cast"}
     for label, m in parts.items():
         if m.sum() >= 3:

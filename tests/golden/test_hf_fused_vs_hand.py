@@ -105,12 +105,13 @@ def test_eager_kernels_cost_hf_eager_code_slower_than_the_fused_default():
     fused = predict_any(_job("traced", 8)).iteration_s
     eager = predict_any(_job("traced", 8, kernels="eager")).iteration_s
     # eager: HF's norms and rotary embedding as separate aten kernels, each by the roofline on the
-    # curves of its kernels' kinds (H100's unrolled and strided curves): more bytes than the fused
-    # kernels, which H100's own RMSNorm curve times. The whole job: +2.2 % on GH200's generic
-    # memory curve, -6.1 % on H100's own vectorized one alone, -3.0 % with the kind curves: the
-    # fused RoPE's curve (GPT-NeoX's as sampled on GH200, half_work 132 MB) prices this job's
-    # 10.5 MB rotary kernel at 280 us, the eager one's strided kernels at 35 us.
-    assert 0.9 * fused < eager < 1.25 * fused
+    # curves of its kernels' kinds (H100's unrolled and strided curves), q/k/v and gate/up as
+    # separate GEMMs: more bytes and thinner GEMMs than the fused layer, whose norms H100's own
+    # RMSNorm curve times and whose one rotary kernel the generic memory curve (``RoPE_fused``).
+    # +25.5 % a layer: norms +175 us, q/k/v GEMMs +122 us, RoPE +67 us, gate/up +22 us. It was
+    # +2.2 % while the fused rotary kernel took the ``RoPE`` curve (GPT-NeoX's multi-kernel form
+    # as sampled on GH200: 280 us for this job's 10.5 MB kernel, eager's strided ones 35 us).
+    assert fused < eager < 1.3 * fused
 
     def norms(job):
         cm = AnalyticalCostModel(job.cluster, job.precision)

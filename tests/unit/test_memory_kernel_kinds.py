@@ -39,8 +39,10 @@ def test_a_mixed_operator_takes_as_long_as_each_kinds_share_of_its_bytes_on_that
 
 def test_a_kind_without_a_curve_and_a_gpu_without_kind_curves_take_the_generic_memory_curve():
     h100, a100 = load_gpu(H100).efficiency, load_gpu("A100-SXM4-80GB").efficiency
-    assert MemoryKernel.VECTORIZED not in h100.memory_kernels and MemoryKernel.REDUCE not in h100.memory_kernels
-    assert mixed_memory_curve(h100, mixes.VECTORIZED, True) is h100.memory
+    assert MemoryKernel.REDUCE not in h100.memory_kernels
+    assert mixed_memory_curve(h100, mixes.VECTORIZED, True) is h100.memory_kernels[MemoryKernel.VECTORIZED]
+    reduce_only = dataclasses.replace(mixes.STRIDED, name="reduce", fwd=((MemoryKernel.REDUCE, 1.0),))
+    assert mixed_memory_curve(h100, reduce_only, True) is h100.memory
     assert not a100.memory_kernels
     for mix in mixes.MIXES.values():
         assert mixed_memory_curve(a100, mix, True) is a100.memory
@@ -57,9 +59,34 @@ def test_an_operators_own_curve_wins_over_its_kernel_kinds():
 
 def test_on_the_h100_eager_composites_run_slower_than_its_vectorized_curve_and_fused_ones_do_not():
     eff = load_gpu(H100).efficiency
+    vectorized = eff.memory_kernels[MemoryKernel.VECTORIZED]
     for mix in (mixes.RMSNORM_EAGER, mixes.ROPE_COMPLEX, mixes.ROPE_ROTATION, mixes.SWIGLU_CHUNKED, mixes.HF_ROPE):
-        assert mixed_memory_curve(eff, mix, True).max_fraction < 0.8 * eff.memory.max_fraction, mix.name
-    assert mixed_memory_curve(eff, mixes.SWIGLU_SEPARATE, True) is eff.memory
+        assert mixed_memory_curve(eff, mix, True).max_fraction < 0.8 * vectorized.max_fraction, mix.name
+    assert mixed_memory_curve(eff, mixes.SWIGLU_SEPARATE, True) is vectorized
+
+
+def test_on_the_h100_an_operator_of_unknown_kinds_says_its_curve_was_measured_on_gh200_and_one_of_measured_kinds_does_not():
+    gpu = load_gpu(H100)
+    untagged = calibration_gaps(gpu, Precision.BF16, [_stream(None)])
+    assert any("memory-bound kernels timed with curves measured on GH200-120GB" in n for n in untagged)
+    assert not calibration_gaps(gpu, Precision.BF16, [_stream(mixes.SWIGLU_CHUNKED)])
+    assert calibration_gaps(gpu, Precision.BF16, [_stream(mixes.BIAS_ADD)]) == untagged  # its sums: reduce, no curve
+
+
+def test_a_fused_rotary_embedding_is_not_timed_on_the_curve_of_gpt_neox_multi_kernel_one():
+    """The ``RoPE`` curves time GPT-NeoX's apply_rotary_pos_emb as GPUModeling25 sampled it
+    (slices, a negation, a concatenation, multiplies): one fused kernel per tensor takes the
+    generic memory curve; ``rope_fusion`` off keeps the sampled form and its curve."""
+    eff = load_gpu(H100).efficiency
+    fused = next(op for role, op in _layer().items() if role.startswith("rotary"))
+    unfused = next(op for role, op in _layer(rope_fusion=False).items() if role.startswith("rotary"))
+    assert (fused.name, unfused.name) == ("RoPE_fused", "RoPE")
+    assert fused.bytes == unfused.bytes
+    assert op_curves(fused, Phase.FWD, eff)[1:] == (eff.memory, False)
+    assert op_curves(unfused, Phase.FWD, eff)[1:] == (eff.ops["RoPE:fwd"], True)
+    h100 = load_gpu(H100)
+    slow, fast = (estimate_op_s(op, Phase.FWD, h100, h100.flops_for(Precision.BF16)) for op in (unfused, fused))
+    assert slow > 3 * fast
 
 
 def test_a_kind_curve_measured_on_another_gpu_is_named_in_the_predictions_notes():
@@ -104,7 +131,8 @@ def test_the_inventory_gives_each_eager_composite_the_kernels_its_code_runs():
     assert separate["MLP activation (eager: silu, then multiply)"].memory_kernels is mixes.SWIGLU_SEPARATE
     fused = _layer()
     assert fused["pre-MLP norm"].memory_kernels is None  # a fused norm: its own kernel and curve
-    assert fused["MLP activation"].memory_kernels is mixes.VECTORIZED
+    assert fused["MLP activation"].memory_kernels is None  # a fused activation: kind not known
+    assert fused["residual add"].memory_kernels is mixes.VECTORIZED
 
 
 def test_every_mix_name_is_unique_and_traced_modules_map_by_their_type():

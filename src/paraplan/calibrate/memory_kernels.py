@@ -1,4 +1,5 @@
-"""A GPU's kind-level ``memory`` curve from a profiler trace's streaming kernels.
+"""A GPU's memory curves per kind of streaming kernel (``efficiency.memory_kernels``) from a
+profiler trace's streaming kernels.
 
 Every kernel of a streaming operator (copy, cast, fill, element-wise add/mul/...) that recorded
 its shapes and element types (``traces.ops.operator_kernels``) moves known bytes: a fill writes
@@ -6,7 +7,7 @@ its output; a copy (a cast when the two element types differ) reads its source a
 destination; an element-wise op reads every input and writes one output (in place: the first
 input). The median duration of each distinct (operator, shapes, types, kernel) is one sample of
 an element-wise inventory operator of those bytes, tagged by its class (``kernel_class``), so
-``calibrate.efficiency.fit_efficiency`` fits the kind-level curve through ``estimate_op_s``
+``calibrate.efficiency.fit_efficiency`` fits each kind's curve through ``estimate_op_s``
 exactly as it fits operator samples. A kernel PyTorch ran as its generic strided
 ``elementwise_kernel`` (a non-contiguous input: a transpose or a slice) is classed apart: it
 does not stream. Kernel durations only: no iteration time is read.
@@ -94,7 +95,7 @@ def stream_samples(path: Path, ops: frozenset[str] = FLOOR_OPS) -> OpSamples:
     return samples
 
 
-#: The classes PyTorch runs as its vectorized streaming kernel: what the kind-level curve is fitted to.
+#: The classes PyTorch runs as its vectorized streaming kernel: what the vectorized curve is fitted to.
 STREAMING = ("fill", "copy", "cast", "elementwise")
 
 
@@ -136,12 +137,14 @@ def leave_one_out(samples: OpSamples, gpu: GpuSpec, loss: str = "soft_l1") -> np
     return np.array(out)
 
 
-#: The kinds fitted apart into ``efficiency.memory_kernels`` (the vectorized kernels are the
-#: generic curve's ``STREAMING`` samples).
-KIND_CLASSES = {MemoryKernel.UNROLLED: ("unrolled",), MemoryKernel.STRIDED: ("strided",)}
+#: The kinds fitted apart into ``efficiency.memory_kernels``, by the classes of their kernels. The
+#: generic ``memory`` curve is not fitted here: it serves operators whose kernels' kind is not
+#: known, and a GPU's best kind would price them as the fastest PyTorch kernels.
+KIND_CLASSES = {MemoryKernel.VECTORIZED: STREAMING, MemoryKernel.UNROLLED: ("unrolled",),
+                MemoryKernel.STRIDED: ("strided",)}
 
 
 def kind_samples(samples: OpSamples, kind: MemoryKernel) -> OpSamples:
     """The samples of ``kind``'s classes."""
-    classes = KIND_CLASSES.get(kind, STREAMING)
+    classes = KIND_CLASSES[kind]
     return samples.subset(np.isin(np.asarray(samples.tag), classes))

@@ -48,6 +48,8 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
         key = (group, run_in if kind != "memory" else Precision.BF16)
         if kind == "memory" and own is None and op.memory_kernels is not None and _works(op):
             _kind_gaps(gpu, op, gaps)
+            if all(part[0] in eff.memory_kernels for part in (*op.memory_kernels.fwd, *op.memory_kernels.bwd)):
+                continue  # every kind on its own curve: the generic memory curve times none of it
         if key in gaps or not _works(op):
             continue
         if own is not None and own.transferred_from is None:
@@ -70,7 +72,7 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
 def _kind_gaps(gpu: GpuSpec, op: Op, gaps: dict) -> None:
     """A note per kind of streaming kernel ``op`` runs whose own curve (``efficiency.memory_kernels``)
     was measured on another GPU; a kind without a curve takes the generic ``memory`` curve, whose
-    note is the kind-level one."""
+    note (if any) is the kind-level one, as for operators whose kinds are not known."""
     for part in (*op.memory_kernels.fwd, *op.memory_kernels.bwd):
         curve = gpu.efficiency.memory_kernels.get(part[0])
         key = (f"memory:{part[0].value}", Precision.BF16)

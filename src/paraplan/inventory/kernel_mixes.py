@@ -16,9 +16,14 @@ vectorized; layout copies of transposed tensors (``copy_``, 256) strided; same-t
 adds (``add_``, 64 fp32 and 64 bf16) and fills vectorized. The mean of an eager RMSNorm and
 the sums of gradients over broadcast dimensions run ``reduce_kernel``.
 
-An operator with no mix here (fused kernels of their own: fused norms, cross entropy, the
-optimizer's multi-tensor kernels, Transformer Engine's casts) is timed on its per-operator
-curve where the GPU has one, else on the GPU's generic ``memory`` curve.
+An operator with no mix here is timed on its per-operator curve where the GPU has one, else on
+the GPU's generic ``memory`` curve: its kernels' kind is not known (kernels of their own that
+are not PyTorch's element-wise kernels, and none of ours was traced): fused norms, fused
+activations (Megatron's jit-compiled bias-GELU and SwiGLU, Transformer Engine's), dropout
+(PyTorch's ``fused_dropout_kernel``), cross entropy (``log_softmax`` and ``nll_loss`` kernels),
+the optimizer (``multi_tensor_apply_kernel``: our trace's fused AdamW, 48 calls), ``cat``
+(``CatArrayBatchedCopy``), Transformer Engine's FP8 casts and transposes, a fused rotary
+embedding (``RoPE_fused``), FSDP1's reduction chain, the memory side of GEMMs.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from paraplan.specs.enums import MemoryKernel
 
 V, U, S, R = MemoryKernel.VECTORIZED, MemoryKernel.UNROLLED, MemoryKernel.STRIDED, MemoryKernel.REDUCE
 
-#: Contiguous operands of one type (and fp32 -> bf16 casts): residual adds, dropout, autograd's
-#: sums of gradients, fused activations on contiguous inputs, fills.
+#: Contiguous operands of one type (and fp32 -> bf16 casts): residual adds, autograd's sums of
+#: gradients, FSDP1's shard casts, eager activations on contiguous inputs, fills.
 VECTORIZED = KernelMix("vectorized", ((V, 1.0),),
                        source="same-type contiguous add_/mul, fills and fp32->bf16 casts: vectorized in our H100 trace")
 #: One kind alone: a kernel of a trace as ``calibrate.memory_kernels`` samples it.

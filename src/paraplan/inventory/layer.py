@@ -305,8 +305,7 @@ def _dropout(x: LocalShape, elements: float, role: str, *, selective: bool) -> O
     # Saves a one-byte mask per element (Korthikanti et al. count it as 1 byte).
     return elementwise(
         "dropout", OpKind.ELEMENTWISE, role, elements, x.e, saved=elements, selective=selective,
-        kernels=mixes.VECTORIZED,
-    )
+    )  # PyTorch's fused_dropout_kernel (random numbers drawn in it), not an element-wise kernel of a measured kind
 
 
 def _bias(role: str, elements: float, width: int, e: int, *, own_kernel: bool) -> Op:
@@ -494,7 +493,7 @@ def _mla_projections(model: ModelSpec, x: LocalShape) -> list[Op]:
     ops.append(_latent_norm("kv_norm", x, kv, own))
     ops.append(gemm("kv_up", "key-value up projection (MLA)", tokens, kv, heads * (qk + v), e, bias=False, saved=e * tokens * kv, fp8=fp8))
     rotated = tokens * (heads + 1) * rope
-    ops.append(elementwise("RoPE", OpKind.ELEMENTWISE, "rotary embedding of the rope parts (MLA)", rotated, e,
+    ops.append(elementwise(rope_name(model), OpKind.ELEMENTWISE, "rotary embedding of the rope parts (MLA)", rotated, e,
                            flops_per_element=3.0, dims=(("l", x.s), ("b", x.b), ("h", heads), ("d_rot", rope))))
     return ops
 
@@ -672,7 +671,7 @@ def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm:
         rotated = tokens * (x.heads + x.groups) * x.d * model.rotary_percent
         ops.append(
             elementwise(
-                "RoPE",
+                rope_name(model),
                 OpKind.ELEMENTWISE,
                 "rotary embedding of q and k",
                 rotated,
@@ -706,6 +705,24 @@ def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm:
     if model.gqa_expand == "copy" and x.groups < x.heads:
         ops.append(kv_repeat(x))
     return ops
+
+
+#: The rotary embedding's name where one kernel per tensor applies it (Transformer Engine's
+#: ``fused_apply_rotary_pos_emb``, Megatron-Core's default ``apply_rope_fusion``; Apex's and
+#: flash-attn's rotary kernels): no GPU has an ``efficiency.ops`` curve of it, and its kernels'
+#: kind is not known (``inventory.kernel_mixes``), so it is timed on the GPU's generic ``memory``
+#: curve. ``RoPE`` is the unfused form the ``RoPE`` curves were sampled on: GPT-NeoX's
+#: ``apply_rotary_pos_emb`` (GPUModeling25's sampler, Kernel_sampling/megatron/RoPE.py: two
+#: slices, a negation, a concatenation, two multiplies and an add per tensor, under
+#: ``torch.jit.script`` in fp16; its backward events DifferentiableGraphBackward, NegBackward0
+#: and SliceBackward0), as Megatron-LM runs it with ``--no-rope-fusion`` (``_rotate_half``).
+FUSED_ROPE = "RoPE_fused"
+
+
+def rope_name(model: ModelSpec) -> str:
+    """The rotary embedding's operator name: ``FUSED_ROPE`` under ``model.rope_fusion``, else
+    ``RoPE`` (the multi-kernel form the GPUs' ``RoPE`` curves time)."""
+    return FUSED_ROPE if model.rope_fusion else "RoPE"
 
 
 #: The eager rotary embeddings' names: no GPU has an ``efficiency.ops`` curve of them, so their
@@ -803,8 +820,7 @@ def mlp_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
         flops_per_element=8.0,
         saved=e * act_in,
         dims=(("l", x.s), ("b", x.b), ("ffn", x.ffn)),
-        kernels=mixes.VECTORIZED,
-    )
+    )  # a fused activation (Megatron's jit/compiled bias-GELU or SwiGLU, TE's): its kernels' kind unknown
     if swiglu and not model.swiglu_fusion:
         activation = _eager_swiglu(activation, tokens * x.ffn, e, chunked=model.gate_up_fusion)
     ops.append(activation)
