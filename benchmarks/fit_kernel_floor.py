@@ -11,6 +11,15 @@ copy, fill) that moved at most 1 MiB (``calibrate.kernel_floor``), their duratio
 catalog's memory curve at their bytes, and the fitted overhead (median of measured - curve),
 with the catalog line, and the gaps between back-to-back queued kernels (reported, not
 fitted). Kernel durations only: no iteration time is read.
+
+    python benchmarks/fit_kernel_floor.py --memory [TRACE --gpu NAME]
+
+fits the GPU's memory curves per kernel kind instead (``calibrate.memory_kernels``): one sample
+per distinct streaming kernel at its true bytes, above the launch floor
+(``calibrate.operators.above_launch_floor`` per class); one ``memory_kernels`` curve per kind
+(vectorized: fill, copy, cast, element-wise; unrolled; strided); the catalog's curves and the
+fitted ones per class, leave-one-out errors, and the catalog lines. The generic ``memory`` curve
+(operators whose kernels' kind is not known) is not fitted here. Default: our H100 trace.
 """
 
 from __future__ import annotations
@@ -21,6 +30,18 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.calibrate.kernel_floor import NEGLIGIBLE_BYTES, KernelFloor, fit_kernel_floor, queued_gaps
+from paraplan.calibrate.memory_kernels import (
+    KIND_CLASSES,
+    STREAMING,
+    curve_errors,
+    fit_memory_curve,
+    kind_samples,
+    leave_one_out,
+    stream_samples,
+    with_memory_curve,
+    without_kind_curves,
+)
+from paraplan.calibrate.operators import above_launch_floor
 from paraplan.catalog.loader import load_gpu
 
 HERE = Path(__file__).resolve().parent
@@ -51,11 +72,65 @@ def describe(floor: KernelFloor) -> list[str]:
     ]
 
 
+def memory_report(trace: Path, name: str) -> list[str]:
+    """The memory curves fitted to ``trace``'s streaming kernels, one per kind
+    (``efficiency.memory_kernels``), with each class's errors."""
+    gpu = load_gpu(name)
+    generic = without_kind_curves(gpu)
+    every = stream_samples(trace)
+    kept = every.subset(above_launch_floor(every))
+    tags = np.asarray(kept.tag)
+    pct = lambda a: f"{100 * float(np.median(a)):+.1f}"  # noqa: E731
+    fitted: dict = {}
+    kinds: list[str] = []
+    for kind in KIND_CLASSES:
+        sub = kind_samples(kept, kind)
+        if len(sub) < 3:
+            kinds.append(f"    {kind.value}: {len(sub)} kernels, not fitted")
+            continue
+        c, loo_kind = fit_memory_curve(sub, gpu), np.abs(leave_one_out(sub, gpu))
+        fitted[kind] = c
+        ins = np.abs(curve_errors(sub, with_memory_curve(generic, c)))
+        kinds += [f"    {kind.value:10} n {len(sub):2d}: max_fraction {c.max_fraction:.4f}, half_work {c.half_work:.4g}: "
+                  f"|err| median {100 * np.median(ins):.1f} %; leave-one-out median {100 * np.median(loo_kind):.1f} %, "
+                  f"max {100 * loo_kind.max():.1f} %",
+                  f"      catalog line: {kind.value}: {{max_fraction: {c.max_fraction:.4f}, half_work: {c.half_work:.4g}, "
+                  f"fitted: {len(sub)}, held_out: {len(sub)}, held_out_median_err: {np.median(loo_kind):.3f}}}"]
+    mine = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"memory_kernels": fitted})})
+    lines = [f"{name} memory curves: {trace.parent.parent.name}/{trace.parent.name}/{trace.name}",
+             f"  {len(every)} distinct streaming kernels, {len(kept)} above the launch floor; vectorized: "
+             f"{', '.join(STREAMING)}",
+             "  median error per class: on the catalog's generic memory curve alone (operators of unknown",
+             "  kinds), on the catalog's curve of each kernel's kind, on the kind curves fitted here",
+             f"  {'class':12} {'n':>3} {'rate/HBM':>13} {'generic %':>10} {'by kind %':>10} {'fitted %':>9}"]
+    for cls in dict.fromkeys(kept.tag):
+        m = tags == cls
+        sub = kept.subset(m)
+        rate = np.array([op.bytes for op in sub.ops]) / np.asarray(sub.measured) / gpu.hbm_bandwidth_bytes_per_s
+        lines.append(f"  {cls:12} {int(m.sum()):3d} {rate.min():6.2f}-{rate.max():.2f} {pct(curve_errors(sub, generic)):>10} "
+                     f"{pct(curve_errors(sub, gpu)):>10} {pct(curve_errors(sub, mine)):>9}")
+    lines += ["  per kind (efficiency.memory_kernels):", *kinds,
+              "  fitted apart, for reference (in the vectorized curve):"]
+    parts = {"fills and element-wise": np.isin(tags, ("fill", "copy", "elementwise")), "casts": tags == "cast"}
+    for label, m in parts.items():
+        if m.sum() >= 3:
+            sub = kept.subset(m)
+            c, loo_part = fit_memory_curve(sub, gpu), np.abs(leave_one_out(sub, gpu))
+            lines.append(f"    {label:24} n {int(m.sum()):2d}: max_fraction {c.max_fraction:.3f}, half_work "
+                         f"{c.half_work:.3g}, leave-one-out |err| median {100 * np.median(loo_part):.1f} %, "
+                         f"max {100 * loo_part.max():.1f} %")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path, help="rank traces of one GPU (default: see above)")
     parser.add_argument("--gpu", default="H100-SXM5-80GB")
+    parser.add_argument("--memory", action="store_true", help="fit the memory curves (generic and per kernel kind) instead")
     args = parser.parse_args()
+    if args.memory:
+        print("\n".join(memory_report(args.traces[0] if args.traces else H100_TRACE, args.gpu)))
+        return
     jobs = [(args.gpu, tuple(args.traces))] if args.traces else DEFAULTS
     for name, files in jobs:
         present = tuple(f for f in files if f.exists())

@@ -85,9 +85,9 @@ def test_a_model_without_grouped_queries_copies_nothing_whatever_gqa_expand_says
     assert "kv_repeat" not in copied and copied["flash_atten"] == plain["flash_atten"]
 
 
-def test_the_defaults_keep_one_rope_on_the_sampled_curve_and_grouped_kv():
+def test_the_defaults_keep_one_fused_rope_and_grouped_kv():
     _, _, ops = layer()
-    assert "RoPE" in ops and "kv_repeat" not in ops
+    assert "RoPE_fused" in ops and "RoPE" not in ops and "kv_repeat" not in ops
     assert not set(EAGER_ROPE.values()) & set(ops)
 
 

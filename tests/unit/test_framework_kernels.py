@@ -12,7 +12,7 @@ from paraplan.inventory.layer import EAGER_RMSNORM, EAGER_RMSNORM_KERNELS, count
 from paraplan.inventory.ops import OpKind
 from paraplan.prediction import predict
 from paraplan.prediction.memory import activations_per_microbatch
-from paraplan.specs import ConfigError
+from paraplan.specs import ConfigError, MemoryKernel
 
 NEOX_20B = {
     "name": "neox-like", "num_layers": 8, "hidden_size": 6144, "num_attention_heads": 64, "seq_length": 2048,
@@ -170,10 +170,11 @@ def _norms(gpu_node: str, fusion: bool) -> list:
 @pytest.mark.parametrize("node", ["dgx-a100", "dgx-h100"])
 def test_an_eager_rmsnorm_is_timed_as_its_kernels_on_the_memory_curve_and_a_fused_one_on_the_norm_curve(node):
     """The fused norm takes the GPU's ``RMSlayernorm`` curve; the eager one (its own name, which
-    no GPU has a curve for) takes the generic memory curve, each of its kernels ramping on its
-    own: the norm curve (on A100 GPT-NeoX's unfused norm as sampled) never prices the eager
-    kernels' extra bytes a second time."""
-    from paraplan.costmodel.roofline import AnalyticalCostModel, op_curves
+    no GPU has a curve for) takes the memory curves of its kernels' kinds (on A100, which has
+    none per kind, the generic memory curve), each of its kernels ramping on its own: the norm
+    curve (on A100 GPT-NeoX's unfused norm as sampled) never prices the eager kernels' extra
+    bytes a second time."""
+    from paraplan.costmodel.roofline import AnalyticalCostModel, mixed_memory_curve, op_curves
     from paraplan.specs import Phase
 
     for fusion in (True, False):
@@ -185,7 +186,13 @@ def test_an_eager_rmsnorm_is_timed_as_its_kernels_on_the_memory_curve_and_a_fuse
             for phase, direction in ((Phase.FWD, "fwd"), (Phase.BWD_INPUT, "bwd")):
                 _, memory, special = op_curves(op, phase, gpu.efficiency)
                 assert special is fusion
-                assert memory is (gpu.efficiency.ops[f"RMSlayernorm:{direction}"] if fusion else gpu.efficiency.memory)
+                eager = mixed_memory_curve(gpu.efficiency, op.memory_kernels, direction == "fwd") if not fusion else None
+                assert memory is (gpu.efficiency.ops[f"RMSlayernorm:{direction}"] if fusion else eager)
+                if not fusion:  # H100 has unrolled and strided curves, slower than its vectorized one
+                    kinds = gpu.efficiency.memory_kernels
+                    assert (eager is gpu.efficiency.memory) is not bool(kinds)
+                    if kinds:
+                        assert eager.max_fraction < kinds[MemoryKernel.VECTORIZED].max_fraction
                 traffic = op.work(phase)[1]
                 expected = (traffic + op.launches * memory.half_work) / (
                     gpu.hbm_bandwidth_bytes_per_s * memory.max_fraction) + op.launches * gpu.efficiency.kernel_overhead_s

@@ -17,8 +17,9 @@ def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> t
     """One note per (kernel kind, precision) the ops use that has no curve measured on
     ``gpu``: the generic fraction of peak used instead, or the GPU the curve was measured on."""
     ops = tuple(ops)
-    # what decides the notes: each operator's curve group, precision and whether it works
-    signature = frozenset((op.name, op.kind, op.fp8, op.fp4, _works(op)) for op in ops)
+    # what decides the notes: each operator's curve group, precision, kernel mix and whether it works
+    signature = frozenset((op.name, op.kind, op.fp8, op.fp4, _works(op),
+                           None if op.memory_kernels is None else op.memory_kernels.name) for op in ops)
     key = (gpu.name, id(gpu.efficiency), precision, signature)
     hit = _GAPS.get(key)
     if hit is not None and hit[0] is gpu.efficiency:
@@ -45,6 +46,10 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
         own = eff.ops.get(op.name) or eff.ops.get(f"{op.name}:fwd")
         group = op.name if own is not None and kind != "memory" else kind  # e.g. bmm's own curve
         key = (group, run_in if kind != "memory" else Precision.BF16)
+        if kind == "memory" and own is None and op.memory_kernels is not None and _works(op):
+            _kind_gaps(gpu, op, gaps)
+            if all(part[0] in eff.memory_kernels for part in (*op.memory_kernels.fwd, *op.memory_kernels.bwd)):
+                continue  # every kind on its own curve: the generic memory curve times none of it
         if key in gaps or not _works(op):
             continue
         if own is not None and own.transferred_from is None:
@@ -62,6 +67,18 @@ def _calibration_gaps(gpu: GpuSpec, precision: Precision, ops: tuple[Op, ...]) -
             f"its {peak} is used"
         )
     return tuple(gaps.values()) + scan_gaps(gpu, ops) + attention_variant_gaps(gpu, ops)
+
+
+def _kind_gaps(gpu: GpuSpec, op: Op, gaps: dict) -> None:
+    """A note per kind of streaming kernel ``op`` runs whose own curve (``efficiency.memory_kernels``)
+    was measured on another GPU; a kind without a curve takes the generic ``memory`` curve, whose
+    note (if any) is the kind-level one, as for operators whose kinds are not known."""
+    for part in (*op.memory_kernels.fwd, *op.memory_kernels.bwd):
+        curve = gpu.efficiency.memory_kernels.get(part[0])
+        key = (f"memory:{part[0].value}", Precision.BF16)
+        if curve is not None and curve.transferred_from is not None and key not in gaps:
+            gaps[key] = (f"{gpu.name}: memory-bound {part[0].value} kernels timed with curves measured on "
+                         f"{curve.transferred_from}")
 
 
 _KERNEL_NAMES = {"fa1": "FlashAttention-1", "fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention",

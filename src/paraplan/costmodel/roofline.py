@@ -23,7 +23,7 @@ from typing import Any
 
 from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
 from paraplan.costmodel.scan_rooflines import SCAN_KINDS, scan_op_s, scan_source
-from paraplan.inventory import Collective, GroupLayout, Op, OpKind
+from paraplan.inventory import Collective, GroupLayout, KernelMix, Op, OpKind
 from paraplan.specs import (
     AttentionKernel,
     ClusterSpec,
@@ -164,6 +164,38 @@ def compute_precision_of_job(precision: Precision) -> Precision:
     return Precision.BF16 if precision in (Precision.FP8, Precision.FP4) else precision
 
 
+_MIXED: dict[tuple, tuple[EfficiencySpec, EfficiencyCurve]] = {}
+
+
+def mixed_memory_curve(eff: EfficiencySpec, mix: KernelMix, forward: bool) -> EfficiencyCurve:
+    """The one curve that times ``mix``'s kernels in one direction, each kind's share of the
+    bytes on its own curve (``EfficiencySpec.memory_kernel_curve``: the generic ``memory`` curve
+    for a kind without one): time = sum over kinds of share (bytes + half_work_k) / (bandwidth
+    max_fraction_k), i.e. 1 / max_fraction = sum share / max_fraction_k and half_work =
+    max_fraction * sum share half_work_k / max_fraction_k. The one curve itself where every kind
+    takes the same (``eff.memory`` where each falls back to it). ``transferred_from``: the first
+    part's that has one."""
+    key = (id(eff), mix.name, forward)
+    hit = _MIXED.get(key)
+    if hit is not None and hit[0] is eff:
+        return hit[1]
+    parts = [(eff.memory_kernel_curve(kind), share) for kind, share in mix.parts(forward)]
+    if len({id(curve) for curve, _ in parts}) == 1:
+        out = parts[0][0]  # one curve for all (one kind, or every kind on the generic curve)
+    else:
+        inverse = sum(share / c.max_fraction for c, share in parts)
+        fraction = 1.0 / inverse
+        half_work = fraction * sum(share * c.half_work / c.max_fraction for c, share in parts)
+        moved = next((c.transferred_from for c, _ in parts if c.transferred_from is not None), None)
+        kinds = ", ".join(f"{kind.value} {share:.0%}" for kind, share in mix.parts(forward))
+        out = EfficiencyCurve(max_fraction=min(1.0, fraction), half_work=half_work, transferred_from=moved,
+                              source=f"{mix.name} ({kinds}) on this GPU's memory kernel curves")
+    if len(_MIXED) > 256:
+        _MIXED.clear()
+    _MIXED[key] = (eff, out)
+    return out
+
+
 def op_curves(
     op: Op, phase: Phase, eff: EfficiencySpec, precision: Precision = Precision.BF16
 ) -> tuple[EfficiencyCurve | None, EfficiencyCurve, bool]:
@@ -175,7 +207,7 @@ def op_curves(
     special = eff.ops.get(f"{op.name}:{direction}") or eff.ops.get(op.name) if eff.ops else None
     kind = COMPUTE_KINDS.get(op.kind)
     compute = None if kind is None else eff.compute_curve(kind, precision)
-    memory = eff.memory
+    memory = eff.memory if op.memory_kernels is None else mixed_memory_curve(eff, op.memory_kernels, direction == "fwd")
     if special is not None:
         if compute is None:
             memory = special
@@ -264,7 +296,7 @@ _PRICERS: dict[tuple, tuple[GpuSpec, _Pricer]] = {}
 
 class _Pricer:
     """The ``price`` of ``roofline_s`` that asks ``make(op, phase, gpu, *args)`` once per
-    operator name, kind, phase and FP8/FP4 (all its curves and rates depend on). A class, not a
+    operator name, kind, phase, FP8/FP4 and kernel mix (all its curves and rates depend on). A class, not a
     closure, so that a cost model (and a prediction holding one) pickles: the search's process
     executor and Ray send predictions between processes; the cache is rebuilt there."""
 
@@ -275,7 +307,8 @@ class _Pricer:
         self.prices: dict[tuple, Priced] = {}
 
     def __call__(self, op: Op, phase: Phase) -> Priced:
-        name = (op.name, op.kind, phase, op.fp8, op.fp4)
+        mix = op.memory_kernels
+        name = (op.name, op.kind, phase, op.fp8, op.fp4, None if mix is None else mix.name)
         priced = self.prices.get(name)
         if priced is None:
             priced = self.prices[name] = self.make(op, phase, self.gpu, *self.args)
@@ -339,6 +372,8 @@ class AnalyticalCostModel:
         if op.kind in SCAN_KINDS:
             return scan_source(op)
         precision = compute_precision(op, self.precision)
-        special = op_curves(op, phase, self.gpu.efficiency, precision)[2]
+        compute, memory, special = op_curves(op, phase, self.gpu.efficiency, precision)
         where = f"roofline ({op.name} curve)" if special else "roofline"
+        if not special and compute is None and memory is not self.gpu.efficiency.memory:
+            where = f"roofline ({op.memory_kernels.name} memory kernel curves)"
         return f"{where}, {precision.value}" if op.fp8 else where

@@ -9,7 +9,7 @@ from paraplan.inventory.job import (
     count_params,
 )
 from paraplan.inventory.layer import count_layer_collectives, count_layer_ops
-from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
+from paraplan.inventory.ops import Collective, CollectiveKind, KernelMix, Op, OpKind, ParallelDim
 from paraplan.inventory.partition import count_layers_per_stage
 from paraplan.inventory.placement import GroupLayout, group_layout
 from paraplan.inventory.shapes import LocalShape, local_shape, shard_shape
@@ -19,6 +19,7 @@ __all__ = [
     "CollectiveKind",
     "GroupLayout",
     "JobInventory",
+    "KernelMix",
     "LayerBlock",
     "LocalShape",
     "Op",

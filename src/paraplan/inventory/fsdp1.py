@@ -35,6 +35,7 @@ unit's collectives (``prediction.stages.per_microbatch_dp_s``), one launch per u
 
 from __future__ import annotations
 
+from paraplan.inventory.kernel_mixes import VECTORIZED
 from paraplan.inventory.ops import Op, OpKind
 from paraplan.specs import Framework, Job
 
@@ -94,7 +95,7 @@ def fsdp1_side_kernels(job: Job, params: float, units: int, param_e: float, grad
         out.append(Op(name="fsdp1_shard_cast", kind=OpKind.ELEMENTWISE,
                       role="FSDP1: fp32 shard cast to the compute dtype before each all-gather",
                       flops=0.0, bytes=cast, bwd_flops=0.0, bwd_bytes=cast, dims=(("params", int(shard)),),
-                      recomputable=False, launches=units))
+                      recomputable=False, launches=units, memory_kernels=VECTORIZED))
     kernels: list[float] = []  # bytes of each kernel of one unit's reduction chain, over all units
     if grad_e != param_e:  # flat_param.grad.to(reduce_dtype)
         kernels.append(params * (param_e + grad_e))

@@ -10,7 +10,8 @@ is timed on the same measured operator curve:
 
 - a norm module (RMSNorm/LayerNorm of any model): ``RMSlayernorm`` / ``layernorm``; a norm of
   the attention heads (QK-norm): one ``qk_norm`` for q and k;
-- the rotary embedding's application: ``RoPE``;
+- the rotary embedding's application: ``RoPE_fused`` (one kernel per tensor; the ``RoPE`` curves
+  time GPT-NeoX's unfused multi-kernel form: ``layer.FUSED_ROPE``);
 - the activation and the gate multiply (``act(gate) * up``): ``swiglu`` (SiLU) / ``geglu``, an
   ungated activation ``gelu``;
 - each residual add of the layer: ``res_add``; each dropout module: ``dropout``;
@@ -39,7 +40,7 @@ import dataclasses
 from collections import defaultdict
 
 from paraplan.inventory.hfrecords import ModuleCall, TracedLayer, TracedOp
-from paraplan.inventory.layer import _bias, gemm
+from paraplan.inventory.layer import FUSED_ROPE, _bias, gemm
 from paraplan.inventory.ops import Op, OpKind
 
 _ACTIVATIONS = ("act", "gelu", "silu", "swish", "relu", "tanh", "sigmoid")
@@ -206,7 +207,7 @@ def fused_layer_ops(layer: TracedLayer, *, attention_chunk: int | None = None) -
             shapes = {s for _, s, _ in call.outputs}
             read = sum(b for _, s, b in call.inputs if s in shapes)  # q and k; not the cos/sin tables
             written = sum(b for _, _, b in call.outputs)
-            out.append((at, _fused("RoPE", OpKind.ELEMENTWISE, f"rotary embedding ({module})", ops, read,
+            out.append((at, _fused(FUSED_ROPE, OpKind.ELEMENTWISE, f"rotary embedding ({module})", ops, read,
                                    written, e=e), module))
         elif call is not None and any(w in mtype for w in _ACTIVATIONS) and call.outputs:
             out.append((at, _activation(module, call, ops, by_module, e), module))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from paraplan.inventory import kernel_mixes as mixes
 from paraplan.inventory.fp8 import current_amax_reductions, recipe_costs, te0_meta_update
-from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
+from paraplan.inventory.ops import Collective, CollectiveKind, KernelMix, Op, OpKind, ParallelDim
 from paraplan.inventory.shapes import LocalShape
 from paraplan.inventory.sp_comm import gather_bytes, saved_shard_regathers
 from paraplan.specs import FP8Recipe, Framework, ModelSpec, ParallelPlan, Phase
@@ -82,15 +83,17 @@ _NORM_FED = frozenset({"linear1", "linear3"})
 _TP_AMAX_RECIPES = frozenset({FP8Recipe.CURRENT, FP8Recipe.NVFP4})
 
 
-def _eager_swiglu(fused: Op, elements: float, e: int) -> Op:
+def _eager_swiglu(fused: Op, elements: float, e: int, *, chunked: bool) -> Op:
     """SwiGLU as eager PyTorch runs it, ``silu(gate) * up``: forward, silu reads the gate and
     writes its activation, the multiply reads both and writes the product (5 passes over
     [tokens, ffn] against the fused kernel's 3); backward, the multiply's two gradients (read
     2, write 1 each) and silu's (read 2, write 1): 9 passes against 4. It keeps the silu output
     for the backward as well (3 tensors against 2). Two kernels forward (``Op.launches``; its
-    backward runs three: the multiply's two gradients and silu's)."""
+    backward runs three: the multiply's two gradients and silu's). ``chunked``: gate and up are
+    halves of one projection's output (strided kernels, ``kernel_mixes.SWIGLU_CHUNKED``)."""
     return dataclasses.replace(
         fused,
+        memory_kernels=mixes.SWIGLU_CHUNKED if chunked else mixes.SWIGLU_SEPARATE,
         role="MLP activation (eager: silu, then multiply)",
         launches=2,
         bytes=5.0 * e * elements,
@@ -183,9 +186,11 @@ def elementwise(
     params: float = 0.0,
     selective: bool = False,
     dims: tuple[tuple[str, int], ...] = (),
+    kernels: KernelMix | None = None,
 ) -> Op:
     """A memory-bound kernel: reads ``reads`` tensors of ``elements`` and writes one.
-    Its backward reads the incoming gradient and what it saved, and writes one gradient."""
+    Its backward reads the incoming gradient and what it saved, and writes one gradient.
+    ``kernels``: the kinds of streaming kernel it runs (``inventory.kernel_mixes``)."""
     traffic = e * elements * (reads + 1.0) + e * params
     return Op(
         name=name,
@@ -199,6 +204,7 @@ def elementwise(
         saved_bytes=saved,
         selective_recompute=selective,
         dims=dims,
+        memory_kernels=kernels,
     )
 
 
@@ -255,6 +261,7 @@ def _eager_rmsnorm(fused: Op, elements: float, e: int) -> Op:
         bytes=(28.0 + 4.0 * e) * elements + e * fused.params,
         bwd_bytes=(44.0 + 6.0 * e) * elements + 2 * e * fused.params,
         saved_bytes=(4.0 + e) * elements,
+        memory_kernels=mixes.RMSNORM_EAGER,
     )
 
 
@@ -290,14 +297,15 @@ def input_gradient_sum(role: str, elements: float, e: int, *, adds: int) -> Op:
         bwd_bytes=adds * 3.0 * e * elements,
         dims=(("elements", int(elements)), ("adds", adds)),
         launches=adds,
+        memory_kernels=mixes.VECTORIZED,
     )
 
 
 def _dropout(x: LocalShape, elements: float, role: str, *, selective: bool) -> Op:
     # Saves a one-byte mask per element (Korthikanti et al. count it as 1 byte).
     return elementwise(
-        "dropout", OpKind.ELEMENTWISE, role, elements, x.e, saved=elements, selective=selective
-    )
+        "dropout", OpKind.ELEMENTWISE, role, elements, x.e, saved=elements, selective=selective,
+    )  # PyTorch's fused_dropout_kernel (random numbers drawn in it), not an element-wise kernel of a measured kind
 
 
 def _bias(role: str, elements: float, width: int, e: int, *, own_kernel: bool) -> Op:
@@ -319,6 +327,7 @@ def _bias(role: str, elements: float, width: int, e: int, *, own_kernel: bool) -
         bwd_weight_flops=elements,
         bwd_weight_bytes=reduction,
         dims=(("elements", int(elements)), ("width", width)),
+        memory_kernels=mixes.BIAS_ADD,
     )
 
 
@@ -484,7 +493,7 @@ def _mla_projections(model: ModelSpec, x: LocalShape) -> list[Op]:
     ops.append(_latent_norm("kv_norm", x, kv, own))
     ops.append(gemm("kv_up", "key-value up projection (MLA)", tokens, kv, heads * (qk + v), e, bias=False, saved=e * tokens * kv, fp8=fp8))
     rotated = tokens * (heads + 1) * rope
-    ops.append(elementwise("RoPE", OpKind.ELEMENTWISE, "rotary embedding of the rope parts (MLA)", rotated, e,
+    ops.append(elementwise(rope_name(model), OpKind.ELEMENTWISE, "rotary embedding of the rope parts (MLA)", rotated, e,
                            flops_per_element=3.0, dims=(("l", x.s), ("b", x.b), ("h", heads), ("d_rot", rope))))
     return ops
 
@@ -600,14 +609,14 @@ def attention_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
     if model.attention == "unfused":
         # context [b, np, s, hn] -> [s, b, np*hn]: permute(...).contiguous(); its gradient is a view
         ops.append(
-            _copy(
+            dataclasses.replace(_copy(
                 "context_copy",
                 "attention context to [s, b, h] layout",
                 tokens * x.heads * x.d,
                 e,
                 fwd_passes=1.0,
                 bwd_passes=0.0,
-            )
+            ), memory_kernels=mixes.STRIDED_COPY)
         )
     ops.append(
         gemm(
@@ -629,7 +638,8 @@ def attention_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
         ops.append(_bias("attention output bias", hidden_norm, x.h, e, own_kernel=alone))
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "attention output dropout", selective=False))
-    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0,
+                           kernels=mixes.VECTORIZED))
     return tuple(ops)
 
 
@@ -661,7 +671,7 @@ def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm:
         rotated = tokens * (x.heads + x.groups) * x.d * model.rotary_percent
         ops.append(
             elementwise(
-                "RoPE",
+                rope_name(model),
                 OpKind.ELEMENTWISE,
                 "rotary embedding of q and k",
                 rotated,
@@ -695,6 +705,24 @@ def _mha_projections(model: ModelSpec, x: LocalShape, qkv_out: int, hidden_norm:
     if model.gqa_expand == "copy" and x.groups < x.heads:
         ops.append(kv_repeat(x))
     return ops
+
+
+#: The rotary embedding's name where one kernel per tensor applies it (Transformer Engine's
+#: ``fused_apply_rotary_pos_emb``, Megatron-Core's default ``apply_rope_fusion``; Apex's and
+#: flash-attn's rotary kernels): no GPU has an ``efficiency.ops`` curve of it, and its kernels'
+#: kind is not known (``inventory.kernel_mixes``), so it is timed on the GPU's generic ``memory``
+#: curve. ``RoPE`` is the unfused form the ``RoPE`` curves were sampled on: GPT-NeoX's
+#: ``apply_rotary_pos_emb`` (GPUModeling25's sampler, Kernel_sampling/megatron/RoPE.py: two
+#: slices, a negation, a concatenation, two multiplies and an add per tensor, under
+#: ``torch.jit.script`` in fp16; its backward events DifferentiableGraphBackward, NegBackward0
+#: and SliceBackward0), as Megatron-LM runs it with ``--no-rope-fusion`` (``_rotate_half``).
+FUSED_ROPE = "RoPE_fused"
+
+
+def rope_name(model: ModelSpec) -> str:
+    """The rotary embedding's operator name: ``FUSED_ROPE`` under ``model.rope_fusion``, else
+    ``RoPE`` (the multi-kernel form the GPUs' ``RoPE`` curves time)."""
+    return FUSED_ROPE if model.rope_fusion else "RoPE"
 
 
 #: The eager rotary embeddings' names: no GPU has an ``efficiency.ops`` curve of them, so their
@@ -736,6 +764,7 @@ def eager_rope(model: ModelSpec, x: LocalShape) -> Op:
         bwd_bytes=(bwd + 2.0 * e) * rotated,
         saved_bytes=matrices,
         launches=2 * kernels + (1 if matrices else 0),
+        memory_kernels=mixes.EAGER_ROPE[model.rope_impl],
         dims=(("l", x.s), ("b", x.b), ("h", x.heads), ("g", x.groups), ("d", x.d), ("d_rot", d_rot)),
     )
 
@@ -757,6 +786,7 @@ def kv_repeat(x: LocalShape) -> Op:
         bwd_bytes=moved,
         launches=2,
         dims=(("l", x.s), ("b", x.b), ("h", x.heads), ("g", x.groups), ("d", x.d)),
+        memory_kernels=mixes.STRIDED_COPY,
     )
 
 
@@ -790,9 +820,9 @@ def mlp_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
         flops_per_element=8.0,
         saved=e * act_in,
         dims=(("l", x.s), ("b", x.b), ("ffn", x.ffn)),
-    )
+    )  # a fused activation (Megatron's jit/compiled bias-GELU or SwiGLU, TE's): its kernels' kind unknown
     if swiglu and not model.swiglu_fusion:
-        activation = _eager_swiglu(activation, tokens * x.ffn, e)
+        activation = _eager_swiglu(activation, tokens * x.ffn, e, chunked=model.gate_up_fusion)
     ops.append(activation)
     ops.append(
         gemm(
@@ -811,7 +841,8 @@ def mlp_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
         ops.append(_bias("MLP output bias", hidden_norm, x.h, e, own_kernel=not model.bias_dropout_fusion))
     if model.hidden_dropout > 0:
         ops.append(_dropout(x, hidden_norm, "MLP output dropout", selective=False))
-    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0))
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, e, reads=2.0,
+                           kernels=mixes.VECTORIZED))
     return tuple(ops)
 
 

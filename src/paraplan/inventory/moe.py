@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import math
 
+from paraplan.inventory.kernel_mixes import VECTORIZED
 from paraplan.inventory.layer import (
     _copy,
     attention_block_ops,
@@ -213,7 +214,8 @@ def moe_block_ops(model: ModelSpec, x: LocalShape) -> tuple[Op, ...]:
                              streams=model.moe_grouped_gemm_streams or x.grouped_gemm_streams or TE_GROUPED_GEMM_STREAMS,
                              kernels=megatron_kernels(model, x), fused_up=model.gate_up_fusion)
     ops += _shared_experts(model, x)
-    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0))
+    ops.append(elementwise("res_add", OpKind.ELEMENTWISE, "residual add", hidden_norm, x.e, reads=2.0,
+                           kernels=VECTORIZED))
     return tuple(ops)
 
 

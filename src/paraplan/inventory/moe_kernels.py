@@ -286,6 +286,7 @@ def attention_kernels(c: AttentionKernelConfig) -> dict[str, int]:
         "qkv_split": 0,
         "qk_norm": 2,
         "RoPE": 2 if c.rope_fusion else 2 * UNFUSED_ROPE_KERNELS,
+        "RoPE_fused": 2,
         "rotary_concat": 0,
         "flash_atten": 2,
         "linear2": 1 + (1 if comm else 0),

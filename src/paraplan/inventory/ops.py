@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from paraplan.specs.enums import Phase
+from paraplan.specs.enums import MemoryKernel, Phase
 
 
 class OpKind(str, Enum):
@@ -26,6 +26,26 @@ class OpKind(str, Enum):
     SELECTIVE_SCAN = "selective_scan"  # Mamba-1's selective scan (a recurrence on CUDA cores)
     CAUSAL_CONV1D = "causal_conv1d"  # the depthwise causal convolution before a scan
     LINEAR_ATTENTION = "linear_attention"  # chunked linear attention (gated DeltaNet)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelMix:
+    """The kinds of streaming kernel (``MemoryKernel``) a memory-bound operator's code runs, each
+    with the bytes it moves per element of the operator (any common scale: the shares count), in
+    the forward pass and in the backward pass (``bwd`` empty: the forward's). The cost model
+    times each share on its kind's curve (``costmodel.roofline.op_curves``). ``name`` is unique
+    (``inventory.kernel_mixes`` holds them all); ``source`` says where the kinds were read."""
+
+    name: str
+    fwd: tuple[tuple[MemoryKernel, float], ...]
+    bwd: tuple[tuple[MemoryKernel, float], ...] = ()
+    source: str = ""
+
+    def parts(self, forward: bool) -> tuple[tuple[MemoryKernel, float], ...]:
+        """(kind, share of the bytes) of one direction, the shares summing to 1."""
+        mix = self.fwd if forward or not self.bwd else self.bwd
+        total = sum(w for _, w in mix)
+        return tuple((kind, w / total) for kind, w in mix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +95,9 @@ class Op:
     # operator's small kernels, copies to the host and communication kernels as the framework's
     # code launches them: ``inventory.moe_kernels``); None: ``launches``
     host_launches: int | None = None
+    # the kinds of streaming kernel a memory-bound operator runs (``inventory.kernel_mixes``);
+    # None: the GPU's generic memory curve
+    memory_kernels: KernelMix | None = None
 
     @property
     def forward_host_launches(self) -> int:

@@ -236,7 +236,7 @@ def module_ops(module: str, ops: tuple[Op, ...]) -> tuple[int, ...]:
         if module == "layernorm":
             return op.role in _NORM_ROLES
         if module == "mla_up_proj":
-            return op.name in ("q_up", "kv_up") or (op.name == "RoPE" and "(MLA)" in op.role)
+            return op.name in ("q_up", "kv_up") or (op.name.startswith("RoPE") and "(MLA)" in op.role)
         raise ValueError(f"parallel.recompute_modules: {module!r} is not one of {', '.join(MODULES)}")
     return tuple(i for i, op in enumerate(ops) if member(op) and op.recomputable)
 

@@ -200,11 +200,12 @@ def _norm(name: str, normalization: str) -> Callable[[Mapping[str, Any]], Op]:
 
 def _rope(row: Mapping[str, Any]) -> Op:
     """``RoPE``: GPT-NeoX rotary embedding of q and k over the full head dim
-    (``rotary_percent = 1``), ``[l, b, h/mp, dim/h]`` each."""
+    (``rotary_percent = 1``), ``[l, b, h/mp, dim/h]`` each: its unfused ``apply_rotary_pos_emb``
+    (slices, a negation, a concatenation, multiplies and adds: ``rope_fusion`` off)."""
     hidden, heads, d = _attention_heads(row)
     model = _model(
         row, hidden=hidden, heads=heads, kv_channels=d, position_embedding="rotary", rotary_percent=1.0
-    )
+    ).model_copy(update={"rope_fusion": False})
     return _pick(count_layer_ops(model, _shape(model, row)), "RoPE")
 
 

@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from paraplan.inventory.hftrace import TracedLayer, TracedOp
+from paraplan.inventory.kernel_mixes import traced_module_mix
 from paraplan.inventory.ops import Collective, Op, OpKind
 from paraplan.inventory.scan_kinds import scan_ops
 from paraplan.inventory.shapes import LocalShape
@@ -122,11 +123,13 @@ def layer_ops_from_trace(layer: TracedLayer, *, attention_chunk: int | None = No
             kind = OpKind.NORM
         elif "embedding" in mtype.lower() and "rotary" not in mtype.lower():
             kind = OpKind.EMBEDDING
+        # its streaming kernels' kinds (``kernel_mixes.TRACED_MODULES``)
+        mix = traced_module_mix(mtype) if kind is not OpKind.EMBEDDING else None
         if matmuls or any(o.aten.split(".")[0] in _UNCALIBRATED for o in ops):
             # a scan, a causal convolution or chunked linear attention written in torch (Mamba,
             # gated DeltaNet): no curve of its own yet, costed as a memory-bound kernel
-            role = "uncalibrated: " + role
-        out.append(Op(name=module or "layer", kind=kind, role=role, **common))
+            role, mix = "uncalibrated: " + role, None
+        out.append(Op(name=module or "layer", kind=kind, role=role, memory_kernels=mix, **common))
     if attention:
         out.append(_attention_op(layer, attention, attention_chunk))
     return tuple(out)

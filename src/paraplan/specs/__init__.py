@@ -1,6 +1,15 @@
 """Validated, frozen configuration types: what a job is made of."""
 
-from paraplan.specs.enums import AttentionKernel, FP8Recipe, Framework, Phase, Precision, Recompute, Schedule
+from paraplan.specs.enums import (
+    AttentionKernel,
+    FP8Recipe,
+    Framework,
+    MemoryKernel,
+    Phase,
+    Precision,
+    Recompute,
+    Schedule,
+)
 from paraplan.specs.errors import (
     ConfigError,
     InternalError,
@@ -50,6 +59,7 @@ __all__ = [
     "Job",
     "KernelCurve",
     "LinkSpec",
+    "MemoryKernel",
     "ModelSpec",
     "ParallelPlan",
     "Phase",

@@ -98,6 +98,18 @@ class AttentionKernel(str, Enum):
         return AttentionKernel.FA2 if self is AttentionKernel.SDPA else self
 
 
+class MemoryKernel(str, Enum):
+    """How PyTorch runs a memory-bound (streaming) kernel, read off its name in a profiler trace
+    (``calibrate.memory_kernels.kernel_class``): each kind streams at its own share of HBM
+    bandwidth where measured (``efficiency.memory_kernels`` in the GPU's catalog file); a kind
+    without a curve there is timed on the GPU's generic ``memory`` curve."""
+
+    VECTORIZED = "vectorized"  # vectorized_elementwise_kernel: contiguous operands of one type
+    UNROLLED = "unrolled"  # unrolled_elementwise_kernel: contiguous, no vector loads (mixed types)
+    STRIDED = "strided"  # elementwise_kernel: a non-contiguous operand (transposed, sliced, broadcast)
+    REDUCE = "reduce"  # reduce_kernel: a sum or mean over a dimension (no curve of its own yet)
+
+
 class Schedule(str, Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"

@@ -19,7 +19,7 @@ from paraplan.specs._types import (
     Usd,
     Watts,
 )
-from paraplan.specs.enums import AttentionKernel, Precision
+from paraplan.specs.enums import AttentionKernel, MemoryKernel, Precision
 from paraplan.specs.errors import short_repr
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -184,6 +184,10 @@ class EfficiencySpec(BaseModel):
     gemm: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=4.0e9)
     attention: EfficiencyCurve = EfficiencyCurve(max_fraction=0.60, half_work=4.0e9)
     memory: EfficiencyCurve = EfficiencyCurve(max_fraction=0.80, half_work=2.0e6)
+    # one curve per kind of streaming kernel measured on this GPU (``MemoryKernel``: PyTorch's
+    # unrolled and strided element-wise kernels stream slower than its vectorized one); an
+    # operator's kinds (``inventory.Op.memory_kernels``) without a curve here take ``memory``
+    memory_kernels: dict[MemoryKernel, EfficiencyCurve] = Field(default_factory=dict)
     # one BF16 curve per attention kernel measured on this GPU (``parallel.attention_kernel``
     # picks one; without it, or for a kernel not here, ``attention`` is used)
     attention_kernels: dict[AttentionKernel, KernelCurve] = Field(default_factory=dict)
@@ -220,6 +224,11 @@ class EfficiencySpec(BaseModel):
         own = self.precisions.get(precision)
         curve = getattr(own, kind) if own is not None else None
         return curve if curve is not None else getattr(self, kind)
+
+    def memory_kernel_curve(self, kind: MemoryKernel) -> EfficiencyCurve:
+        """The curve ``kind``'s streaming kernels run at on this GPU: its own where measured,
+        else the generic ``memory`` curve."""
+        return self.memory_kernels.get(kind) or self.memory
 
     def attention_kernel_curve(self, kernel: AttentionKernel) -> KernelCurve | None:
         """``kernel``'s own measured curve on this GPU (SDPA's flash backend: FlashAttention-2's),

@@ -69,11 +69,13 @@ class ModelSpec(BaseModel):
     bias_dropout_fusion: Bool = True
     # Megatron-Core's fused rotary embedding (Transformer Engine's fused_apply_rotary_pos_emb, one
     # kernel per tensor); off with --no-rope-fusion (megatron/training/arguments.py, store_false
-    # dest apply_rope_fusion: on by default). Only the kernels the host launches depend on it
-    # (``inventory.moe_kernels.attention_kernels``).
+    # dest apply_rope_fusion: on by default). Off, the rotary embedding runs as its multi-kernel
+    # form (``RoPE``, GPT-NeoX's and Megatron's unfused rotate_half, which the GPUs' ``RoPE``
+    # curves time); on, one kernel per tensor (``RoPE_fused``, on the generic memory curve:
+    # ``inventory.layer.FUSED_ROPE``), and fewer host launches (``inventory.moe_kernels``).
     rope_fusion: Bool = True
-    # how the model code rotates q and k: ``kernel``, one RoPE operator timed on the GPU's RoPE
-    # curve (Megatron-Core, Transformer Engine, NeMo); ``complex``, Meta's Llama reference code as
+    # how the model code rotates q and k: ``kernel``, one RoPE operator (fused or not:
+    # ``rope_fusion``; Megatron-Core, Transformer Engine, NeMo, GPT-NeoX); ``complex``, Meta's Llama reference code as
     # torchtitan runs it eagerly (``torch.view_as_complex(xq.float().reshape(...)) * freqs_cis``,
     # ``view_as_real``, ``type_as``: a float32 cast, a complex multiply and a cast back per
     # tensor); ``rotation``, IBM fms' ``RotaryEmbedding.adjusted_qk`` (a float32 cast, a multiply

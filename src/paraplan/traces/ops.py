@@ -153,6 +153,7 @@ class KernelCall:
     seconds: float
     kernel: str
     siblings: int  # kernels the same operator call launched (this one included)
+    dtypes: tuple[str, ...] = ()  # element type of each tensor input, in ``dims`` order
 
 
 def operator_kernels(path: Path, names: frozenset[str]) -> list[KernelCall]:
@@ -160,6 +161,7 @@ def operator_kernels(path: Path, names: frozenset[str]) -> list[KernelCall]:
     its input shapes, one row per kernel (not summed per operator as ``trace_operators`` does),
     linked as ``trace_operators`` links them."""
     kernels, owners, info, _ = _link(path, classify=lambda n: ("memory", False) if n in names else None)
+    types = _input_types(path, names)
     launched: dict[int, int] = defaultdict(int)
     for op in owners:
         if op is not None:
@@ -168,7 +170,7 @@ def operator_kernels(path: Path, names: frozenset[str]) -> list[KernelCall]:
     for (_, _, seconds, kernel), op in zip(kernels, owners, strict=True):
         if op is not None and op in info:
             name, _, _, dims, dtype, _ = info[op]
-            out.append(KernelCall(name, dims, dtype, seconds, kernel, launched[op]))
+            out.append(KernelCall(name, dims, dtype, seconds, kernel, launched[op], types.get(op, ())))
     return out
 
 
@@ -289,6 +291,24 @@ def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], str]:
             if not dtype and i < len(types):
                 dtype = str(types[i])
     return tuple(shapes), dtype
+
+
+def _input_types(path: Path, names: frozenset[str]) -> dict[int, tuple[str, ...]]:
+    """cpu_op index (as ``_link`` counts them) -> element type of each tensor input, for the
+    operators named in ``names``."""
+    out: dict[int, tuple[str, ...]] = {}
+    n_ops = 0
+    for ev in iter_events(path):
+        if ev.get("ph") != "X" or "dur" not in ev or ev.get("cat") != "cpu_op":
+            continue
+        i, n_ops = n_ops, n_ops + 1
+        if ev.get("name") in names:
+            args = ev.get("args") or {}
+            dims, types = args.get("Input Dims"), args.get("Input type") or []
+            if isinstance(dims, list):
+                out[i] = tuple(str(types[j]) if j < len(types) else "" for j, d in enumerate(dims)
+                               if isinstance(d, list) and d and all(isinstance(x, int | float) for x in d))
+    return out
 
 
 #: The host-thread sweep (operators around each runtime call), for `paraplan.traces.comm_link` too.

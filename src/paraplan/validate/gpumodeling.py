@@ -47,6 +47,9 @@ def job_mapping_from_run(run: dict[str, Any]) -> dict[str, Any]:
         # False ... default"); the 20B config turns bias_gelu_fusion on, the llama ones do not
         "bias_dropout_fusion": False,
         "bias_gelu_fusion": m["name"].startswith("GPT-NeoX"),
+        # GPT-NeoX's apply_rotary_pos_emb: slices, a negation, a concatenation, multiplies (the
+        # form GPUModeling25's RoPE sampler copied and the RoPE curves time), not a fused kernel
+        "rope_fusion": False,
     }
     recompute = "full" if p.get("activation_checkpointing", {}).get("enabled") else "none"
     return {
