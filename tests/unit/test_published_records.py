@@ -92,7 +92,7 @@ def test_a_record_without_a_network_takes_the_reference_node_and_says_so():
 @pytest.mark.parametrize(
     ("framework", "family"),
     [
-        ("torchtitan (FSDP2)", "torchtitan-0.1"),
+        ("torchtitan (FSDP2)", "torchtitan-2024.08"),
         ("NVIDIA NeMo/Megatron-Core (MLPerf v3.0 submission)", "nemo-mlperf-3.0"),
         ("Megatron-LM (2022)", "megatron-lm-2022"),
         ("NVIDIA NeMo 24.07 (Megatron-Core)", "nemo-24.07"),

@@ -40,3 +40,32 @@ def test_deepseek_v3_with_ep_64_on_gb200_nvl72_says_its_ep_group_straddles_the_r
     assert any(n.startswith("EP group of 64 GPUs straddles the 72-GPU scale-up domain: in the rank order "
                             "tp-ep-dp-pp") for n in notes)
     assert not any("straddles" in n for n in predict(job).uncalibrated)
+
+
+def test_a_straddling_group_is_shown_under_placement_not_uncalibrated_in_table_json_and_html(tmp_path, monkeypatch):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from paraplan.cli.app import app
+
+    monkeypatch.setenv("COLUMNS", "80")
+    job = {"model": "llama-3-8b", "cluster": {"name": "gb200-nvl72", "num_nodes": 32},
+           "parallel": {"tp": 1, "pp": 2, "dp": 64, "micro_batch_size": 1, "global_batch_size": 128},
+           "precision": "bf16"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    pred = predict(load_job(path))
+    assert pred.placement_notes and pred.placement_notes[0].startswith("DP group of 64 GPUs straddles")
+    assert not any("straddles" in n for n in pred.uncalibrated)
+    runner = CliRunner()
+    table = runner.invoke(app, ["predict", str(path)]).stdout
+    assert "placement: DP group of 64 GPUs straddles" in " ".join(table.split())
+    assert "uncalibrated: DP group" not in " ".join(table.split())
+    data = json.loads(runner.invoke(app, ["predict", str(path), "-f", "json"]).stdout)
+    assert data["placement_notes"] == list(pred.placement_notes)
+    assert not any("straddles" in n for n in data["uncalibrated"])
+    html = tmp_path / "job.html"
+    assert runner.invoke(app, ["report", str(path), "-o", str(html)]).exit_code == 0
+    assert "placement: DP group of 64 GPUs straddles" in html.read_text()

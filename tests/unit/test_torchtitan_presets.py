@@ -1,6 +1,6 @@
 """The torchtitan presets: torchtitan-0.3 (the 0.3.0 release `paraplan export torchtitan` targets,
 each default read from its code) is what plain `torchtitan` names; the published torchtitan runs
-of August 2024 stay torchtitan-0.1's."""
+of August 2024 are torchtitan-2024.08's (0.1's plan defaults, its eager RMSNorm)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from paraplan.catalog import resolve_job
 from paraplan.catalog.presets import apply_preset, find_preset, preset_sources
 from paraplan.cli.app import app
+from paraplan.prediction.entry import predict_any
 from paraplan.specs import ConfigError, FP8Recipe, Framework, Recompute
 from paraplan.validate.records import job_from_record, preset_of
 
@@ -96,20 +97,50 @@ def test_plain_torchtitan_is_the_newest_preset():
     assert older.parallel.recompute is Recompute.LAYER and older.parallel.loss_chunks is None
 
 
-def test_the_2024_torchtitan_records_are_still_read_as_torchtitan_0_1():
-    assert preset_of({"framework": "torchtitan (FSDP2)"}).id == "torchtitan-0.1"
+def test_the_2024_torchtitan_records_are_read_as_the_dated_preset_and_a_named_version_as_itself():
+    assert preset_of({"framework": "torchtitan (FSDP2)"}).id == "torchtitan-2024.08"
     assert preset_of({"framework": "torchtitan 0.3.0 (FSDP2)"}).id == "torchtitan-0.3"
+    assert preset_of({"framework": "torchtitan 0.1 (FSDP2)"}).id == "torchtitan-0.1"
+
+
+def test_the_dated_torchtitan_runs_0_1_s_plan_defaults_with_an_eager_norm_and_swiglu():
+    dated, release = find_preset("torchtitan-2024.08"), find_preset("torchtitan-0.1")
+    assert dated.defaults == release.defaults
+    assert {d.field: d.value for d in dated.model_defaults}.items() >= {
+        "rmsnorm_fusion": False, "swiglu_fusion": False}.items()
+    # 0.1 runs torch.nn.RMSNorm (fused) but the same eager silu-then-multiply SwiGLU
+    assert {d.field: d.value for d in release.model_defaults}["swiglu_fusion"] is False
+    assert "rmsnorm_fusion" not in {d.field for d in release.model_defaults}
+    with pytest.raises(ConfigError) as err:  # a version the catalog lacks: the presets listed
+        find_preset("torchtitan-2024.07")
+    assert "\n" not in str(err.value) and "torchtitan-2024.08" in str(err.value) and "torchtitan-0.1" in str(err.value)
 
 
 @pytest.mark.shared_data
-def test_every_published_torchtitan_run_is_read_as_torchtitan_0_1(published_dir):
+def test_every_published_torchtitan_run_is_read_as_torchtitan_2024_08_and_predicts_as_a_job_naming_it(
+        published_dir, tmp_path):
     from paraplan.validate import load_runs
 
     runs = [r for r in load_runs(published_dir / "runs_dev_modern.json") if "torchtitan" in str(r["framework"]).lower()]
     assert len(runs) == 8
     for run in runs:
         mapped = job_from_record(run)
-        assert mapped.family == "torchtitan-0.1" and mapped.mapping["parallel"]["framework"] == "torchtitan-0.1"
+        assert mapped.family == "torchtitan-2024.08"
+        assert mapped.mapping["parallel"]["framework"] == "torchtitan-2024.08"
+        assert "swiglu_fusion" not in mapped.mapping["model"]  # the preset's, not the reader's
+    # a job file naming the preset predicts what the reader's job predicts
+    mapped = job_from_record(runs[0])
+    model = resolve_job(mapped.mapping).model
+    assert (model.rmsnorm_fusion, model.swiglu_fusion) == (False, False)
+    seconds = {}
+    for name in ("torchtitan-2024.08", "torchtitan-0.1"):
+        job = tmp_path / f"{name}.yaml"
+        job.write_text(yaml.safe_dump({**mapped.mapping, "parallel": {**mapped.mapping["parallel"], "framework": name}}))
+        code, out, _ = _run("predict", str(job), "-f", "json")
+        assert code == 0
+        seconds[name] = json.loads(out)["iteration_s"]
+    assert seconds["torchtitan-2024.08"] == pytest.approx(predict_any(resolve_job(mapped.mapping)).iteration_s)
+    assert seconds["torchtitan-2024.08"] > seconds["torchtitan-0.1"]  # the eager norm's extra kernels
 
 
 def test_torchtitan_0_3_s_conditional_defaults_apply_only_where_their_rule_holds():

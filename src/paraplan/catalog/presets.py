@@ -181,7 +181,11 @@ def preset_names() -> list[str]:
 
 
 def _version_key(preset: Preset) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.\-]", preset.version))
+    """Newer sorts later; a year-first version (``2024.08``, a dated snapshot of a framework's main
+    branch before its numbered releases in the catalog: torchtitan's) before any numbered one."""
+    parts = tuple(int(p) if p.isdigit() else p for p in re.split(r"[.\-]", preset.version))
+    dated = isinstance(parts[0], int) and parts[0] >= 1900
+    return (0 if dated else 1, *parts)
 
 
 def find_preset(value: Any) -> Preset | None:

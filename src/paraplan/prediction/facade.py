@@ -68,9 +68,10 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     gaps += attention_kernel_gaps(job)
     gaps += host_sync_notes(job) + cuda_graph_notes(job) + unused_cfg_notes(job) + comm.extrapolated_notes(inv)
     gaps += queued_gap_notes(job)
-    gaps += straddle_notes(job.parallel, job.cluster.domain_size, job.cluster.num_gpus, job.model.is_moe)
+    straddles = straddle_notes(job.parallel, job.cluster.domain_size, job.cluster.num_gpus, job.model.is_moe)
     return assemble_prediction(
-        job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps
+        job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps,
+        placement_notes=straddles,
     )
 
 
@@ -91,6 +92,7 @@ def assemble_prediction(
     keep_timeline: bool = False,
     placement: Placement | None = None,
     uncalibrated: tuple[str, ...] = (),
+    placement_notes: tuple[str, ...] = (),
 ) -> Prediction:
     """The iteration from per-stage timings: the pipeline schedule, the critical stage's
     breakdown, memory, MFU. ``peak_flops_total`` is the sum of every GPU's peak;
@@ -136,6 +138,7 @@ def assemble_prediction(
         pipeline=pipe if keep_timeline else None,
         placement=placement,
         uncalibrated=uncalibrated,
+        placement_notes=placement_notes,
         _explain=functools.partial(explain, inv.stages[crit]),
     )
     check_possible(prediction, inv, peak_flops_total, breakdown=not isinstance(breakdown, Deferred))

@@ -232,6 +232,9 @@ class Prediction:
     placement: Placement | None = None
     # kernels timed with generic guesses, not curves measured on the GPU (one note each)
     uncalibrated: tuple[str, ...] = ()
+    # where the plan's parallel groups sit on the cluster (a group straddling a scale-up domain),
+    # facts of the placement rather than gaps in the calibration (one note each)
+    placement_notes: tuple[str, ...] = ()
     params_active: float = 0.0  # a mixture of experts': those one token is computed with
     _explain: Callable[[], Explained] | None = field(
         default=None, repr=False, compare=False
@@ -376,6 +379,7 @@ class Prediction:
             },
             "stages": [asdict(s) for s in self.stages],
             "uncalibrated": list(self.uncalibrated),
+            "placement_notes": list(self.placement_notes),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
             **({"framework_preset": job.preset.to_dict()} if job.preset is not None else {}),
             **({"inventory": {"source": "traced", "kernels": job.model.kernels,

@@ -194,6 +194,7 @@ def render_prediction(pred: Prediction, interval: Interval | None = None) -> Gro
     if iv is not None:
         items.extend(render_interval(iv))
     items.extend(render_uncalibrated(pred.uncalibrated))
+    items.extend(render_placement_notes(pred.placement_notes))
     return Group(*items)
 
 
@@ -222,6 +223,12 @@ def render_memory(pred: Prediction) -> Table:
 def render_uncalibrated(notes: tuple[str, ...]) -> list[Text]:
     """The visible mark on a prediction whose GPU lacks measured curves for some kernels."""
     return [Text.assemble(("uncalibrated: ", "bold yellow"), note) for note in notes]
+
+
+def render_placement_notes(notes: tuple[str, ...]) -> list[Text]:
+    """Where the plan's groups sit on the cluster (a group straddling a scale-up domain): facts
+    of the placement, under their own heading rather than "uncalibrated"."""
+    return [Text.assemble(("placement: ", "bold cyan"), note) for note in notes]
 
 
 def render_explain(pred: Prediction) -> Group:

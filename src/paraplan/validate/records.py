@@ -129,7 +129,6 @@ def _vocab(run: dict[str, Any], assumed: list[str]) -> int:
     return _FALLBACK_VOCAB
 
 
-_EAGER = ("torchtitan",)  # families whose published runs are eager PyTorch beyond their preset's
 _MOE_KEYS = ("num_experts", "num_moe_experts", "moe_num_experts", "experts")
 # the record's model fields that are ModelSpec's own (Megatron-LM names), copied when given
 _MODEL_FIELDS = ("kv_channels", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
@@ -195,15 +194,6 @@ def _model(run: dict[str, Any], preset: Preset | None, assumed: list[str]) -> di
         # Megatron-LM of 2021-22 ran its own fused softmax on the full score matrix.
         "attention": "unfused" if kernel == "unfused" else "flash",
         **arch,
-        # torchtitan's published numbers of Aug 2024 ran without torch.compile: SwiGLU as silu,
-        # then a multiply (Megatron/NeMo fuse it), and RMSNorm as eager PyTorch, the kernels of
-        # Hugging Face's LlamaRMSNorm (x.float(), pow(2).mean(-1), rsqrt, multiply, type_as,
-        # weight multiply): models/norms.py RMSNorm, config_manager.py --model.norm_type default
-        # "rmsnorm" (the Triton "fused_rmsnorm" opt-in). The torchtitan-0.1 preset is a later
-        # torchtitan and sets neither; fms-fsdp's preset sets both (its model_defaults).
-        **({"swiglu_fusion": False} if preset is not None and preset.name in _EAGER and activation == "swiglu" else {}),
-        **({"rmsnorm_fusion": False} if preset is not None and preset.name in _EAGER
-           and arch["normalization"] == "rmsnorm" else {}),
         **_experts(run, assumed),
     }
 
