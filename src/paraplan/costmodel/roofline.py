@@ -30,6 +30,7 @@ from paraplan.specs import (
     EfficiencyCurve,
     EfficiencySpec,
     GpuSpec,
+    KernelCurve,
     Phase,
     Precision,
 )
@@ -92,7 +93,7 @@ def attention_tile_s(op: Op, phase: Phase, flops: float, peak: float, curve: Eff
     twice the executed share of them for a band narrower than causal (a sliding window). A ring
     step of context parallelism (dims ``ring``, ``inventory.layer.context_parallel_core``)
     takes the slower of its shape and the transpose another rank runs beside it."""
-    tiles = getattr(curve, "tiles", None)
+    tiles = curve.tiles if isinstance(curve, KernelCurve) else None  # a plain curve has none
     dims = dict(op.dims)
     if tiles is None or flops <= 0.0 or not {"b", "h", "l"} <= dims.keys():
         return None
