@@ -69,3 +69,11 @@ def test_a_pickled_cost_model_prices_alike_without_its_memo():
     copy = pickle.loads(pickle.dumps(cm))
     assert copy._collective.seconds == {}
     assert copy.estimate_collective_s(coll, layout) == before
+
+
+def test_clusters_made_on_the_fly_never_push_out_their_gpus_operator_pricer():
+    cluster = load_cluster("dgx-h100", num_nodes=2)
+    price = AnalyticalCostModel(cluster, Precision.BF16)._price
+    for n in range(200):  # as a heterogeneous cluster's views: a new cluster object each time
+        AnalyticalCostModel(cluster.model_copy(update={"num_nodes": 2 + n}), Precision.BF16)
+    assert AnalyticalCostModel(cluster, Precision.BF16)._price is price

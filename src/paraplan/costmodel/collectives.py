@@ -160,7 +160,7 @@ class CollectivePricer:
     (``shared.one_per``); pickles without its memo, which the receiving process rebuilds."""
 
     __slots__ = ("cluster", "seconds")
-    LIMIT = 4096  # shapes kept at most: all are dropped past it
+    LIMIT = 2048  # shapes kept at most: all are dropped past it
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster

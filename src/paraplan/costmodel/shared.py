@@ -4,7 +4,8 @@ kernel's attention curve, the pricers that memoise what an operator or a collect
 Catalog objects are immutable (frozen models), so what is derived from one alone stays true
 while it lives. Entries are keyed by the object's identity and hold the object, so that its id
 cannot be reused while the entry exists; a different GPU or cluster, even an equal one, gets its
-own entry, and nothing leaks from one to another.
+own entry, and nothing leaks from one to another. Each maker keeps its own entries, so clusters
+made on the fly (a heterogeneous cluster's views) never push out the GPUs' pricers.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-_LIMIT = 256  # entries kept at most: all are dropped past it (a long session of many catalogs)
-_MADE: dict[tuple, tuple[object, object]] = {}
+_LIMIT = 64  # entries kept per maker at most: all of its entries are dropped past it
+_MADE: dict[Callable, dict[tuple, tuple[object, object]]] = {}
 
 
 def one_per(make: Callable[..., T], owner: object, *args: object) -> T:
     """``make(owner, *args)``, made once while ``owner`` lives (``args`` hashable)."""
-    key = (make, id(owner), *args)
-    hit = _MADE.get(key)
+    made = _MADE.setdefault(make, {})
+    key = (id(owner), *args)
+    hit = made.get(key)
     if hit is not None and hit[0] is owner:
         return hit[1]  # type: ignore[return-value]
-    made = make(owner, *args)
-    if len(_MADE) >= _LIMIT:
-        _MADE.clear()
-    _MADE[key] = (owner, made)
-    return made
+    out = make(owner, *args)
+    if len(made) >= _LIMIT:
+        made.clear()
+    made[key] = (owner, out)
+    return out
