@@ -170,6 +170,32 @@ def beyond_measured(coll: Collective, layout: GroupLayout, cluster: ClusterSpec)
     return float(max(curve.points[group]))
 
 
+class CollectivePricer:
+    """``estimate_collective_s`` on one cluster, each (kind, bytes, routing, group layout) priced
+    once: the only parts of a call its time depends on (not its name, dimension, phase or count),
+    so a repeated shape gets the same float. Shared by every cost model of the cluster
+    (``shared.one_per``); pickles without its memo, which the receiving process rebuilds."""
+
+    __slots__ = ("cluster", "seconds")
+    LIMIT = 2048  # shapes kept at most: all are dropped past it
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self.seconds: dict[tuple, float] = {}
+
+    def __call__(self, coll: Collective, layout: GroupLayout) -> float:
+        key = (coll.kind, coll.bytes, coll.routing, layout.size, layout.nodes, layout.per_node)
+        t = self.seconds.get(key)
+        if t is None:
+            if len(self.seconds) >= self.LIMIT:
+                self.seconds.clear()
+            t = self.seconds[key] = estimate_collective_s(coll, layout, self.cluster)
+        return t
+
+    def __reduce__(self):
+        return (CollectivePricer, (self.cluster,))
+
+
 def link_p2p_s(size: float, layout: GroupLayout, cluster: ClusterSpec) -> float:
     """One copy of ``size`` bytes to one peer over the link ``layout`` spans, at the link's
     point-to-point rate after one latency (on a direct-link mesh only the link to that peer):

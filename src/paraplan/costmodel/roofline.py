@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from paraplan.costmodel.collectives import estimate_collective_s as _collective_s
+from paraplan.costmodel.collectives import CollectivePricer
 from paraplan.costmodel.scan_rooflines import SCAN_KINDS, scan_op_s, scan_source
+from paraplan.costmodel.shared import one_per
 from paraplan.inventory import Collective, GroupLayout, KernelMix, Op, OpKind
 from paraplan.specs import (
     AttentionKernel,
@@ -30,6 +31,7 @@ from paraplan.specs import (
     EfficiencyCurve,
     EfficiencySpec,
     GpuSpec,
+    KernelCurve,
     Phase,
     Precision,
 )
@@ -37,29 +39,20 @@ from paraplan.specs import (
 COMPUTE_KINDS = {OpKind.GEMM: "gemm", OpKind.BMM: "gemm", OpKind.ATTENTION: "attention"}
 
 
-_KERNEL_GPUS: dict[tuple[int, AttentionKernel], tuple[GpuSpec, GpuSpec]] = {}
-_GAP_GPUS: dict[int, tuple[GpuSpec, GpuSpec]] = {}
-
-
 def with_attention_kernel(gpu: GpuSpec, kernel: AttentionKernel | None) -> GpuSpec:
     """``gpu`` with its attention curve replaced by ``kernel``'s measured one (the job's
     ``parallel.attention_kernel``); ``gpu`` itself for no kernel or a kernel the catalog has no
     curve of on it (``calibration.attention_kernel_gaps`` says so). The same object for the same
     (GPU, kernel), so that the curve caches keyed by its efficiency spec keep hitting."""
-    if kernel is None:
-        return gpu
-    hit = _KERNEL_GPUS.get((id(gpu), kernel))
-    if hit is not None and hit[0] is gpu:
-        return hit[1]
+    return gpu if kernel is None else one_per(_with_kernel_curve, gpu, kernel)
+
+
+def _with_kernel_curve(gpu: GpuSpec, kernel: AttentionKernel) -> GpuSpec:
     eff = gpu.efficiency
     curve = eff.attention_kernel_curve(kernel)
-    out = gpu
-    if curve is not None:
-        out = gpu.model_copy(update={"efficiency": eff.model_copy(update={"attention": curve})})
-    if len(_KERNEL_GPUS) > 64:
-        _KERNEL_GPUS.clear()
-    _KERNEL_GPUS[(id(gpu), kernel)] = (gpu, out)
-    return out
+    if curve is None:
+        return gpu
+    return gpu.model_copy(update={"efficiency": eff.model_copy(update={"attention": curve})})
 
 
 def with_queued_gap(gpu: GpuSpec, on: bool) -> GpuSpec:
@@ -67,19 +60,15 @@ def with_queued_gap(gpu: GpuSpec, on: bool) -> GpuSpec:
     kernels (``efficiency.queued_gap``, folded into ``kernel_overhead_s``: the roofline adds it
     once per launch) when ``on`` (``parallel.queued_kernel_gap``); ``gpu`` itself when off or
     not measured for this GPU (``queued_gap_notes`` says so). The same object for the same GPU."""
-    gap = gpu.efficiency.queued_gap
-    if not on or gap is None:
+    if not on or gpu.efficiency.queued_gap is None:
         return gpu
-    hit = _GAP_GPUS.get(id(gpu))
-    if hit is not None and hit[0] is gpu:
-        return hit[1]
+    return one_per(_with_gap_overhead, gpu)
+
+
+def _with_gap_overhead(gpu: GpuSpec) -> GpuSpec:
     eff = gpu.efficiency
-    out = gpu.model_copy(update={"efficiency": eff.model_copy(
-        update={"kernel_overhead_s": eff.kernel_overhead_s + gap.seconds})})
-    if len(_GAP_GPUS) > 64:
-        _GAP_GPUS.clear()
-    _GAP_GPUS[id(gpu)] = (gpu, out)
-    return out
+    return gpu.model_copy(update={"efficiency": eff.model_copy(
+        update={"kernel_overhead_s": eff.kernel_overhead_s + eff.queued_gap.seconds})})
 
 
 def queued_gap_notes(job) -> tuple[str, ...]:
@@ -130,7 +119,7 @@ def attention_tile_s(op: Op, phase: Phase, flops: float, peak: float, curve: Eff
     twice the executed share of them for a band narrower than causal (a sliding window). A ring
     step of context parallelism (dims ``ring``, ``inventory.layer.context_parallel_core``)
     takes the slower of its shape and the transpose another rank runs beside it."""
-    tiles = getattr(curve, "tiles", None)
+    tiles = curve.tiles if isinstance(curve, KernelCurve) else None  # a plain curve has none
     dims = dict(op.dims)
     if tiles is None or flops <= 0.0 or not {"b", "h", "l"} <= dims.keys():
         return None
@@ -288,12 +277,6 @@ def _held(op: Op, phase: Phase, gpu: GpuSpec, base: Precision, gemm_factors: tup
     return compute, memory, gpu.peak_flops[precision], held
 
 
-# Pricers per (how they price, GPU's id, the rest of what they price with), shared by every cost
-# model of the same (catalog) GPU and cluster, and by the burst calls of one calibration trial.
-# The GPU is kept in the value so that its id cannot be reused while the entry exists.
-_PRICERS: dict[tuple, tuple[GpuSpec, _Pricer]] = {}
-
-
 class _Pricer:
     """The ``price`` of ``roofline_s`` that asks ``make(op, phase, gpu, *args)`` once per
     operator name, kind, phase, FP8/FP4 and kernel mix (all its curves and rates depend on). A class, not a
@@ -302,7 +285,7 @@ class _Pricer:
 
     __slots__ = ("args", "gpu", "make", "prices")
 
-    def __init__(self, make: Callable[..., Priced], gpu: GpuSpec, args: tuple[object, ...]) -> None:
+    def __init__(self, gpu: GpuSpec, make: Callable[..., Priced], args: tuple[object, ...]) -> None:
         self.make, self.gpu, self.args = make, gpu, args
         self.prices: dict[tuple, Priced] = {}
 
@@ -315,20 +298,13 @@ class _Pricer:
         return priced
 
     def __reduce__(self):
-        return (_Pricer, (self.make, self.gpu, self.args))
+        return (_Pricer, (self.gpu, self.make, self.args))
 
 
 def _pricer(make: Callable[..., Priced], gpu: GpuSpec, *args: object) -> _Pricer:
-    """The shared ``_Pricer`` of ``make`` on ``gpu`` with ``args`` (one per GPU and settings)."""
-    key = (make, id(gpu), *args)
-    hit = _PRICERS.get(key)
-    if hit is not None and hit[0] is gpu:
-        return hit[1]
-    price = _Pricer(make, gpu, args)
-    if len(_PRICERS) > 64:
-        _PRICERS.clear()
-    _PRICERS[key] = (gpu, price)
-    return price
+    """The ``_Pricer`` of ``make`` on ``gpu`` with ``args``, shared by every cost model of the
+    same (catalog) GPU and settings, and by the burst calls of one calibration trial."""
+    return one_per(_Pricer, gpu, make, args)
 
 
 class AnalyticalCostModel:
@@ -351,7 +327,7 @@ class AnalyticalCostModel:
         gemm = tuple((p, sustained_gemm_factor(cluster, p) if sustained else 1.0) for p in Precision)
         attention = sustained_attention_factor(cluster) if sustained else 1.0
         self._price = _pricer(_held, self.gpu, base, gemm, attention)
-
+        self._collective = one_per(CollectivePricer, cluster)
 
     @classmethod
     def of_plan(cls, cluster: ClusterSpec, precision: Precision, plan: Any) -> AnalyticalCostModel:
@@ -360,13 +336,16 @@ class AnalyticalCostModel:
         ``queued_kernel_gap``). Prediction and the search's screen both build it here, so a
         plan-wide kernel setting is read in one place."""
         return cls(cluster, precision, attention_kernel=plan.attention_kernel, queued_gap=plan.queued_kernel_gap)
+
     def estimate_op_s(self, op: Op, phase: Phase) -> float:
         """The module's ``estimate_op_s`` (``roofline_s``) at the clock held under load, each
         operator's curves, peak and held factor looked up once."""
         return roofline_s(op, phase, self.gpu, self.peak_flops, self._price)
 
     def estimate_collective_s(self, coll: Collective, layout: GroupLayout) -> float:
-        return _collective_s(coll, layout, self.cluster)
+        """``costmodel.collectives.estimate_collective_s`` on the cluster, each call's shape
+        priced once (``CollectivePricer``)."""
+        return self._collective(coll, layout)
 
     def source_of(self, op: Op, phase: Phase) -> str:
         if op.kind in SCAN_KINDS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from paraplan.prediction.components import COMPONENTS, Component
@@ -37,11 +37,15 @@ class Breakdown:
 
     @property
     def total_s(self) -> float:
-        return sum(asdict(self).values())
+        """The parts' sum, in field order (``asdict`` would deep-copy each float first)."""
+        return sum(getattr(self, name) for name in _BREAKDOWN_FIELDS)
 
     def parts(self) -> tuple[tuple[Component, float], ...]:
         """(component, seconds) in ``COMPONENTS`` order."""
         return tuple((c, getattr(self, c.field)) for c in COMPONENTS)
+
+
+_BREAKDOWN_FIELDS = tuple(f.name for f in fields(Breakdown))
 
 
 @dataclass(frozen=True, slots=True)

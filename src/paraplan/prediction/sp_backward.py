@@ -16,7 +16,6 @@ reduce-scatters, which autograd runs between modules) wait on the compute stream
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import TYPE_CHECKING
 
@@ -51,20 +50,19 @@ def runs_async_linears(comm: CommCosts) -> bool:
 
 
 def async_linears_backward(ops: tuple[Op, ...], bwd: tuple[float, ...], weight: tuple[float, ...],
-                           tp_colls: tuple[Collective, ...],
-                           comm: CommCosts) -> tuple[float, tuple[Collective, ...]]:
-    """(exposed seconds of the backward TP calls that run beside a linear's GEMM, the layer's
-    other backward TP calls): each saved shard's re-gather beside its linear's input-gradient
+                           tp_colls: tuple[Collective, ...], comm: CommCosts) -> tuple[float, float]:
+    """(exposed seconds of the backward TP calls that run beside a linear's GEMM, seconds of the
+    layer's other backward TP calls): each saved shard's re-gather beside its linear's input-gradient
     GEMM (``bwd - weight`` of it), each input-gradient reduce-scatter beside its weight-gradient
-    GEMM, one call per column-parallel group the layer has (``_column_groups``). The others (one call each)
-    are the caller's to price: exposed whole, or under ``tp_comm_overlap``'s chunked overlap."""
+    GEMM, one call per column-parallel group the layer has (``_column_groups``). The others are
+    exposed, each call whole (the caller may hide their sum under ``tp_comm_overlap``'s chunked
+    overlap)."""
     regathered = sum(c.count for c in tp_colls if c.name == SAVED_REGATHER and c.phase in _BACKWARD)
     # backward order; a layer re-gathering one input (a MoE layer's attention, MLA's MLP)
     # re-gathers its last
     groups = _column_groups(ops, bwd, weight)[::-1]
     linears = groups[-regathered:] if regathered else []
-    exposed = 0.0
-    others: list[Collective] = []
+    exposed = others = 0.0
     regathers = rscatters = 0
     for c in tp_colls:
         if c.phase not in _BACKWARD:
@@ -81,8 +79,8 @@ def async_linears_backward(ops: tuple[Op, ...], bwd: tuple[float, ...], weight: 
                 rscatters += 1
                 exposed += exposed_beside(wgrad, each, 0.0, comm.slowdown)
             else:
-                others.append(dataclasses.replace(c, count=1))
-    return exposed, tuple(others)
+                others += comm.call_s(c)
+    return exposed, others
 
 
 def _column_groups(ops: tuple[Op, ...], bwd: tuple[float, ...],

@@ -130,8 +130,8 @@ class LayerCost:
             tp_f, tp_b = comm.total(tp, (Phase.FWD,)), comm.total(tp, BACKWARD)
         beside_b = 0.0  # Megatron's and TE's linears: backward collectives beside their own GEMMs
         if runs_async_linears(comm):
-            beside_b, rest = async_linears_backward(ops, bwd, weight, tp, comm)
-            tp_b = beside_b + comm.total(rest, BACKWARD)
+            beside_b, rest_b = async_linears_backward(ops, bwd, weight, tp, comm)
+            tp_b = beside_b + rest_b
         cp = tuple(c for c in block.collectives if c.dim is ParallelDim.CP)
         ep = tuple(c for c in block.collectives if c.dim in _EXPERT_DIMS)
         cp_f, cp_b = context_comm(attention_steps(ops, fwd), attention_steps(ops, bwd), cp, comm)
@@ -391,7 +391,13 @@ class CommCosts:
         self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
         self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
 
+    def call_s(self, coll: Collective) -> float:
+        """Seconds of one of ``coll``'s calls."""
+        layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
+        return self.cm.estimate_collective_s(coll, layout)
+
     def seconds(self, coll: Collective) -> float:
+        """Seconds of all ``coll.count`` of ``coll``'s calls."""
         layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
         return self.cm.estimate_collective_s(coll, layout) * coll.count
 

@@ -64,6 +64,7 @@ def _structure(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[int, i
     the schedule's shape, never on durations, so it is built once."""
     orders = [stage_order(schedule, i, p, m, v) for i in range(p)]
     where_is = placement(schedule, p, v)
+    at = [[schedule.virtual_stage(p, i, c) for c in range(v)] for i in range(p)]  # (stage, chunk) -> position
     last_vs = p * v - 1
     index: dict[tuple[int, int, int, int], int] = {}
     out: list[tuple[int, int, int, int, int, int]] = []
@@ -72,10 +73,10 @@ def _structure(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[int, i
     while remaining:
         progressed = False
         for i in range(p):
-            order = orders[i]
+            order, at_i = orders[i], at[i]
             while pos[i] < len(order):
                 kind, c, j = order[pos[i]]
-                s = schedule.virtual_stage(p, i, c)
+                s = at_i[c]
                 if kind == F:
                     key = (*where_is[s - 1], F, j) if s > 0 else None
                 elif kind == B:

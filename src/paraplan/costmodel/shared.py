@@ -1,0 +1,33 @@
+"""One object per catalog GPU or cluster, shared by every cost model built on it: the GPU with a
+kernel's attention curve, the pricers that memoise what an operator or a collective costs there.
+
+Catalog objects are immutable (frozen models), so what is derived from one alone stays true
+while it lives. Entries are keyed by the object's identity and hold the object, so that its id
+cannot be reused while the entry exists; a different GPU or cluster, even an equal one, gets its
+own entry, and nothing leaks from one to another. Each maker keeps its own entries, so clusters
+made on the fly (a heterogeneous cluster's views) never push out the GPUs' pricers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_LIMIT = 64  # entries kept per maker at most: all of its entries are dropped past it
+_MADE: dict[Callable, dict[tuple, tuple[object, object]]] = {}
+
+
+def one_per(make: Callable[..., T], owner: object, *args: object) -> T:
+    """``make(owner, *args)``, made once while ``owner`` lives (``args`` hashable)."""
+    made = _MADE.setdefault(make, {})
+    key = (id(owner), *args)
+    hit = made.get(key)
+    if hit is not None and hit[0] is owner:
+        return hit[1]  # type: ignore[return-value]
+    out = make(owner, *args)
+    if len(made) >= _LIMIT:
+        made.clear()
+    made[key] = (owner, out)
+    return out
