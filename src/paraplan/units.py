@@ -15,6 +15,7 @@ __all__ = [
     "UnitError",
     "format_bytes",
     "format_count",
+    "format_micro_batches",
     "format_rate",
     "format_seconds",
     "parse_bandwidth",
@@ -227,6 +228,11 @@ def format_tokens(value: float) -> str:
 def format_rate(tera: float) -> str:
     """TFLOP/s with one decimal, or three significant digits below 1 (a CPU's 0.0283)."""
     return f"{tera:.1f}" if abs(tera) >= 1 or tera == 0 else f"{tera:.3g}"
+
+
+def format_micro_batches(count: int) -> str:
+    """``1 micro-batch``, ``16 micro-batches``: a count of micro-batches, its noun agreeing."""
+    return f"{count} micro-batch{'' if count == 1 else 'es'}"
 
 
 def format_seconds(value: float) -> str:

@@ -142,8 +142,9 @@ def test_a_bad_job_file_names_the_field(tmp_path):
     assert "parallel.pipline: unknown key" in result.output
 
 
-def test_catalog_lists_gpus_models_and_clusters():
-    for kind, expected in (("gpus", "H100-SXM5-80GB"), ("models", "llama-3-70b"), ("clusters", "dgx-h100")):
+def test_catalog_lists_gpus_models_clusters_and_framework_presets():
+    for kind, expected in (("gpus", "H100-SXM5-80GB"), ("models", "llama-3-70b"), ("clusters", "dgx-h100"),
+                           ("frameworks", "torchtitan")):
         result = run("catalog", kind, "--format", "json")
         assert result.exit_code == 0
         assert expected in [row["name"] for row in json.loads(result.stdout)]

@@ -165,3 +165,30 @@ def test_a_spread_that_rounds_to_zero_prints_as_plus_zero_and_settings_that_move
     assert "-0.0" not in text and "attention_kernel (fa2, sdpa): -7.8 / +0.0 %" in text
     assert "2 unstated settings moved it less than 0.05 %: grad_reduce_in_fp32, overlap_p2p_comm" in text
     assert "widened for unstated grad_reduce_in_fp32" not in text
+
+
+AUDITED = ["predict", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--num-nodes", "1", "--tp", "1", "--pp", "1",
+           "--cp", "8", "--seq-length", "131072", "--micro-batch-size", "1", "--global-batch-size", "8",
+           "--framework", "megatron-core", "--recompute", "full"]
+
+
+def test_an_interval_that_leaves_out_its_prediction_says_so_and_why_in_its_rule():
+    result = runner.invoke(app, [*AUDITED, "-f", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    low, high = data["interval"]["iteration_s"]
+    rule = data["interval"]["rule"]
+    if low > data["iteration_s"]:  # every dev run of its regime measured slower than predicted
+        assert "lies wholly above the prediction" in rule and "measured slower" in rule
+    elif high < data["iteration_s"]:
+        assert "lies wholly below the prediction" in rule
+    else:
+        assert "lies wholly" not in rule
+
+
+def test_the_one_sided_remark_is_made_exactly_when_the_bounds_leave_out_the_point():
+    from paraplan.uncertainty.interval import one_sided
+
+    assert one_sided(-0.1, 0.2) == one_sided(0.0, 0.0) == ""
+    assert "above the prediction (from +1.0 %)" in one_sided(math.log(1.01), 0.2)
+    assert "below the prediction (up to -2.0 %)" in one_sided(-0.3, math.log(0.98))

@@ -2,10 +2,12 @@
 --seq-length and --hf-config laid over a job, and what a run without a job file took from the
 demo job."""
 
+import json
 from pathlib import Path
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from paraplan.catalog import resolve_job
 from paraplan.catalog.jobs import apply_overrides, demo_job_mapping
@@ -108,3 +110,85 @@ def test_every_plan_flag_lands_in_the_parallel_part_of_the_job():
 def test_a_job_files_dp_shard_is_read_as_the_plans_data_parallel_shard_degree():
     job = apply_overrides({**demo_job_mapping(), "parallel": {"dp_shard": 2}}, {})
     assert job["parallel"] == {"data_parallel_shard_degree": 2}
+
+
+# -- the demo job's values are an example, not the user's (auditor's A, C) ----------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3-70b-dgx-h100-tp8-pp4.yaml"
+
+
+def _flags(**given):
+    return {**{f.key: None for f in JOB_FLAGS}, **given}
+
+
+def test_a_framework_flag_on_the_demo_job_takes_the_preset_s_defaults_over_the_demo_s_values():
+    from paraplan.cli.loading import load_flagged_job
+
+    job, said = load_flagged_job(None, _flags(framework="torchtitan", recompute="op"))
+    assert job.parallel.zero_stage == 3  # torchtitan's FSDP2 shards fully; the demo job says ZeRO-1
+    assert job.preset.taken["zero_stage"] == 3 and not job.preset.overridden
+    assert "--zero-stage" not in said and "--recompute" not in said
+    job, _ = load_flagged_job(None, _flags(framework="nemo"))
+    assert job.parallel.recompute.value == "none" and not job.preset.overridden
+
+
+def test_a_flag_still_wins_over_the_preset_on_the_demo_job_and_is_called_the_user_s_value():
+    from paraplan.cli.loading import load_flagged_job
+
+    job, _ = load_flagged_job(None, _flags(framework="nemo", recompute="selective"))
+    assert job.preset.overridden == {"recompute": ("selective", "none")}
+    assert any("recompute selective: your value" in line for line in job.preset.lines())
+
+
+def test_predict_with_a_framework_and_no_job_file_never_calls_a_demo_value_your_value():
+    for args in (["--framework", "torchtitan", "--recompute", "op"], ["--framework", "nemo"]):
+        result = CliRunner().invoke(app, ["predict", *args], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        assert "your value" not in result.output and "cannot run this plan" not in result.output
+
+
+def test_a_job_file_s_stated_field_still_wins_over_the_preset_and_is_said(tmp_path):
+    from paraplan.cli.loading import load_flagged_job
+
+    job, _ = load_flagged_job(EXAMPLE, _flags(framework="nemo"))
+    assert job.parallel.recompute.value == "selective"
+    assert job.preset.overridden["recompute"] == ("selective", "none")
+
+
+@pytest.mark.parametrize("flag", [{"cluster": "dgx-h100"}, {"gpu": "B200"}, {"cluster": "gb200-nvl72"}])
+def test_a_cluster_or_gpu_flag_keeps_the_job_file_s_number_of_nodes(flag):
+    from paraplan.cli.loading import load_flagged_job
+
+    job, _ = load_flagged_job(EXAMPLE, _flags(**flag))
+    assert job.cluster.num_nodes == 8  # the file's; a GB200 NVL72 node is 4 GPUs: 32 GPUs then
+    assert job.cluster.num_gpus == 8 * job.cluster.gpus_per_node
+
+
+def test_a_num_nodes_flag_beside_a_cluster_flag_sets_the_number_of_nodes():
+    from paraplan.cli.loading import load_flagged_job
+
+    job, _ = load_flagged_job(EXAMPLE, _flags(cluster="dgx-b200", num_nodes=4))
+    assert job.cluster.num_nodes == 4 and job.cluster.gpu.name == "B200"
+
+
+def test_a_cluster_flag_on_the_demo_job_takes_the_named_cluster_s_own_size():
+    from paraplan.cli.loading import load_flagged_job
+
+    job, said = load_flagged_job(None, _flags(cluster="dgx-h100"))
+    assert job.cluster.num_nodes == 1 and "--num-nodes" not in said  # the demo's 4 were its p5's
+
+
+def test_predict_of_a_job_file_on_another_cluster_runs_instead_of_blaming_tp_and_pp():
+    for flag in (["--cluster", "dgx-h100"], ["--gpu", "B200"]):
+        result = CliRunner().invoke(app, ["predict", str(EXAMPLE), *flag, "-f", "json"])
+        assert result.exit_code == 0, result.output
+        assert "does not divide" not in result.output and json.loads(result.stdout)["num_gpus"] == 64
+
+
+def test_the_predict_header_says_1_micro_batch_in_the_singular():
+    result = CliRunner().invoke(app, ["predict", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--tp", "8",
+                                      "--micro-batch-size", "1", "--global-batch-size", "1"],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "(1 micro-batch)" in text and "micro-batches)" not in text

@@ -104,7 +104,7 @@ def test_a_row_with_the_wrong_number_of_cells_is_a_bug():
 # -- catalog -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["gpus", "models", "clusters"])
+@pytest.mark.parametrize("kind", ["gpus", "models", "clusters", "frameworks"])
 def test_catalog_tables_keep_every_number_and_name(kind):
     rows = catalog_rows(kind)
     table = render_catalog(kind, rows)
@@ -342,3 +342,13 @@ def test_boolean_flags_read_as_a_typer_user_expects():
     assert re.search(r"^\s+--explain\s+Also show", text, re.M)
     assert re.search(r"^\s+--components / --no-components", cli(80, "validate", "--help").stdout, re.M)
     assert re.search(r"^\s+--quick\s+Tiny tuning grid", cli(80, "fit", "--help").stdout, re.M)
+
+
+def test_catalog_frameworks_at_80_columns_lists_each_preset_with_its_version_engine_and_sources():
+    result = cli(80, "catalog", "frameworks")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())  # prose cells wrap between words
+    for row in catalog_rows("frameworks"):
+        for part in (row["name"], row["version"], row["engine"], *row["sources"].split(", ")):
+            assert part in text
+    assert "zero_stage 1" in text and "sequence_parallel true (tp>1)" in text  # nemo's, with when it applies

@@ -256,6 +256,27 @@ def demo_job_mapping() -> dict[str, Any]:
     return load_yaml(text, "demo-job.yaml")
 
 
+def demo_for_flags(demo: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """The demo job as ``flags`` (``apply_overrides``' keys) are laid over it. Its values are an
+    example, not the user's: its number of nodes belongs to its cluster, so a cluster or GPU
+    flag leaves it out (a job file's stays); and where the flags name a framework preset
+    (``--framework nemo``), the plan values the preset sets are left out for the preset's
+    defaults to replace. A value a flag gives is the user's and always wins."""
+    from paraplan.catalog.presets import find_preset
+
+    given = {PLAN_ALIASES.get(k, k) for k, v in flags.items() if v is not None}
+    out = dict(demo)
+    cluster = out.get("cluster")
+    if given & {"cluster", "gpu"} and isinstance(cluster, dict):
+        out["cluster"] = {k: v for k, v in cluster.items() if k != "num_nodes"}
+    preset = find_preset(flags.get("framework"))
+    parallel = out.get("parallel")
+    if preset is not None and isinstance(parallel, dict):
+        preset_sets = {d.field for d in preset.defaults} - given
+        out["parallel"] = {k: v for k, v in parallel.items() if PLAN_ALIASES.get(k, k) not in preset_sets}
+    return out
+
+
 def read_job_file(path: Path | str) -> dict[str, Any]:
     """A job file's mapping, named after the file when it names itself nothing (a report's
     heading then reads "llama-70b-tp8", not Job's default "job")."""
@@ -300,6 +321,8 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         cluster = {}  # a cluster described by its GPU: the reference node's network (_cluster)
     cluster = {} if cluster is None else _cluster_value(cluster)
     cluster = {"name": cluster} if isinstance(cluster, str) else dict(cluster)
+    if given.keys() & {"cluster", "gpu"}:
+        cluster.update(_kept_nodes(job.get("cluster"), cluster))
     parallel = {_SHORT.get(k, k): v for k, v in _parallel(job.get("parallel")).items()}
     for key, value in given.items():  # each into the part of the job whose field it is
         if key in ParallelPlan.model_fields:
@@ -312,6 +335,19 @@ def apply_overrides(raw: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
     job["cluster"] = cluster
     job["parallel"] = parallel
     return job
+
+
+def _kept_nodes(stated: Any, cluster: dict[str, Any]) -> dict[str, Any]:
+    """The number of nodes a job's ``stated`` cluster gives, kept when a cluster or GPU flag
+    replaces its node: a job on 8 nodes stays on 8 nodes of the new one, as a SLURM
+    ``--nodes`` stays when the partition changes (so its GPUs are 8 x the new node's). Nothing
+    when the job states no number of nodes (the new cluster's own stands), or when the new
+    cluster has node groups (each group says its own)."""
+    if not isinstance(stated, dict) or stated.get("num_nodes") is None:
+        return {}
+    if is_hetero(expand_cluster(cluster)) if isinstance(cluster.get("name"), str) else "node_groups" in cluster:
+        return {}
+    return {"num_nodes": stated["num_nodes"]}
 
 
 def _model_overrides(job: dict[str, Any], given: dict[str, Any]) -> None:

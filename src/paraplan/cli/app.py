@@ -39,7 +39,7 @@ for _name, _command, _summary in (
     ("predict", predict_command, "Predict one iteration's time, breakdown, memory and cost."),
     ("compare", compare_command, "Predict two jobs or plans side by side, with B - A."),
     ("report", report_command, "Write one HTML page of a prediction: pictures, tables, GEMMs."),
-    ("catalog", catalog_command, "List the catalog's GPUs, models or clusters."),
+    ("catalog", catalog_command, "List the catalog's GPUs, models, clusters or framework presets."),
     ("fit", fit_command, "Fit the learned backend's regressors to samples."),
     ("search", search_command, "Search the parallel plans of a model on a cluster."),
     ("export", export_command, "Write the launch recipe of a job's plan."),

@@ -1,4 +1,4 @@
-"""`paraplan catalog gpus|models|clusters`: what the shipped catalog knows."""
+"""`paraplan catalog gpus|models|clusters|frameworks`: what the shipped catalog knows."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ class Kind(str, enum.Enum):
     gpus = "gpus"
     models = "models"
     clusters = "clusters"
+    frameworks = "frameworks"
 
 
 def catalog_command(
-    kind: Annotated[Kind, typer.Argument(help="gpus | models | clusters")],
+    kind: Annotated[Kind, typer.Argument(help="gpus | models | clusters | frameworks")],
     output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
-    """List the catalog's GPUs, models or clusters with their key numbers."""
+    """List the catalog's GPUs, models or clusters with their key numbers, or its framework
+    presets (``--framework``) with what each sets and the repositories its sources cite."""
     from paraplan.report.catalog import catalog_rows, render_catalog
     from paraplan.report.formats import render_csv, render_json
 

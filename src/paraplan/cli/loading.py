@@ -19,11 +19,11 @@ def load_flagged_job(job_file: Path | None, flags: dict[str, Any]) -> tuple[Job 
     """The job of ``job_file`` (None: the built-in demo job) with ``flags`` laid over it, and
     the line to print on stderr once the command has its answer (bad input prints one line,
     the error): what was taken from the demo job, or where the sequence length came from."""
-    from paraplan.catalog.jobs import demo_job_mapping, read_job_file
+    from paraplan.catalog.jobs import demo_for_flags, demo_job_mapping, read_job_file
     from paraplan.catalog.origin import resolve_with_flags
 
     flags = cwd_paths(flags)
-    raw = read_job_file(job_file) if job_file is not None else demo_job_mapping()
+    raw = read_job_file(job_file) if job_file is not None else demo_for_flags(demo_job_mapping(), flags)
     base, origin = (job_file.parent, str(job_file)) if job_file is not None else (Path("."), "the demo job")
     job = resolve_with_flags(raw, flags, base, origin)
     note = None
@@ -44,8 +44,9 @@ def cwd_paths(flags: dict[str, Any]) -> dict[str, Any]:
 def from_demo(demo: dict[str, Any], flags: dict[str, Any], seq_length: int) -> list[str]:
     """The demo job's settings no flag replaced, as the flags that would set them
     (``--model llama-3-8b``, ``--seq-length 8192``, ``--tp 2``, ``--sequence-parallel``)."""
-    from paraplan.catalog.jobs import apply_overrides
+    from paraplan.catalog.jobs import apply_overrides, demo_for_flags
 
+    demo = demo_for_flags(demo, flags)  # (as load_flagged_job reads it: the same again is the same)
     given = {k for k, v in flags.items() if v is not None}
     if "gpu" in given:
         given.add("cluster")  # the GPU's reference node replaces the demo's cluster

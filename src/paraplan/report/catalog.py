@@ -30,7 +30,49 @@ def _curves_status(gpu) -> str:
     return "generic"
 
 
+def _repositories(sources: Any) -> str:
+    """The repositories (``owner/name``) a preset's sources cite, in order of first citation;
+    a source naming none (a paper, a package) by its first two words ("Narayanan et al.")."""
+    seen: dict[str, None] = {}
+    for source in sources:
+        words = source.replace(",", " ").split()
+        first = words[0].rstrip(":") if words else ""
+        if first.count("/") >= 1:
+            seen["/".join(first.split("/")[:2])] = None
+        else:
+            seen[" ".join(words[:2]) + (" al." if words[1:2] == ["et"] else "")] = None
+    return ", ".join(seen)
+
+
+# when a preset's default applies (``catalog.presets``' ``when``), shortly
+_WHEN_SHORT = {"always": "", "tensor_parallel": "tp>1", "sequence_parallel": "sp", "interleaved": "vpp>1",
+               "sharded_over_nodes": "ZeRO over nodes", "layer_recompute": "recompute layer", "fp8": "fp8",
+               "fp8_delayed": "fp8 delayed", "context_parallel": "cp>1", "pipeline_parallel": "pp>1"}
+
+
+def framework_rows() -> list[dict[str, Any]]:
+    """One row per framework preset: the name ``--framework`` takes, its version, the engine it
+    is modelled with, the plan and model fields it sets (with when, where a default is
+    conditional: "(tp>1)", "(sp)": with sequence parallelism), what it limits (``runs``), and the
+    repositories its sources cite (``--format json`` and the YAML files say each source in full)."""
+    from paraplan.catalog.presets import preset_sources, presets
+    from paraplan.specs.preset import shown
+
+    rows = []
+    for preset in presets().values():
+        sets = [f"{d.field} {shown(d.value)}" + (f" ({_WHEN_SHORT[d.when]})" if _WHEN_SHORT[d.when] else "")
+                for d in preset.defaults]
+        sets += [f"{d.field} {shown(d.value)}" for d in preset.model_defaults]
+        sets += [f"runs {axis} {' | '.join(map(shown, values))} only" for axis, (values, _) in preset.runs.items()]
+        rows.append({"name": preset.name, "version": preset.version, "engine": preset.engine.value,
+                     "label": preset.label, "sets": ", ".join(sets),
+                     "sources": _repositories(preset_sources(preset).values())})
+    return rows
+
+
 def catalog_rows(kind: str) -> list[dict[str, Any]]:
+    if kind == "frameworks":
+        return framework_rows()
     rows: list[dict[str, Any]] = []
     for name in catalog_names(kind):  # type: ignore[arg-type]
         if kind == "gpus":
@@ -116,9 +158,16 @@ _HEADERS: dict[str, tuple[str, str | None]] = {
     "gpus_per_node": ("GPUs per node", "GPUs/node"),
     "domain_gpus": ("GPUs per NVLink domain", "domain"),
     "price_per_gpu_hour_usd": ("$ per GPU-hour", "$/GPU-h"),
+    "version": ("version", None),
+    "engine": ("modelled as", "engine"),
+    "label": ("framework", None),
+    "sets": ("sets when the job does not", "sets"),
+    "sources": ("sources", None),
 }
-_TEXT = {"name", "gpu", "aliases", "activation", "efficiency", "experts"}
-_PROSE = {"gpu", "aliases", "efficiency"}
+_TEXT = {"name", "gpu", "aliases", "activation", "efficiency", "experts", "version", "engine", "label", "sets",
+         "sources"}
+_PROSE = {"gpu", "aliases", "efficiency", "label", "sets", "sources"}
+_DETAIL = {"aliases", "domain_gpus", "label", "sets", "sources"}
 
 
 def render_catalog(kind: str, rows: list[dict[str, Any]]) -> ReadableTable:
@@ -130,7 +179,7 @@ def render_catalog(kind: str, rows: list[dict[str, Any]]) -> ReadableTable:
     for column in rows[0]:
         header, short = _HEADERS.get(column, (column, None))
         table.add_column(header, short=short, number=column not in _TEXT, wrap=column in _PROSE,
-                         detail=column in ("aliases", "domain_gpus"))
+                         detail=column in _DETAIL)
     for row in rows:
         table.add_row(*("-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in row.values()))
     return table

@@ -22,7 +22,14 @@ from paraplan.report.tables import (
     collective_phase,
     spread_lines,
 )
-from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
+from paraplan.units import (
+    format_bytes,
+    format_count,
+    format_micro_batches,
+    format_rate,
+    format_seconds,
+    format_tokens,
+)
 
 if TYPE_CHECKING:
     from paraplan.uncertainty import Interval
@@ -76,7 +83,7 @@ def _summary(pred: Prediction, iv: Interval | None = None) -> str:
                  f"{plan.schedule.value}, {plan.framework.value}, recompute {plan.recompute.value}"],
         *([["framework preset", "; ".join(job.preset.lines())]] if getattr(job, "preset", None) else []),
         ["batch", f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
-                  f"({plan.num_microbatches} micro-batches), sequence {job.model.seq_length}, {job.precision.value}"],
+                  f"({format_micro_batches(plan.num_microbatches)}), sequence {job.model.seq_length}, {job.precision.value}"],
         ["iteration time", with_interval(format_seconds(pred.iteration_s), iv, iv and iv.time(pred.iteration_s),
                                          "seconds")],
         ["tokens / s", with_interval(f"{pred.tokens_per_s:,.0f}", iv, iv and iv.rate(pred.tokens_per_s), "count")],

@@ -16,6 +16,7 @@ from paraplan.prediction import Prediction
 from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.stagebars import COMPONENTS, DP_LABEL, stage_bars, timeline_bars
 from paraplan.specs import ConfigError
+from paraplan.units import format_micro_batches
 
 if TYPE_CHECKING:
     from paraplan.uncertainty import Interval
@@ -115,7 +116,7 @@ def _title(pred: Prediction) -> str:
     degrees += f" vpp={plan.vpp}" if plan.vpp > 1 else ""
     return (
         f"{pred.job.model.name} on {gpus_label(pred)}, {degrees}, "
-        f"{plan.num_microbatches} micro-batches, {plan.schedule.value}"
+        f"{format_micro_batches(plan.num_microbatches)}, {plan.schedule.value}"
     )
 
 

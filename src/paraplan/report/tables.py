@@ -13,7 +13,14 @@ from paraplan.prediction import Prediction
 from paraplan.prediction.components import components_of
 from paraplan.prediction.memory_parts import memory_parts_of
 from paraplan.report.layout import ReadableTable
-from paraplan.units import format_bytes, format_count, format_rate, format_seconds, format_tokens
+from paraplan.units import (
+    format_bytes,
+    format_count,
+    format_micro_batches,
+    format_rate,
+    format_seconds,
+    format_tokens,
+)
 
 if TYPE_CHECKING:
     from paraplan.uncertainty import Interval
@@ -113,7 +120,7 @@ def render_prediction(pred: Prediction, interval: Interval | None = None) -> Gro
         + (f" ({plan.cp_comm})" if plan.cp > 1 else "")
         + (f" vpp={plan.vpp}" if plan.vpp > 1 else "")
         + f", micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size}"
-        + f" ({plan.num_microbatches} micro-batches), {job.precision.value}"
+        + f" ({format_micro_batches(plan.num_microbatches)}), {job.precision.value}"
         + (f" ({plan.fp8_recipe.value})" if plan.fp8_recipe is not None else "")
         + f", recompute {plan.recompute.value}"
         + (f" ({' '.join(plan.recompute_modules)})" if plan.recompute_modules else "")

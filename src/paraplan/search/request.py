@@ -100,7 +100,7 @@ class SearchRequest:
         """The request of ``flags`` over ``job_file`` (None: the built-in demo job, of which a
         model, cluster or GPU flag keeps only what it does not name). A bad flag raises a
         ``ConfigError`` naming it, before any search runs."""
-        from paraplan.catalog.jobs import apply_overrides, demo_job_mapping, read_job_mapping
+        from paraplan.catalog.jobs import apply_overrides, demo_for_flags, demo_job_mapping, read_job_mapping
         from paraplan.search.pareto import PARETO_AXES
         from paraplan.search.run import OBJECTIVES
         from paraplan.units import parse_seconds, parse_usd
@@ -125,6 +125,8 @@ class SearchRequest:
             raw = demo_job_mapping()
         overrides = {x.name: getattr(f, x.name) for x in fields(f) if x.metadata.get("job")}
         overrides["global_batch_size"] = batches[0] if batches else None  # a list ranks every size together
+        if job_file is None:  # the demo's values are an example: a cluster flag or a preset replaces them
+            raw = demo_for_flags(raw, {**overrides, "framework": f.framework})
         mapping = apply_overrides(raw, overrides)
         given = dict(mapping.get("parallel") or {})
         framework = f.framework or given.get("framework") or "megatron"

@@ -228,7 +228,21 @@ def interval_for(pred: Prediction, level: float = 0.8, table: ResidualTable | No
                 fallback, runs = fallback or c_fallback, max(runs, c_runs)
     low += sum(s.low for s in guessed)
     high += sum(s.high for s in guessed)
-    return Interval(level, regime, rule, fallback, low, high, runs, guessed)
+    return Interval(level, regime, rule + one_sided(low, high), fallback, low, high, runs, guessed)
+
+
+def one_sided(low: float, high: float) -> str:
+    """What the rule adds when the bounds (log-ratios measured / predicted) leave out the
+    prediction itself: the interval bounds the time a run will measure, and where the runs it
+    came from all measured slower (or faster) than predicted, it lies wholly on that side. The
+    point is left where the cost model puts it (measured iterations never move a prediction);
+    "" when the interval holds the point."""
+    if low <= 0.0 <= high:
+        return ""
+    side, by = ("above the prediction (from", low) if low > 0.0 else ("below the prediction (up to", high)
+    return (f"; it lies wholly {side} {100 * math.expm1(by):+.1f} %): it bounds the time a "
+            f"run will measure, and the runs it came from measured {'slower' if low > 0.0 else 'faster'} than "
+            "predicted; the prediction is the cost model's, never moved toward measured runs")
 
 
 def learned_share(pred: Prediction) -> tuple[float, frozenset[str]]:

@@ -35,7 +35,7 @@ from paraplan.web.state import MAX_UPLOAD_BYTES
 def predict_form(server: Server, form: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
     """The job a predict form describes (the demo job with the form's fields laid over it,
     as ``paraplan predict`` lays its flags), its prediction and the notes about it."""
-    from paraplan.catalog.jobs import demo_job_mapping
+    from paraplan.catalog.jobs import demo_for_flags, demo_job_mapping
     from paraplan.catalog.origin import resolve_with_flags
     from paraplan.cli.loading import predict_flagged
 
@@ -61,6 +61,7 @@ def predict_form(server: Server, form: dict[str, Any]) -> tuple[Any, Any, tuple[
         flags["gpu"] = None
         if path_like(flags.get("cluster")):
             raise BadInput("cluster: the page takes a catalog cluster name, not a file", "cluster")
+    raw = demo_for_flags(raw, flags)  # as `paraplan predict` reads the demo job: its values are an example
     job = resolve_with_flags(raw, flags, hf.parent if hf else server.uploads.root, "the demo job")
     return (job, *predict_flagged(job, "analytical", None, keep_timeline=True))
 
