@@ -81,3 +81,21 @@ def test_the_memory_table_names_the_moment_of_the_peak_within_80_columns():
 
     pred = predict(_job("torchtitan-0.1", "llama-3-8b"))
     assert f"peak at {pred.memory.worst.moment}" in " ".join(assert_readable(render_memory(pred))[80].split())
+
+
+def test_the_backward_s_last_layer_holds_the_tensors_it_kept_for_itself_beside_its_working_bytes():
+    from paraplan.inventory import count_job
+    from paraplan.prediction.memory import step_memory
+
+    def last_layer(recompute):
+        inv = count_job(_job("torchtitan-0.1", recompute=recompute))
+        st = inv.stages[0]
+        x = inv.shape
+        return step_memory(inv, st)[3], sum(op.saved_bytes for op in st.layer_ops), x.e * x.b * x.s * x.h
+
+    held, saved, _ = last_layer("none")  # every activation saved, nothing recomputed
+    assert held == pytest.approx(saved) and saved > 0
+    held, saved, layer_input = last_layer("full")  # its input kept, its activations recomputed
+    assert held == pytest.approx(layer_input + saved)
+    worst = predict(_job("torchtitan-0.1", recompute="full")).memory.worst
+    assert worst.moment == MOMENTS[2] and worst.activations == pytest.approx(held)

@@ -182,8 +182,8 @@ def step_peak_bytes(persistent, gradients_freed, grads_at_forward, activations, 
     (more than one micro-batch a step: the earlier ones' gradients) and always at the end of the
     backward; ``activations`` and ``logits`` as ``activations_at_peak`` and ``microbatch_bytes``
     give them (the layers' working bytes are the backward's, the loss's extra copies the
-    forward's beyond them; ``layer_working`` is the one layer's working bytes the last backward
-    pass, the first layer's, holds beside nearly every gradient); ``buffers`` held all step, ``backward_buffers`` only in the backward
+    forward's beyond them; ``layer_working`` is what the last backward pass, the first layer's,
+    holds beside nearly every gradient: the tensors that layer kept for it and its working bytes); ``buffers`` held all step, ``backward_buffers`` only in the backward
     (FSDP's unsharded gradient and reduce-scatter input). The gradients of the units done early
     in the backward are left out of its first moment (a unit's shard, against the activations it
     frees); between the first layers and the end both change linearly with the layers done, so
@@ -254,6 +254,17 @@ def microbatch_bytes(inv: JobInventory, st: StageInventory) -> tuple[float, floa
         layer_working = max(layer_working, rc.working_bytes + ring)
     logits = max(0.0, loss_logits_bytes(inv.job, st) - layer_working)
     return held, layer_working + end_saved_bytes(st), logits
+
+
+def first_layer_held_bytes(inv: JobInventory, st: StageInventory) -> float:
+    """What the stage's first layer keeps for its own backward pass per micro-batch (its saved
+    tensors, or its input where the recompute policy re-runs it: ``recompute_cost`` of one
+    layer of the stage's first block). The last backward of a step, the first layer's, runs
+    with these tensors alive beside the layer's working bytes."""
+    if not st.blocks:
+        return 0.0
+    block = st.blocks[0]
+    return recompute_cost(inv.job.parallel, block.ops, inv.shape, 1).held_bytes
 
 
 def end_saved_bytes(st: StageInventory) -> float:
@@ -339,7 +350,7 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
 
 def step_memory(inv: JobInventory, st: StageInventory) -> tuple[StageMemory, float, bool, float]:
     """(every tensor of the step on one GPU of ``st``, its gradients whole; the backward-only
-    buffers; whether freed gradients exist at the loss; one layer's backward working bytes):
+    buffers; whether freed gradients exist at the loss; what the first layer's backward, the step's last, holds):
     ``at_peak_moment``'s arguments, which the search's screen reads too."""
     plan = inv.job.parallel
     dp, zero, edp = plan.zero_shards, plan.zero_stage, plan.edp
@@ -408,7 +419,18 @@ def step_memory(inv: JobInventory, st: StageInventory) -> tuple[StageMemory, flo
         workspaces=workspace_bytes(inv, st),
         gradients_freed=plan.frees_gradients,
     )
-    return mem, backward_buffers, plan.num_microbatches > 1, working - end_saved_bytes(st)
+    # the first layer's backward, the step's last: its own kept tensors and its working bytes
+    layer_working = first_layer_held_bytes(inv, st) + working - end_saved_bytes(st)
+    return mem, backward_buffers, plan.num_microbatches > 1, layer_working
+
+
+def moment_totals(mem: StageMemory, backward_buffers: float, grads_at_forward: bool,
+                  layer_working: float) -> tuple[float, float, float]:
+    """The GPU's total at each of the ``MOMENTS`` (``step_peak_bytes``) from ``step_memory``'s
+    values: what compares two jobs at the same moment of their steps."""
+    freed = mem.gradients if mem.gradients_freed else 0.0
+    return step_peak_bytes(mem.persistent, freed, grads_at_forward, mem.activations, mem.logits, layer_working,
+                           mem.gathered_params, mem.buffers, backward_buffers, mem.runtime, mem.fragmentation_share)
 
 
 def at_peak_moment(mem: StageMemory, backward_buffers: float, grads_at_forward: bool,
@@ -417,8 +439,7 @@ def at_peak_moment(mem: StageMemory, backward_buffers: float, grads_at_forward: 
     peak (``step_peak_bytes``): its parts are then the tensors alive at that moment, and
     ``moment`` names it."""
     freed = mem.gradients if mem.gradients_freed else 0.0
-    totals = step_peak_bytes(mem.persistent, freed, grads_at_forward, mem.activations, mem.logits, layer_working,
-                             mem.gathered_params, mem.buffers, backward_buffers, mem.runtime, mem.fragmentation_share)
+    totals = moment_totals(mem, backward_buffers, grads_at_forward, layer_working)
     at = max(range(len(MOMENTS)), key=lambda i: (totals[i], -i))  # the first of equal peaks
     early = freed if grads_at_forward else 0.0
     kept = mem.gradients - freed

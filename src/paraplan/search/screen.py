@@ -676,7 +676,7 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
             buffers = buffers + np.where(single, 0.0, received)
         # the step's timeline (``memory.step_peak_bytes``): the loss, the backward's first and last layers
         moments = step_peak_bytes(layout("static", c), layout("grads_freed", c), m > 1, activations, logits,
-                                  work - ends("saved", c), layout("gathered", c), buffers, layout("bwd_buffers", c),
+                                  held1 + work - ends("saved", c), layout("gathered", c), buffers, layout("bwd_buffers", c),
                                   layout("runtime", c), frag)
         mem[c] = np.maximum.reduce(moments)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
