@@ -276,28 +276,27 @@ def _no_exposed_units() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cp_comm_hidden() -> Iterator[None]:
-    """Before issue 27: context parallelism's K/V exchange wholly hidden behind the attention (no
-    ring step's send, all-gather, reduce-scatter or all-to-all exposed: ``stages.context_comm``)."""
-    real = stages.context_comm
-    stages.context_comm = lambda *args, **kwargs: (0.0, 0.0)
+def _stages_function(name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """``prediction.stages``' function ``name`` replaced while the predictions run."""
+    real = getattr(stages, name)
+    setattr(stages, name, replacement)
     try:
         yield
     finally:
-        stages.context_comm = real
+        setattr(stages, name, real)
 
 
-@contextlib.contextmanager
-def _ideal_async_tp() -> Iterator[None]:
+def _cp_comm_hidden() -> contextlib.AbstractContextManager:
+    """Before issue 27: context parallelism's K/V exchange wholly hidden behind the attention (no
+    ring step's send, all-gather, reduce-scatter or all-to-all exposed: ``stages.context_comm``)."""
+    return _stages_function("context_comm", lambda *args, **kwargs: (0.0, 0.0))
+
+
+def _ideal_async_tp() -> contextlib.AbstractContextManager:
     """PyTorch's async TP as its name promises: every TP collective of a layer hidden and its
     GEMMs whole, instead of as torch runs it (``prediction.async_tp``: 1/tp-row GEMMs, symmetric-
     memory copies and barriers, the backward reduce-scatter left to NCCL)."""
-    real = stages.async_tp_layer
-    stages.async_tp_layer = lambda ops, fwd, bwd, weight, tp, cm, comm: (fwd, bwd, 0.0, 0.0)
-    try:
-        yield
-    finally:
-        stages.async_tp_layer = real
+    return _stages_function("async_tp_layer", lambda ops, fwd, bwd, weight, tp, cm, comm: (fwd, bwd, 0.0, 0.0))
 
 
 def _async_tp_on(mapping: Mapping) -> Mapping:
