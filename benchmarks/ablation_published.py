@@ -6,6 +6,17 @@ the Perlmutter runs, benchmarks/data/runs_moe_dev.json's predictable runs as "Mo
 median and the median |error| as shipped and with each effect switched off, in both directions, so that a reader sees why the numbers moved. The effects come
 from operator- and link-level measurements and the frameworks' code; the runs are only
 compared with, nothing is fitted or chosen by them.
+
+Each row's label names the effect as shipped and, in parentheses, what the row puts in its place:
+an effect that ships on is switched off, one that ships off (the queued-kernel gap, async TP) is
+switched on. Some effects no development run exercises, so their rows move nothing: no run
+states a cluster ``power_cap_w`` or ``async_tp`` (and none runs FSDP with tp > 1, where async TP
+could be switched on); context parallelism appears in one MoE run only (Qwen3-235B cp 8, p2p) and
+an FP8 recipe other than delayed scaling in one MoE run only (GB200, MXFP8), so those rows move the
+MoE column alone, without moving its median. The TP-overlap rows' Flux floor moves nothing either:
+the only runs with TP overlap (MLPerf) state their own userbuffers configuration. Under the table
+the script prints every row that moves no run, and each row that moves runs but no median with
+those runs' errors (as shipped -> switched).
 """
 
 from __future__ import annotations
@@ -21,11 +32,12 @@ from typing import Any
 import paraplan.costmodel.roofline as roofline
 import paraplan.inventory.job as inventory_job
 import paraplan.inventory.shapes as shapes
+import paraplan.prediction.stages as stages
 import paraplan.schedule.overlap as overlap
 from paraplan.catalog import load_catalog_entry, load_gpu, resolve_job
 from paraplan.prediction import predict
 from paraplan.schedule import overlapped_s
-from paraplan.specs import ConfigError
+from paraplan.specs import ConfigError, FP8Recipe
 from paraplan.validate import load_runs
 from paraplan.validate.gpumodeling import job_mapping_from_run
 from paraplan.validate.published import measured_iteration_s
@@ -263,6 +275,62 @@ def _no_exposed_units() -> Iterator[None]:
         overlap.sharded_pass_s = sharded
 
 
+@contextlib.contextmanager
+def _stages_function(name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """``prediction.stages``' function ``name`` replaced while the predictions run."""
+    real = getattr(stages, name)
+    setattr(stages, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(stages, name, real)
+
+
+def _cp_comm_hidden() -> contextlib.AbstractContextManager:
+    """Before issue 27: context parallelism's K/V exchange wholly hidden behind the attention (no
+    ring step's send, all-gather, reduce-scatter or all-to-all exposed: ``stages.context_comm``)."""
+    return _stages_function("context_comm", lambda *args, **kwargs: (0.0, 0.0))
+
+
+def _ideal_async_tp() -> contextlib.AbstractContextManager:
+    """PyTorch's async TP as its name promises: every TP collective of a layer hidden and its
+    GEMMs whole, instead of as torch runs it (``prediction.async_tp``: 1/tp-row GEMMs, symmetric-
+    memory copies and barriers, the backward reduce-scatter left to NCCL)."""
+    return _stages_function("async_tp_layer", lambda ops, fwd, bwd, weight, tp, cm, comm: (fwd, bwd, 0.0, 0.0))
+
+
+def _async_tp_on(mapping: Mapping) -> Mapping:
+    """async TP stated on where torch would fuse anything (framework fsdp, tp > 1, sequence
+    parallelism, no Transformer Engine overlap); torchtitan 0.3 ships it off."""
+    plan = resolve_job(mapping).parallel
+    if plan.framework.value != "fsdp" or plan.tp < 2 or not plan.sequence_parallel or plan.tp_comm_overlap:
+        return mapping
+    out = copy.deepcopy(mapping)
+    out["parallel"]["async_tp"] = True
+    return out
+
+
+def _no_power_cap(mapping: Mapping) -> Mapping:
+    """The cluster's stated ``power_cap_w`` removed: the GPUs at their board's TDP."""
+    if not isinstance(mapping.get("cluster"), dict) or "power_cap_w" not in mapping["cluster"]:
+        return mapping
+    out = copy.deepcopy(mapping)
+    out["cluster"].pop("power_cap_w")
+    return out
+
+
+def _delayed_scaling(mapping: Mapping) -> Mapping:
+    """An FP8 job's current / rowwise / MXFP8 recipe (stated or its preset's) replaced by
+    Transformer Engine's delayed scaling: that recipe's casts, amaxes and scales instead
+    (``inventory.fp8``); NVFP4, a different GEMM format, kept."""
+    recipe = resolve_job(mapping).parallel.fp8_recipe
+    if recipe in (None, FP8Recipe.DELAYED, FP8Recipe.NVFP4):
+        return mapping
+    out = copy.deepcopy(mapping)
+    out["parallel"]["fp8_recipe"] = FP8Recipe.DELAYED.value
+    return out
+
+
 def _megatron_dropout(mapping: Mapping) -> Mapping:
     """MLPerf v3.0's runs with Megatron-LM's GPT dropout of 0.1 (their config states 0.0)."""
     if (mapping.get("parallel") or {}).get("framework") != "nemo-mlperf-3.0":
@@ -343,6 +411,15 @@ SWITCHES: dict[str, tuple[Callable[[Mapping], Mapping], Callable[[], contextlib.
     "attention held at the power limit (H100; burst rate instead)": (_attention_burst, contextlib.nullcontext),
     "cuDNN attention priced by its tiles (H100; its FLOP curve instead)": (_attention_flops_curve,
                                                                           contextlib.nullcontext),
+    "context-parallel communication as the frameworks run it (ring p2p sends, all-gathers, a2a exposed;"
+    " all hidden instead)": (_same, _cp_comm_hidden),
+    "async TP as torch runs it (1/tp-row GEMMs, copies, barriers, unfused backward reduce-scatter;"
+    " every TP collective hidden instead)": (_same, _ideal_async_tp),
+    "no async TP (torchtitan 0.3's default; on instead where FSDP runs tp > 1 with sequence parallelism)": (
+        _async_tp_on, contextlib.nullcontext),
+    "a cluster's stated power cap (power_cap_w; the board's TDP instead)": (_no_power_cap, contextlib.nullcontext),
+    "FP8 recipe's casts, amaxes and scales as stated (current / rowwise / MXFP8; delayed scaling instead)": (
+        _delayed_scaling, contextlib.nullcontext),
 }
 
 
@@ -356,13 +433,20 @@ def _group(run: dict) -> str:
     return {"mlperf": "MLPerf H100 FP8", "torchtitan": "torchtitan A100"}.get(source, source)
 
 
-def _errors(runs, to_mapping, measured, change, context) -> dict[str, list[float]]:
-    groups: dict[str, list[float]] = {}
+def _errors(runs, to_mapping, measured, change, context) -> dict[str, dict[str, float]]:
+    """Per column, each run's signed error by its id."""
+    groups: dict[str, dict[str, float]] = {}
     with context():
         for run in runs:
             job = resolve_job(change(to_mapping(run)))
-            groups.setdefault(_group(run), []).append(predict(job).iteration_s / measured(run) - 1.0)
+            groups.setdefault(_group(run), {})[str(run["id"])] = predict(job).iteration_s / measured(run) - 1.0
     return groups
+
+
+def _moved_runs(groups: dict[str, dict[str, float]], shipped: dict[str, dict[str, float]]) -> list[str]:
+    """'id: shipped -> switched %' for each run whose error the row changes."""
+    return [f"{run} {100 * shipped[column][run]:+.1f} -> {100 * error:+.1f} %"
+            for column, errors in groups.items() for run, error in errors.items() if error != shipped[column][run]]
 
 
 def _predictable(runs: list[dict]) -> list[dict]:
@@ -387,7 +471,7 @@ def main() -> None:
     ]
     rows = []
     for name, (change, context) in SWITCHES.items():
-        groups: dict[str, list[float]] = {}
+        groups: dict[str, dict[str, float]] = {}
         for runs, to_mapping, measured in sets:
             groups.update(_errors(runs, to_mapping, measured, change, context))
         rows.append((name, groups))
@@ -397,10 +481,23 @@ def main() -> None:
     print()
     print("| switched off | " + " | ".join(columns) + " | all dense |")
     print("|---|" + "---|" * (len(columns) + 1))
+    lines = []
     for name, groups in rows:
-        every = [abs(e) for column, errors in groups.items() if column != "MoE" for e in errors]
-        cells = [f"{100 * statistics.median(groups[c]):+.1f}" for c in columns]
-        print(f"| {name} | " + " | ".join(cells) + f" | {100 * statistics.median(every):.1f} |")
+        every = [abs(e) for column, errors in groups.items() if column != "MoE" for e in errors.values()]
+        cells = [f"{100 * statistics.median(groups[c].values()):+.1f}" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {100 * statistics.median(every):.1f} |")
+    print("\n".join(lines))
+    shipped, shipped_cells = rows[0][1], lines[0].split(" | ")[1:]
+    unmoved = [name for name, groups in rows[1:] if not _moved_runs(groups, shipped)]
+    hidden = [(name, _moved_runs(groups, shipped)) for (name, groups), line in zip(rows[1:], lines[1:], strict=True)
+              if name not in unmoved and line.split(" | ")[1:] == shipped_cells]
+    if unmoved:
+        print()
+        print("Rows that move no run (no development run exercises the effect, so this table cannot show it): "
+              + "; ".join(unmoved))
+    for name, moved in hidden:
+        print()
+        print(f"Row '{name}' moves no median, only: " + "; ".join(moved))
 
 
 if __name__ == "__main__":
