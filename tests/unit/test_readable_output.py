@@ -144,9 +144,23 @@ def test_explain_names_every_operator_beside_its_model(width):
 
     pred = paraplan.predict("examples/llama-3-70b-dgx-h100-tp8-pp4.yaml")
     text = cli(width, "predict", "examples/llama-3-70b-dgx-h100-tp8-pp4.yaml", "--explain").stdout
-    lines = text.splitlines()
+    rows = _rows(text)
     for op in pred.layer_ops:
-        assert any(op.name in line and op.source in line for line in lines), op
+        assert any(row.startswith(op.name + " ") and " ".join(op.source.split()) in row for row in rows), op
+
+
+def _rows(text: str) -> list[str]:
+    """Each table row with its wrapped cells' continuation lines (first cell blank) joined on,
+    box lines dropped: a long model text (a ``fwd: ...; bwd: ...`` pair) wraps in its cell."""
+    rows: list[str] = []
+    for line in text.splitlines():
+        cells = line.replace("│", " ")
+        first = line.split("│")[1] if line.startswith("│") else line[:2]
+        if rows and cells.strip() and not first.strip():
+            rows[-1] += " " + cells.strip()
+        else:
+            rows.append(cells.strip())
+    return [" ".join(row.split()) for row in rows]
 
 
 def test_heterogeneous_stages_table_keeps_every_number():

@@ -95,7 +95,10 @@ def test_tp16_on_gb200_nvl72_spends_less_on_tp_communication_than_the_same_gpus_
 def test_tp16_is_faster_on_64_gb200_in_a_rack_than_on_64_b200_in_dgx_nodes():
     rack = predict(_job(load_cluster("gb200-nvl72", num_nodes=16), "gpt3-175b", tp=16, pp=4))
     dgx = predict(_job(load_cluster("dgx-b200", num_nodes=8), "gpt3-175b", tp=16, pp=4))
-    assert rack.breakdown.tp_communication_s < 0.5 * dgx.breakdown.tp_communication_s
+    # TP on the rack's NVLink, priced at XLA's measured GB200 points for 16 GPUs (a 48 MiB
+    # all-gather 151 us, 311 GB/s bus), against two DGX nodes' NICs (275 us): 2.02 s against
+    # 3.84 s. Not under half any more: the fitted curve alone (114 us a call) said 1.44 s.
+    assert rack.breakdown.tp_communication_s < dgx.breakdown.tp_communication_s
     assert rack.iteration_s < dgx.iteration_s
 
 

@@ -103,8 +103,13 @@ def test_fp8_casts_each_separate_gemm_s_input_as_fp8_prices_it():
 
 
 def test_separate_projections_predict_slower_than_fused_ones():
-    fused = _job("torchtitan-0.1", model={"qkv_fusion": True, "gate_up_fusion": True})
-    assert predict(_job("torchtitan-0.1")).iteration_s > predict(fused).iteration_s
+    # the SwiGLU held to one fused kernel on both sides: eager silu*mul (torchtitan-0.1's own
+    # setting) on a fused gate/up output reads its chunked halves with strided kernels, measured
+    # slower on H100 than separate outputs' vectorized ones (inventory/kernel_mixes.py), which is
+    # the activation's layout, not the projections
+    swiglu = {"swiglu_fusion": True}
+    fused = _job("torchtitan-0.1", model={"qkv_fusion": True, "gate_up_fusion": True, **swiglu})
+    assert predict(_job("torchtitan-0.1", model=swiglu)).iteration_s > predict(fused).iteration_s
 
 
 @settings(max_examples=60, deadline=None)

@@ -33,15 +33,20 @@ def test_a_small_call_inside_an_h100_node_takes_the_measured_small_call_time_of_
 
 
 def test_between_the_small_calls_and_the_fitted_sizes_the_time_runs_straight_to_the_curve():
+    """To the time of a call of the fitted size: XLA's measured point there where the group has
+    points (H100's all-gather of 4: 1 MiB measured), else the fitted curve."""
     cluster = load_cluster("dgx-h100")
     curve = cluster.intra_node.collectives["all_gather"]
     lay, moved = GroupLayout(4, 1, 4), 3 / 4
-    at_fit = moved * curve.fit_bytes / curve.bus_for(4, curve.fit_bytes)
     mid = (SMALL_BYTES + curve.fit_bytes) / 2
+    measured = curve.points[4][curve.fit_bytes]
     assert estimate_collective_s(_call(CollectiveKind.ALL_GATHER, mid), lay, cluster) == pytest.approx(
-        (curve.small_s[4] + at_fit) / 2)
-    assert estimate_collective_s(_call(CollectiveKind.ALL_GATHER, curve.fit_bytes), lay, cluster) == \
-        pytest.approx(at_fit)
+        (curve.small_s[4] + measured) / 2)
+    assert estimate_collective_s(_call(CollectiveKind.ALL_GATHER, curve.fit_bytes), lay, cluster) == measured
+    unpointed = curve.model_copy(update={"points": {}})
+    on_curve = moved * curve.fit_bytes / curve.bus_for(4, curve.fit_bytes)
+    assert unpointed.seconds(4, mid, moved * mid) == pytest.approx((curve.small_s[4] + on_curve) / 2)
+    assert unpointed.seconds(4, curve.fit_bytes, moved * curve.fit_bytes) == pytest.approx(on_curve)
 
 
 def test_below_every_measured_group_size_a_small_call_takes_nccls_ll_model():
