@@ -214,8 +214,7 @@ def _all_to_all_across_nodes_s(size: float, layout: GroupLayout, cluster: Cluste
     for the n - k peers on other nodes through its own NIC (a ring's trick of sharing the
     node's NICs does not apply: every GPU's off-node bytes are its own), the share for its
     k - 1 node-mates over the node's links, both at the same time; one round of latency (NCCL
-    posts every send and receive of an all-to-all together). DeepEP measures 43-58 GB/s per
-    H800 GPU across nodes for EP 16-64 on 400 Gb/s NICs (its README), the NIC's rate."""
+    posts every send and receive of an all-to-all together)."""
     n, k = layout.size, layout.per_node
     inter, intra = cluster.inter_node, cluster.intra_node
     assert inter is not None
@@ -250,11 +249,14 @@ def dispatch_bytes(coll: Collective, layout: GroupLayout) -> tuple[float, float]
 
 def _flex_dispatch_s(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float:
     """DeepEP's (or HybridEP's) dispatch or combine: the NIC and NVLink shares of
-    ``dispatch_bytes`` at once, one round of latency. The links' rates are those NCCL reaches,
-    which match what DeepEP's normal kernels measure (docs/legacy.md of deepseek-ai/DeepEP, H800,
-    4096 tokens, hidden 7168, top-8 of 4 groups: 153-158 GB/s over NVLink of ~200 GB/s line rate,
-    0.77-0.79, beside NCCL's 0.82 of H100's; 43-58 GB/s 'bottleneck' RDMA bandwidth per
-    400 Gb/s CX7 NIC, the NIC's rate; DeepEP V2 on B200: 726-740 GB/s of 900, 0.81). Its low-
+    ``dispatch_bytes`` at once, one round of latency. Over NVLink the rate is NCCL's, which
+    matches what DeepEP's normal kernels measure (docs/legacy.md of
+    deepseek-ai/DeepEP, H800, 4096 tokens, hidden 7168, top-8 of 4 groups: 153-158 GB/s over
+    NVLink of ~200 GB/s line rate, 0.77-0.79, beside NCCL's 0.82 of H100's; DeepEP V2 on B200:
+    726-740 GB/s of 900, 0.81). Through the NIC the kernels reach less than NCCL: the link's
+    ``dispatch_efficiency`` where a cluster states it (its 'RDMA bottleneck bandwidth', 58 GB/s
+    at EP 32, counts a token once per node it reaches, its own node included, which no NIC
+    carries: 3/4 of it, 43.5 GB/s, crossed the 400 Gb/s CX7 NIC, 0.87 of its 50 GB/s). Its low-
     latency kernels (pure RDMA, 77-194 us per dispatch at EP 8-256 for 128 tokens) serve
     inference decoding; Megatron-Core's flex dispatcher trains with the normal kernels."""
     intra, inter = cluster.intra_node, cluster.inter_node
@@ -262,7 +264,7 @@ def _flex_dispatch_s(coll: Collective, layout: GroupLayout, cluster: ClusterSpec
     t_nic = 0.0
     if nic > 0.0:
         assert inter is not None
-        t_nic = nic / inter.bus_bytes_per_s
+        t_nic = nic / inter.dispatch_bytes_per_s
     t_nvl = 0.0
     if nvlink > 0.0 and intra is not None:
         t_nvl = nvlink / _intra_bus(intra, layout.per_node, cluster.gpus_per_node)

@@ -351,7 +351,9 @@ class LinkSpec(BaseModel):
     ``bandwidth`` is the unidirectional bandwidth per GPU (for inter-node links: the node's
     NIC bandwidth divided by its GPUs); ``efficiency`` is the fraction of it a large NCCL
     collective reaches as bus bandwidth (NCCL's busBw convention), ``p2p_efficiency`` the
-    fraction one send/recv reaches (defaults to ``efficiency``). ``topology`` says how an
+    fraction one send/recv reaches (defaults to ``efficiency``), ``dispatch_efficiency`` the
+    fraction an expert-parallel dispatch or combine of DeepEP's normal kernels reaches on it
+    (Megatron-Core's flex dispatcher; defaults to ``efficiency``). ``topology`` says how an
     intra-node link is shared: ``switch`` (NVSwitch: every GPU reaches any peer at full
     bandwidth) or ``mesh`` (direct links: a GPU's bandwidth is split evenly over its peers,
     so a group of k GPUs in a node of n uses (k-1)/(n-1) of it).
@@ -364,6 +366,7 @@ class LinkSpec(BaseModel):
     latency_s: Seconds = Field(default=5e-6, validation_alias=AliasChoices("latency_s", "latency"))
     efficiency: Fraction = 0.8
     p2p_efficiency: Fraction | None = None
+    dispatch_efficiency: Fraction | None = None
     topology: Literal["switch", "mesh"] = "switch"
     source: str | None = None  # where the efficiency was measured (None: a generic guess)
     # measured curves that replace ``efficiency`` (``p2p_efficiency`` and ``latency_s`` for
@@ -382,6 +385,11 @@ class LinkSpec(BaseModel):
     def p2p_bytes_per_s(self) -> float:
         """What one large send/recv between two GPUs reaches."""
         return self.bandwidth_bytes_per_s * (self.p2p_efficiency or self.efficiency)
+
+    @property
+    def dispatch_bytes_per_s(self) -> float:
+        """What DeepEP's (or HybridEP's) dispatch and combine kernels reach through it per GPU."""
+        return self.bandwidth_bytes_per_s * (self.dispatch_efficiency or self.efficiency)
 
 
 class HostSpec(BaseModel):
