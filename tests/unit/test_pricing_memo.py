@@ -42,11 +42,11 @@ def test_calls_differing_only_in_name_dimension_phase_or_count_share_one_memo_en
     layout = GroupLayout(8, 1, 8)
     pricer(Collective("a", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 1.0e6, Phase.FWD), layout)
     pricer(Collective("b", CollectiveKind.ALL_REDUCE, ParallelDim.DP, 1.0e6, Phase.BWD_INPUT, count=3), layout)
-    assert len(pricer.seconds) == 1
+    assert len(pricer.priced) == 1
     pricer(Collective("a", CollectiveKind.ALL_GATHER, ParallelDim.TP, 1.0e6, Phase.FWD), layout)
     pricer(Collective("a", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 2.0e6, Phase.FWD), layout)
     pricer(Collective("a", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 1.0e6, Phase.FWD), GroupLayout(8, 2, 4))
-    assert len(pricer.seconds) == 4
+    assert len(pricer.priced) == 4
 
 
 def test_cost_models_of_one_cluster_share_its_pricer_and_an_equal_copy_gets_its_own():
@@ -67,7 +67,7 @@ def test_a_pickled_cost_model_prices_alike_without_its_memo():
     layout = GroupLayout(16, 2, 8)
     before = cm.estimate_collective_s(coll, layout)
     copy = pickle.loads(pickle.dumps(cm))
-    assert copy._collective.seconds == {}
+    assert copy._collective.priced == {}
     assert copy.estimate_collective_s(coll, layout) == before
 
 

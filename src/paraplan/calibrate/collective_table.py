@@ -15,6 +15,9 @@ All-to-all is fitted the same way (bus factor (n-1)/n). The collective-permute r
 half swap, mutual pairs, a ring: every rank sends its whole message to one peer) are one
 send/recv per rank: they are fitted as a single curve of the pair (group size 2, bus factor 1),
 every pattern pooled (their times scatter by 30-50 % around any size curve, the patterns alike).
+The measured points kept beside a curve are one series per group size (``one_series``: a
+permute's mutual pairs, the job of the most devices), made non-decreasing in size
+(``non_decreasing``, pool-adjacent-violators).
 """
 
 from __future__ import annotations
@@ -98,15 +101,64 @@ def small_call_s(rows: Any, small_bytes: float = SMALL_BYTES) -> dict[int, float
     return {int(n): float(seconds[small.devices_per_group == n].median()) for n in sorted(small.devices_per_group.unique())}
 
 
+PIPELINE_PATTERN = "0>1 1>0"  # a collective-permute's mutual pairs, the pattern a pipeline's send/recv makes
+
+
+def _devices(row: Any) -> int:
+    """The devices of the job that measured ``row``: its replica groups', or its permute pattern's."""
+    if isinstance(row.pattern, str) and row.pattern:
+        return 1 + max(int(rank) for pair in row.pattern.split() for rank in pair.split(">"))
+    return int(row.num_replica_groups * row.devices_per_group)
+
+
+def one_series(rows: Any) -> Any:
+    """The rows of one measured series per group size: XLA's table times each collective in
+    several jobs whose sizes lie on different grids (on a rack, 64 devices at 2^k bytes and 72 at
+    9 x 2^k; groups of 4 and 8 in both), their times up to 1.7x apart at the same size (GB200
+    send/recv: 16 MiB 750 us in one, 18 MiB 432 us in the other), so pooling them makes the time
+    fall with more bytes. Kept: of the collective-permutes the mutual pairs (``0>1 1>0 ...``:
+    a pipeline's 1F1B steady state, where neighbouring stages swap an activation for a gradient
+    in one batched send/recv), then per group size the job of the most devices (the whole NVL72
+    rack, the whole node)."""
+    if rows.empty:
+        return rows
+    mutual = rows.pattern.fillna("").astype(str).str.startswith(PIPELINE_PATTERN)
+    if mutual.any():
+        rows = rows[mutual]
+    devices = rows.apply(_devices, axis=1)
+    largest = devices.groupby(rows.devices_per_group).transform("max")
+    return rows[devices == largest]
+
+
+def non_decreasing(times: list[float]) -> list[float]:
+    """``times`` (in increasing message size) made non-decreasing by pool-adjacent-violators: each
+    run of sizes whose measured times fall is replaced by its mean (the least-squares non-decreasing
+    fit), so that a priced call never takes less time for more bytes."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for t in times:
+        blocks.append([t, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, c1), (m2, c2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(int(c))]
+
+
 def measured_points(rows: Any) -> dict[int, dict[int, float]]:
     """The median seconds of the table ``rows``' calls per group size and message size (nccl-tests'
-    size; a collective-permute's patterns pooled), for the group sizes measured at two sizes or more."""
+    size) of one series (``one_series``), made non-decreasing in size (``non_decreasing``), for
+    the group sizes measured at two sizes or more."""
+    rows = one_series(rows)
     seconds = rows.xla_tensor_bytes / rows.network_throughput_bytes_per_sec
     medians = seconds.groupby([rows.devices_per_group, rows.xla_tensor_bytes]).median()
     points: dict[int, dict[int, float]] = {}
     for (n, size), t in medians.items():
         points.setdefault(int(n), {})[int(size)] = float(t)
-    return {n: dict(sorted(p.items())) for n, p in sorted(points.items()) if len(p) >= 2}
+    out = {}
+    for n, p in sorted(points.items()):
+        if len(p) >= 2:
+            sizes = sorted(p)
+            out[n] = dict(zip(sizes, non_decreasing([p[size] for size in sizes]), strict=True))
+    return out
 
 
 def fit_collective_table(
@@ -165,7 +217,8 @@ def fit_collective_rows(
     source = (f"{source} {gpu_key}, messages >= {min_bytes / 2**20:g} MiB; small_s: the median call of "
               f"<= {SMALL_BYTES / 2**10:g} KiB"
               + ("; points" + ("" if set(pointed) == set(_OPCODES) else " (" + ", ".join(pointed) + ")")
-                 + ": the median call per size, log-log between sizes, extrapolated along the curve beyond the last"
+                 + ": the median call per size of one series (permutes: mutual pairs; the job of the most devices), "
+                 "non-decreasing (pool-adjacent-violators), log-log between sizes, extrapolated along the curve beyond the last"
                  if pointed else ""))
     return CollectiveTableFit(gpu_key, tuple(fits), source)
 

@@ -105,7 +105,24 @@ def _nccl_ll_s(coll: Collective, layout: GroupLayout, moved: float, bus: float) 
 
 
 def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float:
-    """Seconds for one call of ``coll`` on a group laid out as ``layout``.
+    """Seconds for one call of ``coll`` on a group laid out as ``layout`` (``priced_collective``'s time)."""
+    return priced_collective(coll, layout, cluster)[0]
+
+
+# what priced a collective (``priced_collective``): the explain tables' "model" column
+MEASURED, CURVE, LL, ALPHA_BETA = "measured", "fitted curve", "NCCL LL", "alpha-beta"
+
+
+def _curve_label(curve, group: int, size: float) -> str:
+    """``MEASURED`` where ``curve`` priced a call from measured times (its points, or a small call's
+    measured time below the fitted sizes), else ``CURVE``."""
+    return MEASURED if group in curve.points or size < curve.fit_bytes else CURVE
+
+
+def priced_collective(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> tuple[float, str]:
+    """(seconds, what priced it) for one call of ``coll`` on a group laid out as ``layout``: the
+    seconds of ``estimate_collective_s``, priced by ``MEASURED`` times, a ``CURVE``, NCCL's ``LL``
+    model, the ``ALPHA_BETA`` link, or DeepEP's / HybridEP's own model.
 
     Inside a node with a measured curve for the kind: the curve, and for messages below its
     fitted sizes the measured small-call time of the group size (a send/recv: the pair's curve,
@@ -116,28 +133,28 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
     modelled time: no tiny collective pays 2(n-1) whole link latencies."""
     n = layout.size
     if n <= 1 or coll.bytes <= 0.0:
-        return 0.0
+        return 0.0, ALPHA_BETA
     intra, inter = cluster.intra_node, cluster.inter_node
     if coll.kind is CollectiveKind.SEND_RECV:
         pair = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
         measured = None if pair is None else pair.seconds(2, coll.bytes, coll.bytes)
         if measured is not None:
-            return measured  # the pair's measured curve (XLA's collective-permutes) inside a node
-        return link_p2p_s(coll.bytes, layout, cluster)
+            return measured, _curve_label(pair, 2, coll.bytes)  # the pair's curve (XLA's permutes) in a node
+        return link_p2p_s(coll.bytes, layout, cluster), ALPHA_BETA
     if coll.routing is not None and coll.kind is CollectiveKind.ALL_TO_ALL:
-        return _flex_dispatch_s(coll, layout, cluster)
+        return _flex_dispatch_s(coll, layout, cluster), "HybridEP" if coll.routing.backend == "hybridep" else "DeepEP"
     moved = bus_factor(coll.kind, n) * coll.bytes
     steps = 2 * (n - 1) if coll.kind is CollectiveKind.ALL_REDUCE else n - 1
     curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
     if curve is not None:
         measured = curve.seconds(n, coll.bytes, moved)
         if measured is not None:
-            return measured
+            return measured, _curve_label(curve, n, coll.bytes)
         ll = _nccl_ll_s(coll, layout, moved, curve.peak_for(n))
         t = moved / curve.bus_for(n, coll.bytes)
-        return t if ll is None else min(t, ll)
+        return (t, CURVE) if ll is None or t <= ll else (ll, LL)
     if layout.crosses_nodes and coll.kind is CollectiveKind.ALL_TO_ALL:
-        return _all_to_all_across_nodes_s(coll.bytes, layout, cluster)
+        return _all_to_all_across_nodes_s(coll.bytes, layout, cluster), ALPHA_BETA
     if layout.crosses_nodes:
         assert inter is not None
         bus = layout.per_node * inter.bus_bytes_per_s
@@ -150,7 +167,7 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
         latency = intra.latency_s
     t = steps * latency + moved / bus
     ll = _nccl_ll_s(coll, layout, moved, bus)
-    return t if ll is None else min(t, ll)
+    return (t, ALPHA_BETA) if ll is None or t <= ll else (ll, LL)
 
 
 def beyond_measured(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float | None:
@@ -171,26 +188,35 @@ def beyond_measured(coll: Collective, layout: GroupLayout, cluster: ClusterSpec)
 
 
 class CollectivePricer:
-    """``estimate_collective_s`` on one cluster, each (kind, bytes, routing, group layout) priced
+    """``priced_collective`` on one cluster, each (kind, bytes, routing, group layout) priced
     once: the only parts of a call its time depends on (not its name, dimension, phase or count),
-    so a repeated shape gets the same float. Shared by every cost model of the cluster
-    (``shared.one_per``); pickles without its memo, which the receiving process rebuilds."""
+    so a repeated shape gets the same float, and the same label of what priced it (``source``).
+    Shared by every cost model of the cluster (``shared.one_per``); pickles without its memo,
+    which the receiving process rebuilds."""
 
-    __slots__ = ("cluster", "seconds")
+    __slots__ = ("cluster", "priced")
     LIMIT = 2048  # shapes kept at most: all are dropped past it
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
-        self.seconds: dict[tuple, float] = {}
+        self.priced: dict[tuple, tuple[float, str]] = {}
+
+    def _priced(self, coll: Collective, layout: GroupLayout) -> tuple[float, str]:
+        key = (coll.kind, coll.bytes, coll.routing, layout.size, layout.nodes, layout.per_node)
+        priced = self.priced.get(key)
+        if priced is None:
+            if len(self.priced) >= self.LIMIT:
+                self.priced.clear()
+            priced = self.priced[key] = priced_collective(coll, layout, self.cluster)
+        return priced
 
     def __call__(self, coll: Collective, layout: GroupLayout) -> float:
-        key = (coll.kind, coll.bytes, coll.routing, layout.size, layout.nodes, layout.per_node)
-        t = self.seconds.get(key)
-        if t is None:
-            if len(self.seconds) >= self.LIMIT:
-                self.seconds.clear()
-            t = self.seconds[key] = estimate_collective_s(coll, layout, self.cluster)
-        return t
+        priced = self.priced.get((coll.kind, coll.bytes, coll.routing, layout.size, layout.nodes, layout.per_node))
+        return (priced or self._priced(coll, layout))[0]  # a hit without a second call
+
+    def source(self, coll: Collective, layout: GroupLayout) -> str:
+        """What priced ``coll`` on ``layout`` (``priced_collective``'s label), from the same memo."""
+        return self._priced(coll, layout)[1]
 
     def __reduce__(self):
         return (CollectivePricer, (self.cluster,))

@@ -37,6 +37,7 @@ class LearnedCostModel:
     """Seconds from fitted residual regressors, falling back per operator to the roofline."""
 
     name = "learned"
+    prices_collectives_itself = True  # its regressors: no note of calls beyond the measured points
 
     def __init__(
         self,
@@ -165,6 +166,7 @@ class LearnedCostModel:
     def collective_source(self, coll: Collective, layout: GroupLayout) -> str:
         model = self._collective_model(coll, layout)
         if model is None:
-            return f"alpha-beta (no regressor for {coll.kind.value} on {self.cluster.name})"
+            base = self.analytical.collective_source(coll, layout)
+            return f"{base} (no regressor for {coll.kind.value} on {self.cluster.name})"
         X = np.array([collective_features(coll, layout, self.analytical.estimate_collective_s(coll, layout))])
         return f"learned ({model.algorithm}{', outside sampled range' if model.outside_range(X)[0] else ''})"

@@ -347,6 +347,11 @@ class AnalyticalCostModel:
         priced once (``CollectivePricer``)."""
         return self._collective(coll, layout)
 
+    def collective_source(self, coll: Collective, layout: GroupLayout) -> str:
+        """What priced ``coll`` (measured times, a fitted curve, NCCL's LL model, alpha-beta,
+        DeepEP's model): the label ``CollectivePricer`` memoises with its time."""
+        return self._collective.source(coll, layout)
+
     def source_of(self, op: Op, phase: Phase) -> str:
         if op.kind in SCAN_KINDS:
             return scan_source(op)

@@ -408,7 +408,7 @@ class CommCosts:
         """One note per collective kind with a call beyond the sizes the intra-node curve measured
         on its group (``costmodel.collectives.beyond_measured``), naming the largest of those
         measured sizes; none where the cost model prices collectives its own way (a learned one's source says it)."""
-        if hasattr(self.cm, "collective_source"):
+        if getattr(self.cm, "prices_collectives_itself", False):
             return ()
         cluster = self.cm.cluster
         if cluster.intra_node is None:

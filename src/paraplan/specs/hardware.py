@@ -265,7 +265,8 @@ class CollectiveCurve(BaseModel):
     cannot follow a regime change, such as XLA's collective-permutes reaching 292 GB/s from
     256 MiB on H100 after 110-120 GB/s up to 64 MiB); beyond the last measured size it is
     extrapolated along the fitted curve from that last point (``extrapolated``), below the first
-    one the curve."""
+    one carried back along it from the first point; the points are non-decreasing in size
+    (``calibrate.collective_table.non_decreasing``), so a call never costs less for more bytes."""
 
     model_config = _FROZEN
     bus_bytes_per_s: dict[int, Bandwidth]
@@ -292,16 +293,17 @@ class CollectiveCurve(BaseModel):
     def measured_s(self, group: int, size_bytes: float) -> float | None:
         """Seconds of a ``size_bytes`` call on ``group`` from its measured ``points``: log-log
         between the two measured sizes around it, beyond the last one the last point carried
-        along the fitted curve (time x (S + S_1/2) / (S_last + S_1/2)); None for a group without
-        points or below its first measured size."""
+        along the fitted curve (time x (S + S_1/2) / (S_last + S_1/2)), below the first one the first
+        carried back along it alike (a series whose grid starts above ``fit_bytes``, 9 x 2^k bytes);
+        None for a group without points."""
         by_size = self.points.get(group)
         if by_size is None:
             return None
         below = None
         for size, t in by_size.items():
             if size >= size_bytes:
-                if below is None:
-                    return t if size == size_bytes else None
+                if below is None:  # below the first: that point carried back along the curve
+                    return t if size == size_bytes else t * (size_bytes + self.half_bytes) / (size + self.half_bytes)
                 s0, t0 = below
                 share = math.log(size_bytes / s0) / math.log(size / s0)
                 return t0 * (t / t0) ** share
