@@ -275,7 +275,8 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
     if (p.get("ep") or 1) > 1 or p.get("etp"):
         parallel["expert_model_parallel_size"] = p.get("ep") or 1
         parallel["expert_tensor_parallel_size"] = p.get("etp") or p["tp"]
-        assumed.append("expert load perfectly balanced (the record gives no imbalance)")
+        if not p.get("moe_router_force_load_balancing"):  # forced balance is stated, not assumed
+            assumed.append(_expert_balance(p))
     if p.get("moe_a2a_overlap") and p["pp"] > 1 and not parallel["vpp"]:
         # Megatron-Core pairs the all-to-alls only with pp 1 or interleaving; a record overlapping
         # them at pp > 1 without it ran another schedule (DeepSeek-V3's DualPipe)
@@ -303,6 +304,18 @@ def _parallel(run: dict[str, Any], preset: Preset | None, assumed: list[str]) ->
                               precision=_precision(str(run["precision"])))
         assumed.extend(f"{k} {_shown(v)} ({preset.id}'s default)" for k, v in use.taken.items())
     return parallel
+
+
+def _expert_balance(p: dict[str, Any]) -> str:
+    """The assumption behind pricing the experts' load as balanced (``expert_load_imbalance``
+    1.0) for a run not launched with Megatron-Core's --moe-router-force-load-balancing (a record
+    stating ``parallel.moe_router_force_load_balancing: true`` needs none); said against the
+    source where the record states false (its own router, dropless: the busiest rank's load not
+    published)."""
+    if p.get("moe_router_force_load_balancing") is False:
+        return ("expert load perfectly balanced, although the run routed with its own router (no "
+                "--moe-router-force-load-balancing): its busiest rank's load is not published")
+    return "expert load perfectly balanced (the record gives no imbalance)"
 
 
 def _grad_reduce(run: dict[str, Any], engine: str, words: str, parallel: dict[str, Any], assumed: list[str]) -> None:
