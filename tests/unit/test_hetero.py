@@ -116,6 +116,32 @@ def test_a_cluster_of_one_node_group_predicts_exactly_as_the_homogeneous_job():
     assert a.placement is None
 
 
+_NOTED_JOBS = {
+    # the gradient all-reduce of 8 GPUs past the largest measured size; graphs on a dense model
+    "dense": {"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+              "parallel": {"tp": 1, "micro_batch_size": 1, "global_batch_size": 8, "cuda_graph_scope": ["attn"]}},
+    # the experts, the host's launches, the queued gap, an unused userbuffers file, straddling groups
+    "moe": {"model": "qwen3-30b-a3b", "cluster": {"name": "gb200-nvl72", "num_nodes": 32},
+            "parallel": {"tp": 1, "pp": 2, "dp": 64, "ep": 8, "micro_batch_size": 1, "global_batch_size": 128,
+                         "queued_kernel_gap": True, "moe_host_sync": True,
+                         "tp_comm_overlap_cfg": "mlperf-3.0-h100tp4pp8mbs1"}},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_NOTED_JOBS))
+def test_a_cluster_of_one_node_group_carries_the_same_notes_as_the_homogeneous_job(kind):
+    from paraplan.catalog import resolve_job
+
+    homogeneous = resolve_job(_NOTED_JOBS[kind])
+    job = HeteroJob(model=homogeneous.model, cluster=HeteroClusterSpec(node_groups=(homogeneous.cluster,)),
+                    parallel=homogeneous.parallel)
+    a, b = predict_hetero(job), predict(homogeneous)
+    assert len(b.uncalibrated) >= 3
+    assert a.uncalibrated == b.uncalibrated
+    assert a.placement_notes == b.placement_notes
+    assert (kind == "moe") == bool(b.placement_notes)
+
+
 def test_each_stage_runs_on_the_gpus_its_ranks_land_on_in_node_order():
     a100_last = gpt2xl_job((1,) * 7 + (0,))
     assert a100_last.stage_groups() == ((1,),) * 7 + ((0,),)

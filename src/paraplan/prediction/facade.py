@@ -10,21 +10,11 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from paraplan.costmodel import (
-    AnalyticalCostModel,
-    CostModel,
-    attention_kernel_gaps,
-    calibration_gaps,
-    expert_gaps,
-    link_gaps,
-    power_gaps,
-    queued_gap_notes,
-)
-from paraplan.inventory import JobInventory, Op, StageInventory, count_job
-from paraplan.inventory.placement import straddle_notes
-from paraplan.prediction.host_sync import cuda_graph_notes, host_sync_notes
+from paraplan.costmodel import AnalyticalCostModel, CostModel
+from paraplan.inventory import JobInventory, StageInventory, count_job
 from paraplan.prediction.memory import estimate_memory
 from paraplan.prediction.offload import offload_notes
+from paraplan.prediction.plan_notes import plan_notes
 from paraplan.prediction.result import (
     Breakdown,
     CollectiveEstimate,
@@ -36,7 +26,6 @@ from paraplan.prediction.result import (
 )
 from paraplan.prediction.sanity import check_breakdown, check_iteration, check_possible
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
-from paraplan.prediction.userbuffers import unused_cfg_notes
 from paraplan.schedule import (
     PipelineResult,
     deepspeed_free_sends_finish,
@@ -62,23 +51,11 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     timings = tuple(stage_timing(inv, st, cm, comm, layers) for st in inv.stages)
     crit_explain = functools.partial(explain_layer, inv, cm=cm, comm=comm, layers=layers)
     peak = job.cluster.gpu.flops_for(job.precision) * job.cluster.num_gpus
-    gaps = calibration_gaps(job.cluster.gpu, job.precision, all_ops(inv)) + link_gaps(job.cluster)
-    gaps += power_gaps(job.cluster, job.precision)
-    gaps += expert_gaps(job)
-    gaps += attention_kernel_gaps(job)
-    gaps += host_sync_notes(job) + cuda_graph_notes(job) + unused_cfg_notes(job) + comm.extrapolated_notes(inv)
-    gaps += queued_gap_notes(job)
-    straddles = straddle_notes(job.parallel, job.cluster.domain_size, job.cluster.num_gpus, job.model.is_moe)
+    notes = plan_notes(job, comm, inv)
     return assemble_prediction(
-        job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline, uncalibrated=gaps,
-        placement_notes=straddles,
+        job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline,
+        uncalibrated=notes.uncalibrated, placement_notes=notes.placement,
     )
-
-
-def all_ops(inv: JobInventory) -> list[Op]:
-    """Every distinct operator the job runs (each stage's layer, ends and optimizer)."""
-    ops = {id(op): op for st in inv.stages for op in (*(o for b in st.blocks for o in b.ops), *st.end_ops, st.optimizer)}
-    return list(ops.values())
 
 
 def assemble_prediction(

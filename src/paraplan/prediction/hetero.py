@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
-from paraplan.costmodel import AnalyticalCostModel, attention_kernel_gaps, calibration_gaps, link_gaps
+from paraplan.costmodel import AnalyticalCostModel
 from paraplan.inventory import count_job
-from paraplan.prediction.facade import all_ops, assemble_prediction
-from paraplan.prediction.host_sync import cuda_graph_notes
+from paraplan.prediction.facade import assemble_prediction
+from paraplan.prediction.plan_notes import plan_notes
 from paraplan.prediction.result import Placement, Prediction
 from paraplan.prediction.stages import CommCosts, explain_layer, layer_costs, stage_timing
-from paraplan.prediction.userbuffers import unused_cfg_notes
 from paraplan.specs import HeteroJob
 
 
@@ -77,17 +77,16 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
         slowest_group.append((groups[i], mixed))
         timings.append(dataclasses.replace(options[i], p2p_s=p2p if pp > 1 else 0.0, p2p_mask_s=mask))
     peak = sum(g.gpu.flops_for(job.precision) * g.num_gpus for g in job.cluster.node_groups)
-    ops = all_ops(inv)
-    groups = range(len(job.cluster.node_groups))
-    gaps = tuple(dict.fromkeys(
-        [n for g in job.cluster.node_groups for n in calibration_gaps(g.gpu, job.precision, ops)]
-        + [n for g in groups for n in link_gaps(job.cluster.view(g, len(groups) > 1))]
-        + list(attention_kernel_gaps(job)) + list(cuda_graph_notes(job)) + list(unused_cfg_notes(job))
+    # the same notes as a homogeneous job's, said for every group's view the stages are costed on
+    notes = functools.reduce(operator.add, (
+        plan_notes(job.view_job(g).model_copy(update={"cluster": cost["cm"].cluster}), cost["comm"], inv)
+        for (g, _), cost in costs.items()
     ))
     return assemble_prediction(
         job.view_job(stage_groups[0][0]), inv, tuple(timings), "analytical", peak,
         functools.partial(_explain, inv, costs, slowest_group),
         keep_timeline=keep_timeline,
         placement=placement_of(job) if len(job.cluster.node_groups) > 1 else None,
-        uncalibrated=gaps,
+        uncalibrated=notes.uncalibrated,
+        placement_notes=notes.placement,
     )
