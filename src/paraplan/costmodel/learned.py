@@ -45,8 +45,11 @@ class LearnedCostModel:
         precision: Precision,
         models: dict[str, Any],
         fingerprints: dict[str, str] | None = None,
+        plan: Any = None,
     ) -> None:
-        self.analytical = AnalyticalCostModel(cluster, precision)
+        # the roofline it falls back to, with the plan's kernel settings (``AnalyticalCostModel.of_plan``)
+        self.analytical = (AnalyticalCostModel(cluster, precision) if plan is None
+                           else AnalyticalCostModel.of_plan(cluster, precision, plan))
         self.cluster = cluster
         self.precision = precision
         fingerprints = fingerprints or {}

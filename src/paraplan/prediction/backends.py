@@ -47,4 +47,4 @@ def make_cost_model(job: Job, backend: str, models: ModelSet | None = None) -> C
         raise ConfigError("models: the learned backend needs a models file (paraplan fit ... --out FILE)")
     from paraplan.costmodel.learned import LearnedCostModel
 
-    return LearnedCostModel(job.cluster, job.precision, models.models, models.fingerprints)
+    return LearnedCostModel(job.cluster, job.precision, models.models, models.fingerprints, plan=job.parallel)
