@@ -161,7 +161,8 @@ def test_a_kernel_on_an_unfused_model_is_ignored_and_says_so():
     mapping["model"] = {**load_catalog_entry("models", "llama2-70b"), "attention": "unfused"}
     mapping["model"].pop("aliases", None)
     pred = predict(resolve_job(mapping))
-    assert "parallel.attention_kernel cudnn ignored: the model's attention is unfused" in pred.uncalibrated
+    assert pred.ignored_settings == ("parallel.attention_kernel cudnn: the model's attention is unfused",)
+    assert not any("attention_kernel" in n for n in pred.uncalibrated)
 
 
 def test_turning_the_kernel_off_restores_today_s_numbers_exactly():

@@ -136,8 +136,10 @@ def test_a_cluster_of_one_node_group_carries_the_same_notes_as_the_homogeneous_j
     job = HeteroJob(model=homogeneous.model, cluster=HeteroClusterSpec(node_groups=(homogeneous.cluster,)),
                     parallel=homogeneous.parallel)
     a, b = predict_hetero(job), predict(homogeneous)
-    assert len(b.uncalibrated) >= 3
+    assert len(b.uncalibrated) + len(b.ignored_settings) >= 3
     assert a.uncalibrated == b.uncalibrated
+    assert a.ignored_settings == b.ignored_settings
+    assert b.ignored_settings  # graphs on a dense model; a userbuffers file without the overlap
     assert a.placement_notes == b.placement_notes
     assert (kind == "moe") == bool(b.placement_notes)
 

@@ -179,12 +179,13 @@ def test_the_megatron_export_says_which_userbuffers_file_the_prediction_priced()
 
 
 def _ignored(pred) -> list[str]:
-    return [n for n in pred.uncalibrated if n.startswith("parallel.tp_comm_overlap_cfg")]
+    assert not any("tp_comm_overlap_cfg" in n for n in pred.uncalibrated)  # a setting, not a calibration gap
+    return [n for n in pred.ignored_settings if n.startswith("parallel.tp_comm_overlap_cfg")]
 
 
 def test_a_configuration_the_user_states_without_the_overlap_is_said_to_be_ignored():
     pred = predict(job(tp_comm_overlap=False))
-    assert _ignored(pred) == [f"parallel.tp_comm_overlap_cfg {MLPERF} ignored: Transformer Engine's userbuffers "
+    assert _ignored(pred) == [f"parallel.tp_comm_overlap_cfg {MLPERF}: Transformer Engine's userbuffers "
                               "run only with parallel.tp_comm_overlap true"]
     # priced as no configuration at all, and quiet where the overlap runs it
     assert pred.iteration_s == predict(job(cfg=None, tp_comm_overlap=False)).iteration_s

@@ -3,6 +3,7 @@
 from paraplan.costmodel.base import CostModel
 from paraplan.costmodel.calibration import (
     attention_kernel_gaps,
+    attention_kernel_ignored,
     calibration_gaps,
     expert_gaps,
     link_gaps,
@@ -15,6 +16,7 @@ __all__ = [
     "AnalyticalCostModel",
     "CostModel",
     "attention_kernel_gaps",
+    "attention_kernel_ignored",
     "calibration_gaps",
     "estimate_collective_s",
     "estimate_op_s",

@@ -87,14 +87,12 @@ _KERNEL_NAMES = {"fa1": "FlashAttention-1", "fa2": "FlashAttention-2", "fa3": "F
 
 def attention_kernel_gaps(job: Job | HeteroJob) -> tuple[str, ...]:
     """What the job's ``parallel.attention_kernel`` takes without a measurement: each GPU's own
-    attention curve where the catalog has no curve of that kernel on it (never silently), and
-    the kernel ignored where the model's attention is unfused (no fused kernel runs)."""
+    attention curve where the catalog has no curve of that kernel on it (never silently). Where
+    the model's attention is unfused, ``attention_kernel_ignored`` says the kernel is ignored."""
     kernel = job.parallel.attention_kernel
-    if kernel is None:
+    if kernel is None or job.model.attention != "flash":
         return ()
     name = _KERNEL_NAMES[kernel.value]
-    if job.model.attention != "flash":
-        return (f"parallel.attention_kernel {kernel.value} ignored: the model's attention is unfused",)
     groups = getattr(job.cluster, "node_groups", None)
     gpus = [g.gpu for g in groups] if groups else [job.cluster.gpu]
     return tuple(
@@ -102,6 +100,15 @@ def attention_kernel_gaps(job: Job | HeteroJob) -> tuple[str, ...]:
         f"measurements of it on this GPU; its attention curve ({gpu.efficiency.attention.max_fraction:.0%} "
         "of peak at most) is used"
         for gpu in {g.name: g for g in gpus}.values() if gpu.efficiency.attention_kernel_curve(kernel) is None)
+
+
+def attention_kernel_ignored(job: Job | HeteroJob) -> tuple[str, ...]:
+    """The job's ``parallel.attention_kernel`` ignored, said where the model's attention is
+    unfused (no fused kernel runs): a setting of the plan, not a gap in the calibration."""
+    kernel = job.parallel.attention_kernel
+    if kernel is None or job.model.attention == "flash":
+        return ()
+    return (f"parallel.attention_kernel {kernel.value}: the model's attention is unfused",)
 
 
 def power_gaps(cluster: ClusterSpec, precision: Precision = Precision.BF16) -> tuple[str, ...]:

@@ -54,7 +54,7 @@ def predict(job: Job, cost_model: CostModel | None = None, *, keep_timeline: boo
     notes = plan_notes(job, comm, inv)
     return assemble_prediction(
         job, inv, timings, cm.name, peak, crit_explain, keep_timeline=keep_timeline,
-        uncalibrated=notes.uncalibrated, placement_notes=notes.placement,
+        uncalibrated=notes.uncalibrated, ignored_settings=notes.ignored, placement_notes=notes.placement,
     )
 
 
@@ -69,6 +69,7 @@ def assemble_prediction(
     keep_timeline: bool = False,
     placement: Placement | None = None,
     uncalibrated: tuple[str, ...] = (),
+    ignored_settings: tuple[str, ...] = (),
     placement_notes: tuple[str, ...] = (),
 ) -> Prediction:
     """The iteration from per-stage timings: the pipeline schedule, the critical stage's
@@ -115,6 +116,7 @@ def assemble_prediction(
         pipeline=pipe if keep_timeline else None,
         placement=placement,
         uncalibrated=uncalibrated,
+        ignored_settings=ignored_settings,
         placement_notes=placement_notes,
         _explain=functools.partial(explain, inv.stages[crit]),
     )

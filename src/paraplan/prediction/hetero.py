@@ -88,5 +88,6 @@ def predict_hetero(job: HeteroJob, *, keep_timeline: bool = False) -> Prediction
         keep_timeline=keep_timeline,
         placement=placement_of(job) if len(job.cluster.node_groups) > 1 else None,
         uncalibrated=notes.uncalibrated,
+        ignored_settings=notes.ignored,
         placement_notes=notes.placement,
     )

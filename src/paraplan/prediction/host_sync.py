@@ -89,5 +89,5 @@ def cuda_graph_notes(job) -> tuple[str, ...]:
     scope = job.parallel.cuda_graph_scope
     if not scope or job.model.is_moe:
         return ()
-    return (f"parallel.cuda_graph_scope {' '.join(scope)} ignored: a dense model's kernel launches run ahead of "
+    return (f"parallel.cuda_graph_scope {' '.join(scope)}: a dense model's kernel launches run ahead of "
             "the GPU (no dispatcher sync waits for them), so a graph saves no priced time",)

@@ -236,6 +236,9 @@ class Prediction:
     placement: Placement | None = None
     # kernels timed with generic guesses, not curves measured on the GPU (one note each)
     uncalibrated: tuple[str, ...] = ()
+    # settings the plan states that nothing priced runs (an attention kernel on unfused attention,
+    # CUDA graphs on a dense model, a userbuffers file without the overlap): one note each
+    ignored_settings: tuple[str, ...] = ()
     # where the plan's parallel groups sit on the cluster (a group straddling a scale-up domain),
     # facts of the placement rather than gaps in the calibration (one note each)
     placement_notes: tuple[str, ...] = ()
@@ -383,6 +386,7 @@ class Prediction:
             },
             "stages": [asdict(s) for s in self.stages],
             "uncalibrated": list(self.uncalibrated),
+            "ignored_settings": list(self.ignored_settings),
             "placement_notes": list(self.placement_notes),
             **({"placement": _placement_dict(self.placement)} if self.placement is not None else {}),
             **({"framework_preset": job.preset.to_dict()} if job.preset is not None else {}),

@@ -87,7 +87,7 @@ def unused_cfg_notes(job) -> tuple[str, ...]:
     preset = getattr(job, "preset", None)
     if preset is not None and "tp_comm_overlap_cfg" in preset.taken:
         return ()
-    return (f"parallel.tp_comm_overlap_cfg {plan.tp_comm_overlap_cfg} ignored: Transformer Engine's userbuffers "
+    return (f"parallel.tp_comm_overlap_cfg {plan.tp_comm_overlap_cfg}: Transformer Engine's userbuffers "
             "run only with parallel.tp_comm_overlap true",)
 
 

@@ -200,6 +200,7 @@ def render_html(pred: Prediction, interval: Interval | None = None) -> str:
     ``interval``, every time, rate and cost figure with its bounds, and the rule that gave them."""
     title = f"{_job_title(pred.job)}: {pred.job.model.name} on {gpus_label(pred)}"
     notes = "".join(f'<p class="note">uncalibrated: {escape(n)}</p>' for n in pred.uncalibrated)
+    notes += "".join(f'<p class="note">ignored: {escape(n)}</p>' for n in pred.ignored_settings)
     notes += "".join(f'<p class="note">placement: {escape(n)}</p>' for n in pred.placement_notes)
     verdict = "" if pred.fits else '<p class="bad">The plan does not fit in GPU memory.</p>'
     sections = [

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from paraplan.report.layout import Col, ReadableTable
 from paraplan.report.pareto import tokens_text
-from paraplan.report.tables import render_placement_notes, render_uncalibrated
+from paraplan.report.tables import render_ignored_settings, render_placement_notes, render_uncalibrated
 from paraplan.search import SearchResult
 from paraplan.search.run import Closest
 from paraplan.units import format_bytes, format_seconds
@@ -50,6 +50,7 @@ def plan_row(pred, rank: int) -> dict[str, Any]:
         "time_to_train_s": pred.time_to_train_s,
         "cost_to_train_usd": pred.cost_to_train_usd,
         "uncalibrated": list(pred.uncalibrated),
+        "ignored_settings": list(pred.ignored_settings),
         "placement_notes": list(pred.placement_notes),
         # the framework preset's defaults this plan took (a search run with a preset)
         **({"framework_preset": pred.job.preset.to_dict()} if getattr(pred.job, "preset", None) else {}),
@@ -201,6 +202,7 @@ def render_plans(result: SearchResult, rows: list[dict[str, Any]], title: str) -
     if several:
         out += _clusters_note(result)
     notes = render_uncalibrated(tuple(dict.fromkeys(n for r in rows for n in r["uncalibrated"])))
+    notes += render_ignored_settings(tuple(dict.fromkeys(n for r in rows for n in r.get("ignored_settings", ()))))
     notes += render_placement_notes(tuple(dict.fromkeys(n for r in rows for n in r.get("placement_notes", ()))))
     return [*out, *notes]
 

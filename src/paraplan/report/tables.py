@@ -201,6 +201,7 @@ def render_prediction(pred: Prediction, interval: Interval | None = None) -> Gro
     if iv is not None:
         items.extend(render_interval(iv))
     items.extend(render_uncalibrated(pred.uncalibrated))
+    items.extend(render_ignored_settings(pred.ignored_settings))
     items.extend(render_placement_notes(pred.placement_notes))
     return Group(*items)
 
@@ -230,6 +231,12 @@ def render_memory(pred: Prediction) -> Table:
 def render_uncalibrated(notes: tuple[str, ...]) -> list[Text]:
     """The visible mark on a prediction whose GPU lacks measured curves for some kernels."""
     return [Text.assemble(("uncalibrated: ", "bold yellow"), note) for note in notes]
+
+
+def render_ignored_settings(notes: tuple[str, ...]) -> list[Text]:
+    """Settings the plan states that nothing priced runs: facts of the plan, under their own
+    heading rather than "uncalibrated"."""
+    return [Text.assemble(("ignored: ", "bold magenta"), note) for note in notes]
 
 
 def render_placement_notes(notes: tuple[str, ...]) -> list[Text]:
