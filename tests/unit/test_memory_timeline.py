@@ -43,6 +43,12 @@ def test_megatron_cannot_free_its_contiguous_gradient_buffer():
         _job("megatron", grads_set_to_none=True)
 
 
+def test_deepspeed_refuses_set_to_none_which_its_memory_model_does_not_read():
+    with pytest.raises((ConfigError, ValueError), match="grads_set_to_none: DeepSpeed"):
+        _job("deepspeed", grads_set_to_none=True)
+    assert not _job("deepspeed", grads_set_to_none=False).parallel.frees_gradients
+
+
 def test_a_second_micro_batch_s_forward_sees_the_first_one_s_gradients():
     one = predict(_job("torchtitan-0.1")).memory.worst
     two = predict(_job("torchtitan-0.1", global_batch_size=16)).memory.worst
