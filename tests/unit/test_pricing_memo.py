@@ -87,7 +87,7 @@ def test_a_calibration_fit_s_trial_gpus_never_push_out_the_cost_models_operator_
     price = AnalyticalCostModel(cluster, Precision.BF16)._price
     op = Op("gemm", OpKind.GEMM, "mlp", 1.0e12, 1.0e8, 2.0e12, 2.0e8)
     gpu = cluster.gpu
-    for n in range(200):  # as a fit's trials: a GPU copy per trial efficiency spec
+    for _ in range(200):  # as a fit's trials: a GPU copy per trial efficiency spec
         trial = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy()})
         assert estimate_op_s(op, Phase.FWD, trial, gpu.flops_for(Precision.BF16)) > 0
     assert AnalyticalCostModel(cluster, Precision.BF16)._price is price
