@@ -43,6 +43,12 @@ def test_megatron_cannot_free_its_contiguous_gradient_buffer():
         _job("megatron", grads_set_to_none=True)
 
 
+def test_deepspeed_refuses_set_to_none_which_its_memory_model_does_not_read():
+    with pytest.raises((ConfigError, ValueError), match="grads_set_to_none: DeepSpeed"):
+        _job("deepspeed", grads_set_to_none=True)
+    assert not _job("deepspeed", grads_set_to_none=False).parallel.frees_gradients
+
+
 def test_a_second_micro_batch_s_forward_sees_the_first_one_s_gradients():
     one = predict(_job("torchtitan-0.1")).memory.worst
     two = predict(_job("torchtitan-0.1", global_batch_size=16)).memory.worst
@@ -99,3 +105,26 @@ def test_the_backward_s_last_layer_holds_the_tensors_it_kept_for_itself_beside_i
     assert held == pytest.approx(layer_input + saved)
     worst = predict(_job("torchtitan-0.1", recompute="full")).memory.worst
     assert worst.moment == MOMENTS[2] and worst.activations == pytest.approx(held)
+
+
+def test_the_last_backward_of_a_dense_first_moe_holds_its_first_dense_layer_s_tensors_not_an_expert_layer_s():
+    """DeepSeek-V3's first three layers are dense (first_k_dense_replace): the step's last
+    backward pass is a dense layer's, whatever its stage's other layers. The search's screen
+    computes the same term with the same function (``last_backward_bytes``) from the first
+    block's layer (and takes the exact path on models with mixed layers)."""
+    from paraplan.inventory import count_job
+    from paraplan.inventory.recompute import recompute_cost
+    from paraplan.prediction.memory import end_saved_bytes, last_backward_bytes, microbatch_bytes, step_memory
+
+    job = resolve_job({"model": "deepseek-v3", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                       "parallel": {"framework": "megatron", "micro_batch_size": 1, "global_batch_size": 16,
+                                    "recompute": "selective", "ep": 8}})
+    inv = count_job(job)
+    st = inv.stages[0]
+    dense, moe = st.blocks
+    working = microbatch_bytes(inv, st)[1] - end_saved_bytes(st)
+    assert (dense.num_layers, moe.num_layers) == (3, 58)
+    held = {b.num_layers: recompute_cost(job.parallel, b.ops, inv.shape, 1).held_bytes for b in (dense, moe)}
+    assert held[3] != held[58]
+    assert step_memory(inv, st)[3] == last_backward_bytes(held[3], working, 0.0)
+    assert step_memory(inv, st)[3] != last_backward_bytes(held[58], working, 0.0)

@@ -77,3 +77,17 @@ def test_clusters_made_on_the_fly_never_push_out_their_gpus_operator_pricer():
     for n in range(200):  # as a heterogeneous cluster's views: a new cluster object each time
         AnalyticalCostModel(cluster.model_copy(update={"num_nodes": 2 + n}), Precision.BF16)
     assert AnalyticalCostModel(cluster, Precision.BF16)._price is price
+
+
+def test_a_calibration_fit_s_trial_gpus_never_push_out_the_cost_models_operator_pricer():
+    from paraplan.costmodel import estimate_op_s
+    from paraplan.inventory import Op, OpKind
+
+    cluster = load_cluster("dgx-h100", num_nodes=1)
+    price = AnalyticalCostModel(cluster, Precision.BF16)._price
+    op = Op("gemm", OpKind.GEMM, "mlp", 1.0e12, 1.0e8, 2.0e12, 2.0e8)
+    gpu = cluster.gpu
+    for _ in range(200):  # as a fit's trials: a GPU copy per trial efficiency spec
+        trial = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy()})
+        assert estimate_op_s(op, Phase.FWD, trial, gpu.flops_for(Precision.BF16)) > 0
+    assert AnalyticalCostModel(cluster, Precision.BF16)._price is price

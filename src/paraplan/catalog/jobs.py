@@ -345,7 +345,11 @@ def _kept_nodes(stated: Any, cluster: dict[str, Any]) -> dict[str, Any]:
     cluster has node groups (each group says its own)."""
     if not isinstance(stated, dict) or stated.get("num_nodes") is None:
         return {}
-    if is_hetero(expand_cluster(cluster)) if isinstance(cluster.get("name"), str) else "node_groups" in cluster:
+    if isinstance(cluster.get("name"), str):  # a catalog cluster: its node groups are the catalog's
+        grouped = is_hetero(expand_cluster(cluster))
+    else:
+        grouped = "node_groups" in cluster
+    if grouped:
         return {}
     return {"num_nodes": stated["num_nodes"]}
 

@@ -34,17 +34,18 @@ from paraplan.specs.plan import RECOMPUTE_CHOICES
 from paraplan.specs.preset import PresetUse
 
 # When a default applies, read from the plan as the user left it (after the defaults before it):
+# in words (``default_rule``) and shortly (``paraplan catalog frameworks``' "sets" column)
 _WHEN = {
-    "always": "",
-    "tensor_parallel": "with tp > 1",
-    "sequence_parallel": "with sequence parallelism and tp > 1",
-    "interleaved": "with the interleaved schedule (vpp > 1)",
-    "sharded_over_nodes": "when ZeRO shards over whole nodes",
-    "layer_recompute": "with recompute 'layer'",
-    "fp8": "with precision fp8",
-    "fp8_delayed": "with precision fp8 and the delayed recipe",
-    "context_parallel": "with context parallelism (cp > 1)",
-    "pipeline_parallel": "with pipeline parallelism (pp > 1)",
+    "always": ("", ""),
+    "tensor_parallel": ("with tp > 1", "tp>1"),
+    "sequence_parallel": ("with sequence parallelism and tp > 1", "sp"),
+    "interleaved": ("with the interleaved schedule (vpp > 1)", "vpp>1"),
+    "sharded_over_nodes": ("when ZeRO shards over whole nodes", "ZeRO over nodes"),
+    "layer_recompute": ("with recompute 'layer'", "recompute layer"),
+    "fp8": ("with precision fp8", "fp8"),
+    "fp8_delayed": ("with precision fp8 and the delayed recipe", "fp8 delayed"),
+    "context_parallel": ("with context parallelism (cp > 1)", "cp>1"),
+    "pipeline_parallel": ("with pipeline parallelism (pp > 1)", "pp>1"),
 }
 # the order defaults are applied in (a later one may depend on an earlier one)
 _ORDER = ("zero_stage", "sequence_parallel", "tp_comm_overlap", "tp_comm_overlap_cfg", "async_tp", "overlap_p2p_comm",
@@ -343,7 +344,12 @@ def plan_runs_problem(preset: Preset, plan: dict[str, Any]) -> str | None:
 
 def default_rule(preset: Preset, field: str) -> str:
     """When ``preset``'s default for ``field`` applies, in words ("with tp > 1"; "" always)."""
-    return next((_WHEN[d.when] for d in preset.defaults if d.field == field), "")
+    return next((_WHEN[d.when][0] for d in preset.defaults if d.field == field), "")
+
+
+def when_short(default: Default) -> str:
+    """When ``default`` applies, shortly ("tp>1", "sp"; "" always)."""
+    return _WHEN[default.when][1]
 
 
 def preset_sources(preset: Preset) -> dict[str, str]:
@@ -355,4 +361,4 @@ def preset_sources(preset: Preset) -> dict[str, str]:
 
 __all__ = ["MODEL_DEFAULTS", "RUNS_AXES", "RUNS_CHOICES", "Default", "Preset", "apply_model_defaults", "apply_preset", "default_rule",
            "find_preset", "model_billions", "plan_runs_problem", "preset_for_words", "preset_names", "preset_sources",
-           "presets", "runs_problem"]
+           "presets", "runs_problem", "when_short"]

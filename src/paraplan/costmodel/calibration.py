@@ -7,28 +7,37 @@ from collections.abc import Iterable
 
 from paraplan.costmodel.roofline import COMPUTE_KINDS, compute_precision, sustained_gemm_factor
 from paraplan.costmodel.scan_rooflines import SCAN_KINDS, attention_variant_gaps, scan_gaps
+from paraplan.costmodel.shared import one_per
 from paraplan.inventory import Op
 from paraplan.specs import ClusterSpec, GpuSpec, HeteroJob, Job, Precision
-
-_GAPS: dict[tuple, tuple] = {}  # (GPU, its efficiency spec, precision, ops) -> (spec, notes)
 
 
 def calibration_gaps(gpu: GpuSpec, precision: Precision, ops: Iterable[Op]) -> tuple[str, ...]:
     """One note per (kernel kind, precision) the ops use that has no curve measured on
     ``gpu``: the generic fraction of peak used instead, or the GPU the curve was measured on."""
-    ops = tuple(ops)
-    # what decides the notes: each operator's curve group, precision, kernel mix and whether it works
-    signature = frozenset((op.name, op.kind, op.fp8, op.fp4, _works(op),
-                           None if op.memory_kernels is None else op.memory_kernels.name) for op in ops)
-    key = (gpu.name, id(gpu.efficiency), precision, signature)
-    hit = _GAPS.get(key)
-    if hit is not None and hit[0] is gpu.efficiency:
-        return hit[1]
-    if len(_GAPS) > 256:
-        _GAPS.clear()
-    notes = _calibration_gaps(gpu, precision, ops)
-    _GAPS[key] = (gpu.efficiency, notes)
-    return notes
+    return one_per(_gaps_of, gpu, precision, _Signed(tuple(ops)))
+
+
+class _Signed:
+    """A job's operators, equal (and hashed) by what decides their notes: each operator's curve
+    group, precision, kernel mix and whether it works (``calibration_gaps``' cache key)."""
+
+    __slots__ = ("ops", "signature")
+
+    def __init__(self, ops: tuple[Op, ...]) -> None:
+        self.ops = ops
+        self.signature = frozenset((op.name, op.kind, op.fp8, op.fp4, _works(op),
+                                    None if op.memory_kernels is None else op.memory_kernels.name) for op in ops)
+
+    def __hash__(self) -> int:
+        return hash(self.signature)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Signed) and other.signature == self.signature
+
+
+def _gaps_of(gpu: GpuSpec, precision: Precision, ops: _Signed) -> tuple[str, ...]:
+    return _calibration_gaps(gpu, precision, ops.ops)
 
 
 def _works(op: Op) -> bool:

@@ -153,9 +153,6 @@ def compute_precision_of_job(precision: Precision) -> Precision:
     return Precision.BF16 if precision in (Precision.FP8, Precision.FP4) else precision
 
 
-_MIXED: dict[tuple, tuple[EfficiencySpec, EfficiencyCurve]] = {}
-
-
 def mixed_memory_curve(eff: EfficiencySpec, mix: KernelMix, forward: bool) -> EfficiencyCurve:
     """The one curve that times ``mix``'s kernels in one direction, each kind's share of the
     bytes on its own curve (``EfficiencySpec.memory_kernel_curve``: the generic ``memory`` curve
@@ -164,10 +161,10 @@ def mixed_memory_curve(eff: EfficiencySpec, mix: KernelMix, forward: bool) -> Ef
     max_fraction * sum share half_work_k / max_fraction_k. The one curve itself where every kind
     takes the same (``eff.memory`` where each falls back to it). ``transferred_from``: the first
     part's that has one."""
-    key = (id(eff), mix.name, forward)
-    hit = _MIXED.get(key)
-    if hit is not None and hit[0] is eff:
-        return hit[1]
+    return one_per(_mixed_memory_curve, eff, mix, forward)
+
+
+def _mixed_memory_curve(eff: EfficiencySpec, mix: KernelMix, forward: bool) -> EfficiencyCurve:
     parts = [(eff.memory_kernel_curve(kind), share) for kind, share in mix.parts(forward)]
     if len({id(curve) for curve, _ in parts}) == 1:
         out = parts[0][0]  # one curve for all (one kind, or every kind on the generic curve)
@@ -179,9 +176,6 @@ def mixed_memory_curve(eff: EfficiencySpec, mix: KernelMix, forward: bool) -> Ef
         kinds = ", ".join(f"{kind.value} {share:.0%}" for kind, share in mix.parts(forward))
         out = EfficiencyCurve(max_fraction=min(1.0, fraction), half_work=half_work, transferred_from=moved,
                               source=f"{mix.name} ({kinds}) on this GPU's memory kernel curves")
-    if len(_MIXED) > 256:
-        _MIXED.clear()
-    _MIXED[key] = (eff, out)
     return out
 
 
@@ -254,7 +248,7 @@ def estimate_op_s(
 ) -> float:
     """Seconds one rank spends on ``op`` in ``phase`` on ``gpu`` at ``peak_flops``, with the
     curves of ``precision``, at the burst rate of the curves (what operator samples time)."""
-    return roofline_s(op, phase, gpu, peak_flops, _pricer(_at_burst, gpu, peak_flops, precision))
+    return roofline_s(op, phase, gpu, peak_flops, one_per(_BurstPricer, gpu, _at_burst, (peak_flops, precision)))
 
 
 def _at_burst(op: Op, phase: Phase, gpu: GpuSpec, peak_flops: float, precision: Precision) -> Priced:
@@ -298,12 +292,19 @@ class _Pricer:
         return priced
 
     def __reduce__(self):
-        return (_Pricer, (self.gpu, self.make, self.args))
+        return (type(self), (self.gpu, self.make, self.args))
+
+
+class _BurstPricer(_Pricer):
+    """``estimate_op_s``'s ``_Pricer``: its own maker in ``shared.one_per``, so that the GPU
+    copies a calibration fit makes (one per trial spec) never push out the cost models' pricers."""
+
+    __slots__ = ()
 
 
 def _pricer(make: Callable[..., Priced], gpu: GpuSpec, *args: object) -> _Pricer:
     """The ``_Pricer`` of ``make`` on ``gpu`` with ``args``, shared by every cost model of the
-    same (catalog) GPU and settings, and by the burst calls of one calibration trial."""
+    same (catalog) GPU and settings."""
     return one_per(_Pricer, gpu, make, args)
 
 

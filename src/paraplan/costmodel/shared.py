@@ -4,8 +4,11 @@ kernel's attention curve, the pricers that memoise what an operator or a collect
 Catalog objects are immutable (frozen models), so what is derived from one alone stays true
 while it lives. Entries are keyed by the object's identity and hold the object, so that its id
 cannot be reused while the entry exists; a different GPU or cluster, even an equal one, gets its
-own entry, and nothing leaks from one to another. Each maker keeps its own entries, so clusters
-made on the fly (a heterogeneous cluster's views) never push out the GPUs' pricers.
+own entry, and nothing leaks from one to another. Each maker keeps its own entries, at most 64:
+the 65th owner clears all of that maker's entries. Owners made on the fly therefore take a maker
+of their own: a heterogeneous cluster's views have the collective pricers' (not the GPUs'), and
+the GPU copies a calibration fit makes, one per trial spec, have ``roofline._BurstPricer``
+(``estimate_op_s``), so they never clear the cost models' ``_Pricer`` entries.
 """
 
 from __future__ import annotations

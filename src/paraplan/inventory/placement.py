@@ -84,6 +84,8 @@ def group_layout(
     return GroupLayout(size=n, nodes=-(-n // per_node), per_node=per_node)
 
 
+# the expert groups: a mixture-of-experts model's only, laid out in the rank order tp-ep-dp-pp
+_EXPERT_DIMS = (ParallelDim.EP, ParallelDim.ETP, ParallelDim.EDP)
 # the groups whose straddling a prediction reports (PP's neighbour pairs and the amax group
 # follow from these)
 _STRADDLE_DIMS = (ParallelDim.TP, ParallelDim.CP, ParallelDim.EP, ParallelDim.ETP, ParallelDim.DP,
@@ -101,7 +103,7 @@ def straddle_notes(plan: ParallelPlan, domain: int, world: int, moe: bool = Fals
         return ()
     notes = []
     for dim in _STRADDLE_DIMS:
-        if not moe and dim in (ParallelDim.EP, ParallelDim.ETP, ParallelDim.EDP):
+        if not moe and dim in _EXPERT_DIMS:
             continue
         n, stride = _size(dim, plan), _stride(dim, plan)
         span = n * stride
@@ -113,7 +115,7 @@ def straddle_notes(plan: ParallelPlan, domain: int, world: int, moe: bool = Fals
         side = group_layout(dim, plan, domain).per_node
         notes.append(
             f"{dim.value.upper()} group of {n} GPUs straddles the {domain}-GPU scale-up domain: in the rank "
-            f"order {'tp-ep-dp-pp' if dim in (ParallelDim.EP, ParallelDim.ETP, ParallelDim.EDP) else 'tp-cp-dp-pp'} "
+            f"order {'tp-ep-dp-pp' if dim in _EXPERT_DIMS else 'tp-cp-dp-pp'} "
             f"{crossing} of every {len(blocks)} blocks of {span} consecutive ranks cross two domains, so its "
             f"collectives are priced at the inter-domain link with {side} GPUs on the smaller side (a "
             f"launcher placing each group inside one domain would keep it on the scale-up link)"

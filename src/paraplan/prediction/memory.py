@@ -272,6 +272,21 @@ def end_saved_bytes(st: StageInventory) -> float:
     return sum(op.saved_bytes for op in st.end_ops)
 
 
+def last_backward_bytes(first_layer_held, working, ends_saved):
+    """What the step's last backward pass, the stage's first layer's, holds: the tensors that
+    layer kept for it (``first_layer_held_bytes``: one layer of the stage's first block) and
+    the layers' working bytes (``microbatch_bytes``'s, less the ends' saved tensors
+    ``ends_saved``, which the ends' backward freed before). Numbers or numpy arrays (the
+    search's screen): ``step_peak_bytes``'s ``layer_working``."""
+    return first_layer_held + working - ends_saved
+
+
+def grads_at_forward(microbatches):
+    """Whether freed gradients exist at the loss (``step_peak_bytes``'s ``grads_at_forward``):
+    with more than one micro-batch a step, the earlier ones' gradients. Numbers or numpy arrays."""
+    return microbatches > 1
+
+
 
 
 def _units(st: StageInventory) -> tuple[float, float]:
@@ -420,17 +435,22 @@ def step_memory(inv: JobInventory, st: StageInventory) -> tuple[StageMemory, flo
         gradients_freed=plan.frees_gradients,
     )
     # the first layer's backward, the step's last: its own kept tensors and its working bytes
-    layer_working = first_layer_held_bytes(inv, st) + working - end_saved_bytes(st)
-    return mem, backward_buffers, plan.num_microbatches > 1, layer_working
+    layer_working = last_backward_bytes(first_layer_held_bytes(inv, st), working, end_saved_bytes(st))
+    return mem, backward_buffers, grads_at_forward(plan.num_microbatches), layer_working
+
+
+def freed_gradients(mem: StageMemory) -> float:
+    """The gradient bytes the trainer frees between steps (``ParallelPlan.frees_gradients``)."""
+    return mem.gradients if mem.gradients_freed else 0.0
 
 
 def moment_totals(mem: StageMemory, backward_buffers: float, grads_at_forward: bool,
                   layer_working: float) -> tuple[float, float, float]:
     """The GPU's total at each of the ``MOMENTS`` (``step_peak_bytes``) from ``step_memory``'s
     values: what compares two jobs at the same moment of their steps."""
-    freed = mem.gradients if mem.gradients_freed else 0.0
-    return step_peak_bytes(mem.persistent, freed, grads_at_forward, mem.activations, mem.logits, layer_working,
-                           mem.gathered_params, mem.buffers, backward_buffers, mem.runtime, mem.fragmentation_share)
+    return step_peak_bytes(mem.persistent, freed_gradients(mem), grads_at_forward, mem.activations, mem.logits,
+                           layer_working, mem.gathered_params, mem.buffers, backward_buffers, mem.runtime,
+                           mem.fragmentation_share)
 
 
 def at_peak_moment(mem: StageMemory, backward_buffers: float, grads_at_forward: bool,
@@ -438,7 +458,7 @@ def at_peak_moment(mem: StageMemory, backward_buffers: float, grads_at_forward: 
     """``mem`` (every tensor of the step, the gradients whole) cut to the moment of its step's
     peak (``step_peak_bytes``): its parts are then the tensors alive at that moment, and
     ``moment`` names it."""
-    freed = mem.gradients if mem.gradients_freed else 0.0
+    freed = freed_gradients(mem)
     totals = moment_totals(mem, backward_buffers, grads_at_forward, layer_working)
     at = max(range(len(MOMENTS)), key=lambda i: (totals[i], -i))  # the first of equal peaks
     early = freed if grads_at_forward else 0.0

@@ -44,24 +44,17 @@ def _repositories(sources: Any) -> str:
     return ", ".join(seen)
 
 
-# when a preset's default applies (``catalog.presets``' ``when``), shortly
-_WHEN_SHORT = {"always": "", "tensor_parallel": "tp>1", "sequence_parallel": "sp", "interleaved": "vpp>1",
-               "sharded_over_nodes": "ZeRO over nodes", "layer_recompute": "recompute layer", "fp8": "fp8",
-               "fp8_delayed": "fp8 delayed", "context_parallel": "cp>1", "pipeline_parallel": "pp>1"}
-
-
 def framework_rows() -> list[dict[str, Any]]:
     """One row per framework preset: the name ``--framework`` takes, its version, the engine it
     is modelled with, the plan and model fields it sets (with when, where a default is
     conditional: "(tp>1)", "(sp)": with sequence parallelism), what it limits (``runs``), and the
     repositories its sources cite (``--format json`` and the YAML files say each source in full)."""
-    from paraplan.catalog.presets import preset_sources, presets
+    from paraplan.catalog.presets import preset_sources, presets, when_short
     from paraplan.specs.preset import shown
 
     rows = []
     for preset in presets().values():
-        sets = [f"{d.field} {shown(d.value)}" + (f" ({_WHEN_SHORT[d.when]})" if _WHEN_SHORT[d.when] else "")
-                for d in preset.defaults]
+        sets = [f"{d.field} {shown(d.value)}" + (f" ({when_short(d)})" if when_short(d) else "") for d in preset.defaults]
         sets += [f"{d.field} {shown(d.value)}" for d in preset.model_defaults]
         sets += [f"runs {axis} {' | '.join(map(shown, values))} only" for axis, (values, _) in preset.runs.items()]
         rows.append({"name": preset.name, "version": preset.version, "engine": preset.engine.value,

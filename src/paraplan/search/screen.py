@@ -69,8 +69,12 @@ from paraplan.prediction.framework_memory import (
 from paraplan.prediction.memory import (
     activations_at_peak,
     end_saved_bytes,
+    first_layer_held_bytes,
     fragmentation_share,
     framework_buffers,
+    freed_gradients,
+    grads_at_forward,
+    last_backward_bytes,
     microbatch_bytes,
     step_memory,
     step_peak_bytes,
@@ -395,10 +399,11 @@ def _shard_table(model: ModelSpec, cm: AnalyticalCostModel, invs: list[JobInvent
         for r in range(len(_RECOMPUTE)):
             plan_r = plans.get(r)
             if plan_r is None:
-                row[f"held{r}"] = 0.0
+                row[f"held{r}"] = row[f"first{r}"] = 0.0
                 row.update({f"{k}{r}_{c}": 0.0 for c in one_layer for k in ("work", "logits")})
                 continue
             inv_r = inv if plan_r is plan else dataclasses.replace(inv, job=job.model_copy(update={"parallel": plan_r}))
+            row[f"first{r}"] = first_layer_held_bytes(inv_r, layer_stage)  # the first block's layer: the last backward's
             for c, stage in one_layer.items():
                 held, working, logits = microbatch_bytes(inv_r, stage)
                 row[f"held{r}"] = held  # per layer: the same whatever the ends
@@ -438,7 +443,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     *per_microbatch_dp_s(st, cm, comm),  # dp_f, dp_b
                     stage_optimizer_s(inv, st, cm),  # offload: the CPU step replaces the GPU's
                     mem.persistent,  # static
-                    mem.gradients if mem.gradients_freed else 0.0,  # grads_freed (set to None between steps)
+                    freed_gradients(mem),  # grads_freed (set to None between steps)
                     # without the pipelines' per-micro-batch buffers (``_combine`` adds them:
                     # DeepSpeed's engine and torch.distributed.pipelining)
                     *framework_buffers(inv, st),
@@ -644,7 +649,8 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
                      shard("comm_b"), np.choose(rc, [np.zeros(len(rc)), *(shard(f"rc_{p.value}") for p in _RECOMPUTE[1:])]),
                      shard("pair_f"), shard("pair_b"))
     share = paired_shares(p, m, v, sched)  # the passes run paired (0 hidden where pair_f and pair_b are)
-    held1 = np.choose(rc, [shard(f"held{r}") for r in range(len(_RECOMPUTE))])
+    held1 = np.choose(rc, [shard(f"held{r}") for r in range(len(_RECOMPUTE))])  # per layer of the shard
+    first1 = np.choose(rc, [shard(f"first{r}") for r in range(len(_RECOMPUTE))])  # the first block's layer
     frag = fragmentation_share()
     f, bw, wg, drain_extra, opt, mem = {}, {}, {}, {}, {}, {}
     for c in classes:
@@ -675,9 +681,9 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
             activations = activations + np.where(single, 0.0, kept)
             buffers = buffers + np.where(single, 0.0, received)
         # the step's timeline (``memory.step_peak_bytes``): the loss, the backward's first and last layers
-        moments = step_peak_bytes(layout("static", c), layout("grads_freed", c), m > 1, activations, logits,
-                                  held1 + work - ends("saved", c), layout("gathered", c), buffers, layout("bwd_buffers", c),
-                                  layout("runtime", c), frag)
+        moments = step_peak_bytes(layout("static", c), layout("grads_freed", c), grads_at_forward(m), activations,
+                                  logits, last_backward_bytes(first1, work, ends("saved", c)), layout("gathered", c),
+                                  buffers, layout("bwd_buffers", c), layout("runtime", c), frag)
         mem[c] = np.maximum.reduce(moments)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
     neg = -np.inf

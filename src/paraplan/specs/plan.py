@@ -352,6 +352,9 @@ class ParallelPlan(BaseModel):
         if self.grads_set_to_none and self.framework is Framework.MEGATRON:
             raise ValueError("parallel.grads_set_to_none: Megatron's DDP accumulates into a contiguous gradient "
                              "buffer kept for the whole run (zero_grad_buffer zeroes it in place); it frees none")
+        if self.grads_set_to_none and self.framework is Framework.DEEPSPEED:
+            raise ValueError("parallel.grads_set_to_none: DeepSpeed's ZeRO optimizer frees its gradient partitions "
+                             "itself (no setting of it), which paraplan's DeepSpeed memory does not model")
         if self.pipeline_keeps_outputs is not None and self.framework is not Framework.FSDP:
             raise ValueError("parallel.pipeline_keeps_outputs: torch.distributed.pipelining's kept outputs need "
                              f"framework fsdp, not {self.framework.value!r}")
@@ -603,7 +606,8 @@ class ParallelPlan(BaseModel):
         """Whether the gradients are freed between steps (``grads_set_to_none``; by default
         True under PyTorch FSDP, whose trainers call torch.optim's ``zero_grad()``, set_to_none
         by default since PyTorch 2.0; False under Megatron, whose DDP keeps a contiguous
-        gradient buffer, and DeepSpeed, whose ZeRO gradient partitions are not read here)."""
+        gradient buffer, and DeepSpeed, whose ZeRO gradient partitions are not read here: both
+        refuse ``grads_set_to_none=True``)."""
         if self.grads_set_to_none is not None:
             return bool(self.grads_set_to_none)
         return self.framework is Framework.FSDP
