@@ -142,7 +142,7 @@ def priced_collective(coll: Collective, layout: GroupLayout, cluster: ClusterSpe
             return measured, _curve_label(pair, 2, coll.bytes)  # the pair's curve (XLA's permutes) in a node
         return link_p2p_s(coll.bytes, layout, cluster), ALPHA_BETA
     if coll.routing is not None and coll.kind is CollectiveKind.ALL_TO_ALL:
-        return _flex_dispatch_s(coll, layout, cluster), "HybridEP" if coll.routing.backend == "hybridep" else "DeepEP"
+        return _flex_dispatch_s(coll, layout, cluster), coll.routing.display
     moved = bus_factor(coll.kind, n) * coll.bytes
     steps = 2 * (n - 1) if coll.kind is CollectiveKind.ALL_REDUCE else n - 1
     curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)

@@ -421,17 +421,17 @@ class CommCosts:
         calls = {id(c): c for st in inv.stages
                  for c in (*(c for b in st.blocks for c in b.collectives), *st.per_microbatch_dp, *st.grad_sync)}
         calls.update({id(c): c for c in (inv.p2p, inv.p2p_mask) if c is not None})
-        last_by_kind: dict[str, float] = {}
+        last_by_kind: dict[CollectiveKind, float] = {}
         for c in calls.values():
             if c.bytes <= floor.get(c.kind.value, float("inf")):
                 continue
             layout = self.pair if c.dim is ParallelDim.PP else self.layouts[c.dim]
             last = beyond_measured(c, layout, cluster)
             if last is not None:
-                last_by_kind[c.kind.value] = max(last, last_by_kind.get(c.kind.value, 0.0))
+                last_by_kind[c.kind] = max(last, last_by_kind.get(c.kind, 0.0))
         # the same words for every plan of a search (its notes are pooled): no call's own size
         return tuple(
-            f"{kind.replace('_', '/' if kind == 'send_recv' else '-')}: calls larger than the "
+            f"{kind.display}: calls larger than the "
             f"{format_bytes(last)} XLA's collective table measured on their group are extrapolated along "
             "the fitted curve" for kind, last in last_by_kind.items())
 
