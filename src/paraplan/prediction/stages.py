@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from paraplan.catalog import load_host_launch
 from paraplan.costmodel import CostModel
-from paraplan.costmodel.collectives import beyond_measured
 from paraplan.inventory import (
     Collective,
     CollectiveKind,
@@ -406,16 +405,14 @@ class CommCosts:
 
     def extrapolated_notes(self, inv: JobInventory) -> tuple[str, ...]:
         """One note per collective kind with a call beyond the sizes the intra-node curve measured
-        on its group (``costmodel.collectives.beyond_measured``), naming the largest of those
-        measured sizes; none where the cost model prices collectives its own way (a learned one's source says it)."""
-        if getattr(self.cm, "prices_collectives_itself", False):
-            return ()
-        cluster = self.cm.cluster
-        if cluster.intra_node is None:
+        on its group, naming the largest of those measured sizes: what the cost model's pricing
+        says of each call (``collective_last_measured``; none from a learned one's regressors)."""
+        intra = self.cm.cluster.intra_node
+        if intra is None:
             return ()
         # the smallest last measured size per kind: a call not above it is inside every group's points
         floor = {kind: min(max(p) for p in curve.points.values())
-                 for kind, curve in cluster.intra_node.collectives.items() if curve.points}
+                 for kind, curve in intra.collectives.items() if curve.points}
         if not floor:
             return ()
         calls = {id(c): c for st in inv.stages
@@ -426,7 +423,7 @@ class CommCosts:
             if c.bytes <= floor.get(c.kind.value, float("inf")):
                 continue
             layout = self.pair if c.dim is ParallelDim.PP else self.layouts[c.dim]
-            last = beyond_measured(c, layout, cluster)
+            last = self.cm.collective_last_measured(c, layout)
             if last is not None:
                 last_by_kind[c.kind] = max(last, last_by_kind.get(c.kind, 0.0))
         # the same words for every plan of a search (its notes are pooled): no call's own size
