@@ -215,7 +215,7 @@ def test_a_prediction_says_once_per_kind_which_call_lies_beyond_the_measured_siz
     notes = [n for n in predict(job).uncalibrated if "extrapolated along the fitted curve" in n]
     # its 24 GiB gathers and reduce-scatters over the sharded group of 8 GPUs in a node: XLA measured up to 2 GiB
     assert sorted(n.split(":")[0] for n in notes) == ["all-gather", "reduce-scatter"]
-    assert all("calls larger than the 2.00 GiB XLA's collective table measured" in n for n in notes)
+    assert all("calls larger than 2.00 GiB, the largest size measured on their group," in n for n in notes)
     demo = predict(load_job(Path(__file__).resolve().parents[2] / "examples" / "llama-3-70b-dgx-h100-tp8-pp4.yaml"))
     assert not [n for n in demo.uncalibrated if "extrapolated along the fitted curve" in n]
 

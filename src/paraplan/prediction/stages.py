@@ -428,9 +428,8 @@ class CommCosts:
                 last_by_kind[c.kind] = max(last, last_by_kind.get(c.kind, 0.0))
         # the same words for every plan of a search (its notes are pooled): no call's own size
         return tuple(
-            f"{kind.display}: calls larger than the "
-            f"{format_bytes(last)} XLA's collective table measured on their group are extrapolated along "
-            "the fitted curve" for kind, last in last_by_kind.items())
+            f"{kind.display}: calls larger than {format_bytes(last)}, the largest size measured on their "
+            "group, are extrapolated along the fitted curve" for kind, last in last_by_kind.items())
 
 
 def paired_share_of(plan: ParallelPlan) -> float:
