@@ -22,6 +22,10 @@ class CostModel(Protocol):
         """Which model produced the estimate (shown by ``--explain``)."""
         ...
 
+    def collective_source(self, coll: Collective, layout: GroupLayout) -> str:
+        """What priced one call of ``coll`` on ``layout`` (shown by ``--explain``)."""
+        ...
+
     def collective_last_measured(self, coll: Collective, layout: GroupLayout) -> float | None:
         """The largest message size measured on ``coll``'s group where ``coll`` is larger (its
         time extrapolated past the measured points), else None (the prediction's notes name it)."""

@@ -590,7 +590,7 @@ def _collective_estimate(c, cm: CostModel, comm: CommCosts, per: str = "layer") 
         group_size=layout.size,
         group_nodes=layout.nodes,
         seconds=comm.seconds(c),
-        source=cm.collective_source(c, layout) if hasattr(cm, "collective_source") else "alpha-beta",
+        source=cm.collective_source(c, layout),
         per=per,
     )
 
