@@ -14,6 +14,7 @@ from paraplan.costmodel import CostModel
 from paraplan.inventory import (
     Collective,
     CollectiveKind,
+    GroupLayout,
     JobInventory,
     LayerBlock,
     Op,
@@ -390,15 +391,17 @@ class CommCosts:
         self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
         self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
 
+    def layout_of(self, coll: Collective) -> GroupLayout:
+        """The group ``coll`` runs on: a pipeline send/recv's pair of neighbouring stages, else its dimension's group."""
+        return self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
+
     def call_s(self, coll: Collective) -> float:
         """Seconds of one of ``coll``'s calls."""
-        layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
-        return self.cm.estimate_collective_s(coll, layout)
+        return self.cm.estimate_collective_s(coll, self.layout_of(coll))
 
     def seconds(self, coll: Collective) -> float:
         """Seconds of all ``coll.count`` of ``coll``'s calls."""
-        layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
-        return self.cm.estimate_collective_s(coll, layout) * coll.count
+        return self.call_s(coll) * coll.count
 
     def total(self, colls: tuple[Collective, ...], phases: tuple[Phase, ...]) -> float:
         return sum(self.seconds(c) for c in colls if c.phase in phases)
@@ -422,8 +425,7 @@ class CommCosts:
         for c in calls.values():
             if c.bytes <= floor.get(c.kind.value, float("inf")):
                 continue
-            layout = self.pair if c.dim is ParallelDim.PP else self.layouts[c.dim]
-            last = self.cm.collective_last_measured(c, layout)
+            last = self.cm.collective_last_measured(c, self.layout_of(c))
             if last is not None:
                 last_by_kind[c.kind] = max(last, last_by_kind.get(c.kind, 0.0))
         # the same words for every plan of a search (its notes are pooled): no call's own size
@@ -579,7 +581,7 @@ def explain_layer(
 
 
 def _collective_estimate(c, cm: CostModel, comm: CommCosts, per: str = "layer") -> CollectiveEstimate:
-    layout = comm.pair if c.dim is ParallelDim.PP else comm.layouts[c.dim]
+    layout = comm.layout_of(c)
     return CollectiveEstimate(
         name=c.name,
         kind=c.kind.value,
