@@ -9,7 +9,7 @@ import pytest
 
 from paraplan.catalog import load_cluster
 from paraplan.costmodel import estimate_collective_s
-from paraplan.costmodel.collectives import beyond_measured
+from paraplan.costmodel.collectives import priced_collective
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout, ParallelDim
 from paraplan.specs import CollectiveCurve, Phase
 
@@ -202,9 +202,9 @@ def test_a_group_across_nodes_takes_no_intra_node_points_and_says_nothing_of_the
     for layout in (GroupLayout(16, 2, 8), GroupLayout(8, 8, 1)):
         assert estimate_collective_s(ar, layout, _node(all_reduce=pointed)) == pytest.approx(
             estimate_collective_s(ar, layout, _node()))
-        assert beyond_measured(ar, layout, _node(all_reduce=pointed)) is None
-    assert beyond_measured(ar, GroupLayout(8, 1, 8), _node(all_reduce=pointed)) == 2**30
-    assert beyond_measured(ar, GroupLayout(4, 1, 4), _node(all_reduce=pointed)) is None  # no points of 4
+        assert priced_collective(ar, layout, _node(all_reduce=pointed)).last_measured is None
+    assert priced_collective(ar, GroupLayout(8, 1, 8), _node(all_reduce=pointed)).last_measured == 2**30
+    assert priced_collective(ar, GroupLayout(4, 1, 4), _node(all_reduce=pointed)).last_measured is None  # no points of 4
 
 
 def test_a_prediction_says_once_per_kind_which_call_lies_beyond_the_measured_sizes():
@@ -215,7 +215,7 @@ def test_a_prediction_says_once_per_kind_which_call_lies_beyond_the_measured_siz
     notes = [n for n in predict(job).uncalibrated if "extrapolated along the fitted curve" in n]
     # its 24 GiB gathers and reduce-scatters over the sharded group of 8 GPUs in a node: XLA measured up to 2 GiB
     assert sorted(n.split(":")[0] for n in notes) == ["all-gather", "reduce-scatter"]
-    assert all("calls larger than the 2.00 GiB XLA's collective table measured" in n for n in notes)
+    assert all("calls larger than 2.00 GiB, the largest size measured on their group," in n for n in notes)
     demo = predict(load_job(Path(__file__).resolve().parents[2] / "examples" / "llama-3-70b-dgx-h100-tp8-pp4.yaml"))
     assert not [n for n in demo.uncalibrated if "extrapolated along the fitted curve" in n]
 
@@ -280,7 +280,10 @@ def test_a_collective_is_labelled_by_what_priced_it_from_the_same_memo_as_its_ti
 
     inside = GroupLayout(8, 1, 8)
     assert label(CollectiveKind.ALL_REDUCE, 2**25, inside) == MEASURED
+    assert label(CollectiveKind.ALL_REDUCE, 2**31, inside) == "measured, extrapolated past 1.00 GiB"
     assert label(CollectiveKind.ALL_GATHER, 2**25, inside) == FITTED
     assert label(CollectiveKind.ALL_REDUCE, 2**31, GroupLayout(16, 2, 8)) == ALPHA_BETA
     assert label(CollectiveKind.ALL_REDUCE, 8.0, GroupLayout(16, 2, 8)) == LL
-    assert len(pricer.priced) == 4  # one entry per shape holds the time and its label
+    assert len(pricer.priced) == 5  # one entry per shape holds the time, its label and its last measured size
+    beyond = Collective("x", CollectiveKind.ALL_REDUCE, ParallelDim.TP, 2**31, Phase.FWD)
+    assert pricer.priced_call(beyond, inside).last_measured == 2**30

@@ -12,10 +12,12 @@ its own NIC share, so the bus bandwidth is min(intra-node, k * per-GPU network b
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from paraplan.inventory import Collective, CollectiveKind, GroupLayout
 from paraplan.inventory.moe import expected_units_touched
-from paraplan.specs import ClusterSpec, LinkSpec
+from paraplan.specs import ClusterSpec, CollectiveCurve, LinkSpec
+from paraplan.units import format_bytes
 
 
 def bus_factor(kind: CollectiveKind, n: int) -> float:
@@ -113,16 +115,37 @@ def estimate_collective_s(coll: Collective, layout: GroupLayout, cluster: Cluste
 MEASURED, CURVE, LL, ALPHA_BETA = "measured", "fitted curve", "NCCL LL", "alpha-beta"
 
 
-def _curve_label(curve, group: int, size: float) -> str:
-    """``MEASURED`` where ``curve`` priced a call from measured times (its points, or a small call's
-    measured time below the fitted sizes), else ``CURVE``."""
-    return MEASURED if group in curve.points or size < curve.fit_bytes else CURVE
+class PricedCall(NamedTuple):
+    """One call's seconds, what priced them (``MEASURED``, ``CURVE``, ``LL``, ``ALPHA_BETA`` or the
+    dispatcher's name), and the largest message size its group's measured points reach where
+    the call is larger (its time carried along the fitted curve from that point), else None."""
+
+    seconds: float
+    label: str
+    last_measured: float | None = None
 
 
-def priced_collective(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> tuple[float, str]:
-    """(seconds, what priced it) for one call of ``coll`` on a group laid out as ``layout``: the
-    seconds of ``estimate_collective_s``, priced by ``MEASURED`` times, a ``CURVE``, NCCL's ``LL``
-    model, the ``ALPHA_BETA`` link, or DeepEP's / HybridEP's own model.
+def _intra_curve(kind: CollectiveKind, layout: GroupLayout, cluster: ClusterSpec) -> CollectiveCurve | None:
+    """The intra-node link's measured curve of ``kind``; None across nodes (no curve prices a
+    group that spans them) or where the link measured none."""
+    intra = cluster.intra_node
+    return None if layout.crosses_nodes or intra is None else intra.collectives.get(kind.value)
+
+
+def _from_curve(curve: CollectiveCurve, group: int, size: float, seconds: float) -> PricedCall:
+    """``seconds`` the curve gave a call of ``size`` bytes on ``group``: ``MEASURED`` where its
+    measured times priced it (its points, or a small call's measured time below the fitted
+    sizes), with the last measured size where the call lies past it, else ``CURVE``."""
+    if curve.extrapolated(group, size):
+        last = float(max(curve.points[group]))
+        return PricedCall(seconds, f"{MEASURED}, extrapolated past {format_bytes(last)}", last)
+    return PricedCall(seconds, MEASURED if group in curve.points or size < curve.fit_bytes else CURVE)
+
+
+def priced_collective(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> PricedCall:
+    """One call of ``coll`` on a group laid out as ``layout``: its seconds (``estimate_collective_s``),
+    what priced them (``MEASURED`` times, a ``CURVE``, NCCL's ``LL`` model, the ``ALPHA_BETA``
+    link, or DeepEP's / HybridEP's own model), and past which measured size it was extrapolated.
 
     Inside a node with a measured curve for the kind: the curve, and for messages below its
     fitted sizes the measured small-call time of the group size (a send/recv: the pair's curve,
@@ -133,28 +156,26 @@ def priced_collective(coll: Collective, layout: GroupLayout, cluster: ClusterSpe
     modelled time: no tiny collective pays 2(n-1) whole link latencies."""
     n = layout.size
     if n <= 1 or coll.bytes <= 0.0:
-        return 0.0, ALPHA_BETA
-    intra, inter = cluster.intra_node, cluster.inter_node
-    if coll.kind is CollectiveKind.SEND_RECV:
-        pair = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
-        measured = None if pair is None else pair.seconds(2, coll.bytes, coll.bytes)
-        if measured is not None:
-            return measured, _curve_label(pair, 2, coll.bytes)  # the pair's curve (XLA's permutes) in a node
-        return link_p2p_s(coll.bytes, layout, cluster), ALPHA_BETA
+        return PricedCall(0.0, ALPHA_BETA)
     if coll.routing is not None and coll.kind is CollectiveKind.ALL_TO_ALL:
-        return _flex_dispatch_s(coll, layout, cluster), "HybridEP" if coll.routing.backend == "hybridep" else "DeepEP"
+        return PricedCall(_flex_dispatch_s(coll, layout, cluster), coll.routing.display)
+    curve = _intra_curve(coll.kind, layout, cluster)
+    if coll.kind is CollectiveKind.SEND_RECV:  # the pair's curve (XLA's permutes) in a node
+        measured = None if curve is None else curve.seconds(2, coll.bytes, coll.bytes)
+        if measured is not None:
+            return _from_curve(curve, 2, coll.bytes, measured)
+        return PricedCall(link_p2p_s(coll.bytes, layout, cluster), ALPHA_BETA)
     moved = bus_factor(coll.kind, n) * coll.bytes
-    steps = 2 * (n - 1) if coll.kind is CollectiveKind.ALL_REDUCE else n - 1
-    curve = None if layout.crosses_nodes or intra is None else intra.collectives.get(coll.kind.value)
     if curve is not None:
         measured = curve.seconds(n, coll.bytes, moved)
         if measured is not None:
-            return measured, _curve_label(curve, n, coll.bytes)
+            return _from_curve(curve, n, coll.bytes, measured)
         ll = _nccl_ll_s(coll, layout, moved, curve.peak_for(n))
         t = moved / curve.bus_for(n, coll.bytes)
-        return (t, CURVE) if ll is None or t <= ll else (ll, LL)
+        return PricedCall(t, CURVE) if ll is None or t <= ll else PricedCall(ll, LL)
+    intra, inter = cluster.intra_node, cluster.inter_node
     if layout.crosses_nodes and coll.kind is CollectiveKind.ALL_TO_ALL:
-        return _all_to_all_across_nodes_s(coll.bytes, layout, cluster), ALPHA_BETA
+        return PricedCall(_all_to_all_across_nodes_s(coll.bytes, layout, cluster), ALPHA_BETA)
     if layout.crosses_nodes:
         assert inter is not None
         bus = layout.per_node * inter.bus_bytes_per_s
@@ -165,44 +186,32 @@ def priced_collective(coll: Collective, layout: GroupLayout, cluster: ClusterSpe
         assert intra is not None
         bus = _intra_bus(intra, layout.per_node, cluster.gpus_per_node)
         latency = intra.latency_s
+    steps = 2 * (n - 1) if coll.kind is CollectiveKind.ALL_REDUCE else n - 1
     t = steps * latency + moved / bus
     ll = _nccl_ll_s(coll, layout, moved, bus)
-    return (t, ALPHA_BETA) if ll is None or t <= ll else (ll, LL)
+    return PricedCall(t, ALPHA_BETA) if ll is None or t <= ll else PricedCall(ll, LL)
 
 
-def beyond_measured(coll: Collective, layout: GroupLayout, cluster: ClusterSpec) -> float | None:
-    """The largest message size the intra-node curve pricing ``coll`` measured on its group
-    (``CollectiveCurve.points``), where ``coll`` is larger, so that ``estimate_collective_s``
-    carries the last measured time along the fitted curve; None for a call inside the measured
-    sizes, across nodes, or priced without measured points."""
-    intra = cluster.intra_node
-    if intra is None or not intra.collectives or layout.size <= 1 or layout.crosses_nodes:
-        return None
-    if coll.routing is not None and coll.kind is CollectiveKind.ALL_TO_ALL:
-        return None  # DeepEP's or HybridEP's own model
-    curve = intra.collectives.get(coll.kind.value)
-    group = 2 if coll.kind is CollectiveKind.SEND_RECV else layout.size
-    if curve is None or not curve.extrapolated(group, coll.bytes):
-        return None
-    return float(max(curve.points[group]))
+def _key(coll: Collective, layout: GroupLayout) -> tuple:
+    """The parts of a call its price depends on (not its name, dimension, phase or count)."""
+    return coll.kind, coll.bytes, coll.routing, layout.size, layout.nodes, layout.per_node
 
 
 class CollectivePricer:
     """``priced_collective`` on one cluster, each (kind, bytes, routing, group layout) priced
-    once: the only parts of a call its time depends on (not its name, dimension, phase or count),
-    so a repeated shape gets the same float, and the same label of what priced it (``source``).
-    Shared by every cost model of the cluster (``shared.one_per``); pickles without its memo,
-    which the receiving process rebuilds."""
+    once (``_key``), so a repeated shape gets the same float, the same label of what priced it
+    and the same last measured size (``priced_call``). Shared by every cost model of the
+    cluster (``shared.one_per``); pickles without its memo, which the receiving process rebuilds."""
 
     __slots__ = ("cluster", "priced")
     LIMIT = 2048  # shapes kept at most: all are dropped past it
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
-        self.priced: dict[tuple, tuple[float, str]] = {}
+        self.priced: dict[tuple, PricedCall] = {}
 
-    def _priced(self, coll: Collective, layout: GroupLayout) -> tuple[float, str]:
-        key = (coll.kind, coll.bytes, coll.routing, layout.size, layout.nodes, layout.per_node)
+    def priced_call(self, coll: Collective, layout: GroupLayout) -> PricedCall:
+        key = _key(coll, layout)
         priced = self.priced.get(key)
         if priced is None:
             if len(self.priced) >= self.LIMIT:
@@ -211,12 +220,11 @@ class CollectivePricer:
         return priced
 
     def __call__(self, coll: Collective, layout: GroupLayout) -> float:
-        priced = self.priced.get((coll.kind, coll.bytes, coll.routing, layout.size, layout.nodes, layout.per_node))
-        return (priced or self._priced(coll, layout))[0]  # a hit without a second call
+        return self.priced_call(coll, layout).seconds
 
     def source(self, coll: Collective, layout: GroupLayout) -> str:
         """What priced ``coll`` on ``layout`` (``priced_collective``'s label), from the same memo."""
-        return self._priced(coll, layout)[1]
+        return self.priced_call(coll, layout).label
 
     def __reduce__(self):
         return (CollectivePricer, (self.cluster,))

@@ -37,7 +37,6 @@ class LearnedCostModel:
     """Seconds from fitted residual regressors, falling back per operator to the roofline."""
 
     name = "learned"
-    prices_collectives_itself = True  # its regressors: no note of calls beyond the measured points
 
     def __init__(
         self,
@@ -165,6 +164,10 @@ class LearnedCostModel:
             seconds = base * math.exp(float(model.predict_log_ratio(X)[0]))
         self._coll_s[cache_key] = seconds
         return seconds
+
+    def collective_last_measured(self, coll: Collective, layout: GroupLayout) -> float | None:
+        """None: its regressors price its collectives, not the catalog's measured points."""
+        return None
 
     def collective_source(self, coll: Collective, layout: GroupLayout) -> str:
         model = self._collective_model(coll, layout)

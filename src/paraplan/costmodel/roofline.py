@@ -353,6 +353,12 @@ class AnalyticalCostModel:
         DeepEP's model): the label ``CollectivePricer`` memoises with its time."""
         return self._collective.source(coll, layout)
 
+    def collective_last_measured(self, coll: Collective, layout: GroupLayout) -> float | None:
+        """The largest message size the intra-node curve measured on ``coll``'s group where
+        ``coll`` is larger (its time extrapolated along the fitted curve), else None: from the
+        same memo as its time (``CollectivePricer``)."""
+        return self._collective.priced_call(coll, layout).last_measured
+
     def source_of(self, op: Op, phase: Phase) -> str:
         if op.kind in SCAN_KINDS:
             return scan_source(op)

@@ -133,6 +133,21 @@ class CollectiveKind(str, Enum):
     # not emitted by the inventory (parameter broadcasts); the collective sampler measures it
     BROADCAST = "broadcast"
 
+    @property
+    def display(self) -> str:
+        """The kind as notes and tables write it ('all-reduce', 'send/recv')."""
+        return _KIND_DISPLAY[self]
+
+
+_KIND_DISPLAY = {
+    CollectiveKind.ALL_REDUCE: "all-reduce",
+    CollectiveKind.ALL_GATHER: "all-gather",
+    CollectiveKind.REDUCE_SCATTER: "reduce-scatter",
+    CollectiveKind.SEND_RECV: "send/recv",
+    CollectiveKind.ALL_TO_ALL: "all-to-all",
+    CollectiveKind.BROADCAST: "broadcast",
+}
+
 
 class ParallelDim(str, Enum):
     TP = "tp"
@@ -161,6 +176,15 @@ class ExpertRouting:
     groups: int | None = None
     group_topk: int | None = None
     backend: str = "deepep"
+
+    @property
+    def display(self) -> str:
+        """The dispatcher's own name ('DeepEP', 'HybridEP'): what priced its calls in ``--explain``."""
+        return DISPATCH_BACKENDS[self.backend]
+
+
+# the flex dispatcher's backends (``ParallelPlan.moe_flex_dispatcher_backend``) by their names
+DISPATCH_BACKENDS = {"deepep": "DeepEP", "hybridep": "HybridEP"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from paraplan.catalog import load_host_launch
 from paraplan.costmodel import CostModel
-from paraplan.costmodel.collectives import beyond_measured
 from paraplan.inventory import (
     Collective,
     CollectiveKind,
+    GroupLayout,
     JobInventory,
     LayerBlock,
     Op,
@@ -391,49 +391,47 @@ class CommCosts:
         self.layouts = {dim: group_layout(dim, plan, gpn) for dim in ParallelDim}
         self.pair = group_layout(ParallelDim.PP, plan, gpn, size=2)
 
+    def layout_of(self, coll: Collective) -> GroupLayout:
+        """The group ``coll`` runs on: a pipeline send/recv's pair of neighbouring stages, else its dimension's group."""
+        return self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
+
     def call_s(self, coll: Collective) -> float:
         """Seconds of one of ``coll``'s calls."""
-        layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
-        return self.cm.estimate_collective_s(coll, layout)
+        return self.cm.estimate_collective_s(coll, self.layout_of(coll))
 
     def seconds(self, coll: Collective) -> float:
         """Seconds of all ``coll.count`` of ``coll``'s calls."""
-        layout = self.pair if coll.dim is ParallelDim.PP else self.layouts[coll.dim]
-        return self.cm.estimate_collective_s(coll, layout) * coll.count
+        return self.call_s(coll) * coll.count
 
     def total(self, colls: tuple[Collective, ...], phases: tuple[Phase, ...]) -> float:
         return sum(self.seconds(c) for c in colls if c.phase in phases)
 
     def extrapolated_notes(self, inv: JobInventory) -> tuple[str, ...]:
         """One note per collective kind with a call beyond the sizes the intra-node curve measured
-        on its group (``costmodel.collectives.beyond_measured``), naming the largest of those
-        measured sizes; none where the cost model prices collectives its own way (a learned one's source says it)."""
-        if getattr(self.cm, "prices_collectives_itself", False):
-            return ()
-        cluster = self.cm.cluster
-        if cluster.intra_node is None:
+        on its group, naming the largest of those measured sizes: what the cost model's pricing
+        says of each call (``collective_last_measured``; none from a learned one's regressors)."""
+        intra = self.cm.cluster.intra_node
+        if intra is None:
             return ()
         # the smallest last measured size per kind: a call not above it is inside every group's points
         floor = {kind: min(max(p) for p in curve.points.values())
-                 for kind, curve in cluster.intra_node.collectives.items() if curve.points}
+                 for kind, curve in intra.collectives.items() if curve.points}
         if not floor:
             return ()
         calls = {id(c): c for st in inv.stages
                  for c in (*(c for b in st.blocks for c in b.collectives), *st.per_microbatch_dp, *st.grad_sync)}
         calls.update({id(c): c for c in (inv.p2p, inv.p2p_mask) if c is not None})
-        last_by_kind: dict[str, float] = {}
+        last_by_kind: dict[CollectiveKind, float] = {}
         for c in calls.values():
             if c.bytes <= floor.get(c.kind.value, float("inf")):
                 continue
-            layout = self.pair if c.dim is ParallelDim.PP else self.layouts[c.dim]
-            last = beyond_measured(c, layout, cluster)
+            last = self.cm.collective_last_measured(c, self.layout_of(c))
             if last is not None:
-                last_by_kind[c.kind.value] = max(last, last_by_kind.get(c.kind.value, 0.0))
+                last_by_kind[c.kind] = max(last, last_by_kind.get(c.kind, 0.0))
         # the same words for every plan of a search (its notes are pooled): no call's own size
         return tuple(
-            f"{kind.replace('_', '/' if kind == 'send_recv' else '-')}: calls larger than the "
-            f"{format_bytes(last)} XLA's collective table measured on their group are extrapolated along "
-            "the fitted curve" for kind, last in last_by_kind.items())
+            f"{kind.display}: calls larger than {format_bytes(last)}, the largest size measured on their "
+            "group, are extrapolated along the fitted curve" for kind, last in last_by_kind.items())
 
 
 def paired_share_of(plan: ParallelPlan) -> float:
@@ -583,7 +581,7 @@ def explain_layer(
 
 
 def _collective_estimate(c, cm: CostModel, comm: CommCosts, per: str = "layer") -> CollectiveEstimate:
-    layout = comm.pair if c.dim is ParallelDim.PP else comm.layouts[c.dim]
+    layout = comm.layout_of(c)
     return CollectiveEstimate(
         name=c.name,
         kind=c.kind.value,
@@ -594,7 +592,7 @@ def _collective_estimate(c, cm: CostModel, comm: CommCosts, per: str = "layer") 
         group_size=layout.size,
         group_nodes=layout.nodes,
         seconds=comm.seconds(c),
-        source=cm.collective_source(c, layout) if hasattr(cm, "collective_source") else "alpha-beta",
+        source=cm.collective_source(c, layout),
         per=per,
     )
 
