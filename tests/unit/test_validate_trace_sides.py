@@ -155,3 +155,24 @@ def test_hta_s_a100_trace_beside_an_h100_job_warns_of_the_gpu_and_shows_predicte
     assert attention.measured_s == 0.0 and attention.predicted_s > 0
     parts = [c for c in result.components if c.component not in ("compute", "iteration")]
     assert sum(c.measured_s for c in parts) == pytest.approx(_row(result, "iteration").measured_s, rel=1e-9)
+
+
+def test_the_table_and_json_show_the_predictions_ignored_settings_and_placement_notes(tmp_path):
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from paraplan.report.tracevalidation import render_trace_validation, trace_validation_record
+
+    result = _validated(_traces(tmp_path))
+    prediction = replace(result.prediction, uncalibrated=("no curve",), ignored_settings=("cuda graphs",),
+                         placement_notes=("tp straddles nodes",))
+    result = replace(result, prediction=prediction)
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(render_trace_validation(result))
+    text = console.export_text()
+    assert "uncalibrated: no curve" in text and "ignored: cuda graphs" in text
+    assert "placement: tp straddles nodes" in text
+    record = trace_validation_record(result)
+    assert record["ignored_settings"] == ["cuda graphs"] and record["placement_notes"] == ["tp straddles nodes"]

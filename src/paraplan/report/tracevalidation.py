@@ -16,6 +16,7 @@ from rich.text import Text
 from paraplan.files.atomic import sweep_stale, temp_path
 from paraplan.files.pictures import load_pyplot
 from paraplan.report.layout import ReadableTable
+from paraplan.report.tables import render_ignored_settings, render_placement_notes, render_uncalibrated
 from paraplan.validate import RunValidation
 from paraplan.validate.trace import PARTS
 
@@ -42,6 +43,8 @@ def trace_validation_record(r: RunValidation) -> dict[str, Any]:
         "warnings": list(r.warnings),
         "notes": list(r.notes),
         "uncalibrated": list(r.prediction.uncalibrated),
+        "ignored_settings": list(r.prediction.ignored_settings),
+        "placement_notes": list(r.prediction.placement_notes),
     }
 
 
@@ -73,7 +76,9 @@ def render_trace_validation(r: RunValidation) -> Group:
         table.add_row(c.stage if first_of_stage else "", c.component, _ms(c.measured_s), _ms(c.predicted_s), _err(c.error),
                       end_section=last_of_stage, style=style)
     notes = [Text(f"note: {n}", style="dim") for n in r.notes]  # warnings: the command prints them
-    notes += [Text(f"uncalibrated: {u}", style="yellow") for u in r.prediction.uncalibrated]
+    notes += render_uncalibrated(r.prediction.uncalibrated)
+    notes += render_ignored_settings(r.prediction.ignored_settings)
+    notes += render_placement_notes(r.prediction.placement_notes)
     return Group(summary, table, *notes)
 
 
