@@ -41,7 +41,15 @@ from paraplan.inventory.moe_kernels import (
     fp8_input_casts,
     moe_kernels,
 )
-from paraplan.inventory.ops import Collective, CollectiveKind, ExpertRouting, Op, OpKind, ParallelDim
+from paraplan.inventory.ops import (
+    DISPATCH_BACKENDS,
+    Collective,
+    CollectiveKind,
+    ExpertRouting,
+    Op,
+    OpKind,
+    ParallelDim,
+)
 from paraplan.inventory.shapes import LocalShape
 from paraplan.specs import FP8Recipe, ModelSpec, ParallelPlan, Phase
 
@@ -91,7 +99,7 @@ def megatron_kernels(model: ModelSpec, x: LocalShape) -> dict[str, Kernels] | No
 def megatron_kernel_config(model: ModelSpec, x: LocalShape) -> MoeKernelConfig | None:
     """What Megatron-Core's MoE kernel counts depend on, for this model and rank; None where
     ``megatron_kernels`` counts nothing."""
-    if x.dispatcher not in ("alltoall", "deepep", "hybridep"):
+    if x.dispatcher != "alltoall" and x.dispatcher not in DISPATCH_BACKENDS:
         return None
     return MoeKernelConfig(
         router_fusion=bool(model.moe_router_fusion), permute_fusion=bool(model.moe_permute_fusion),
@@ -309,7 +317,7 @@ def graphed(x: LocalShape, config: MoeKernelConfig, attention: tuple[Op, ...],
 
 def expert_routing(model: ModelSpec, plan: ParallelPlan) -> ExpertRouting | None:
     """The routing a flex dispatcher (DeepEP, HybridEP) sends by; None for alltoall / allgather."""
-    if plan.dispatcher not in ("deepep", "hybridep"):
+    if plan.dispatcher not in DISPATCH_BACKENDS:
         return None
     return ExpertRouting(model.num_moe_experts or 1, model.moe_router_topk or 1, model.moe_router_num_groups,
                          model.moe_router_group_topk, plan.dispatcher)

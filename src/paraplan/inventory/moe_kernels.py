@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraplan.inventory.ops import DISPATCH_BACKENDS
+
 
 @dataclass(frozen=True, slots=True)
 class Kernels:
@@ -157,7 +159,7 @@ def dispatch(c: MoeKernelConfig) -> Kernels:
     the multihot's, DeepEP's combine (cached notify and combine), topk's scatter (zeros, scatter),
     the ETP expansion's sum and the probabilities' two gradients summed."""
     permute = _permute(c)
-    if c.dispatcher in ("deepep", "hybridep"):
+    if c.dispatcher in DISPATCH_BACKENDS:
         expand = 2 if c.etp > 1 else 0
         multihot = Kernels(1, 1) if c.permute_fusion else Kernels(18, 2)
         fwd = expand + 1 + 3 + multihot.fwd + permute.fwd
@@ -186,7 +188,7 @@ def combine(c: MoeKernelConfig) -> Kernels:
     cached_notify_combine and combine kernels; backward the unpermute's and DeepEP's cached
     dispatch (cached notify and dispatch)."""
     unpermute = _unpermute(c)
-    if c.dispatcher in ("deepep", "hybridep"):
+    if c.dispatcher in DISPATCH_BACKENDS:
         return Kernels(unpermute.fwd + 2, unpermute.bwd + 2)
     sort = _sort_chunks(c) if c.local_experts > 1 else Kernels(0, 0)
     scatter = 3 if c.etp > 1 else 0
@@ -218,7 +220,7 @@ def dispatch_preprocess(c: MoeKernelConfig) -> int:
     move to ``before_ep_alltoall`` (``cuda_dtoh_point``), after the graph, so they stay launched.
     deepep / hybridep: _DeepepManager.setup_metadata (the ETP expansion and the top-k to
     indices); the layout, notify, dispatch, multihot and permute run after the graph."""
-    if c.dispatcher in ("deepep", "hybridep"):
+    if c.dispatcher in DISPATCH_BACKENDS:
         return (2 if c.etp > 1 else 0) + 1
     comm = c.ep > 1 or c.etp > 1
     return 1 + (6 if comm else 0) + _permute(c).fwd

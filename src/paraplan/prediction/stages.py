@@ -25,6 +25,7 @@ from paraplan.inventory import (
 )
 from paraplan.inventory.fp8 import is_amax_reduction
 from paraplan.inventory.moe import is_shared_expert
+from paraplan.inventory.ops import DISPATCH_BACKENDS
 from paraplan.inventory.recompute import RecomputeCost, recompute_cost
 from paraplan.prediction.async_tp import async_tp_layer, runs_async_tp
 from paraplan.prediction.host_sync import host_wait_s
@@ -259,7 +260,6 @@ def _expert_comm(
 
 
 _NODES = ("attn", "mlp", "combine")
-_FLEX = ("deepep", "hybridep")
 
 
 def fine_grained_nodes(ops: tuple[Op, ...], dispatcher: str) -> tuple[str, ...]:
@@ -279,7 +279,7 @@ def fine_grained_nodes(ops: tuple[Op, ...], dispatcher: str) -> tuple[str, ...]:
     - combine (``submodule_combine_forward``, on the communication stream): ``mlp.combine``,
       whose ``combine_postprocess`` is the alltoall dispatcher's unpermutation (the flex
       dispatcher's only reshapes), then ``mlp_bda``, the layer's last residual add."""
-    flex = dispatcher in _FLEX
+    flex = dispatcher in DISPATCH_BACKENDS
     last_expert = max((i for i, op in enumerate(ops) if op.expert or op.role.startswith("experts'")), default=-1)
     nodes = []
     for i, op in enumerate(ops):

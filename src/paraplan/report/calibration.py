@@ -183,8 +183,8 @@ def render_collective_table(fit: Any, cluster: str) -> Group:
                    *(f"n={n}" for n in groups), "S 1/2\nMB", "rows", *_ERR_HEADERS)
     for f in fit.fits:
         bus = [f"{f.curve.bus_bytes_per_s[n] / 1e9:.0f}" if n in f.curve.bus_bytes_per_s else "-" for n in groups]
-        table.add_row(f.kind.value.replace("_", "-"), *bus, f"{f.curve.half_bytes / 1e6:.1f}", str(f.rows), *_stats(f.holdout))
-    ranges = [f"{f.kind.value.replace('_', '-')} n={n} {_mib(min(p))}-{_mib(max(p))}"
+        table.add_row(f.kind.display, *bus, f"{f.curve.half_bytes / 1e6:.1f}", str(f.rows), *_stats(f.holdout))
+    ranges = [f"{f.kind.display} n={n} {_mib(min(p))}-{_mib(max(p))}"
               for f in fit.fits for n, p in f.curve.points.items()]
     lines = ["errors on the held-out rows; the catalog block follows"]
     if ranges:
