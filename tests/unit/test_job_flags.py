@@ -192,3 +192,29 @@ def test_the_predict_header_says_1_micro_batch_in_the_singular():
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert "(1 micro-batch)" in text and "micro-batches)" not in text
+
+
+@pytest.mark.parametrize("command", ["predict", "search"])
+def test_predict_and_search_take_the_queued_kernel_gap_switch(command):
+    assert {"--queued-kernel-gap", "--no-queued-kernel-gap"} <= _options(command)
+
+
+def test_the_queued_kernel_gap_flag_switches_the_gap_on_in_predict_and_off_over_a_job_file(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({"model": "llama-3-8b", "cluster": {"name": "dgx-h100", "num_nodes": 1},
+                               "parallel": {"tp": 2, "global_batch_size": 16, "queued_kernel_gap": True}}))
+    times = {}
+    for flag in ("--queued-kernel-gap", "--no-queued-kernel-gap"):
+        result = CliRunner().invoke(app, ["predict", str(job), flag, "-f", "json"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        times[flag] = json.loads(result.stdout)["iteration_s"]
+    assert times["--queued-kernel-gap"] > times["--no-queued-kernel-gap"]
+
+
+def test_the_search_keeps_the_queued_kernel_gap_flag_on_every_plan():
+    from paraplan.search.request import SearchFlags, SearchRequest
+
+    on = SearchRequest.from_flags(None, SearchFlags(model="llama-3-8b", cluster="dgx-h100", queued_kernel_gap=True))
+    off = SearchRequest.from_flags(None, SearchFlags(model="llama-3-8b", cluster="dgx-h100"))
+    assert all(s["space"].queued_kernel_gap for s in on.searches)
+    assert not any(s["space"].queued_kernel_gap for s in off.searches)

@@ -146,6 +146,11 @@ MODEL_FLAGS = (
                "longest sequence the model accepts, not the training length)."),
 )
 
+# a plan switch predict and search both take (search keeps it on every plan it tries)
+QUEUED_KERNEL_GAP = plan_flag("queued_kernel_gap", bool,
+                              help="Add the GPU's measured idle gap between back-to-back queued kernels, once per launch "
+                                   "(off by default: it was measured only under a profiler, which may cause part of it).")
+
 JOB_FLAGS = (
     cli_flag("model", str | None, help="Catalog model name, e.g. llama-3-70b."),
     *MODEL_FLAGS,
@@ -162,6 +167,7 @@ JOB_FLAGS = (
              "allgather (Megatron-Core), allgather | alltoall (torchtitan); default: the framework's."),
     plan_flag("virtual_pipeline_model_parallel_size", int, help="Interleaved stages per GPU."),
     plan_flag("sequence_parallel", bool),
+    QUEUED_KERNEL_GAP,
     plan_flag("expert_model_parallel_size", int, help="Expert-parallel size (MoE models)."),
     plan_flag("expert_tensor_parallel_size", int, help="Expert tensor-parallel size (default: tp)."),
     plan_flag("expert_load_imbalance", float, help="Busiest expert-parallel rank's tokens over the mean (default 1.0)."),

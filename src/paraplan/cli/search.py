@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from paraplan.cli.common import (
     MODEL_FLAGS,
+    QUEUED_KERNEL_GAP,
     OutputFormat,
     choices,
     cli_flag,
@@ -93,6 +94,7 @@ SEARCH_FLAGS = (
              help="Also try tensor parallelism across nodes."),
     cli_flag("uneven_layers", bool, "--uneven-layers", default=False,
              help="Let stages hold unequal layer counts (exact partition; always on for node groups)."),
+    QUEUED_KERNEL_GAP,
     cli_flag("sizes", str | None, help="Cluster sizing: node counts to try, e.g. 4,8,16,32."),
     cli_flag("clusters", str | None, help="GPU/cluster types to compare, e.g. dgx-a100,dgx-h100."),
     cli_flag("pareto", Path | None, help="Write the Pareto chart (time against --pareto-axis) to this PNG."),

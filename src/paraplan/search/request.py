@@ -61,6 +61,7 @@ class SearchFlags:
     offload: str | None = None
     allow_tp_across_nodes: bool = False
     uneven_layers: bool = False
+    queued_kernel_gap: bool | None = field(default=None, metadata=_JOB)  # kept on every plan (JOB_STATED)
     sizes: str | None = None
     clusters: str | None = None
     pareto: Any = None  # where the Pareto chart goes (only whether it is asked for matters here)
