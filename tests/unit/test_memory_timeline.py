@@ -57,11 +57,20 @@ def test_a_second_micro_batch_s_forward_sees_the_first_one_s_gradients():
 
 def test_the_peak_is_the_largest_moment_and_the_end_of_backward_holds_every_gradient():
     # tiny activations: every freed gradient at the end of the backward outweighs them
-    loss, backward, end = step_peak_bytes(10.0, 8.0, False, 3.0, 1.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0)
-    assert (loss, backward, end) == (14.0, 15.0, 20.5)
+    loss, backward, end, step = step_peak_bytes(10.0, 8.0, False, 3.0, 1.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0)
+    assert (loss, backward, end, step) == (14.0, 15.0, 20.5, 18.0)
     # large activations: the loss (its copies of the logits beyond the layer's working bytes) wins
-    loss, backward, end = step_peak_bytes(10.0, 8.0, False, 30.0, 4.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0)
-    assert loss == max(loss, backward, end) == 44.0
+    loss, backward, end, step = step_peak_bytes(10.0, 8.0, False, 30.0, 4.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0)
+    assert loss == max(loss, backward, end, step) == 44.0
+
+
+def test_the_optimizer_step_holds_its_temporaries_beside_every_gradient_once_the_activations_are_freed():
+    # without temporaries the step is the end of the backward less its working bytes and buffers
+    *_, end, step = step_peak_bytes(10.0, 8.0, False, 3.0, 1.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0)
+    assert step < end
+    # 4 bytes of temporaries outweigh the backward's last working bytes and buffers (2.5)
+    *_, end, step = step_peak_bytes(10.0, 8.0, False, 3.0, 1.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0, 4.0)
+    assert (end, step) == (20.5, 22.0)
 
 
 def test_the_timeline_is_the_same_on_numbers_and_on_the_screen_s_arrays():
@@ -70,9 +79,11 @@ def test_the_timeline_is_the_same_on_numbers_and_on_the_screen_s_arrays():
     args = (np.array([10.0, 10.0]), np.array([8.0, 0.0]), np.array([False, True]), np.array([3.0, 30.0]),
             np.array([1.0, 4.0]), np.array([0.5, 0.5]), np.array([0.2, 0.2]), np.array([0.0, 1.0]),
             np.array([2.0, 2.0]), np.array([1.0, 1.0]))
-    arrays = step_peak_bytes(*args, 0.15)
+    temporaries = np.array([0.0, 40.0])
+    arrays = step_peak_bytes(*args, 0.15, temporaries)
     for i in range(2):
-        one = step_peak_bytes(*(float(a[i]) if a.dtype != bool else bool(a[i]) for a in args), 0.15)
+        one = step_peak_bytes(*(float(a[i]) if a.dtype != bool else bool(a[i]) for a in args), 0.15,
+                              float(temporaries[i]))
         assert [float(m[i]) for m in arrays] == pytest.approx(one)
 
 
@@ -103,7 +114,7 @@ def test_the_backward_s_last_layer_holds_the_tensors_it_kept_for_itself_beside_i
     assert held == pytest.approx(saved) and saved > 0
     held, saved, layer_input = last_layer("full")  # its input kept, its activations recomputed
     assert held == pytest.approx(layer_input + saved)
-    worst = predict(_job("torchtitan-0.1", recompute="full")).memory.worst
+    worst = predict(_job("torchtitan-0.1", recompute="full", optimizer_impl="fused")).memory.worst
     assert worst.moment == MOMENTS[2] and worst.activations == pytest.approx(held)
 
 
@@ -128,3 +139,38 @@ def test_the_last_backward_of_a_dense_first_moe_holds_its_first_dense_layer_s_te
     assert held[3] != held[58]
     assert step_memory(inv, st)[3] == last_backward_bytes(held[3], working, 0.0)
     assert step_memory(inv, st)[3] != last_backward_bytes(held[58], working, 0.0)
+
+
+def _step_temporaries(impl, **parallel):
+    from paraplan.inventory import count_job
+    from paraplan.inventory.job import params_updated
+
+    inv = count_job(_job("torchtitan-0.1", "llama-3-8b", optimizer_impl=impl, **parallel))
+    st = inv.stages[0]
+    return st.step_temporaries, params_updated(inv.job, st.params, st.expert_params)
+
+
+def test_torch_foreach_adamw_allocates_four_bytes_per_shard_parameter_at_the_step():
+    temporaries, shard = _step_temporaries("foreach")
+    assert shard > 0 and temporaries == pytest.approx(4.0 * shard)
+
+
+def test_the_fused_adamw_allocates_nothing_at_the_step():
+    assert _step_temporaries("fused")[0] == 0.0
+
+
+def test_an_optimizer_on_the_host_allocates_nothing_on_the_gpu_at_the_step():
+    assert _step_temporaries("foreach", offload_optimizer="cpu", offload_param="cpu")[0] == 0.0
+
+
+def test_foreach_s_temporaries_make_the_optimizer_step_the_peak_of_a_job_with_few_activations():
+    """Full recompute keeps few activations: the step's fp32 square roots (4 bytes a shard
+    parameter) outweigh the backward's last layer; fused, the same job peaks at the end of the
+    backward."""
+    def worst(impl):
+        return predict(_job("torchtitan-0.1", recompute="full", optimizer_impl=impl)).memory.worst
+
+    foreach, fused = worst("foreach"), worst("fused")
+    assert (foreach.moment, fused.moment) == (MOMENTS[3], MOMENTS[2])
+    assert foreach.activations == 0 and foreach.optimizer_states > fused.optimizer_states
+    assert foreach.total > fused.total

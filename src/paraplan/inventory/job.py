@@ -25,7 +25,7 @@ from paraplan.inventory.layer import (
 from paraplan.inventory.moe import count_moe_collectives, count_moe_layer_ops
 from paraplan.inventory.mtp import count_mtp_ops
 from paraplan.inventory.ops import Collective, CollectiveKind, Op, OpKind, ParallelDim
-from paraplan.inventory.optimizer import optimizer_op
+from paraplan.inventory.optimizer import optimizer_op, step_temporary_bytes
 from paraplan.inventory.partition import (
     count_layers_per_stage,
     count_marked_layers_per_stage,
@@ -96,6 +96,9 @@ class StageInventory:
     # kernels on the data-parallel collectives' streams, in their chain (FSDP1's casts and
     # divides, ``inventory.fsdp1``): priced with ``per_microbatch_dp``
     side_kernels: tuple[Op, ...] = ()
+    # bytes the optimizer step allocates on the GPU beside its states (torch foreach's
+    # ``_foreach_sqrt`` list; ``inventory.optimizer.step_temporary_bytes``), none when it runs on the host
+    step_temporaries: float = 0.0
 
     @property
     def first(self) -> bool:
@@ -659,6 +662,8 @@ def count_job(job: Job) -> JobInventory:
                                        fsdp1=runs_fsdp1(job), tensors=_weight_tensors(job, blocks, i in (0, last))),
                 expert_params=expert_params,
                 side_kernels=fsdp1_side_kernels(job, params, sum(counts.values()), param_e, grad_e),
+                step_temporaries=0.0 if plan.offload_optimizer != "none" else step_temporary_bytes(
+                    updated, plan.optimizer_impl),
             )
         )
         alike[same] = stages[-1]

@@ -30,6 +30,16 @@ avoids the host-device sync that would result from ``if clip_coef < 1``"), read 
 FSDP1 runs the norm and the multiply as one kernel per flat gradient (a Python loop); the norm's
 all-reduce is one scalar (a few microseconds of latency, not priced).
 
+Memory: the fused step allocates nothing beyond the states. The foreach step (torch 2.2-2.5
+``_multi_tensor_adam(w)``, ``capturable=False``) allocates one list:
+``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``, a tensor of the moments' dtype
+(the fp32 shard's) per parameter, alive at once for the whole device group until
+``_foreach_addcdiv_``; the weight decay (``_foreach_mul_``), the moments' updates and the div
+and add on the list are in place, the bias corrections and step sizes are Python floats (the
+step counters are CPU tensors) and the gradients are read in their own dtype (grouped with
+their parameters by ``_group_tensors_by_device_and_dtype``, never cast): 4 bytes per parameter
+the rank updates (``STEP_TEMPORARY_BYTES``, ``step_temporary_bytes``).
+
 FSDP1 (``inventory.fsdp1.runs_fsdp1``): the optimizer sees the flat fp32 parameter and its fp32
 gradient (``_cast_grad_to_param_dtype`` casts the reduced shard back, priced with the reduction)
 and writes no low-precision copy of the weight (the cast happens before each all-gather,
@@ -58,6 +68,16 @@ FOREACH_ADAMW = (
     ("add_ eps", 1, (1, 0, 1)),
     ("addcdiv_ params, exp_avgs, sqrt", 3, (3, 0, 1)),
 )
+
+#: Bytes per updated parameter the optimizer step allocates and frees within ``step()`` (module
+#: docstring): torch foreach's ``_foreach_sqrt`` list of the fp32 second moments; none fused.
+STEP_TEMPORARY_BYTES = {"fused": 0.0, "foreach": FP32}
+
+
+def step_temporary_bytes(params_updated: float, impl: str | None) -> float:
+    """Bytes the optimizer step over ``params_updated`` parameters allocates beside its states
+    (``STEP_TEMPORARY_BYTES``; ``impl`` None is fused)."""
+    return params_updated * STEP_TEMPORARY_BYTES[impl or "fused"]
 
 
 def foreach_launches(elements: float, tensors: int, depth: int) -> int:

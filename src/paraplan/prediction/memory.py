@@ -168,15 +168,18 @@ def stage_peak_bytes(persistent, activations, logits, gathered, buffers, runtime
 #: The moments of a step ``step_peak_bytes`` compares, in its order: the loss at the end of the
 #: (last micro-batch's) forward pass, the first layers of the backward pass (every activation
 #: still saved, the backward's buffers allocated), and the end of the backward pass before the
-#: optimizer step (every gradient, and the first layer's backward working bytes).
-MOMENTS = ("loss", "backward start", "backward end")
+#: optimizer step (every gradient, and the first layer's backward working bytes), and the optimizer
+#: step itself (the activations and the backward's buffers freed, every gradient, and the
+#: temporaries the step allocates: torch foreach's, ``inventory.optimizer.step_temporary_bytes``;
+#: without them it never exceeds the end of the backward).
+MOMENTS = ("loss", "backward start", "backward end", "optimizer step")
 
 
 def step_peak_bytes(persistent, gradients_freed, grads_at_forward, activations, logits, layer_working, gathered,
-                    buffers, backward_buffers, runtime, fragmentation: float):
+                    buffers, backward_buffers, runtime, fragmentation: float, step_temporaries=0.0):
     """The peak of a step's memory timeline: the largest of ``stage_peak_bytes`` at each of the
     ``MOMENTS``, with the tensors alive at that moment (numbers or numpy arrays: the search's
-    screen; a tuple of the three totals). ``persistent`` holds the tensors kept between steps;
+    screen; a tuple of the four totals). ``persistent`` holds the tensors kept between steps;
     ``gradients_freed`` the gradient bytes the trainer frees between steps
     (``ParallelPlan.frees_gradients``), which exist at the loss only where ``grads_at_forward``
     (more than one micro-batch a step: the earlier ones' gradients) and always at the end of the
@@ -187,7 +190,9 @@ def step_peak_bytes(persistent, gradients_freed, grads_at_forward, activations, 
     (FSDP's unsharded gradient and reduce-scatter input). The gradients of the units done early
     in the backward are left out of its first moment (a unit's shard, against the activations it
     frees); between the first layers and the end both change linearly with the layers done, so
-    the larger of the two ends bounds the backward."""
+    the larger of the two ends bounds the backward. At the optimizer step ``step_temporaries``
+    (allocated by every step alike, counted with the tensors kept) join the states and every
+    gradient; the ``buffers`` held all step stay."""
     early = np.where(grads_at_forward, gradients_freed, 0.0) if isinstance(grads_at_forward, np.ndarray) else (
         gradients_freed if grads_at_forward else 0.0)
     loss = stage_peak_bytes(persistent, activations, logits, gathered, buffers + early, runtime, fragmentation)
@@ -195,7 +200,9 @@ def step_peak_bytes(persistent, gradients_freed, grads_at_forward, activations, 
                                 fragmentation)
     end = stage_peak_bytes(persistent, layer_working, 0.0, gathered, buffers + backward_buffers + gradients_freed,
                            runtime, fragmentation)
-    return loss, backward, end
+    step = stage_peak_bytes(persistent + step_temporaries, 0.0, 0.0, 0.0, buffers + gradients_freed, runtime,
+                            fragmentation)
+    return loss, backward, end, step
 
 
 def peak_bytes(persistent, transient, runtime, fragmentation: float):
@@ -363,9 +370,10 @@ def estimate_stage_memory(inv: JobInventory, st: StageInventory) -> StageMemory:
     return at_peak_moment(*step_memory(inv, st))
 
 
-def step_memory(inv: JobInventory, st: StageInventory) -> tuple[StageMemory, float, bool, float]:
+def step_memory(inv: JobInventory, st: StageInventory) -> tuple[StageMemory, float, bool, float, float]:
     """(every tensor of the step on one GPU of ``st``, its gradients whole; the backward-only
-    buffers; whether freed gradients exist at the loss; what the first layer's backward, the step's last, holds):
+    buffers; whether freed gradients exist at the loss; what the first layer's backward, the step's last, holds;
+    what the optimizer step allocates, ``StageInventory.step_temporaries``):
     ``at_peak_moment``'s arguments, which the search's screen reads too."""
     plan = inv.job.parallel
     dp, zero, edp = plan.zero_shards, plan.zero_stage, plan.edp
@@ -436,7 +444,7 @@ def step_memory(inv: JobInventory, st: StageInventory) -> tuple[StageMemory, flo
     )
     # the first layer's backward, the step's last: its own kept tensors and its working bytes
     layer_working = last_backward_bytes(first_layer_held_bytes(inv, st), working, end_saved_bytes(st))
-    return mem, backward_buffers, grads_at_forward(plan.num_microbatches), layer_working
+    return mem, backward_buffers, grads_at_forward(plan.num_microbatches), layer_working, st.step_temporaries
 
 
 def freed_gradients(mem: StageMemory) -> float:
@@ -445,21 +453,22 @@ def freed_gradients(mem: StageMemory) -> float:
 
 
 def moment_totals(mem: StageMemory, backward_buffers: float, grads_at_forward: bool,
-                  layer_working: float) -> tuple[float, float, float]:
+                  layer_working: float, step_temporaries: float = 0.0) -> tuple[float, float, float, float]:
     """The GPU's total at each of the ``MOMENTS`` (``step_peak_bytes``) from ``step_memory``'s
     values: what compares two jobs at the same moment of their steps."""
     return step_peak_bytes(mem.persistent, freed_gradients(mem), grads_at_forward, mem.activations, mem.logits,
                            layer_working, mem.gathered_params, mem.buffers, backward_buffers, mem.runtime,
-                           mem.fragmentation_share)
+                           mem.fragmentation_share, step_temporaries)
 
 
 def at_peak_moment(mem: StageMemory, backward_buffers: float, grads_at_forward: bool,
-                   layer_working: float) -> StageMemory:
+                   layer_working: float, step_temporaries: float = 0.0) -> StageMemory:
     """``mem`` (every tensor of the step, the gradients whole) cut to the moment of its step's
     peak (``step_peak_bytes``): its parts are then the tensors alive at that moment, and
-    ``moment`` names it."""
+    ``moment`` names it; at the optimizer step its temporaries are counted with the optimizer
+    states."""
     freed = freed_gradients(mem)
-    totals = moment_totals(mem, backward_buffers, grads_at_forward, layer_working)
+    totals = moment_totals(mem, backward_buffers, grads_at_forward, layer_working, step_temporaries)
     at = max(range(len(MOMENTS)), key=lambda i: (totals[i], -i))  # the first of equal peaks
     early = freed if grads_at_forward else 0.0
     kept = mem.gradients - freed
@@ -467,6 +476,8 @@ def at_peak_moment(mem: StageMemory, backward_buffers: float, grads_at_forward: 
         {"logits": mem.logits, "gradients": kept + early},
         {"logits": 0.0, "gradients": kept + early, "buffers": mem.buffers + backward_buffers},
         {"logits": 0.0, "activations": layer_working, "buffers": mem.buffers + backward_buffers},
+        {"logits": 0.0, "activations": 0.0, "gathered_params": 0.0,
+         "optimizer_states": mem.optimizer_states + step_temporaries},
     )[at]
     return replace(mem, moment=MOMENTS[at], **parts)
 

@@ -427,7 +427,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
     states), transient (gathered weights, communication buffers) and outside the allocator
     (``comms``: each layout's ``CommCosts``)."""
     keys = ("layers", "reduce", "gather", "dp_f", "dp_b", "optimizer", "static", "grads_freed", "gathered", "buffers",
-            "bwd_buffers", "runtime", "grad_copy", "amax_f", "amax_b")
+            "bwd_buffers", "runtime", "grad_copy", "amax_f", "amax_b", "step_temps")
     out = np.zeros((len(keys), len(invs), 3))
     for j, (inv, comm) in enumerate(zip(invs, comms, strict=True)):
         pp = len(inv.stages)
@@ -450,6 +450,7 @@ def _layout_table(cm: AnalyticalCostModel, invs: list[JobInventory], comms: list
                     mem.runtime,
                     gradient_copy_s(inv, st),
                     *amax_region_s(st, comm),  # amax_f, amax_b: one model chunk's
+                    st.step_temporaries,  # step_temps: what the optimizer step allocates
                 )
             out[:, j, c] = rows[s]
     return dict(zip(keys, out, strict=True))
@@ -680,10 +681,12 @@ def _combine(plans, sched, overlap, shards, shard_of, layouts, layout_of, p2p, p
                                                     1.0 if c == FIRST else 0.0, chunks, keeps_outputs)
             activations = activations + np.where(single, 0.0, kept)
             buffers = buffers + np.where(single, 0.0, received)
-        # the step's timeline (``memory.step_peak_bytes``): the loss, the backward's first and last layers
+        # the step's timeline (``memory.step_peak_bytes``): the loss, the backward's first and last
+        # layers, the optimizer step
         moments = step_peak_bytes(layout("static", c), layout("grads_freed", c), grads_at_forward(m), activations,
                                   logits, last_backward_bytes(first1, work, ends("saved", c)), layout("gathered", c),
-                                  buffers, layout("bwd_buffers", c), layout("runtime", c), frag)
+                                  buffers, layout("bwd_buffers", c), layout("runtime", c), frag,
+                                  layout("step_temps", c))
         mem[c] = np.maximum.reduce(moments)
     finish = finish_by_class(f, bw, wg, p2p, p2p + p2p_mask, pp, m, v, sched, lockstep, sends_async)
     neg = -np.inf
