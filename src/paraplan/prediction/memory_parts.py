@@ -29,7 +29,8 @@ _P = MemoryPart
 MEMORY_PARTS: tuple[MemoryPart, ...] = (
     _P("weights", "weights", "the parameters this GPU keeps (its ZeRO-3 shard, or all of its stage's)", True),
     _P("gradients", "gradients", "the gradient buffers this GPU keeps between iterations"),
-    _P("optimizer_states", "optimizer states", "Adam's moments and master weights this GPU keeps"),
+    _P("optimizer_states", "optimizer states", ("Adam's moments and master weights this GPU keeps; at the optimizer step also torch foreach "
+       "AdamW's temporaries")),
     _P("workspaces", "workspaces (cuBLAS, TE)",
        "cuBLAS and Transformer Engine workspaces and cached dummy weight gradients, kept all run"),
     _P("activations", "activations", "saved activations of the micro-batches in flight", True),
