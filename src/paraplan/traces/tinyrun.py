@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -146,16 +147,19 @@ def _worker(rank: int, world: int, meet: str, jobs: list, cfg) -> None:
         try:  # faulthandler is off again before the file closes, however this ends
             torch.set_num_threads(1)
             dist.init_process_group("gloo", init_method=f"file://{meet}/store", rank=rank, world_size=world)
-            try:
-                for settings, out in jobs:
-                    fault.write(f"mode {settings['mode']}\n")
-                    _profile_one(rank, world, Path(out), settings, cfg)
-                    dist.barrier()
-                fault.write("mode (all done: destroying the process group)\n")
-            finally:
-                dist.destroy_process_group()
+            for settings, out in jobs:
+                fault.write(f"mode {settings['mode']}\n")
+                _profile_one(rank, world, Path(out), settings, cfg)
+                dist.barrier()
+            fault.write("mode (all done)\n")
         finally:
             faulthandler.disable()
+    # Every trace and timer file is written and closed, and every rank has passed the last
+    # barrier: leave without gloo's teardown, which now and then aborts the process
+    # ("terminate called without an active exception", SIGABRT) while its threads wind down
+    # (destroy_process_group or the interpreter's exit alike). An exception above propagates to
+    # torch.multiprocessing, which reports its traceback.
+    os._exit(0)
 
 
 def _profile_one(rank: int, world: int, out: Path, settings: dict, cfg) -> None:
