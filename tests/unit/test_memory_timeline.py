@@ -174,3 +174,23 @@ def test_foreach_s_temporaries_make_the_optimizer_step_the_peak_of_a_job_with_fe
     assert (foreach.moment, fused.moment) == (MOMENTS[3], MOMENTS[2])
     assert foreach.activations == 0 and foreach.optimizer_states > fused.optimizer_states
     assert foreach.total > fused.total
+
+
+@pytest.mark.parametrize("framework, parallel", [
+    ("torchtitan-0.1", {"recompute": "none"}),
+    ("torchtitan-0.1", {"recompute": "full"}),  # peaks at the optimizer step (foreach AdamW)
+    ("megatron", {"pp": 2, "global_batch_size": 32}),
+    ("fsdp", {"zero_stage": 3, "pp": 2}),
+    ("fsdp", {"zero_stage": 2, "recompute": "full"}),
+    ("deepspeed", {"zero_stage": 2, "global_batch_size": 32}),
+])
+def test_the_parts_at_the_peak_moment_add_up_to_that_moment_s_total(framework, parallel):
+    """``at_peak_moment`` lists the tensors alive at each moment part by part, ``step_peak_bytes``
+    (which the screen runs on arrays) adds them up: the two must tell the same timeline."""
+    from paraplan.inventory import count_job
+    from paraplan.prediction.memory import at_peak_moment, moment_totals, step_memory
+
+    inv = count_job(_job(framework, **parallel))
+    for st in inv.stages:
+        args = step_memory(inv, st)
+        assert at_peak_moment(*args).total == pytest.approx(max(moment_totals(*args)), rel=1e-12)
