@@ -134,7 +134,7 @@ def trace_operators(path: Path) -> TraceOps:
                     precision[op] = said
     out = []
     for i in sorted(info):
-        name, klass, backward, dims, dtype, host_s = info[i]
+        name, klass, backward, dims, dtype, host_s, _ = info[i]
         seconds = kernel_s.get(i, 0.0) if kernels else host_s
         if seconds > 0.0:
             out.append(OpTiming(name, klass, backward, dims, dtype, seconds, precision.get(i, "")))
@@ -161,7 +161,6 @@ def operator_kernels(path: Path, names: frozenset[str]) -> list[KernelCall]:
     its input shapes, one row per kernel (not summed per operator as ``trace_operators`` does),
     linked as ``trace_operators`` links them."""
     kernels, owners, info, _ = _link(path, classify=lambda n: ("memory", False) if n in names else None)
-    types = _input_types(path, names)
     launched: dict[int, int] = defaultdict(int)
     for op in owners:
         if op is not None:
@@ -169,8 +168,8 @@ def operator_kernels(path: Path, names: frozenset[str]) -> list[KernelCall]:
     out = []
     for (_, _, seconds, kernel), op in zip(kernels, owners, strict=True):
         if op is not None and op in info:
-            name, _, _, dims, dtype, _ = info[op]
-            out.append(KernelCall(name, dims, dtype, seconds, kernel, launched[op], types.get(op, ())))
+            name, _, _, dims, dtype, _, types = info[op]
+            out.append(KernelCall(name, dims, dtype, seconds, kernel, launched[op], types))
     return out
 
 
@@ -181,7 +180,7 @@ def _link(path: Path, *, by_launch: bool = True, classify=None):
     ``classify`` (default ``op_class``) says which operators are timed and their curve class."""
     classify = classify or op_class
     threads: dict[tuple, _Thread] = {}
-    info: dict[int, tuple[str, str, bool, tuple, str, float]] = {}  # op index -> timed leaf op
+    info: dict[int, tuple[str, str, bool, tuple, str, float, tuple]] = {}  # op index -> timed leaf op
     by_ext: dict[object, int] = {}
     launched: set = set()  # correlation ids of runtime calls
     kernels: list[tuple[object, object, float, str]] = []  # (correlation, External id, seconds, name)
@@ -205,13 +204,14 @@ def _link(path: Path, *, by_launch: bool = True, classify=None):
             ext = args.get("External id")
             if ext is not None:
                 by_ext.setdefault(ext, i)
-            dims, dtype = _tensor_inputs(args)
+            dims, types = _tensor_inputs(args)
             if not dims:
                 continue
             shaped += 1
             verdict = classify(ev.get("name") or "")
             if verdict is not None:
-                info[i] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6)
+                dtype = next((t for t in types if t), "")
+                info[i] = (ev["name"], verdict[0], verdict[1], dims, dtype, float(ev["dur"]) * 1e-6, types)
     parent: dict[object, int] = {}
     for thread in threads.values():
         thread.enclosing_ops(parent)
@@ -278,37 +278,18 @@ class _Thread:
                 parent[self.launch_corr[c]] = [i for _, i in stack] if whole_stack else stack[-1][1]
 
 
-def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], str]:
-    """The shapes of the tensor inputs (scalars and empty lists dropped) and the first one's
-    element type."""
+def _tensor_inputs(args: dict) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    """The shapes of the tensor inputs (scalars and empty lists dropped) and each one's element
+    type ("" where the trace gives none)."""
     dims, types = args.get("Input Dims"), args.get("Input type") or []
     if not isinstance(dims, list):
-        return (), ""
-    shapes, dtype = [], ""
+        return (), ()
+    shapes, dtypes = [], []
     for i, d in enumerate(dims):
         if isinstance(d, list) and d and all(isinstance(x, int | float) for x in d):
             shapes.append(tuple(int(x) for x in d))
-            if not dtype and i < len(types):
-                dtype = str(types[i])
-    return tuple(shapes), dtype
-
-
-def _input_types(path: Path, names: frozenset[str]) -> dict[int, tuple[str, ...]]:
-    """cpu_op index (as ``_link`` counts them) -> element type of each tensor input, for the
-    operators named in ``names``."""
-    out: dict[int, tuple[str, ...]] = {}
-    n_ops = 0
-    for ev in iter_events(path):
-        if ev.get("ph") != "X" or "dur" not in ev or ev.get("cat") != "cpu_op":
-            continue
-        i, n_ops = n_ops, n_ops + 1
-        if ev.get("name") in names:
-            args = ev.get("args") or {}
-            dims, types = args.get("Input Dims"), args.get("Input type") or []
-            if isinstance(dims, list):
-                out[i] = tuple(str(types[j]) if j < len(types) else "" for j, d in enumerate(dims)
-                               if isinstance(d, list) and d and all(isinstance(x, int | float) for x in d))
-    return out
+            dtypes.append(str(types[i]) if i < len(types) else "")
+    return tuple(shapes), tuple(dtypes)
 
 
 #: The host-thread sweep (operators around each runtime call), for `paraplan.traces.comm_link` too.
